@@ -1,0 +1,4 @@
+"""eagle3_pipeline: prompts → target responses → EAGLE-3 training data, as a Dagster code location.
+
+The domain modules here know nothing of Dagster; `eagle3_pipeline.defs` is the Dagster layer.
+"""

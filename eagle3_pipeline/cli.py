@@ -1,0 +1,181 @@
+"""`eagle3-pipeline …`: run the main job on a Dagster instance from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
+
+RUN_TAG_PID = "eagle3/cli_pid"
+RUN_TAG_HOST = "eagle3/cli_host"
+DEFAULT_DAGSTER_HOME = ".dagster_home"
+
+
+def ensure_dagster_home() -> Path:
+    """`$DAGSTER_HOME`, default ./.dagster_home, holding this project's dagster.yaml."""
+    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / DEFAULT_DAGSTER_HOME).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    target = home / "dagster.yaml"
+    if not target.exists():
+        shutil.copyfile(str(resources.files("eagle3_pipeline") / "dagster.yaml"), target)
+    return home
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_orphaned_runs(instance: Any) -> list[str]:
+    """Mark runs of an earlier `eagle3-pipeline run` that was killed as failed, and free their
+    concurrency slots, so the `gpu` pool is not held by a dead process."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    unfinished = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED]
+    recovered = []
+    for run in instance.get_runs(RunsFilter(statuses=unfinished, tags={RUN_TAG_HOST: socket.gethostname()})):
+        pid = int(run.tags.get(RUN_TAG_PID, "0"))
+        if pid and pid != os.getpid() and not _pid_alive(pid):
+            instance.report_run_failed(run, f"the eagle3-pipeline process (pid {pid}) running it died")
+            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+            recovered.append(run.run_id)
+    return recovered
+
+
+class MainJob:
+    """Materialize every asset and partition in dependency order, one Dagster run per step."""
+
+    def __init__(self, config: PipelineConfig, instance: Any, out: Any = sys.stdout) -> None:
+        from eagle3_pipeline.defs.definitions import build_definitions
+        from eagle3_pipeline.serving import InferenceProvider
+
+        self.config = config
+        self.instance = instance
+        self.out = out
+        self.defs = build_definitions(config)
+        self.provider = InferenceProvider(config)
+        self.tags = {RUN_TAG_PID: str(os.getpid()), RUN_TAG_HOST: socket.gethostname(), "eagle3/entry": "cli"}
+        self.results: dict[str, dict[str, Any]] = {}
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _materialize(self, selection: Sequence[str], partition_key: str | None = None) -> Any:
+        import dagster as dg
+
+        assets = list(self.defs.assets or [])
+        resources_ = {"inference": self.provider, "pipes_subprocess_client": dg.PipesSubprocessClient()}
+        result = dg.materialize(
+            assets,
+            selection=list(selection),
+            partition_key=partition_key,
+            instance=self.instance,
+            resources=resources_,
+            tags=self.tags,
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        )
+        if not result.success:
+            failure = next((e for e in result.all_events if e.is_step_failure), None)
+            detail = failure.step_failure_data.error.message.strip() if failure and failure.step_failure_data.error else ""
+            raise RuntimeError(f"run {result.run_id} failed: {detail}")
+        for event in result.get_asset_materialization_events():
+            mat = event.step_materialization_data.materialization
+            key = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
+            self.results[key] = {k: v.value for k, v in mat.metadata.items()}
+        return result
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            if self.config.inference.kind == "embedded":
+                self.say("» target_model: preparing the embedded model")
+                self._materialize(["target_model"])
+            for dataset_id in self.config.dataset_ids:
+                self.say(f"» prompts + responses [{dataset_id}]")
+                self._materialize(["prompts", "responses"], partition_key=dataset_id)
+            self.say("» training_data")
+            self._materialize(["training_data"])
+        finally:
+            self.provider.close()
+        self.say(self.summary(time.monotonic() - started))
+
+    def summary(self, elapsed_s: float) -> str:
+        header = f"{'dataset':<16}{'prompts':>9}{'responses':>11}{'new':>6}{'tokens':>9}{'truncated':>11}"
+        lines = ["", header, "-" * len(header)]
+        for dataset_id in self.config.dataset_ids:
+            p = self.results.get(f"prompts[{dataset_id}]", {})
+            r = self.results.get(f"responses[{dataset_id}]", {})
+            lines.append(
+                f"{dataset_id:<16}{p.get('prompts', 0):>9}{r.get('rows', 0):>11}{r.get('generated_now', 0):>6}"
+                f"{r.get('completion_tokens', 0):>9}{r.get('truncated', 0):>11}"
+            )
+        t = self.results.get("training_data", {})
+        lines.append("")
+        lines.append(
+            f"training_data: {t.get('rows', 0)} rows ({t.get('train_rows', 0)} train / {t.get('eval_rows', 0)} eval), "
+            f"{t.get('tokens', 0)} tokens, {t.get('masked_tokens', 0)} masked; "
+            f"dropped {t.get('over_length_dropped', 0)} over-length"
+        )
+        lines.append(f"artifacts: {self.config.artifacts_root}   dagster home: {os.environ['DAGSTER_HOME']}")
+        lines.append(f"done in {elapsed_s:.1f} s")
+        return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.config:
+        os.environ[CONFIG_ENV_VAR] = str(Path(args.config).resolve())
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 2
+    ensure_dagster_home()
+    from dagster import DagsterInstance, PreviewWarning
+
+    warnings.filterwarnings("ignore", category=PreviewWarning)
+
+    instance = DagsterInstance.get()
+    for run_id in recover_orphaned_runs(instance):
+        print(f"marked run {run_id} failed: its eagle3-pipeline process had died", flush=True)
+    job = MainJob(config, instance)
+    try:
+        job.run()
+    except RuntimeError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3-pipeline", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="materialize every asset and partition (the main job)")
+    run.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The pipeline file (YAML) → validated, typed models.
+
+Every problem with a pipeline file is reported as one :class:`ConfigError` that names the file,
+the field path, the bad value and what was expected. Secrets are never echoed: a field that names
+an environment variable holding an API key is reported by the variable's *name* only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+CONFIG_ENV_VAR = "EAGLE3_CONFIG"
+ARTIFACTS_ENV_VAR = "EAGLE3_ARTIFACTS_ROOT"
+LOCAL_PROFILE = "local"
+
+
+class ConfigError(ValueError):
+    """A pipeline file is unusable; the message says where and what was expected."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetConfig(_Model):
+    id: Annotated[str, Field(pattern=DATASET_ID_PATTERN)]
+    source: Annotated[str, Field(min_length=1)]
+    format: Literal["auto", "sharegpt", "openai"] = "auto"
+    sample_size: Annotated[int, Field(gt=0)] | None = None
+    token_budget: Annotated[int, Field(gt=0)] | None = None
+    split: str = "train"
+
+    @property
+    def is_hub_dataset(self) -> bool:
+        return self.source.startswith("hf:")
+
+
+class TargetConfig(_Model):
+    """The target model: the name the server knows it by and where its tokenizer lives."""
+
+    model: Annotated[str, Field(min_length=1)]
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
+    max_seq_len: Annotated[int, Field(gt=16)] = 2048
+
+
+class EndpointConfig(_Model):
+    base_url: Annotated[str, Field(pattern=r"^https?://")]
+    model: str | None = None
+    api_key_env: Annotated[str, Field(pattern=ENV_VAR_PATTERN)] | None = None
+
+
+class EmbeddedServerConfig(_Model):
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    continuous_batching: bool = True
+
+
+class InferenceConfig(_Model):
+    kind: Literal["embedded", "endpoints"] = "embedded"
+    embedded: EmbeddedServerConfig = EmbeddedServerConfig()
+    endpoints: list[EndpointConfig] = []
+
+    @model_validator(mode="after")
+    def _endpoints_match_kind(self) -> InferenceConfig:
+        if self.kind == "endpoints" and not self.endpoints:
+            raise ValueError("kind 'endpoints' needs at least one entry in inference.endpoints")
+        return self
+
+
+class GenerationConfig(_Model):
+    max_tokens: Annotated[int, Field(gt=0)] = 256
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    concurrency: Annotated[int, Field(gt=0, le=4096)] = 8
+    request_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    fsync: bool = False
+
+
+class PromptsConfig(_Model):
+    long_threshold_tokens: Annotated[int, Field(gt=0)] = 512
+    max_bad_records_listed: Annotated[int, Field(gt=0)] = 5
+
+
+class TrainingDataConfig(_Model):
+    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    shard_rows: Annotated[int, Field(gt=0)] = 10_000
+    mask_prior_assistant_turns: bool = False
+
+
+class PipelineConfig(_Model):
+    """One pipeline: its datasets, target model, inference backend and where outputs go."""
+
+    name: Annotated[str, Field(pattern=DATASET_ID_PATTERN)]
+    artifacts_root: Path
+    seed: int = 0
+    target: TargetConfig
+    inference: InferenceConfig = InferenceConfig()
+    generation: GenerationConfig = GenerationConfig()
+    prompts: PromptsConfig = PromptsConfig()
+    training_data: TrainingDataConfig = TrainingDataConfig()
+    datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
+    source_file: Path
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique_ids(cls, datasets: list[DatasetConfig]) -> list[DatasetConfig]:
+        seen: set[str] = set()
+        for ds in datasets:
+            if ds.id in seen:
+                raise ValueError(f"dataset id {ds.id!r} appears more than once; ids must be unique")
+            seen.add(ds.id)
+        return datasets
+
+    @model_validator(mode="after")
+    def _tokenizer_for_endpoints(self) -> PipelineConfig:
+        if self.inference.kind == "endpoints" and not self.target.tokenizer:
+            raise ValueError(
+                "target.tokenizer is required when inference.kind is 'endpoints' "
+                "(a Hugging Face id or a local folder with the target's tokenizer and chat template)"
+            )
+        return self
+
+    @property
+    def dataset_ids(self) -> list[str]:
+        return [ds.id for ds in self.datasets]
+
+    def dataset(self, dataset_id: str) -> DatasetConfig:
+        for ds in self.datasets:
+            if ds.id == dataset_id:
+                return ds
+        raise KeyError(f"dataset {dataset_id!r} is not in {self.source_file}")
+
+    def api_key(self, endpoint: EndpointConfig) -> str | None:
+        """The endpoint's API key, read from its environment variable (validated at load)."""
+        return os.environ[endpoint.api_key_env] if endpoint.api_key_env else None
+
+
+def local_profile_path() -> Path:
+    return Path(str(resources.files("eagle3_pipeline") / "profiles" / f"{LOCAL_PROFILE}.yaml"))
+
+
+def default_config_path() -> Path:
+    """The pipeline file in force: ``$EAGLE3_CONFIG`` if set, else the shipped local profile."""
+    env = os.environ.get(CONFIG_ENV_VAR)
+    return Path(env) if env else local_profile_path()
+
+
+def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
+    """`('datasets', 1, 'token_budget')` → `datasets[1].token_budget` (with the dataset id)."""
+    parts: list[str] = []
+    node = raw
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if isinstance(node, list) and item < len(node):
+                node = node[item]
+                if isinstance(node, dict) and isinstance(node.get("id"), str):
+                    label = f"[{item}] (id {node['id']!r})"
+            parts.append(label)
+        else:
+            parts.append(f".{item}" if parts else str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "<top level>"
+
+
+def _describe(error: dict[str, Any], raw: Any) -> str:
+    where = _field_path(tuple(error["loc"]), raw)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key (check the spelling; allowed keys are documented in README)"
+    if kind == "missing":
+        return f"{where}: required field is missing"
+    shown = error.get("input")
+    value = "" if isinstance(shown, (dict, list)) else f" (got {shown!r})"
+    return f"{where}: {error['msg']}{value}"
+
+
+def _resolve(path_text: str, base: Path) -> Path:
+    path = Path(os.path.expanduser(path_text))
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _check_sources(config: PipelineConfig, file: Path) -> None:
+    for index, ds in enumerate(config.datasets):
+        if ds.is_hub_dataset:
+            continue
+        path = Path(ds.source)
+        where = f"datasets[{index}] (id {ds.id!r}).source"
+        if not path.exists():
+            raise ConfigError(f"{file}: {where}: file {str(path)!r} does not exist")
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError(f"{file}: {where}: {str(path)!r} is not a readable file")
+
+
+def _check_secrets(config: PipelineConfig, file: Path) -> None:
+    for index, endpoint in enumerate(config.inference.endpoints):
+        var = endpoint.api_key_env
+        if var and not os.environ.get(var):
+            raise ConfigError(
+                f"{file}: inference.endpoints[{index}].api_key_env: environment variable {var} "
+                "is not set (expected it to hold the API key for this endpoint)"
+            )
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
+    """Read and validate a pipeline file; relative paths resolve against the file's folder.
+
+    ``artifacts_root`` may be omitted: then it is ``$EAGLE3_ARTIFACTS_ROOT`` or ``./artifacts`` in
+    the current working directory, so the shipped profile never writes inside the package.
+    """
+    file = Path(path) if path is not None else default_config_path()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: pipeline file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: cannot read pipeline file ({exc.__class__.__name__}: {exc})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{file}: invalid YAML{where}: {problem}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a mapping at the top level, got {type(raw).__name__}")
+    if "source_file" in raw:
+        raise ConfigError(f"{file}: source_file: unknown key (it is set by the loader)")
+
+    base = file.resolve().parent
+    data = dict(raw)
+    if data.get("artifacts_root") is None:
+        data["artifacts_root"] = os.environ.get(ARTIFACTS_ENV_VAR) or str(Path.cwd() / "artifacts")
+    if isinstance(data.get("artifacts_root"), str):
+        data["artifacts_root"] = str(_resolve(data["artifacts_root"], base))
+    datasets = data.get("datasets")
+    if isinstance(datasets, list):
+        data["datasets"] = [_with_resolved_source(item, base) for item in datasets]
+    target = data.get("target")
+    if isinstance(target, dict) and isinstance(target.get("tokenizer"), str):
+        tok = target["tokenizer"]
+        if tok.startswith((".", "/", "~")):
+            data["target"] = {**target, "tokenizer": str(_resolve(tok, base))}
+    data["source_file"] = file.resolve()
+
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(err, raw) for err in exc.errors()]
+        raise ConfigError(f"{file}: " + "; ".join(lines)) from None
+    _check_sources(config, file)
+    _check_secrets(config, file)
+    return config
+
+
+def _with_resolved_source(item: Any, base: Path) -> Any:
+    if isinstance(item, dict) and isinstance(item.get("source"), str):
+        source = item["source"]
+        if source and not source.startswith("hf:") and not re.match(r"^[a-z]+://", source):
+            return {**item, "source": str(_resolve(source, base))}
+    return item

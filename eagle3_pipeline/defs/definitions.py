@@ -1,0 +1,28 @@
+"""Compose the Dagster definitions for one pipeline file."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.assets import build_assets
+from eagle3_pipeline.defs.resources import InferenceResource
+
+GENERATION_JOB = "generation_job"
+
+
+def build_definitions(config: PipelineConfig) -> dg.Definitions:
+    assets = build_assets(config)
+    generation_job = dg.define_asset_job(
+        GENERATION_JOB,
+        selection=dg.AssetSelection.assets("prompts", "responses"),
+        description="Prompts and responses for one dataset partition.",
+    )
+    return dg.Definitions(
+        assets=assets,
+        jobs=[generation_job],
+        resources={
+            "inference": InferenceResource(config_path=str(config.source_file)),
+            "pipes_subprocess_client": dg.PipesSubprocessClient(),
+        },
+    )

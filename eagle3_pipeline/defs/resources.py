@@ -1,0 +1,41 @@
+"""Resources: the inference endpoint (embedded server started for the run, or a remote one)."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.generation import Endpoint
+from eagle3_pipeline.serving import InferenceProvider
+
+
+class InferenceResource(dg.ConfigurableResource):
+    """Where `responses` sends requests. Leave `base_url` empty to use the pipeline file's
+    inference section (the embedded server is then started on first use and stopped after the
+    run); set it to point one run at an already running OpenAI-compatible server."""
+
+    config_path: str
+    base_url: str | None = None
+    model: str | None = None
+    _provider: InferenceProvider | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        config = load_config(self.config_path)
+        override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
+        self._provider = InferenceProvider(config, override)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._provider is not None:
+            self._provider.close()
+
+    def _require(self) -> InferenceProvider:
+        if self._provider is None:
+            raise RuntimeError("InferenceResource used outside a run")
+        return self._provider
+
+    def endpoint(self) -> Endpoint:
+        return self._require().endpoint()
+
+    def tokenizer_name(self) -> str:
+        return self._require().tokenizer_name()

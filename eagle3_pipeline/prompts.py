@@ -1,0 +1,262 @@
+"""Dataset loaders and normalization: ShareGPT / OpenAI records → :class:`PromptRecord`.
+
+Files: JSONL, JSON (a list of records, or an object with a ``data`` list) and Parquet. Hugging
+Face datasets by name (``hf:org/name``) when the ``datasets`` package is installed.
+A malformed record is skipped and counted (with the first few line numbers); a file that cannot be
+read at all is a :class:`PromptSourceError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.config import DatasetConfig, PromptsConfig
+from eagle3_pipeline.records import PromptRecord, content_id
+
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function": "tool",
+}
+OPENAI_ROLES = {"system", "developer", "user", "assistant", "tool"}
+CHARS_PER_TOKEN = 4
+
+
+class PromptSourceError(ValueError):
+    """A dataset source that cannot be read at all."""
+
+
+class MalformedRecord(ValueError):
+    """One record that does not fit the expected format (skipped and counted)."""
+
+
+@dataclass
+class LoadStats:
+    read: int = 0
+    malformed: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
+    empty: int = 0
+    duplicates: int = 0
+    sampled_out: int = 0
+    kept: int = 0
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "records_read": self.read,
+            "malformed_skipped": self.malformed,
+            "malformed_examples": "; ".join(self.malformed_examples) or "none",
+            "empty_dropped": self.empty,
+            "duplicates_dropped": self.duplicates,
+            "sampled_out": self.sampled_out,
+            "prompts": self.kept,
+        }
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield f"line {number}", MalformedRecord("not valid UTF-8")
+                continue
+            if not line.strip():
+                continue
+            try:
+                yield f"line {number}", json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield f"line {number}", MalformedRecord(f"invalid JSON ({exc.msg})")
+
+
+def _iter_json(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PromptSourceError(f"{path}: not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise PromptSourceError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise PromptSourceError(f"{path}: expected a JSON list of records (or an object with a 'data' list)")
+    for index, item in enumerate(data):
+        yield f"record {index}", item
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise PromptSourceError(f"{path}: not a readable Parquet file ({exc})") from None
+    for index, row in enumerate(table.to_pylist()):
+        yield f"row {index}", row
+
+
+def _iter_hub(source: str, split: str) -> Iterator[tuple[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise PromptSourceError(
+            f"{source}: Hugging Face datasets need the 'datasets' package (pip install datasets)"
+        ) from None
+    name, _, subset = source.removeprefix("hf:").partition(":")
+    dataset = datasets.load_dataset(name, subset or None, split=split)
+    for index, row in enumerate(dataset):
+        yield f"row {index}", row
+
+
+def iter_source(ds: DatasetConfig) -> Iterator[tuple[str, Any]]:
+    """Yield (location, raw record or MalformedRecord) for every record of a dataset source."""
+    if ds.is_hub_dataset:
+        yield from _iter_hub(ds.source, ds.split)
+        return
+    path = Path(ds.source)
+    suffix = path.suffix.lower()
+    try:
+        if suffix in {".jsonl", ".ndjson"}:
+            yield from _iter_jsonl(path)
+        elif suffix == ".json":
+            yield from _iter_json(path)
+        elif suffix == ".parquet":
+            yield from _iter_parquet(path)
+        else:
+            raise PromptSourceError(f"{path}: unsupported file type {suffix!r} (expected .jsonl, .json or .parquet)")
+    except OSError as exc:
+        raise PromptSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _text(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = [p.get("text", "") for p in value if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) == len(value):
+            return "".join(parts)
+    if value is None:
+        return ""
+    raise MalformedRecord(f"{what} must be a string or a list of text parts")
+
+
+def _sharegpt_messages(turns: Any) -> list[dict[str, str]]:
+    if not isinstance(turns, list):
+        raise MalformedRecord("'conversations' must be a list")
+    messages = []
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise MalformedRecord(f"conversations[{index}] must be an object")
+        speaker = str(turn.get("from", "")).lower()
+        if speaker not in SHAREGPT_ROLES:
+            raise MalformedRecord(f"conversations[{index}].from {turn.get('from')!r} is not a known speaker")
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": _text(turn.get("value"), f"conversations[{index}].value")})
+    return messages
+
+
+def _openai_messages(turns: Any) -> list[dict[str, str]]:
+    if not isinstance(turns, list):
+        raise MalformedRecord("'messages' must be a list")
+    messages = []
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise MalformedRecord(f"messages[{index}] must be an object")
+        role = turn.get("role")
+        if role not in OPENAI_ROLES:
+            raise MalformedRecord(f"messages[{index}].role {role!r} is not one of {sorted(OPENAI_ROLES)}")
+        content = _text(turn.get("content"), f"messages[{index}].content")
+        if not content and turn.get("tool_calls"):
+            content = json.dumps(turn["tool_calls"], sort_keys=True, ensure_ascii=False)
+        messages.append({"role": "system" if role == "developer" else role, "content": content})
+    return messages
+
+
+def _tools(raw: Any) -> str | None:
+    tools = raw.get("tools")
+    if tools in (None, "", []):
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            raise MalformedRecord("'tools' is a string but not JSON") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise MalformedRecord("'tools' must be a list of tool schemas")
+    return json.dumps(tools, sort_keys=True, ensure_ascii=False)
+
+
+def parse_record(raw: Any, fmt: str) -> tuple[list[dict[str, str]], str | None]:
+    """Normalize one raw record to (messages ending with the last user turn, tools JSON)."""
+    if not isinstance(raw, dict):
+        raise MalformedRecord("record must be a JSON object")
+    if fmt == "auto":
+        fmt = "sharegpt" if "conversations" in raw else "openai" if "messages" in raw else ""
+        if not fmt:
+            raise MalformedRecord("record has neither 'conversations' (ShareGPT) nor 'messages' (OpenAI)")
+    key = "conversations" if fmt == "sharegpt" else "messages"
+    if key not in raw:
+        raise MalformedRecord(f"record has no {key!r} field (format {fmt})")
+    messages = _sharegpt_messages(raw[key]) if fmt == "sharegpt" else _openai_messages(raw[key])
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    if last_user < 0:
+        raise MalformedRecord("conversation has no user turn")
+    return messages[: last_user + 1], _tools(raw)
+
+
+def estimate_tokens(messages: Iterable[dict[str, str]], tools: str | None) -> int:
+    """A tokenizer-free estimate (4 characters a token, 4 tokens of framing per message)."""
+    chars = sum(len(m["content"]) for m in messages) + len(tools or "")
+    turns = sum(1 for _ in messages)
+    return math.ceil(chars / CHARS_PER_TOKEN) + 4 * turns
+
+
+def load_prompts(ds: DatasetConfig, settings: PromptsConfig, seed: int) -> tuple[list[PromptRecord], LoadStats]:
+    """Read a dataset source, normalize, drop empty and duplicate prompts, sample deterministically."""
+    stats = LoadStats()
+    records: list[PromptRecord] = []
+    seen: set[str] = set()
+    for index, (where, raw) in enumerate(iter_source(ds)):
+        stats.read += 1
+        try:
+            if isinstance(raw, MalformedRecord):
+                raise raw
+            messages, tools = parse_record(raw, ds.format)
+        except MalformedRecord as exc:
+            stats.malformed += 1
+            if len(stats.malformed_examples) < settings.max_bad_records_listed:
+                stats.malformed_examples.append(f"{where}: {exc}")
+            continue
+        if not messages[-1]["content"].strip():
+            stats.empty += 1
+            continue
+        record_id = content_id(messages, tools)
+        if record_id in seen:
+            stats.duplicates += 1
+            continue
+        seen.add(record_id)
+        tokens = estimate_tokens(messages, tools)
+        length_class = "long" if tokens > settings.long_threshold_tokens else "short"
+        records.append(PromptRecord(record_id, ds.id, messages, tools, length_class, tokens, index))
+    if stats.read and not records and stats.malformed == stats.read:
+        raise PromptSourceError(
+            f"{ds.source}: none of the {stats.read} records is usable; first problems: "
+            + "; ".join(stats.malformed_examples)
+        )
+    if ds.sample_size is not None and len(records) > ds.sample_size:
+        chosen = set(random.Random(f"{seed}:{ds.id}").sample(range(len(records)), ds.sample_size))
+        stats.sampled_out = len(records) - len(chosen)
+        records = [r for i, r in enumerate(records) if i in chosen]
+    stats.kept = len(records)
+    return records, stats

@@ -1,0 +1,120 @@
+"""Record types shared by the phases, and atomic writers for the open formats they are stored in."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+Role = Literal["system", "user", "assistant", "tool"]
+LengthClass = Literal["short", "long"]
+
+MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One normalized prompt: a conversation that ends with a user turn."""
+
+    id: str
+    dataset: str
+    messages: list[dict[str, str]]
+    tools: str | None
+    length_class: LengthClass
+    prompt_tokens_est: int
+    source_index: int
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return json.loads(self.tools) if self.tools else None
+
+
+PROMPT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("dataset", pa.string()),
+        ("messages", MESSAGE_TYPE),
+        ("tools", pa.string()),
+        ("length_class", pa.string()),
+        ("prompt_tokens_est", pa.int64()),
+        ("source_index", pa.int64()),
+    ]
+)
+
+RESPONSE_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("dataset", pa.string()),
+        ("messages", MESSAGE_TYPE),
+        ("tools", pa.string()),
+        ("response", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("latency_s", pa.float64()),
+        ("model", pa.string()),
+        ("endpoint", pa.string()),
+        ("finished_at", pa.float64()),
+    ]
+)
+
+
+def content_id(messages: Sequence[dict[str, str]], tools: str | None) -> str:
+    """A stable id: the hash of the canonical JSON of the conversation and its tool schemas."""
+    canonical = json.dumps({"messages": list(messages), "tools": tools}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:20]
+
+
+def prompt_rows(records: Sequence[PromptRecord]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in records]
+
+
+def read_prompts(path: Path) -> list[PromptRecord]:
+    table = pq.read_table(path)
+    return [PromptRecord(**row) for row in table.to_pylist()]
+
+
+@contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `final`; rename it into place only if the block succeeds."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside `final`; swap it into place if the block succeeds."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], schema: pa.Schema, final: Path) -> None:
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    with atomic_path(final) as tmp:
+        pq.write_table(table, tmp)
