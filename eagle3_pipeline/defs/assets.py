@@ -7,6 +7,7 @@ Asset → domain function:
   training_data → eagle3_pipeline.dataprep.build_training_data
 """
 
+import os
 import statistics
 import sys
 from collections import Counter
@@ -62,7 +63,8 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         context: dg.AssetExecutionContext, pipes_subprocess_client: dg.PipesSubprocessClient
     ) -> dg.MaterializeResult:
         command = [sys.executable, "-m", "eagle3_pipeline.defs.prepare_model_step"]
-        return pipes_subprocess_client.run(command=command, context=context).get_materialize_result()
+        quiet = {**os.environ, "TQDM_DISABLE": "1"}
+        return pipes_subprocess_client.run(command=command, context=context, env=quiet).get_materialize_result()
 
     @dg.asset(
         partitions_def=partitions,
