@@ -1,0 +1,138 @@
+"""Health check results and the report that gathers them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+__all__ = ["CheckResult", "HealthReport", "Status", "Verdict"]
+
+
+class Status(Enum):
+    """A check's verdict, ordered from best to worst: OK < WARN < UNKNOWN < CRITICAL.
+
+    UNKNOWN (a probe timed out, a field could not be parsed, the connection dropped) is never
+    healthy: it ranks above WARN.
+    """
+
+    OK = "ok"
+    WARN = "warn"
+    UNKNOWN = "unknown"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _RANKS[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return self.rank < other.rank
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return self.rank <= other.rank
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return self.rank > other.rank
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return self.rank >= other.rank
+
+
+_RANKS = {Status.OK: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.CRITICAL: 3}
+_BLOCKING = (Status.UNKNOWN, Status.CRITICAL)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a probe concluded, before it is named and attached to a host."""
+
+    status: Status
+    detail: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+def worst_first(findings: list[tuple[Status, str]], limit: int = 3) -> tuple[Status, str]:
+    """The worst status among findings and a one-line detail listing them, worst first."""
+    ordered = sorted(findings, key=lambda f: f[0], reverse=True)
+    shown = "; ".join(message for _, message in ordered[:limit])
+    more = f" (+{len(ordered) - limit} more)" if len(ordered) > limit else ""
+    return ordered[0][0], shown + more
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: a verdict with a one-line detail; `data` holds the measured values."""
+
+    name: str
+    status: Status
+    detail: str
+    host: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    required: bool = True
+
+    @property
+    def blocking(self) -> bool:
+        """Whether this check makes its report unhealthy."""
+        return self.required and self.status in _BLOCKING
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status.value, "detail": self.detail, "host": self.host}
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """The checks of one tick. Healthy means no required check is CRITICAL or UNKNOWN."""
+
+    checks: tuple[CheckResult, ...]
+    taken_at: datetime
+
+    @property
+    def overall(self) -> Status:
+        """The worst status of all checks; UNKNOWN for a report with no checks."""
+        return max((c.status for c in self.checks), default=Status.UNKNOWN)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.checks) and not self.failing()
+
+    def failing(self) -> tuple[CheckResult, ...]:
+        """The checks that make the report unhealthy, worst first."""
+        return tuple(sorted((c for c in self.checks if c.blocking), key=lambda c: c.status, reverse=True))
+
+    def check(self, name: str) -> CheckResult:
+        for result in self.checks:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def summary(self) -> str:
+        """One line: "healthy" or why not, e.g. for a sensor's SkipReason."""
+        if self.healthy:
+            return f"healthy ({self.overall.value})"
+        if not self.checks:
+            return "unhealthy: no checks ran"
+        groups: dict[tuple[Status, str], list[str]] = {}
+        for check in self.failing():
+            groups.setdefault((check.status, check.detail), []).append(check.name)
+        reasons = "; ".join(
+            f"{', '.join(names)} {status.value}: {detail}" for (status, detail), names in groups.items()
+        )
+        return f"unhealthy: {reasons}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overall": self.overall.value,
+            "healthy": self.healthy,
+            "taken_at": self.taken_at.isoformat(),
+            "checks": [c.to_dict() for c in self.checks],
+        }

@@ -1,0 +1,493 @@
+"""Run a shell command somewhere: this machine (`LocalHost`) or an SSH host (`SshHost`).
+
+Both implement `Host.run(command, timeout_s) -> CommandResult`. The command is one shell string,
+so every value interpolated into it must be quoted: build commands with `quote_args(...)` (or
+`shlex.quote` on each value), never with f-strings over untrusted text such as dataset ids or
+paths.
+
+`run` returns a `CommandResult` for any command that was started, including one that timed out
+(`timed_out=True`, `exit_code=None`). Failures to reach the host raise a `HostError` subclass:
+
+- `HostConnectError`: TCP/SSH handshake failed or timed out;
+- `HostAuthError`: the server refused our credentials (one attempt, never retried in a loop);
+- `HostKeyError`: the server's host key is unknown or changed (the connection is refused);
+- `HostDisconnectedError`: the connection dropped while a command was running.
+
+Exception texts name the host, user, key file path and fingerprints, never secrets.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import getpass
+import hashlib
+import os
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import paramiko
+from paramiko.pkey import UnknownKeyType
+
+__all__ = [
+    "CommandResult",
+    "Host",
+    "HostAuthError",
+    "HostConnectError",
+    "HostDisconnectedError",
+    "HostError",
+    "HostKeyError",
+    "LocalHost",
+    "SshHost",
+    "host_key_fingerprint",
+    "quote_args",
+]
+
+_CHUNK = 1 << 16
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command did. `exit_code` is None when it timed out or died without a status."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class HostError(Exception):
+    """The host could not be reached or the connection failed; no exit status exists."""
+
+
+class HostConnectError(HostError):
+    """Connecting (TCP, SSH banner, key exchange) failed or timed out."""
+
+
+class HostAuthError(HostError):
+    """The SSH server refused our credentials."""
+
+
+class HostKeyError(HostError):
+    """The SSH server's host key is not known, or differs from the known one."""
+
+    def __init__(self, message: str, *, host: str, fingerprint: str) -> None:
+        super().__init__(message)
+        self.host = host
+        self.fingerprint = fingerprint
+
+
+class HostDisconnectedError(HostError):
+    """The connection dropped while a command was running; its outcome is unknown."""
+
+
+def quote_args(*args: str | os.PathLike[str] | int | float) -> str:
+    """Join arguments into one shell command line, each one quoted with `shlex.quote`."""
+    return " ".join(shlex.quote(os.fspath(a) if isinstance(a, os.PathLike) else str(a)) for a in args)
+
+
+class Host(ABC):
+    """Somewhere a shell command can run."""
+
+    name: str
+
+    @abstractmethod
+    def run(self, command: str, timeout_s: float) -> CommandResult:
+        """Run `command` with a POSIX shell; `timeout_s` bounds the whole call."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections; the host stays usable (it reconnects on the next `run`)."""
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class LocalHost(Host):
+    """This machine, through `/bin/sh -c`. On timeout the command's whole process group is killed."""
+
+    def __init__(self, name: str = "localhost", env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self._env = {**os.environ, **env} if env is not None else None
+
+    def run(self, command: str, timeout_s: float) -> CommandResult:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self._env,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            out, err = _kill_and_collect(proc)
+            return CommandResult(None, _text(out), _text(err), time.monotonic() - started, True)
+        return CommandResult(proc.returncode, _text(out), _text(err), time.monotonic() - started, False)
+
+    def close(self) -> None:
+        """Nothing to release: every command is its own process."""
+
+
+def _kill_and_collect(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """Kill the process group; collect what it wrote unless an escaped child holds the pipes."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        return proc.communicate(timeout=1.0)
+    except subprocess.TimeoutExpired as exc:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+        return _as_bytes(exc.stdout), _as_bytes(exc.stderr)
+
+
+def _as_bytes(value: bytes | str | None) -> bytes:
+    if value is None:
+        return b""
+    return value.encode() if isinstance(value, str) else value
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def host_key_fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style SHA256 fingerprint of a public key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class SshHost(Host):
+    """A host reached over SSH with paramiko; one connection, reused across commands.
+
+    Authentication: the private key file `key_filename` (optionally with `passphrase`), and/or the
+    SSH agent (`use_agent`, the default when no key file is given). Host keys are verified
+    against `known_hosts`; an unknown or changed key raises `HostKeyError`. With
+    `trust_on_first_use=True` an unknown key is accepted once and appended to `known_hosts`; a
+    changed key is still refused.
+
+    `connect_timeout_s` bounds TCP connect, banner and key exchange, `auth_timeout_s` the
+    authentication; `run(..., timeout_s)` bounds the whole call, reconnecting included. A command
+    that times out is abandoned (its channel closed); the remote process gets SIGPIPE on its next
+    write, so wrap long remote commands in `timeout N` when they must die promptly.
+    """
+
+    def __init__(
+        self,
+        hostname: str,
+        *,
+        port: int = 22,
+        username: str | None = None,
+        key_filename: str | os.PathLike[str] | None = None,
+        passphrase: str | None = None,
+        use_agent: bool | None = None,
+        known_hosts: str | os.PathLike[str] = "~/.ssh/known_hosts",
+        trust_on_first_use: bool = False,
+        connect_timeout_s: float = 10.0,
+        auth_timeout_s: float = 10.0,
+        keepalive_s: int = 15,
+        name: str | None = None,
+    ) -> None:
+        self.hostname = hostname
+        self.port = port
+        self.username = username or getpass.getuser()
+        self.name = name or (hostname if port == 22 else f"{hostname}:{port}")
+        self._key_filename = Path(key_filename).expanduser() if key_filename is not None else None
+        self._passphrase = passphrase
+        self._use_agent = self._key_filename is None if use_agent is None else use_agent
+        self._known_hosts = Path(known_hosts).expanduser()
+        self._trust_on_first_use = trust_on_first_use
+        self._connect_timeout_s = connect_timeout_s
+        self._auth_timeout_s = auth_timeout_s
+        self._keepalive_s = keepalive_s
+        self._transport: paramiko.Transport | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SshHost({self._where})"
+
+    @property
+    def _where(self) -> str:
+        return f"{self.username}@{self.hostname}:{self.port}"
+
+    @property
+    def _host_key_name(self) -> str:
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+    def run(self, command: str, timeout_s: float) -> CommandResult:
+        started = time.monotonic()
+        deadline = started + timeout_s
+        channel = self._open_channel(deadline)
+        return self._execute(channel, command, started, deadline)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _open_channel(self, deadline: float) -> paramiko.Channel:
+        """A session channel; a reused connection that fails is dropped and replaced once."""
+        transport, fresh = self._live_transport(deadline)
+        try:
+            return transport.open_session(timeout=_remaining(deadline))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            transport.close()  # the next `_live_transport` sees it inactive and reconnects
+            if fresh or _remaining(deadline) == 0:
+                raise HostConnectError(f"cannot open a session on {self._where}: {exc}") from None
+        transport, _ = self._live_transport(deadline)
+        try:
+            return transport.open_session(timeout=_remaining(deadline))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            transport.close()
+            raise HostConnectError(f"cannot open a session on {self._where}: {exc}") from None
+
+    def _live_transport(self, deadline: float) -> tuple[paramiko.Transport, bool]:
+        if not self._lock.acquire(timeout=_remaining(deadline)):
+            raise HostConnectError(f"timed out waiting for the connection to {self._where}")
+        try:
+            if self._transport is not None and self._transport.is_active():
+                return self._transport, False
+            self._drop()
+            self._transport = self._connect(deadline)
+            return self._transport, True
+        finally:
+            self._lock.release()
+
+    def _drop(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    def _connect(self, deadline: float) -> paramiko.Transport:
+        sock = self._tcp_connect(deadline)
+        transport = paramiko.Transport(sock)
+        try:
+            self._prefer_known_key_types(transport)
+            self._verify_host_key(self._handshake(transport, deadline))
+            self._authenticate(transport, deadline)
+        except BaseException:
+            transport.close()
+            raise
+        transport.set_keepalive(self._keepalive_s)
+        return transport
+
+    def _tcp_connect(self, deadline: float) -> socket.socket:
+        timeout = min(self._connect_timeout_s, _remaining(deadline))
+        try:
+            return socket.create_connection((self.hostname, self.port), timeout=timeout)
+        except TimeoutError:
+            raise HostConnectError(f"timed out connecting to {self._where} after {timeout:.0f} s") from None
+        except OSError as exc:
+            raise HostConnectError(f"cannot connect to {self._where}: {exc.strerror or exc}") from None
+
+    def _handshake(self, transport: paramiko.Transport, deadline: float) -> paramiko.PKey:
+        """Banner and key exchange; returns the server's host key."""
+        timeout = min(self._connect_timeout_s, _remaining(deadline))
+        transport.banner_timeout = timeout
+        try:
+            transport.start_client(timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostConnectError(f"SSH handshake with {self._where} failed: {exc}") from None
+        if not transport.is_active() or transport.host_key is None:  # start_client returns on timeout
+            raise HostConnectError(f"SSH handshake with {self._where} timed out after {timeout:.0f} s")
+        return transport.get_remote_server_key()
+
+    def _known_keys(self) -> paramiko.HostKeys:
+        keys = paramiko.HostKeys()
+        if self._known_hosts.is_file():
+            keys.load(os.fspath(self._known_hosts))
+        return keys
+
+    def _prefer_known_key_types(self, transport: paramiko.Transport) -> None:
+        """Ask for the key type we already know, as OpenSSH does, so a known host verifies."""
+        known = self._known_keys().lookup(self._host_key_name)
+        if not known:
+            return
+        options = transport.get_security_options()
+        preferred = [
+            name
+            for known_type in known
+            for name in (("rsa-sha2-512", "rsa-sha2-256") if known_type == "ssh-rsa" else (known_type,))
+            if name in options.key_types
+        ]
+        options.key_types = preferred + [t for t in options.key_types if t not in preferred]
+
+    def _verify_host_key(self, key: paramiko.PKey) -> None:
+        offered = host_key_fingerprint(key)
+        known = self._known_keys().lookup(self._host_key_name)
+        if known is None:
+            if not self._trust_on_first_use:
+                raise HostKeyError(
+                    f"unknown host key for {self._host_key_name} ({key.get_name()} {offered}); "
+                    f"verify it and add it to {self._known_hosts}, or enable trust on first use",
+                    host=self._host_key_name,
+                    fingerprint=offered,
+                )
+            self._record_host_key(key)
+            return
+        expected = known.get(key.get_name())
+        if expected != key:
+            expected_text = ", ".join(host_key_fingerprint(k) for k in known.values())
+            raise HostKeyError(
+                f"host key for {self._host_key_name} changed: server offered {key.get_name()} "
+                f"{offered}, {self._known_hosts} has {expected_text}; refusing to connect",
+                host=self._host_key_name,
+                fingerprint=offered,
+            )
+
+    def _record_host_key(self, key: paramiko.PKey) -> None:
+        self._known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self._known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as handle:
+            handle.write(f"{self._host_key_name} {key.get_name()} {key.get_base64()}\n")
+
+    def _authenticate(self, transport: paramiko.Transport, deadline: float) -> None:
+        transport.auth_timeout = min(self._auth_timeout_s, _remaining(deadline))
+        agent = paramiko.Agent() if self._use_agent else None
+        try:
+            keys = self._client_keys(agent)
+            for key in keys:
+                if self._try_key(transport, key):
+                    return
+        finally:
+            if agent is not None:
+                agent.close()
+        if not keys:
+            raise HostAuthError(f"no SSH key for {self._where}: no key file given and no agent key")
+        raise HostAuthError(f"authentication failed for {self._where}: {self._key_description(len(keys))} refused")
+
+    def _try_key(self, transport: paramiko.Transport, key: paramiko.PKey) -> bool:
+        """One publickey attempt: True if accepted, False if refused; raises on a broken connection."""
+        try:
+            transport.auth_publickey(self.username, key)
+        except paramiko.AuthenticationException as exc:
+            if "timeout" in str(exc).lower():
+                raise HostConnectError(
+                    f"authentication with {self._where} timed out after {transport.auth_timeout:.0f} s"
+                ) from None
+            return False
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostConnectError(f"connection to {self._where} failed during authentication: {exc}") from None
+        return True
+
+    def _client_keys(self, agent: paramiko.Agent | None) -> list[paramiko.PKey]:
+        keys: list[paramiko.PKey] = []
+        if self._key_filename is not None:
+            keys.append(self._load_key_file(self._key_filename))
+        if agent is not None:
+            keys.extend(agent.get_keys())
+        return keys
+
+    def _load_key_file(self, path: Path) -> paramiko.PKey:
+        # cryptography decrypts with bytes (the paramiko stubs say str; a str fails with TypeError)
+        passphrase = self._passphrase.encode() if self._passphrase is not None else None
+        try:
+            return paramiko.PKey.from_path(path, passphrase)  # type: ignore[arg-type]
+        except (TypeError, paramiko.PasswordRequiredException):
+            if passphrase is None:
+                raise HostAuthError(f"private key {path} is encrypted and no passphrase was given") from None
+            raise HostAuthError(f"cannot load private key {path} (bad passphrase?)") from None
+        except (paramiko.SSHException, UnknownKeyType, OSError, ValueError) as exc:
+            raise HostAuthError(f"cannot load private key {path} ({type(exc).__name__})") from None
+
+    def _key_description(self, count: int) -> str:
+        if self._key_filename is not None and count == 1:
+            return f"key {self._key_filename}"
+        return f"{count} key(s) (file and agent)"
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _execute(self, channel: paramiko.Channel, command: str, started: float, deadline: float) -> CommandResult:
+        transport = channel.get_transport()
+        with _Watchdog(deadline, transport.close) as watchdog:
+            try:
+                channel.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if watchdog.fired:
+                    return CommandResult(None, "", "", time.monotonic() - started, True)
+                raise HostDisconnectedError(f"cannot start a command on {self._where}: {exc}") from None
+        out, err, finished = _drain(channel, deadline)
+        duration = time.monotonic() - started
+        if not finished:
+            channel.close()
+            return CommandResult(None, _text(out), _text(err), duration, True)
+        status = channel.exit_status
+        if status == -1 and _connection_lost(transport):
+            raise HostDisconnectedError(f"connection to {self._where} dropped after {duration:.1f} s of a command")
+        return CommandResult(None if status == -1 else status, _text(out), _text(err), duration, False)
+
+
+def _drain(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]:
+    """Read stdout and stderr together until the channel closes or the deadline passes."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    while True:
+        while channel.recv_ready():
+            out.append(channel.recv(_CHUNK))
+        while channel.recv_stderr_ready():
+            err.append(channel.recv_stderr(_CHUNK))
+        if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
+            return b"".join(out), b"".join(err), True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return b"".join(out), b"".join(err), False
+        select.select([channel], [], [], min(remaining, _POLL_S))
+
+
+def _connection_lost(transport: paramiko.Transport) -> bool:
+    """The connection died (the transport thread unlinks channels before it clears `active`)."""
+    return not transport.is_active() or transport.saved_exception is not None
+
+
+def _remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+class _Watchdog:
+    """Calls `action` if the block is still running at `deadline` (for calls with no timeout)."""
+
+    def __init__(self, deadline: float, action: Callable[[], None]) -> None:
+        self.fired = False
+        self._action = action
+        self._timer = threading.Timer(_remaining(deadline), self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        self._action()
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()

@@ -1,0 +1,513 @@
+"""Real stand-ins for a GPU inference host, shared by the health tests and the benchmark.
+
+- `Sshd`: a real OpenSSH `sshd` (Debian `openssh-server`) on 127.0.0.1 with throwaway host and
+  user keys. Sessions get an empty HOME (the developer's shell rc files stay out of the
+  timings) and run through a `ForceCommand` wrapper that puts `FakeBin` first on PATH, so the
+  probes meet the scripted `nvidia-smi`/`dmesg`. Needs root (sshd's privilege separation) and
+  `/usr/sbin/sshd`.
+- `FakeBin`: shell scripts standing in for `nvidia-smi` and `dmesg`. This machine has no GPU;
+  they stand in for the hardware, with scripted answers (healthy, ECC errors, a renamed field,
+  a hang, a process wedged beyond `timeout`).
+- `FakeSglang`: a real process with argv `python -m sglang.launch_server --port P --tp-size 8`
+  (a tiny module on PYTHONPATH) serving /health, /health_generate, /v1/chat/completions and
+  /metrics on loopback, with `sglang::scheduler_TP<i>` children; a JSON scenario file scripts it.
+- `TcpProxy`: a loopback TCP forwarder that can freeze (a hung host) or cut (a dropped link).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.health import HealthThresholds, ServerSpec
+from eagle3_pipeline.health.gpu import GPU_QUERY_FIELDS
+from eagle3_pipeline.hosts import SshHost
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {timeout_s} s")
+        time.sleep(0.02)
+
+
+def healthy_gpu_rows(count: int = 8) -> list[str]:
+    return [f"{i}, NVIDIA H200, 130000, 143771, 97, {40 + i}, 0, [N/A]" for i in range(count)]
+
+
+# -- fake nvidia-smi and dmesg -------------------------------------------------------------------
+
+_NVIDIA_SMI = """#!/bin/sh
+# Stand-in for nvidia-smi: this machine has no GPU. Answers from files in {dir}.
+d={dir}
+query=
+for a in "$@"; do case $a in --query-gpu=*) query=${{a#--query-gpu=}};; esac; done
+case $(cat "$d/mode") in
+  hang) exec sleep 3600 ;;
+  wedged) echo $$ $PPID >>"$d/wedged.pids"; kill -STOP $PPID; exec sleep 3600 ;;
+esac
+old_ifs=$IFS; IFS=,
+for f in $query; do
+  grep -qxF "$f" "$d/fields" || {{ printf 'Field "%s" is not a valid field to query.\\n\\n' "$f"; exit 2; }}
+done
+IFS=$old_ifs
+exec cat "$d/gpus.csv"
+"""
+_DMESG = """#!/bin/sh
+# Stand-in for dmesg: the kernel log of a GPU host, from {dir}/dmesg.txt.
+exec cat {dir}/dmesg.txt
+"""
+_BENIGN_DMESG = [
+    "[    0.000000] Linux version 6.1.0-18-amd64",
+    "[   12.345678] nvidia-nvlink: Nvlink Core is being initialized, major device number 510",
+    "[   13.000001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+]
+
+
+class FakeBin:
+    """A directory of scripted `nvidia-smi` and `dmesg` commands."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for name, template in (("nvidia-smi", _NVIDIA_SMI), ("dmesg", _DMESG)):
+            path = self.dir / name
+            path.write_text(template.format(dir=self.dir))
+            path.chmod(0o755)
+        self.reset()
+
+    def reset(self) -> None:
+        self.release_wedged()
+        self.set_gpus(healthy_gpu_rows())
+        self.set_mode("ok")
+        self.set_fields(GPU_QUERY_FIELDS)
+        self.set_dmesg(_BENIGN_DMESG)
+
+    def set_gpus(self, rows: list[str]) -> None:
+        _write(self.dir / "gpus.csv", "".join(row + "\n" for row in rows))
+
+    def set_mode(self, mode: str) -> None:
+        """ok | hang (sleeps until killed) | wedged (also stops its `timeout` parent)."""
+        _write(self.dir / "mode", mode + "\n")
+
+    def set_fields(self, fields: tuple[str, ...] | list[str]) -> None:
+        """The query fields this fake driver knows; others fail as a real nvidia-smi does."""
+        _write(self.dir / "fields", "".join(f + "\n" for f in fields))
+
+    def set_dmesg(self, lines: list[str]) -> None:
+        _write(self.dir / "dmesg.txt", "".join(line + "\n" for line in lines))
+
+    def release_wedged(self) -> None:
+        pids = self.dir / "wedged.pids"
+        if not pids.exists():
+            return
+        for pid in pids.read_text().split():
+            _kill(int(pid), signal.SIGKILL)
+        pids.unlink()
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+# -- fake SGLang server ----------------------------------------------------------------------------
+
+_LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
+JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes."""
+import argparse, json, os, signal, subprocess, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
+_tokens = [1000.0]
+_lock = threading.Lock()
+
+
+def scenario():
+    with open(SCENARIO) as handle:
+        return json.load(handle)
+
+
+def metrics(s):
+    with _lock:
+        if s.get("tokens", "advance") == "advance":
+            _tokens[0] += 128
+        tokens = _tokens[0]
+    return (
+        "# HELP sglang:generation_tokens_total Number of generation tokens processed.\\n"
+        "# TYPE sglang:generation_tokens_total counter\\n"
+        f'sglang:generation_tokens_total{{model_name="fake"}} {tokens}\\n'
+        "# HELP sglang:num_running_reqs The number of running requests.\\n"
+        "# TYPE sglang:num_running_reqs gauge\\n"
+        f'sglang:num_running_reqs{{model_name="fake"}} {s.get("running", 0)}\\n'
+    )
+
+
+COMPLETION = json.dumps({
+    "id": "fake", "object": "chat.completion", "model": "fake",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+}).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        s = scenario()
+        if s.get("hang_all"):
+            time.sleep(3600)
+        if self.path == "/health":
+            self.reply(s.get("health", 200), b"")
+        elif self.path == "/health_generate":
+            self.generate(s, b"")
+        elif self.path == "/metrics":
+            self.reply(200, metrics(s).encode(), "text/plain; version=0.0.4")
+        else:
+            self.reply(404, b"")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        s = scenario()
+        if s.get("hang_all"):
+            time.sleep(3600)
+        if self.path == "/v1/chat/completions":
+            self.generate(s, COMPLETION)
+        else:
+            self.reply(404, b"")
+
+    def generate(self, s, body):
+        mode = s.get("generate", "ok")
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "error":
+            self.reply(500, b'{"error": "internal server error"}')
+        else:
+            self.reply(200, body)
+
+    def reply(self, code, body, content_type="application/json"):
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tp-size", type=int, default=1)
+    args, _ = parser.parse_known_args()
+    ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))
+    for i in range(ranks):
+        subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep")
+    server = None
+    if os.environ.get("FAKE_SGLANG_BIND", "1") == "1":
+        ThreadingHTTPServer.daemon_threads = True
+        server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    open(os.environ["FAKE_SGLANG_READY"], "w").close()
+    if server is not None:
+        server.serve_forever()
+    else:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+class FakeSglang:
+    """A scripted `python -m sglang.launch_server --port P --tp-size N` process tree."""
+
+    def __init__(self, workdir: Path, tp_size: int = 8) -> None:
+        self.workdir = workdir
+        self.tp_size = tp_size
+        self.port = free_port()
+        self.scenario_path = workdir / "scenario.json"
+        self.process: subprocess.Popen[bytes] | None = None
+        package = workdir / "pythonpath" / "sglang"
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+        (package / "launch_server.py").write_text(_LAUNCH_SERVER)
+        self.set()
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("the fake sglang server is not running")
+        return self.process.pid
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set(self, **scenario: Any) -> None:
+        """health (HTTP code), generate (ok|hang|error), tokens (advance|frozen), running, hang_all."""
+        _write(self.scenario_path, json.dumps(scenario))
+
+    def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:
+        ready = self.workdir / "ready"
+        ready.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(self.workdir / "pythonpath"),
+            "FAKE_SGLANG_SCENARIO": str(self.scenario_path),
+            "FAKE_SGLANG_READY": str(ready),
+            "FAKE_SGLANG_RANKS": str(self.tp_size if ranks is None else ranks),
+            "FAKE_SGLANG_BIND": "1" if bind else "0",
+        }
+        argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), "--tp-size", str(self.tp_size)]
+        self.process = subprocess.Popen(argv, env=env, cwd=self.workdir, start_new_session=True)
+        wait_until(ready.exists, 15, "fake sglang server")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _kill_group(self.process)
+            self.process = None
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+# -- sshd ------------------------------------------------------------------------------------------
+
+_SSHD_CONFIG = """Port {port}
+ListenAddress 127.0.0.1
+HostKey {dir}/ssh_host_ed25519_key
+PidFile none
+AuthorizedKeysFile {dir}/authorized_keys
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+SetEnv HOME={dir}/home
+ForceCommand {dir}/session
+MaxStartups 100
+MaxSessions 100
+LogLevel VERBOSE
+"""
+_SESSION = """#!/bin/sh
+# Every session: the fake GPU tools first on PATH, then the client's command.
+PATH={fakebin}:$PATH; export PATH
+exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"
+"""
+
+
+class Sshd:
+    """A real OpenSSH server on 127.0.0.1 with throwaway keys; `host()` connects to it."""
+
+    def __init__(self, workdir: Path, fakebin: Path) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.fakebin = fakebin
+        self.port = free_port()
+        self.client_key = self.dir / "id_ed25519"
+        self.known_hosts = self.dir / "known_hosts"
+        self.log_path = self.dir / "sshd.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Sshd:
+        if shutil.which(SSHD) is None:
+            raise RuntimeError(f"{SSHD} not found: install the openssh-server package")
+        _keygen(self.dir / "ssh_host_ed25519_key")
+        _keygen(self.client_key)
+        shutil.copy(self.client_key.with_suffix(".pub"), self.dir / "authorized_keys")
+        host_pub = (self.dir / "ssh_host_ed25519_key.pub").read_text().split()
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n")
+        (self.dir / "home").mkdir(exist_ok=True)
+        session = self.dir / "session"
+        session.write_text(_SESSION.format(fakebin=self.fakebin))
+        session.chmod(0o755)
+        config = self.dir / "sshd_config"
+        config.write_text(_SSHD_CONFIG.format(port=self.port, dir=self.dir))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=log, start_new_session=True)
+        wait_until(self._answers, 10, "sshd")
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                return sock.recv(8).startswith(b"SSH-")
+        except OSError:
+            return False
+
+    def host(self, **overrides: Any) -> SshHost:
+        options: dict[str, Any] = {
+            "port": self.port,
+            "username": getpass.getuser(),
+            "key_filename": self.client_key,
+            "known_hosts": self.known_hosts,
+            "use_agent": False,
+            "connect_timeout_s": 5.0,
+            "auth_timeout_s": 5.0,
+        }
+        options.update(overrides)
+        return SshHost("127.0.0.1", **options)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _kill_group(self.process)
+            self.process = None
+
+
+def _keygen(path: Path) -> None:
+    for stale in (path, path.with_suffix(".pub")):
+        stale.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+# -- TCP proxy -------------------------------------------------------------------------------------
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target port; `freeze()` stops all traffic, `cut()` drops it."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._frozen = threading.Event()
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        self._frozen.set()
+
+    def cut(self) -> None:
+        """Reset every forwarded connection, as a dead link or a rebooted host does."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        self.cut()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self._closed.is_set():
+                if self._frozen.is_set():
+                    time.sleep(0.05)
+                    continue
+                readable, _, _ = select.select([src], [], [], 0.05)
+                if not readable:
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+        except (OSError, ValueError):
+            return
+
+
+# -- what a tick watches -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Watched:
+    artifacts_dir: Path
+    log_path: Path
+
+
+def make_watched(root: Path) -> Watched:
+    """An artifacts dir with a fresh output file and a fresh server log."""
+    artifacts = root / "artifacts"
+    (artifacts / "responses").mkdir(parents=True, exist_ok=True)
+    (artifacts / "responses" / "B1.jsonl").write_text('{"id": 1}\n')
+    log = root / "server.log"
+    log.write_text("Decode batch. #running-req: 4, gen throughput (token/s): 1234.5\n")
+    return Watched(artifacts, log)
+
+
+def spec_for(server: FakeSglang, **overrides: Any) -> ServerSpec:
+    options: dict[str, Any] = {
+        "kind": "sglang",
+        "port": server.port,
+        "base_url": server.base_url,
+        "model": "fake",
+        "tp_size": server.tp_size,
+    }
+    options.update(overrides)
+    return ServerSpec(**options)
+
+
+def thresholds_for(watched: Watched | None = None, **overrides: Any) -> HealthThresholds:
+    """Short probe timeouts and floors any machine meets; a test overrides what it exercises."""
+    options: dict[str, Any] = {
+        "expected_gpus": 8,
+        "min_disk_free_gb": 0.01,
+        "min_mem_free_gb": 0.01,
+        "stall_window_s": 60.0,
+        "throughput_min_interval_s": 0.0,
+        "shell_section_timeout_s": 2.0,
+        "generation_timeout_s": 2.0,
+        "metrics_timeout_s": 2.0,
+        "tick_timeout_s": 10.0,
+    }
+    if watched is not None:
+        options["artifacts_dir"] = str(watched.artifacts_dir)
+        options["log_path"] = str(watched.log_path)
+    options.update(overrides)
+    return HealthThresholds(**options)
