@@ -12,9 +12,12 @@ import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.generation import Progress
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
@@ -58,6 +61,34 @@ def recover_orphaned_runs(instance: Any) -> list[str]:
     return recovered
 
 
+class ProgressBar:
+    """Generation progress as one self-rewriting terminal line: bar, done/total, tok/s, errors, ETA."""
+
+    width = 28
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.open = False
+
+    def render(self, p: Progress) -> str:
+        from eagle3_pipeline.generation import format_duration
+
+        filled = round(self.width * p.fraction)
+        return (
+            f"{p.dataset} [{'#' * filled}{'.' * (self.width - filled)}] {p.done}/{p.total}  "
+            f"{p.tokens_per_s:,.0f} tok/s  {p.failed} err  ETA {format_duration(p.eta_s)}"
+        )
+
+    def __call__(self, p: Progress) -> None:
+        print("\r" + self.render(p) + "\x1b[K", end="", file=self.out, flush=True)
+        self.open = True
+
+    def end_line(self) -> None:
+        if self.open:
+            print(file=self.out, flush=True)
+            self.open = False
+
+
 class MainJob:
     """Materialize every asset and partition in dependency order, one Dagster run per step."""
 
@@ -69,11 +100,14 @@ class MainJob:
         self.instance = instance
         self.out = out
         self.defs = build_definitions(config)
-        self.provider = InferenceProvider(config)
+        self.bar = ProgressBar(out) if out.isatty() else None
+        self.provider = InferenceProvider(config, progress=self.bar)
         self.tags = {RUN_TAG_PID: str(os.getpid()), RUN_TAG_HOST: socket.gethostname(), "eagle3/entry": "cli"}
         self.results: dict[str, dict[str, Any]] = {}
 
     def say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.end_line()
         print(text, file=self.out, flush=True)
 
     def _materialize(self, selection: Sequence[str], partition_key: str | None = None) -> Any:

@@ -36,6 +36,8 @@ class DatasetConfig(_Model):
     source: Annotated[str, Field(min_length=1)]
     format: Literal["auto", "sharegpt", "openai"] = "auto"
     sample_size: Annotated[int, Field(gt=0)] | None = None
+    # Tokens this dataset may generate (counted as `generation.budget_counts` says). Dispatching
+    # stops once they are reached; the overshoot is at most what the requests in flight can add.
     token_budget: Annotated[int, Field(gt=0)] | None = None
     split: str = "train"
 
@@ -52,10 +54,18 @@ class TargetConfig(_Model):
     max_seq_len: Annotated[int, Field(gt=16)] = 2048
 
 
+class PriceConfig(_Model):
+    """What an endpoint charges per million tokens; used when its responses carry no cost field."""
+
+    prompt_per_mtok: Annotated[float, Field(ge=0)]
+    completion_per_mtok: Annotated[float, Field(ge=0)]
+
+
 class EndpointConfig(_Model):
     base_url: Annotated[str, Field(pattern=r"^https?://")]
     model: str | None = None
     api_key_env: Annotated[str, Field(pattern=ENV_VAR_PATTERN)] | None = None
+    price: PriceConfig | None = None
 
 
 class EmbeddedServerConfig(_Model):
@@ -76,13 +86,45 @@ class InferenceConfig(_Model):
         return self
 
 
+class ConcurrencyConfig(_Model):
+    """Requests in flight at once per prompt length class, across all endpoints together."""
+
+    short: Annotated[int, Field(gt=0, le=4096)] = 150
+    long: Annotated[int, Field(gt=0, le=4096)] = 32
+
+    @property
+    def total(self) -> int:
+        return self.short + self.long
+
+
+class RetryConfig(_Model):
+    """Bounded, jittered exponential backoff for connection errors, timeouts, 408, 429 and 5xx."""
+
+    max_attempts: Annotated[int, Field(gt=0, le=100)] = 6
+    backoff_initial_s: Annotated[float, Field(gt=0)] = 1.0
+    backoff_max_s: Annotated[float, Field(gt=0)] = 60.0
+
+
 class GenerationConfig(_Model):
     max_tokens: Annotated[int, Field(gt=0)] = 256
     temperature: Annotated[float, Field(ge=0)] = 0.0
-    concurrency: Annotated[int, Field(gt=0, le=4096)] = 8
-    request_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    concurrency: ConcurrencyConfig = ConcurrencyConfig()
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
-    fsync: bool = False
+    read_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    retry: RetryConfig = RetryConfig()
+    max_consecutive_errors: Annotated[int, Field(gt=0)] = 25
+    max_failed_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
+    budget_counts: Literal["completion", "prompt_and_completion"] = "completion"
+    fsync: Literal["never", "interval", "always"] = "interval"
+    fsync_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    reasoning: Literal["keep", "strip"] = "keep"
+    regenerate_turns: Literal["last", "all"] = "last"
+    progress_interval_s: Annotated[float, Field(gt=0)] = 30.0
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _one_number_for_both_classes(cls, value: Any) -> Any:
+        return value if isinstance(value, (dict, ConcurrencyConfig)) else {"short": value, "long": value}
 
 
 class PromptsConfig(_Model):
@@ -96,6 +138,54 @@ class TrainingDataConfig(_Model):
     mask_prior_assistant_turns: bool = False
 
 
+class HostConfig(_Model):
+    """Where the health probes run: this machine, or the GPU box over SSH (host key verified)."""
+
+    kind: Literal["local", "ssh"] = "local"
+    hostname: str | None = None
+    port: Annotated[int, Field(gt=0, le=65535)] = 22
+    username: str | None = None
+    key_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    trust_on_first_use: bool = False
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+
+    @model_validator(mode="after")
+    def _ssh_needs_a_hostname(self) -> HostConfig:
+        if self.kind == "ssh" and not self.hostname:
+            raise ValueError("kind 'ssh' needs health.host.hostname")
+        return self
+
+
+class MonitoredServerConfig(_Model):
+    """The inference server the health checks watch (for the embedded profile: leave it out)."""
+
+    kind: Literal["sglang", "vllm", "transformers", "custom"] = "sglang"
+    port: Annotated[int, Field(gt=0, le=65535)]
+    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    tp_size: Annotated[int, Field(gt=0)] = 1
+    process_pattern: str = ""
+    generation_probe: Literal["chat", "health_generate"] = "chat"
+    log_path: str | None = None
+
+
+class HealthConfig(_Model):
+    host: HostConfig = HostConfig()
+    server: MonitoredServerConfig | None = None
+    expected_gpus: Annotated[int, Field(ge=0)] = 0
+    min_disk_free_gb: Annotated[float, Field(ge=0)] = 5.0
+    min_mem_free_gb: Annotated[float, Field(ge=0)] = 1.0
+    watch_dir: str | None = None
+    stall_window_s: Annotated[float, Field(gt=0)] = 600.0
+    shell_section_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    generation_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    tick_timeout_s: Annotated[float, Field(gt=0, le=50)] = 15.0
+    optional_checks: list[str] = []
+    sensor_interval_s: Annotated[int, Field(ge=5)] = 30
+    terminate_stalled_runs: bool = False
+    max_truncation_rate: Annotated[float, Field(ge=0, le=1)] = 0.5
+
+
 class PipelineConfig(_Model):
     """One pipeline: its datasets, target model, inference backend and where outputs go."""
 
@@ -107,6 +197,7 @@ class PipelineConfig(_Model):
     generation: GenerationConfig = GenerationConfig()
     prompts: PromptsConfig = PromptsConfig()
     training_data: TrainingDataConfig = TrainingDataConfig()
+    health: HealthConfig = HealthConfig()
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 

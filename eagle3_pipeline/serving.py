@@ -19,13 +19,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.generation import Endpoint
+from eagle3_pipeline.generation import Endpoint, Price, Progress
 from eagle3_pipeline.layout import ArtifactLayout
 
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -210,27 +212,31 @@ class EmbeddedServer:
 
 
 class InferenceProvider:
-    """The endpoint a pipeline generates against, resolved lazily.
+    """The endpoints a pipeline generates against, resolved lazily.
 
     ``embedded``: the local model is served on first use and stopped by :meth:`close`.
-    ``endpoints``: the configured server (or ``override``) is checked with a 1-token completion
+    ``endpoints``: every configured server (or ``override``) is checked with a 1-token completion
     before use, so an unreachable server fails fast with its URL rather than per request.
+    ``progress`` receives generation progress in-process (the CLI's progress bar); None in Dagster.
     """
 
-    def __init__(self, config: PipelineConfig, override: Endpoint | None = None) -> None:
+    def __init__(
+        self, config: PipelineConfig, override: Endpoint | None = None, progress: Callable[[Progress], None] | None = None
+    ) -> None:
         self.config = config
         self.override = override
-        self._endpoint: Endpoint | None = None
+        self.progress = progress
+        self._endpoints: list[Endpoint] | None = None
         self._server: EmbeddedServer | None = None
 
     @property
     def embedded(self) -> bool:
         return self.override is None and self.config.inference.kind == "embedded"
 
-    def endpoint(self) -> Endpoint:
-        if self._endpoint is None:
-            self._endpoint = self._start_embedded() if self.embedded else self._check_remote()
-        return self._endpoint
+    def endpoints(self) -> list[Endpoint]:
+        if self._endpoints is None:
+            self._endpoints = [self._start_embedded()] if self.embedded else self._check_remote()
+        return self._endpoints
 
     def tokenizer_name(self) -> str:
         if self.config.target.tokenizer:
@@ -251,26 +257,40 @@ class InferenceProvider:
         base_url = self._server.start()
         return Endpoint(base_url=base_url, model=self._server.model)
 
-    def _check_remote(self) -> Endpoint:
+    def _configured(self) -> list[Endpoint]:
         if self.override is not None:
-            endpoint = self.override
-        else:
-            first = self.config.inference.endpoints[0]
-            endpoint = Endpoint(first.base_url, first.model or self.config.target.model, self.config.api_key(first))
-        try:
-            probe_completion(endpoint.base_url, endpoint.model, timeout_s=60, api_key=endpoint.api_key)
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ServerStartError(
-                f"inference endpoint {endpoint.base_url} did not answer a 1-token completion for model "
-                f"{endpoint.model!r} ({exc.__class__.__name__})"
-            ) from None
-        return endpoint
+            return [self.override]
+        endpoints = []
+        for entry in self.config.inference.endpoints:
+            price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
+            endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, self.config.api_key(entry), price))
+        return endpoints
+
+    def _check_remote(self) -> list[Endpoint]:
+        endpoints = self._configured()
+        with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
+            problems = [p for p in pool.map(_probe_problem, endpoints) if p]
+        if problems:
+            raise ServerStartError("; ".join(problems))
+        return endpoints
 
     def close(self) -> None:
         if self._server is not None:
             self._server.stop()
             self._server = None
-        self._endpoint = None
+        self._endpoints = None
+
+
+def _probe_problem(endpoint: Endpoint) -> str | None:
+    """None if the endpoint answers a 1-token completion, else what went wrong (no secrets)."""
+    try:
+        probe_completion(endpoint.base_url, endpoint.model, timeout_s=60, api_key=endpoint.api_key)
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        return (
+            f"inference endpoint {endpoint.base_url} did not answer a 1-token completion for model "
+            f"{endpoint.model!r} ({exc.__class__.__name__})"
+        )
+    return None
 
 
 def _exit_when_orphaned(parent: int) -> None:

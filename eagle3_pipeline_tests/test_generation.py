@@ -1,59 +1,89 @@
-"""Generation against a real loopback HTTP server; the checkpoint on real files."""
+"""Generation against a real loopback HTTP server; the checkpoint on real files.
+
+The helpers here (prompts, settings, a one-call `run`) are shared by the other generation tests.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from eagle3_pipeline.config import GenerationConfig
 from eagle3_pipeline.generation import (
     CheckpointError,
     Endpoint,
-    GenerationSettings,
+    GenerationSummary,
     ResponseCheckpoint,
     generate,
     response_rows,
 )
 from eagle3_pipeline.records import PromptRecord, content_id
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, echo_completion
-
-SETTINGS = GenerationSettings(max_tokens=8, concurrency=4, request_timeout_s=5, connect_timeout_s=2)
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 
-def make_prompts(n: int, dataset: str = "B1") -> list[PromptRecord]:
+def settings(**overrides: Any) -> GenerationConfig:
+    """Small, fast settings: short timeouts and backoff, no fsync, progress every 50 ms."""
+    base: dict[str, Any] = {
+        "max_tokens": 8,
+        "concurrency": {"short": 4, "long": 2},
+        "connect_timeout_s": 2,
+        "read_timeout_s": 5,
+        "retry": {"max_attempts": 4, "backoff_initial_s": 0.01, "backoff_max_s": 0.05},
+        "fsync": "never",
+        "progress_interval_s": 0.05,
+    }
+    return GenerationConfig.model_validate({**base, **overrides})
+
+
+def make_prompts(n: int, dataset: str = "B1", length_class: str = "short", prefix: str = "question") -> list[PromptRecord]:
     prompts = []
     for i in range(n):
-        messages = [{"role": "user", "content": f"question {i}"}]
-        prompts.append(PromptRecord(content_id(messages, None), dataset, messages, None, "short", 5, i))
+        messages = [{"role": "user", "content": f"{prefix} {i}"}]
+        prompts.append(PromptRecord(content_id(messages, None), dataset, messages, None, length_class, 5, i))  # type: ignore[arg-type]
     return prompts
 
 
-def lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def run(
+    tmp_path: Path,
+    prompts: list[PromptRecord],
+    endpoints: list[Endpoint] | FakeOpenAI,
+    config: GenerationConfig | None = None,
+    **kwargs: Any,
+) -> GenerationSummary:
+    if isinstance(endpoints, FakeOpenAI):
+        endpoints = [Endpoint(endpoints.base_url, "m")]
+    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
+    return generate(prompts, lambda: endpoints, config or settings(), checkpoint, tmp_path / "err.jsonl", **kwargs)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_every_prompt_answered_and_checkpointed(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     prompts = make_prompts(12)
-    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl")
-    summary = generate(prompts, lambda: Endpoint(fake_openai.base_url, "m"), SETTINGS, checkpoint, tmp_path / "err.jsonl")
+    summary = run(tmp_path, prompts, fake_openai)
     assert (summary.generated, summary.failed, summary.completion_tokens) == (12, 0, 60)
     stored = lines(tmp_path / "ck.jsonl")
     assert sorted(r["id"] for r in stored) == sorted(p.id for p in prompts)
-    rows = response_rows(prompts, checkpoint.load())
+    rows = response_rows(prompts, ResponseCheckpoint(tmp_path / "ck.jsonl").load())
     assert rows[0]["messages"][-1] == {"role": "assistant", "content": "echo: question 0"}
-    assert rows[0]["finish_reason"] == "stop" and rows[0]["latency_s"] >= 0
+    assert rows[0]["finish_reason"] == "stop" and rows[0]["latency_s"] >= 0 and rows[0]["turns"] == 1
+    assert fake_openai.requests[0]["max_tokens"] == 8 and "tools" not in fake_openai.requests[0]
 
 
 def test_rerun_skips_done_ids_without_contacting_a_server(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     prompts = make_prompts(5)
-    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl")
-    generate(prompts, lambda: Endpoint(fake_openai.base_url, "m"), SETTINGS, checkpoint, tmp_path / "e.jsonl")
+    run(tmp_path, prompts, fake_openai)
 
-    def no_server() -> Endpoint:
+    def no_server() -> list[Endpoint]:
         raise AssertionError("a finished dataset must not start or contact a server")
 
-    summary = generate(prompts, no_server, SETTINGS, checkpoint, tmp_path / "e.jsonl")
+    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl")
+    summary = generate(prompts, no_server, settings(), checkpoint, tmp_path / "err.jsonl")
     assert (summary.already_done, summary.generated) == (5, 0)
     assert len(fake_openai.requests) == 5
 
@@ -61,12 +91,14 @@ def test_rerun_skips_done_ids_without_contacting_a_server(tmp_path: Path, fake_o
 def test_torn_last_line_is_cut_and_redone(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     prompts = make_prompts(4)
     path = tmp_path / "ck.jsonl"
-    generate(prompts[:3], lambda: Endpoint(fake_openai.base_url, "m"), SETTINGS, ResponseCheckpoint(path), tmp_path / "e")
+    run(tmp_path, prompts[:3], fake_openai)
     whole = path.read_bytes()
     last_start = whole.rstrip(b"\n").rfind(b"\n") + 1
     torn_id = json.loads(whole[last_start:])["id"]
     path.write_bytes(whole[: last_start + 25])
-    summary = generate(prompts, lambda: Endpoint(fake_openai.base_url, "m"), SETTINGS, ResponseCheckpoint(path), tmp_path / "e")
+    assert torn_id not in ResponseCheckpoint(path).load(), "a reader ignores the torn line"
+    assert path.read_bytes() == whole[: last_start + 25], "a reader never modifies the file"
+    summary = run(tmp_path, prompts, fake_openai)
     assert summary.already_done == 2 and summary.generated == 2
     stored = [r["id"] for r in lines(path)]
     assert sorted(stored) == sorted(p.id for p in prompts) and torn_id in stored
@@ -74,10 +106,10 @@ def test_torn_last_line_is_cut_and_redone(tmp_path: Path, fake_openai: FakeOpenA
 
 def test_same_id_twice_is_stored_once(tmp_path: Path) -> None:
     path = tmp_path / "ck.jsonl"
-    checkpoint = ResponseCheckpoint(path)
-    checkpoint.append({"id": "a", "response": "first"})
-    checkpoint.append({"id": "a", "response": "second"})
-    assert checkpoint.load() == {"a": {"id": "a", "response": "first"}}
+    with ResponseCheckpoint(path).writer() as writer:
+        writer.append({"id": "a", "response": "first"})
+        writer.append({"id": "a", "response": "second"})
+    assert ResponseCheckpoint(path).load() == {"a": {"id": "a", "response": "first"}}
 
 
 def test_garbage_inside_the_checkpoint_is_refused_with_file_and_line(tmp_path: Path) -> None:
@@ -87,40 +119,54 @@ def test_garbage_inside_the_checkpoint_is_refused_with_file_and_line(tmp_path: P
         ResponseCheckpoint(path).load()
 
 
-def test_failures_are_recorded_without_the_api_key(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    secret = "sk-test-secret-4242"
-    fake_openai.script = lambda body, n: (500, None) if "question 1" in body["messages"][-1]["content"] else (200, echo_completion(body))
-    prompts = make_prompts(3)
-    summary = generate(prompts, lambda: Endpoint(fake_openai.base_url, "m", secret), SETTINGS, ResponseCheckpoint(tmp_path / "ck.jsonl"), tmp_path / "err.jsonl")
-    assert (summary.generated, summary.failed) == (2, 1)
-    assert "HTTP 500" in summary.error_examples[0]
-    assert fake_openai.headers_seen[0]["Authorization"] == f"Bearer {secret}"
-    assert secret not in (tmp_path / "err.jsonl").read_text() + repr(summary) + repr(Endpoint("u", "m", secret))
-    assert secret not in (tmp_path / "ck.jsonl").read_text()
+def test_a_second_writer_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.jsonl"
+    with ResponseCheckpoint(path).writer(), pytest.raises(CheckpointError, match="another process is writing"):
+        ResponseCheckpoint(path).writer()
+    ResponseCheckpoint(path).writer().close()
 
 
-def test_non_openai_payload_counts_as_failure(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    fake_openai.script = lambda body, n: (200, {"unexpected": True})
-    summary = generate(make_prompts(1), lambda: Endpoint(fake_openai.base_url, "m"), SETTINGS, ResponseCheckpoint(tmp_path / "ck"), tmp_path / "e")
+@pytest.mark.parametrize("policy", ["never", "interval", "always"])
+def test_every_fsync_policy_writes_each_record_at_once(tmp_path: Path, policy: str) -> None:
+    path = tmp_path / "ck.jsonl"
+    with ResponseCheckpoint(path, fsync=policy, fsync_interval_s=0.01).writer() as writer:  # type: ignore[arg-type]
+        for i in range(3):
+            writer.append({"id": str(i)})
+            assert len(lines(path)) == i + 1, "on disk before the next answer arrives"
+
+
+def test_non_openai_payload_counts_as_failure_without_retry(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script = lambda body, n: Reply(payload={"unexpected": True})
+    summary = run(tmp_path, make_prompts(1), fake_openai)
     assert summary.failed == 1 and "not an OpenAI chat completion" in summary.error_examples[0]
+    assert len(fake_openai.requests) == 1
 
 
-def test_concurrency_is_bounded(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    import threading
+def test_tool_schemas_are_sent_and_tool_calls_kept(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "find it"}]
+    prompt = PromptRecord(content_id(messages, json.dumps(tools)), "B2", messages, json.dumps(tools), "short", 20, 0)
+    call = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+    fake_openai.script = lambda body, n: Reply(payload=echo_completion(body, content=None, tool_calls=call))
+    run(tmp_path, [prompt], fake_openai)
+    assert fake_openai.requests[0]["tools"] == tools
+    assert json.loads(lines(tmp_path / "ck.jsonl")[0]["response"]) == call
 
-    active, peak, lock = [0], [0], threading.Lock()
 
-    def script(body: dict, n: int) -> tuple[int, dict]:
-        import time
+def test_progress_reaches_each_sink_on_its_cadence_and_at_the_end(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    from eagle3_pipeline.cli import ProgressBar
+    from eagle3_pipeline.generation import ProgressSink
 
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(0.05)
-        with lock:
-            active[0] -= 1
-        return 200, echo_completion(body)
-
-    fake_openai.script = script
-    generate(make_prompts(20), lambda: Endpoint(fake_openai.base_url, "m"), SETTINGS, ResponseCheckpoint(tmp_path / "ck"), tmp_path / "e")
-    assert 1 < peak[0] <= SETTINGS.concurrency
+    fake_openai.delay_s = 0.02
+    often: list[Any] = []
+    rarely: list[Any] = []
+    sinks = [ProgressSink(0.05, often.append), ProgressSink(60, rarely.append)]
+    summary = run(tmp_path, make_prompts(30), fake_openai, settings(concurrency={"short": 2, "long": 1}), sinks=sinks)
+    assert len(often) > 2 and len(rarely) == 1, "the slow sink only gets the final snapshot"
+    assert [p.done for p in often] == sorted(p.done for p in often)
+    final = often[-1]
+    assert (final.done, final.total, final.completion_tokens, final.failed, final.eta_s) == (30, 30, 150, 0, 0.0)
+    assert final.tokens_per_s > 0 and "30/30 done" in final.line()
+    assert any(p.eta_s and p.eta_s > 0 for p in often[:-1]), "an ETA while work remains"
+    assert summary.series and {"elapsed_s", "tokens_per_s", "requests_per_s"} <= set(summary.series[-1])
+    assert ProgressBar(None).render(final).startswith("B1 [" + "#" * ProgressBar.width + "] 30/30")

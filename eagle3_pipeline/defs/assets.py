@@ -3,12 +3,11 @@
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
   prompts       → eagle3_pipeline.prompts.load_prompts
-  responses     → eagle3_pipeline.generation.generate
+  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/checks.py)
   training_data → eagle3_pipeline.dataprep.build_training_data
 """
 
 import os
-import statistics
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -18,18 +17,14 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep import build_training_data
-from eagle3_pipeline.generation import (
-    GenerationSettings,
-    Progress,
-    ResponseCheckpoint,
-    generate,
-    response_rows,
-)
+from eagle3_pipeline.defs.checks import build_response_checks
+from eagle3_pipeline.generation import GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.prompts import load_prompts
-from eagle3_pipeline.records import PROMPT_SCHEMA, RESPONSE_SCHEMA, prompt_rows, read_prompts, write_parquet
+from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 
 PREVIEW_ROWS = 5
+PROGRESS_BAR_EVERY_S = 1.0
 
 def _preview(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
     def cell(value: Any) -> str:
@@ -40,18 +35,22 @@ def _preview(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dg.Metad
     lines += ["| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows[:PREVIEW_ROWS]]
     return dg.MetadataValue.md("\n".join(lines))
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    if len(values) == 1:
-        return float(values[0])
-    return float(statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1])
+def _series_table(series: Sequence[dict[str, float]]) -> dg.MetadataValue:
+    columns = ["elapsed_s", "done", "completion_tokens", "tokens_per_s", "requests_per_s"]
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({c: point[c] for c in columns}) for point in series],
+        schema=dg.TableSchema(columns=[dg.TableColumn(c, "float") for c in columns]),
+    )
+
+def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObservation:
+    """One point of the live throughput series, plotted by the UI across observations."""
+    metadata = {"done": p.done, "completion_tokens": p.completion_tokens, "tokens_per_s": round(p.tokens_per_s, 2), "failed": p.failed}
+    return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
 
 def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
     layout = ArtifactLayout(config.artifacts_root)
     partitions = dg.StaticPartitionsDefinition(config.dataset_ids)
     embedded = config.inference.kind == "embedded"
-    generation_settings = GenerationSettings(**config.generation.model_dump())
 
     @dg.asset(
         group_name="target",
@@ -106,51 +105,29 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         "checkpointed at once; a rerun resumes by id with no duplicates.",
     )
     def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        dataset_id = context.partition_key
-        prompt_records = read_prompts(layout.prompts(dataset_id))
-        checkpoint = ResponseCheckpoint(layout.checkpoint(dataset_id), fsync=config.generation.fsync)
+        dataset = config.dataset(context.partition_key)
+        inference = context.resources.inference
 
-        def log_progress(p: Progress) -> None:
-            context.log.info(
-                f"{dataset_id}: {p.done}/{p.total} done, {p.completion_tokens} new tokens, "
-                f"{p.tokens_per_s:.1f} tok/s, {p.failed} failed"
-            )
+        def report(p: Progress) -> None:
+            context.log.info(p.line())
+            context.log_event(_observation(context, p))
 
-        summary = generate(
-            prompt_records,
-            context.resources.inference.endpoint,
-            generation_settings,
-            checkpoint,
-            layout.errors(dataset_id),
-            log_progress,
-        )
-        context.log.info(f"{dataset_id}: {summary.already_done} already done, {summary.generated} generated now")
-        if summary.failed:
-            raise dg.Failure(
-                description=f"{dataset_id}: {summary.failed} of {len(prompt_records)} requests failed; "
-                f"finished responses are checkpointed and a rerun retries only the rest. "
-                f"First errors: {'; '.join(summary.error_examples)}",
-                metadata=summary.as_metadata(),
-            )
-        rows = response_rows(prompt_records, checkpoint.load())
-        path = layout.responses(dataset_id)
-        write_parquet(rows, RESPONSE_SCHEMA, path)
-        latencies = [r["latency_s"] for r in rows]
-        finish = Counter(r["finish_reason"] for r in rows)
+        sinks = [ProgressSink(config.generation.progress_interval_s, report)]
+        if inference.progress is not None:
+            sinks.append(ProgressSink(PROGRESS_BAR_EVERY_S, inference.progress))
+        prompt_records = read_prompts(layout.prompts(dataset.id))
+        try:
+            result = generate_dataset(dataset, prompt_records, inference.endpoints, config.generation, layout, sinks)
+        except GenerationFailed as exc:
+            raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         return dg.MaterializeResult(
             metadata={
-                **summary.as_metadata(),
-                "rows": len(rows),
-                "completion_tokens": sum(r["completion_tokens"] for r in rows),
-                "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-                "truncated": finish.get("length", 0),
-                "finish_reasons": dict(finish),
-                "latency_p50_s": round(_percentile(latencies, 50), 3),
-                "latency_p95_s": round(_percentile(latencies, 95), 3),
-                "models": sorted({r["model"] for r in rows}),
-                "path": dg.MetadataValue.path(str(path)),
-                "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset_id))),
-                "preview": _preview(rows, ["id", "finish_reason", "completion_tokens", "response"]),
+                **result.as_metadata(),
+                "throughput_series": _series_table(result.summary.series),
+                "path": dg.MetadataValue.path(str(layout.responses(dataset.id))),
+                "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset.id))),
+                "errors_file": dg.MetadataValue.path(str(layout.errors(dataset.id))),
+                "preview": _preview(result.rows, ["id", "finish_reason", "completion_tokens", "response"]),
             }
         )
 
@@ -187,5 +164,5 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [*([target_model] if embedded else []), prompts, responses, training_data]
+    return [*([target_model] if embedded else []), prompts, responses, training_data, *build_response_checks(config, responses)]
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dagster as dg
 from pydantic import PrivateAttr
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.generation import Endpoint
+from eagle3_pipeline.generation import Endpoint, Progress
 from eagle3_pipeline.serving import InferenceProvider
 
 
@@ -34,8 +36,12 @@ class InferenceResource(dg.ConfigurableResource):
             raise RuntimeError("InferenceResource used outside a run")
         return self._provider
 
-    def endpoint(self) -> Endpoint:
-        return self._require().endpoint()
+    def endpoints(self) -> list[Endpoint]:
+        return self._require().endpoints()
+
+    @property
+    def progress(self) -> Callable[[Progress], None] | None:
+        return self._require().progress
 
     def tokenizer_name(self) -> str:
         return self._require().tokenizer_name()

@@ -1,0 +1,44 @@
+"""Asset checks: each reads what an asset wrote and calls one domain function.
+
+Checks on ``responses`` live in :func:`build_response_checks`: define the next one there (one
+partitioned ``@dg.asset_check`` per property of a dataset's responses) and add it to the list it
+returns; the assets factory includes them all, so ``dagster dev`` and the CLI run them after each
+materialization.
+"""
+
+import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.generation import table_budget_state
+from eagle3_pipeline.layout import ArtifactLayout
+
+
+def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+    layout = ArtifactLayout(config.artifacts_root)
+
+    @dg.asset_check(
+        asset=responses,
+        partitions_def=responses.partitions_def,
+        description="The dataset's counted tokens are within its token_budget plus what the requests in "
+        "flight at the stop can add (in-flight slots × max_tokens per turn, + prompt tokens when they count).",
+    )
+    def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        dataset = config.dataset(context.partition_key)
+        path = layout.responses(dataset.id)
+        if not path.exists():
+            return dg.AssetCheckResult(passed=False, description=f"{path} does not exist; materialize responses first")
+        state = table_budget_state(path, dataset.token_budget, config.generation)
+        if state.budget is None:
+            verdict = f"no token_budget; {state.tokens} tokens counted"
+        elif state.within_bound:
+            verdict = f"{state.tokens} of {state.budget} tokens; overshoot {state.overshoot} ≤ bound {state.overshoot_bound}"
+        else:
+            verdict = (
+                f"{state.tokens} tokens exceed the budget {state.budget} by {state.overshoot}, more than the "
+                f"{state.overshoot_bound} the requests in flight can explain (was the budget lowered after generating?)"
+            )
+        return dg.AssetCheckResult(
+            passed=state.within_bound, severity=dg.AssetCheckSeverity.ERROR, description=verdict, metadata=state.as_metadata()
+        )
+
+    return [token_budget]

@@ -1,0 +1,371 @@
+"""The generation engine: answer every prompt not yet in the checkpoint.
+
+Workers per length class (``concurrency.short`` / ``concurrency.long`` of them) take prompts in id
+order — ids are content hashes, so a budget stop keeps an unbiased sample — ask the token budget
+for admission, send the request to the least busy endpoint, retry transient failures with backoff,
+and append each answer to the checkpoint the moment it arrives. Each worker owns a small HTTP
+client that keeps one connection alive per endpoint: a single shared pool of 150+ connections
+scans all of them on every request and spends more CPU on that than on the requests.
+A request that fails for good goes to the errors file; ``max_consecutive_errors`` of them in a row
+stop the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eagle3_pipeline.config import GenerationConfig
+from eagle3_pipeline.generation.budget import TokenBudget, counted_tokens
+from eagle3_pipeline.generation.checkpoint import CheckpointWriter, ErrorLog, ResponseCheckpoint
+from eagle3_pipeline.generation.client import AttemptFailure, Completion, attempt_completion, request_body
+from eagle3_pipeline.generation.conversation import build_record, turns_to_regenerate
+from eagle3_pipeline.generation.endpoints import Endpoint, EndpointPool
+from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
+from eagle3_pipeline.generation.retry import backoff_s
+from eagle3_pipeline.prompts import estimate_tokens
+from eagle3_pipeline.records import PromptRecord
+
+ERROR_EXAMPLES = 5
+SERIES_POINTS = 500
+
+
+@dataclass
+class GenerationSummary:
+    """What one run did; ``as_metadata`` holds only numbers and texts that are safe to show."""
+
+    dataset: str
+    total: int
+    token_budget: int | None
+    already_done: int = 0
+    generated: int = 0
+    failed: int = 0
+    retries: int = 0
+    truncated: int = 0
+    usage_estimated: int = 0
+    skipped_by_budget: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    counted_now: int = 0
+    cost: float = 0.0
+    elapsed_s: float = 0.0
+    series: list[dict[str, float]] = field(default_factory=list)
+    endpoints: list[dict[str, Any]] = field(default_factory=list)
+    error_examples: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "prompts": self.total,
+            "already_done": self.already_done,
+            "generated_now": self.generated,
+            "failed": self.failed,
+            "retries": self.retries,
+            "truncated_now": self.truncated,
+            "usage_estimated_now": self.usage_estimated,
+            "skipped_by_budget": self.skipped_by_budget,
+            "new_completion_tokens": self.completion_tokens,
+            "new_prompt_tokens": self.prompt_tokens,
+            "new_cost": round(self.cost, 6),
+            "generation_seconds": round(self.elapsed_s, 2),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "endpoints": self.endpoints,
+        }
+
+
+class GenerationFailed(RuntimeError):
+    """Generation stopped or left too many prompts unanswered; finished answers are checkpointed."""
+
+    def __init__(self, message: str, summary: GenerationSummary) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+class RequestFailed(Exception):
+    def __init__(self, failure: AttemptFailure, attempts: int, endpoint: Endpoint) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+        self.attempts = attempts
+        self.endpoint = endpoint
+
+
+def pending(prompts: Sequence[PromptRecord], done: dict[str, Any]) -> list[PromptRecord]:
+    """Prompts without a finished answer, each id once, in id order."""
+    unique = {p.id: p for p in prompts if p.id not in done}
+    return [unique[key] for key in sorted(unique)]
+
+
+class _Run:
+    def __init__(
+        self,
+        settings: GenerationConfig,
+        new_client: Callable[[], httpx.AsyncClient],
+        pool: EndpointPool,
+        budget: TokenBudget,
+        writer: CheckpointWriter,
+        errors: ErrorLog,
+        summary: GenerationSummary,
+        sinks: Sequence[ProgressSink],
+    ) -> None:
+        self.settings = settings
+        self.new_client = new_client
+        self.pool = pool
+        self.budget = budget
+        self.writer = writer
+        self.errors = errors
+        self.summary = summary
+        self.sinks = [*sinks, ProgressSink(settings.progress_interval_s, self._sample)]
+        self.rng = random.Random()
+        self.consecutive_failures = 0
+        self.stopping = False
+        self.started = time.monotonic()
+        self.remaining = 0
+
+    async def execute(self, todo: Sequence[PromptRecord]) -> None:
+        queues = {cls: deque(p for p in todo if p.length_class == cls) for cls in ("short", "long")}
+        limits = {"short": self.settings.concurrency.short, "long": self.settings.concurrency.long}
+        self.remaining = len(todo)
+        ticker = asyncio.create_task(self._tick())
+        try:
+            async with asyncio.TaskGroup() as group:
+                for cls, queue in queues.items():
+                    for _ in range(min(limits[cls], len(queue))):
+                        group.create_task(self._worker(queue))
+        except ExceptionGroup as caught:
+            raise caught.exceptions[0] from None
+        finally:
+            ticker.cancel()
+            self.summary.skipped_by_budget = sum(len(q) for q in queues.values()) if self.budget.exhausted else 0
+            self.summary.elapsed_s = time.monotonic() - self.started
+            self.summary.endpoints = self.pool.stats()
+            snapshot = self._snapshot()
+            for sink in self.sinks:
+                sink.emit(snapshot)
+
+    async def _worker(self, queue: deque[PromptRecord]) -> None:
+        async with self.new_client() as client:
+            while queue and not self.stopping:
+                if not await self.budget.admit():
+                    return
+                if not queue:
+                    self.budget.settle(None)
+                    return
+                prompt = queue.popleft()
+                tokens: int | None = None
+                try:
+                    record = await self._answer(client, prompt)
+                    tokens = counted_tokens(record, self.settings.budget_counts)
+                    self._succeeded(record)
+                except RequestFailed as failed:
+                    self._failed(prompt, failed)
+                finally:
+                    self.remaining -= 1
+                    self.budget.settle(tokens)
+
+    async def _answer(self, client: httpx.AsyncClient, prompt: PromptRecord) -> dict[str, Any]:
+        history = [dict(m) for m in prompt.messages]
+        tools = prompt.tool_schemas()
+        regenerate = turns_to_regenerate(history, self.settings.regenerate_turns)
+        completions = []
+        for index in regenerate:
+            turn = await self._complete(client, history[:index], tools, prompt.tools)
+            history[index] = {"role": "assistant", "content": turn.text}
+            completions.append(turn)
+        completions.append(await self._complete(client, history, tools, prompt.tools))
+        return build_record(prompt, completions, history if regenerate else None, self.settings.reasoning == "keep")
+
+    async def _complete(
+        self, client: httpx.AsyncClient, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, tools_text: str | None
+    ) -> Completion:
+        settings = self.settings
+        prompt_tokens_est = estimate_tokens(messages, tools_text)
+        avoid: Endpoint | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            endpoint = self.pool.acquire(avoid)
+            body = request_body(endpoint, messages, tools, settings.max_tokens, settings.temperature)
+            try:
+                outcome = await attempt_completion(client, endpoint, body, prompt_tokens_est)
+            except BaseException:
+                self.pool.release(endpoint, ok=False)
+                raise
+            self.pool.release(endpoint, ok=isinstance(outcome, Completion))
+            if isinstance(outcome, Completion):
+                return outcome
+            if not outcome.retryable or attempt >= settings.retry.max_attempts:
+                raise RequestFailed(outcome, attempt, endpoint)
+            self.summary.retries += 1
+            avoid = endpoint
+            await asyncio.sleep(backoff_s(attempt, settings.retry, outcome.retry_after_s, self.rng))
+
+    def _succeeded(self, record: dict[str, Any]) -> None:
+        self.writer.append(record)
+        summary = self.summary
+        summary.generated += 1
+        summary.completion_tokens += record["completion_tokens"]
+        summary.prompt_tokens += record["prompt_tokens"]
+        summary.counted_now += counted_tokens(record, self.settings.budget_counts)
+        summary.cost += record["cost"] or 0.0
+        summary.truncated += record["finish_reason"] == "length"
+        summary.usage_estimated += bool(record.get("usage_estimated"))
+        self.consecutive_failures = 0
+
+    def _failed(self, prompt: PromptRecord, failed: RequestFailed) -> None:
+        reason = self.pool.redact(str(failed))
+        self.errors.append(
+            {
+                "id": prompt.id,
+                "dataset": prompt.dataset,
+                "reason": reason,
+                "status": failed.failure.status,
+                "attempts": failed.attempts,
+                "retryable": failed.failure.retryable,
+                "endpoint": failed.endpoint.base_url,
+                "at": time.time(),
+            }
+        )
+        summary = self.summary
+        summary.failed += 1
+        if len(summary.error_examples) < ERROR_EXAMPLES:
+            summary.error_examples.append(f"{prompt.id}: {reason} (attempts: {failed.attempts})")
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.settings.max_consecutive_errors and not self.stopping:
+            self.stopping = True
+            raise GenerationFailed(
+                f"{prompt.dataset}: stopped after {self.consecutive_failures} requests in a row failed "
+                f"(last: {reason}; attempts: {failed.attempts}). The server is probably down or "
+                f"refusing requests; the {summary.generated} answers of this run are checkpointed and a "
+                f"rerun resumes from them.",
+                summary,
+            )
+
+    def _snapshot(self) -> Progress:
+        summary = self.summary
+        elapsed = time.monotonic() - self.started
+        budget_left = summary.token_budget - self.budget.counted if summary.token_budget is not None else None
+        rate = summary.generated / elapsed if elapsed > 0 else 0.0
+        token_rate = summary.counted_now / elapsed if elapsed > 0 else 0.0
+        return Progress(
+            dataset=summary.dataset,
+            done=summary.already_done + summary.generated,
+            total=summary.total,
+            generated=summary.generated,
+            failed=summary.failed,
+            retries=summary.retries,
+            truncated=summary.truncated,
+            completion_tokens=summary.completion_tokens,
+            budget_tokens=self.budget.counted,
+            token_budget=summary.token_budget,
+            elapsed_s=elapsed,
+            eta_s=eta_s(self.remaining, rate, budget_left, token_rate),
+        )
+
+    def _sample(self, progress: Progress) -> None:
+        """One point of the throughput series: rates over the interval since the previous point."""
+        series = self.summary.series
+        before = series[-1] if series else {"elapsed_s": 0.0, "done": float(progress.done - progress.generated), "completion_tokens": 0.0}
+        span = progress.elapsed_s - before["elapsed_s"]
+        if span <= 0:
+            return
+        series.append(
+            {
+                "elapsed_s": round(progress.elapsed_s, 2),
+                "done": float(progress.done),
+                "completion_tokens": float(progress.completion_tokens),
+                "tokens_per_s": round((progress.completion_tokens - before["completion_tokens"]) / span, 2),
+                "requests_per_s": round((progress.done - before["done"]) / span, 3),
+            }
+        )
+        if len(series) > SERIES_POINTS:
+            del series[1:-1:2]
+
+    async def _tick(self) -> None:
+        due = [sink.every_s for sink in self.sinks]
+        while True:
+            await asyncio.sleep(max(0.0, min(due) - (time.monotonic() - self.started)))
+            snapshot = self._snapshot()
+            for index, sink in enumerate(self.sinks):
+                if snapshot.elapsed_s >= due[index]:
+                    sink.emit(snapshot)
+                    due[index] = snapshot.elapsed_s + sink.every_s
+
+
+async def generate_async(
+    prompts: Sequence[PromptRecord],
+    resolve_endpoints: Callable[[], Sequence[Endpoint]],
+    settings: GenerationConfig,
+    checkpoint: ResponseCheckpoint,
+    errors_path: Path,
+    token_budget: int | None = None,
+    sinks: Sequence[ProgressSink] = (),
+) -> GenerationSummary:
+    """Answer every prompt not yet in the checkpoint, appending each answer as it finishes.
+
+    ``resolve_endpoints`` is called only if there is work left and budget to do it, so a finished
+    dataset never starts or contacts a server. Raises :class:`GenerationFailed` when
+    ``max_consecutive_errors`` requests fail in a row."""
+    dataset = prompts[0].dataset if prompts else ""
+    summary = GenerationSummary(dataset=dataset, total=len(prompts), token_budget=token_budget)
+    with checkpoint.writer() as writer:
+        ids = {p.id for p in prompts}
+        finished = [record for key, record in writer.done.items() if key in ids]
+        todo = pending(prompts, writer.done)
+        summary.already_done = len(prompts) - len(todo)
+        counted = sum(counted_tokens(r, settings.budget_counts) for r in finished)
+        budget = TokenBudget(token_budget, counted, len(finished), _first_guess(todo, settings))
+        if not todo:
+            return summary
+        if budget.exhausted:
+            summary.skipped_by_budget = len(todo)
+            return summary
+        endpoints = list(resolve_endpoints())
+        new_client = _client_factory(settings, len(endpoints))
+        errors = ErrorLog(errors_path)
+        try:
+            await _Run(settings, new_client, EndpointPool(endpoints), budget, writer, errors, summary, sinks).execute(todo)
+        finally:
+            errors.close()
+    return summary
+
+
+def _client_factory(settings: GenerationConfig, endpoints: int) -> Callable[[], httpx.AsyncClient]:
+    """Per-worker HTTP clients: one keep-alive connection per endpoint, a shared TLS context."""
+    timeout = httpx.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=settings.read_timeout_s, pool=None)
+    limits = httpx.Limits(max_connections=endpoints, max_keepalive_connections=endpoints)
+    tls = httpx.create_ssl_context()
+    return lambda: httpx.AsyncClient(verify=tls, timeout=timeout, limits=limits)
+
+
+def _first_guess(todo: Sequence[PromptRecord], settings: GenerationConfig) -> int:
+    """What a request is expected to count before any has finished: its most, on average."""
+    if not todo:
+        return settings.max_tokens
+    turns = sum(1 + len(turns_to_regenerate(p.messages, settings.regenerate_turns)) for p in todo) / len(todo)
+    guess = settings.max_tokens * turns
+    if settings.budget_counts == "prompt_and_completion":
+        guess += sum(p.prompt_tokens_est for p in todo) / len(todo)
+    return max(1, round(guess))
+
+
+def generate(
+    prompts: Sequence[PromptRecord],
+    resolve_endpoints: Callable[[], Sequence[Endpoint]],
+    settings: GenerationConfig,
+    checkpoint: ResponseCheckpoint,
+    errors_path: Path,
+    token_budget: int | None = None,
+    sinks: Sequence[ProgressSink] = (),
+) -> GenerationSummary:
+    return asyncio.run(generate_async(prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks))
