@@ -1,8 +1,9 @@
-"""`eagle3-pipeline …`: run the main job on a Dagster instance from the command line."""
+"""`eagle3-pipeline …`: run the main job on a Dagster instance, or show the pipeline's status."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
+from eagle3_pipeline.monitor import HealthMonitor
+from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, render_status, status_document
 
 if TYPE_CHECKING:
     from eagle3_pipeline.generation import Progress
@@ -89,6 +92,25 @@ class ProgressBar:
             self.open = False
 
 
+def failure_detail(events: Sequence[Any]) -> str:
+    """Why a run failed, in a line or two: the failed checks' verdicts, else the step's error."""
+    checks = [
+        f"check {e.asset_check_evaluation_data.check_name} on {e.asset_check_evaluation_data.asset_key.to_user_string()}: "
+        f"{e.asset_check_evaluation_data.description}"
+        for e in events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
+    ]
+    if checks:
+        return "; ".join(checks)
+    failure = next((e for e in events if e.is_step_failure), None)
+    if failure is None:
+        return "no step failed (see the run in the Dagster UI)"
+    data = failure.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description
+    return data.error.message.strip() if data.error else f"step {failure.step_key} failed"
+
+
 class MainJob:
     """Materialize every asset and partition in dependency order, one Dagster run per step."""
 
@@ -126,9 +148,7 @@ class MainJob:
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
         )
         if not result.success:
-            failure = next((e for e in result.all_events if e.is_step_failure), None)
-            detail = failure.step_failure_data.error.message.strip() if failure and failure.step_failure_data.error else ""
-            raise RuntimeError(f"run {result.run_id} failed: {detail}")
+            raise RuntimeError(f"run {result.run_id} failed: {failure_detail(result.all_events)}")
         for event in result.get_asset_materialization_events():
             mat = event.step_materialization_data.materialization
             key = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
@@ -172,13 +192,60 @@ class MainJob:
         return "\n".join(lines)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace) -> PipelineConfig | None:
     if args.config:
         os.environ[CONFIG_ENV_VAR] = str(Path(args.config).resolve())
     try:
-        config = load_config(args.config)
+        return load_config(args.config)
     except ConfigError as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return None
+
+
+def runs_in_flight() -> list[RunInFlight]:
+    """Unfinished runs on the instance at $DAGSTER_HOME (default ./.dagster_home), if it exists."""
+    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / DEFAULT_DAGSTER_HOME)
+    if not (home / "dagster.yaml").exists():
+        return []
+    os.environ["DAGSTER_HOME"] = str(home.resolve())
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    unfinished = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    now = time.time()
+    with DagsterInstance.get() as instance:
+        records = instance.get_run_records(RunsFilter(statuses=unfinished))
+    return [
+        RunInFlight(
+            r.dagster_run.run_id,
+            r.dagster_run.job_name,
+            r.dagster_run.tags.get("dagster/partition"),
+            r.dagster_run.status.value,
+            now - r.start_time if r.start_time else None,
+        )
+        for r in records
+    ]
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 2
+    monitor = HealthMonitor(config)
+    try:
+        report, _ = monitor.tick()
+    finally:
+        monitor.close()
+    progress = dataset_progress(config)
+    if args.json:
+        print(json.dumps(status_document(report, progress), indent=2))
+    else:
+        print(render_status(report, progress, runs_in_flight()))
+    return exit_code(report)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
         return 2
     ensure_dagster_home()
     from dagster import DagsterInstance, PreviewWarning
@@ -203,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="materialize every asset and partition (the main job)")
     run.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
     run.set_defaults(func=cmd_run)
+    status = sub.add_parser("status", help="health checks, per-dataset progress and runs in flight")
+    status.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
+    status.add_argument("--json", action="store_true", help="print {overall, checks, datasets} as JSON")
+    status.set_defaults(func=cmd_status)
     return parser
 
 

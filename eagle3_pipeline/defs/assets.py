@@ -18,8 +18,10 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep import build_training_data
 from eagle3_pipeline.defs.checks import build_response_checks
+from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.generation import GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 
@@ -118,8 +120,13 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
             result = generate_dataset(dataset, prompt_records, inference.endpoints, config.generation, layout, sinks)
+        except UnhealthyError as exc:
+            context.log_event(health_observation(exc.report))
+            raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
         except GenerationFailed as exc:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
+        if inference.preflight_report is not None:
+            context.log_event(health_observation(inference.preflight_report))
         return dg.MaterializeResult(
             metadata={
                 **result.as_metadata(),

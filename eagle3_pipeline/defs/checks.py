@@ -6,10 +6,13 @@ returns; the assets factory includes them all, so ``dagster dev`` and the CLI ru
 materialization.
 """
 
+from collections.abc import Callable
+
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import table_budget_state
+from eagle3_pipeline.generation.quality import EXAMPLES, ResponseTableQuality, inspect_responses
 from eagle3_pipeline.layout import ArtifactLayout
 
 
@@ -41,4 +44,41 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
             passed=state.within_bound, severity=dg.AssetCheckSeverity.ERROR, description=verdict, metadata=state.as_metadata()
         )
 
-    return [token_budget]
+    def blocking_check(name: str, description: str, verdict: Callable[[ResponseTableQuality], tuple[bool, str]]) -> dg.AssetChecksDefinition:
+        @dg.asset_check(
+            asset=responses, name=name, partitions_def=responses.partitions_def, blocking=True, description=description
+        )
+        def check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+            path = layout.responses(context.partition_key)
+            if not path.exists():
+                return dg.AssetCheckResult(passed=False, description=f"{path} does not exist; materialize responses first")
+            quality = inspect_responses(path)
+            passed, detail = verdict(quality)
+            return dg.AssetCheckResult(passed=passed, description=detail, metadata={"rows": quality.rows})
+
+        return check
+
+    max_rate = config.health.max_truncation_rate
+    quality_checks = [
+        blocking_check(
+            "schema",
+            "The table has every column of the responses schema, with the right types.",
+            lambda q: (not q.schema_problems, "; ".join(q.schema_problems) or "all columns present with their types"),
+        ),
+        blocking_check(
+            "unique_ids",
+            "No prompt id appears twice.",
+            lambda q: (not q.duplicate_ids, f"{len(q.duplicate_ids)} duplicated ids, e.g. {', '.join(q.duplicate_ids[:EXAMPLES])}" if q.duplicate_ids else f"{q.rows} distinct ids"),
+        ),
+        blocking_check(
+            "no_empty_responses",
+            "Every response has text.",
+            lambda q: (not q.empty_ids, f"{len(q.empty_ids)} empty responses, e.g. {', '.join(q.empty_ids[:EXAMPLES])}" if q.empty_ids else "no empty response"),
+        ),
+        blocking_check(
+            "truncation_rate",
+            f"At most {max_rate:.0%} of responses stopped at max_tokens (finish_reason 'length').",
+            lambda q: (q.truncation_rate <= max_rate, f"{q.truncated} of {q.rows} truncated ({q.truncation_rate:.0%}; limit {max_rate:.0%})"),
+        ),
+    ]
+    return [token_budget, *quality_checks]

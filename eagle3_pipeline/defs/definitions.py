@@ -6,6 +6,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.assets import build_assets
+from eagle3_pipeline.defs.health import build_health_sensors, inference_server
 from eagle3_pipeline.defs.resources import InferenceResource
 
 GENERATION_JOB = "generation_job"
@@ -19,8 +20,9 @@ def build_definitions(config: PipelineConfig) -> dg.Definitions:
         description="Prompts and responses for one dataset partition.",
     )
     return dg.Definitions(
-        assets=assets,
+        assets=[*assets, inference_server],
         jobs=[generation_job],
+        sensors=build_health_sensors(config, GENERATION_JOB),
         resources={
             "inference": InferenceResource(config_path=str(config.source_file)),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),

@@ -9,6 +9,7 @@ from pydantic import PrivateAttr
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.generation import Endpoint, Progress
+from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.serving import InferenceProvider
 
 
@@ -42,6 +43,10 @@ class InferenceResource(dg.ConfigurableResource):
     @property
     def progress(self) -> Callable[[Progress], None] | None:
         return self._require().progress
+
+    @property
+    def preflight_report(self) -> HealthReport | None:
+        return self._require().preflight_report
 
     def tokenizer_name(self) -> str:
         return self._require().tokenizer_name()

@@ -631,7 +631,8 @@ def run_health_tick(
     """Run every probe once against `host` and `spec`; returns the report and the next state.
 
     With `spec` None (no server is up yet, e.g. one the pipeline starts itself) only the host's
-    checks run: GPUs, disk, memory and progress.
+    checks run: GPUs, disk, memory and progress, the last judged as for an idle server (running
+    generations are watched by their checkpoints instead, in the stall sensor).
 
     Never raises for an unhealthy or unreachable host: such failures are CRITICAL or UNKNOWN
     checks. Returns within `thresholds.tick_timeout_s` (plus a few milliseconds).
@@ -701,7 +702,7 @@ def _shell_verdicts(
         verdicts["progress"] = evaluate_progress(
             sections.get("log"),
             sections.get("outputs"),
-            busy=_busy(scrape),
+            busy=_busy(scrape) if spec is not None else False,
             stall_window_s=thresholds.stall_window_s,
             timeout_s=timeout,
             missing=missing,

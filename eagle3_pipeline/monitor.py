@@ -1,0 +1,145 @@
+"""A pipeline's health gate: its config → the host to probe, the server to check, the thresholds.
+
+Used by the health sensor (every tick), by the GPU-bound assets as a preflight (a run started from
+the UI on a sick server fails fast), and by `eagle3-pipeline status`.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from eagle3_pipeline.config import HostConfig, PipelineConfig
+from eagle3_pipeline.generation import Endpoint
+from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, TickState, run_health_tick
+from eagle3_pipeline.hosts import Host, LocalHost, SshHost
+
+
+class UnhealthyError(RuntimeError):
+    """The gate refused: the message is the report's one-line summary."""
+
+    def __init__(self, report: HealthReport) -> None:
+        super().__init__(f"health gate refused: {report.summary()}")
+        self.report = report
+
+
+def build_host(settings: HostConfig) -> Host:
+    if settings.kind == "local":
+        return LocalHost()
+    assert settings.hostname is not None
+    return SshHost(
+        settings.hostname,
+        port=settings.port,
+        username=settings.username,
+        key_filename=settings.key_file,
+        known_hosts=settings.known_hosts,
+        trust_on_first_use=settings.trust_on_first_use,
+        connect_timeout_s=settings.connect_timeout_s,
+    )
+
+
+def server_root(base_url: str) -> str:
+    """`http://box:30000/v1` → `http://box:30000` (the probes add `/v1/...` and `/metrics`)."""
+    trimmed = base_url.rstrip("/")
+    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
+
+
+def thresholds_for(config: PipelineConfig) -> HealthThresholds:
+    health = config.health
+    local = health.host.kind == "local"
+    watch = health.watch_dir or (str(config.artifacts_root) if local else None)
+    return HealthThresholds(
+        expected_gpus=health.expected_gpus,
+        min_disk_free_gb=health.min_disk_free_gb,
+        min_mem_free_gb=health.min_mem_free_gb,
+        stall_window_s=health.stall_window_s,
+        artifacts_dir=watch,
+        log_path=health.server.log_path if health.server else None,
+        shell_section_timeout_s=health.shell_section_timeout_s,
+        generation_timeout_s=health.generation_timeout_s,
+        tick_timeout_s=health.tick_timeout_s,
+        optional_checks=frozenset(health.optional_checks),
+    )
+
+
+def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> ServerSpec | None:
+    """The server to check: the configured one; the embedded one once started; else none."""
+    server = config.health.server
+    if server is not None:
+        endpoint = config.inference.endpoints[0] if config.inference.endpoints else None
+        base_url = server.base_url or (endpoint.base_url if endpoint else None) or (running.base_url if running else None)
+        if base_url is None:
+            raise ValueError(f"{config.source_file}: health.server.base_url is needed (no inference endpoint to default to)")
+        model = (endpoint.model if endpoint else None) or config.target.model
+        return ServerSpec(
+            kind=server.kind,
+            port=server.port,
+            base_url=server_root(base_url),
+            model=running.model if running else model,
+            tp_size=server.tp_size,
+            process_pattern=server.process_pattern,
+            generation_probe=server.generation_probe,
+            api_key=config.api_key(endpoint) if endpoint else None,
+        )
+    if running is not None and config.inference.kind == "embedded":
+        port = urlsplit(running.base_url).port
+        assert port is not None
+        return ServerSpec(
+            kind="transformers",
+            port=port,
+            base_url=server_root(running.base_url),
+            model=running.model,
+            process_pattern=r"eagle3_pipeline\.serving .*\"serve\"",
+        )
+    return None
+
+
+class HealthMonitor:
+    """Runs ticks for one pipeline, keeping one host connection across them."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.thresholds = thresholds_for(config)
+        self._host: Host | None = None
+
+    @property
+    def host(self) -> Host:
+        if self._host is None:
+            self._host = build_host(self.config.health.host)
+        return self._host
+
+    def tick(self, state: TickState | None = None, running: Endpoint | None = None) -> tuple[HealthReport, TickState]:
+        return run_health_tick(self.host, server_spec_for(self.config, running), self.thresholds, state)
+
+    def preflight(self, running: Endpoint | None = None) -> HealthReport:
+        """One tick; raises :class:`UnhealthyError` unless every required check passes."""
+        report, _ = self.tick(running=running)
+        if not report.healthy:
+            raise UnhealthyError(report)
+        return report
+
+    def close(self) -> None:
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+
+
+def report_markdown(report: HealthReport) -> str:
+    """The checks as a table, and the GPUs as a second one when there are any."""
+    lines = ["| check | status | detail | host |", "|---|---|---|---|"]
+    lines += [f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks]
+    gpus = next((c.data.get("gpus") for c in report.checks if c.name == "gpus" and c.data.get("gpus")), None)
+    if gpus:
+        lines += ["", "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {g['index']} | {g['name']} | {g['memory_used_mib']}/{g['memory_total_mib']} | "
+            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} |"
+            for g in gpus
+        ]
+    return "\n".join(lines)
+
+
+def tokens_per_second(report: HealthReport) -> float | None:
+    for check in report.checks:
+        if check.name == "throughput" and check.data.get("elapsed_s"):
+            return float(check.data["delta_tokens"]) / float(check.data["elapsed_s"])
+    return None

@@ -1,0 +1,118 @@
+"""`eagle3-pipeline status`: the health report, per-dataset progress and the runs in flight."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.health import HealthReport, Status
+from eagle3_pipeline.layout import ArtifactLayout
+
+
+@dataclass(frozen=True)
+class DatasetProgress:
+    id: str
+    prompts: int | None
+    responses: int
+    completion_tokens: int
+    token_budget: int | None
+    last_write_age_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "prompts": self.prompts,
+            "responses": self.responses,
+            "completion_tokens": self.completion_tokens,
+            "token_budget": self.token_budget,
+            "last_write_age_s": None if self.last_write_age_s is None else round(self.last_write_age_s, 1),
+        }
+
+
+def _read_checkpoint(path: Path) -> tuple[int, int]:
+    """(distinct ids, completion tokens) of a checkpoint, read-only: a line still being written
+    by a running generation is skipped, never cut."""
+    ids: set[str] = set()
+    tokens = 0
+    with path.open("rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("id") not in ids:
+                ids.add(str(record.get("id")))
+                tokens += int(record.get("completion_tokens") or 0)
+    return len(ids), tokens
+
+
+def dataset_progress(config: PipelineConfig, now: float | None = None) -> list[DatasetProgress]:
+    layout = ArtifactLayout(config.artifacts_root)
+    now = time.time() if now is None else now
+    rows = []
+    for ds in config.datasets:
+        prompts_path, checkpoint = layout.prompts(ds.id), layout.checkpoint(ds.id)
+        prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else None
+        done, tokens = _read_checkpoint(checkpoint) if checkpoint.exists() else (0, 0)
+        age = now - checkpoint.stat().st_mtime if checkpoint.exists() else None
+        rows.append(DatasetProgress(ds.id, prompts, done, tokens, ds.token_budget, age))
+    return rows
+
+
+@dataclass(frozen=True)
+class RunInFlight:
+    run_id: str
+    job: str
+    partition: str | None
+    status: str
+    age_s: float | None
+
+
+def status_document(report: HealthReport, progress: Sequence[DatasetProgress]) -> dict[str, Any]:
+    """The `--json` shape: overall, checks and datasets, nothing else."""
+    return {
+        "overall": report.overall.value,
+        "checks": [c.to_dict() for c in report.checks],
+        "datasets": [p.to_dict() for p in progress],
+    }
+
+
+def exit_code(report: HealthReport) -> int:
+    return 0 if report.overall in (Status.OK, Status.WARN) else 1
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+def render_status(report: HealthReport, progress: Sequence[DatasetProgress], runs: Sequence[RunInFlight]) -> str:
+    lines = [f"health: {report.overall.value.upper()}  ({report.summary()})", ""]
+    width = max((len(c.name) for c in report.checks), default=5)
+    lines += [f"  {c.status.value.upper():<8} {c.name:<{width}}  {c.detail}  [{c.host}]" for c in report.checks]
+    lines += ["", f"  {'dataset':<16}{'prompts':>9}{'responses':>11}{'tokens':>10}{'budget':>10}{'last write':>12}"]
+    for p in progress:
+        prompts = "-" if p.prompts is None else str(p.prompts)
+        budget = "-" if p.token_budget is None else str(p.token_budget)
+        lines.append(
+            f"  {p.id:<16}{prompts:>9}{p.responses:>11}{p.completion_tokens:>10}{budget:>10}{_age(p.last_write_age_s):>12}"
+        )
+    lines.append("")
+    if runs:
+        lines.append("runs in progress:")
+        lines += [f"  {r.run_id[:8]}  {r.status:<9} {r.job}  {r.partition or '-'}  {_age(r.age_s)}" for r in runs]
+    else:
+        lines.append("runs in progress: none")
+    return "\n".join(lines)

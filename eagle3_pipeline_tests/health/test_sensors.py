@@ -1,0 +1,158 @@
+"""The Dagster layer of health: the gate sensor, the stall sensor and the preflight, against the
+real sshd on loopback, the fake SGLang process tree and a scripted nvidia-smi (this machine has no
+GPU), on a real ephemeral Dagster instance."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
+from eagle3_pipeline_tests.health.pipeline_files import write_config
+from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
+
+
+def evaluate(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None = None):
+    sensor = defs.resolve_sensor_def(name)
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    return sensor.evaluate_tick(context)
+
+
+def observations(instance: dg.DagsterInstance, key: str) -> list[dict]:
+    records = instance.fetch_observations(dg.AssetKey(key), limit=10).records
+    return [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as test_instance:
+        yield test_instance
+
+
+def test_sensor_launches_nothing_while_a_check_is_critical(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
+) -> None:
+    sglang.start()
+    gpus.set_gpus(healthy_gpu_rows(7))
+    defs = build_definitions(write_config(tmp_path, sshd, sglang))
+    result = evaluate(defs, "inference_health", instance)
+    assert not result.run_requests
+    assert "not launching generation" in result.skip_message and "gpus critical" in result.skip_message
+    seen = observations(instance, "inference_server")
+    assert seen[0]["healthy"] is False and seen[0]["check/gpus"] == "critical"
+
+
+def test_sensor_launches_nothing_while_a_check_is_unknown(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
+) -> None:
+    sglang.start()
+    gpus.set_mode("hang")
+    defs = build_definitions(write_config(tmp_path, sshd, sglang, shell_section_timeout_s=1))
+    result = evaluate(defs, "inference_health", instance)
+    assert not result.run_requests and "gpus unknown" in result.skip_message
+
+
+def test_sensor_launches_missing_partitions_once_healthy(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
+) -> None:
+    sglang.start()
+    config = write_config(tmp_path, sshd, sglang)
+    defs = build_definitions(config)
+    result = evaluate(defs, "inference_health", instance)
+    assert sorted(r.partition_key for r in result.run_requests) == ["B1", "B2"]
+    assert observations(instance, "inference_server")[0]["healthy"] is True
+
+    job = defs.resolve_job_def("generation_job")
+    assert job.execute_in_process(partition_key="B1", instance=instance).success
+    again = evaluate(defs, "inference_health", instance, cursor=result.cursor)
+    assert [r.partition_key for r in again.run_requests] == ["B2"]
+
+
+def test_blocking_checks_fail_a_run_with_too_many_truncated_responses(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
+) -> None:
+    """The fake server answers every request with finish_reason 'length'."""
+    sglang.start()
+    defs = build_definitions(write_config(tmp_path, sshd, sglang, max_truncation_rate=0.5))
+    result = defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance, raise_on_error=False)
+    assert not result.success
+    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert checks["truncation_rate"].passed is False
+    assert checks["truncation_rate"].description == "3 of 3 truncated (100%; limit 50%)"
+    assert checks["schema"].passed and checks["unique_ids"].passed and checks["no_empty_responses"].passed
+
+
+def test_preflight_fails_fast_on_a_sick_server(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
+) -> None:
+    """A run started from the UI bypasses the sensor: the asset's own gate refuses it."""
+    sglang.start()
+    sglang.set(generate="error")
+    defs = build_definitions(write_config(tmp_path, sshd, sglang))
+    started = time.monotonic()
+    result = defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance, raise_on_error=False)
+    assert not result.success and time.monotonic() - started < 30
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "health gate refused" in failure.step_failure_data.error.message
+    assert "generation critical" in failure.step_failure_data.error.message
+    checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
+    assert not checkpoint.exists() or checkpoint.read_text() == "", "no request was answered"
+    seen = observations(instance, "inference_server")
+    assert seen and seen[0]["healthy"] is False and seen[0]["check/generation"] == "critical"
+
+
+def test_sensor_tick_against_a_hung_host_returns_within_20_s(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
+) -> None:
+    proxy = TcpProxy(sshd.port)
+    try:
+        known = tmp_path / "known_hosts_proxy"
+        known.write_text(sshd.known_hosts.read_text().replace(f"]:{sshd.port} ", f"]:{proxy.port} "))
+        sglang.start()
+        config = write_config(tmp_path, sshd, sglang, port=proxy.port, known_hosts=known)
+        defs = build_definitions(config)
+        assert HealthMonitor(config).preflight()
+        proxy.freeze()
+        sglang.set(hang_all=True)
+        started = time.monotonic()
+        result = evaluate(defs, "inference_health", instance)
+        assert time.monotonic() - started < 20
+        assert not result.run_requests and "unknown" in result.skip_message
+    finally:
+        proxy.close()
+
+
+def test_stall_sensor_flags_a_generation_that_stopped_writing(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, instance: dg.DagsterInstance
+) -> None:
+    config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
+    defs = build_definitions(config)
+    run = instance.create_run_for_job(
+        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
+    )
+    checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text('{"id": "x"}\n')
+    os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
+    time.sleep(1.5)
+    result = evaluate(defs, "generation_stall", instance)
+    assert result.skip_message.startswith("stalled: B1") and run.run_id[:8] in result.skip_message
+    flagged = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("responses"), asset_partitions=["B1"]), limit=1
+    ).records[0]
+    assert flagged.asset_observation.metadata["stalled"].value is True
+
+    checkpoint.write_text('{"id": "x"}\n{"id": "y"}\n')
+    assert "made progress" in evaluate(defs, "generation_stall", instance).skip_message
+
+
+def test_unhealthy_error_carries_the_report(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin) -> None:
+    config = write_config(tmp_path, sshd, sglang)
+    with pytest.raises(UnhealthyError) as refused:
+        HealthMonitor(config).preflight()
+    assert refused.value.report.check("server_process").status.value == "critical"
