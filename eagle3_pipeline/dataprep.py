@@ -1,7 +1,7 @@
 """Merge responses, apply the target's chat template, loss-mask, shuffle, split and shard.
 
-The loss mask covers the tokens of generated assistant turns (their content and the template's
-end-of-turn marker), found by rendering the conversation prefix by prefix: the span of turn *i* is
+The loss mask covers the tokens of target-generated assistant turns (their content and the
+template's end-of-turn marker), found by rendering the conversation prefix by prefix: the span of turn *i* is
 what ``render(messages[:i+1])`` adds to ``render(messages[:i], add_generation_prompt=True)``.
 A template for which that prefix property does not hold is reported per sample, never guessed.
 """
@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagle3_pipeline.generation.conversation import turns_to_regenerate
 from eagle3_pipeline.records import atomic_directory
 
 SHARD_SCHEMA = pa.schema(
@@ -142,6 +143,17 @@ def merge_responses(tables: Sequence[pa.Table], stats: DataprepStats) -> list[di
     return rows
 
 
+def generated_turns(messages: Sequence[dict[str, str]], turns: int, every_assistant_turn: bool) -> set[int]:
+    """The assistant turns to train on: the final one; the earlier ones the target regenerated
+    (a response of more than one turn, see `generation.regenerate_turns`); or, on request,
+    every assistant turn."""
+    last = len(messages) - 1
+    if every_assistant_turn:
+        return {i for i, m in enumerate(messages) if m["role"] == "assistant"}
+    earlier = turns_to_regenerate(messages[:last], "all") if turns > 1 else []
+    return {*earlier, last}
+
+
 def build_samples(
     rows: Sequence[dict[str, Any]],
     tokenizer: Any,
@@ -154,8 +166,7 @@ def build_samples(
     for row in rows:
         messages = row["messages"]
         tools = json.loads(row["tools"]) if row.get("tools") else None
-        last = len(messages) - 1
-        masked = {i for i, m in enumerate(messages) if m["role"] == "assistant" and (mask_prior_assistant_turns or i == last)}
+        masked = generated_turns(messages, int(row.get("turns") or 1), mask_prior_assistant_turns)
         try:
             ids, mask = tokenize_conversation(tokenizer, messages, tools, masked)
         except TemplateMismatch:

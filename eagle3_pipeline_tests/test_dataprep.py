@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, split_of, tokenize_conversation
+from eagle3_pipeline.dataprep import build_training_data, generated_turns, load_tokenizer, split_of, tokenize_conversation
 from eagle3_pipeline.records import RESPONSE_SCHEMA, write_parquet
 
 pytestmark = pytest.mark.local_model
@@ -46,6 +46,20 @@ def test_prior_assistant_turns_can_be_masked_too(tokenizer) -> None:
     ids, mask = tokenize_conversation(tokenizer, messages, None, {1, 3})
     text = masked_text(tokenizer, ids, mask)
     assert "Hello!" in text and "Goodbye!" in text and "Bye<" not in text and "Hi" not in text
+
+
+def test_regenerated_turns_are_trained_on_and_kept_ones_are_not() -> None:
+    messages = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "regenerated"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "calls a tool"},
+        {"role": "tool", "content": "result"},
+        {"role": "assistant", "content": "final"},
+    ]
+    assert generated_turns(messages, turns=1, every_assistant_turn=False) == {5}
+    assert generated_turns(messages, turns=2, every_assistant_turn=False) == {1, 5}
+    assert generated_turns(messages, turns=1, every_assistant_turn=True) == {1, 3, 5}
 
 
 def response_row(i: int, dataset: str, answer: str, finish: str = "stop") -> dict:
