@@ -28,6 +28,7 @@ from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, wr
 PREVIEW_ROWS = 5
 PROGRESS_BAR_EVERY_S = 1.0
 
+
 def _preview(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
     def cell(value: Any) -> str:
         text = str(value).replace("\n", " ").replace("|", "\\|")
@@ -37,6 +38,7 @@ def _preview(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dg.Metad
     lines += ["| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows[:PREVIEW_ROWS]]
     return dg.MetadataValue.md("\n".join(lines))
 
+
 def _series_table(series: Sequence[dict[str, float]]) -> dg.MetadataValue:
     columns = ["elapsed_s", "done", "completion_tokens", "tokens_per_s", "requests_per_s"]
     return dg.MetadataValue.table(
@@ -44,10 +46,12 @@ def _series_table(series: Sequence[dict[str, float]]) -> dg.MetadataValue:
         schema=dg.TableSchema(columns=[dg.TableColumn(c, "float") for c in columns]),
     )
 
+
 def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObservation:
     """One point of the live throughput series, plotted by the UI across observations."""
     metadata = {"done": p.done, "completion_tokens": p.completion_tokens, "tokens_per_s": round(p.tokens_per_s, 2), "failed": p.failed}
     return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
+
 
 def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
     layout = ArtifactLayout(config.artifacts_root)
