@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
+from eagle3_pipeline.generation import CheckpointError
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, render_status, status_document
 
@@ -235,7 +236,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         report, _ = monitor.tick()
     finally:
         monitor.close()
-    progress = dataset_progress(config)
+    try:
+        progress = dataset_progress(config)
+    except CheckpointError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(status_document(report, progress), indent=2))
     else:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.health import HealthReport, Status
 from eagle3_pipeline.layout import ArtifactLayout
 
@@ -36,25 +35,6 @@ class DatasetProgress:
         }
 
 
-def _read_checkpoint(path: Path) -> tuple[int, int]:
-    """(distinct ids, completion tokens) of a checkpoint, read-only: a line still being written
-    by a running generation is skipped, never cut."""
-    ids: set[str] = set()
-    tokens = 0
-    with path.open("rb") as handle:
-        for line in handle:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and record.get("id") not in ids:
-                ids.add(str(record.get("id")))
-                tokens += int(record.get("completion_tokens") or 0)
-    return len(ids), tokens
-
-
 def dataset_progress(config: PipelineConfig, now: float | None = None) -> list[DatasetProgress]:
     layout = ArtifactLayout(config.artifacts_root)
     now = time.time() if now is None else now
@@ -62,7 +42,8 @@ def dataset_progress(config: PipelineConfig, now: float | None = None) -> list[D
     for ds in config.datasets:
         prompts_path, checkpoint = layout.prompts(ds.id), layout.checkpoint(ds.id)
         prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else None
-        done, tokens = _read_checkpoint(checkpoint) if checkpoint.exists() else (0, 0)
+        records = ResponseCheckpoint(checkpoint).load().values()
+        done, tokens = len(records), sum(int(r.get("completion_tokens") or 0) for r in records)
         age = now - checkpoint.stat().st_mtime if checkpoint.exists() else None
         rows.append(DatasetProgress(ds.id, prompts, done, tokens, ds.token_budget, age))
     return rows
