@@ -166,7 +166,10 @@ class MonitoredServerConfig(_Model):
     tp_size: Annotated[int, Field(gt=0)] = 1
     process_pattern: str = ""
     generation_probe: Literal["chat", "health_generate"] = "chat"
-    log_path: str | None = None
+    log_path: Annotated[str, Field(pattern=r"^/")] | None = None
+
+
+CheckName = Literal["server_process", "port", "generation", "throughput", "gpus", "disk", "host_memory", "progress"]
 
 
 class HealthConfig(_Model):
@@ -175,12 +178,12 @@ class HealthConfig(_Model):
     expected_gpus: Annotated[int, Field(ge=0)] = 0
     min_disk_free_gb: Annotated[float, Field(ge=0)] = 5.0
     min_mem_free_gb: Annotated[float, Field(ge=0)] = 1.0
-    watch_dir: str | None = None
+    watch_dir: Annotated[str, Field(pattern=r"^/")] | None = None
     stall_window_s: Annotated[float, Field(gt=0)] = 600.0
     shell_section_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     generation_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     tick_timeout_s: Annotated[float, Field(gt=0, le=50)] = 15.0
-    optional_checks: list[str] = []
+    optional_checks: list[CheckName] = []
     sensor_interval_s: Annotated[int, Field(ge=5)] = 30
     terminate_stalled_runs: bool = False
     max_truncation_rate: Annotated[float, Field(ge=0, le=1)] = 0.5

@@ -138,3 +138,22 @@ def test_top_level_must_be_a_mapping(folder: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pipeline file does not exist"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_health_section_errors_name_the_field(folder: Path) -> None:
+    message = error_for(folder, VALID + "health: {optional_checks: [gpu], watch_dir: data/out}\n")
+    assert "health.optional_checks[0]" in message and "'gpu'" in message
+    assert "health.watch_dir" in message and "'data/out'" in message
+
+
+def test_ssh_host_needs_a_hostname(folder: Path) -> None:
+    assert "needs health.host.hostname" in error_for(folder, VALID + "health: {host: {kind: ssh}}\n")
+
+
+def test_optional_check_names_are_the_probes_names() -> None:
+    import typing
+
+    from eagle3_pipeline.config import CheckName
+    from eagle3_pipeline.health import CHECK_NAMES
+
+    assert set(typing.get_args(CheckName)) == set(CHECK_NAMES)
