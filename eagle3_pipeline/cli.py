@@ -13,15 +13,12 @@ import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
-from eagle3_pipeline.generation import CheckpointError
+from eagle3_pipeline.generation import CheckpointError, Progress
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, render_status, status_document
-
-if TYPE_CHECKING:
-    from eagle3_pipeline.generation import Progress
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"

@@ -16,7 +16,6 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-Role = Literal["system", "user", "assistant", "tool"]
 LengthClass = Literal["short", "long"]
 
 MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
