@@ -40,7 +40,7 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
         else:
             verdict = (
                 f"{state.tokens} tokens exceed the budget {state.budget} by {state.overshoot}, more than the "
-                f"{state.overshoot_bound} the requests in flight can explain (was the budget lowered after generating?)"
+                f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back the answers over it)"
             )
         return dg.AssetCheckResult(
             passed=state.within_bound, severity=dg.AssetCheckSeverity.ERROR, description=verdict, metadata=state.as_metadata()
