@@ -31,6 +31,7 @@ class LengthCheck:
 
 
 def _template_lengths(prompts: Sequence[PromptRecord], tokenizer_name: str) -> tuple[list[int], int]:
+    from jinja2 import TemplateError
     from transformers import AutoTokenizer
 
     try:
@@ -47,8 +48,8 @@ def _template_lengths(prompts: Sequence[PromptRecord], tokenizer_name: str) -> t
                 [wire_message(m) for m in prompt.messages], tools=prompt.tool_schemas(), tokenize=False, add_generation_prompt=True
             )
             texts.append(str(rendered))
-        except Exception:  # noqa: BLE001 - any template error: this prompt falls back to the character estimate
-            texts.append(None)
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError):
+            texts.append(None)  # a template that cannot render this prompt: the character estimate
     rendered_texts = [t for t in texts if t is not None]
     counts = iter(len(ids) for ids in tokenizer(rendered_texts, add_special_tokens=False)["input_ids"]) if rendered_texts else iter(())
     lengths = [next(counts) if text is not None else estimate_tokens(p.messages, p.tools) for p, text in zip(prompts, texts, strict=True)]
