@@ -120,6 +120,16 @@ class GenerationConfig(_Model):
     reasoning: Literal["keep", "strip"] = "keep"
     regenerate_turns: Literal["last", "all"] = "last"
     progress_interval_s: Annotated[float, Field(gt=0)] = 30.0
+    # What a run does when the checkpoint was made under another generation fingerprint (model,
+    # max_tokens, temperature, ...): refuse before sending anything, or keep the old answers aside
+    # (moved under responses/previous/) and regenerate the partition.
+    on_fingerprint_change: Literal["refuse", "new_version"] = "refuse"
+    # How a prompt's length is estimated before it is sent (prompt + max_tokens must fit
+    # target.max_seq_len): the target's chat template and tokenizer, or 4 characters a token.
+    length_estimator: Literal["tokenizer", "chars"] = "tokenizer"
+    # The share of a dataset's prompts whose answer may stay empty (no content after the reasoning
+    # is split off, no tool calls) once every attempt is spent; the responses:empty_answers check.
+    max_empty_rate: Annotated[float, Field(ge=0, le=1)] = 0.02
 
     @field_validator("concurrency", mode="before")
     @classmethod
@@ -308,8 +318,9 @@ def _check_secrets(config: PipelineConfig, file: Path) -> None:
 def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
     """Read and validate a pipeline file; relative paths resolve against the file's folder.
 
-    ``artifacts_root`` may be omitted: then it is ``$EAGLE3_ARTIFACTS_ROOT`` or ``./artifacts`` in
-    the current working directory, so the shipped profile never writes inside the package.
+    ``artifacts_root`` may be omitted: then it is ``<name>`` under ``$EAGLE3_ARTIFACTS_ROOT`` or
+    under ``./artifacts`` in the current working directory, so the shipped profile never writes
+    inside the package and two pipelines never share files.
     """
     file = Path(path) if path is not None else default_config_path()
     try:
@@ -333,7 +344,9 @@ def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
     base = file.resolve().parent
     data = dict(raw)
     if data.get("artifacts_root") is None:
-        data["artifacts_root"] = os.environ.get(ARTIFACTS_ENV_VAR) or str(Path.cwd() / "artifacts")
+        parent = Path(os.environ.get(ARTIFACTS_ENV_VAR) or Path.cwd() / "artifacts")
+        name = data.get("name")
+        data["artifacts_root"] = str(parent / name if isinstance(name, str) else parent)
     if isinstance(data.get("artifacts_root"), str):
         data["artifacts_root"] = str(_resolve(data["artifacts_root"], base))
     datasets = data.get("datasets")

@@ -22,6 +22,28 @@ class ArtifactLayout:
     def errors(self, dataset_id: str) -> Path:
         return self.root / "responses" / f"{dataset_id}.errors.jsonl"
 
+    def fingerprint(self, dataset_id: str) -> Path:
+        """What produced the dataset's checkpoint (written before its first answer)."""
+        return self.root / "responses" / f"{dataset_id}.fingerprint.json"
+
+    def accounting(self, dataset_id: str) -> Path:
+        """Why prompts of the last run have no answer in the table (over length, held back by the budget)."""
+        return self.root / "responses" / f"{dataset_id}.accounting.json"
+
+    def previous_responses(self, dataset_id: str, version: str) -> Path:
+        """Where a dataset's answers made under an earlier fingerprint are kept aside."""
+        return self.root / "responses" / "previous" / f"{dataset_id}.{version}"
+
+    def response_files(self, dataset_id: str) -> list[Path]:
+        """Every file the responses phase keeps for one dataset."""
+        return [
+            self.checkpoint(dataset_id),
+            self.errors(dataset_id),
+            self.fingerprint(dataset_id),
+            self.accounting(dataset_id),
+            self.responses(dataset_id),
+        ]
+
     @property
     def training_data(self) -> Path:
         return self.root / "training_data"

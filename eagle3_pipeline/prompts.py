@@ -8,16 +8,16 @@ read at all is a :class:`PromptSourceError` naming the file and line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig
-from eagle3_pipeline.records import PromptRecord, content_id
+from eagle3_pipeline.records import Message, PromptRecord, content_id, message
 
 SHAREGPT_ROLES = {
     "system": "system",
@@ -152,7 +152,7 @@ def _text(value: Any, what: str) -> str:
     raise MalformedRecord(f"{what} must be a string or a list of text parts")
 
 
-def _sharegpt_messages(turns: Any) -> list[dict[str, str]]:
+def _sharegpt_messages(turns: Any) -> list[Message]:
     if not isinstance(turns, list):
         raise MalformedRecord("'conversations' must be a list")
     messages = []
@@ -162,11 +162,31 @@ def _sharegpt_messages(turns: Any) -> list[dict[str, str]]:
         speaker = str(turn.get("from", "")).lower()
         if speaker not in SHAREGPT_ROLES:
             raise MalformedRecord(f"conversations[{index}].from {turn.get('from')!r} is not a known speaker")
-        messages.append({"role": SHAREGPT_ROLES[speaker], "content": _text(turn.get("value"), f"conversations[{index}].value")})
+        messages.append(message(SHAREGPT_ROLES[speaker], _text(turn.get("value"), f"conversations[{index}].value")))
     return messages
 
 
-def _openai_messages(turns: Any) -> list[dict[str, str]]:
+def _tool_calls(value: Any, where: str) -> str | None:
+    """The JSON text of a message's ``tool_calls`` list as the source has it (a list, or JSON text of one)."""
+    if value in (None, "", []):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise MalformedRecord(f"{where} is a string but not JSON") from None
+    if not isinstance(value, list) or not all(isinstance(call, dict) for call in value):
+        raise MalformedRecord(f"{where} must be a list of tool-call objects")
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _optional_text(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise MalformedRecord(f"{where} must be a string")
+
+
+def _openai_messages(turns: Any) -> list[Message]:
     if not isinstance(turns, list):
         raise MalformedRecord("'messages' must be a list")
     messages = []
@@ -176,10 +196,19 @@ def _openai_messages(turns: Any) -> list[dict[str, str]]:
         role = turn.get("role")
         if role not in OPENAI_ROLES:
             raise MalformedRecord(f"messages[{index}].role {role!r} is not one of {sorted(OPENAI_ROLES)}")
-        content = _text(turn.get("content"), f"messages[{index}].content")
-        if not content and turn.get("tool_calls"):
-            content = json.dumps(turn["tool_calls"], sort_keys=True, ensure_ascii=False)
-        messages.append({"role": "system" if role == "developer" else role, "content": content})
+        calls = _tool_calls(turn.get("tool_calls"), f"messages[{index}].tool_calls")
+        content: str | None = _text(turn.get("content"), f"messages[{index}].content")
+        if not content and calls:
+            content = None
+        messages.append(
+            message(
+                "system" if role == "developer" else role,
+                content,
+                tool_calls=calls,
+                tool_call_id=_optional_text(turn.get("tool_call_id"), f"messages[{index}].tool_call_id"),
+                name=_optional_text(turn.get("name"), f"messages[{index}].name"),
+            )
+        )
     return messages
 
 
@@ -197,7 +226,7 @@ def _tools(raw: Any) -> str | None:
     return json.dumps(tools, sort_keys=True, ensure_ascii=False)
 
 
-def parse_record(raw: Any, fmt: str) -> tuple[list[dict[str, str]], str | None]:
+def parse_record(raw: Any, fmt: str) -> tuple[list[Message], str | None]:
     """Normalize one raw record to (messages ending with the last user turn, tools JSON)."""
     if not isinstance(raw, dict):
         raise MalformedRecord("record must be a JSON object")
@@ -215,10 +244,10 @@ def parse_record(raw: Any, fmt: str) -> tuple[list[dict[str, str]], str | None]:
     return messages[: last_user + 1], _tools(raw)
 
 
-def estimate_tokens(messages: Iterable[dict[str, str]], tools: str | None) -> int:
+def estimate_tokens(messages: Sequence[Message], tools: str | None) -> int:
     """A tokenizer-free estimate (4 characters a token, 4 tokens of framing per message)."""
-    chars = sum(len(m["content"]) for m in messages) + len(tools or "")
-    turns = sum(1 for _ in messages)
+    chars = sum(len(m.get("content") or "") + len(m.get("tool_calls") or "") for m in messages) + len(tools or "")
+    turns = len(messages)
     return math.ceil(chars / CHARS_PER_TOKEN) + 4 * turns
 
 
@@ -238,7 +267,7 @@ def load_prompts(ds: DatasetConfig, settings: PromptsConfig, seed: int) -> tuple
             if len(stats.malformed_examples) < settings.max_bad_records_listed:
                 stats.malformed_examples.append(f"{where}: {exc}")
             continue
-        if not messages[-1]["content"].strip():
+        if not (messages[-1]["content"] or "").strip():
             stats.empty += 1
             continue
         record_id = content_id(messages, tools)
@@ -255,8 +284,15 @@ def load_prompts(ds: DatasetConfig, settings: PromptsConfig, seed: int) -> tuple
             + "; ".join(stats.malformed_examples)
         )
     if ds.sample_size is not None and len(records) > ds.sample_size:
-        chosen = set(random.Random(f"{seed}:{ds.id}").sample(range(len(records)), ds.sample_size))
-        stats.sampled_out = len(records) - len(chosen)
-        records = [r for i, r in enumerate(records) if i in chosen]
+        kept_ids = {r.id for r in sorted(records, key=lambda r: sample_key(seed, r.id))[: ds.sample_size]}
+        stats.sampled_out = len(records) - len(kept_ids)
+        records = [r for r in records if r.id in kept_ids]
     stats.kept = len(records)
     return records, stats
+
+
+def sample_key(seed: int, record_id: str) -> str:
+    """The sampling order: ``sample_size`` keeps the records with the smallest key. A record's key
+    depends only on the seed and its own (content-hash) id, so adding or removing source records
+    changes a sample only by those records (and the few they push over or under the cut)."""
+    return hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()

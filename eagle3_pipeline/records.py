@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +18,52 @@ import pyarrow.parquet as pq
 
 LengthClass = Literal["short", "long"]
 
-MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+# One message of a conversation (contract C1). Every field but ``role`` may be null: ``content`` is
+# None on an assistant turn that only called tools; ``tool_calls`` is the JSON text of the OpenAI
+# ``tool_calls`` list exactly as the source or the server had it; ``tool_call_id``/``name`` belong to
+# ``tool`` messages; ``generated`` is True only on assistant turns the target produced in this
+# pipeline, which also carry their ``finish_reason`` and (with ``generation.reasoning: keep``) the
+# server's ``reasoning_content``.
+MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "generated", "finish_reason")
+MESSAGE_TYPE = pa.list_(
+    pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("reasoning_content", pa.string()),
+            ("tool_calls", pa.string()),
+            ("tool_call_id", pa.string()),
+            ("name", pa.string()),
+            ("generated", pa.bool_()),
+            ("finish_reason", pa.string()),
+        ]
+    )
+)
+
+Message = dict[str, Any]
+
+
+def message(role: str, content: str | None, **fields: Any) -> Message:
+    """A message with every C1 field present (absent ones null, ``generated`` False)."""
+    return normalized({**fields, "role": role, "content": content})
+
+
+def normalized(row: Mapping[str, Any]) -> Message:
+    """``row`` with exactly the C1 fields: missing ones null, ``generated`` False unless set."""
+    out: Message = {name: row.get(name) for name in MESSAGE_FIELDS}
+    out["generated"] = bool(out["generated"])
+    return out
+
+
+def wire_message(row: Message) -> dict[str, Any]:
+    """The OpenAI request form of a stored message: no pipeline fields, ``tool_calls`` as a list."""
+    out: dict[str, Any] = {"role": row["role"], "content": row.get("content")}
+    if row.get("tool_calls"):
+        out["tool_calls"] = json.loads(row["tool_calls"])
+    for key in ("tool_call_id", "name"):
+        if row.get(key) is not None:
+            out[key] = row[key]
+    return out
 
 
 @dataclass(frozen=True)
@@ -27,7 +72,7 @@ class PromptRecord:
 
     id: str
     dataset: str
-    messages: list[dict[str, str]]
+    messages: list[Message]
     tools: str | None
     length_class: LengthClass
     prompt_tokens_est: int
@@ -67,9 +112,13 @@ RESPONSE_SCHEMA = pa.schema(
 )
 
 
-def content_id(messages: Sequence[dict[str, str]], tools: str | None) -> str:
-    """A stable id: the hash of the canonical JSON of the conversation and its tool schemas."""
-    canonical = json.dumps({"messages": list(messages), "tools": tools}, sort_keys=True, ensure_ascii=False)
+def content_id(messages: Sequence[Message], tools: str | None) -> str:
+    """A stable id: the hash of the canonical JSON of the conversation and its tool schemas.
+
+    Only a message's non-null fields count (``generated: False`` neither), so a plain
+    role/content conversation keeps the id it had before messages gained their other fields."""
+    identity = [{k: v for k, v in m.items() if v is not None and k != "generated"} for m in messages]
+    canonical = json.dumps({"messages": identity, "tools": tools}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:20]
 
 

@@ -43,7 +43,7 @@ def test_shipped_local_profile_loads_with_four_datasets(tmp_path: Path, monkeypa
     config = load_config(local_profile_path())
     assert len(config.datasets) >= 4
     assert config.inference.kind == "embedded"
-    assert config.artifacts_root == tmp_path / "artifacts"
+    assert config.artifacts_root == tmp_path / "artifacts" / "local", "scoped by the pipeline name"
     assert all(Path(ds.source).is_file() for ds in config.datasets)
 
 

@@ -132,7 +132,7 @@ def test_a_failed_blocking_check_stops_the_main_job_with_its_verdict(tmp_path: P
         config.write_text(
             "name: trunc\nartifacts_root: out\ntarget: {model: fake, tokenizer: unused}\n"
             f"inference: {{kind: endpoints, endpoints: [{{base_url: '{server.base_url}'}}]}}\n"
-            "health: {max_truncation_rate: 0.5}\n"
+            "generation: {length_estimator: chars}\nhealth: {max_truncation_rate: 0.5}\n"
             "datasets:\n  - {id: B1, source: p.jsonl}\n"
         )
         result = run_cli(config, tmp_path / "home", timeout=120)

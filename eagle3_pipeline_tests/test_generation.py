@@ -20,7 +20,7 @@ from eagle3_pipeline.generation import (
     generate,
     response_rows,
 )
-from eagle3_pipeline.records import PromptRecord, content_id
+from eagle3_pipeline.records import PromptRecord, content_id, message
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 
@@ -70,7 +70,8 @@ def test_every_prompt_answered_and_checkpointed(tmp_path: Path, fake_openai: Fak
     stored = lines(tmp_path / "ck.jsonl")
     assert sorted(r["id"] for r in stored) == sorted(p.id for p in prompts)
     rows = response_rows(prompts, ResponseCheckpoint(tmp_path / "ck.jsonl").load())
-    assert rows[0]["messages"][-1] == {"role": "assistant", "content": "echo: question 0"}
+    assert rows[0]["messages"][0] == message("user", "question 0")
+    assert rows[0]["messages"][-1] == message("assistant", "echo: question 0", generated=True, finish_reason="stop")
     assert rows[0]["finish_reason"] == "stop" and rows[0]["latency_s"] >= 0 and rows[0]["turns"] == 1
     assert fake_openai.requests[0]["max_tokens"] == 8 and "tools" not in fake_openai.requests[0]
 
@@ -150,7 +151,12 @@ def test_tool_schemas_are_sent_and_tool_calls_kept(tmp_path: Path, fake_openai: 
     fake_openai.script = lambda body, n: Reply(payload=echo_completion(body, content=None, tool_calls=call))
     run(tmp_path, [prompt], fake_openai)
     assert fake_openai.requests[0]["tools"] == tools
-    assert json.loads(lines(tmp_path / "ck.jsonl")[0]["response"]) == call
+    record = lines(tmp_path / "ck.jsonl")[0]
+    assert json.loads(record["response"]) == call, "the summary column shows the call"
+    [row] = response_rows([prompt], ResponseCheckpoint(tmp_path / "ck.jsonl").load())
+    answer = row["messages"][-1]
+    assert answer["content"] is None and json.loads(answer["tool_calls"]) == call, "stored as the server returned it"
+    assert (answer["generated"], answer["finish_reason"]) == (True, "stop")
 
 
 def test_progress_reaches_each_sink_on_its_cadence_and_at_the_end(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

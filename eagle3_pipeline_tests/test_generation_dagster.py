@@ -14,6 +14,7 @@ import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.serving import InferenceProvider
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
@@ -30,6 +31,7 @@ def pipeline(folder: Path, server: FakeOpenAI, budget: int, **generation: Any) -
         "progress_interval_s": 0.05,
         "fsync": "never",
         "retry": "{max_attempts: 2, backoff_initial_s: 0.01}",
+        "length_estimator": "chars",  # the loopback server has no tokenizer
         **generation,
     }
     lines = "".join(f"  {key}: {value}\n" for key, value in settings.items())
@@ -81,11 +83,14 @@ def test_responses_metadata_and_the_budget_check(tmp_path: Path, fake_openai: Fa
     assert check_result(result).passed
     assert pq.read_table(tmp_path / "out" / "responses" / "B1.parquet").num_rows == 10
 
+    sent = len(fake_openai.requests)
     again = materialize(pipeline(tmp_path, fake_openai, budget=5), instance)
     evaluation = check_result(again)
-    assert again.success and not evaluation.passed, "a budget lowered after generating is exceeded beyond the bound"
-    overshoot, bound = (evaluation.metadata[key].value for key in ("budget_overshoot", "budget_overshoot_bound"))
-    assert (overshoot, bound) == (45, 24), "45 tokens over the lowered budget, 24 = 3 slots × 8 max_tokens"
+    assert again.success and evaluation.passed, "a budget lowered after generating: the table holds back what is over it"
+    [lowered] = [m for m in again.asset_materializations_for_node("responses")]
+    assert (lowered.metadata["rows"].value, lowered.metadata["held_back_by_budget"].value) == (1, 9)
+    assert len(ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load()) == 10, "nothing is deleted"
+    assert len(fake_openai.requests) == sent, "and nothing is sent"
     assert evaluation.severity == dg.AssetCheckSeverity.ERROR
 
 

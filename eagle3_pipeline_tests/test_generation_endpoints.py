@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.generation import Endpoint, Price
+from eagle3_pipeline.generation import Endpoint, GenerationFailed, Price
 from eagle3_pipeline.records import PromptRecord, content_id
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
@@ -28,13 +28,27 @@ def second_server() -> Iterator[FakeOpenAI]:
 
 def test_least_outstanding_requests_favours_the_faster_endpoint(tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI) -> None:
     fake_openai.delay_s = 0.1
-    endpoints = [Endpoint(fake_openai.base_url, "slow"), Endpoint(second_server.base_url, "fast")]
+    endpoints = [Endpoint(fake_openai.base_url, "m"), Endpoint(second_server.base_url, "m")]
     summary = run(tmp_path, make_prompts(60), endpoints, settings(concurrency={"short": 4, "long": 1}))
     slow, fast = len(fake_openai.requests), len(second_server.requests)
     assert summary.generated == 60 and slow + fast == 60
     assert 0 < slow < fast
     assert [e["requests"] for e in summary.endpoints] == [slow, fast]
-    assert Counter(r["model"] for r in lines(tmp_path / "ck.jsonl")) == {"slow": slow, "fast": fast}
+    stored = lines(tmp_path / "ck.jsonl")
+    assert Counter(r["endpoint"] for r in stored) == {fake_openai.base_url: slow, second_server.base_url: fast}
+    assert {r["model"] for r in stored} == {"m"}, "two endpoints of one model"
+
+
+def test_an_endpoint_serving_another_model_stops_the_run_unwritten(
+    tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
+) -> None:
+    """The fake server names the model it was asked for, so a second endpoint configured with
+    another model stands for a server that serves a different one: its answer is not written."""
+    fake_openai.delay_s = 0.05
+    endpoints = [Endpoint(fake_openai.base_url, "model-a"), Endpoint(second_server.base_url, "model-b")]
+    with pytest.raises(GenerationFailed, match="answered as model 'model-[ab]'.*not written"):
+        run(tmp_path, make_prompts(20), endpoints, settings(concurrency={"short": 2, "long": 1}))
+    assert len({r["model"] for r in lines(tmp_path / "ck.jsonl")}) == 1
 
 
 def test_a_retry_moves_to_another_endpoint(tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig, load_config, local_profile_path
 from eagle3_pipeline.prompts import PromptSourceError, load_prompts
+from eagle3_pipeline.records import message, wire_message
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 
 SETTINGS = PromptsConfig(long_threshold_tokens=50)
@@ -25,7 +26,7 @@ def test_sharegpt_jsonl_normalizes_roles_and_cuts_trailing_answer(tmp_path: Path
     path = write_jsonl(tmp_path / "d.jsonl", [sharegpt("What is 2+2?", "4")])
     records, stats = load(path, "sharegpt")
     assert stats.kept == 1
-    assert records[0].messages == [{"role": "user", "content": "What is 2+2?"}]
+    assert records[0].messages == [message("user", "What is 2+2?")]
     assert records[0].dataset == "B1" and records[0].length_class == "short"
 
 
@@ -39,8 +40,31 @@ def test_openai_with_tools_and_text_parts(tmp_path: Path) -> None:
         "tools": [tool],
     }
     records, _ = load(write_jsonl(tmp_path / "d.jsonl", [record]), "openai")
-    assert records[0].messages[1] == {"role": "user", "content": "Weather in Oslo?"}
+    assert records[0].messages[1] == message("user", "Weather in Oslo?")
     assert records[0].tool_schemas() == [tool]
+
+
+def test_openai_tool_calls_and_tool_results_are_kept(tmp_path: Path) -> None:
+    """Contract C1: an assistant turn that only called tools keeps content None and its calls as
+    JSON text; the tool message keeps its tool_call_id and name."""
+    call = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]
+    record = {
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": call},
+            {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "12 C"},
+            {"role": "user", "content": "And tomorrow?"},
+        ]
+    }
+    [prompt], _ = load(write_jsonl(tmp_path / "d.jsonl", [record]), "openai")
+    assistant, tool = prompt.messages[1], prompt.messages[2]
+    assert assistant == message("assistant", None, tool_calls=json.dumps(call))
+    assert json.loads(assistant["tool_calls"]) == call
+    assert tool == message("tool", "12 C", tool_call_id="call_1", name="get_weather")
+    assert wire_message(assistant) == {"role": "assistant", "content": None, "tool_calls": call}
+    with_strings, _ = load(write_jsonl(tmp_path / "s.jsonl", [{**record, "messages": [
+        record["messages"][0], {"role": "assistant", "tool_calls": json.dumps(call)}, *record["messages"][2:]]}]), "openai")
+    assert with_strings[0].messages[1]["tool_calls"] == json.dumps(call), "tool_calls given as JSON text are read too"
 
 
 def test_ids_are_stable_content_hashes(tmp_path: Path) -> None:
@@ -116,6 +140,30 @@ def test_sampling_is_deterministic_and_seeded(tmp_path: Path) -> None:
     assert [r.id for r in first] == [r.id for r in again]
     assert [r.id for r in first] != [r.id for r in other]
     assert stats.sampled_out == 40 and stats.kept == 10
+
+
+def test_ten_percent_more_records_keeps_the_sample_and_its_answers(tmp_path: Path) -> None:
+    """sample_size keeps the smallest sha256(seed:id): growing the source by 10 % changes the sample
+    only by the new records that sort under the cut and the old ones they push over it. The answers
+    of the kept prompts are matched by id, so none is sent again; those of the pushed-out prompts stay
+    in the checkpoint (not lost) and return if the sample grows back."""
+    size, base = 200, 2000
+    path = write_jsonl(tmp_path / "d.jsonl", [sharegpt(f"prompt {i}") for i in range(base)])
+    before, _ = load(path, sample_size=size, seed=3)
+    grown = write_jsonl(tmp_path / "g.jsonl", [sharegpt(f"prompt {i}") for i in range(base + base // 10)])
+    after, stats = load(grown, sample_size=size, seed=3)
+    old, new = {r.id for r in before}, {r.id for r in after}
+    kept = len(old & new) / len(old)
+    pushed_out = old - new
+    newcomers = new - old
+    all_new_records = {r.id for r in load(grown)[0]} - {r.id for r in load(path)[0]}
+    print(f"\nsample {size} of {base} -> of {base + base // 10} records: kept {len(old & new)}/{len(old)} = {kept:.1%}, "
+          f"{len(newcomers)} newcomers (all among the {len(all_new_records)} new records), {len(pushed_out)} pushed out "
+          f"(their answers stay in the checkpoint), 0 kept prompts need a new answer")
+    assert kept >= 0.9
+    assert newcomers <= all_new_records, "only new records enter the sample"
+    assert len(pushed_out) == len(newcomers), "each newcomer pushes out exactly one old prompt"
+    assert stats.kept == size and len(after) == size
 
 
 def test_shipped_sample_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

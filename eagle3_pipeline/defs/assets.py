@@ -20,6 +20,7 @@ from eagle3_pipeline.dataprep import build_training_data
 from eagle3_pipeline.defs.checks import build_response_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.generation import GenerationFailed, Progress, ProgressSink, generate_dataset
+from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.prompts import load_prompts
@@ -93,6 +94,7 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
                 "estimated_prompt_tokens": sum(r.prompt_tokens_est for r in records),
                 "path": dg.MetadataValue.path(str(path)),
                 "source": dataset.source,
+                "sampling": "smallest sha256(seed:id) first" if dataset.sample_size else "all records",
                 "preview": _preview(
                     [{"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]} for r in records],
                     ["id", "class", "last user turn"],
@@ -107,12 +109,16 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         deps=[prompts, *([target_model] if embedded else [])],
         pool="gpu",
         required_resource_keys={"inference"},
+        code_version=configured_fingerprint(config).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
-        "checkpointed at once; a rerun resumes by id with no duplicates.",
+        "checkpointed at once; a rerun resumes by id with no duplicates. The code version is the digest of "
+        "the generation fingerprint (model, max_tokens, temperature, reasoning, regenerate_turns); each "
+        "materialization's data version is the fingerprint its answers actually have, plus their ids.",
     )
     def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         dataset = config.dataset(context.partition_key)
         inference = context.resources.inference
+        estimator = config.generation.length_estimator
 
         def report(p: Progress) -> None:
             context.log.info(p.line())
@@ -123,7 +129,10 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             sinks.append(ProgressSink(PROGRESS_BAR_EVERY_S, inference.progress))
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
-            result = generate_dataset(dataset, prompt_records, inference.endpoints, config.generation, layout, sinks)
+            tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
+            result = generate_dataset(config, dataset.id, prompt_records, inference.endpoints, sinks, tokenizer)
+        except FingerprintMismatch as exc:
+            raise dg.Failure(description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}) from None
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
@@ -131,7 +140,10 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
             context.log_event(health_observation(inference.preflight_report))
+        if result.kept_aside is not None:
+            context.log.warning(f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}")
         return dg.MaterializeResult(
+            data_version=dg.DataVersion(result.data_version),
             metadata={
                 **result.as_metadata(),
                 "throughput_series": _series_table(result.summary.series),

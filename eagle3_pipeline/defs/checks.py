@@ -7,12 +7,13 @@ materialization.
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import table_budget_state
-from eagle3_pipeline.generation.quality import EXAMPLES, ResponseTableQuality, inspect_responses
+from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
 
 
@@ -22,6 +23,7 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
     @dg.asset_check(
         asset=responses,
         partitions_def=responses.partitions_def,
+        blocking=True,
         description="The dataset's counted tokens are within its token_budget plus what the requests in "
         "flight at the stop can add (in-flight slots × max_tokens per turn, + prompt tokens when they count).",
     )
@@ -38,13 +40,13 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
         else:
             verdict = (
                 f"{state.tokens} tokens exceed the budget {state.budget} by {state.overshoot}, more than the "
-                f"{state.overshoot_bound} the requests in flight can explain (was the budget lowered after generating?)"
+                f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back the answers over it)"
             )
         return dg.AssetCheckResult(
             passed=state.within_bound, severity=dg.AssetCheckSeverity.ERROR, description=verdict, metadata=state.as_metadata()
         )
 
-    def blocking_check(name: str, description: str, verdict: Callable[[ResponseTableQuality], tuple[bool, str]]) -> dg.AssetChecksDefinition:
+    def blocking_check(name: str, description: str, verdict: Callable[[str], tuple[bool, str, dict[str, Any]]]) -> dg.AssetChecksDefinition:
         @dg.asset_check(
             asset=responses, name=name, partitions_def=responses.partitions_def, blocking=True, description=description
         )
@@ -52,33 +54,60 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
             path = layout.responses(context.partition_key)
             if not path.exists():
                 return dg.AssetCheckResult(passed=False, description=f"{path} does not exist; materialize responses first")
-            quality = inspect_responses(path)
-            passed, detail = verdict(quality)
-            return dg.AssetCheckResult(passed=passed, description=detail, metadata={"rows": quality.rows})
+            passed, detail, metadata = verdict(context.partition_key)
+            return dg.AssetCheckResult(passed=passed, description=detail, metadata=metadata)
 
         return check
 
+    def accounted(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+        a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
+        metadata = {"prompts": a.prompts, "answered": a.answered, "failed": len(a.failed), "over_length": a.over_length,
+                    "held_back_by_budget": a.held_back, "orphans": len(a.orphans), "unaccounted": len(a.unaccounted)}
+        return a.consistent, a.verdict(), metadata
+
+    def single_model(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+        m = model_consistency(layout, dataset_id)
+        return m.single, m.verdict(), {"models": list(m.table_models)}
+
+    max_empty = config.generation.max_empty_rate
+
+    def empty_answers(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+        a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
+        detail = f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer ({a.empty_rate:.1%}; limit {max_empty:.1%})"
+        if a.empty_failed:
+            detail += f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger max_tokens)"
+        return a.empty_rate <= max_empty, detail, {"empty_failed": len(a.empty_failed), "empty_rate": round(a.empty_rate, 4)}
+
     max_rate = config.health.max_truncation_rate
+
+    def truncation(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+        q = inspect_responses(layout.responses(dataset_id))
+        detail = f"{q.truncated} of {q.rows} truncated ({q.truncation_rate:.0%}; limit {max_rate:.0%})"
+        return q.truncation_rate <= max_rate, detail, {"rows": q.rows}
+
     quality_checks = [
         blocking_check(
-            "schema",
-            "The table has every column of the responses schema, with the right types.",
-            lambda q: (not q.schema_problems, "; ".join(q.schema_problems) or "all columns present with their types"),
+            "prompts_accounted",
+            "Read against the prompts, the checkpoint, the errors file and the accounting: every prompt is "
+            "answered, failed for good, over length or skipped by the reached budget; every row is in the "
+            "checkpoint; no row belongs to a prompt that is not in the prompts table.",
+            accounted,
         ),
         blocking_check(
-            "unique_ids",
-            "No prompt id appears twice.",
-            lambda q: (not q.duplicate_ids, f"{len(q.duplicate_ids)} duplicated ids, e.g. {', '.join(q.duplicate_ids[:EXAMPLES])}" if q.duplicate_ids else f"{q.rows} distinct ids"),
+            "single_model",
+            "All answers come from one model, as the server named it (several endpoints of it are fine).",
+            single_model,
         ),
         blocking_check(
-            "no_empty_responses",
-            "Every response has text.",
-            lambda q: (not q.empty_ids, f"{len(q.empty_ids)} empty responses, e.g. {', '.join(q.empty_ids[:EXAMPLES])}" if q.empty_ids else "no empty response"),
+            "empty_answers",
+            f"At most {max_empty:.1%} of the prompts sent are left with an empty answer (generation.max_empty_rate); "
+            "empty answers are retried and never stored, so a rerun can repair this.",
+            empty_answers,
         ),
         blocking_check(
             "truncation_rate",
             f"At most {max_rate:.0%} of responses stopped at max_tokens (finish_reason 'length').",
-            lambda q: (q.truncation_rate <= max_rate, f"{q.truncated} of {q.rows} truncated ({q.truncation_rate:.0%}; limit {max_rate:.0%})"),
+            truncation,
         ),
     ]
     return [token_budget, *quality_checks]

@@ -3,6 +3,8 @@ several endpoints, retries, per-dataset token budgets, and a crash-safe checkpoi
 
 The Dagster layer calls :func:`generate_dataset` (one dataset: generate, then write the table) and
 the budget check calls :func:`table_budget_state`; :func:`generate` is the engine underneath.
+:func:`partition_is_stale` says whether a dataset's responses are missing or were made under other
+settings than the configured ones (for schedules and sensors).
 """
 
 from eagle3_pipeline.generation.budget import BudgetState, budget_state
@@ -10,6 +12,7 @@ from eagle3_pipeline.generation.checkpoint import CheckpointError, ResponseCheck
 from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA, response_rows
 from eagle3_pipeline.generation.dataset import DatasetResult, generate_dataset, table_budget_state
 from eagle3_pipeline.generation.endpoints import Endpoint, Price
+from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint, partition_is_stale
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, format_duration
 from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate, generate_async
 
@@ -19,6 +22,7 @@ __all__ = [
     "CheckpointError",
     "DatasetResult",
     "Endpoint",
+    "FingerprintMismatch",
     "GenerationFailed",
     "GenerationSummary",
     "Price",
@@ -26,10 +30,12 @@ __all__ = [
     "ProgressSink",
     "ResponseCheckpoint",
     "budget_state",
+    "configured_fingerprint",
     "format_duration",
     "generate",
     "generate_async",
     "generate_dataset",
+    "partition_is_stale",
     "response_rows",
     "table_budget_state",
 ]

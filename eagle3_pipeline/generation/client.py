@@ -18,6 +18,7 @@ import httpx
 
 from eagle3_pipeline.generation.endpoints import Endpoint
 from eagle3_pipeline.generation.retry import is_retryable_status, parse_retry_after
+from eagle3_pipeline.records import Message, wire_message
 
 CHARS_PER_TOKEN = 4
 EXCERPT_CHARS = 200
@@ -26,8 +27,11 @@ AUTH_STATUSES = frozenset({401, 403})
 
 @dataclass(frozen=True)
 class Completion:
-    text: str
+    """One assistant message as the server returned it, and what it cost."""
+
+    content: str | None
     reasoning: str | None
+    tool_calls: str | None  # JSON text of the message's tool_calls list
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
@@ -37,6 +41,11 @@ class Completion:
     model: str
     endpoint: str
 
+    @property
+    def text(self) -> str:
+        """The summary text: the content, or the tool calls' JSON when the turn only called tools."""
+        return self.content or self.tool_calls or ""
+
 
 @dataclass(frozen=True)
 class AttemptFailure:
@@ -44,12 +53,14 @@ class AttemptFailure:
     retryable: bool
     status: int | None = None
     retry_after_s: float | None = None
+    kind: str = "error"  # "empty": the server answered, but with no content and no tool calls
 
 
 def request_body(
-    endpoint: Endpoint, messages: Sequence[dict[str, str]], tools: list[dict[str, Any]] | None, max_tokens: int, temperature: float
+    endpoint: Endpoint, messages: Sequence[Message], tools: list[dict[str, Any]] | None, max_tokens: int, temperature: float
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": endpoint.model, "messages": list(messages), "max_tokens": max_tokens, "temperature": temperature}
+    wire = [wire_message(m) for m in messages]
+    body: dict[str, Any] = {"model": endpoint.model, "messages": wire, "max_tokens": max_tokens, "temperature": temperature}
     if tools:
         body["tools"] = tools
     return body
@@ -78,33 +89,41 @@ async def attempt_completion(
 
 def parse_completion(payload: Any, endpoint: Endpoint, latency_s: float, prompt_tokens_est: int) -> Completion | AttemptFailure:
     """An OpenAI chat completion → :class:`Completion`. Usage a server leaves out is estimated from
-    the text and flagged; the cost is the response's ``usage.cost`` if present, else the price table's."""
+    the text and flagged; the cost is the response's ``usage.cost`` if present, else the price table's.
+    An answer with no content (once the reasoning is split off) and no tool calls is a retryable
+    failure of kind ``empty``: a reasoning model that spent ``max_tokens`` thinking said nothing."""
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict) and "choices" not in payload:
         return _payload_error(endpoint, payload["error"])
     try:
         choice = payload["choices"][0]
         message = choice["message"]
-        text = message.get("content") or ""
-        if not text and message.get("tool_calls"):
-            text = json.dumps(message["tool_calls"], ensure_ascii=False)
+        content = message.get("content")
+        calls = message.get("tool_calls") or None
         reasoning = message.get("reasoning_content") or message.get("reasoning") or None
         usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
         finish_reason = str(choice.get("finish_reason") or "")
     except (KeyError, IndexError, TypeError, AttributeError):
         reason = f"answer from {endpoint.base_url} is not an OpenAI chat completion (no choices[0].message)"
         return AttemptFailure(reason, retryable=False, status=200)
+    if content is not None and not isinstance(content, str):
+        return AttemptFailure(f"answer from {endpoint.base_url} has a content that is not text", retryable=False, status=200)
+    if not (content or "").strip() and not calls:
+        reason = f"empty answer from {endpoint.base_url} (finish_reason {finish_reason or 'none'}, no content and no tool calls)"
+        return AttemptFailure(reason, retryable=True, status=200, kind="empty")
+    tool_calls = json.dumps(calls, ensure_ascii=False) if calls else None
     prompt_tokens, completion_tokens = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
     estimated = prompt_tokens is None or completion_tokens is None
     if prompt_tokens is None:
         prompt_tokens = prompt_tokens_est
     if completion_tokens is None:
-        completion_tokens = math.ceil((len(text) + len(reasoning or "")) / CHARS_PER_TOKEN)
+        completion_tokens = math.ceil((len(content or "") + len(tool_calls or "") + len(reasoning or "")) / CHARS_PER_TOKEN)
     cost = _float(usage.get("cost"))
     if cost is None and endpoint.price is not None:
         cost = endpoint.price.cost(prompt_tokens, completion_tokens)
     return Completion(
-        text=text,
+        content=content or None,
         reasoning=str(reasoning) if reasoning else None,
+        tool_calls=tool_calls,
         finish_reason=finish_reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

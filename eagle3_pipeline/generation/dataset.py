@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -11,15 +13,26 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.config import DatasetConfig, GenerationConfig
-from eagle3_pipeline.generation.budget import BudgetState, budget_state
+from eagle3_pipeline.config import GenerationConfig, PipelineConfig
+from eagle3_pipeline.generation.budget import BudgetState, budget_state, counted_tokens
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA, response_rows
 from eagle3_pipeline.generation.endpoints import Endpoint
+from eagle3_pipeline.generation.fingerprint import (
+    DIGEST_CHARS,
+    GenerationFingerprint,
+    actual_digest,
+    read_fingerprint,
+    settle_fingerprint,
+)
+from eagle3_pipeline.generation.length import LengthCheck, check_lengths
 from eagle3_pipeline.generation.progress import ProgressSink
 from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.records import PromptRecord, write_parquet
+from eagle3_pipeline.records import PromptRecord, atomic_path, write_parquet
+
+
+LISTED_IDS = 50
 
 
 @dataclass(frozen=True)
@@ -27,12 +40,18 @@ class DatasetResult:
     summary: GenerationSummary
     rows: list[dict[str, Any]]
     budget: BudgetState
+    fingerprint: GenerationFingerprint
+    data_version: str
+    lengths: LengthCheck
+    held_back: list[str]
+    kept_aside: Path | None
 
     def as_metadata(self) -> dict[str, Any]:
         rows = self.rows
         finish = Counter(r["finish_reason"] for r in rows)
         latencies = [r["latency_s"] for r in rows if r["latency_s"] is not None]
         costs = [r["cost"] for r in rows if r["cost"] is not None]
+        over = [p.id for p in self.lengths.over_length]
         return {
             **self.summary.as_metadata(),
             **self.budget.as_metadata(),
@@ -48,6 +67,16 @@ class DatasetResult:
             "cost_total": round(sum(costs), 6),
             "rows_without_cost": len(rows) - len(costs),
             "models": sorted({str(r["model"]) for r in rows}),
+            "fingerprint": self.fingerprint.fields(),
+            "fingerprint_digest": self.fingerprint.digest,
+            "data_version": self.data_version,
+            "previous_answers_kept_in": str(self.kept_aside) if self.kept_aside else "none",
+            "skipped_over_length": len(over),
+            "over_length_ids": over[:LISTED_IDS] + ([f"... {len(over) - LISTED_IDS} more"] if len(over) > LISTED_IDS else []),
+            "length_estimator": self.lengths.estimator,
+            "length_estimate_fallbacks": self.lengths.fallbacks,
+            "longest_prompt_tokens_est": self.lengths.longest,
+            "held_back_by_budget": len(self.held_back),
         }
 
 
@@ -60,31 +89,87 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def generate_dataset(
-    dataset: DatasetConfig,
+    config: PipelineConfig,
+    dataset_id: str,
     prompts: Sequence[PromptRecord],
     resolve_endpoints: Callable[[], Sequence[Endpoint]],
-    settings: GenerationConfig,
-    layout: ArtifactLayout,
     sinks: Sequence[ProgressSink] = (),
+    tokenizer_name: str | None = None,
 ) -> DatasetResult:
     """Answer the prompts still missing from the dataset's checkpoint (within its token budget),
     then write the responses table from the checkpoint.
 
+    Before anything is sent: the checkpoint's generation fingerprint must be the configured one
+    (else :class:`FingerprintMismatch`, or the old answers are kept aside under ``new_version``),
+    and prompts that cannot fit ``target.max_seq_len`` with ``max_tokens`` are left out and listed.
     Raises :class:`GenerationFailed` if the run was stopped, or if more prompts failed than
     ``max_failed_fraction`` allows; the table is then left as it was."""
+    settings = config.generation
+    dataset = config.dataset(dataset_id)
+    layout = ArtifactLayout(config.artifacts_root)
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
-    summary = generate(prompts, resolve_endpoints, settings, checkpoint, layout.errors(dataset.id), dataset.token_budget, sinks)
-    allowed = int(settings.max_failed_fraction * len(prompts))
+    decision = settle_fingerprint(config, dataset.id, has_answers=bool(checkpoint.load()))
+    lengths = check_lengths(prompts, config.target.max_seq_len, settings.max_tokens, settings.length_estimator, tokenizer_name)
+    summary = generate(lengths.fits, resolve_endpoints, settings, checkpoint, layout.errors(dataset.id), dataset.token_budget, sinks)
+    allowed = int(settings.max_failed_fraction * len(lengths.fits))
     if summary.failed > allowed:
         raise GenerationFailed(
-            f"{dataset.id}: {summary.failed} of {len(prompts)} requests failed (allowed: {allowed}); the finished "
+            f"{dataset.id}: {summary.failed} of {len(lengths.fits)} requests failed (allowed: {allowed}); the finished "
             f"answers are checkpointed and a rerun retries only the rest. First errors: {'; '.join(summary.error_examples)}. "
             f"All of them: {layout.errors(dataset.id)}",
             summary,
         )
-    rows = response_rows(prompts, checkpoint.load())
+    rows, held_back = within_budget(response_rows(lengths.fits, checkpoint.load()), dataset.token_budget, settings)
     write_parquet(rows, RESPONSE_TABLE_SCHEMA, layout.responses(dataset.id))
-    return DatasetResult(summary, rows, budget_state(rows, dataset.token_budget, settings))
+    write_accounting(layout.accounting(dataset.id), lengths, held_back)
+    stored = read_fingerprint(layout.fingerprint(dataset.id))
+    version = data_version(stored["fingerprint"] if stored else decision.fingerprint.fields(), rows)
+    state = budget_state(rows, dataset.token_budget, settings)
+    return DatasetResult(summary, rows, state, decision.fingerprint, version, lengths, held_back, decision.kept_aside)
+
+
+def within_budget(rows: list[dict[str, Any]], budget: int | None, settings: GenerationConfig) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows, unless they exceed the budget by more than the requests in flight can explain
+    (the budget was lowered after generating): then the answers in id order until the budget is
+    reached — an unbiased sample again — and the ids held back (their answers stay checkpointed)."""
+    state = budget_state(rows, budget, settings)
+    if budget is None or state.within_bound:
+        return rows, []
+    kept: set[str] = set()
+    counted = 0
+    for row in sorted(rows, key=lambda r: r["id"]):
+        if counted >= budget:
+            break
+        kept.add(row["id"])
+        counted += counted_tokens(row, settings.budget_counts)
+    return [r for r in rows if r["id"] in kept], sorted(r["id"] for r in rows if r["id"] not in kept)
+
+
+def write_accounting(path: Path, lengths: LengthCheck, held_back: Sequence[str]) -> None:
+    document = {
+        "length_estimator": lengths.estimator,
+        "max_seq_len": lengths.max_seq_len,
+        "max_tokens": lengths.max_tokens,
+        "over_length": sorted(p.id for p in lengths.over_length),
+        "held_back_by_budget": list(held_back),
+    }
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(document, indent=1))
+
+
+def read_accounting(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def data_version(fingerprint: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """``<actual fingerprint digest>.<digest of the answered ids>``: it changes when the answers were
+    made under other settings or by another model, and when answers are added or removed."""
+    ids = hashlib.sha256("\n".join(sorted(r["id"] for r in rows)).encode()).hexdigest()[:DIGEST_CHARS]
+    return f"{actual_digest(fingerprint, (str(r['model']) for r in rows))}.{ids}"
 
 
 def table_budget_state(path: Path, budget: int | None, settings: GenerationConfig) -> BudgetState:

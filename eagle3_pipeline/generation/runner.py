@@ -1,22 +1,25 @@
 """The generation engine: answer every prompt not yet in the checkpoint.
 
-Workers per length class (``concurrency.short`` / ``concurrency.long`` of them) take prompts in id
-order — ids are content hashes, so a budget stop keeps an unbiased sample — ask the token budget
-for admission, send the request to the least busy endpoint, retry transient failures with backoff,
-and append each answer to the checkpoint the moment it arrives. Each worker owns a small HTTP
-client that keeps one connection alive per endpoint: a single shared pool of 150+ connections
-scans all of them on every request and spends more CPU on that than on the requests.
-A request that fails for good goes to the errors file; ``max_consecutive_errors`` of them in a row
-stop the run.
+One dispatcher sends the prompts in a single id-ordered stream — ids are content hashes, so
+wherever a budget stop lands, the answered prompts are an unbiased sample of the dataset, long and
+short alike. Before each prompt leaves it waits for a free slot of its length class
+(``concurrency.short`` / ``concurrency.long``) and for the token budget's admission; a prompt never
+overtakes an earlier one. Each request goes to the least busy endpoint, transient failures (and
+empty answers) are retried with backoff, and each answer is appended to the checkpoint the moment
+it arrives. Requests in flight reuse small HTTP clients that keep one connection alive per
+endpoint: a single shared pool of 150+ connections scans all of them on every request and spends
+more CPU on that than on the requests. A request that fails for good goes to the errors file;
+``max_consecutive_errors`` of them in a row stop the run, and so does an answer from another model
+than the dataset's answers so far (it is not written).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,12 +30,12 @@ from eagle3_pipeline.config import GenerationConfig
 from eagle3_pipeline.generation.budget import TokenBudget, counted_tokens
 from eagle3_pipeline.generation.checkpoint import CheckpointWriter, ErrorLog, ResponseCheckpoint
 from eagle3_pipeline.generation.client import AttemptFailure, Completion, attempt_completion, request_body
-from eagle3_pipeline.generation.conversation import build_record, turns_to_regenerate
+from eagle3_pipeline.generation.conversation import build_record, generated_message, turns_to_regenerate
 from eagle3_pipeline.generation.endpoints import Endpoint, EndpointPool
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
 from eagle3_pipeline.generation.retry import backoff_s
 from eagle3_pipeline.prompts import estimate_tokens
-from eagle3_pipeline.records import PromptRecord
+from eagle3_pipeline.records import Message, PromptRecord, normalized
 
 ERROR_EXAMPLES = 5
 SERIES_POINTS = 500
@@ -52,6 +55,7 @@ class GenerationSummary:
     truncated: int = 0
     usage_estimated: int = 0
     skipped_by_budget: int = 0
+    empty: int = 0
     completion_tokens: int = 0
     prompt_tokens: int = 0
     counted_now: int = 0
@@ -75,6 +79,7 @@ class GenerationSummary:
             "truncated_now": self.truncated,
             "usage_estimated_now": self.usage_estimated,
             "skipped_by_budget": self.skipped_by_budget,
+            "empty_answers_failed_now": self.empty,
             "new_completion_tokens": self.completion_tokens,
             "new_prompt_tokens": self.prompt_tokens,
             "new_cost": round(self.cost, 6),
@@ -92,12 +97,21 @@ class GenerationFailed(RuntimeError):
         self.summary = summary
 
 
+class ModelChanged(GenerationFailed):
+    """An endpoint answered as another model than the dataset's other answers."""
+
+
 class RequestFailed(Exception):
     def __init__(self, failure: AttemptFailure, attempts: int, endpoint: Endpoint) -> None:
         super().__init__(failure.reason)
         self.failure = failure
         self.attempts = attempts
         self.endpoint = endpoint
+
+
+def served_model(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The model (as the server named it) of a dataset's finished answers; the first one wins."""
+    return next((str(r["model"]) for r in records if r.get("model")), None)
 
 
 def pending(prompts: Sequence[PromptRecord], done: dict[str, Any]) -> list[PromptRecord]:
@@ -117,8 +131,10 @@ class _Run:
         errors: ErrorLog,
         summary: GenerationSummary,
         sinks: Sequence[ProgressSink],
+        model: str | None,
     ) -> None:
         self.settings = settings
+        self.model = model
         self.new_client = new_client
         self.pool = pool
         self.budget = budget
@@ -133,60 +149,74 @@ class _Run:
         self.remaining = 0
 
     async def execute(self, todo: Sequence[PromptRecord]) -> None:
-        queues = {cls: deque(p for p in todo if p.length_class == cls) for cls in ("short", "long")}
-        limits = {"short": self.settings.concurrency.short, "long": self.settings.concurrency.long}
+        slots = {"short": asyncio.Semaphore(self.settings.concurrency.short), "long": asyncio.Semaphore(self.settings.concurrency.long)}
+        idle: list[httpx.AsyncClient] = []
         self.remaining = len(todo)
+        dispatched = 0
         ticker = asyncio.create_task(self._tick())
         try:
-            async with asyncio.TaskGroup() as group:
-                for cls, queue in queues.items():
-                    for _ in range(min(limits[cls], len(queue))):
-                        group.create_task(self._worker(queue))
+            async with contextlib.AsyncExitStack() as clients, asyncio.TaskGroup() as group:
+                for prompt in todo:
+                    slot = slots[prompt.length_class]
+                    await slot.acquire()
+                    if self.stopping or not await self.budget.admit():
+                        slot.release()
+                        break
+                    client = idle.pop() if idle else await clients.enter_async_context(self.new_client())
+                    dispatched += 1
+                    group.create_task(self._request(prompt, slot, client, idle))
         except ExceptionGroup as caught:
             raise caught.exceptions[0] from None
         finally:
             ticker.cancel()
-            self.summary.skipped_by_budget = sum(len(q) for q in queues.values()) if self.budget.exhausted else 0
+            self.summary.skipped_by_budget = len(todo) - dispatched if self.budget.exhausted else 0
             self.summary.elapsed_s = time.monotonic() - self.started
             self.summary.endpoints = self.pool.stats()
             snapshot = self._snapshot()
             for sink in self.sinks:
                 sink.emit(snapshot)
 
-    async def _worker(self, queue: deque[PromptRecord]) -> None:
-        async with self.new_client() as client:
-            while queue and not self.stopping:
-                if not await self.budget.admit():
-                    return
-                if not queue:
-                    self.budget.settle(None)
-                    return
-                prompt = queue.popleft()
-                tokens: int | None = None
-                try:
-                    record = await self._answer(client, prompt)
-                    tokens = counted_tokens(record, self.settings.budget_counts)
-                    self._succeeded(record)
-                except RequestFailed as failed:
-                    self._failed(prompt, failed)
-                finally:
-                    self.remaining -= 1
-                    self.budget.settle(tokens)
+    async def _request(self, prompt: PromptRecord, slot: asyncio.Semaphore, client: httpx.AsyncClient, idle: list[httpx.AsyncClient]) -> None:
+        tokens: int | None = None
+        try:
+            record = await self._answer(client, prompt)
+            tokens = counted_tokens(record, self.settings.budget_counts)
+            self._succeeded(record)
+        except RequestFailed as failed:
+            self._failed(prompt, failed)
+        finally:
+            idle.append(client)
+            slot.release()
+            self.remaining -= 1
+            self.budget.settle(tokens)
 
     async def _answer(self, client: httpx.AsyncClient, prompt: PromptRecord) -> dict[str, Any]:
-        history = [dict(m) for m in prompt.messages]
+        history = [normalized(m) for m in prompt.messages]
         tools = prompt.tool_schemas()
-        regenerate = turns_to_regenerate(history, self.settings.regenerate_turns)
-        completions = []
-        for index in regenerate:
+        keep = self.settings.reasoning == "keep"
+        turns: list[tuple[int, Completion]] = []
+        for index in [*turns_to_regenerate(history, self.settings.regenerate_turns), len(history)]:
             turn = await self._complete(client, history[:index], tools, prompt.tools)
-            history[index] = {"role": "assistant", "content": turn.text}
-            completions.append(turn)
-        completions.append(await self._complete(client, history, tools, prompt.tools))
-        return build_record(prompt, completions, history if regenerate else None, self.settings.reasoning == "keep")
+            self._same_model(prompt, turn)
+            history[index:index + 1] = [generated_message(turn, keep)]
+            turns.append((index, turn))
+        return build_record(prompt, turns, keep)
+
+    def _same_model(self, prompt: PromptRecord, turn: Completion) -> None:
+        """The first answer fixes the dataset's model; an answer from another one stops the run."""
+        if self.model is None:
+            self.model = turn.model
+        elif turn.model != self.model and not self.stopping:
+            self.stopping = True
+            raise ModelChanged(
+                f"{prompt.dataset}: {turn.endpoint} answered as model {turn.model!r}, but the dataset's answers come "
+                f"from {self.model!r}; that answer was not written and the run stopped. Point every endpoint at the "
+                "same model, or regenerate the dataset under a new fingerprint.",
+                self.summary,
+            )
 
     async def _complete(
-        self, client: httpx.AsyncClient, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, tools_text: str | None
+        self, client: httpx.AsyncClient, messages: list[Message], tools: list[dict[str, Any]] | None, tools_text: str | None
     ) -> Completion:
         settings = self.settings
         prompt_tokens_est = estimate_tokens(messages, tools_text)
@@ -232,12 +262,14 @@ class _Run:
                 "status": failed.failure.status,
                 "attempts": failed.attempts,
                 "retryable": failed.failure.retryable,
+                "kind": failed.failure.kind,
                 "endpoint": failed.endpoint.base_url,
                 "at": time.time(),
             }
         )
         summary = self.summary
         summary.failed += 1
+        summary.empty += failed.failure.kind == "empty"
         if len(summary.error_examples) < ERROR_EXAMPLES:
             summary.error_examples.append(f"{prompt.id}: {reason} (attempts: {failed.attempts})")
         self.consecutive_failures += 1
@@ -334,7 +366,8 @@ async def generate_async(
         new_client = _client_factory(settings, len(endpoints))
         errors = ErrorLog(errors_path)
         try:
-            await _Run(settings, new_client, EndpointPool(endpoints), budget, writer, errors, summary, sinks).execute(todo)
+            run = _Run(settings, new_client, EndpointPool(endpoints), budget, writer, errors, summary, sinks, served_model(writer.done.values()))
+            await run.execute(todo)
         finally:
             errors.close()
     return summary

@@ -28,6 +28,7 @@ def write_config(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, port: int | Non
         "name": "sensed", "artifacts_root": str(tmp_path / "out"),
         "target": {"model": "fake", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": sglang.base_url + "/v1"}]},
+        "generation": {"length_estimator": "chars"},  # the fake server has no tokenizer
         "health": settings,
         "datasets": [{"id": "B1", "source": "B1.jsonl"}, {"id": "B2", "source": "B2.jsonl"}],
     }

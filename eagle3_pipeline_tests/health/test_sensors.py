@@ -84,7 +84,7 @@ def test_blocking_checks_fail_a_run_with_too_many_truncated_responses(
     checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
     assert checks["truncation_rate"].passed is False
     assert checks["truncation_rate"].description == "3 of 3 truncated (100%; limit 50%)"
-    assert checks["schema"].passed and checks["unique_ids"].passed and checks["no_empty_responses"].passed
+    assert checks["prompts_accounted"].passed and checks["single_model"].passed and checks["empty_answers"].passed
 
 
 def test_preflight_fails_fast_on_a_sick_server(

@@ -1,0 +1,72 @@
+"""Fit before you pay: a prompt whose estimated length plus ``max_tokens`` exceeds the target's
+``max_seq_len`` is not sent.
+
+With ``generation.length_estimator: tokenizer`` the prompt is rendered with the target's own chat
+template (generation prompt included) and tokenized with its tokenizer; a prompt the template
+cannot render falls back to the character estimate, and is counted. With ``chars`` the
+tokenizer-free estimate of the prompts phase is used (4 characters a token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3_pipeline.prompts import estimate_tokens
+from eagle3_pipeline.records import PromptRecord, wire_message
+
+
+@dataclass(frozen=True)
+class LengthCheck:
+    """Which prompts fit, which do not, and how that was estimated."""
+
+    estimator: str
+    max_seq_len: int
+    max_tokens: int
+    fits: list[PromptRecord]
+    over_length: list[PromptRecord]
+    fallbacks: int = 0
+    longest: int = 0
+
+
+def _template_lengths(prompts: Sequence[PromptRecord], tokenizer_name: str) -> tuple[list[int], int]:
+    from jinja2 import TemplateError
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"target.tokenizer {tokenizer_name!r} cannot be loaded to estimate prompt lengths ({exc.__class__.__name__}); "
+            "set it to the target's tokenizer, or set generation.length_estimator: chars"
+        ) from None
+    texts: list[str | None] = []
+    for prompt in prompts:
+        try:
+            rendered: Any = tokenizer.apply_chat_template(
+                [wire_message(m) for m in prompt.messages], tools=prompt.tool_schemas(), tokenize=False, add_generation_prompt=True
+            )
+            texts.append(str(rendered))
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError):
+            texts.append(None)  # a template that cannot render this prompt: the character estimate
+    rendered_texts = [t for t in texts if t is not None]
+    counts = iter(len(ids) for ids in tokenizer(rendered_texts, add_special_tokens=False)["input_ids"]) if rendered_texts else iter(())
+    lengths = [next(counts) if text is not None else estimate_tokens(p.messages, p.tools) for p, text in zip(prompts, texts, strict=True)]
+    return lengths, sum(1 for t in texts if t is None)
+
+
+def check_lengths(
+    prompts: Sequence[PromptRecord], max_seq_len: int, max_tokens: int, estimator: str, tokenizer_name: str | None
+) -> LengthCheck:
+    """Split ``prompts`` into those whose estimated length + ``max_tokens`` fits ``max_seq_len`` and the rest."""
+    if estimator == "tokenizer" and tokenizer_name:
+        lengths, fallbacks = _template_lengths(prompts, tokenizer_name)
+        name = f"tokenizer:{tokenizer_name}"
+    else:
+        lengths, fallbacks = [estimate_tokens(p.messages, p.tools) for p in prompts], 0
+        name = "chars/4"
+    fits, over = [], []
+    for prompt, tokens in zip(prompts, lengths, strict=True):
+        (fits if tokens + max_tokens <= max_seq_len else over).append(prompt)
+    return LengthCheck(name, max_seq_len, max_tokens, fits, over, fallbacks, max(lengths, default=0))
