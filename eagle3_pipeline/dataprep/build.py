@@ -223,46 +223,79 @@ class _Buckets:
 
 
 class _ShardWriter:
-    """Pass 2's output for one split: shards of exactly ``shard_rows`` rows, in arrival order."""
+    """Pass 2's output for one split: shards of exactly ``shard_rows`` rows in arrival order, each
+    written a row group at a time so that no shard is ever held whole in memory."""
 
-    def __init__(self, folder: Path, split: str, shard_rows: int) -> None:
-        self.folder, self.split, self.shard_rows = folder, split, shard_rows
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
+    def __init__(self, folder: Path, split: str, shard_rows: int, version: _Version) -> None:
+        self.folder, self.split, self.shard_rows, self.version = folder, split, shard_rows, version
+        self.writer: pq.ParquetWriter | None = None
+        self.in_shard = 0
         self.names: list[str] = []
         self.rows = 0
 
-    def add(self, table: pa.Table, digest: Any) -> None:
-        self.pending.append(table)
-        self.pending_rows += len(table)
-        while self.pending_rows >= self.shard_rows:
-            combined = pa.concat_tables(self.pending)
-            self._write(combined.slice(0, self.shard_rows), digest)
-            rest = combined.slice(self.shard_rows)
-            self.pending, self.pending_rows = [rest], len(rest)
-
-    def close(self, digest: Any) -> None:
-        if self.pending_rows or not self.names:
-            self._write(pa.concat_tables(self.pending) if self.pending else SHARD_SCHEMA.empty_table(), digest)
-
-    def _write(self, table: pa.Table, digest: Any) -> None:
-        name = f"{self.split}-{len(self.names):05d}.parquet"
+    def add(self, table: pa.Table) -> None:
         table = table.select(SHARD_SCHEMA.names).cast(SHARD_SCHEMA)
-        pq.write_table(table, self.folder / name)
-        _update_digest(digest, name, table)
+        while len(table):
+            if self.writer is None:
+                self._open()
+            part = table.slice(0, self.shard_rows - self.in_shard)
+            self._write(part)
+            table = table.slice(len(part))
+            if self.in_shard == self.shard_rows:
+                self._close_shard()
+
+    def close(self) -> None:
+        if self.writer is None and not self.names:
+            self._open()
+        if self.writer is not None:
+            self._close_shard()
+
+    def _open(self) -> None:
+        name = f"{self.split}-{len(self.names):05d}.parquet"
+        self.writer = pq.ParquetWriter(self.folder / name, SHARD_SCHEMA)
         self.names.append(name)
+        self.version.shard(name)
+
+    def _write(self, table: pa.Table) -> None:
+        assert self.writer is not None
+        self.writer.write_table(table)
+        self.version.rows(table)
+        self.in_shard += len(table)
         self.rows += len(table)
 
+    def _close_shard(self) -> None:
+        assert self.writer is not None
+        self.writer.close()
+        self.writer, self.in_shard = None, 0
 
-def _update_digest(digest: Any, name: str, table: pa.Table) -> None:
-    """Fold a shard's content (not its file bytes, which vary with the writer) into the version."""
-    digest.update(name.encode())
-    for column in ("id", "dataset"):
-        digest.update("\0".join(table.column(column).to_pylist()).encode())
-    for column in ("input_ids", "loss_mask"):
-        values = table.column(column)
-        digest.update(pc.list_value_length(values).to_numpy().astype(np.int64).tobytes())
-        digest.update(pc.list_flatten(values).to_numpy().tobytes())
+
+class _Version:
+    """The training_data version: a hash of the shards' content (not of their file bytes, which vary
+    with the writer), kept as one running hash per column so that it does not depend on how the
+    rows were chunked on their way into the shards. One per split; :func:`_combined_version` joins them."""
+
+    STREAMS = ("names", "id", "dataset", "input_ids.lengths", "input_ids", "loss_mask.lengths", "loss_mask")
+
+    def __init__(self) -> None:
+        self.hashes = {stream: hashlib.sha256() for stream in self.STREAMS}
+
+    def shard(self, name: str) -> None:
+        self.hashes["names"].update(name.encode() + b"\0")
+
+    def rows(self, table: pa.Table) -> None:
+        for column in ("id", "dataset"):
+            self.hashes[column].update("".join(f"{v}\0" for v in table.column(column).to_pylist()).encode())
+        for column in ("input_ids", "loss_mask"):
+            values = table.column(column)
+            self.hashes[f"{column}.lengths"].update(pc.list_value_length(values).to_numpy().astype(np.int64).tobytes())
+            self.hashes[column].update(pc.list_flatten(values).to_numpy().tobytes())
+
+    def hexdigest(self) -> str:
+        return "".join(h.hexdigest() for h in self.hashes.values())
+
+
+def _combined_version(parts: Sequence[_Version]) -> str:
+    return hashlib.sha256("".join(p.hexdigest() for p in parts).encode()).hexdigest()[:16]
 
 
 class _Tokenizer:
@@ -363,8 +396,8 @@ def _tokenize_into(
         buckets.add(tokenizing.tokenize(pending))
 
 
-def _shard_from(buckets: _Buckets, staging: Path, shard_rows: int, vocab_size: int, digest: Any) -> tuple[dict[str, _ShardWriter], np.ndarray]:
-    writers = {split: _ShardWriter(staging, split, shard_rows) for split in ("train", "eval")}
+def _shard_from(buckets: _Buckets, staging: Path, shard_rows: int, vocab_size: int) -> tuple[dict[str, _ShardWriter], np.ndarray]:
+    writers = {split: _ShardWriter(staging, split, shard_rows, _Version()) for split in ("train", "eval")}
     frequencies = np.zeros(vocab_size, dtype=np.int64)
     for bucket in range(buckets.count):
         if bucket not in buckets.writers:
@@ -374,13 +407,13 @@ def _shard_from(buckets: _Buckets, staging: Path, shard_rows: int, vocab_size: i
             part = table.filter(pc.equal(table.column("split"), split))
             if not len(part):
                 continue
-            writer.add(part, digest)
+            writer.add(part)
             if split == "train":
                 ids = pc.list_flatten(part.column("input_ids")).to_numpy()
                 mask = pc.list_flatten(part.column("loss_mask")).to_numpy()
                 frequencies += np.bincount(ids[mask == 1], minlength=vocab_size)[:vocab_size]
     for writer in writers.values():
-        writer.close(digest)
+        writer.close()
     return writers, frequencies
 
 
@@ -407,15 +440,14 @@ def build_training_data(
             _tokenize_into(buckets, response_files, _Tokenizer(renderer, seed, eval_fraction, max_seq_len, stats), buffer_rows, stats)
         finally:
             buckets.close()
-        digest = hashlib.sha256()
-        writers, frequencies = _shard_from(buckets, staging, shard_rows, vocab_size, digest)
+        writers, frequencies = _shard_from(buckets, staging, shard_rows, vocab_size)
         stats.train_rows, stats.eval_rows = writers["train"].rows, writers["eval"].rows
         used = np.flatnonzero(frequencies)
         order = used[np.lexsort((used, -frequencies[used]))]
         freq = pa.table({"token_id": pa.array(order.astype(np.int32)), "count": pa.array(frequencies[order])}, schema=FREQ_SCHEMA)
         pq.write_table(freq, staging / "token_freq.parquet")
         manifest = {
-            "version": digest.hexdigest()[:16],
+            "version": _combined_version([writers["train"].version, writers["eval"].version]),
             "tokenizer": tokenizer_name,
             "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest(),
             "seed": seed,
