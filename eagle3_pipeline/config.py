@@ -143,9 +143,19 @@ class PromptsConfig(_Model):
 
 
 class TrainingDataConfig(_Model):
+    """How responses become training shards (see eagle3_pipeline.dataprep).
+
+    ``reasoning``: ``render`` passes a generated turn's reasoning to the chat template (trained on
+    where the template renders it), ``drop`` leaves it out. ``max_template_mismatch_rate``: the share
+    of conversations whose generated turns the template cannot render faithfully (the blocking check
+    ``training_data:template_mismatch_rate`` fails above it). ``buffer_rows``: conversations tokenized
+    per batch and held per sort bucket, which bounds memory whatever the number of rows."""
+
     eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.05
     shard_rows: Annotated[int, Field(gt=0)] = 10_000
-    mask_prior_assistant_turns: bool = False
+    reasoning: Literal["render", "drop"] = "render"
+    max_template_mismatch_rate: Annotated[float, Field(ge=0, le=1)] = 0.01
+    buffer_rows: Annotated[int, Field(gt=0)] = 4096
 
 
 class HostConfig(_Model):

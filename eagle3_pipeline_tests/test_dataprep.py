@@ -1,110 +1,139 @@
-"""Tokenize + mask + merge + shuffle + shard with the embedded model's real tokenizer."""
+"""Merge + template + mask + shuffle + shard, streamed through bucket files, with the embedded
+model's real tokenizer and responses tables in the form of contract C1."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.dataprep import build_training_data, generated_turns, load_tokenizer, split_of, tokenize_conversation
+from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, read_manifest, split_of
 from eagle3_pipeline.records import RESPONSE_SCHEMA, write_parquet
+from eagle3_pipeline_tests.c1_records import generated, message, response_row, write_responses
 
 pytestmark = pytest.mark.local_model
 
 
-@pytest.fixture(scope="module")
-def tokenizer(local_model: Path):
-    return load_tokenizer(str(local_model))
+def qa(i: int, dataset: str, answer: str | None, finish: str = "stop") -> dict[str, Any]:
+    return response_row(f"id{i:03d}", dataset, [message("user", f"Question number {i}?"), generated(answer, finish)])
 
 
-def masked_text(tokenizer, ids: list[int], mask: list[int]) -> str:
-    return tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+def build(files: list[Path], out: Path, model: Path, **overrides: Any) -> Any:
+    settings: dict[str, Any] = {"seed": 3, "eval_fraction": 0.2, "shard_rows": 16, "max_seq_len": 200, **overrides}
+    return build_training_data(files, str(model), out, **settings)
 
 
-def test_mask_covers_exactly_the_generated_turn(tokenizer) -> None:
-    messages = [
-        {"role": "user", "content": "Name a prime."},
-        {"role": "assistant", "content": "Seven."},
-        {"role": "user", "content": "Another?"},
-        {"role": "assistant", "content": "Eleven is prime."},
+def shard_rows(folder: Path) -> list[dict[str, Any]]:
+    manifest = read_manifest(folder)
+    return [
+        row for split in ("train", "eval") for name in manifest["shards"][split]
+        for row in pq.read_table(folder / name).to_pylist()
     ]
-    ids, mask = tokenize_conversation(tokenizer, messages, None, {3})
-    assert len(ids) == len(mask) and set(mask) == {0, 1}
-    assert masked_text(tokenizer, ids, mask).strip() == "Eleven is prime.<|im_end|>"
-    assert tokenizer.decode(ids).startswith("<|im_start|>system")
 
 
-def test_prior_assistant_turns_can_be_masked_too(tokenizer) -> None:
-    messages = [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello!"},
-        {"role": "user", "content": "Bye"},
-        {"role": "assistant", "content": "Goodbye!"},
-    ]
-    ids, mask = tokenize_conversation(tokenizer, messages, None, {1, 3})
-    text = masked_text(tokenizer, ids, mask)
-    assert "Hello!" in text and "Goodbye!" in text and "Bye<" not in text and "Hi" not in text
+@pytest.fixture
+def responses(tmp_path: Path) -> list[Path]:
+    a = [qa(i, "A", f"Answer {i}.") for i in range(30)]
+    a.append(qa(99, "A", "   "))
+    a.append(qa(98, "A", "word " * 400, finish="length"))
+    a.append(response_row("id097", "A", [message("user", "Hi"), message("assistant", "Hello")]))  # nothing generated
+    b = [qa(i, "B", f"Answer {i}.") for i in range(25, 40)]
+    return [write_responses(tmp_path / "A.parquet", a), write_responses(tmp_path / "B.parquet", b)]
 
 
-def test_regenerated_turns_are_trained_on_and_kept_ones_are_not() -> None:
-    messages = [
-        {"role": "user", "content": "q1"},
-        {"role": "assistant", "content": "regenerated"},
-        {"role": "user", "content": "q2"},
-        {"role": "assistant", "content": "calls a tool"},
-        {"role": "tool", "content": "result"},
-        {"role": "assistant", "content": "final"},
-    ]
-    assert generated_turns(messages, turns=1, every_assistant_turn=False) == {5}
-    assert generated_turns(messages, turns=2, every_assistant_turn=False) == {1, 5}
-    assert generated_turns(messages, turns=1, every_assistant_turn=True) == {1, 3, 5}
-
-
-def response_row(i: int, dataset: str, answer: str, finish: str = "stop") -> dict:
-    messages = [{"role": "user", "content": f"Question number {i}?"}, {"role": "assistant", "content": answer}]
-    return {
-        "id": f"id{i:03d}", "dataset": dataset, "messages": messages, "tools": None, "response": answer,
-        "finish_reason": finish, "prompt_tokens": 10, "completion_tokens": 5, "latency_s": 0.1,
-        "model": "m", "endpoint": "e", "finished_at": 0.0,
-    }
-
-
-def test_build_training_data_end_to_end(tmp_path: Path, local_model: Path) -> None:
-    a = [response_row(i, "A", f"Answer {i}.") for i in range(30)]
-    a.append(response_row(99, "A", "   "))
-    a.append(response_row(98, "A", "word " * 400, finish="length"))
-    b = [response_row(i, "B", f"Answer {i}.") for i in range(25, 40)]
-    write_parquet(a, RESPONSE_SCHEMA, tmp_path / "A.parquet")
-    write_parquet(b, RESPONSE_SCHEMA, tmp_path / "B.parquet")
-
-    def build(out: Path):
-        return build_training_data(
-            [tmp_path / "A.parquet", tmp_path / "B.parquet"], str(local_model), out,
-            seed=3, eval_fraction=0.2, shard_rows=16, max_seq_len=200,
-        )
-
-    stats = build(tmp_path / "td1")
-    assert stats.duplicates == 5 and stats.empty_responses == 1
-    assert stats.over_length == 1 and stats.truncated_responses == 1
+def test_build_training_data_end_to_end(tmp_path: Path, local_model: Path, responses: list[Path]) -> None:
+    stats = build(responses, tmp_path / "td1", local_model)
+    assert stats.duplicates == 5 and stats.empty_responses == 1 and stats.no_generated_turn == 1
+    assert stats.over_length == 1 and stats.truncated_turns == 1
     assert stats.train_rows + stats.eval_rows == 40 and stats.eval_rows > 0
-    assert dict(stats.per_dataset) == {"A": 30, "B": 10}
+    assert stats.template_mismatch == 0 and stats.template_mismatch_rate == 0.0
+    assert {name: s.rows for name, s in stats.per_dataset.items()} == {"A": 30, "B": 10}
+    assert stats.per_dataset["A"].masked_tokens > 0 and stats.masked_tokens == sum(s.masked_tokens for s in stats.per_dataset.values())
 
-    manifest = json.loads((tmp_path / "td1" / "manifest.json").read_text())
-    train = pq.read_table([tmp_path / "td1" / n for n in manifest["shards"]["train"]][0]).to_pylist()
+    folder = tmp_path / "td1"
+    manifest = read_manifest(folder)
     assert len(manifest["shards"]["train"]) == -(-stats.train_rows // 16)
-    assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["num_tokens"] <= 200 for r in train)
-    all_ids = [
-        row["id"] for split in ("train", "eval") for name in manifest["shards"][split]
-        for row in pq.read_table(tmp_path / "td1" / name).to_pylist()
-    ]
-    assert len(all_ids) == len(set(all_ids)) == 40
-    assert all(split_of(i, 3, 0.2) == "eval" for i in all_ids[stats.train_rows:])
+    assert manifest["per_dataset"]["B"]["rows"] == 10 and manifest["template_mismatch_rate"] == 0.0
+    assert len(manifest["version"]) == 16
+    rows = shard_rows(folder)
+    assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["num_tokens"] <= 200 for r in rows)
+    assert all(r["num_masked"] == sum(r["loss_mask"]) > 0 for r in rows)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == 40
+    assert all(split_of(i, 3, 0.2) == "eval" for i in ids[stats.train_rows :])
+    train_shards = [pq.read_table(folder / n) for n in manifest["shards"]["train"]]
+    assert [len(t) for t in train_shards[:-1]] == [16] * (len(train_shards) - 1)
 
-    freq = pq.read_table(tmp_path / "td1" / "token_freq.parquet").to_pylist()
-    assert sum(r["count"] for r in freq) == stats.masked_tokens > 0
+    tokenizer = load_tokenizer(str(local_model))
+    first = rows[0]
+    masked = tokenizer.decode([t for t, m in zip(first["input_ids"], first["loss_mask"], strict=True) if m])
+    assert masked == f"Answer {int(first['id'][2:])}.<|im_end|>"
 
-    build(tmp_path / "td2")
-    for name in [*manifest["shards"]["train"], *manifest["shards"]["eval"], "token_freq.parquet"]:
-        assert pq.read_table(tmp_path / "td1" / name).equals(pq.read_table(tmp_path / "td2" / name))
+    freq = pq.read_table(folder / "token_freq.parquet").to_pylist()
+    train_masked = sum(r["num_masked"] for r in rows[: stats.train_rows])
+    assert sum(r["count"] for r in freq) == train_masked > 0
+    assert [r["count"] for r in freq] == sorted((r["count"] for r in freq), reverse=True)
+
+
+def test_output_depends_on_seed_and_ids_only_not_on_input_order_or_buffer_size(
+    tmp_path: Path, local_model: Path, responses: list[Path]
+) -> None:
+    build(responses, tmp_path / "td1", local_model)
+    shuffled = []
+    for path in responses:
+        rows = pq.read_table(path).to_pylist()
+        random.Random(7).shuffle(rows)
+        shuffled.append(write_responses(tmp_path / f"shuffled-{path.name}", rows))
+    build(shuffled, tmp_path / "td2", local_model, buffer_rows=3)  # many buckets, many batches
+    first, second = read_manifest(tmp_path / "td1"), read_manifest(tmp_path / "td2")
+    assert first["shards"] == second["shards"]
+    for name in [*first["shards"]["train"], *first["shards"]["eval"], "token_freq.parquet"]:
+        assert pq.read_table(tmp_path / "td1" / name).equals(pq.read_table(tmp_path / "td2" / name)), name
+    assert first["version"] == second["version"]
+
+    build(responses, tmp_path / "td3", local_model, seed=4)
+    assert read_manifest(tmp_path / "td3")["version"] != first["version"]
+    assert [r["id"] for r in shard_rows(tmp_path / "td3")] != [r["id"] for r in shard_rows(tmp_path / "td1")]
+
+
+def test_template_mismatches_are_counted_per_dataset_with_examples(tmp_path: Path, local_model: Path) -> None:
+    call = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+    rows = [qa(i, "T", f"Answer {i}.") for i in range(3)]
+    rows.append(response_row("tool1", "T", [message("user", "Look it up"), generated(None, "tool_calls", tool_calls=call)]))
+    stats = build([write_responses(tmp_path / "T.parquet", rows)], tmp_path / "td", local_model)
+    assert stats.per_dataset["T"].template_mismatch == 1 and stats.template_mismatch_rate == 0.25
+    assert stats.train_rows + stats.eval_rows == 3
+    assert stats.mismatch_examples == ["T/tool1: message 1: the template renders nothing of the generated turn"]
+
+
+def test_tables_written_before_contract_c1_train_on_their_final_turn(tmp_path: Path, local_model: Path) -> None:
+    legacy = {
+        "id": "old1", "dataset": "L", "tools": None, "response": "Hello there", "finish_reason": "length",
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}],
+        "prompt_tokens": 1, "completion_tokens": 2, "latency_s": 0.1, "model": "m", "endpoint": "e", "finished_at": 0.0,
+    }
+    write_parquet([legacy], RESPONSE_SCHEMA, tmp_path / "L.parquet")
+    build([tmp_path / "L.parquet"], tmp_path / "td", local_model, eval_fraction=0.0)
+    (row,) = shard_rows(tmp_path / "td")
+    tokenizer = load_tokenizer(str(local_model))
+    assert tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]) == "Hello there"
+
+
+def test_a_table_without_the_messages_column_is_named(tmp_path: Path, local_model: Path) -> None:
+    pq.write_table(pa.table({"id": ["x"], "dataset": ["D"]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet: column\(s\) messages, tools missing"):
+        build([tmp_path / "bad.parquet"], tmp_path / "td", local_model)
+    assert not (tmp_path / "td").exists()
+
+
+def test_manifest_lists_what_draft_vocab_and_hidden_states_read(tmp_path: Path, local_model: Path, responses: list[Path]) -> None:
+    build(responses, tmp_path / "td", local_model)
+    manifest = json.loads((tmp_path / "td" / "manifest.json").read_text())
+    assert {"version", "tokenizer", "chat_template_sha256", "seed", "shards", "vocab_size"} <= manifest.keys()
+    assert manifest["vocab_size"] == 49152
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left behind

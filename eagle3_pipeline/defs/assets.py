@@ -16,8 +16,8 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.dataprep import build_training_data
-from eagle3_pipeline.defs.checks import build_response_checks
+from eagle3_pipeline.dataprep import build_training_data, read_manifest
+from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.generation import GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
@@ -45,6 +45,17 @@ def _series_table(series: Sequence[dict[str, float]]) -> dg.MetadataValue:
     return dg.MetadataValue.table(
         records=[dg.TableRecord({c: point[c] for c in columns}) for point in series],
         schema=dg.TableSchema(columns=[dg.TableColumn(c, "float") for c in columns]),
+    )
+
+
+def _per_dataset_table(per_dataset: dict[str, dict[str, Any]]) -> dg.MetadataValue:
+    """Rows, tokens, masked tokens and template mismatches of each dataset in training_data."""
+    columns = ["rows", "tokens", "masked_tokens", "template_mismatch", "template_mismatch_rate"]
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({"dataset": name, **{c: stats[c] for c in columns}}) for name, stats in per_dataset.items()],
+        schema=dg.TableSchema(
+            columns=[dg.TableColumn("dataset", "string"), *(dg.TableColumn(c, "float" if c.endswith("rate") else "int") for c in columns)]
+        ),
     )
 
 
@@ -177,15 +188,27 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             eval_fraction=config.training_data.eval_fraction,
             shard_rows=config.training_data.shard_rows,
             max_seq_len=config.target.max_seq_len,
-            mask_prior_assistant_turns=config.training_data.mask_prior_assistant_turns,
+            reasoning=config.training_data.reasoning,
+            buffer_rows=config.training_data.buffer_rows,
         )
+        manifest = read_manifest(layout.training_data)
         return dg.MaterializeResult(
             metadata={
                 **stats.as_metadata(),
+                "per_dataset": _per_dataset_table(stats.as_metadata()["per_dataset"]),
+                "version": manifest["version"],
                 "tokenizer": tokenizer,
                 "path": dg.MetadataValue.path(str(layout.training_data)),
-            }
+            },
+            data_version=dg.DataVersion(manifest["version"]),
         )
 
-    return [*([target_model] if embedded else []), prompts, responses, training_data, *build_response_checks(config, responses)]
+    return [
+        *([target_model] if embedded else []),
+        prompts,
+        responses,
+        training_data,
+        *build_response_checks(config, responses),
+        *build_training_data_checks(config, training_data),
+    ]
 

@@ -3,7 +3,8 @@
 Checks on ``responses`` live in :func:`build_response_checks`: define the next one there (one
 partitioned ``@dg.asset_check`` per property of a dataset's responses) and add it to the list it
 returns; the assets factory includes them all, so ``dagster dev`` and the CLI run them after each
-materialization.
+materialization. The blocking check on ``training_data`` (its template mismatch rate) lives in
+:func:`build_training_data_checks`.
 """
 
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.dataprep import read_manifest
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
@@ -111,3 +113,35 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
         ),
     ]
     return [token_budget, *quality_checks]
+
+
+# --- Checks on training_data -------------------------------------------------------------------
+
+
+def build_training_data_checks(config: PipelineConfig, training_data: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+    layout = ArtifactLayout(config.artifacts_root)
+    ceiling = config.training_data.max_template_mismatch_rate
+
+    @dg.asset_check(
+        asset=training_data,
+        blocking=True,
+        description=f"At most {ceiling:.2%} of the conversations have generated turns the target's chat template "
+        "cannot render faithfully (training_data.max_template_mismatch_rate); they are left out of the shards.",
+    )
+    def template_mismatch_rate() -> dg.AssetCheckResult:
+        try:
+            manifest = read_manifest(layout.training_data)
+        except FileNotFoundError as exc:
+            return dg.AssetCheckResult(passed=False, description=str(exc))
+        rate = float(manifest["template_mismatch_rate"])
+        examples = manifest.get("template_mismatch_examples") or []
+        detail = f"{manifest['template_mismatch']} template mismatches ({rate:.2%}; limit {ceiling:.2%})"
+        if examples:
+            detail += f", e.g. {examples[0]}"
+        return dg.AssetCheckResult(
+            passed=rate <= ceiling,
+            description=detail,
+            metadata={"template_mismatch": manifest["template_mismatch"], "template_mismatch_rate": rate, "examples": examples},
+        )
+
+    return [template_mismatch_rate]
