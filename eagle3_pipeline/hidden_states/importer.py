@@ -27,6 +27,7 @@ byte-identical for the same samples); a finished shard is skipped on a rerun, a 
 from __future__ import annotations
 
 import gzip
+import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -88,11 +89,10 @@ def load_sample(path: Path) -> dict[str, Any]:
     import torch
 
     try:
+        data = path.read_bytes()  # one read: streams from network filesystems and pipes alike
         if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as handle:
-                raw = torch.load(handle, map_location="cpu", weights_only=True)
-        else:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
+            data = gzip.decompress(data)
+        raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported with its name
         raise SpecForgeImportError(f"{path}: not a readable torch.save file ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, Mapping) or any(key not in raw for key in _KEYS):

@@ -321,6 +321,7 @@ PubkeyAuthentication yes
 PermitRootLogin prohibit-password
 SetEnv HOME={dir}/home
 ForceCommand {dir}/session
+Subsystem sftp /usr/lib/openssh/sftp-server
 MaxStartups 100
 MaxSessions 100
 LogLevel VERBOSE
