@@ -598,9 +598,9 @@ def kill_process_group(host: Host, pgid: int, grace_s: float) -> bool:
     process of the group is left (zombies waiting for their parent do not count)."""
     live = f"ps -eo pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' | grep -q ."
     script = (
-        f"kill -TERM -- -{int(pgid)} 2>/dev/null; i=0; "
+        f"env kill -TERM -- -{int(pgid)} 2>/dev/null; i=0; "
         f"while {live} && [ $i -lt {max(1, int(grace_s * 10))} ]; do sleep 0.1; i=$((i+1)); done; "
-        f"kill -KILL -- -{int(pgid)} 2>/dev/null; sleep 0.2; "
+        f"env kill -KILL -- -{int(pgid)} 2>/dev/null; sleep 0.2; "
         f"if {live}; then echo alive; else echo gone; fi"
     )
     result = host.run(script, timeout_s=grace_s + 30.0)
