@@ -205,7 +205,8 @@ class ComputeConfig(_Model):
     ``artifacts_root`` on the host, which mirrors the local artifacts root. ``command`` is a
     template: ``{output_dir}``, ``{run_dir}``, ``{workdir}``, ``{artifacts_root}``, ``{python}``
     and ``{spec}`` are replaced by shell-quoted values. ``gpus`` GPUs must be free (memory used
-    below ``gpu_free_memory_mib``) before a phase starts.
+    below ``gpu_free_memory_mib``) before a phase starts. A connection silent for
+    ``heartbeat_timeout_s`` (the host sends a heartbeat about every second) counts as dropped.
     """
 
     kind: Literal["local", "ssh", "command"] = "local"
@@ -218,6 +219,7 @@ class ComputeConfig(_Model):
     gpu_free_memory_mib: Annotated[float, Field(ge=0)] = 1024.0
     kill_grace_s: Annotated[float, Field(gt=0)] = 10.0
     reconnect_timeout_s: Annotated[float, Field(ge=0)] = 60.0
+    heartbeat_timeout_s: Annotated[float, Field(ge=5)] = 30.0
 
     @field_validator("host", mode="before")
     @classmethod

@@ -454,11 +454,14 @@ class SshHost(Host):
         on_stdout: Callable[[str], None],
         on_stderr: Callable[[str], None],
         connect_timeout_s: float = 30.0,
+        idle_timeout_s: float | None = None,
     ) -> int | None:
         """Run `command` with no overall time limit, calling `on_stdout`/`on_stderr` with each
         complete line (without its newline) as it arrives; returns the exit status (None if the
-        command died without one). A dropped connection raises `HostDisconnectedError`. An
-        exception raised by a callback, or an interrupt, closes the channel and propagates."""
+        command died without one). A dropped connection raises `HostDisconnectedError`, and so
+        does silence longer than `idle_timeout_s` (a frozen link sends no reset: give the command
+        a heartbeat and this a limit). An exception raised by a callback, or an interrupt,
+        closes the channel and propagates."""
         deadline = time.monotonic() + connect_timeout_s
         channel = self._open_channel(deadline)
         transport = channel.get_transport()
@@ -468,15 +471,21 @@ class SshHost(Host):
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 raise HostDisconnectedError(f"cannot start a command on {self._where}: {exc}") from None
             out, err = _LineSplitter(on_stdout), _LineSplitter(on_stderr)
+            heard = time.monotonic()
             while True:
                 while channel.recv_ready():
                     out.feed(channel.recv(_CHUNK))
+                    heard = time.monotonic()
                 while channel.recv_stderr_ready():
                     err.feed(channel.recv_stderr(_CHUNK))
+                    heard = time.monotonic()
                 if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 if _connection_lost(transport):
                     raise HostDisconnectedError(f"connection to {self._where} dropped while streaming a command")
+                if idle_timeout_s is not None and time.monotonic() - heard > idle_timeout_s:
+                    transport.close()
+                    raise HostDisconnectedError(f"nothing from {self._where} for {idle_timeout_s:g} s while streaming a command (a frozen link?)")
                 select.select([channel], [], [], _POLL_S)
             out.flush()
             err.flush()
@@ -520,7 +529,9 @@ class SshHost(Host):
             raise HostConnectError(f"cannot open SFTP on {self._where}: {exc}") from None
         if sftp is None:
             raise HostConnectError(f"cannot open SFTP on {self._where}")
-        sftp.get_channel().settimeout(timeout_s)
+        channel = sftp.get_channel()
+        if channel is not None:
+            channel.settimeout(timeout_s)
         try:
             yield sftp
         finally:

@@ -40,6 +40,7 @@ MESSAGES = "messages.jsonl"
 SPEC = "spec.json"
 _CHUNK = 1 << 20
 _FOLLOW_POLL_S = 0.2
+_HEARTBEAT_EVERY = 5  # polls: the follower writes a line to stderr about every second
 _RECONNECT_PAUSE_S = 1.0
 
 
@@ -253,7 +254,7 @@ class RemoteRun:
 
         while True:
             try:
-                self.host.stream(script, line, _ignore)
+                self.host.stream(script, line, _ignore, idle_timeout_s=self.compute.heartbeat_timeout_s)
                 remainder = self.host.run(f"cd {quote_args(self.run_dir)} && tail -c +{offset + 1} {shlex.quote(follow)}", timeout_s=120.0)
                 for text in remainder.stdout.splitlines():
                     line(text)
@@ -327,12 +328,14 @@ def _alive(pgid: str) -> str:
 
 def _tail(name: str, follow: str, offset: int) -> str:
     """Print ``follow`` from byte ``offset`` and follow it until process group ``NAME.pid`` is
-    gone (the caller then reads what was written after tail's last poll)."""
+    gone (the caller then reads what was written after tail's last poll); a heartbeat on stderr
+    lets the caller tell a quiet phase from a frozen link."""
     return (
         f"tail -c +{int(offset) + 1} -s {_FOLLOW_POLL_S} -F {shlex.quote(follow)} 2>/dev/null & t=$!; "
-        f'g=$(cat {name}.pid); while {_alive("$g")}; do sleep {_FOLLOW_POLL_S}; done; kill $t'
+        f'g=$(cat {name}.pid); i=0; while {_alive("$g")}; do sleep {_FOLLOW_POLL_S}; i=$((i + 1)); '
+        f"[ $((i % {_HEARTBEAT_EVERY})) -eq 0 ] && echo heartbeat >&2; done; kill $t"
     )
 
 
 def _ignore(line: str) -> None:
-    """tail's own notices on stderr (a file appearing) are not the phase's output."""
+    """The follower's heartbeat on stderr is not the phase's output."""

@@ -64,7 +64,7 @@ def write_pipeline(folder: Path, sshd: Sshd, layout: Layout, port: int | None = 
         "artifacts_root": str(layout.remote),
         "gpus": 2,
         "kill_grace_s": 3,
-        "reconnect_timeout_s": 20,
+        "reconnect_timeout_s": 40,
         **compute,
     }
     document = {

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -193,22 +194,30 @@ def sample_bytes(seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
+@pytest.mark.parametrize("fault", ["cut", "freeze"])
+def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, fault: str) -> None:
+    """``cut``: the link is reset (a dead router, a rebooted NAT). ``freeze``: it goes silent
+    without a reset, detected by the follower's missing heartbeat."""
     proxy = TcpProxy(sshd.port)
     known_hosts = tmp_path / "known_hosts_proxy"
     key = sshd.known_hosts.read_text().split(maxsplit=1)[1]
     known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {key}")
-    config = write_pipeline(tmp_path, sshd, layout, port=proxy.port, known_hosts=known_hosts)
+    config = write_pipeline(tmp_path, sshd, layout, port=proxy.port, known_hosts=known_hosts, heartbeat_timeout_s=5)
     spec, ship = stage(layout, make_samples(10), training=False)
     fifo = block_on_fifo(layout)
 
-    def cut_then_release() -> None:
+    def fault_then_release() -> None:
         wait_until(lambda: "shards_done=2" in run_dir_messages(layout), 90, "the remote worker blocked in its third shard")
-        proxy.cut()
+        if fault == "cut":
+            proxy.cut()
+        else:
+            proxy.freeze()
+            time.sleep(5 + 3)  # past the heartbeat timeout: the orchestrator gave the link up
+            proxy.thaw()
         with fifo.open("wb") as handle:  # the worker, still running, reads its last sample
             handle.write(sample_bytes(7))
 
-    helper = threading.Thread(target=cut_then_release, daemon=True)
+    helper = threading.Thread(target=fault_then_release, daemon=True)
     helper.start()
     instance = dg.DagsterInstance.ephemeral()
     try:
@@ -218,7 +227,7 @@ def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(t
     helper.join(timeout=5)
     lines = messages(instance, result.run_id)
     dropped = [m for m in lines if m.startswith("connection to 127.0.0.1")]
-    print("\n-- run log after the cut:", *dropped, sep="\n   ")
+    print(f"\n-- run log after the {fault}:", *dropped, sep="\n   ")
     assert result.success and dropped
     assert "reconnected: it is still running (pid" in dropped[0] or "reconnected: it is exited with status 0" in dropped[0]
     [materialization] = result.asset_materializations_for_node("hidden_states")

@@ -420,6 +420,9 @@ class TcpProxy:
     def freeze(self) -> None:
         self._frozen.set()
 
+    def thaw(self) -> None:
+        self._frozen.clear()
+
     def cut(self) -> None:
         """Reset every forwarded connection, as a dead link or a rebooted host does."""
         with self._lock:
