@@ -12,7 +12,8 @@ each process it starts (``worker``, ``command``): ``NAME.pid`` (the process grou
 - Processes start detached (``setsid``, stdin from ``/dev/null``, output to files), so a dropped
   SSH connection does not kill them; :meth:`RemoteRun.follow` streams a file of the run
   (``tail -F --pid``) until the process exits, and after a drop reconnects, reports the
-  process's fate and continues from the byte it had reached.
+  process's fate and continues from the byte it had reached (a host that cannot be reached at
+  the start is retried the same way, so a process that never started is reported as such).
 - :meth:`RemoteRun.kill` ends the whole process group (SIGTERM, then SIGKILL after
   ``compute.kill_grace_s``) and says whether anything is left.
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 from eagle3_pipeline.config import ComputeConfig
 from eagle3_pipeline.health.gpu import GpuParseError, nvidia_smi_argv, parse_gpu_csv
-from eagle3_pipeline.hosts import HostDisconnectedError, HostError, SshHost, kill_process_group, quote_args
+from eagle3_pipeline.hosts import HostConnectError, HostDisconnectedError, HostError, SshHost, kill_process_group, quote_args
 
 WORKER = "worker"
 COMMAND = "command"
@@ -240,10 +241,6 @@ class RemoteRun:
         )
         return self._follow(name, follow, script, on_line)
 
-    def follow(self, name: str, follow: str, offset: int, on_line: Callable[[str], None]) -> Fate:
-        """Stream ``follow`` from byte ``offset`` until process ``name`` exits (after a reconnect)."""
-        return self._follow(name, follow, f"cd {quote_args(self.run_dir)} || exit 97; {_tail(name, follow, offset)}", on_line)
-
     def _follow(self, name: str, follow: str, script: str, on_line: Callable[[str], None]) -> Fate:
         offset = 0
 
@@ -259,7 +256,7 @@ class RemoteRun:
                 for text in remainder.stdout.splitlines():
                     line(text)
                 return self.fate(name)
-            except HostDisconnectedError as exc:
+            except (HostDisconnectedError, HostConnectError) as exc:
                 fate = self._fate_after_drop(name, exc)
                 self.warn(
                     f"connection to {self.host.name} dropped while following the {name}; reconnected: "

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import PurePosixPath
 from typing import Any
 
 import dagster as dg
@@ -31,7 +30,7 @@ from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD
 from eagle3_pipeline.compute import run_local
 from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, WORKER, Fate, RemoteError, RemoteRun
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.hosts import SshHost
+from eagle3_pipeline.hosts import HostError, SshHost
 from eagle3_pipeline.monitor import build_host
 from eagle3_pipeline.worker import PROGRESS_MESSAGE
 
@@ -96,13 +95,17 @@ def _metadata_values(result: dg.MaterializeResult) -> dict[str, Any]:
     return {key: value.value if isinstance(value, dg.MetadataValue) else value for key, value in (result.metadata or {}).items()}
 
 
-def _guarded(context: dg.AssetExecutionContext, remote: RemoteRun, name: str, command: str, follow: str, on_line: Any) -> Fate:
+def _guarded(context: dg.AssetExecutionContext, remote: RemoteRun, name: str, command: str, follow: str, on_line: Callable[[str], None]) -> Fate:
     """Run a remote process to its end; if the step is interrupted (run terminated), kill it."""
     try:
         return remote.start(name, command, follow, on_line)
     except BaseException:
-        fate = remote.kill(name)
-        context.log.warning(f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; it is {fate.describe()}")
+        try:
+            fate = remote.kill(name)
+        except HostError as exc:
+            context.log.error(f"step stopped: cannot reach {remote.host.name} to kill the remote {name} of {remote.run_dir} ({exc}); its pid is in {name}.pid there")
+        else:
+            context.log.warning(f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; it is {fate.describe()}")
         raise
 
 
@@ -161,10 +164,10 @@ def run_heavy_phase(
         extra: dict[str, Any] = {}
         if compute.kind == "command":
             assert compute.command is not None
-            output_dir = str(remote.remote_root / "specforge" / PurePosixPath(remote.run_dir).name)
+            output_dir = str(remote.remote_root / "specforge" / remote.run_dir.name)
             remote.write_spec(remote_spec)
             user = remote.user_command(compute.command, output_dir)
-            context.log.info(f"running the user command on {host.name}: {user}")
+            context.log.info(f"running compute.command on {host.name}, writing to {output_dir}")  # not its text: it may hold a token
             fate = _guarded(context, remote, COMMAND, f"mkdir -p {shlex.quote(output_dir)} && {user}", f"{COMMAND}.log", lambda line: context.log.info(f"[command] {line}"))
             _require_success(remote, COMMAND, fate)
             remote_spec = {**remote_spec, "input_dir": output_dir}
