@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
-from dagster._core.pipes.context import PipesMessageHandler
 from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD
 
 from eagle3_pipeline.compute import run_local
@@ -64,10 +63,10 @@ class PipesRemoteFileMessageReader(dg.PipesMessageReader):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._handler: PipesMessageHandler | None = None
+        self._handler: dg.PipesMessageHandler | None = None
 
     @contextmanager
-    def read_messages(self, handler: PipesMessageHandler) -> Iterator[dict[str, Any]]:
+    def read_messages(self, handler: dg.PipesMessageHandler) -> Iterator[dict[str, Any]]:
         self._handler = handler
         try:
             yield {"path": self.path}
