@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -209,6 +210,70 @@ class HealthConfig(_Model):
     max_truncation_rate: Annotated[float, Field(ge=0, le=1)] = 0.5
 
 
+# -- compute: where the heavy phases (hidden_states, drafter) run -------------------------------
+
+COMMAND_PLACEHOLDERS = ("output_dir", "run_dir", "workdir", "artifacts_root", "python", "spec")
+
+
+class ComputeConfig(_Model):
+    """Where a heavy phase runs: ``local`` (in process), ``ssh`` (this project's worker on the GPU
+    host as a Dagster Pipes process) or ``command`` (a user command on the GPU host, e.g.
+    SpecForge's ``prepare_hidden_states.py``, whose output is imported into our store there).
+
+    ``host`` has the shape of ``health.host`` (``kind`` defaults to ``ssh`` here). ``workdir``
+    holds one folder per run (spec, Pipes messages, pid, exit status, logs); outputs go under
+    ``artifacts_root`` on the host, which mirrors the local artifacts root. ``command`` is a
+    template: ``{output_dir}``, ``{run_dir}``, ``{workdir}``, ``{artifacts_root}``, ``{python}``
+    and ``{spec}`` are replaced by shell-quoted values. ``gpus`` GPUs must be free (memory used
+    below ``gpu_free_memory_mib``) before a phase starts. A connection silent for
+    ``heartbeat_timeout_s`` (the host sends a heartbeat about every second) counts as dropped.
+    """
+
+    kind: Literal["local", "ssh", "command"] = "local"
+    host: HostConfig = HostConfig()
+    python: Annotated[str, Field(min_length=1)] = "python3"
+    workdir: Annotated[str, Field(pattern=r"^/")] | None = None
+    artifacts_root: Annotated[str, Field(pattern=r"^/")] | None = None
+    command: Annotated[str, Field(min_length=1)] | None = None
+    gpus: Annotated[int, Field(ge=0)] = 0
+    gpu_free_memory_mib: Annotated[float, Field(ge=0)] = 1024.0
+    kill_grace_s: Annotated[float, Field(gt=0)] = 10.0
+    reconnect_timeout_s: Annotated[float, Field(ge=0)] = 60.0
+    heartbeat_timeout_s: Annotated[float, Field(ge=5)] = 30.0
+
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host_defaults_to_ssh(cls, value: Any) -> Any:
+        return {"kind": "ssh", **value} if isinstance(value, dict) else value
+
+    @field_validator("command")
+    @classmethod
+    def _known_placeholders(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"not a valid command template ({exc}); write literal braces as {{{{ and }}}}") from None
+        unknown = sorted(set(names) - set(COMMAND_PLACEHOLDERS))
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {unknown}; allowed: {', '.join(COMMAND_PLACEHOLDERS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _remote_needs_host_and_dirs(self) -> ComputeConfig:
+        if self.kind == "local":
+            return self
+        if self.host.kind != "ssh":
+            raise ValueError(f"kind {self.kind!r} needs compute.host with a hostname (an SSH host)")
+        missing = [name for name in ("workdir", "artifacts_root") if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"kind {self.kind!r} needs compute.{' and compute.'.join(missing)} (absolute paths on the host)")
+        if self.kind == "command" and self.command is None:
+            raise ValueError("kind 'command' needs compute.command (the command that writes SpecForge files to {output_dir})")
+        return self
+
+
 class PipelineConfig(_Model):
     """One pipeline: its datasets, target model, inference backend and where outputs go."""
 
@@ -221,6 +286,7 @@ class PipelineConfig(_Model):
     prompts: PromptsConfig = PromptsConfig()
     training_data: TrainingDataConfig = TrainingDataConfig()
     health: HealthConfig = HealthConfig()
+    compute: ComputeConfig = ComputeConfig()
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 

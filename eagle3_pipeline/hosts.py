@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +50,7 @@ __all__ = [
     "LocalHost",
     "SshHost",
     "host_key_fingerprint",
+    "kill_process_group",
     "quote_args",
 ]
 
@@ -445,6 +446,116 @@ class SshHost(Host):
             raise HostDisconnectedError(f"connection to {self._where} dropped after {duration:.1f} s of a command")
         return CommandResult(None if status == -1 else status, _text(out), _text(err), duration, False)
 
+    # -- long-running commands and files ----------------------------------------------------------
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[str], None],
+        on_stderr: Callable[[str], None],
+        connect_timeout_s: float = 30.0,
+        idle_timeout_s: float | None = None,
+    ) -> int | None:
+        """Run `command` with no overall time limit, calling `on_stdout`/`on_stderr` with each
+        complete line (without its newline) as it arrives; returns the exit status (None if the
+        command died without one). A dropped connection raises `HostDisconnectedError`, and so
+        does silence longer than `idle_timeout_s` (a frozen link sends no reset: give the command
+        a heartbeat and this a limit). An exception raised by a callback, or an interrupt,
+        closes the channel and propagates."""
+        deadline = time.monotonic() + connect_timeout_s
+        channel = self._open_channel(deadline)
+        transport = channel.get_transport()
+        try:
+            try:
+                channel.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise HostDisconnectedError(f"cannot start a command on {self._where}: {exc}") from None
+            out, err = _LineSplitter(on_stdout), _LineSplitter(on_stderr)
+            heard = time.monotonic()
+            while True:
+                while channel.recv_ready():
+                    out.feed(channel.recv(_CHUNK))
+                    heard = time.monotonic()
+                while channel.recv_stderr_ready():
+                    err.feed(channel.recv_stderr(_CHUNK))
+                    heard = time.monotonic()
+                if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if _connection_lost(transport):
+                    raise HostDisconnectedError(f"connection to {self._where} dropped while streaming a command")
+                if idle_timeout_s is not None and time.monotonic() - heard > idle_timeout_s:
+                    transport.close()
+                    raise HostDisconnectedError(f"nothing from {self._where} for {idle_timeout_s:g} s while streaming a command (a frozen link?)")
+                select.select([channel], [], [], _POLL_S)
+            out.flush()
+            err.flush()
+            status = channel.exit_status
+            if status == -1 and _connection_lost(transport):
+                raise HostDisconnectedError(f"connection to {self._where} dropped while streaming a command")
+            return None if status == -1 else status
+        finally:
+            channel.close()
+
+    def upload(self, local: str | os.PathLike[str], remote: str, timeout_s: float = 3600.0) -> None:
+        """Copy a local file to `remote` over SFTP, atomically (a temporary name, then a rename);
+        the remote folder must exist."""
+        with self._sftp(timeout_s) as sftp:
+            partial = f"{remote}.partial"
+            try:
+                sftp.put(os.fspath(local), partial)
+                sftp.posix_rename(partial, remote)
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                raise HostDisconnectedError(f"cannot upload {os.fspath(local)} to {self._where}:{remote}: {exc}") from None
+
+    def download(self, remote: str, local: str | os.PathLike[str], timeout_s: float = 3600.0) -> None:
+        """Copy `remote` to a local file over SFTP, atomically (a temporary name, then a rename)."""
+        target = Path(local)
+        partial = target.with_name(f".{target.name}.partial")
+        with self._sftp(timeout_s) as sftp:
+            try:
+                sftp.get(remote, os.fspath(partial))
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                partial.unlink(missing_ok=True)
+                raise HostDisconnectedError(f"cannot download {self._where}:{remote}: {exc}") from None
+        os.replace(partial, target)
+
+    @contextlib.contextmanager
+    def _sftp(self, timeout_s: float) -> Iterator[paramiko.SFTPClient]:
+        deadline = time.monotonic() + timeout_s
+        transport, _ = self._live_transport(deadline)
+        try:
+            sftp = paramiko.SFTPClient.from_transport(transport)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostConnectError(f"cannot open SFTP on {self._where}: {exc}") from None
+        if sftp is None:
+            raise HostConnectError(f"cannot open SFTP on {self._where}")
+        channel = sftp.get_channel()
+        if channel is not None:
+            channel.settimeout(timeout_s)
+        try:
+            yield sftp
+        finally:
+            sftp.close()
+
+
+class _LineSplitter:
+    """Bytes in, complete decoded lines out (a partial last line waits for its newline)."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self._emit = emit
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            self._emit(_text(line))
+
+    def flush(self) -> None:
+        if self._pending:
+            self._emit(_text(self._pending))
+            self._pending = b""
+
 
 def _drain(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]:
     """Read stdout and stderr together until the channel closes or the deadline passes."""
@@ -491,3 +602,17 @@ class _Watchdog:
 
     def __exit__(self, *exc_info: object) -> None:
         self._timer.cancel()
+
+
+def kill_process_group(host: Host, pgid: int, grace_s: float) -> bool:
+    """SIGTERM the process group `pgid` on `host`, SIGKILL it after `grace_s`; True when no live
+    process of the group is left (zombies waiting for their parent do not count)."""
+    live = f"ps -eo pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' | grep -q ."
+    script = (
+        f"env kill -TERM -- -{int(pgid)} 2>/dev/null; i=0; "
+        f"while {live} && [ $i -lt {max(1, int(grace_s * 10))} ]; do sleep 0.1; i=$((i+1)); done; "
+        f"env kill -KILL -- -{int(pgid)} 2>/dev/null; sleep 0.2; "
+        f"if {live}; then echo alive; else echo gone; fi"
+    )
+    result = host.run(script, timeout_s=grace_s + 30.0)
+    return result.stdout.strip().endswith("gone")

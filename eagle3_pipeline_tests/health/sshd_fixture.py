@@ -321,6 +321,7 @@ PubkeyAuthentication yes
 PermitRootLogin prohibit-password
 SetEnv HOME={dir}/home
 ForceCommand {dir}/session
+Subsystem sftp /usr/lib/openssh/sftp-server
 MaxStartups 100
 MaxSessions 100
 LogLevel VERBOSE
@@ -418,6 +419,9 @@ class TcpProxy:
 
     def freeze(self) -> None:
         self._frozen.set()
+
+    def thaw(self) -> None:
+        self._frozen.clear()
 
     def cut(self) -> None:
         """Reset every forwarded connection, as a dead link or a rebooted host does."""

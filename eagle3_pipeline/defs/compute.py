@@ -1,0 +1,187 @@
+"""Run a heavy phase where ``compute:`` says, from inside an asset: ``run_heavy_phase``.
+
+- ``local``: the phase function in this process, with a reporter that logs to the run and records
+  each progress point as an asset observation.
+- ``ssh``: ``python -m eagle3_pipeline.worker PHASE --spec FILE`` on the GPU host as a Dagster
+  Pipes process. The Pipes context travels in environment variables set on the remote command
+  line (:class:`dagster.PipesEnvContextInjector`); the worker appends its Pipes messages to a file
+  in its run folder, which :class:`PipesRemoteFileMessageReader` follows over SSH, so its logs,
+  progress and materialization metadata arrive in the run as from a local subprocess. An
+  interrupted or terminated step kills the remote process group before it re-raises.
+- ``command``: the configured user command (e.g. SpecForge's ``prepare_hidden_states.py``) runs on
+  the host the same way (its output lines stream into the run's log), then the worker's
+  ``import-specforge`` phase turns its output folder into our store there.
+
+Outputs stay on the host under ``compute.artifacts_root``; only the ``fetch`` paths come back.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD
+
+from eagle3_pipeline.compute import run_local
+from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, WORKER, Fate, RemoteError, RemoteRun
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.hosts import HostError, SshHost
+from eagle3_pipeline.monitor import build_host
+from eagle3_pipeline.worker import PROGRESS_MESSAGE
+
+IMPORT_PHASE = "import-specforge"
+
+
+def _observe(context: dg.AssetExecutionContext, metrics: Mapping[str, Any]) -> None:
+    partition = context.partition_key if context.has_partition_key else None
+    context.log_event(dg.AssetObservation(asset_key=context.asset_key, partition=partition, metadata=dict(metrics)))
+
+
+class DagsterReporter:
+    """A phase running in this process reports to the run: log lines, and progress as a log line
+    plus an asset observation (the UI plots observations)."""
+
+    def __init__(self, context: dg.AssetExecutionContext) -> None:
+        self._context = context
+
+    def log(self, message: str) -> None:
+        self._context.log.info(message)
+
+    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
+        self._context.log.info("progress: " + ", ".join(f"{k}={v}" for k, v in metrics.items()))
+        _observe(self._context, metrics)
+
+
+class PipesRemoteFileMessageReader(dg.PipesMessageReader):
+    """Pipes messages that the remote worker appends to ``path`` on the host (the params it gets
+    are ``{"path": path}``); the caller follows that file over SSH and hands each line to
+    :meth:`handle_line`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._handler: dg.PipesMessageHandler | None = None
+
+    @contextmanager
+    def read_messages(self, handler: dg.PipesMessageHandler) -> Iterator[dict[str, Any]]:
+        self._handler = handler
+        try:
+            yield {"path": self.path}
+        finally:
+            self._handler = None
+
+    def handle_line(self, line: str) -> dict[str, Any] | None:
+        """Pass one line to the session; returns the message, or None for a non-message line."""
+        if self._handler is None:
+            raise RuntimeError("PipesRemoteFileMessageReader used outside its Pipes session")
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(message, dict) or PIPES_PROTOCOL_VERSION_FIELD not in message:
+            return None
+        self._handler.handle_message(message)  # type: ignore[arg-type]
+        return message
+
+    def no_messages_debug_text(self) -> str:
+        return f"Attempted to read messages by following {self.path} on the remote host over SSH."
+
+
+def _metadata_values(result: dg.MaterializeResult) -> dict[str, Any]:
+    return {key: value.value if isinstance(value, dg.MetadataValue) else value for key, value in (result.metadata or {}).items()}
+
+
+def _guarded(context: dg.AssetExecutionContext, remote: RemoteRun, name: str, command: str, follow: str, on_line: Callable[[str], None]) -> Fate:
+    """Run a remote process to its end; if the step is interrupted (run terminated), kill it."""
+    try:
+        return remote.start(name, command, follow, on_line)
+    except BaseException:
+        try:
+            fate = remote.kill(name)
+        except HostError as exc:
+            context.log.error(f"step stopped: cannot reach {remote.host.name} to kill the remote {name} of {remote.run_dir} ({exc}); its pid is in {name}.pid there")
+        else:
+            context.log.warning(f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; it is {fate.describe()}")
+        raise
+
+
+def _require_success(remote: RemoteRun, name: str, fate: Fate) -> None:
+    if fate.exit_code != 0:
+        raise RemoteError(f"the remote {name} on {remote.host.name} {fate.describe()}; last lines of {remote.run_dir}/{name}.log:\n{remote.log_tail(name)}")
+
+
+def _run_worker(context: dg.AssetExecutionContext, remote: RemoteRun, phase: str, python: str) -> dict[str, Any]:
+    reader = PipesRemoteFileMessageReader(str(remote.run_dir / MESSAGES))
+
+    def on_line(line: str) -> None:
+        message = reader.handle_line(line)
+        if message is not None and message.get("method") == "report_custom_message":
+            payload = (message.get("params") or {}).get("payload")
+            if isinstance(payload, dict) and payload.get("type") == PROGRESS_MESSAGE:
+                _observe(context, payload.get("metrics") or {})
+
+    with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader) as session:
+        command = remote.worker_command(phase, python, session.get_bootstrap_env_vars())
+        fate = _guarded(context, remote, WORKER, command, MESSAGES, on_line)
+    _require_success(remote, WORKER, fate)
+    results = [r for r in session.get_results() if isinstance(r, dg.MaterializeResult)]
+    if not results:
+        raise RemoteError(f"the remote worker on {remote.host.name} exited 0 but reported no materialization")
+    return _metadata_values(results[-1])
+
+
+def run_heavy_phase(
+    context: dg.AssetExecutionContext,
+    config: PipelineConfig,
+    phase: str,
+    spec: dict[str, Any],
+    ship: Sequence[str] = (),
+    fetch: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run ``phase`` with ``spec`` (local paths) where ``config.compute`` says; returns its metadata.
+
+    ``ship``: local files or folders under the artifacts root to copy to the host first;
+    ``fetch``: paths relative to the artifacts root to copy back afterwards (the index and the
+    manifest — outputs stay on the host). Both are ignored for ``local``.
+    """
+    compute = config.compute
+    if compute.kind == "local":
+        return {**run_local(phase, spec, DagsterReporter(context)), "compute": "local"}
+    host = build_host(compute.host)
+    if not isinstance(host, SshHost):
+        raise RemoteError(f"compute.kind {compute.kind!r} needs an SSH host")
+    with host:
+        remote = RemoteRun(host, compute, config.artifacts_root, context.run.run_id, phase, warn=context.log.warning)
+        context.log.info(f"GPU check: {remote.check_gpus()}")
+        remote.prepare()
+        shipped = remote.ship(ship)
+        context.log.info(f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)")
+        remote_spec = remote.translate(spec)
+        extra: dict[str, Any] = {}
+        if compute.kind == "command":
+            assert compute.command is not None
+            output_dir = str(remote.remote_root / "specforge" / remote.run_dir.name)
+            remote.write_spec(remote_spec)
+            user = remote.user_command(compute.command, output_dir)
+            context.log.info(f"running compute.command on {host.name}, writing to {output_dir}")  # not its text: it may hold a token
+            fate = _guarded(context, remote, COMMAND, f"mkdir -p {shlex.quote(output_dir)} && {user}", f"{COMMAND}.log", lambda line: context.log.info(f"[command] {line}"))
+            _require_success(remote, COMMAND, fate)
+            remote_spec = {**remote_spec, "input_dir": output_dir}
+            phase = IMPORT_PHASE
+            extra["command_output"] = output_dir
+        remote.write_spec(remote_spec)
+        metadata = _run_worker(context, remote, phase, compute.python)
+        fetched = remote.fetch(fetch)
+    return {
+        **metadata,
+        **extra,
+        "compute": compute.kind,
+        "host": host.name,
+        "remote_artifacts_root": str(remote.remote_root),
+        "remote_run_dir": str(remote.run_dir),
+        "fetched": [str(path) for path in fetched],
+        **shipped,
+    }

@@ -1,0 +1,93 @@
+"""`compute: local` in a real Dagster run, the worker run by hand, and the `compute:` settings."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.compute.remote import RemoteRun
+from eagle3_pipeline.config import ConfigError, load_config
+from eagle3_pipeline.defs.compute import run_heavy_phase
+from eagle3_pipeline.hosts import SshHost
+from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.hidden_states.specforge_files import import_spec, make_samples, write_specforge
+
+torch = pytest.importorskip("torch")
+
+
+def pipeline_file(folder: Path, compute: dict[str, Any]) -> Path:
+    write_jsonl(folder / "B1.jsonl", [sharegpt("question")])
+    document = {"name": "p", "artifacts_root": str(folder / "artifacts"), "target": {"model": "m"}, "compute": compute, "datasets": [{"id": "B1", "source": "B1.jsonl"}]}
+    path = folder / "pipeline.yaml"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_local_kind_runs_in_process_with_logs_and_observations(tmp_path: Path) -> None:
+    config = load_config(pipeline_file(tmp_path, {}))
+    sf = write_specforge(config.artifacts_root / "specforge_in", make_samples(6))
+    spec = import_spec(sf, config.artifacts_root / "hidden_states", None, per_shard=4)
+
+    @dg.asset(name="hidden_states")
+    def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        return dg.MaterializeResult(metadata=run_heavy_phase(context, config, "import-specforge", spec))
+
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([hidden_states], instance=instance)
+    assert result.success
+    lines = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any(m.startswith("importing 6 SpecForge samples") for m in lines)
+    assert [o.metadata["shards_done"].value for o in result.asset_observations_for_node("hidden_states")] == [1, 2]
+    [materialization] = result.asset_materializations_for_node("hidden_states")
+    assert materialization.metadata["compute"].value == "local" and materialization.metadata["samples"].value == 6
+
+
+def test_worker_by_hand_prints_metadata_and_refuses_a_bad_spec(tmp_path: Path) -> None:
+    sf = write_specforge(tmp_path / "sf", make_samples(3))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(import_spec(sf, tmp_path / "store", None)))
+    done = subprocess.run([sys.executable, "-m", "eagle3_pipeline.worker", "import-specforge", "--spec", str(spec)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["samples"] == 3
+    assert "progress: shards_done=1, shards_total=1" in done.stderr
+
+    spec.write_text("[1, 2]")
+    bad = subprocess.run([sys.executable, "-m", "eagle3_pipeline.worker", "import-specforge", "--spec", str(spec)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and f"{spec}: expected a JSON object, got list" in bad.stderr
+    unknown = subprocess.run([sys.executable, "-m", "eagle3_pipeline.worker", "nope", "--spec", str(spec)], capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "unknown phase 'nope'" in unknown.stderr
+
+
+@pytest.mark.parametrize(
+    ("compute", "message"),
+    [
+        ({"kind": "ssh", "host": {"hostname": "gpu-box"}}, "compute: Value error, kind 'ssh' needs compute.workdir and compute.artifacts_root"),
+        ({"kind": "ssh", "workdir": "/w", "artifacts_root": "/a"}, "needs compute.host with a hostname"),
+        ({"kind": "command", "host": {"hostname": "h"}, "workdir": "/w", "artifacts_root": "/a"}, "kind 'command' needs compute.command"),
+        ({"kind": "command", "host": {"hostname": "h"}, "workdir": "/w", "artifacts_root": "/a", "command": "run {out}"}, "compute.command: Value error, unknown placeholder(s) ['out']"),
+        ({"kind": "ssh", "host": {"hostname": "h"}, "workdir": "relative", "artifacts_root": "/a"}, "compute.workdir: String should match pattern '^/'"),
+    ],
+)
+def test_bad_compute_settings_name_the_field(tmp_path: Path, compute: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(pipeline_file(tmp_path, compute))
+    assert message in str(error.value)
+
+
+def test_paths_map_onto_the_host_and_command_values_are_quoted(tmp_path: Path) -> None:
+    compute = {"kind": "command", "host": {"hostname": "gpu-box"}, "workdir": "/data/work", "artifacts_root": "/data/eagle3", "command": "prep --out {output_dir} --python {python}", "python": "/opt/py 3/bin/python"}
+    config = load_config(pipeline_file(tmp_path, compute))
+    assert config.compute.host.kind == "ssh"
+    remote = RemoteRun(SshHost("gpu-box"), config.compute, config.artifacts_root, "run1", "extract")
+    root = str(config.artifacts_root)
+    spec = {"output_dir": f"{root}/hidden_states", "shards": [f"{root}/training_data/train-00000.parquet"], "model": "/models/kimi", "n": 3}
+    assert remote.translate(spec) == {"output_dir": "/data/eagle3/hidden_states", "shards": ["/data/eagle3/training_data/train-00000.parquet"], "model": "/models/kimi", "n": 3}
+    command = remote.user_command(config.compute.command or "", "/data/eagle3/specforge/x; rm -rf /")
+    assert shlex.split(command) == ["prep", "--out", "/data/eagle3/specforge/x; rm -rf /", "--python", "/opt/py 3/bin/python"]
+    env = {"DAGSTER_PIPES_CONTEXT": "abc=", "DAGSTER_PIPES_MESSAGES": "x y"}
+    assert shlex.split(remote.worker_command("extract", "python3", env)) == ["env", "DAGSTER_PIPES_CONTEXT=abc=", "DAGSTER_PIPES_MESSAGES=x y", "python3", "-m", "eagle3_pipeline.worker", "extract", "--spec", "spec.json"]
