@@ -173,10 +173,15 @@ def report_markdown(report: HealthReport) -> str:
     lines += [f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks]
     gpus = next((c.data.get("gpus") for c in report.checks if c.name == "gpus" and c.data.get("gpus")), None)
     if gpus:
-        lines += ["", "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. | pages pending | remap pending | remap failed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         lines += [
             f"| {g['index']} | {g['name']} | {g['memory_used_mib']}/{g['memory_total_mib']} | "
-            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} |"
+            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} | "
+            f"{g['retired_pages_pending']} | {g['remap_pending']} | {g['remap_failure']} |"
             for g in gpus
         ]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from functools import partial
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -127,9 +128,10 @@ def run_health_tick(
     )
     now = time.time()
     all_targets = _targets(spec, targets)
-    reused = {t.label: generation.reuse(t, state.generation.get(t.label), now, thresholds.hosted_probe_interval_s) for t in all_targets}
+    interval = thresholds.hosted_probe_interval_s
+    reused = {t.label: generation.reuse(t, state.generation.get(t.label), now, interval) for t in all_targets}
     probes = {
-        t.label: _Background("generation", lambda t=t: generation.probe_generation(t, thresholds.generation_timeout_s))
+        t.label: _Background("generation", partial(generation.probe_generation, t, thresholds.generation_timeout_s))
         for t in all_targets
         if reused[t.label] is None
     }
@@ -144,7 +146,9 @@ def run_health_tick(
         results.append((target, verdict))
 
     verdicts = _shell_verdicts(shell_outcome, spec, thresholds, scrape)
-    verdicts["generation"] = generation.combine(results) if results else Verdict(Status.UNKNOWN, deferred or "no inference server to probe")
+    verdicts["generation"] = (
+        generation.combine(results) if results else Verdict(Status.UNKNOWN, deferred or "no inference server to probe")
+    )
     next_state = TickState(state.throughput, _cache(state, results, reused, now))
     if scrape is not None and spec is not None:
         verdicts["throughput"], baseline = _throughput(scrape, state, host, spec, thresholds)
@@ -174,7 +178,9 @@ def _cache(
         if not target.hosted:
             continue
         fresh = reused[target.label] is None
-        cached[target.label] = CachedVerdict(verdict.status, verdict.detail, now) if fresh else state.generation[target.label]
+        cached[target.label] = (
+            CachedVerdict(verdict.status, verdict.detail, now) if fresh else state.generation[target.label]
+        )
     return cached
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from eagle3_pipeline.config import HostConfig
+from eagle3_pipeline.config import ConfigError, HostConfig, load_config
 
 from eagle3_pipeline.hosts import (
     HostAuthError,
@@ -156,6 +157,15 @@ def test_encrypted_key_with_its_passphrase_from_the_environment(
             assert host.run("echo unlocked", timeout_s=10).stdout == "unlocked\n"
             described = repr(host)
     assert "env-s3cret" not in caplog.text + described + sshd.log() + repr(settings)
+
+
+def test_a_passphrase_variable_needs_a_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    (tmp_path / "a.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    host = {"kind": "ssh", "hostname": "gpu-box", "key_passphrase_env": "GPU_BOX_KEY_PASSPHRASE"}
+    path.write_text(json.dumps({"name": "p", "target": {"model": "m"}, "health": {"host": host}, "datasets": [{"id": "B1", "source": "a.jsonl"}]}))
+    with pytest.raises(ConfigError, match=r"p\.yaml: health\.host: .*key_passphrase_env needs health\.host\.key_file"):
+        load_config(path)
 
 
 def test_a_key_file_does_not_turn_the_agent_off(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

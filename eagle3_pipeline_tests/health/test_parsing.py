@@ -101,6 +101,17 @@ def test_settings_validation() -> None:
     assert "sk-secret" not in repr(spec) and spec.url("/metrics") == "http://h:30000/metrics"
 
 
+def test_generation_target_names_its_url_without_credentials() -> None:
+    target = GenerationTarget(
+        "https://user:pw@router.example:8443/api/v1/?org=1", "m", api_key="sk-abc123", api_key_env="ROUTER_KEY"
+    )
+    assert target.label == "https://router.example:8443/api/v1" and target.hosted
+    assert target.probe_url == "https://router.example:8443/api/v1/chat/completions"
+    assert "sk-abc123" not in repr(target) and "pw" not in target.label
+    sglang = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000", model="m", generation_probe="health_generate")
+    assert sglang.target().probe_url == "http://h:30000/health_generate" and not sglang.target().hosted
+
+
 @pytest.mark.parametrize(
     ("kind", "args", "matches"),
     [

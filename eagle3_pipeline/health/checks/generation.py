@@ -44,7 +44,8 @@ def reuse(target: GenerationTarget, cached: CachedVerdict | None, now: float, in
         return None
     age = now - cached.taken_at
     data = {"cached": True, "age_s": round(age, 1)}
-    return Verdict(cached.status, f"{cached.detail} (probed {age:.0f} s ago; hosted, at most every {interval_s:g} s)", data)
+    detail = f"{cached.detail} (probed {age:.0f} s ago; hosted, at most every {interval_s:g} s)"
+    return Verdict(cached.status, detail, data)
 
 
 def probe_generation(target: GenerationTarget, timeout_s: float) -> Verdict:
