@@ -23,7 +23,7 @@ from eagle3_pipeline.health import (
 from eagle3_pipeline.hosts import Host, LocalHost, SshHost
 
 EMBEDDED_NOT_RUNNING = (
-    "the embedded server is not running: each run starts it and probes it (this gate, as the run's "
+    "no embedded server to ask: each run starts its own and probes it (this gate, as the run's "
     "preflight) before sending work"
 )
 
