@@ -7,6 +7,7 @@ the UI on a sick server fails fast), and by `eagle3-pipeline status`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from eagle3_pipeline.config import HostConfig, PipelineConfig
@@ -78,25 +79,22 @@ def _key(variable: str | None) -> str | None:
     return os.environ.get(variable) if variable else None
 
 
-def generation_targets(config: PipelineConfig, running: Endpoint | None = None) -> list[GenerationTarget]:
-    """Every server work is sent to: each configured endpoint, and `running` (the embedded server
-    once up, or an endpoint the caller resolved itself) unless it is one of them."""
-    targets: list[GenerationTarget] = []
-    if config.inference.kind == "endpoints":
-        targets += [
-            GenerationTarget(
-                base_url=entry.base_url,
-                model=entry.model or config.target.model,
-                api_key=_key(entry.api_key_env),
-                api_key_env=entry.api_key_env,
-            )
-            for entry in config.inference.endpoints
-        ]
-    if running is not None:
-        extra = GenerationTarget(base_url=running.base_url, model=running.model, api_key=running.api_key)
-        if extra.label not in {t.label for t in targets}:
-            targets.append(extra)
-    return targets
+def generation_targets(config: PipelineConfig, sending_to: Sequence[Endpoint] | None = None) -> list[GenerationTarget]:
+    """Every server work is sent to: `sending_to` when the caller knows (the endpoints a run has
+    resolved: the embedded server once up, or an override), else each configured endpoint."""
+    if sending_to is not None:
+        return [GenerationTarget(base_url=e.base_url, model=e.model, api_key=e.api_key) for e in sending_to]
+    if config.inference.kind != "endpoints":
+        return []
+    return [
+        GenerationTarget(
+            base_url=entry.base_url,
+            model=entry.model or config.target.model,
+            api_key=_key(entry.api_key_env),
+            api_key_env=entry.api_key_env,
+        )
+        for entry in config.inference.endpoints
+    ]
 
 
 def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> ServerSpec | None:
@@ -146,17 +144,24 @@ class HealthMonitor:
             self._host = build_host(self.config.health.host)
         return self._host
 
-    def tick(self, state: TickState | None = None, running: Endpoint | None = None) -> tuple[HealthReport, TickState]:
-        """One tick. With the embedded profile and no server up, `generation` is UNKNOWN and
-        optional: the run that starts the server probes it before sending work."""
-        targets = generation_targets(self.config, running)
+    def tick(
+        self,
+        state: TickState | None = None,
+        running: Endpoint | None = None,
+        sending_to: Sequence[Endpoint] | None = None,
+    ) -> tuple[HealthReport, TickState]:
+        """One tick. `running` is the embedded server once started (its process, port and
+        generation are checked); `sending_to` the endpoints work is about to go to, when a run has
+        resolved them (default: the configured ones). With the embedded profile and no server up,
+        `generation` is UNKNOWN and optional: the run that starts the server probes it first."""
+        targets = generation_targets(self.config, sending_to)
         deferred = EMBEDDED_NOT_RUNNING if self.config.inference.kind == "embedded" and running is None else None
         spec = server_spec_for(self.config, running)
         return run_health_tick(self.host, spec, self.thresholds, state, targets=targets, deferred=deferred)
 
-    def preflight(self, running: Endpoint | None = None) -> HealthReport:
+    def preflight(self, running: Endpoint | None = None, sending_to: Sequence[Endpoint] | None = None) -> HealthReport:
         """One tick; raises :class:`UnhealthyError` unless every required check passes."""
-        report, _ = self.tick(running=running)
+        report, _ = self.tick(running=running, sending_to=sending_to)
         if not report.healthy:
             raise UnhealthyError(report)
         return report

@@ -107,10 +107,12 @@ def _has_choice(response: httpx.Response) -> bool:
 
 
 def combine(results: Sequence[tuple[GenerationTarget, Verdict]]) -> Verdict:
-    """One verdict for all targets: the worst status, the targets' details worst first."""
+    """One verdict for all targets: the worst status, and the details of the targets that are not
+    OK (worst first), or of all of them when every one is."""
     if not results:
         return Verdict(Status.UNKNOWN, "no inference server to probe")
-    status, detail = worst_first([(verdict.status, verdict.detail) for _, verdict in results])
+    findings = [(verdict.status, verdict.detail) for _, verdict in results]
+    status, detail = worst_first([f for f in findings if f[0] is not Status.OK] or findings)
     data = {
         "endpoints": [
             {"url": target.label, "status": verdict.status.value, "detail": verdict.detail, **verdict.data}
