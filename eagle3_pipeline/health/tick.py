@@ -14,7 +14,7 @@ import threading
 import time
 from functools import partial
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
@@ -158,11 +158,13 @@ def run_health_tick(
 
 
 def _targets(spec: ServerSpec | None, targets: Sequence[GenerationTarget]) -> list[GenerationTarget]:
-    """The targets, the monitored server replacing a target at the same URL (its probe kind wins)."""
+    """The targets and the monitored server; at the same URL they are one target, asked the way
+    the server section says (`generation_probe`) with the endpoint's key."""
     chosen = {t.label: t for t in targets}
     if spec is not None:
         monitored = spec.target()
-        chosen[monitored.label] = monitored
+        known = chosen.get(monitored.label)
+        chosen[monitored.label] = replace(known, probe=monitored.probe) if known is not None else monitored
     return list(chosen.values())
 
 
