@@ -160,13 +160,20 @@ class TrainingDataConfig(_Model):
 
 
 class HostConfig(_Model):
-    """Where the health probes run: this machine, or the GPU box over SSH (host key verified)."""
+    """Where the health probes run: this machine, or the GPU box over SSH (host key verified).
+
+    An encrypted `key_file` is decrypted with the passphrase in the environment variable named by
+    `key_passphrase_env` (read when connecting, never logged). The SSH agent is offered too unless
+    `allow_agent` is false.
+    """
 
     kind: Literal["local", "ssh"] = "local"
     hostname: str | None = None
     port: Annotated[int, Field(gt=0, le=65535)] = 22
     username: str | None = None
     key_file: str | None = None
+    key_passphrase_env: Annotated[str, Field(pattern=ENV_VAR_PATTERN)] | None = None
+    allow_agent: bool = True
     known_hosts: str = "~/.ssh/known_hosts"
     trust_on_first_use: bool = False
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
@@ -175,6 +182,8 @@ class HostConfig(_Model):
     def _ssh_needs_a_hostname(self) -> HostConfig:
         if self.kind == "ssh" and not self.hostname:
             raise ValueError("kind 'ssh' needs health.host.hostname")
+        if self.key_passphrase_env and not self.key_file:
+            raise ValueError("key_passphrase_env needs health.host.key_file (the encrypted key it unlocks)")
         return self
 
 
@@ -204,6 +213,10 @@ class HealthConfig(_Model):
     shell_section_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     generation_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     tick_timeout_s: Annotated[float, Field(gt=0, le=50)] = 15.0
+    # Hosted endpoints (with api_key_env) get a real completion at most this often; their last
+    # verdict is reused, with its age, in between.
+    hosted_probe_interval_s: Annotated[float, Field(gt=0)] = 300.0
+    kernel_log_path: Annotated[str, Field(pattern=r"^/")] = "/var/log/kern.log"
     optional_checks: list[CheckName] = []
     sensor_interval_s: Annotated[int, Field(ge=5)] = 30
     terminate_stalled_runs: bool = False

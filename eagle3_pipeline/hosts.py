@@ -189,8 +189,10 @@ def host_key_fingerprint(key: paramiko.PKey) -> str:
 class SshHost(Host):
     """A host reached over SSH with paramiko; one connection, reused across commands.
 
-    Authentication: the private key file `key_filename` (optionally with `passphrase`), and/or the
-    SSH agent (`use_agent`, the default when no key file is given). Host keys are verified
+    Authentication: the private key file `key_filename`, then the SSH agent's keys (`use_agent`,
+    on by default, key file or not). An encrypted key file is decrypted with `passphrase`, or with
+    the value of the environment variable `passphrase_env`, read when connecting; neither is ever
+    put in a message. Host keys are verified
     against `known_hosts`; an unknown or changed key raises `HostKeyError`. With
     `trust_on_first_use=True` an unknown key is accepted once and appended to `known_hosts`; a
     changed key is still refused.
@@ -209,7 +211,8 @@ class SshHost(Host):
         username: str | None = None,
         key_filename: str | os.PathLike[str] | None = None,
         passphrase: str | None = None,
-        use_agent: bool | None = None,
+        passphrase_env: str | None = None,
+        use_agent: bool = True,
         known_hosts: str | os.PathLike[str] = "~/.ssh/known_hosts",
         trust_on_first_use: bool = False,
         connect_timeout_s: float = 10.0,
@@ -223,7 +226,8 @@ class SshHost(Host):
         self.name = name or (hostname if port == 22 else f"{hostname}:{port}")
         self._key_filename = Path(key_filename).expanduser() if key_filename is not None else None
         self._passphrase = passphrase
-        self._use_agent = self._key_filename is None if use_agent is None else use_agent
+        self._passphrase_env = passphrase_env
+        self._use_agent = use_agent
         self._known_hosts = Path(known_hosts).expanduser()
         self._trust_on_first_use = trust_on_first_use
         self._connect_timeout_s = connect_timeout_s
@@ -372,16 +376,28 @@ class SshHost(Host):
             handle.write(f"{self._host_key_name} {key.get_name()} {key.get_base64()}\n")
 
     def _authenticate(self, transport: paramiko.Transport, deadline: float) -> None:
+        """The key file first, then the agent's keys; a key file that cannot be loaded is reported
+        only if no agent key gets in either."""
         transport.auth_timeout = min(self._auth_timeout_s, _remaining(deadline))
         agent = paramiko.Agent() if self._use_agent else None
+        file_error: HostAuthError | None = None
+        keys: list[paramiko.PKey] = []
         try:
-            keys = self._client_keys(agent)
+            if self._key_filename is not None:
+                try:
+                    keys.append(self._load_key_file(self._key_filename))
+                except HostAuthError as exc:
+                    file_error = exc
+            if agent is not None:
+                keys.extend(agent.get_keys())
             for key in keys:
                 if self._try_key(transport, key):
                     return
         finally:
             if agent is not None:
                 agent.close()
+        if file_error is not None:
+            raise file_error
         if not keys:
             raise HostAuthError(f"no SSH key for {self._where}: no key file given and no agent key")
         raise HostAuthError(f"authentication failed for {self._where}: {self._key_description(len(keys))} refused")
@@ -400,20 +416,19 @@ class SshHost(Host):
             raise HostConnectError(f"connection to {self._where} failed during authentication: {exc}") from None
         return True
 
-    def _client_keys(self, agent: paramiko.Agent | None) -> list[paramiko.PKey]:
-        keys: list[paramiko.PKey] = []
-        if self._key_filename is not None:
-            keys.append(self._load_key_file(self._key_filename))
-        if agent is not None:
-            keys.extend(agent.get_keys())
-        return keys
-
     def _load_key_file(self, path: Path) -> paramiko.PKey:
+        secret = self._passphrase
+        if secret is None and self._passphrase_env is not None:
+            secret = os.environ.get(self._passphrase_env)
         # cryptography decrypts with bytes (the paramiko stubs say str; a str fails with TypeError)
-        passphrase = self._passphrase.encode() if self._passphrase is not None else None
+        passphrase = secret.encode() if secret else None
         try:
             return paramiko.PKey.from_path(path, passphrase)  # type: ignore[arg-type]
         except (TypeError, paramiko.PasswordRequiredException):
+            if passphrase is None and self._passphrase_env is not None:
+                raise HostAuthError(
+                    f"private key {path} is encrypted and its passphrase variable {self._passphrase_env} is not set"
+                ) from None
             if passphrase is None:
                 raise HostAuthError(f"private key {path} is encrypted and no passphrase was given") from None
             raise HostAuthError(f"cannot load private key {path} (bad passphrase?)") from None

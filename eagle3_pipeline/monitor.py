@@ -6,12 +6,27 @@ the UI on a sick server fails fast), and by `eagle3-pipeline status`.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from eagle3_pipeline.config import HostConfig, PipelineConfig
 from eagle3_pipeline.generation import Endpoint
-from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, TickState, run_health_tick
+from eagle3_pipeline.health import (
+    GenerationTarget,
+    HealthReport,
+    HealthThresholds,
+    ServerSpec,
+    TickState,
+    run_health_tick,
+    server_root,
+)
 from eagle3_pipeline.hosts import Host, LocalHost, SshHost
+
+EMBEDDED_NOT_RUNNING = (
+    "no embedded server to ask: each run starts its own and probes it (this gate, as the run's "
+    "preflight) before sending work"
+)
 
 
 class UnhealthyError(RuntimeError):
@@ -31,16 +46,12 @@ def build_host(settings: HostConfig) -> Host:
         port=settings.port,
         username=settings.username,
         key_filename=settings.key_file,
+        passphrase_env=settings.key_passphrase_env,
+        use_agent=settings.allow_agent,
         known_hosts=settings.known_hosts,
         trust_on_first_use=settings.trust_on_first_use,
         connect_timeout_s=settings.connect_timeout_s,
     )
-
-
-def server_root(base_url: str) -> str:
-    """`http://box:30000/v1` → `http://box:30000` (the probes add `/v1/...` and `/metrics`)."""
-    trimmed = base_url.rstrip("/")
-    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
 
 
 def thresholds_for(config: PipelineConfig) -> HealthThresholds:
@@ -57,12 +68,38 @@ def thresholds_for(config: PipelineConfig) -> HealthThresholds:
         shell_section_timeout_s=health.shell_section_timeout_s,
         generation_timeout_s=health.generation_timeout_s,
         tick_timeout_s=health.tick_timeout_s,
+        hosted_probe_interval_s=health.hosted_probe_interval_s,
+        kernel_log_path=health.kernel_log_path,
         optional_checks=frozenset(health.optional_checks),
     )
 
 
+def _key(variable: str | None) -> str | None:
+    """An API key from its variable; unset is reported by the probe, not raised here."""
+    return os.environ.get(variable) if variable else None
+
+
+def generation_targets(config: PipelineConfig, sending_to: Sequence[Endpoint] | None = None) -> list[GenerationTarget]:
+    """Every server work is sent to: `sending_to` when the caller knows (the endpoints a run has
+    resolved: the embedded server once up, or an override), else each configured endpoint."""
+    if sending_to is not None:
+        return [GenerationTarget(base_url=e.base_url, model=e.model, api_key=e.api_key) for e in sending_to]
+    if config.inference.kind != "endpoints":
+        return []
+    return [
+        GenerationTarget(
+            base_url=entry.base_url,
+            model=entry.model or config.target.model,
+            api_key=_key(entry.api_key_env),
+            api_key_env=entry.api_key_env,
+        )
+        for entry in config.inference.endpoints
+    ]
+
+
 def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> ServerSpec | None:
-    """The server to check: the configured one; the embedded one once started; else none."""
+    """The server whose process, port and throughput are checked on the host: the configured one;
+    the embedded one once started; else none."""
     server = config.health.server
     if server is not None:
         endpoint = config.inference.endpoints[0] if config.inference.endpoints else None
@@ -78,7 +115,7 @@ def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> 
             tp_size=server.tp_size,
             process_pattern=server.process_pattern,
             generation_probe=server.generation_probe,
-            api_key=config.api_key(endpoint) if endpoint else None,
+            api_key=_key(endpoint.api_key_env) if endpoint else None,
         )
     if running is not None and config.inference.kind == "embedded":
         port = urlsplit(running.base_url).port
@@ -107,12 +144,24 @@ class HealthMonitor:
             self._host = build_host(self.config.health.host)
         return self._host
 
-    def tick(self, state: TickState | None = None, running: Endpoint | None = None) -> tuple[HealthReport, TickState]:
-        return run_health_tick(self.host, server_spec_for(self.config, running), self.thresholds, state)
+    def tick(
+        self,
+        state: TickState | None = None,
+        running: Endpoint | None = None,
+        sending_to: Sequence[Endpoint] | None = None,
+    ) -> tuple[HealthReport, TickState]:
+        """One tick. `running` is the embedded server once started (its process, port and
+        generation are checked); `sending_to` the endpoints work is about to go to, when a run has
+        resolved them (default: the configured ones). With the embedded profile and no server up,
+        `generation` is UNKNOWN and optional: the run that starts the server probes it first."""
+        targets = generation_targets(self.config, sending_to)
+        deferred = EMBEDDED_NOT_RUNNING if self.config.inference.kind == "embedded" and running is None else None
+        spec = server_spec_for(self.config, running)
+        return run_health_tick(self.host, spec, self.thresholds, state, targets=targets, deferred=deferred)
 
-    def preflight(self, running: Endpoint | None = None) -> HealthReport:
+    def preflight(self, running: Endpoint | None = None, sending_to: Sequence[Endpoint] | None = None) -> HealthReport:
         """One tick; raises :class:`UnhealthyError` unless every required check passes."""
-        report, _ = self.tick(running=running)
+        report, _ = self.tick(running=running, sending_to=sending_to)
         if not report.healthy:
             raise UnhealthyError(report)
         return report
@@ -129,10 +178,15 @@ def report_markdown(report: HealthReport) -> str:
     lines += [f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks]
     gpus = next((c.data.get("gpus") for c in report.checks if c.name == "gpus" and c.data.get("gpus")), None)
     if gpus:
-        lines += ["", "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. | pages pending | remap pending | remap failed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         lines += [
             f"| {g['index']} | {g['name']} | {g['memory_used_mib']}/{g['memory_total_mib']} | "
-            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} |"
+            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} | "
+            f"{g['retired_pages_pending']} | {g['remap_pending']} | {g['remap_failure']} |"
             for g in gpus
         ]
     return "\n".join(lines)

@@ -20,7 +20,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -217,11 +216,11 @@ class InferenceProvider:
     """The endpoints a pipeline generates against, resolved lazily.
 
     ``embedded``: the local model is served on first use and stopped by :meth:`close`.
-    ``endpoints``: every configured server (or ``override``) is checked with a 1-token completion
-    before use, so an unreachable server fails fast with its URL rather than per request.
+    ``endpoints``: the configured servers (or ``override``).
     ``progress`` receives generation progress in-process (the CLI's progress bar); None in Dagster.
-    Before endpoints are handed out, the health gate runs once on them (the preflight): a run
-    started on a sick server fails fast with the report instead of burning requests.
+    Before endpoints are handed out, the health gate runs once on them (the preflight), which asks
+    each of them for a 1-token completion: a run started on a sick or unreachable server fails fast
+    with the report, naming the endpoint, instead of burning requests.
     """
 
     def __init__(
@@ -244,11 +243,9 @@ class InferenceProvider:
             endpoints = [self._start_embedded()] if self.embedded else self._configured()
             monitor = HealthMonitor(self.config)
             try:
-                self.preflight_report = monitor.preflight(running=endpoints[0])
+                self.preflight_report = monitor.preflight(running=endpoints[0], sending_to=endpoints)
             finally:
                 monitor.close()
-            if not self.embedded:
-                self._probe(endpoints)
             self._endpoints = endpoints
         return self._endpoints
 
@@ -280,30 +277,11 @@ class InferenceProvider:
             endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, self.config.api_key(entry), price))
         return endpoints
 
-    @staticmethod
-    def _probe(endpoints: list[Endpoint]) -> None:
-        with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
-            problems = [p for p in pool.map(_probe_problem, endpoints) if p]
-        if problems:
-            raise ServerStartError("; ".join(problems))
-
     def close(self) -> None:
         if self._server is not None:
             self._server.stop()
             self._server = None
         self._endpoints = None
-
-
-def _probe_problem(endpoint: Endpoint) -> str | None:
-    """None if the endpoint answers a 1-token completion, else what went wrong (no secrets)."""
-    try:
-        probe_completion(endpoint.base_url, endpoint.model, timeout_s=60, api_key=endpoint.api_key)
-    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
-        return (
-            f"inference endpoint {endpoint.base_url} did not answer a 1-token completion for model "
-            f"{endpoint.model!r} ({exc.__class__.__name__})"
-        )
-    return None
 
 
 def _exit_when_orphaned(parent: int) -> None:

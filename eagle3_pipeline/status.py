@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import ResponseCheckpoint
-from eagle3_pipeline.health import HealthReport, Status
+from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.layout import ArtifactLayout
 
 
@@ -59,7 +59,7 @@ class RunInFlight:
 
 
 def status_document(report: HealthReport, progress: Sequence[DatasetProgress]) -> dict[str, Any]:
-    """The `--json` shape: overall, checks and datasets, nothing else."""
+    """The `--json` shape: overall (the gate's verdict), checks and datasets, nothing else."""
     return {
         "overall": report.overall.value,
         "checks": [c.to_dict() for c in report.checks],
@@ -68,7 +68,8 @@ def status_document(report: HealthReport, progress: Sequence[DatasetProgress]) -
 
 
 def exit_code(report: HealthReport) -> int:
-    return 0 if report.overall in (Status.OK, Status.WARN) else 1
+    """0 exactly when the sensor would launch work (`report.healthy`: optional checks never gate)."""
+    return 0 if report.healthy else 1
 
 
 def _age(seconds: float | None) -> str:
@@ -82,7 +83,10 @@ def _age(seconds: float | None) -> str:
 def render_status(report: HealthReport, progress: Sequence[DatasetProgress], runs: Sequence[RunInFlight]) -> str:
     lines = [f"health: {report.overall.value.upper()}  ({report.summary()})", ""]
     width = max((len(c.name) for c in report.checks), default=5)
-    lines += [f"  {c.status.value.upper():<8} {c.name:<{width}}  {c.detail}  [{c.host}]" for c in report.checks]
+    lines += [
+        f"  {c.status.value.upper():<8} {c.name:<{width}}  {c.detail}  [{c.host}]{'' if c.required else ' (optional)'}"
+        for c in report.checks
+    ]
     lines += ["", f"  {'dataset':<16}{'prompts':>9}{'responses':>11}{'tokens':>10}{'budget':>10}{'last write':>12}"]
     for p in progress:
         prompts = "-" if p.prompts is None else str(p.prompts)

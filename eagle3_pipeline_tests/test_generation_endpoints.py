@@ -157,7 +157,8 @@ def test_a_truncated_earlier_turn_marks_the_record_truncated(tmp_path: Path, fak
 
 def test_every_configured_endpoint_is_probed_before_use(tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI) -> None:
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.serving import InferenceProvider, ServerStartError
+    from eagle3_pipeline.monitor import UnhealthyError
+    from eagle3_pipeline.serving import InferenceProvider
 
     (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
 
@@ -174,6 +175,6 @@ def test_every_configured_endpoint_is_probed_before_use(tmp_path: Path, fake_ope
     assert endpoints[0].price == Price(1.0, 3.0) and endpoints[0].model == "m"
     assert len(fake_openai.requests) == len(second_server.requests) == 1, "one 1-token probe each"
     second_server.script = lambda body, n: Reply(status=503)
-    with pytest.raises(ServerStartError, match=second_server.base_url) as caught:
+    with pytest.raises(UnhealthyError, match=second_server.base_url) as caught:
         provider([fake_openai.base_url, second_server.base_url]).endpoints()
     assert fake_openai.base_url not in str(caught.value)

@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-__all__ = ["CheckResult", "HealthReport", "Status", "Verdict"]
+__all__ = ["CheckResult", "HealthReport", "Status", "Verdict", "gate_status"]
 
 
 class Status(Enum):
@@ -85,25 +85,37 @@ class CheckResult:
         """Whether this check makes its report unhealthy."""
         return self.required and self.status in _BLOCKING
 
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status.value, "detail": self.detail, "host": self.host}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "detail": self.detail,
+            "host": self.host,
+            "required": self.required,
+        }
+
+
+def gate_status(checks: tuple[CheckResult, ...]) -> Status:
+    """The gate's one verdict on a set of checks, for the sensor and `status` alike: the worst
+    status of the required checks (optional ones are reported, never counted); UNKNOWN when no
+    required check ran, since no evidence is not health."""
+    return max((c.status for c in checks if c.required), default=Status.UNKNOWN)
 
 
 @dataclass(frozen=True)
 class HealthReport:
-    """The checks of one tick. Healthy means no required check is CRITICAL or UNKNOWN."""
+    """The checks of one tick. Healthy means `overall` (`gate_status`) is OK or WARN."""
 
     checks: tuple[CheckResult, ...]
     taken_at: datetime
 
     @property
     def overall(self) -> Status:
-        """The worst status of all checks; UNKNOWN for a report with no checks."""
-        return max((c.status for c in self.checks), default=Status.UNKNOWN)
+        return gate_status(self.checks)
 
     @property
     def healthy(self) -> bool:
-        return bool(self.checks) and not self.failing()
+        return self.overall in (Status.OK, Status.WARN)
 
     def failing(self) -> tuple[CheckResult, ...]:
         """The checks that make the report unhealthy, worst first."""
@@ -119,8 +131,8 @@ class HealthReport:
         """One line: "healthy" or why not, e.g. for a sensor's SkipReason."""
         if self.healthy:
             return f"healthy ({self.overall.value})"
-        if not self.checks:
-            return "unhealthy: no checks ran"
+        if not self.failing():
+            return "unhealthy: no required check ran"
         groups: dict[tuple[Status, str], list[str]] = {}
         for check in self.failing():
             groups.setdefault((check.status, check.detail), []).append(check.name)

@@ -1,4 +1,5 @@
-"""What a health tick checks (`ServerSpec`) and where its lines are (`HealthThresholds`).
+"""What a health tick checks (`ServerSpec`, `GenerationTarget`) and where its lines are
+(`HealthThresholds`).
 
 Sizes called `_gb` are GiB (2**30 bytes), as `df -h` and `free -g` print them.
 """
@@ -8,8 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
-__all__ = ["CHECK_NAMES", "HealthThresholds", "ServerKind", "ServerSpec"]
+__all__ = ["CHECK_NAMES", "GenerationTarget", "HealthThresholds", "ServerKind", "ServerSpec", "server_root"]
 
 ServerKind = Literal["sglang", "vllm", "transformers", "custom"]
 GenerationProbe = Literal["chat", "health_generate"]
@@ -96,6 +98,59 @@ class ServerSpec:
     def url(self, path: str) -> str:
         return self.base_url.rstrip("/") + path
 
+    def target(self) -> GenerationTarget:
+        """The server as a generation target, probed the way `generation_probe` says."""
+        return GenerationTarget(
+            base_url=self.url("/v1"), model=self.model, api_key=self.api_key, probe=self.generation_probe
+        )
+
+
+def server_root(base_url: str) -> str:
+    """`http://box:30000/v1` → `http://box:30000` (where `/health_generate` and `/metrics` live)."""
+    trimmed = base_url.rstrip("/")
+    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
+
+
+@dataclass(frozen=True)
+class GenerationTarget:
+    """A server that work is sent to: every tick asks it for a real 1-token completion.
+
+    `base_url` is the OpenAI-compatible base the generation client uses (`http://box:30000/v1`).
+    A hosted target (an API reached with a key from the variable `api_key_env`) is asked at most
+    once per `HealthThresholds.hosted_probe_interval_s`; its last verdict is reused in between,
+    with its age. A target whose key variable is unset is CRITICAL without a request. The key is
+    sent as a bearer token and never printed.
+    """
+
+    base_url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    api_key_env: str | None = None
+    probe: GenerationProbe = "chat"
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("GenerationTarget.base_url: expected an http:// or https:// URL")
+
+    @property
+    def hosted(self) -> bool:
+        return self.api_key_env is not None
+
+    @property
+    def label(self) -> str:
+        """The base URL without credentials, query or trailing slash: how reports name it."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        netloc += f":{parts.port}" if parts.port is not None else ""
+        return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+
+    @property
+    def probe_url(self) -> str:
+        if self.probe == "chat":
+            return self.label + "/chat/completions"
+        return server_root(self.label) + "/health_generate"
+
 
 @dataclass(frozen=True)
 class HealthThresholds:
@@ -103,7 +158,9 @@ class HealthThresholds:
 
     `expected_gpus` 0 means no GPU is required (the GPU check passes without calling nvidia-smi).
     The disk check looks at `artifacts_dir` (or "/"); the progress check at `log_path` and the
-    newest file under `artifacts_dir`, which must have advanced within `stall_window_s`. Checks
+    newest file under `artifacts_dir`, which must have advanced within `stall_window_s`. Hosted
+    endpoints get a real completion at most every `hosted_probe_interval_s`. The GPU check reads
+    Xids from `kernel_log_path` when neither dmesg nor journalctl can read the kernel log. Checks
     named in `optional_checks` are reported but do not make a report unhealthy.
     """
 
@@ -120,16 +177,24 @@ class HealthThresholds:
     generation_timeout_s: float = 10.0
     metrics_timeout_s: float = 5.0
     tick_timeout_s: float = 15.0
+    hosted_probe_interval_s: float = 300.0
+    kernel_log_path: str = "/var/log/kern.log"
     optional_checks: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.expected_gpus < 0:
             raise ValueError(f"HealthThresholds.expected_gpus: expected >= 0, got {self.expected_gpus}")
-        for name in ("artifacts_dir", "log_path"):
+        for name in ("artifacts_dir", "log_path", "kernel_log_path"):
             value = getattr(self, name)
             if value is not None and not value.startswith("/"):
                 raise ValueError(f"HealthThresholds.{name}: expected an absolute path on the host, got {value!r}")
-        for name in ("shell_section_timeout_s", "generation_timeout_s", "metrics_timeout_s", "tick_timeout_s"):
+        for name in (
+            "shell_section_timeout_s",
+            "generation_timeout_s",
+            "metrics_timeout_s",
+            "tick_timeout_s",
+            "hosted_probe_interval_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"HealthThresholds.{name}: expected > 0, got {getattr(self, name)}")
         unknown = set(self.optional_checks) - set(CHECK_NAMES)

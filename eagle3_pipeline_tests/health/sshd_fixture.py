@@ -5,9 +5,10 @@
   timings) and run through a `ForceCommand` wrapper that puts `FakeBin` first on PATH, so the
   probes meet the scripted `nvidia-smi`/`dmesg`. Needs root (sshd's privilege separation) and
   `/usr/sbin/sshd`.
-- `FakeBin`: shell scripts standing in for `nvidia-smi` and `dmesg`. This machine has no GPU;
-  they stand in for the hardware, with scripted answers (healthy, ECC errors, a renamed field,
-  a hang, a process wedged beyond `timeout`).
+- `FakeBin`: shell scripts standing in for `nvidia-smi`, `dmesg` and `journalctl`. This machine
+  has no GPU; they stand in for the hardware and its kernel log, with scripted answers (healthy,
+  ECC errors, pending or failed row remaps, a renamed field, a driver without the remap query, a
+  restricted dmesg, a hang, a process wedged beyond `timeout`).
 - `FakeSglang`: a real process with argv `python -m sglang.launch_server --port P --tp-size 8`
   (a tiny module on PYTHONPATH) serving /health, /health_generate, /v1/chat/completions and
   /metrics on loopback, with `sglang::scheduler_TP<i>` children; a JSON scenario file scripts it.
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.health import HealthThresholds, ServerSpec
-from eagle3_pipeline.health.gpu import GPU_QUERY_FIELDS
+from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS, REMAP_QUERY_FIELDS
 from eagle3_pipeline.hosts import SshHost
 
 SSHD = "/usr/sbin/sshd"
@@ -54,8 +55,28 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def bus_id(index: int) -> str:
+    """The PCI bus id nvidia-smi prints for fake GPU `index`."""
+    return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+
+
+def gpu_row(index: int, *, util: str = "97", temp: str | None = None, ecc: str = "0", retired: str = "[N/A]") -> str:
+    """One `--query-gpu` row of an H200 (row remapping, so retired pages are [N/A])."""
+    temp = temp if temp is not None else str(40 + index)
+    return f"{index}, {bus_id(index)}, NVIDIA H200, 130000, 143771, {util}, {temp}, {ecc}, {retired}"
+
+
 def healthy_gpu_rows(count: int = 8) -> list[str]:
-    return [f"{i}, NVIDIA H200, 130000, 143771, 97, {40 + i}, 0, [N/A]" for i in range(count)]
+    return [gpu_row(i) for i in range(count)]
+
+
+def remap_row(index: int, *, uncorrectable: int = 0, pending: str = "0", failure: str = "0") -> str:
+    """One `--query-remapped-rows` row."""
+    return f"{bus_id(index)}, 0, {uncorrectable}, {pending}, {failure}"
+
+
+def healthy_remap_rows(count: int = 8) -> list[str]:
+    return [remap_row(i) for i in range(count)]
 
 
 # -- fake nvidia-smi and dmesg -------------------------------------------------------------------
@@ -64,21 +85,37 @@ _NVIDIA_SMI = """#!/bin/sh
 # Stand-in for nvidia-smi: this machine has no GPU. Answers from files in {dir}.
 d={dir}
 query=
-for a in "$@"; do case $a in --query-gpu=*) query=${{a#--query-gpu=}};; esac; done
+kind=gpu
+for a in "$@"; do
+  case $a in
+    --query-gpu=*) query=${{a#--query-gpu=}} ;;
+    --query-remapped-rows=*) query=${{a#--query-remapped-rows=}}; kind=remap ;;
+  esac
+done
 case $(cat "$d/mode") in
   hang) exec sleep 3600 ;;
   wedged) echo $$ $PPID >>"$d/wedged.pids"; kill -STOP $PPID; exec sleep 3600 ;;
 esac
+if [ ! -f "$d/$kind.fields" ]; then
+  echo "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."; exit 2
+fi
 old_ifs=$IFS; IFS=,
 for f in $query; do
-  grep -qxF "$f" "$d/fields" || {{ printf 'Field "%s" is not a valid field to query.\\n\\n' "$f"; exit 2; }}
+  grep -qxF "$f" "$d/$kind.fields" || {{ printf 'Field "%s" is not a valid field to query.\\n\\n' "$f"; exit 2; }}
 done
 IFS=$old_ifs
-exec cat "$d/gpus.csv"
+exec cat "$d/$kind.csv"
 """
 _DMESG = """#!/bin/sh
-# Stand-in for dmesg: the kernel log of a GPU host, from {dir}/dmesg.txt.
+# Stand-in for dmesg: the kernel log of a GPU host, from {dir}/dmesg.txt, unless restricted.
+if [ -f {dir}/dmesg.restricted ]; then
+  echo 'dmesg: read kernel buffer failed: Operation not permitted' >&2; exit 1
+fi
 exec cat {dir}/dmesg.txt
+"""
+_JOURNALCTL = """#!/bin/sh
+# Stand-in for journalctl: the kernel messages this user may read (none unless scripted).
+exec cat {dir}/journal.txt
 """
 _BENIGN_DMESG = [
     "[    0.000000] Linux version 6.1.0-18-amd64",
@@ -88,12 +125,12 @@ _BENIGN_DMESG = [
 
 
 class FakeBin:
-    """A directory of scripted `nvidia-smi` and `dmesg` commands."""
+    """A directory of scripted `nvidia-smi`, `dmesg` and `journalctl` commands."""
 
     def __init__(self, root: Path) -> None:
         self.dir = root
         self.dir.mkdir(parents=True, exist_ok=True)
-        for name, template in (("nvidia-smi", _NVIDIA_SMI), ("dmesg", _DMESG)):
+        for name, template in (("nvidia-smi", _NVIDIA_SMI), ("dmesg", _DMESG), ("journalctl", _JOURNALCTL)):
             path = self.dir / name
             path.write_text(template.format(dir=self.dir))
             path.chmod(0o755)
@@ -102,12 +139,22 @@ class FakeBin:
     def reset(self) -> None:
         self.release_wedged()
         self.set_gpus(healthy_gpu_rows())
+        self.set_remaps(healthy_remap_rows())
         self.set_mode("ok")
         self.set_fields(GPU_QUERY_FIELDS)
         self.set_dmesg(_BENIGN_DMESG)
+        self.set_journal([])
 
     def set_gpus(self, rows: list[str]) -> None:
-        _write(self.dir / "gpus.csv", "".join(row + "\n" for row in rows))
+        _write(self.dir / "gpu.csv", "".join(row + "\n" for row in rows))
+
+    def set_remaps(self, rows: list[str] | None) -> None:
+        """`--query-remapped-rows` rows; None: a driver that does not know the query."""
+        if rows is None:
+            (self.dir / "remap.fields").unlink(missing_ok=True)
+            return
+        _write(self.dir / "remap.fields", "".join(f + "\n" for f in REMAP_QUERY_FIELDS))
+        _write(self.dir / "remap.csv", "".join(row + "\n" for row in rows))
 
     def set_mode(self, mode: str) -> None:
         """ok | hang (sleeps until killed) | wedged (also stops its `timeout` parent)."""
@@ -115,10 +162,20 @@ class FakeBin:
 
     def set_fields(self, fields: tuple[str, ...] | list[str]) -> None:
         """The query fields this fake driver knows; others fail as a real nvidia-smi does."""
-        _write(self.dir / "fields", "".join(f + "\n" for f in fields))
+        _write(self.dir / "gpu.fields", "".join(f + "\n" for f in fields))
 
-    def set_dmesg(self, lines: list[str]) -> None:
+    def set_dmesg(self, lines: list[str], *, restricted: bool = False) -> None:
+        """The kernel ring buffer; `restricted` makes dmesg fail as with kernel.dmesg_restrict=1."""
         _write(self.dir / "dmesg.txt", "".join(line + "\n" for line in lines))
+        restriction = self.dir / "dmesg.restricted"
+        if restricted:
+            restriction.touch()
+        else:
+            restriction.unlink(missing_ok=True)
+
+    def set_journal(self, lines: list[str]) -> None:
+        """What `journalctl -k` shows this user (nothing: no access to the system journal)."""
+        _write(self.dir / "journal.txt", "".join(line + "\n" for line in lines))
 
     def release_wedged(self) -> None:
         pids = self.dir / "wedged.pids"

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
+import logging
+import os
+import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import paramiko
 import pytest
+
+from eagle3_pipeline.config import ConfigError, HostConfig, load_config
 
 from eagle3_pipeline.hosts import (
     HostAuthError,
@@ -20,6 +28,7 @@ from eagle3_pipeline.hosts import (
     host_key_fingerprint,
     quote_args,
 )
+from eagle3_pipeline.monitor import build_host
 from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until
 
 HOSTILE = [
@@ -104,6 +113,77 @@ def test_encrypted_key_errors_never_contain_the_passphrase(sshd: Sshd, tmp_path:
         right.run("true", timeout_s=10)
     for text in (str(no_passphrase.value), str(bad_passphrase.value), str(not_authorized.value), repr(wrong)):
         assert "s3cret" not in text and "wr0ng" not in text and "PRIVATE KEY" not in text
+
+
+@contextlib.contextmanager
+def _authorized(sshd: Sshd, key: Path) -> Iterator[None]:
+    """`key` may log in for the duration of the block."""
+    authorized = sshd.dir / "authorized_keys"
+    before = authorized.read_text()
+    authorized.write_text(before + key.with_suffix(".pub").read_text())
+    try:
+        yield
+    finally:
+        authorized.write_text(before)
+
+
+def _ssh_config(sshd: Sshd, key: Path, **options: object) -> HostConfig:
+    return HostConfig(
+        kind="ssh",
+        hostname="127.0.0.1",
+        port=sshd.port,
+        username="root",
+        key_file=str(key),
+        known_hosts=str(sshd.known_hosts),
+        connect_timeout_s=5,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_encrypted_key_with_its_passphrase_from_the_environment(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = _keygen(tmp_path / "locked", passphrase="env-s3cret-phrase")
+    settings = _ssh_config(sshd, key, key_passphrase_env="E3_TEST_KEY_PASSPHRASE")
+    with _authorized(sshd, key):
+        monkeypatch.delenv("E3_TEST_KEY_PASSPHRASE", raising=False)
+        with build_host(settings) as host, pytest.raises(HostAuthError) as unset:
+            host.run("true", timeout_s=10)
+        assert str(unset.value) == f"private key {key} is encrypted and its passphrase variable E3_TEST_KEY_PASSPHRASE is not set"
+        monkeypatch.setenv("E3_TEST_KEY_PASSPHRASE", "env-s3cret-phrase")
+        with build_host(settings) as host:
+            assert host.run("echo unlocked", timeout_s=10).stdout == "unlocked\n"
+            described = repr(host)
+    assert "env-s3cret" not in caplog.text + described + sshd.log() + repr(settings)
+
+
+def test_a_passphrase_variable_needs_a_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    (tmp_path / "a.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    host = {"kind": "ssh", "hostname": "gpu-box", "key_passphrase_env": "GPU_BOX_KEY_PASSPHRASE"}
+    path.write_text(json.dumps({"name": "p", "target": {"model": "m"}, "health": {"host": host}, "datasets": [{"id": "B1", "source": "a.jsonl"}]}))
+    with pytest.raises(ConfigError, match=r"p\.yaml: health\.host: .*key_passphrase_env needs health\.host\.key_file"):
+        load_config(path)
+
+
+def test_a_key_file_does_not_turn_the_agent_off(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's key gets in after the key file's is refused, unless allow_agent is off."""
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(socket_path.exists, 10, "ssh-agent")
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True, env={**os.environ}, capture_output=True)
+        stranger = _keygen(tmp_path / "stranger")
+        with build_host(_ssh_config(sshd, stranger)) as host:
+            assert host.run("echo via agent", timeout_s=10).stdout == "via agent\n"
+        with build_host(_ssh_config(sshd, stranger, allow_agent=False)) as host, pytest.raises(HostAuthError):
+            host.run("true", timeout_s=10)
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait()
 
 
 def test_unknown_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:

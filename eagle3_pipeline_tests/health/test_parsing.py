@@ -9,22 +9,25 @@ from datetime import UTC, datetime
 import pytest
 
 from eagle3_pipeline.health import CheckResult, HealthReport, HealthThresholds, ServerSpec, Status, TickState
-from eagle3_pipeline.health.gpu import GpuParseError, evaluate_gpus, parse_gpu_csv, parse_xid_summary
-from eagle3_pipeline.health.metrics import (
+from eagle3_pipeline.health.checks.generation import CachedVerdict
+from eagle3_pipeline.health.checks.gpus import (
+    GpuParseError,
+    evaluate_gpus,
+    parse_gpu_csv,
+    parse_remap_csv,
+    parse_xid_summary,
+)
+from eagle3_pipeline.health.checks.progress import evaluate_progress
+from eagle3_pipeline.health.checks.server_process import ProcessInfo, evaluate_server_process
+from eagle3_pipeline.health.checks.throughput import (
     MetricsScrape,
     ThroughputBaseline,
     ThroughputVerdict,
     evaluate_throughput,
     parse_metrics,
 )
-from eagle3_pipeline.health.probes import (
-    ProcessInfo,
-    SectionOutput,
-    build_probe_script,
-    evaluate_progress,
-    evaluate_server_process,
-    parse_probe_output,
-)
+from eagle3_pipeline.health.script import SectionOutput, build_probe_script, parse_probe_output
+from eagle3_pipeline.health.settings import GenerationTarget
 from eagle3_pipeline.hosts import LocalHost
 
 
@@ -50,9 +53,15 @@ def test_report_overall_healthy_and_failing() -> None:
     assert not _report().healthy and _report().overall is Status.UNKNOWN
 
 
-def test_optional_checks_do_not_block() -> None:
-    report = _report(Status.CRITICAL, required=False)
-    assert report.healthy and report.overall is Status.CRITICAL
+def test_optional_checks_never_gate() -> None:
+    """`overall` is the gate's verdict (sensor and `status` alike): optional checks do not count."""
+    optional_critical = HealthReport(
+        (CheckResult("a", Status.OK, "", "h"), CheckResult("b", Status.CRITICAL, "", "h", required=False)),
+        datetime.now(UTC),
+    )
+    assert optional_critical.healthy and optional_critical.overall is Status.OK
+    only_optional = _report(Status.OK, required=False)
+    assert not only_optional.healthy and only_optional.overall is Status.UNKNOWN  # no evidence at all
 
 
 def test_report_to_dict_and_summary() -> None:
@@ -71,6 +80,7 @@ def test_report_to_dict_and_summary() -> None:
         "status": "critical",
         "detail": "nothing listening on port 30000",
         "host": "gpu-box",
+        "required": True,
     }
     assert (
         report.summary() == "unhealthy: port critical: nothing listening on port 30000; disk, gpus unknown: host down"
@@ -89,6 +99,17 @@ def test_settings_validation() -> None:
         HealthThresholds(optional_checks=frozenset({"gpu"}))
     spec = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000/", model="m", api_key="sk-secret")
     assert "sk-secret" not in repr(spec) and spec.url("/metrics") == "http://h:30000/metrics"
+
+
+def test_generation_target_names_its_url_without_credentials() -> None:
+    target = GenerationTarget(
+        "https://user:pw@router.example:8443/api/v1/?org=1", "m", api_key="sk-abc123", api_key_env="ROUTER_KEY"
+    )
+    assert target.label == "https://router.example:8443/api/v1" and target.hosted
+    assert target.probe_url == "https://router.example:8443/api/v1/chat/completions"
+    assert "sk-abc123" not in repr(target) and "pw" not in target.label
+    sglang = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000", model="m", generation_probe="health_generate")
+    assert sglang.target().probe_url == "http://h:30000/health_generate" and not sglang.target().hosted
 
 
 @pytest.mark.parametrize(
@@ -130,22 +151,71 @@ def test_server_process_tree_ranks_and_own_probe_excluded() -> None:
 # -- nvidia-smi and Xid ------------------------------------------------------------------------
 
 
+_BUS = "00000000:3B:00.0"
+
+
 def test_gpu_csv_with_not_available_fields() -> None:
     gpus = parse_gpu_csv(
-        "0, NVIDIA H100 80GB HBM3, 1, 81559, 0, 31, [N/A], [N/A]\n1, Tesla T4, 0, 15360, [N/A], 40, 0, No\n"
+        f"0, {_BUS}, NVIDIA H100 80GB HBM3, 1, 81559, 0, 31, [N/A], [N/A]\n"
+        "1, 00000000:5D:00.0, Tesla T4, 0, 15360, [N/A], 40, 0, No\n"
     )
     assert gpus[0].ecc_uncorrected is None and gpus[0].retired_pages_pending is None
+    assert gpus[0].bus_id == "0000:3b:00.0"
     assert gpus[1].utilization_pct is None and gpus[1].retired_pages_pending is False
-    verdict = evaluate_gpus(gpus, [], expected=2, temp_warn_c=85, temp_critical_c=92)
+    remaps = parse_remap_csv(f"{_BUS}, 0, 0, 0, 0\n")
+    verdict = evaluate_gpus(gpus, [], expected=2, temp_warn_c=85, temp_critical_c=92, remaps=remaps)
     assert (verdict.status, verdict.detail) == (Status.OK, "2 GPUs OK, max 40 C, mean util 0%")
+
+
+def test_not_available_retired_pages_alone_are_not_evidence() -> None:
+    """An H100 reports retired pages as [N/A]: only its row-remapping state says its memory is fine."""
+    gpus = parse_gpu_csv(f"0, {_BUS}, NVIDIA H100, 1, 81559, 0, 31, 0, [N/A]\n")
+    blind = evaluate_gpus(gpus, [], expected=1, temp_warn_c=85, temp_critical_c=92, remaps=None, remap_why="exit 2")
+    assert (blind.status, blind.detail) == (
+        Status.UNKNOWN,
+        "GPU 0: neither retired pages nor row remapping readable (exit 2)",
+    )
+    not_reported = parse_remap_csv(f"{_BUS}, [N/A], [N/A], [N/A], [N/A]\n")
+    assert evaluate_gpus(gpus, [], expected=1, temp_warn_c=85, temp_critical_c=92, remaps=not_reported).status is (
+        Status.UNKNOWN
+    )
+    pre_ampere = parse_gpu_csv(f"0, {_BUS}, Tesla V100, 1, 16000, 0, 31, 0, No\n")
+    assert evaluate_gpus(pre_ampere, [], expected=1, temp_warn_c=85, temp_critical_c=92, remaps={}).status is Status.OK
+
+
+@pytest.mark.parametrize(
+    ("row", "status", "detail"),
+    [
+        ("0, 0, 0, 0", Status.OK, "1 GPUs OK, max 31 C, mean util 0%"),
+        ("0, 3, No, No", Status.OK, "1 GPUs OK, max 31 C, mean util 0%"),
+        ("0, 1, 1, 0", Status.CRITICAL, "GPU 0 has a row remap pending (reset needed)"),
+        ("0, 1, Yes, No", Status.CRITICAL, "GPU 0 has a row remap pending (reset needed)"),
+        ("0, 9, 0, 1", Status.CRITICAL, "GPU 0 row remapping failed (the GPU needs service)"),
+    ],
+)
+def test_row_remap_rules(row: str, status: Status, detail: str) -> None:
+    gpus = parse_gpu_csv(f"0, {_BUS}, NVIDIA H200, 1, 143771, 0, 31, 0, [N/A]\n")
+    verdict = evaluate_gpus(
+        gpus, [], expected=1, temp_warn_c=85, temp_critical_c=92, remaps=parse_remap_csv(f"{_BUS}, {row}\n")
+    )
+    assert (verdict.status, verdict.detail) == (status, detail)
+
+
+def test_unreadable_xid_log_is_unknown_not_none() -> None:
+    gpus = parse_gpu_csv(f"0, {_BUS}, Tesla V100, 1, 16000, 0, 31, 0, No\n")
+    verdict = evaluate_gpus(gpus, [], expected=1, temp_warn_c=85, temp_critical_c=92, remaps={}, xid_source="none")
+    assert (verdict.status, verdict.detail) == (
+        Status.UNKNOWN,
+        "Xids unknown: no readable kernel log (dmesg, journalctl -k, kern.log)",
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("0, H100, 1, 81559, 0, 31, 0\n", "expected 8 nvidia-smi fields, got 7"),
-        ("0, H100, 1, 81559, 0, 31 C, 0, No\n", "unparsable temperature.gpu '31 C' on GPU 0"),
-        ("0, H100, 1, 81559, 0, 31, 0, Maybe\n", "unparsable retired_pages.pending 'Maybe' on GPU 0"),
+        (f"0, {_BUS}, H100, 1, 81559, 0, 31, 0\n", "expected 9 nvidia-smi fields, got 8"),
+        (f"0, {_BUS}, H100, 1, 81559, 0, 31 C, 0, No\n", "unparsable temperature.gpu '31 C' on GPU 0"),
+        (f"0, {_BUS}, H100, 1, 81559, 0, 31, 0, Maybe\n", "unparsable retired_pages.pending 'Maybe' on GPU 0"),
         ("", "nvidia-smi printed no GPU rows"),
     ],
 )
@@ -154,11 +224,18 @@ def test_gpu_csv_format_changes_raise(text: str, message: str) -> None:
         parse_gpu_csv(text)
 
 
+def test_remap_csv_format_changes_raise() -> None:
+    with pytest.raises(GpuParseError, match="expected 5 remapped-rows fields, got 4"):
+        parse_remap_csv(f"{_BUS}, 0, 0, 0\n")
+    with pytest.raises(GpuParseError, match="unparsable remapped_rows.pending 'Perhaps'"):
+        parse_remap_csv(f"{_BUS}, 0, 0, Perhaps, 0\n")
+
+
 def test_gpu_faults_temperatures_and_retired_pages() -> None:
     gpus = parse_gpu_csv(
-        "0, H100, 1, 81559, 50, 88, 0, No\n"
-        "1, H100, 1, 81559, 50, 95, 0, No\n"
-        "2, H100, 1, 81559, 50, [GPU is lost], 0, Yes\n"
+        "0, 00000000:18:00.0, H100, 1, 81559, 50, 88, 0, No\n"
+        "1, 00000000:28:00.0, H100, 1, 81559, 50, 95, 0, No\n"
+        "2, 00000000:38:00.0, H100, 1, 81559, 50, [GPU is lost], 0, Yes\n"
     )
     verdict = evaluate_gpus(gpus, [], expected=3, temp_warn_c=85, temp_critical_c=92)
     assert verdict.status is Status.CRITICAL
@@ -177,7 +254,7 @@ def test_xid_summary_and_classification() -> None:
         ("0000:5d:00", 48, 1),
     ]
     assert [x.status for x in xids] == [Status.WARN, Status.CRITICAL]
-    gpus = parse_gpu_csv("0, H100, 1, 81559, 50, 40, 0, No\n")
+    gpus = parse_gpu_csv(f"0, {_BUS}, H100, 1, 81559, 50, 40, 0, No\n")
     warn_only = evaluate_gpus(gpus, xids[:1], expected=1, temp_warn_c=85, temp_critical_c=92)
     assert (warn_only.status, warn_only.detail) == (Status.WARN, "Xid 13 on 0000:3b:00 (x3)")
     assert parse_xid_summary("source none\n") == ("none", [])
@@ -246,7 +323,10 @@ def test_throughput_rules() -> None:
 
 
 def test_tick_state_round_trips_through_json() -> None:
-    state = TickState(ThroughputBaseline("h:1", "vllm:generation_tokens_total", 12.5, 1700000000.25))
+    state = TickState(
+        ThroughputBaseline("h:1", "vllm:generation_tokens_total", 12.5, 1700000000.25),
+        {"https://api.example/v1": CachedVerdict(Status.OK, "1-token completion in 0.2 s", 1700000000.5)},
+    )
     assert TickState.from_json(state.to_json()) == state
     assert TickState.from_json(TickState().to_json()) == TickState()
     for broken in (None, "", "not json", "[]", '{"throughput": {"server": "x"}}'):

@@ -1,4 +1,5 @@
-"""`eagle3-pipeline status` as a real process: health over SSH, progress from real files."""
+"""`eagle3-pipeline status` as a real process: health over SSH, progress from real files, and the
+endpoints work is sent to asked for a real completion even with no `health.server` section."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
+
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, healthy_gpu_rows
+from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
 
 
 def status(config_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +40,7 @@ def test_json_shape_progress_and_exit_code_when_healthy(tmp_path: Path, sshd: Ss
     document = json.loads(result.stdout)
     assert set(document) == {"overall", "checks", "datasets"}
     assert document["overall"] in ("ok", "warn")
-    assert all(set(c) == {"name", "status", "detail", "host"} for c in document["checks"])
+    assert all(set(c) == {"name", "status", "detail", "host", "required"} for c in document["checks"])
     assert {c["name"] for c in document["checks"]} >= {"server_process", "port", "generation", "throughput", "gpus", "disk"}
     b1, b2 = document["datasets"]
     assert set(b1) == {"id", "prompts", "responses", "completion_tokens", "token_budget", "last_write_age_s"}
@@ -65,3 +72,60 @@ def test_bad_config_is_exit_code_2(tmp_path: Path) -> None:
     path.write_text("name: x\n")
     result = status(path)
     assert result.returncode == 2 and "p.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def endpoint_pipeline(tmp_path: Path, base_url: str, **health: object) -> Path:
+    """`inference.kind: endpoints`, this machine as the host, and no `health.server` section."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    write_jsonl(tmp_path / "B1.jsonl", [sharegpt("question")])
+    document = {
+        "name": "remote",
+        "artifacts_root": str(tmp_path / "out"),
+        "target": {"model": "fake", "tokenizer": "unused"},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": base_url}]},
+        "health": {"expected_gpus": 0, "min_disk_free_gb": 0, "min_mem_free_gb": 0, "generation_timeout_s": 3, **health},
+        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_dead_endpoint_without_a_server_section_is_critical(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # a closed port
+    result = status(endpoint_pipeline(tmp_path, dead), "--json")
+    print(result.stdout)
+    assert result.returncode == 1, result.stdout + result.stderr
+    document = json.loads(result.stdout)
+    assert document["overall"] in ("critical", "unknown")
+    generation = {c["name"]: c for c in document["checks"]}["generation"]
+    assert generation["status"] == "critical" and generation["required"] is True
+    assert generation["detail"] == f"connection refused for {dead}/chat/completions (server not listening)"
+
+
+def test_live_endpoint_without_a_server_section_is_ok(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    result = status(endpoint_pipeline(tmp_path, fake_openai.base_url), "--json")
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(result.stdout)
+    assert document["overall"] == "ok"
+    assert {c["name"]: c["status"] for c in document["checks"]}["generation"] == "ok"
+    assert [r["max_tokens"] for r in fake_openai.requests] == [1]
+
+
+def test_status_exit_code_and_sensor_agree(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """One rule decides both; an optional check that fails gates neither."""
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    cases = {
+        "dead": endpoint_pipeline(tmp_path / "dead", dead),
+        "dead_but_optional": endpoint_pipeline(tmp_path / "optional", dead, optional_checks=["generation"]),
+        "live": endpoint_pipeline(tmp_path / "live", fake_openai.base_url),
+    }
+    for name, path in cases.items():
+        exit_code = status(path).returncode
+        with dg.instance_for_test() as instance:
+            defs = build_definitions(load_config(path))
+            context = dg.build_sensor_context(instance=instance, definitions=defs)
+            launched = bool(defs.resolve_sensor_def("inference_health").evaluate_tick(context).run_requests)
+        assert (exit_code == 0) is launched, name
+        assert launched is (name != "dead"), name

@@ -19,16 +19,30 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagle3_pipeline.health import CHECK_NAMES, HealthReport, HealthThresholds, Status, TickState, run_health_tick
+from eagle3_pipeline.health import (
+    CHECK_NAMES,
+    GenerationTarget,
+    HealthReport,
+    HealthThresholds,
+    Status,
+    TickState,
+    run_health_tick,
+)
+from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
 from eagle3_pipeline.hosts import LocalHost, SshHost
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline_tests.health.sshd_fixture import (
     FakeBin,
     FakeSglang,
     Sshd,
     TcpProxy,
     Watched,
+    free_port,
+    gpu_row,
     healthy_gpu_rows,
+    healthy_remap_rows,
     make_watched,
+    remap_row,
     spec_for,
     thresholds_for,
 )
@@ -56,7 +70,9 @@ def test_healthy_host_all_checks_ok(ssh_host: SshHost, sglang: FakeSglang, gpus:
     assert report.healthy and report.overall is Status.OK and report.failing() == ()
     assert report.check("server_process").detail == f"sglang server pid {pid} with 8 of 8 scheduler ranks"
     assert report.to_dict()["overall"] == "ok"
-    assert {c["host"] for c in report.to_dict()["checks"]} == {ssh_host.name}
+    hosts = {c["name"]: c["host"] for c in report.to_dict()["checks"]}
+    assert hosts.pop("generation") == f"{sglang.base_url}/v1"  # the server asked, not the SSH host
+    assert set(hosts.values()) == {ssh_host.name}
 
 
 def test_healthy_host_over_local_host(sglang: FakeSglang, gpus: FakeBin, watched: Watched) -> None:
@@ -129,7 +145,7 @@ def test_health_ok_while_generation_hangs(ssh_host: SshHost, sglang: FakeSglang,
     assert time.monotonic() - started < 5
     generation = report.check("generation")
     assert generation.status is Status.CRITICAL
-    assert generation.detail == "no answer from /v1/chat/completions within 1.5 s (generation hung?)"
+    assert generation.detail == f"no answer from {sglang.base_url}/v1/chat/completions within 1.5 s (generation hung?)"
     assert not report.healthy
 
 
@@ -139,13 +155,13 @@ def test_http_500_is_critical(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeB
     sglang.start()
     report, _ = run_health_tick(ssh_host, spec_for(sglang, generation_probe=probe), thresholds_for())
     generation = report.check("generation")
-    assert (generation.status, generation.detail) == (Status.CRITICAL, f"HTTP 500 from {path}")
+    assert (generation.status, generation.detail) == (Status.CRITICAL, f"HTTP 500 from {sglang.base_url}{path}")
 
 
 def test_frozen_token_counter_with_running_requests_is_stalled(
     ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin
 ) -> None:
-    gpus.set_gpus([row.replace(", 97, ", ", 100, ") for row in healthy_gpu_rows()])  # busy-looking GPUs
+    gpus.set_gpus([gpu_row(i, util="100") for i in range(8)])  # busy-looking GPUs
     sglang.set(tokens="frozen", running=6)
     sglang.start()
     spec, thresholds = spec_for(sglang), thresholds_for()
@@ -161,7 +177,7 @@ def test_frozen_token_counter_with_running_requests_is_stalled(
 
 def test_uncorrected_ecc_errors(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
     rows = healthy_gpu_rows()
-    rows[3] = "3, NVIDIA H200, 130000, 143771, 97, 43, 2, [N/A]"
+    rows[3] = gpu_row(3, ecc="2")
     gpus.set_gpus(rows)
     sglang.start()
     report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
@@ -191,8 +207,6 @@ def test_critical_xid_in_kernel_log(ssh_host: SshHost, sglang: FakeSglang, gpus:
 
 
 def test_renamed_nvidia_smi_field_is_unknown(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
-    from eagle3_pipeline.health.gpu import GPU_QUERY_FIELDS
-
     gpus.set_fields([f.replace("retired_pages.pending", "retired_pages.pending_blacklist") for f in GPU_QUERY_FIELDS])
     sglang.start()
     report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
@@ -360,8 +374,151 @@ def _known_hosts_via(sshd: Sshd, proxy: TcpProxy, tmp_path: Path) -> Path:
 
 
 def test_host_only_tick_without_a_server(tmp_path: Path) -> None:
-    """No server yet (the embedded one starts with the run): only the host's checks run."""
+    """No server to probe is no evidence: UNKNOWN, and optional only when a run will probe it."""
     thresholds = HealthThresholds(expected_gpus=0, min_disk_free_gb=0, min_mem_free_gb=0, artifacts_dir=str(tmp_path))
     report, _ = run_health_tick(LocalHost(), None, thresholds)
-    assert {c.name for c in report.checks} == {"gpus", "disk", "host_memory", "progress"}
-    assert report.healthy, report.summary()
+    assert {c.name for c in report.checks} == {"generation", "gpus", "disk", "host_memory", "progress"}
+    assert report.check("generation").status is Status.UNKNOWN and not report.healthy
+    deferred, _ = run_health_tick(LocalHost(), None, thresholds, deferred="the run starts it and probes it")
+    generation = deferred.check("generation")
+    assert (generation.status, generation.required, generation.detail) == (
+        Status.UNKNOWN,
+        False,
+        "the run starts it and probes it",
+    )
+    assert deferred.healthy, deferred.summary()
+
+
+# -- GPU rules against the scripted nvidia-smi / dmesg / journalctl (no GPU on this machine) ------
+
+
+def test_pending_row_remap_is_critical(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
+    remaps = healthy_remap_rows()
+    remaps[2] = remap_row(2, uncorrectable=1, pending="1")
+    remaps[5] = remap_row(5, uncorrectable=9, failure="1")
+    gpus.set_remaps(remaps)
+    sglang.start()
+    report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
+    check = report.check("gpus")
+    assert (check.status, check.detail) == (
+        Status.CRITICAL,
+        "GPU 2 has a row remap pending (reset needed); GPU 5 row remapping failed (the GPU needs service)",
+    )
+    assert check.data["gpus"][2]["remap_pending"] is True and check.data["gpus"][0]["remap_pending"] is False
+
+
+def test_retired_pages_na_without_remap_query_is_unknown(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
+    gpus.set_remaps(None)  # a driver without --query-remapped-rows
+    sglang.start()
+    report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
+    check = report.check("gpus")
+    assert check.status is Status.UNKNOWN and not report.healthy
+    assert check.detail.startswith("GPU 0, 1, 2, 3, 4, 5, 6, 7: neither retired pages nor row remapping readable (")
+    assert "--query-remapped-rows failed (exit 2)" in check.detail
+
+
+def test_retired_pages_reported_need_no_remap_rows(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
+    gpus.set_gpus([gpu_row(i, retired="No") for i in range(8)])  # a pre-Ampere GPU retires pages
+    gpus.set_remaps([])
+    sglang.start()
+    report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
+    assert report.check("gpus").status is Status.OK, report.check("gpus").detail
+
+
+def test_restricted_dmesg_falls_back_to_journalctl(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
+    gpus.set_dmesg([], restricted=True)
+    gpus.set_journal(["Dec 02 10:00:00 gpu-box kernel: NVRM: Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus."])
+    sglang.start()
+    report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
+    check = report.check("gpus")
+    assert (check.status, check.detail) == (Status.CRITICAL, "Xid 79 on 0000:5d:00 (x1)")
+    assert check.data["xid_source"] == "journalctl"
+
+
+def test_unreadable_kernel_log_is_unknown(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin, tmp_path: Path) -> None:
+    gpus.set_dmesg([], restricted=True)  # and journalctl shows this user no kernel message
+    sglang.start()
+    report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for(kernel_log_path=str(tmp_path / "absent")))
+    check = report.check("gpus")
+    assert (check.status, check.detail) == (
+        Status.UNKNOWN,
+        "Xids unknown: no readable kernel log (dmesg, journalctl -k, kern.log)",
+    )
+    assert not report.healthy
+
+
+def test_kernel_log_file_is_the_last_fallback(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin, tmp_path: Path) -> None:
+    gpus.set_dmesg([], restricted=True)
+    kern_log = tmp_path / "kern.log"
+    kern_log.write_text(
+        "Dec 1 gpu-box kernel: NVRM: Xid (PCI:0000:3b:00): 79, before the last boot\n"
+        "Dec 2 gpu-box kernel: Linux version 6.1.0-18-amd64\n"
+        "Dec 2 gpu-box kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=42, Graphics Exception\n"
+    )
+    sglang.start()
+    report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for(kernel_log_path=str(kern_log)))
+    check = report.check("gpus")
+    assert (check.status, check.detail, check.data["xid_source"]) == (
+        Status.WARN,
+        "Xid 13 on 0000:3b:00 (x1)",
+        "kern.log",
+    )
+
+
+# -- every server work is sent to is asked, whether or not a server is monitored on the host ---
+
+
+def _cpu_thresholds(tmp_path: Path, **overrides: object) -> HealthThresholds:
+    options: dict[str, object] = {
+        "expected_gpus": 0,
+        "min_disk_free_gb": 0,
+        "min_mem_free_gb": 0,
+        "artifacts_dir": str(tmp_path),
+        "generation_timeout_s": 2,
+    }
+    options.update(overrides)
+    return HealthThresholds(**options)  # type: ignore[arg-type]
+
+
+def test_every_endpoint_is_asked_for_a_completion(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    live = GenerationTarget(base_url=fake_openai.base_url, model="fake")
+    report, _ = run_health_tick(LocalHost(), None, _cpu_thresholds(tmp_path), targets=[live])
+    assert report.healthy and report.check("generation").status is Status.OK, report.summary()
+    assert [r["max_tokens"] for r in fake_openai.requests] == [1]
+    both, _ = run_health_tick(
+        LocalHost(), None, _cpu_thresholds(tmp_path), targets=[live, GenerationTarget(base_url=dead, model="fake")]
+    )
+    check = both.check("generation")
+    assert check.status is Status.CRITICAL and not both.healthy
+    assert check.detail == f"connection refused for {dead}/chat/completions (server not listening)"
+    assert check.host == f"{fake_openai.base_url}, {dead}"
+    assert [e["status"] for e in check.data["endpoints"]] == ["ok", "critical"]
+
+
+def test_hosted_endpoint_is_asked_once_per_interval_and_its_key_never_shows(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.script = lambda body, n: Reply(status=401)
+    hosted = GenerationTarget(
+        base_url=fake_openai.base_url, model="fake", api_key="sk-live-123456", api_key_env="ROUTER_API_KEY"
+    )
+    thresholds = _cpu_thresholds(tmp_path, hosted_probe_interval_s=3600)
+    first, state = run_health_tick(LocalHost(), None, thresholds, targets=[hosted])
+    cursor = state.to_json()
+    second, state = run_health_tick(LocalHost(), None, thresholds, TickState.from_json(cursor), targets=[hosted])
+    assert len(fake_openai.requests) == 1, "a hosted endpoint is asked at most once per interval"
+    assert fake_openai.headers_seen[0]["Authorization"] == "Bearer sk-live-123456"
+    check = second.check("generation")
+    assert check.status is Status.CRITICAL and check.data["endpoints"][0]["cached"] is True
+    assert check.detail.startswith(f"HTTP 401 from {fake_openai.base_url}/chat/completions (check the API key) (probed ")
+    for text in (cursor, state.to_json(), repr(first), repr(second), str(second.to_dict()), repr(hosted)):
+        assert "sk-live" not in text
+    expired, _ = run_health_tick(
+        LocalHost(), None, _cpu_thresholds(tmp_path, hosted_probe_interval_s=0.001), state, targets=[hosted]
+    )
+    assert len(fake_openai.requests) == 2 and "probed" not in expired.check("generation").detail
+    unset = GenerationTarget(base_url=fake_openai.base_url, model="fake", api_key_env="ROUTER_API_KEY")
+    missing, _ = run_health_tick(LocalHost(), None, thresholds, targets=[unset])
+    assert missing.check("generation").detail == f"{fake_openai.base_url}: API key variable ROUTER_API_KEY is not set"
+    assert len(fake_openai.requests) == 2

@@ -1,4 +1,4 @@
-"""Throughput from the server's Prometheus endpoint: generated-token counters must advance.
+"""`throughput`: the server's generated-token counter (Prometheus `/metrics`) must advance.
 
 A frozen generated-token counter while requests are running is a hang, whatever GPU
 utilisation says (a wedged NCCL collective keeps GPUs at 100 %). A counter is only comparable
@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from eagle3_pipeline.health.http import http_client
 from eagle3_pipeline.health.report import Status, Verdict
+from eagle3_pipeline.health.settings import ServerSpec
 
 __all__ = [
     "RUNNING_GAUGES",
@@ -23,6 +26,7 @@ __all__ = [
     "ThroughputBaseline",
     "ThroughputVerdict",
     "evaluate_throughput",
+    "fetch_metrics",
     "parse_metrics",
 ]
 
@@ -74,6 +78,26 @@ class ThroughputBaseline:
 class ThroughputVerdict:
     verdict: Verdict
     baseline: ThroughputBaseline | None
+
+
+def fetch_metrics(spec: ServerSpec, timeout_s: float) -> MetricsScrape | str:
+    """Scrape the server's Prometheus endpoint; a string says why it failed."""
+    path = spec.metrics_endpoint
+    if path is None:
+        return "no metrics endpoint"
+    try:
+        with http_client(timeout_s, spec.api_key) as client:
+            response = client.get(spec.url(path))
+    except httpx.TimeoutException:
+        return f"metrics scrape: no answer from {path} within {timeout_s:g} s"
+    except httpx.HTTPError as exc:
+        return f"metrics scrape of {path} failed: {type(exc).__name__}"
+    if response.status_code != 200:
+        return f"metrics scrape failed: HTTP {response.status_code} from {path}"
+    try:
+        return parse_metrics(response.text)
+    except MetricsParseError as exc:
+        return f"metrics scrape failed: {exc}"
 
 
 def parse_metrics(text: str) -> MetricsScrape:
