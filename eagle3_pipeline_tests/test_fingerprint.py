@@ -147,3 +147,15 @@ def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_re
     finally:
         for server in servers:
             server.stop()
+
+
+def test_without_answers_new_settings_just_start_and_old_failures_are_kept_aside(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    from eagle3_pipeline_tests.fake_openai import Reply
+
+    fake_openai.script = lambda body, n: Reply(status=400) if body["max_tokens"] == 8 else Reply()
+    instance = dg.DagsterInstance.ephemeral()
+    assert not materialize(pipeline(tmp_path, fake_openai), instance).success
+    assert (tmp_path / "out" / "responses" / "B1.errors.jsonl").exists()
+    assert materialize(pipeline(tmp_path, fake_openai, max_tokens=16), instance).success, "no answers to protect: no refusal"
+    [kept] = list((tmp_path / "out" / "responses" / "previous").iterdir())
+    assert (kept / "B1.errors.jsonl").exists() and not (tmp_path / "out" / "responses" / "B1.errors.jsonl").exists()

@@ -156,7 +156,8 @@ class FingerprintDecision:
 def settle_fingerprint(config: PipelineConfig, dataset_id: str, has_answers: bool) -> FingerprintDecision:
     """Make the dataset's stored fingerprint the configured one before anything is sent.
 
-    No answers yet: (re)write the fingerprint. Answers under the same fingerprint: nothing to do.
+    No answers yet: write the fingerprint (an earlier one's errors file is kept aside with it).
+    Answers under the same fingerprint: nothing to do.
     Answers under another one: refuse (:class:`FingerprintMismatch` naming every differing field),
     or with ``on_fingerprint_change: new_version`` keep the old files aside and start over."""
     layout = ArtifactLayout(config.artifacts_root)
@@ -164,10 +165,12 @@ def settle_fingerprint(config: PipelineConfig, dataset_id: str, has_answers: boo
     path = layout.fingerprint(dataset_id)
     document = read_fingerprint(path)
     endpoints = configured_endpoints(config)
-    if not has_answers:
-        write_fingerprint(path, configured, endpoints)
-        return FingerprintDecision(configured, None)
     changed = differences(document["fingerprint"] if document else None, configured)
+    if not has_answers:
+        # Nothing to protect; failures recorded under other settings are kept aside with their fingerprint.
+        folder = keep_aside(layout, dataset_id, str(document.get("digest"))) if document is not None and changed else None
+        write_fingerprint(path, configured, endpoints)
+        return FingerprintDecision(configured, folder)
     if not changed:
         if document is not None and not set(endpoints) <= set(document.get("endpoints", [])):
             write_fingerprint(path, configured, [*document.get("endpoints", []), *endpoints])
