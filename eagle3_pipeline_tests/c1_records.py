@@ -1,9 +1,5 @@
-"""Responses tables in the form of contract C1, written by the dataprep tests.
-
-The generation side (records.MESSAGE_TYPE) adopts this message struct in its own branch; until
-both meet on main, these tests build their tables from this copy of the contract. C1_MESSAGE_TYPE
-must equal records.MESSAGE_TYPE once both are merged.
-"""
+"""Responses tables as generation writes them (``records.MESSAGE_TYPE``), built by hand for the
+dataprep tests and benchmark."""
 
 from __future__ import annotations
 
@@ -13,28 +9,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from eagle3_pipeline.records import write_parquet
+from eagle3_pipeline.records import MESSAGE_TYPE, write_parquet
 
-C1_MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "generated", "finish_reason")
-C1_MESSAGE_TYPE = pa.list_(
-    pa.struct(
-        [
-            ("role", pa.string()),
-            ("content", pa.string()),
-            ("reasoning_content", pa.string()),
-            ("tool_calls", pa.string()),
-            ("tool_call_id", pa.string()),
-            ("name", pa.string()),
-            ("generated", pa.bool_()),
-            ("finish_reason", pa.string()),
-        ]
-    )
-)
+C1_MESSAGE_FIELDS = tuple(field.name for field in MESSAGE_TYPE.value_type)
 C1_RESPONSE_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
         ("dataset", pa.string()),
-        ("messages", C1_MESSAGE_TYPE),
+        ("messages", MESSAGE_TYPE),
         ("tools", pa.string()),
         ("response", pa.string()),
         ("finish_reason", pa.string()),

@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, read_manifest, split_of
-from eagle3_pipeline.records import RESPONSE_SCHEMA, write_parquet
 from eagle3_pipeline_tests.c1_records import generated, message, response_row, write_responses
 
 pytestmark = pytest.mark.local_model
@@ -111,17 +110,20 @@ def test_template_mismatches_are_counted_per_dataset_with_examples(tmp_path: Pat
     assert stats.mismatch_examples == ["T/tool1: message 1: the template renders nothing of the generated turn"]
 
 
-def test_tables_written_before_contract_c1_train_on_their_final_turn(tmp_path: Path, local_model: Path) -> None:
-    legacy = {
-        "id": "old1", "dataset": "L", "tools": None, "response": "Hello there", "finish_reason": "length",
-        "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}],
-        "prompt_tokens": 1, "completion_tokens": 2, "latency_s": 0.1, "model": "m", "endpoint": "e", "finished_at": 0.0,
-    }
-    write_parquet([legacy], RESPONSE_SCHEMA, tmp_path / "L.parquet")
-    build([tmp_path / "L.parquet"], tmp_path / "td", local_model, eval_fraction=0.0)
-    (row,) = shard_rows(tmp_path / "td")
-    tokenizer = load_tokenizer(str(local_model))
-    assert tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]) == "Hello there"
+def test_a_table_from_before_generated_turns_were_marked_is_refused_by_name(tmp_path: Path, local_model: Path) -> None:
+    old_messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    old = pa.table(
+        {
+            "id": ["old1"],
+            "dataset": ["L"],
+            "messages": pa.array([[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]], old_messages),
+            "tools": pa.array([None], pa.string()),
+        }
+    )
+    pq.write_table(old, tmp_path / "L.parquet")
+    with pytest.raises(ValueError, match=r"L.parquet: messages have no 'generated' field .* materialize responses again"):
+        build([tmp_path / "L.parquet"], tmp_path / "td", local_model)
+    assert not (tmp_path / "td").exists()
 
 
 def test_a_table_without_the_messages_column_is_named(tmp_path: Path, local_model: Path) -> None:

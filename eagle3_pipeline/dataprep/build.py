@@ -51,9 +51,6 @@ SHARD_SCHEMA = pa.schema(
 BUCKET_SCHEMA = SHARD_SCHEMA.append(pa.field("key", pa.uint64())).append(pa.field("split", pa.string()))
 FREQ_SCHEMA = pa.schema([("token_id", pa.int32()), ("count", pa.int64())])
 RESPONSE_COLUMNS = ("id", "dataset", "messages", "tools")
-# Responses tables written before contract C1 (messages of role/content only) mark no turn as
-# generated; their final turn is the generated one and the row's finish_reason is its own.
-LEGACY_COLUMNS = ("finish_reason",)
 MISMATCH_EXAMPLES = 5
 
 
@@ -155,14 +152,11 @@ def shuffle_key(sample_id: str, seed: int) -> int:
     return _hash64(f"shuffle:{seed}:{sample_id}")
 
 
-def stored_conversation(row: dict[str, Any], legacy: bool, reasoning: ReasoningMode) -> Conversation:
+def stored_conversation(row: dict[str, Any], reasoning: ReasoningMode) -> Conversation:
     """A responses-table row (contract C1) as a :class:`Conversation`: the turns with ``generated``
     set are trained on, finished when their ``finish_reason`` is ``stop`` or ``tool_calls``."""
     stored = row["messages"]
-    if legacy:
-        generated = {len(stored) - 1: row.get("finish_reason") in FINISHED}
-    else:
-        generated = {i: m.get("finish_reason") in FINISHED for i, m in enumerate(stored) if m.get("generated")}
+    generated = {i: m.get("finish_reason") in FINISHED for i, m in enumerate(stored) if m.get("generated")}
     messages = [template_message(m, i, reasoning) for i, m in enumerate(stored)]
     tools = json.loads(row["tools"]) if row.get("tools") else None
     return Conversation(messages, tools, generated)
@@ -172,20 +166,21 @@ def _has_output(message: dict[str, Any]) -> bool:
     return bool((message.get("content") or "").strip() or message.get("tool_calls") or message.get("reasoning_content"))
 
 
-def _read_rows(path: Path, batch_rows: int) -> Iterator[tuple[list[dict[str, Any]], bool]]:
-    """Batches of a responses table's rows, and whether the table predates contract C1."""
+def _read_rows(path: Path, batch_rows: int) -> Iterator[list[dict[str, Any]]]:
+    """Batches of a responses table's rows."""
     parquet = pq.ParquetFile(path)
     schema = parquet.schema_arrow
     missing = [c for c in RESPONSE_COLUMNS if c not in schema.names]
     if missing:
         raise ValueError(f"{path}: column(s) {', '.join(missing)} missing; expected a responses table")
     message_fields = {f.name for f in schema.field("messages").type.value_type}
-    legacy = "generated" not in message_fields
-    if legacy and LEGACY_COLUMNS[0] not in schema.names:
-        raise ValueError(f"{path}: messages have no 'generated' field and the table has no 'finish_reason' column")
-    columns = [*RESPONSE_COLUMNS, *(LEGACY_COLUMNS if legacy else ())]
-    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
-        yield batch.to_pylist(), legacy
+    if "generated" not in message_fields:
+        raise ValueError(
+            f"{path}: messages have no 'generated' field (a responses table from before generated turns were "
+            "marked); materialize responses again"
+        )
+    for batch in parquet.iter_batches(batch_size=batch_rows, columns=list(RESPONSE_COLUMNS)):
+        yield batch.to_pylist()
 
 
 @dataclass
@@ -305,9 +300,9 @@ class _Tokenizer:
         self.renderer, self.seed, self.eval_fraction, self.max_seq_len, self.stats = renderer, seed, eval_fraction, max_seq_len, stats
         self.backend = renderer.tokenizer.backend_tokenizer
 
-    def prepare(self, row: dict[str, Any], legacy: bool) -> _Pending | None:
+    def prepare(self, row: dict[str, Any]) -> _Pending | None:
         """Render and locate one row's generated turns; None when the row is dropped (counted)."""
-        conversation = stored_conversation(row, legacy, self.renderer.reasoning)
+        conversation = stored_conversation(row, self.renderer.reasoning)
         if not conversation.generated:
             self.stats.no_generated_turn += 1
             return None
@@ -379,14 +374,14 @@ def _tokenize_into(
     seen: set[str] = set()
     pending: list[_Pending] = []
     for path in response_files:
-        for rows, legacy in _read_rows(path, buffer_rows):
+        for rows in _read_rows(path, buffer_rows):
             for row in rows:
                 stats.rows_in += 1
                 if row["id"] in seen:
                     stats.duplicates += 1
                     continue
                 seen.add(row["id"])
-                prepared = tokenizing.prepare(row, legacy)
+                prepared = tokenizing.prepare(row)
                 if prepared is not None:
                     pending.append(prepared)
                 if len(pending) >= buffer_rows:
