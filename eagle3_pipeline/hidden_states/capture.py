@@ -99,9 +99,7 @@ def decoder_layers(model: Any) -> Sequence[Any]:
 
 
 def check_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> None:
-    if len(aux_layer_ids) != 3 or list(aux_layer_ids) != sorted(set(aux_layer_ids)):
-        raise TargetLoadError(f"hidden_states.aux_layer_ids: expected 3 increasing layer ids, got {list(aux_layer_ids)}")
-    if aux_layer_ids[0] < 0 or aux_layer_ids[-1] >= num_layers - 1:
+    if aux_layer_ids[-1] >= num_layers - 1:
         raise TargetLoadError(
             f"hidden_states.aux_layer_ids: expected ids in 0..{num_layers - 2} (outputs of layers before the last "
             f"of the target's {num_layers}), got {list(aux_layer_ids)}"

@@ -19,11 +19,12 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from eagle3_pipeline.compute import Reporter
+from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
 from eagle3_pipeline.hidden_states.capture import Target, batch_states, check_layer_ids, load_target, reference_states
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import PLAN_FILE, PlannedShard, plan_shards, write_plan
@@ -48,25 +49,32 @@ class ExtractionError(RuntimeError):
     """The phase cannot (or must not) go on; the message says why and what to change."""
 
 
-class ExtractSpec(BaseModel):
-    """The spec of the `extract` phase (JSON). Paths are on the machine where it runs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ExtractSpec(HiddenStatesConfig):
+    """The spec of the `extract` phase (JSON): the `hidden_states:` settings plus where things are.
+    Paths are on the machine where the phase runs."""
 
     training_data: str
     output: str
     model: str
     target_name: str
-    aux_layer_ids: list[int] | None = None
-    shard_tokens: Annotated[int, Field(gt=0)] = 32768
-    batch_tokens: Annotated[int, Field(gt=0)] = 8192
-    max_batch_size: Annotated[int, Field(gt=0)] = 32
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    disk_margin: Annotated[float, Field(gt=0)] = 1.2
-    overwrite: bool = False
-    spot_check_samples: Annotated[int, Field(ge=0)] = 4
-    spot_check_tolerance: Annotated[float, Field(gt=0)] = 0.01
+
+
+def target_weights(config: PipelineConfig) -> str:
+    """What transformers loads as the target: `hidden_states.model`, else the embedded model's
+    folder (embedded profile) or `target.tokenizer` (endpoints: the served model's repository)."""
+    if config.hidden_states.model:
+        return config.hidden_states.model
+    if config.inference.kind == "embedded":
+        from eagle3_pipeline.serving import local_model_dir
+
+        return str(local_model_dir())
+    return str(config.target.tokenizer)
+
+
+def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str) -> dict[str, Any]:
+    """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
+    settings = config.hidden_states.model_dump(exclude={"model"})
+    return {**settings, "training_data": training_data, "output": output, "model": model, "target_name": config.target.model}
 
 
 def parse_spec(spec: dict[str, Any]) -> ExtractSpec:
