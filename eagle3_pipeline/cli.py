@@ -18,7 +18,7 @@ from typing import Any
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import CheckpointError, Progress
 from eagle3_pipeline.monitor import HealthMonitor
-from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, render_status, status_document
+from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, extraction_status, render_status, status_document
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
@@ -256,7 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status_document(report, progress), indent=2))
     else:
-        print(render_status(report, progress, runs_in_flight()))
+        print(render_status(report, progress, runs_in_flight(), extraction_status(config)))
     return exit_code(report)
 
 
