@@ -15,7 +15,6 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.hidden_states.inputs import SPLITS, TrainingData, read_column
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, shard_name
@@ -75,10 +74,6 @@ class ExtractionProgress:
     @property
     def bytes_per_token(self) -> float:
         return self.bytes / self.tokens_done if self.tokens_done else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        age = None if self.last_write_age_s is None else round(self.last_write_age_s, 1)
-        return {**asdict(self), "last_write_age_s": age, "bytes_per_token": round(self.bytes_per_token, 1)}
 
     def line(self) -> str:
         state = "finished" if self.finished else "in progress"
