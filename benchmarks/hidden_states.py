@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import subprocess
 import sys
@@ -33,17 +34,35 @@ class Quiet:
         pass
 
 
+def write_training_data(folder: Path, samples: int, min_len: int, max_len: int) -> Path:
+    """One train shard of seeded random token ids (contract C2), half of each sample masked."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eagle3_pipeline.dataprep import SHARD_SCHEMA
+
+    rng = random.Random(7)
+    rows = []
+    for i in range(samples):
+        length = rng.randint(min_len, max_len)
+        mask = [0] * (length // 2) + [1] * (length - length // 2)
+        rows.append({"id": f"s{i:05d}", "dataset": "bench", "input_ids": [rng.randrange(49152) for _ in range(length)],
+                     "loss_mask": mask, "num_tokens": length, "num_masked": sum(mask)})
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), folder / "train-00000.parquet")
+    (folder / "manifest.json").write_text(json.dumps({"shards": {"train": ["train-00000.parquet"], "eval": []}, "vocab_size": 49152}))
+    return folder
+
+
 def child(samples: int, min_len: int, max_len: int) -> dict[str, Any]:
     import torch
 
     from eagle3_pipeline.hidden_states.extract import run
     from eagle3_pipeline.hidden_states.store import HiddenStateStore
     from eagle3_pipeline.serving import local_model_dir
-    from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
     with tempfile.TemporaryDirectory() as tmp:
-        rows = sample_rows("s", samples, seed=7, min_len=min_len, max_len=max_len)
-        data = write_training_data(Path(tmp) / "td", {"train": [rows], "eval": [[]]})
+        data = write_training_data(Path(tmp) / "td", samples, min_len, max_len)
         spec = {"training_data": str(data), "output": str(Path(tmp) / "hs"), "model": str(local_model_dir()),
                 "target_name": "SmolLM2-135M-Instruct", "device": "cpu", "shard_tokens": SHARD_TOKENS, "spot_check_samples": 0}
         meta = run(spec, Quiet())
