@@ -18,7 +18,7 @@ from typing import Any
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import CheckpointError, Progress
 from eagle3_pipeline.monitor import HealthMonitor
-from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, render_status, status_document
+from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, extraction_status, render_status, status_document
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
@@ -164,6 +164,10 @@ class MainJob:
                 self._materialize(["prompts", "responses"], partition_key=dataset_id)
             self.say("» training_data")
             self._materialize(["training_data"])
+            self.say("» draft_vocab")
+            self._materialize(["draft_vocab"])
+            self.say("» hidden_states")
+            self._materialize(["hidden_states"])
         finally:
             self.provider.close()
         self.say(self.summary(time.monotonic() - started))
@@ -185,9 +189,20 @@ class MainJob:
             f"{t.get('tokens', 0)} tokens, {t.get('masked_tokens', 0)} masked; "
             f"dropped {t.get('over_length_dropped', 0)} over-length"
         )
+        lines += self.eagle3_summary()
         lines.append(f"artifacts: {self.config.artifacts_root}   dagster home: {os.environ['DAGSTER_HOME']}")
         lines.append(f"done in {elapsed_s:.1f} s")
         return "\n".join(lines)
+
+    def eagle3_summary(self) -> list[str]:
+        v, h = self.results.get("draft_vocab", {}), self.results.get("hidden_states", {})
+        return [
+            f"draft_vocab: {v.get('draft_vocab_size', 0)} of {v.get('target_vocab_size', 0)} ids, "
+            f"coverage {v.get('coverage', 0):.1%} of masked train tokens ({v.get('eval_coverage', 0):.1%} eval)",
+            f"hidden_states: {h.get('samples', 0)} samples, {h.get('tokens', 0)} tokens, {h.get('bytes', 0) / 1e6:.1f} MB, "
+            f"{h.get('bytes_per_token', 0)} bytes/token (formula {h.get('bytes_per_token_formula', 0)}), "
+            f"{h.get('shards_written', 0)} shards written / {h.get('shards_reused', 0)} reused, in {h.get('store', '-')}",
+        ]
 
 
 def _load(args: argparse.Namespace) -> PipelineConfig | None:
@@ -241,7 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status_document(report, progress), indent=2))
     else:
-        print(render_status(report, progress, runs_in_flight()))
+        print(render_status(report, progress, runs_in_flight(), extraction_status(config)))
     return exit_code(report)
 
 

@@ -285,6 +285,48 @@ class ComputeConfig(_Model):
         if self.kind == "command" and self.command is None:
             raise ValueError("kind 'command' needs compute.command (the command that writes SpecForge files to {output_dir})")
         return self
+# --- EAGLE-3 phase A: draft vocabulary and hidden states (issue 9) -------------------------------
+
+
+class DraftVocabConfig(_Model):
+    """`draft_vocab:` the target ids the drafter predicts, chosen by masked-token frequency."""
+
+    # Default: a quarter of the target vocabulary, at least 1024 (draft_vocab.default_draft_vocab_size).
+    size: Annotated[int, Field(gt=0)] | None = None
+    # Rows of the target's lm_head; default: training_data's vocab_size (the tokenizer's length).
+    # Set it when the target pads its embedding matrix beyond the tokenizer.
+    target_vocab_size: Annotated[int, Field(gt=0)] | None = None
+    # The asset check `draft_vocab:coverage` fails below this share of masked train tokens.
+    min_coverage: Annotated[float, Field(ge=0, le=1)] = 0.9
+
+
+class HiddenStatesConfig(_Model):
+    """`hidden_states:` how the target's states are extracted (the `extract` phase's settings)."""
+
+    # The target's weights as transformers loads them (a folder or a Hugging Face id, on the machine
+    # where extraction runs). Default: the embedded model, or target.tokenizer for endpoints.
+    model: str | None = None
+    # Output-of-layer ids (shared/EAGLE3.md §3); default [1, N/2-1, N-4] for an N-layer target.
+    aux_layer_ids: list[int] | None = None
+    shard_tokens: Annotated[int, Field(gt=0)] = 32768
+    batch_tokens: Annotated[int, Field(gt=0)] = 8192
+    max_batch_size: Annotated[int, Field(gt=0)] = 32
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Refuse to start when free disk < estimated bytes × disk_margin.
+    disk_margin: Annotated[float, Field(gt=0)] = 1.2
+    # Replace a store made under other settings instead of refusing.
+    overwrite: bool = False
+    spot_check_samples: Annotated[int, Field(ge=0)] = 4
+    # Largest relative L2 error (per sample and tensor, bf16) between stored and re-computed states.
+    spot_check_tolerance: Annotated[float, Field(gt=0)] = 0.01
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _three_increasing_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and (len(ids) != 3 or ids != sorted(set(ids)) or ids[0] < 0):
+            raise ValueError(f"expected 3 increasing non-negative layer ids, got {ids}")
+        return ids
 
 
 class PipelineConfig(_Model):
@@ -300,6 +342,8 @@ class PipelineConfig(_Model):
     training_data: TrainingDataConfig = TrainingDataConfig()
     health: HealthConfig = HealthConfig()
     compute: ComputeConfig = ComputeConfig()
+    draft_vocab: DraftVocabConfig = DraftVocabConfig()
+    hidden_states: HiddenStatesConfig = HiddenStatesConfig()
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 

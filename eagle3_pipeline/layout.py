@@ -49,5 +49,13 @@ class ArtifactLayout:
         return self.root / "training_data"
 
     @property
+    def draft_vocab(self) -> Path:
+        return self.root / "draft_vocab"
+
+    @property
+    def hidden_states(self) -> Path:
+        return self.root / "hidden_states"
+
+    @property
     def server_log(self) -> Path:
         return self.root / "logs" / "embedded-server.log"

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import ResponseCheckpoint
-from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.health import HealthReport, Status
+from eagle3_pipeline.hidden_states.plan import ExtractionProgress, extraction_progress
 from eagle3_pipeline.layout import ArtifactLayout
 
 
@@ -80,7 +81,17 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
-def render_status(report: HealthReport, progress: Sequence[DatasetProgress], runs: Sequence[RunInFlight]) -> str:
+def extraction_status(config: PipelineConfig) -> ExtractionProgress | None:
+    """Hidden-state extraction into the local store (compute: local), None before it starts."""
+    return extraction_progress(ArtifactLayout(config.artifacts_root).hidden_states)
+
+
+def render_status(
+    report: HealthReport,
+    progress: Sequence[DatasetProgress],
+    runs: Sequence[RunInFlight],
+    extraction: ExtractionProgress | None = None,
+) -> str:
     lines = [f"health: {report.overall.value.upper()}  ({report.summary()})", ""]
     width = max((len(c.name) for c in report.checks), default=5)
     lines += [
@@ -94,6 +105,8 @@ def render_status(report: HealthReport, progress: Sequence[DatasetProgress], run
         lines.append(
             f"  {p.id:<16}{prompts:>9}{p.responses:>11}{p.completion_tokens:>10}{budget:>10}{_age(p.last_write_age_s):>12}"
         )
+    if extraction is not None:
+        lines += ["", f"  {extraction.line()}, last shard written {_age(extraction.last_write_age_s)} ago"]
     lines.append("")
     if runs:
         lines.append("runs in progress:")

@@ -59,6 +59,8 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     out = tmp_path / "out"
     assert len(checkpoint_ids(out / "responses" / "B1.checkpoint.jsonl")) == 3
     assert (out / "training_data" / "manifest.json").exists()
+    assert "hidden_states: 6 samples" in first.stdout and "bytes/token (formula 4613)" in first.stdout
+    assert (out / "hidden_states" / "index.parquet").exists() and (out / "draft_vocab" / "vocab.safetensors").exists()
     assert not (out / "logs" / "embedded-server.log").read_text().count("Traceback")
 
     log_size = (out / "logs" / "embedded-server.log").stat().st_size
@@ -66,6 +68,7 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     assert second.returncode == 0, second.stderr[-3000:]
     assert (out / "logs" / "embedded-server.log").stat().st_size == log_size, "no server is started when nothing is left"
     assert [line.split()[3] for line in second.stdout.splitlines() if line.startswith("B")] == ["0", "0"]
+    assert "0 shards written" in second.stdout, "a rerun keeps every finished hidden-state shard"
 
     instance = open_instance(home, monkeypatch)
     for partition in ("B1", "B2"):

@@ -1,0 +1,56 @@
+"""`draft_vocab` and `hidden_states` as Dagster assets on a real (ephemeral) instance, with the
+real tiny target; their checks pass on good data and block when they fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
+
+pytestmark = pytest.mark.local_model
+
+
+def pipeline(tmp_path: Path, extra: str) -> dg.Definitions:
+    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\n"
+        "datasets:\n  - {id: B1, source: a.jsonl}\n" + extra
+    )
+    config = load_config(path)
+    train, evals = [sample_rows("a", 3, seed=1, max_len=12)], [sample_rows("e", 1, seed=2, max_len=12)]
+    write_training_data(config.artifacts_root / "training_data", {"train": train, "eval": evals})
+    return build_eagle3_assets(config)
+
+
+def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+
+def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_model: Path) -> None:
+    assets = pipeline(tmp_path, "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu}\n")
+    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    assert evaluations(result) == {"coverage": True, "spot_check": True, "bytes_per_token": True}
+    meta = result.asset_materializations_for_node("hidden_states")[0].metadata
+    assert meta["samples"].value == 4 and meta["layer_convention"].value == "output_of_layer"
+    assert meta["training_data_version"].value.startswith("sha256:") and meta["aux_layer_ids"].value == "[1, 14, 26]"
+    vocab = result.asset_materializations_for_node("draft_vocab")[0].metadata
+    assert vocab["draft_vocab_size"].value == 12288 and vocab["coverage"].value == 1.0
+    observed = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert observed and "shards_done" in observed[-1].event_specific_data.asset_observation.metadata
+
+
+def test_failed_checks_block_the_run(tmp_path: Path, local_model: Path) -> None:
+    extra = "draft_vocab: {size: 2}\nhidden_states: {shard_tokens: 100, spot_check_samples: 1, spot_check_tolerance: 1.0e-12, device: cpu}\n"
+    assets = pipeline(tmp_path, extra)
+    vocab = dg.materialize(assets, selection=["draft_vocab"], instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not vocab.success and evaluations(vocab) == {"coverage": False}
+    states = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not states.success and evaluations(states)["spot_check"] is False

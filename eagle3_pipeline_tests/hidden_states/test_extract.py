@@ -1,0 +1,193 @@
+"""The `extract` phase with the real tiny target (SmolLM2-135M-Instruct, the stand-in for the 1T
+target) on real training_data shards: batching invariance, spot check, teacher convention, disk
+refusal, identity mismatch, NaN reporting, kill -9 and resume, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_layers, load_target, reference_states  # noqa: E402
+from eagle3_pipeline.hidden_states.extract import ExtractionError, extract_shard, parse_spec, run, spot_check  # noqa: E402
+from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
+from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards  # noqa: E402
+from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore  # noqa: E402
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
+
+pytestmark = pytest.mark.local_model
+
+AUX = [1, 14, 26]
+# Batching tolerance: CPU float32 compute, bf16 storage. The only difference between batchings is
+# float32 reassociation (~1e-6 relative), so stored bf16 values may differ by at most one bf16 step
+# where a value sits on a rounding boundary: relative L2 error per sample and tensor ≤ 1e-3.
+BATCHING_TOLERANCE = 1e-3
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.points: list[dict[str, Any]] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+    def progress(self, metrics: dict[str, Any]) -> None:
+        self.points.append(dict(metrics))
+
+
+@pytest.fixture(scope="module")
+def target(local_model: Path) -> Target:
+    return load_target(str(local_model), "SmolLM2-135M-Instruct", device="cpu")
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    train = [sample_rows("a", 4, seed=1, max_len=14), sample_rows("b", 2, seed=2, max_len=14)]
+    return write_training_data(tmp_path / "training_data", {"train": train, "eval": [sample_rows("e", 2, seed=3, max_len=14)]})
+
+
+def spec(data: Path, output: Path, model: Path, **settings: Any) -> dict[str, Any]:
+    return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": "SmolLM2-135M-Instruct",
+            "device": "cpu", "shard_tokens": 30, "spot_check_samples": 1, **settings}
+
+
+def stored(root: Path) -> dict[str, tuple[Any, Any]]:
+    return {s.sample_id: (s.aux_hidden_states, s.hidden_states) for s in HiddenStateStore(root).iter_samples()}
+
+
+def rel(a: Any, b: Any) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_batch_composition_does_not_change_a_samples_states(data: Path, tmp_path: Path, local_model: Path) -> None:
+    alone = run(spec(data, tmp_path / "bs1", local_model, max_batch_size=1, shard_tokens=1000), Recorder())
+    batched = run(spec(data, tmp_path / "bs4", local_model, max_batch_size=4, shard_tokens=1000), Recorder())
+    assert alone["samples"] == batched["samples"] == 8
+    one, four = stored(tmp_path / "bs1"), stored(tmp_path / "bs4")
+    assert one.keys() == four.keys()
+    errors = [rel(four[k][i], one[k][i]) for k in one for i in (0, 1)]
+    assert max(errors) <= BATCHING_TOLERANCE, errors
+    assert batched["spot_check_passed"] and batched["bytes_per_token_formula"] == 4 * 576 * 2 + 5
+
+
+def test_teacher_is_the_final_norms_output_and_aux_ids_are_layer_outputs(target: Target) -> None:
+    sequence = [1, 504, 3458, 28, 2377, 314, 260, 1345]
+    caught: dict[int, Any] = {}
+    layers = decoder_layers(target.model)
+    handles = [layers[i].register_forward_hook(lambda _m, _i, out, i=i: caught.__setitem__(i, out)) for i in (*AUX, 29)]
+    try:
+        aux, hidden = reference_states(target, AUX, sequence)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert torch.equal(hidden, target.model.base_model.norm(caught[29])[0])
+    assert torch.equal(aux, torch.cat([caught[i][0] for i in AUX], dim=-1))
+    [(batch_aux, batch_hidden)] = batch_states(target, AUX, [sequence])
+    assert torch.allclose(batch_aux, aux, atol=1e-5) and torch.allclose(batch_hidden, hidden, atol=1e-5)
+
+
+def test_spot_check_fails_when_stored_states_differ(data: Path, tmp_path: Path, local_model: Path, target: Target) -> None:
+    out = tmp_path / "store"
+    meta = run(spec(data, out, local_model, spot_check_samples=3), Recorder())
+    assert meta["spot_check_passed"] and meta["spot_check_samples"] == 3 and meta["spot_check_max_rel_error"] < 0.01
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    shard = out / "shard-00000.safetensors"
+    with safe_open(str(shard), framework="pt") as handle:
+        header = handle.metadata()
+    tensors = load_file(str(shard))
+    tensors[AUX_KEY] = tensors[AUX_KEY].roll(1, dims=0)  # states shifted by one token: a plausible bug
+    save_file(tensors, str(shard), metadata=header)
+    verdict = spot_check(HiddenStateStore(out), target, AUX, 8, 0.01)
+    assert not verdict["spot_check_passed"] and verdict["spot_check_max_rel_error"] > 0.1
+
+
+def test_refuses_when_the_disk_is_too_small_naming_both_numbers(data: Path, tmp_path: Path, local_model: Path) -> None:
+    with pytest.raises(ExtractionError, match=r"bytes \(.* GB\) free, the phase will write about \d+ bytes .* × 4613 bytes/token"):
+        run(spec(data, tmp_path / "store", local_model, disk_margin=1e12), Recorder())
+    assert not list((tmp_path / "store").glob("shard-*"))
+
+
+def test_a_store_made_under_other_settings_is_refused_or_replaced(data: Path, tmp_path: Path, local_model: Path) -> None:
+    out = tmp_path / "store"
+    run(spec(data, out, local_model, spot_check_samples=0), Recorder())
+    with pytest.raises(ExtractionError, match=r"aux_layer_ids: store has \[1, 14, 26\], expected \[2, 14, 26\].*overwrite"):
+        run(spec(data, out, local_model, aux_layer_ids=[2, 14, 26], spot_check_samples=0), Recorder())
+    meta = run(spec(data, out, local_model, aux_layer_ids=[2, 14, 26], spot_check_samples=0, overwrite=True), Recorder())
+    assert meta["shards_reused"] == 0 and HiddenStateStore(out).manifest().aux_layer_ids == [2, 14, 26]
+    with pytest.raises(ExtractionError, match=r"extract spec: aux_layer_ids: .*expected 3 increasing"):
+        parse_spec(spec(data, out, local_model, aux_layer_ids=[5, 3, 9]))
+
+
+def test_nan_states_name_the_shard_and_sample(data: Path, tmp_path: Path, target: Target) -> None:
+    shard = plan_shards(TrainingData.open(data), 30)[0]
+    from eagle3_pipeline.hidden_states.inputs import iter_rows
+
+    rows = list(iter_rows(data / shard.source, ["id", "dataset", "input_ids", "loss_mask"]))[: len(shard.sample_ids)]
+    weight = decoder_layers(target.model)[3].mlp.down_proj.weight
+    saved = weight[0, 0].item()
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    try:
+        with pytest.raises(ExtractionError, match=rf"shard-00000 \(train, train-00000.parquet row 0\): sample {rows[0]['id']}: aux_hidden_states holds NaN"):
+            extract_shard(HiddenStateStore(tmp_path / "store"), target, parse_spec(spec(data, tmp_path, Path("m"))), AUX, shard, rows)
+    finally:
+        with torch.no_grad():
+            weight[0, 0] = saved
+    assert not (tmp_path / "store" / "shard-00000.safetensors").exists()
+
+
+CHILD = """
+import json, sys, time
+from eagle3_pipeline.hidden_states.extract import run
+class Slow:
+    def log(self, message): print(message, flush=True)
+    def progress(self, metrics): time.sleep(30 if metrics["shards_done"] >= 2 else 0)
+run(json.loads(sys.argv[1]), Slow())
+"""
+
+
+def test_kill_9_then_rerun_redoes_only_unfinished_shards(data: Path, tmp_path: Path, local_model: Path) -> None:
+    out = tmp_path / "store"
+    settings = spec(data, out, local_model, shard_tokens=15, spot_check_samples=0)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(settings)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "shard-00001.index.parquet").exists():
+        assert child.poll() is None and time.monotonic() < deadline, "extraction ended before the kill"
+        time.sleep(0.2)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    progress = extraction_progress(out)
+    assert progress is not None and not progress.finished and progress.shards_done == 2 < progress.shards_planned
+    # A torn shard: tensors written, index missing (the kill landed between the two renames).
+    (out / "shard-00001.index.parquet").unlink()
+    report = Recorder()
+    meta = run(settings, report)
+    planned = meta["shards"]
+    assert meta["shards_reused"] == 1 and meta["shards_written"] == planned - 1
+    assert "extract: reusing shard-00000" in report.lines
+    written = [line.split()[2] for line in report.lines if line.startswith("extract: wrote")]
+    assert written == [f"shard-{n:05d}" for n in range(1, planned)]
+    assert meta["samples"] == 8 and extraction_progress(out).finished
+
+
+def test_progress_reports_shards_tokens_and_bytes(data: Path, tmp_path: Path, local_model: Path) -> None:
+    assert extraction_progress(tmp_path / "nothing") is None
+    report = Recorder()
+    meta = run(spec(data, tmp_path / "store", local_model, spot_check_samples=0), report)
+    progress = extraction_progress(tmp_path / "store", now=time.time())
+    assert progress is not None and progress.finished
+    assert progress.shards_done == progress.shards_planned == meta["shards"] and progress.tokens_done == meta["tokens"]
+    assert abs(progress.bytes_per_token / 4613 - 1) < 0.05 and progress.last_write_age_s is not None
+    assert [p["shards_done"] for p in report.points] == list(range(1, meta["shards"] + 1))
