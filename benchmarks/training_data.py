@@ -90,7 +90,7 @@ def child(mode: str, files: list[Path], model: str, out: Path, buffer_rows: int)
     if mode == "bare":
         started = time.perf_counter()
         tokenizer = load_tokenizer(model)
-        conversations = [stored_conversation(row, False, "render") for path in files for row in pq.read_table(path).to_pylist()]
+        conversations = [stored_conversation(row, "render") for path in files for row in pq.read_table(path).to_pylist()]
         tokens = bare_loop(tokenizer, conversations)
         print(json.dumps({"seconds": time.perf_counter() - started, "tokens": tokens}))
         return

@@ -110,7 +110,7 @@ def tools(local_model: Path) -> Any:
 def masked_runs(tokenizer: Any, row: dict[str, Any], reasoning: str = "render") -> tuple[list[list[int]], str]:
     """The masked token runs of a row, and the whole render with the masked text bracketed (for failures)."""
     renderer = ChatRenderer(tokenizer, reasoning)  # type: ignore[arg-type]
-    ids, mask = tokenize_conversation(renderer, stored_conversation(row, False, reasoning))  # type: ignore[arg-type]
+    ids, mask = tokenize_conversation(renderer, stored_conversation(row, reasoning))  # type: ignore[arg-type]
     assert len(ids) == len(mask)
     runs: list[list[int]] = []
     shown = []
