@@ -11,22 +11,26 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data
+from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.checks import build_response_checks
+from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
-from eagle3_pipeline.generation import GenerationFailed, Progress, ProgressSink, generate_dataset
+from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
+from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 
 PREVIEW_ROWS = 5
-PROGRESS_BAR_EVERY_S = 1.0
+HEARTBEAT_EVERY_S = 5.0
 
 
 def _preview(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
@@ -48,8 +52,10 @@ def _series_table(series: Sequence[dict[str, float]]) -> dg.MetadataValue:
 
 
 def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObservation:
-    """One point of the live throughput series, plotted by the UI across observations."""
-    metadata = {"done": p.done, "completion_tokens": p.completion_tokens, "tokens_per_s": round(p.tokens_per_s, 2), "failed": p.failed}
+    """One point of the live throughput series, plotted by the UI across observations; it carries
+    every field of the snapshot, so `eagle3-pipeline run` draws its progress bar from the event log."""
+    metadata: dict[str, Any] = {k: v for k, v in asdict(p).items() if k != "dataset"}
+    metadata["tokens_per_s"] = round(p.tokens_per_s, 2)
     return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
 
 
@@ -80,6 +86,10 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
     )
     def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         dataset = config.dataset(context.partition_key)
+        try:
+            check_sources(config, only=[dataset])
+        except ConfigError as exc:
+            raise dg.Failure(description=str(exc)) from None
         records, stats = load_prompts(dataset, config.prompts, config.seed)
         path = layout.prompts(dataset.id)
         write_parquet(prompt_rows(records), PROMPT_SCHEMA, path)
@@ -118,12 +128,20 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             context.log.info(p.line())
             context.log_event(_observation(context, p))
 
-        sinks = [ProgressSink(config.generation.progress_interval_s, report)]
-        if inference.progress is not None:
-            sinks.append(ProgressSink(PROGRESS_BAR_EVERY_S, inference.progress))
+        heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
+
+        def endpoints() -> list[Endpoint]:
+            resolved = inference.endpoints()
+            heartbeat.start()
+            return resolved
+
+        sinks = [
+            ProgressSink(config.generation.progress_interval_s, report),
+            ProgressSink(HEARTBEAT_EVERY_S, lambda p: heartbeat.beat(p.done)),
+        ]
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
-            result = generate_dataset(dataset, prompt_records, inference.endpoints, config.generation, layout, sinks)
+            result = generate_dataset(dataset, prompt_records, endpoints, config.generation, layout, sinks)
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
@@ -147,11 +165,13 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         kinds={"parquet"},
         deps=[responses],
         required_resource_keys={"inference"},
+        automation_condition=FOLLOW_UPSTREAM,
         description="All datasets merged and deduplicated, chat-templated with the target's tokenizer, "
         "loss-masked to generated assistant tokens, shuffled with the config seed, split train/eval by "
         "id hash, sharded; plus the token-frequency table over masked tokens.",
     )
     def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        require_passing_checks(context, responses.key, config.dataset_ids)
         files = [layout.responses(d) for d in config.dataset_ids]
         missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
         if missing:
