@@ -138,6 +138,6 @@ def test_a_failed_blocking_check_stops_the_main_job_with_its_verdict(tmp_path: P
         result = run_cli(config, tmp_path / "home", timeout=120)
         assert result.returncode == 1
         assert "check truncation_rate on responses: 4 of 4 truncated (100%; limit 50%)" in result.stderr
-        assert "training_data" not in result.stdout.split("» prompts + responses [B1]")[-1]
+        assert "» generation_job [B1]" in result.stdout and "downstream_job" not in result.stdout
     finally:
         server.stop()
