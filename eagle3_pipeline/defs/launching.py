@@ -13,6 +13,7 @@ Shared by the `inference_health` sensor and the `responses_backfill` schedule, s
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,7 +123,7 @@ def plan_launches(
             ended = last.end_time or last.update_timestamp.timestamp()
             due = ended + backoff_s(len(failures), settings)
             if now < due:
-                plan.backing_off.append(f"{partition} attempt {len(failures) + 1} in {due - now:.0f} s")
+                plan.backing_off.append(f"{partition} attempt {len(failures) + 1} in {math.ceil(due - now)} s")
                 continue
         plan.requests.append(
             dg.RunRequest(
