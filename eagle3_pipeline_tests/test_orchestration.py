@@ -179,6 +179,7 @@ def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
         refused = defs.resolve_job_def("downstream_job").execute_in_process(instance=instance, raise_on_error=False)
         assert not refused.success
         failure = next(e for e in refused.all_events if e.is_step_failure)
+        assert failure.step_failure_data.user_failure_data is not None, failure.step_failure_data.error.to_string()
         message = failure.step_failure_data.user_failure_data.description
         assert "responses[B2]: check truncation_rate failed (3 of 3 truncated (100%; limit 50%))" in message
         assert "B1" not in message

@@ -20,7 +20,7 @@ from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data
 from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.checks import build_response_checks
-from eagle3_pipeline.defs.gating import require_passing_checks
+from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
@@ -160,6 +160,8 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             }
         )
 
+    response_checks = build_response_checks(config, responses)
+
     @dg.asset(
         group_name="data",
         kinds={"parquet"},
@@ -171,7 +173,7 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         "id hash, sharded; plus the token-frequency table over masked tokens.",
     )
     def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        require_passing_checks(context, responses.key, config.dataset_ids)
+        require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
         files = [layout.responses(d) for d in config.dataset_ids]
         missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
         if missing:
@@ -195,5 +197,5 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [*([target_model] if embedded else []), prompts, responses, training_data, *build_response_checks(config, responses)]
+    return [*([target_model] if embedded else []), prompts, responses, training_data, *response_checks]
 

@@ -6,9 +6,10 @@ run (the next phase materialized by automation, by hand, or by the CLI) must loo
 upstream asset partitions and raises one `dg.Failure` naming each refused partition and check.
 A rerun that fixes the partition records a passing evaluation, which lifts the gate.
 
-Every phase calls it first thing on its inputs, e.g. in `training_data`:
+Every phase calls it first thing on its inputs, with the blocking checks of the asset it reads,
+e.g. in `training_data`:
 
-    require_passing_checks(context, dg.AssetKey("responses"), config.dataset_ids)
+    require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
 """
 
 from __future__ import annotations
@@ -20,12 +21,9 @@ from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 
-def blocking_check_keys(context: dg.AssetExecutionContext, asset_key: dg.AssetKey) -> list[dg.AssetCheckKey]:
-    graph = context.repository_def.asset_graph
-    return sorted(
-        (key for key in graph.asset_check_keys if key.asset_key == asset_key and graph.get_check_spec(key).blocking),
-        key=lambda key: key.name,
-    )
+def blocking_check_keys(checks: Sequence[dg.AssetChecksDefinition]) -> list[dg.AssetCheckKey]:
+    """The keys of the blocking checks among `checks` (e.g. what `build_response_checks` returns)."""
+    return sorted((spec.key for c in checks for spec in c.check_specs if spec.blocking), key=lambda key: key.name)
 
 
 def failed_blocking_checks(
@@ -50,10 +48,10 @@ def failed_blocking_checks(
 
 
 def require_passing_checks(
-    context: dg.AssetExecutionContext, asset_key: dg.AssetKey, partitions: Sequence[str | None] = (None,)
+    instance: dg.DagsterInstance, check_keys: Sequence[dg.AssetCheckKey], partitions: Sequence[str | None] = (None,)
 ) -> None:
-    """Raise `dg.Failure` if the latest evaluation of a blocking check on an input partition failed."""
-    refused = failed_blocking_checks(context.instance, blocking_check_keys(context, asset_key), partitions)
+    """Raise `dg.Failure` if the latest evaluation of one of `check_keys` on an input partition failed."""
+    refused = failed_blocking_checks(instance, check_keys, partitions)
     if refused:
         raise dg.Failure(
             description="refusing inputs whose latest blocking checks failed (fix and rematerialize them): "
