@@ -149,7 +149,8 @@ class RunFollower(threading.Thread):
 
 
 def failure_detail(events: Sequence[Any]) -> str:
-    """Why a run failed, in a line or two: the failed checks' verdicts, else the step's error."""
+    """Why a run failed, in a line or two: the failed checks' verdicts, else the step's own words
+    (a `Failure`'s description, else the root cause of its error)."""
     checks = [
         f"check {e.asset_check_evaluation_data.check_name} on {e.asset_check_evaluation_data.asset_key.to_user_string()}: "
         f"{e.asset_check_evaluation_data.description}"
@@ -164,7 +165,12 @@ def failure_detail(events: Sequence[Any]) -> str:
     data = failure.step_failure_data
     if data.user_failure_data is not None and data.user_failure_data.description:
         return data.user_failure_data.description
-    return data.error.message.strip() if data.error else f"step {failure.step_key} failed"
+    if data.error is None:
+        return f"step {failure.step_key} failed"
+    error = data.error
+    while error.cause is not None:
+        error = error.cause
+    return error.message.strip()
 
 
 class MainJob:
