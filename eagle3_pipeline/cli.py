@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import socket
 import sys
+import threading
 import time
+import uuid
 import warnings
 from collections.abc import Sequence
 from importlib import resources
@@ -22,7 +25,12 @@ from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, ext
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
+RUN_TAG_STEP = "eagle3/cli_step"
 DEFAULT_DAGSTER_HOME = ".dagster_home"
+CODE_LOCATION_MODULE = "eagle3_pipeline.definitions"
+# Steps run inside the CLI's process (no per-step interpreter start-up); the UI re-executes the
+# same jobs with their default executor.
+RUN_CONFIG = {"execution": {"config": {"in_process": {}}}, "loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
 def ensure_dagster_home() -> Path:
@@ -48,10 +56,15 @@ def _pid_alive(pid: int) -> bool:
 
 def recover_orphaned_runs(instance: Any) -> list[str]:
     """Mark runs of an earlier `eagle3-pipeline run` that was killed as failed, and free their
-    concurrency slots, so the `gpu` pool is not held by a dead process."""
+    concurrency slots, so the `gpu` pool is not held by a dead process.
+
+    Dagster's run monitoring cannot do this: the CLI executes its runs in its own process, not
+    through the instance's run launcher, and the default launcher has no run-worker health check
+    either, so a `kill -9` leaves the run STARTED for ever. The CLI tags its runs with its pid and
+    host, and the next `eagle3-pipeline run` on that host settles the dead ones."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    unfinished = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED]
+    unfinished = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.CANCELING]
     recovered = []
     for run in instance.get_runs(RunsFilter(statuses=unfinished, tags={RUN_TAG_HOST: socket.gethostname()})):
         pid = int(run.tags.get(RUN_TAG_PID, "0"))
@@ -90,8 +103,54 @@ class ProgressBar:
             self.open = False
 
 
+def progress_from_observation(partition: str, metadata: dict[str, Any]) -> Progress | None:
+    """The snapshot a `responses` progress observation carries (None for other observations)."""
+    names = [f.name for f in dataclasses.fields(Progress) if f.name != "dataset"]
+    if not all(name in metadata for name in names):
+        return None
+    return Progress(partition, **{name: metadata[name] for name in names})
+
+
+class RunFollower(threading.Thread):
+    """Follows the run tagged `eagle3/cli_step=<step>` through the event log and feeds the
+    progress bar from its `responses` progress observations — the same events the UI plots."""
+
+    def __init__(self, instance: Any, step: str, bar: ProgressBar, poll_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.instance = instance
+        self.step = step
+        self.bar = bar
+        self.poll_s = poll_s
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from dagster import DagsterEventType, RunsFilter
+
+        run_id, cursor = None, None
+        while not self.done.wait(self.poll_s):
+            if run_id is None:
+                runs = self.instance.get_runs(RunsFilter(tags={RUN_TAG_STEP: self.step}), limit=1)
+                if not runs:
+                    continue
+                run_id = runs[0].run_id
+            page = self.instance.get_records_for_run(run_id, cursor=cursor, of_type=DagsterEventType.ASSET_OBSERVATION)
+            cursor = page.cursor
+            for record in page.records:
+                observation = record.asset_observation
+                if observation is None or observation.partition is None:
+                    continue
+                progress = progress_from_observation(observation.partition, {k: v.value for k, v in observation.metadata.items()})
+                if progress is not None:
+                    self.bar(progress)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
 def failure_detail(events: Sequence[Any]) -> str:
-    """Why a run failed, in a line or two: the failed checks' verdicts, else the step's error."""
+    """Why a run failed, in a line or two: the failed checks' verdicts, else the step's own words
+    (a `Failure`'s description, else the root cause of its error)."""
     checks = [
         f"check {e.asset_check_evaluation_data.check_name} on {e.asset_check_evaluation_data.asset_key.to_user_string()}: "
         f"{e.asset_check_evaluation_data.description}"
@@ -106,22 +165,27 @@ def failure_detail(events: Sequence[Any]) -> str:
     data = failure.step_failure_data
     if data.user_failure_data is not None and data.user_failure_data.description:
         return data.user_failure_data.description
-    return data.error.message.strip() if data.error else f"step {failure.step_key} failed"
+    if data.error is None:
+        return f"step {failure.step_key} failed"
+    error = data.error
+    while error.cause is not None:
+        error = error.cause
+    return error.message.strip()
 
 
 class MainJob:
-    """Materialize every asset and partition in dependency order, one Dagster run per step."""
+    """The main job: the code location's own jobs (`MAIN_PATH`) executed in turn on the instance,
+    the partitioned one once per partition. Each is an ordinary run of a named job, with the
+    Definitions' resources — the UI shows it and can re-execute it."""
 
     def __init__(self, config: PipelineConfig, instance: Any, out: Any = sys.stdout) -> None:
-        from eagle3_pipeline.defs.definitions import build_definitions
-        from eagle3_pipeline.serving import InferenceProvider
+        from dagster._core.definitions.reconstruct import ReconstructableRepository
 
         self.config = config
         self.instance = instance
         self.out = out
-        self.defs = build_definitions(config)
+        self.repository = ReconstructableRepository.for_module(CODE_LOCATION_MODULE, "defs", working_directory=os.getcwd())
         self.bar = ProgressBar(out) if out.isatty() else None
-        self.provider = InferenceProvider(config, progress=self.bar)
         self.tags = {RUN_TAG_PID: str(os.getpid()), RUN_TAG_HOST: socket.gethostname(), "eagle3/entry": "cli"}
         self.results: dict[str, dict[str, Any]] = {}
 
@@ -130,46 +194,54 @@ class MainJob:
             self.bar.end_line()
         print(text, file=self.out, flush=True)
 
-    def _materialize(self, selection: Sequence[str], partition_key: str | None = None) -> Any:
+    def plan(self) -> list[tuple[str, str | None]]:
+        """(job, partition) in execution order, from the code location's own jobs."""
+        from eagle3_pipeline.defs.definitions import MAIN_PATH
+
+        repository = self.repository.get_definition()
+        steps: list[tuple[str, str | None]] = []
+        for name in MAIN_PATH:
+            if not repository.has_job(name):
+                continue
+            partitions = repository.get_job(name).partitions_def
+            if partitions is None:
+                steps.append((name, None))
+            else:
+                steps.extend((name, key) for key in partitions.get_partition_keys(dynamic_partitions_store=self.instance))
+        return steps
+
+    def _execute(self, job_name: str, partition: str | None) -> None:
         import dagster as dg
 
-        assets = list(self.defs.assets or [])
-        resources_ = {"inference": self.provider, "pipes_subprocess_client": dg.PipesSubprocessClient()}
-        result = dg.materialize(
-            assets,
-            selection=list(selection),
-            partition_key=partition_key,
-            instance=self.instance,
-            resources=resources_,
-            tags=self.tags,
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
-        )
+        step = uuid.uuid4().hex
+        tags = {**self.tags, RUN_TAG_STEP: step, **({"dagster/partition": partition} if partition else {})}
+        follower = RunFollower(self.instance, step, self.bar) if self.bar is not None else None
+        if follower is not None:
+            follower.start()
+        try:
+            result = dg.execute_job(
+                self.repository.get_reconstructable_job(job_name),
+                instance=self.instance,
+                tags=tags,
+                run_config=RUN_CONFIG,
+                raise_on_error=False,
+            )
+        finally:
+            if follower is not None:
+                follower.stop()
         if not result.success:
-            raise RuntimeError(f"run {result.run_id} failed: {failure_detail(result.all_events)}")
-        for event in result.get_asset_materialization_events():
-            mat = event.step_materialization_data.materialization
-            key = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
-            self.results[key] = {k: v.value for k, v in mat.metadata.items()}
-        return result
+            raise RuntimeError(f"run {result.run_id} of {job_name} failed: {failure_detail(result.all_events)}")
+        for event in result.all_events:
+            if event.is_step_materialization:
+                mat = event.step_materialization_data.materialization
+                key = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
+                self.results[key] = {k: v.value for k, v in mat.metadata.items()}
 
     def run(self) -> None:
         started = time.monotonic()
-        try:
-            if self.config.inference.kind == "embedded":
-                self.say("» target_model: preparing the embedded model")
-                self._materialize(["target_model"])
-            for dataset_id in self.config.dataset_ids:
-                self.say(f"» prompts + responses [{dataset_id}]")
-                self._materialize(["prompts", "responses"], partition_key=dataset_id)
-            self.say("» training_data")
-            self._materialize(["training_data"])
-            self.say("» draft_vocab")
-            self._materialize(["draft_vocab"])
-            self.say("» hidden_states")
-            self._materialize(["hidden_states"])
-        finally:
-            self.provider.close()
+        for job_name, partition in self.plan():
+            self.say(f"» {job_name}" + (f" [{partition}]" if partition else ""))
+            self._execute(job_name, partition)
         self.say(self.summary(time.monotonic() - started))
 
     def summary(self, elapsed_s: float) -> str:

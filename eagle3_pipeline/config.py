@@ -285,6 +285,8 @@ class ComputeConfig(_Model):
         if self.kind == "command" and self.command is None:
             raise ValueError("kind 'command' needs compute.command (the command that writes SpecForge files to {output_dir})")
         return self
+
+
 # --- EAGLE-3 phase A: draft vocabulary and hidden states (issue 9) -------------------------------
 
 
@@ -329,6 +331,26 @@ class HiddenStatesConfig(_Model):
         return ids
 
 
+CRON_PATTERN = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\S+( \S+){4})$"
+
+
+class ScheduleConfig(_Model):
+    """The scheduled backfill of missing or stale `responses` partitions: off unless `cron` is set."""
+
+    cron: Annotated[str, Field(pattern=CRON_PATTERN)] | None = None
+    timezone: str = "UTC"
+
+
+class LaunchConfig(_Model):
+    """How the schedule and the health sensor relaunch a partition whose generation runs failed:
+    attempt k+1 waits backoff_initial_s × 2^(k-1) (at most backoff_max_s) after failure k; after
+    max_attempts consecutive failures the partition is left alone until a run succeeds."""
+
+    max_attempts: Annotated[int, Field(gt=0, le=100)] = 3
+    backoff_initial_s: Annotated[float, Field(ge=0)] = 600.0
+    backoff_max_s: Annotated[float, Field(ge=0)] = 21600.0
+
+
 class PipelineConfig(_Model):
     """One pipeline: its datasets, target model, inference backend and where outputs go."""
 
@@ -344,6 +366,8 @@ class PipelineConfig(_Model):
     compute: ComputeConfig = ComputeConfig()
     draft_vocab: DraftVocabConfig = DraftVocabConfig()
     hidden_states: HiddenStatesConfig = HiddenStatesConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    launch: LaunchConfig = LaunchConfig()
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 
@@ -377,8 +401,11 @@ class PipelineConfig(_Model):
         raise KeyError(f"dataset {dataset_id!r} is not in {self.source_file}")
 
     def api_key(self, endpoint: EndpointConfig) -> str | None:
-        """The endpoint's API key, read from its environment variable (validated at load)."""
-        return os.environ[endpoint.api_key_env] if endpoint.api_key_env else None
+        """The endpoint's API key, read from its environment variable (ConfigError if unset)."""
+        if not endpoint.api_key_env:
+            return None
+        check_secrets(self, only=[endpoint])
+        return os.environ[endpoint.api_key_env]
 
 
 def local_profile_path() -> Path:
@@ -426,9 +453,13 @@ def _resolve(path_text: str, base: Path) -> Path:
     return path if path.is_absolute() else (base / path).resolve()
 
 
-def _check_sources(config: PipelineConfig, file: Path) -> None:
+def check_sources(config: PipelineConfig, only: list[DatasetConfig] | None = None) -> None:
+    """Every (or each given) dataset's source file exists and is readable, else one ConfigError.
+
+    A run-time check: the code location loads without the files (see :func:`check_runtime`)."""
+    file = config.source_file
     for index, ds in enumerate(config.datasets):
-        if ds.is_hub_dataset:
+        if ds.is_hub_dataset or (only is not None and ds not in only):
             continue
         path = Path(ds.source)
         where = f"datasets[{index}] (id {ds.id!r}).source"
@@ -438,8 +469,13 @@ def _check_sources(config: PipelineConfig, file: Path) -> None:
             raise ConfigError(f"{file}: {where}: {str(path)!r} is not a readable file")
 
 
-def _check_secrets(config: PipelineConfig, file: Path) -> None:
+def check_secrets(config: PipelineConfig, only: list[EndpointConfig] | None = None) -> None:
+    """Every (or each given) endpoint's `api_key_env` variable is set, else one ConfigError naming
+    the variable (never its value). A run-time check, like :func:`check_sources`."""
+    file = config.source_file
     for index, endpoint in enumerate(config.inference.endpoints):
+        if only is not None and endpoint not in only:
+            continue
         var = endpoint.api_key_env
         if var and not os.environ.get(var):
             raise ConfigError(
@@ -448,8 +484,18 @@ def _check_secrets(config: PipelineConfig, file: Path) -> None:
             )
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
+def check_runtime(config: PipelineConfig) -> None:
+    """What a run needs from its environment: readable source files and set API-key variables."""
+    check_sources(config)
+    check_secrets(config)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, runtime_checks: bool = True) -> PipelineConfig:
     """Read and validate a pipeline file; relative paths resolve against the file's folder.
+
+    ``runtime_checks=False`` (the code location) validates only the file itself: source files and
+    API-key variables are checked when a run needs them, with the same errors, so the webserver and
+    daemon load the definitions in any environment.
 
     ``artifacts_root`` may be omitted: then it is ``<name>`` under ``$EAGLE3_ARTIFACTS_ROOT`` or
     under ``./artifacts`` in the current working directory, so the shipped profile never writes
@@ -497,8 +543,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
     except ValidationError as exc:
         lines = [_describe(err, raw) for err in exc.errors()]
         raise ConfigError(f"{file}: " + "; ".join(lines)) from None
-    _check_sources(config, file)
-    _check_secrets(config, file)
+    if runtime_checks:
+        check_runtime(config)
     return config
 
 

@@ -19,14 +19,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.generation import Endpoint, Price, Progress
+from eagle3_pipeline.generation import Endpoint, Price
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import HealthMonitor
@@ -217,18 +216,14 @@ class InferenceProvider:
 
     ``embedded``: the local model is served on first use and stopped by :meth:`close`.
     ``endpoints``: the configured servers (or ``override``).
-    ``progress`` receives generation progress in-process (the CLI's progress bar); None in Dagster.
     Before endpoints are handed out, the health gate runs once on them (the preflight), which asks
     each of them for a 1-token completion: a run started on a sick or unreachable server fails fast
     with the report, naming the endpoint, instead of burning requests.
     """
 
-    def __init__(
-        self, config: PipelineConfig, override: Endpoint | None = None, progress: Callable[[Progress], None] | None = None
-    ) -> None:
+    def __init__(self, config: PipelineConfig, override: Endpoint | None = None) -> None:
         self.config = config
         self.override = override
-        self.progress = progress
         self._endpoints: list[Endpoint] | None = None
         self._server: EmbeddedServer | None = None
         self.preflight_report: HealthReport | None = None

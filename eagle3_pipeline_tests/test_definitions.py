@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.defs.definitions import build_definitions
@@ -48,3 +49,64 @@ def test_asset_graph_partitions_and_lineage(tmp_path: Path, monkeypatch) -> None
     assert {p.to_user_string() for p in responses.parent_keys} == {"prompts", "target_model"}
     assert responses.pools == {"gpu"}
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("training_data")).parent_keys} == {"responses"}
+
+
+def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(local_profile_path())
+    defs = build_definitions(config)
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {"setup_job", "generation_job", "downstream_job"}
+    downstream = defs.resolve_job_def("downstream_job")
+    assert {k.to_user_string() for k in downstream.asset_layer.selected_asset_keys} == {"training_data"}
+    assert not list(defs.schedules or []), "no schedule unless the pipeline file sets schedule.cron"
+    sensors = {s.name: s.default_status for s in defs.sensors or []}
+    assert sensors == {
+        "inference_health": dg.DefaultSensorStatus.STOPPED,
+        "generation_stall": dg.DefaultSensorStatus.RUNNING,
+        "pipeline_automation": dg.DefaultSensorStatus.RUNNING,
+    }
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("training_data")).automation_condition is not None
+
+    scheduled = config.model_copy(update={"schedule": config.schedule.model_copy(update={"cron": "0 3 * * *"})})
+    [schedule] = build_definitions(scheduled).schedules or []
+    assert (schedule.name, schedule.cron_schedule, schedule.default_status) == ("responses_backfill", "0 3 * * *", dg.DefaultScheduleStatus.RUNNING)
+
+
+def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path) -> None:
+    """Missing source files and unset API-key variables do not stop the webserver or daemon from
+    loading the definitions; the run that needs them reports them (see test_orchestration)."""
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
+        "inference: {kind: endpoints, endpoints: [{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
+        "datasets:\n  - {id: B1, source: /nonexistent/prompts.jsonl}\n"
+    )
+    dagster = Path(sys.executable).parent / "dagster"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "EAGLE3_CONFIG": str(pipeline)}
+    out = subprocess.run([str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkeypatch) -> None:
+    from eagle3_pipeline.config import ConfigError
+
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
+        "inference: {kind: endpoints, endpoints: [{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
+        "datasets:\n  - {id: B1, source: prompts.jsonl}\n"
+    )
+    monkeypatch.delenv("EAGLE3_UNSET_KEY", raising=False)
+    config = load_config(pipeline, runtime_checks=False)
+    with pytest.raises(ConfigError) as at_load:
+        load_config(pipeline)
+    assert f"{pipeline}: datasets[0] (id 'B1').source: file" in str(at_load.value)
+    result = build_definitions(config).resolve_job_def("generation_job").execute_in_process(
+        partition_key="B1", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False
+    )
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert failure.step_failure_data.user_failure_data.description == str(at_load.value)
+    (tmp_path / "prompts.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    with pytest.raises(ConfigError, match="inference.endpoints\\[0\\].api_key_env: environment variable EAGLE3_UNSET_KEY is not set"):
+        config.api_key(config.inference.endpoints[0])

@@ -78,7 +78,9 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
         assert len(records) == 2, "one materialization per run of the main job"
         assert all(r.asset_materialization.metadata["rows"].value == 3 for r in records)
     assert instance.get_latest_materialization_event(dg.AssetKey("training_data")) is not None
-    assert not subprocess.run(["pgrep", "-f", "eagle3_pipeline.serving"], capture_output=True).stdout
+    servers = subprocess.run(["pgrep", "-f", "eagle3_pipeline.serving"], capture_output=True, text=True).stdout.split()
+    ours = [pid for pid in servers if Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()]
+    assert not ours, "the embedded server stops with the run (servers of other work on this machine aside)"
 
 
 def test_killed_mid_generation_resumes_without_loss_or_duplicates(
@@ -141,6 +143,6 @@ def test_a_failed_blocking_check_stops_the_main_job_with_its_verdict(tmp_path: P
         result = run_cli(config, tmp_path / "home", timeout=120)
         assert result.returncode == 1
         assert "check truncation_rate on responses: 4 of 4 truncated (100%; limit 50%)" in result.stderr
-        assert "training_data" not in result.stdout.split("» prompts + responses [B1]")[-1]
+        assert "» generation_job [B1]" in result.stdout and "downstream_job" not in result.stdout
     finally:
         server.stop()

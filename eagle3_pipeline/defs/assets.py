@@ -11,23 +11,27 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
+from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
+from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
-from eagle3_pipeline.generation import GenerationFailed, Progress, ProgressSink, generate_dataset
+from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
+from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 
 PREVIEW_ROWS = 5
-PROGRESS_BAR_EVERY_S = 1.0
+HEARTBEAT_EVERY_S = 5.0
 
 
 def _preview(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
@@ -60,8 +64,10 @@ def _per_dataset_table(per_dataset: dict[str, dict[str, Any]]) -> dg.MetadataVal
 
 
 def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObservation:
-    """One point of the live throughput series, plotted by the UI across observations."""
-    metadata = {"done": p.done, "completion_tokens": p.completion_tokens, "tokens_per_s": round(p.tokens_per_s, 2), "failed": p.failed}
+    """One point of the live throughput series, plotted by the UI across observations; it carries
+    every field of the snapshot, so `eagle3-pipeline run` draws its progress bar from the event log."""
+    metadata: dict[str, Any] = {k: v for k, v in asdict(p).items() if k != "dataset"}
+    metadata["tokens_per_s"] = round(p.tokens_per_s, 2)
     return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
 
 
@@ -92,6 +98,10 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
     )
     def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         dataset = config.dataset(context.partition_key)
+        try:
+            check_sources(config, only=[dataset])
+        except ConfigError as exc:
+            raise dg.Failure(description=str(exc)) from None
         records, stats = load_prompts(dataset, config.prompts, config.seed)
         path = layout.prompts(dataset.id)
         write_parquet(prompt_rows(records), PROMPT_SCHEMA, path)
@@ -135,13 +145,21 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             context.log.info(p.line())
             context.log_event(_observation(context, p))
 
-        sinks = [ProgressSink(config.generation.progress_interval_s, report)]
-        if inference.progress is not None:
-            sinks.append(ProgressSink(PROGRESS_BAR_EVERY_S, inference.progress))
+        heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
+
+        def endpoints() -> list[Endpoint]:
+            resolved = inference.endpoints()
+            heartbeat.start()
+            return resolved
+
+        sinks = [
+            ProgressSink(config.generation.progress_interval_s, report),
+            ProgressSink(HEARTBEAT_EVERY_S, lambda p: heartbeat.beat(p.done)),
+        ]
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
-            result = generate_dataset(config, dataset.id, prompt_records, inference.endpoints, sinks, tokenizer)
+            result = generate_dataset(config, dataset.id, prompt_records, endpoints, sinks, tokenizer)
         except FingerprintMismatch as exc:
             raise dg.Failure(description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}) from None
         except UnhealthyError as exc:
@@ -165,16 +183,20 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             }
         )
 
+    response_checks = build_response_checks(config, responses)
+
     @dg.asset(
         group_name="data",
         kinds={"parquet"},
         deps=[responses],
         required_resource_keys={"inference"},
+        automation_condition=FOLLOW_UPSTREAM,
         description="All datasets merged and deduplicated, chat-templated with the target's tokenizer, "
         "loss-masked to generated assistant tokens, shuffled with the config seed, split train/eval by "
         "id hash, sharded; plus the token-frequency table over masked tokens.",
     )
     def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
         files = [layout.responses(d) for d in config.dataset_ids]
         missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
         if missing:
@@ -208,7 +230,7 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         prompts,
         responses,
         training_data,
-        *build_response_checks(config, responses),
+        *response_checks,
         *build_training_data_checks(config, training_data),
     ]
 

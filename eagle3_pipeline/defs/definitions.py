@@ -6,24 +6,49 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.assets import build_assets
+from eagle3_pipeline.defs.automation import build_automation_sensor, build_backfill_schedule
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
 from eagle3_pipeline.defs.health import build_health_sensors, inference_server
 from eagle3_pipeline.defs.resources import InferenceResource
 
+SETUP_JOB = "setup_job"
 GENERATION_JOB = "generation_job"
+DOWNSTREAM_JOB = "downstream_job"
+# The main job, as `eagle3-pipeline run` executes it: each of these jobs in turn, the partitioned one
+# once per partition. Any asset added downstream of `responses` joins `downstream_job` by itself.
+MAIN_PATH = (SETUP_JOB, GENERATION_JOB, DOWNSTREAM_JOB)
+
+PER_DATASET = dg.AssetSelection.assets("prompts", "responses")
+
+
+def build_jobs(config: PipelineConfig) -> list[dg.UnresolvedAssetJobDefinition]:
+    jobs = []
+    if config.inference.kind == "embedded":
+        jobs.append(
+            dg.define_asset_job(
+                SETUP_JOB,
+                selection=PER_DATASET.upstream() - PER_DATASET,
+                description="What the per-dataset phases need first (the embedded model).",
+            )
+        )
+    jobs.append(dg.define_asset_job(GENERATION_JOB, selection=PER_DATASET, description="Prompts and responses for one dataset partition."))
+    jobs.append(
+        dg.define_asset_job(
+            DOWNSTREAM_JOB,
+            selection=dg.AssetSelection.assets("responses").downstream(include_self=False),
+            description="Every phase after responses (training_data and what follows), over all datasets.",
+        )
+    )
+    return jobs
 
 
 def build_definitions(config: PipelineConfig) -> dg.Definitions:
     assets = [*build_assets(config), *build_eagle3_assets(config)]
-    generation_job = dg.define_asset_job(
-        GENERATION_JOB,
-        selection=dg.AssetSelection.assets("prompts", "responses"),
-        description="Prompts and responses for one dataset partition.",
-    )
     return dg.Definitions(
         assets=[*assets, inference_server],
-        jobs=[generation_job],
-        sensors=build_health_sensors(config, GENERATION_JOB),
+        jobs=build_jobs(config),
+        schedules=build_backfill_schedule(config, GENERATION_JOB),
+        sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],
         resources={
             "inference": InferenceResource(config_path=str(config.source_file)),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),

@@ -1,26 +1,25 @@
 """Health in the UI: the inference server as an observed asset, the health sensor that gates
-generation runs on it, and the stall sensor that watches running generations."""
+generation runs on it, and the stall sensor that watches running generations.
+
+Default states: `inference_health` starts stopped (it launches work continuously; the scheduled
+backfill is the default way to launch, turn the sensor on instead of or beside it); `generation_stall`
+starts running (it only observes, and terminates only with `health.terminate_stalled_runs`)."""
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
+from eagle3_pipeline.defs.staleness import partitions_to_generate
 from eagle3_pipeline.health import HealthReport, TickState
+from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import HealthMonitor, report_markdown, tokens_per_second
 
 INFERENCE_SERVER = dg.AssetKey("inference_server")
 RESPONSES = dg.AssetKey("responses")
-IN_PROGRESS = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
-PARTITION_TAG = "dagster/partition"
 
 inference_server = dg.AssetSpec(
     INFERENCE_SERVER,
@@ -48,64 +47,51 @@ def health_observation(report: HealthReport) -> dg.AssetObservation:
     return dg.AssetObservation(asset_key=INFERENCE_SERVER, metadata=report_metadata(report))
 
 
-def partitions_in_progress(instance: dg.DagsterInstance) -> dict[str, str]:
-    """partition → run id, for every unfinished run that targets a partition."""
-    runs = instance.get_runs(dg.RunsFilter(statuses=IN_PROGRESS))
-    return {run.tags[PARTITION_TAG]: run.run_id for run in runs if PARTITION_TAG in run.tags}
-
-
-def missing_partitions(instance: dg.DagsterInstance, partition_keys: Sequence[str]) -> list[str]:
-    done = instance.get_materialized_partitions(RESPONSES)
-    busy = partitions_in_progress(instance)
-    return [key for key in partition_keys if key not in done and key not in busy]
-
-
 def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg.SensorDefinition]:
     monitor = HealthMonitor(config)
-    layout = ArtifactLayout(config.artifacts_root)
     settings = config.health
 
     @dg.sensor(
         name="inference_health",
         job_name=generation_job,
         minimum_interval_seconds=settings.sensor_interval_s,
-        description="Runs the health checks each tick, records them on `inference_server`, and "
-        "launches runs for missing `responses` partitions only while every required check passes.",
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Runs the health checks each tick, records them on `inference_server` (one "
+        "observation per tick), and launches runs for missing or stale `responses` partitions only "
+        "while every required check passes; failed partitions are retried with backoff, then left alone.",
     )
-    def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         report, state = monitor.tick(TickState.from_json(context.cursor))
-        context.update_cursor(state.to_json())
-        context.instance.report_runless_asset_event(health_observation(report))
+        events = [health_observation(report)]
         if not report.healthy:
-            return dg.SkipReason(f"not launching generation: {report.summary()}")
-        missing = missing_partitions(context.instance, config.dataset_ids)
-        if not missing:
-            return dg.SkipReason(f"{report.summary()}; every responses partition is materialized or running")
-        return dg.SensorResult(run_requests=[dg.RunRequest(partition_key=key) for key in missing])
+            return dg.SensorResult(skip_reason=f"not launching generation: {report.summary()}", cursor=state.to_json(), asset_events=events)
+        wanted = partitions_to_generate(context.instance, config.dataset_ids)
+        plan = plan_launches(context.instance, generation_job, list(wanted), config.launch, tags={"eagle3/launched_by": "inference_health"})
+        if plan.reasons():
+            context.log.info(plan.reasons())
+        if not plan.requests:
+            why = plan.reasons() or "every responses partition is materialized and current"
+            return dg.SensorResult(skip_reason=f"{report.summary()}; {why}", cursor=state.to_json(), asset_events=events)
+        return dg.SensorResult(run_requests=plan.requests, cursor=state.to_json(), asset_events=events)
 
     @dg.sensor(
         name="generation_stall",
         minimum_interval_seconds=max(30, int(settings.stall_window_s // 4)),
+        default_status=dg.DefaultSensorStatus.RUNNING,
         description="Flags a running generation whose checkpoint has not grown within the stall "
-        "window (an observation on `responses`), and terminates it if configured.",
+        "window since it started generating (an observation on `responses`), and terminates it if "
+        "configured. Runs waiting for the `gpu` pool or a server start are not generating yet.",
     )
-    def generation_stall(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        now = time.time()
-        stalled = []
-        for partition, run_id in partitions_in_progress(context.instance).items():
+    def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        stalled, events = [], []
+        for partition, run_id in partitions_in_flight(context.instance).items():
             if partition not in config.dataset_ids:
                 continue
-            record = context.instance.get_run_record_by_id(run_id)
-            if record is None:
-                continue
-            started = record.start_time or record.create_timestamp.timestamp()
-            checkpoint = layout.checkpoint(partition)
-            last = max(started, checkpoint.stat().st_mtime if checkpoint.exists() else 0.0)
-            quiet = now - last
-            if quiet <= settings.stall_window_s:
+            quiet = quiet_seconds(config, partition, run_id)
+            if quiet is None or quiet <= settings.stall_window_s:
                 continue
             terminated = settings.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
-            context.instance.report_runless_asset_event(
+            events.append(
                 dg.AssetObservation(
                     asset_key=RESPONSES,
                     partition=partition,
@@ -114,7 +100,21 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
             )
             stalled.append(f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})")
         if stalled:
-            return dg.SkipReason("stalled: " + "; ".join(stalled))
-        return dg.SkipReason("every running generation made progress within the stall window")
+            return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)
+        return dg.SensorResult(skip_reason="every generating run made progress within the stall window")
 
     return [inference_health, generation_stall]
+
+
+def quiet_seconds(config: PipelineConfig, partition: str, run_id: str, now: float | None = None) -> float | None:
+    """Seconds since `run_id` last showed progress on `partition`: since it started generating (its
+    heartbeat) or its checkpoint last grew, whichever is later; None while it is not generating."""
+    beat = read_heartbeat(heartbeat_path(config.artifacts_root, partition))
+    if beat is None or beat.run_id != run_id:
+        return None
+    checkpoint = ArtifactLayout(config.artifacts_root).checkpoint(partition)
+    try:
+        written = checkpoint.stat().st_mtime
+    except FileNotFoundError:
+        written = 0.0
+    return (time.time() if now is None else now) - max(beat.started_at, written)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import dagster as dg
 from pydantic import PrivateAttr
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.generation import Endpoint, Progress
+from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.serving import InferenceProvider
 
@@ -16,7 +14,9 @@ from eagle3_pipeline.serving import InferenceProvider
 class InferenceResource(dg.ConfigurableResource):
     """Where `responses` sends requests. Leave `base_url` empty to use the pipeline file's
     inference section (the embedded server is then started on first use and stopped after the
-    run); set it to point one run at an already running OpenAI-compatible server."""
+    run); set it to point one run at an already running OpenAI-compatible server. API keys are read
+    from the variables the file names when the endpoints are first used, so a missing key fails the
+    run that needs it, never the code location's load."""
 
     config_path: str
     base_url: str | None = None
@@ -24,7 +24,7 @@ class InferenceResource(dg.ConfigurableResource):
     _provider: InferenceProvider | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        config = load_config(self.config_path)
+        config = load_config(self.config_path, runtime_checks=False)
         override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
         self._provider = InferenceProvider(config, override)
 
@@ -39,10 +39,6 @@ class InferenceResource(dg.ConfigurableResource):
 
     def endpoints(self) -> list[Endpoint]:
         return self._require().endpoints()
-
-    @property
-    def progress(self) -> Callable[[Progress], None] | None:
-        return self._require().progress
 
     @property
     def preflight_report(self) -> HealthReport | None:

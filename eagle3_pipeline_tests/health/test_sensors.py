@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
 from eagle3_pipeline_tests.health.pipeline_files import write_config
 from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
@@ -43,8 +44,8 @@ def test_sensor_launches_nothing_while_a_check_is_critical(
     result = evaluate(defs, "inference_health", instance)
     assert not result.run_requests
     assert "not launching generation" in result.skip_message and "gpus critical" in result.skip_message
-    seen = observations(instance, "inference_server")
-    assert seen[0]["healthy"] is False and seen[0]["check/gpus"] == "critical"
+    [seen] = [{k: v.value for k, v in e.metadata.items()} for e in result.asset_events]
+    assert seen["healthy"] is False and seen["check/gpus"] == "critical"
 
 
 def test_sensor_launches_nothing_while_a_check_is_unknown(
@@ -65,7 +66,7 @@ def test_sensor_launches_missing_partitions_once_healthy(
     defs = build_definitions(config)
     result = evaluate(defs, "inference_health", instance)
     assert sorted(r.partition_key for r in result.run_requests) == ["B1", "B2"]
-    assert observations(instance, "inference_server")[0]["healthy"] is True
+    assert [e.metadata["healthy"].value for e in result.asset_events] == [True]
 
     job = defs.resolve_job_def("generation_job")
     assert job.execute_in_process(partition_key="B1", instance=instance).success
@@ -139,16 +140,32 @@ def test_stall_sensor_flags_a_generation_that_stopped_writing(
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_text('{"id": "x"}\n')
     os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
+    HeartbeatWriter(heartbeat_path(config.artifacts_root, "B1"), run.run_id).start()
     time.sleep(1.5)
     result = evaluate(defs, "generation_stall", instance)
     assert result.skip_message.startswith("stalled: B1") and run.run_id[:8] in result.skip_message
-    flagged = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("responses"), asset_partitions=["B1"]), limit=1
-    ).records[0]
-    assert flagged.asset_observation.metadata["stalled"].value is True
+    [flagged] = result.asset_events
+    assert flagged.asset_key == dg.AssetKey("responses") and flagged.partition == "B1"
+    assert flagged.metadata["stalled"].value is True
 
     checkpoint.write_text('{"id": "x"}\n{"id": "y"}\n')
     assert "made progress" in evaluate(defs, "generation_stall", instance).skip_message
+
+
+def test_stall_sensor_ignores_runs_that_have_not_started_generating(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, instance: dg.DagsterInstance
+) -> None:
+    """A run waiting for the `gpu` pool or for its server to start has no heartbeat of its own yet:
+    however long it waits, it is not stalled (here: an hour-old heartbeat of an earlier run)."""
+    config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
+    defs = build_definitions(config)
+    instance.create_run_for_job(defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED)
+    earlier = HeartbeatWriter(heartbeat_path(config.artifacts_root, "B1"), "an-earlier-run")
+    earlier.start()
+    os.utime(heartbeat_path(config.artifacts_root, "B1"), (time.time() - 3600, time.time() - 3600))
+    time.sleep(1.5)
+    result = evaluate(defs, "generation_stall", instance)
+    assert "made progress" in result.skip_message and not result.asset_events
 
 
 def test_unhealthy_error_carries_the_report(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin) -> None:

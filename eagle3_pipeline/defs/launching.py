@@ -1,0 +1,135 @@
+"""Which `responses` partitions to launch now, with which run key — the state is Dagster's run history.
+
+Shared by the `inference_health` sensor and the `responses_backfill` schedule, so neither thrashes:
+- a partition with a run QUEUED, NOT_STARTED, STARTING, STARTED or CANCELING is in flight (a
+  canceling run still holds the checkpoint lock);
+- after k consecutive failed runs (FAILURE or CANCELED since its last success) the next attempt
+  waits `launch.backoff_initial_s × 2^(k-1)` (at most `launch.backoff_max_s`) from the last failure's end;
+- after `launch.max_attempts` consecutive failures the partition is left alone, with the last
+  failure's reason in the tick, until a run of it succeeds (e.g. re-executed from the UI);
+- the run key is `<partition>:<epoch>:attempt-<n>`, where the epoch is the last successful run,
+  so each attempt is launched once however many ticks see it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from eagle3_pipeline.config import LaunchConfig
+
+PARTITION_TAG = "dagster/partition"
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+@dataclass
+class LaunchPlan:
+    """The run requests of one tick, and why every other wanted partition was not launched."""
+
+    requests: list[dg.RunRequest] = field(default_factory=list)
+    in_flight: list[str] = field(default_factory=list)
+    backing_off: list[str] = field(default_factory=list)
+    given_up: list[str] = field(default_factory=list)
+
+    def reasons(self) -> str:
+        parts = []
+        if self.in_flight:
+            parts.append("in flight: " + ", ".join(self.in_flight))
+        if self.backing_off:
+            parts.append("backing off: " + "; ".join(self.backing_off))
+        if self.given_up:
+            parts.append("left alone: " + "; ".join(self.given_up))
+        return "; ".join(parts)
+
+
+def backoff_s(failures: int, settings: LaunchConfig) -> float:
+    """The wait before the attempt that follows `failures` consecutive failures (≥ 1)."""
+    return float(min(settings.backoff_initial_s * 2 ** (failures - 1), settings.backoff_max_s))
+
+
+def partitions_in_flight(instance: dg.DagsterInstance) -> dict[str, str]:
+    """partition → run id, for every unfinished (or still canceling) run that targets a partition."""
+    runs = instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
+    return {run.tags[PARTITION_TAG]: run.run_id for run in runs if PARTITION_TAG in run.tags}
+
+
+def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The first line of why a run failed: its failed step's own words (a `Failure`'s description,
+    else the root cause of the error), else the run's message."""
+    for event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED):
+        records = instance.get_records_for_run(run_id, of_type=event_type, limit=1).records
+        if not records:
+            continue
+        event = records[0].event_log_entry.dagster_event
+        text = records[0].event_log_entry.message or event_type.value
+        if event is not None and event.is_step_failure:
+            data = event.step_failure_data
+            if data.user_failure_data is not None and data.user_failure_data.description:
+                text = data.user_failure_data.description
+            elif data.error is not None:
+                error = data.error
+                while error.cause is not None:
+                    error = error.cause
+                text = error.message
+        return text.strip().splitlines()[0]
+    return "no failure event recorded"
+
+
+def plan_launches(
+    instance: dg.DagsterInstance,
+    job_name: str,
+    wanted: Sequence[str],
+    settings: LaunchConfig,
+    tags: dict[str, str] | None = None,
+    now: float | None = None,
+) -> LaunchPlan:
+    """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given up."""
+    now = time.time() if now is None else now
+    plan = LaunchPlan()
+    busy = partitions_in_flight(instance)
+    for partition in wanted:
+        if partition in busy:
+            plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
+            continue
+        records = instance.get_run_records(
+            dg.RunsFilter(job_name=job_name, tags={PARTITION_TAG: partition}), limit=settings.max_attempts + 1
+        )
+        failures = []
+        epoch = "first"
+        for record in records:
+            if record.dagster_run.status in FAILED:
+                failures.append(record)
+                continue
+            if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS:
+                epoch = record.dagster_run.run_id[:8]
+            break
+        if len(failures) >= settings.max_attempts:
+            reason = failure_reason(instance, failures[0].dagster_run.run_id)
+            plan.given_up.append(f"{partition} failed {len(failures)} times in a row (last: {reason}); re-execute it to try again")
+            continue
+        if failures:
+            last = failures[0]
+            ended = last.end_time or last.update_timestamp.timestamp()
+            due = ended + backoff_s(len(failures), settings)
+            if now < due:
+                plan.backing_off.append(f"{partition} attempt {len(failures) + 1} in {math.ceil(due - now)} s")
+                continue
+        plan.requests.append(
+            dg.RunRequest(
+                run_key=f"{partition}:{epoch}:attempt-{len(failures) + 1}",
+                partition_key=partition,
+                tags={**(tags or {}), "eagle3/attempt": str(len(failures) + 1)},
+            )
+        )
+    return plan

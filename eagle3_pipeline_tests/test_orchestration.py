@@ -1,0 +1,195 @@
+"""Launching without thrashing, and gating across runs, on a real Dagster instance.
+
+The sensor is evaluated with `build_sensor_context` on a real (temporary) instance, and each run it
+requests is executed for real on that instance, as the daemon would launch it. The server is the
+scripted OpenAI-compatible server on loopback; the health gate probes this machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.launching import backoff_s, plan_launches
+from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
+
+
+def write_pipeline(
+    folder: Path, server: FakeOpenAI, datasets: tuple[str, ...] = ("B1", "B2"), without_source: tuple[str, ...] = (), **extra: Any
+) -> Path:
+    for name in datasets:
+        if name not in without_source:
+            write_jsonl(folder / f"{name}.jsonl", [sharegpt(f"{name} question {i}") for i in range(3)])
+    document = {
+        "name": "orchestrated",
+        "artifacts_root": str(folder / "out"),
+        "target": {"model": "fake", "tokenizer": str(extra.pop("tokenizer", "unused"))},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+        "generation": {"max_tokens": 8, "concurrency": 2},
+        "health": {"host": {"kind": "local"}, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 0.5},
+        "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
+        **extra,
+    }
+    path = folder / "pipeline.yaml"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def pipeline(folder: Path, server: FakeOpenAI, **kwargs: Any) -> PipelineConfig:
+    return load_config(write_pipeline(folder, server, **kwargs), runtime_checks=False)
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as test_instance:
+        yield test_instance
+
+
+class Daemonless:
+    """Ticks a sensor and executes the runs it requests, with the tags the sensor daemon adds."""
+
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance, sensor: str = "inference_health") -> None:
+        self.defs = defs
+        self.instance = instance
+        self.sensor = defs.resolve_sensor_def(sensor)
+        self.cursor: str | None = None
+        self.launched: list[str] = []
+
+    def tick(self) -> Any:
+        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs)
+        result = self.sensor.evaluate_tick(context)
+        self.cursor = result.cursor
+        for request in result.run_requests or []:
+            assert request.run_key not in self.launched, "a run key is launched once"
+            self.launched.append(request.run_key)
+            self.defs.resolve_job_def(self.sensor.job_name).execute_in_process(
+                partition_key=request.partition_key,
+                instance=self.instance,
+                tags={**request.tags, "dagster/run_key": request.run_key, "dagster/sensor_name": self.sensor.name},
+                raise_on_error=False,
+            )
+        return result
+
+
+def test_a_failed_partition_waits_for_its_backoff(tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance) -> None:
+    """B2's source file is missing: its run fails at run time (the code location still loads)."""
+    config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"backoff_initial_s": 600})
+    loop = Daemonless(build_definitions(config), instance)
+    first = loop.tick()
+    assert sorted(r.partition_key for r in first.run_requests) == ["B1", "B2"]
+    assert len(first.asset_events) == 1 and first.asset_events[0].asset_key == dg.AssetKey("inference_server")
+    second = loop.tick()
+    assert "backing off: B2 attempt 2 in" in second.skip_message and not second.run_requests
+    [failed] = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": "B2"}))
+    assert not plan_launches(instance, "generation_job", ["B2"], config.launch, now=failed.end_time + 599).requests
+    [request] = plan_launches(instance, "generation_job", ["B2"], config.launch, now=failed.end_time + 600).requests
+    assert request.run_key == "B2:first:attempt-2"
+    assert [backoff_s(k, config.launch) for k in (1, 2, 3, 10)] == [600, 1200, 2400, 21600]
+
+
+def test_a_partition_that_always_fails_is_launched_at_most_n_times_then_left_alone(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"max_attempts": 3, "backoff_initial_s": 0})
+    loop = Daemonless(build_definitions(config), instance)
+    ticks = [loop.tick() for _ in range(6)]
+    assert [k for k in loop.launched if k.startswith("B2")] == ["B2:first:attempt-1", "B2:first:attempt-2", "B2:first:attempt-3"]
+    for result in ticks[3:]:
+        assert not result.run_requests, "left alone on every later tick"
+        assert "left alone: B2 failed 3 times in a row (last: " in result.skip_message
+        assert f"{config.source_file}: datasets[1] (id 'B2').source: file" in result.skip_message
+        assert "does not exist); re-execute it to try again" in result.skip_message
+        assert len(result.asset_events) == 1, "one health observation per tick"
+    statuses = [r.status for r in instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "B2"}))]
+    assert statuses == [dg.DagsterRunStatus.FAILURE] * 3
+
+
+def test_a_success_starts_a_new_epoch_of_attempts(tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance) -> None:
+    config = pipeline(tmp_path, fake_openai, datasets=("B1",), launch={"max_attempts": 1, "backoff_initial_s": 0})
+    defs = build_definitions(config)
+    job = defs.resolve_job_def("generation_job")
+    assert job.execute_in_process(partition_key="B1", instance=instance).success
+    (tmp_path / "B1.jsonl").unlink()
+    assert not job.execute_in_process(partition_key="B1", instance=instance, raise_on_error=False).success
+    assert "left alone" in plan_launches(instance, "generation_job", ["B1"], config.launch).reasons()
+    write_jsonl(tmp_path / "B1.jsonl", [sharegpt("B1 question 0")])
+    assert job.execute_in_process(partition_key="B1", instance=instance).success, "re-executed by hand"
+    [request] = plan_launches(instance, "generation_job", ["B1"], config.launch).requests
+    success = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]), limit=1)[0]
+    assert request.run_key == f"B1:{success.run_id[:8]}:attempt-1"
+
+
+# QUEUED is in the same list; a queued run cannot be created without a remote job origin here.
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING])
+def test_queued_started_and_canceling_runs_are_in_flight(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance, status: dg.DagsterRunStatus
+) -> None:
+    """A canceling run still holds the checkpoint lock: no second run may start beside it."""
+    defs = build_definitions(pipeline(tmp_path, fake_openai))
+    run = instance.create_run_for_job(defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=status)
+    result = Daemonless(defs, instance).tick()
+    assert [r.partition_key for r in result.run_requests] == ["B2"]
+    assert instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "B1"})) == [instance.get_run_by_id(run.run_id)]
+
+
+def test_a_rematerialized_prompts_partition_makes_its_responses_stale(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
+) -> None:
+    defs = build_definitions(pipeline(tmp_path, fake_openai))
+    loop = Daemonless(defs, instance)
+    loop.tick()
+    assert "every responses partition is materialized and current" in loop.tick().skip_message
+    assert dg.materialize([defs.resolve_assets_def("prompts")], partition_key="B2", instance=instance).success
+    assert [r.partition_key for r in loop.tick().run_requests] == ["B2"]
+
+
+def test_a_dataset_added_to_the_file_is_a_new_partition(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    write_pipeline(tmp_path, fake_openai, datasets=("B1", "B2", "B9"))
+    config = load_config(tmp_path / "pipeline.yaml", runtime_checks=False)
+    graph = build_definitions(config).resolve_asset_graph()
+    assert graph.get(dg.AssetKey("responses")).partitions_def.get_partition_keys() == ["B1", "B2", "B9"]
+
+
+@pytest.mark.local_model
+def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
+    tmp_path: Path, local_model: Path, instance: dg.DagsterInstance
+) -> None:
+    """B2's answers all stop at max_tokens, so its blocking truncation check fails; a later run of
+    training_data (another run, as automation would start it) refuses it until B2 is fixed."""
+    truncate = {"B2": True}
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        cut = truncate["B2"] and body["messages"][-1]["content"].startswith("B2")
+        return Reply(payload=echo_completion(body, finish_reason="length" if cut else "stop"))
+
+    server = FakeOpenAI(script=script).start()
+    try:
+        defs = build_definitions(pipeline(tmp_path, server, tokenizer=local_model))
+        generation = defs.resolve_job_def("generation_job")
+        assert generation.execute_in_process(partition_key="B1", instance=instance).success
+        assert not generation.execute_in_process(partition_key="B2", instance=instance, raise_on_error=False).success
+
+        refused = defs.resolve_job_def("downstream_job").execute_in_process(instance=instance, raise_on_error=False)
+        assert not refused.success
+        failure = next(e for e in refused.all_events if e.is_step_failure)
+        assert failure.step_failure_data.user_failure_data is not None, failure.step_failure_data.error.to_string()
+        message = failure.step_failure_data.user_failure_data.description
+        assert "responses[B2]: check truncation_rate failed (3 of 3 truncated (100%; limit 50%))" in message
+        assert "B1" not in message
+        assert not (tmp_path / "out" / "training_data" / "manifest.json").exists()
+
+        truncate["B2"] = False
+        for leftover in (tmp_path / "out" / "responses").glob("B2.*"):
+            leftover.unlink()
+        assert generation.execute_in_process(partition_key="B2", instance=instance).success, "the rerun fixes B2"
+        assert defs.resolve_job_def("downstream_job").execute_in_process(instance=instance).success
+        assert (tmp_path / "out" / "training_data" / "manifest.json").exists()
+    finally:
+        server.stop()

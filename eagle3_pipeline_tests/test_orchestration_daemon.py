@@ -1,0 +1,74 @@
+"""The scheduled backfill, fired by the real `dagster-daemon` on a temporary instance.
+
+B1 is materialized before the daemon starts; the schedule (every minute) must launch exactly B2
+and B3, and `training_data` must then follow by declarative automation. The server is the scripted
+OpenAI-compatible server on loopback; the tokenizer is the tiny real model's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.test_orchestration import write_pipeline
+
+pytestmark = [pytest.mark.local_model, pytest.mark.daemon]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def materialized(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:
+    return list(instance.fetch_materializations(dg.AssetKey(key), limit=100).records)
+
+
+def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_follows(
+    tmp_path: Path, fake_openai: FakeOpenAI, local_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_path = write_pipeline(
+        tmp_path, fake_openai, datasets=("B1", "B2", "B3"), tokenizer=local_model, schedule={"cron": "* * * * *"}
+    )
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(REPO / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("EAGLE3_CONFIG", str(config_path))
+
+    instance = dg.DagsterInstance.get()
+    defs = build_definitions(load_config(config_path))
+    assert defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance).success
+
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
+        cwd=tmp_path, env={**os.environ}, stdout=(tmp_path / "daemon.log").open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not materialized(instance, "training_data"):
+            assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()[-3000:]
+            time.sleep(2)
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
+
+    scheduled = instance.get_runs(dg.RunsFilter(tags={"dagster/schedule_name": "responses_backfill"}))
+    assert sorted(run.tags["dagster/partition"] for run in scheduled) == ["B2", "B3"]
+    assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in scheduled)
+    partitions = [r.asset_materialization.partition for r in materialized(instance, "responses")]
+    assert sorted(partitions) == ["B1", "B2", "B3"], "B1 was not generated again"
+    [training] = materialized(instance, "training_data")
+    automated = instance.get_run_by_id(training.run_id)
+    assert automated.tags.get("dagster/sensor_name") == "pipeline_automation"
+    assert training.asset_materialization.metadata["rows"].value == 9
