@@ -49,7 +49,7 @@ def build_backfill_schedule(config: PipelineConfig, generation_job: str) -> list
         report, _ = monitor.tick()
         if not report.healthy:
             return dg.SkipReason(f"not launching generation: {report.summary()}")
-        wanted = partitions_to_generate(context.instance, config.dataset_ids)
+        wanted = partitions_to_generate(context.instance, config)
         plan = plan_launches(context.instance, generation_job, list(wanted), config.launch, tags={"eagle3/launched_by": "responses_backfill"})
         if plan.requests:
             context.log.info("launching " + ", ".join(f"{r.partition_key} ({wanted[r.partition_key or '']})" for r in plan.requests))

@@ -65,7 +65,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         events = [health_observation(report)]
         if not report.healthy:
             return dg.SensorResult(skip_reason=f"not launching generation: {report.summary()}", cursor=state.to_json(), asset_events=events)
-        wanted = partitions_to_generate(context.instance, config.dataset_ids)
+        wanted = partitions_to_generate(context.instance, config)
         plan = plan_launches(context.instance, generation_job, list(wanted), config.launch, tags={"eagle3/launched_by": "inference_health"})
         if plan.reasons():
             context.log.info(plan.reasons())

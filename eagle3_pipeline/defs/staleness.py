@@ -2,9 +2,10 @@
 
 Staleness is read from Dagster's own records, in one place: a partition is stale when its
 `prompts` partition was materialized after it (new prompts were collected), or when it was
-materialized by another code version of `responses` than the one now defined. A domain-level
-rule (e.g. generation settings changed since the checkpoint was written) plugs in here, in
-:func:`stale_partitions`, without touching the schedule or the sensor.
+materialized by another code version of `responses` than the one now defined (the code version is
+the generation fingerprint's digest). The files have the last word too: a partition whose table is
+gone or whose checkpoint was written under other generation settings is stale
+(:func:`eagle3_pipeline.generation.fingerprint.partition_is_stale`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.generation.fingerprint import configured_fingerprint, partition_is_stale
 
 PROMPTS = dg.AssetKey("prompts")
 RESPONSES = dg.AssetKey("responses")
@@ -46,16 +50,19 @@ def stale_partitions(
     return stale
 
 
-def partitions_to_generate(
-    instance: dg.DagsterInstance, partitions: Sequence[str], code_version: str | None = None
-) -> dict[str, str]:
+def partitions_to_generate(instance: dg.DagsterInstance, config: PipelineConfig) -> dict[str, str]:
     """partition → why it needs a run (missing or stale), in the pipeline file's dataset order."""
+    partitions = config.dataset_ids
     done = instance.get_materialized_partitions(RESPONSES)
-    stale = stale_partitions(instance, [p for p in partitions if p in done], code_version)
+    stale = stale_partitions(instance, [p for p in partitions if p in done], configured_fingerprint(config).digest)
     wanted = {}
     for partition in partitions:
         if partition not in done:
             wanted[partition] = "missing"
         elif partition in stale:
             wanted[partition] = f"stale: {stale[partition]}"
+        else:
+            on_disk = partition_is_stale(config, partition)
+            if on_disk is not None:
+                wanted[partition] = on_disk
     return wanted
