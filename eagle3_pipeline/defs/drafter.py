@@ -3,8 +3,6 @@
 Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run (the ``train`` phase).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 

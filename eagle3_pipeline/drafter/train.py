@@ -326,6 +326,8 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     window: list[StepMetrics] = []
     window_tokens, window_start = 0, time.monotonic()
     trained_tokens = 0
+    loop_started = time.monotonic()
+    checkpoint_s = 0.0
     model.train()
     while step < total_steps and epoch < settings.epochs:
         for batch_index, batch in reader.batches(plans[epoch], batch_index):
@@ -352,9 +354,12 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
                 report.progress({**row, "total_steps": total_steps, "epoch": epoch})
                 window, window_tokens, window_start = [], 0, time.monotonic()
             if step % settings.checkpoint_every == 0 or step == total_steps:
+                checkpoint_started = time.monotonic()
                 checkpoint()
+                checkpoint_s += time.monotonic() - checkpoint_started
         else:
             epoch, batch_index = epoch + 1, 0
+    loop_s = time.monotonic() - loop_started - checkpoint_s
     model_cpu = model.to("cpu")
     export_for_servers(model_cpu, paths["export_dir"], target_config, dtype=settings.export_dtype)
     wall = time.monotonic() - started
@@ -365,6 +370,9 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "resumed_from_step": resumed_from,
         "trained_tokens_this_run": trained_tokens,
         "wall_s": round(wall, 2),
+        "train_loop_s": round(loop_s, 3),
+        "checkpoint_s": round(checkpoint_s, 3),
+        "tokens_per_s": round(trained_tokens / loop_s, 1) if trained_tokens else None,
         "first_loss": curve[0]["loss"] if curve else None,
         "last_loss": curve[-1]["loss"] if curve else None,
         "curve": curve,
