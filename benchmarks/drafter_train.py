@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--draft-vocab", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "eagle3-drafter-bench")
     args = parser.parse_args()
     store, vocab, target_dir = args.work / "store", args.work / "vocab", local_model_dir()
@@ -84,7 +85,7 @@ def main() -> None:
         started = time.monotonic()
         real_store(store, vocab, target_dir, args.samples, args.draft_vocab)
         print(f"built a store of {args.samples} samples from the embedded model in {time.monotonic() - started:.1f} s")
-    settings = {"ttt_steps": 7, "lr": 1e-3, "batch_tokens": 2048, "max_seq_len": 256, "grad_clip": 0.5, "seed": 0, "epochs": 1,
+    settings = {"ttt_steps": 7, "lr": 1e-3, "batch_tokens": args.batch_tokens, "max_seq_len": 256, "grad_clip": 0.5, "seed": 0, "epochs": 1,
                 "max_steps": args.steps, "checkpoint_every": 10**9, "log_every": 5, "eval_samples": 8}  # fmt: skip
     torch.set_num_threads(torch.get_num_threads())
     bare_tokens, bare_s = bare_loop(store, vocab, target_dir, settings, args.steps)
