@@ -351,6 +351,42 @@ class LaunchConfig(_Model):
     backoff_max_s: Annotated[float, Field(ge=0)] = 21600.0
 
 
+class DrafterModelConfig(_Model):
+    """Draft model dimensions; each left out takes the target's value (EAGLE-3 default)."""
+
+    hidden_size: Annotated[int, Field(gt=0)] | None = None
+    intermediate_size: Annotated[int, Field(gt=0)] | None = None
+    num_attention_heads: Annotated[int, Field(gt=0)] | None = None
+    num_key_value_heads: Annotated[int, Field(gt=0)] | None = None
+    head_dim: Annotated[int, Field(gt=0)] | None = None
+
+
+class DrafterConfig(_Model):
+    """Training of the EAGLE-3 drafter (the `eagle3_drafter` asset)."""
+
+    model: DrafterModelConfig = DrafterModelConfig()
+    ttt_steps: Annotated[int, Field(gt=0, le=16)] = 7
+    lr: Annotated[float, Field(gt=0)] = 1e-4
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.02
+    epochs: Annotated[int, Field(gt=0)] = 1
+    max_steps: Annotated[int, Field(gt=0)] | None = None
+    batch_tokens: Annotated[int, Field(gt=0)] = 16384
+    max_seq_len: Annotated[int, Field(gt=2)] | None = None  # None: target.max_seq_len
+    grad_clip: Annotated[float, Field(gt=0)] = 0.5
+    checkpoint_every: Annotated[int, Field(gt=0)] = 500
+    keep_checkpoints: Annotated[int, Field(gt=0)] = 2
+    eval_samples: Annotated[int, Field(ge=0)] = 256
+    log_every: Annotated[int, Field(gt=0)] = 10
+    seed: int | None = None  # None: the pipeline seed
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # The target model folder (config.json + safetensors) where training runs; None: the embedded model.
+    target_weights: str | None = None
+    embedding_key: str = "model.embed_tokens.weight"
+    lm_head_key: str | None = None  # None: lm_head.weight, or the embedding when the target ties them
+
+
 class PipelineConfig(_Model):
     """One pipeline: its datasets, target model, inference backend and where outputs go."""
 
@@ -368,6 +404,7 @@ class PipelineConfig(_Model):
     hidden_states: HiddenStatesConfig = HiddenStatesConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     launch: LaunchConfig = LaunchConfig()
+    drafter: DrafterConfig = DrafterConfig()
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 

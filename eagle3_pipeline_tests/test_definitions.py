@@ -39,7 +39,7 @@ def test_asset_graph_partitions_and_lineage(tmp_path: Path, monkeypatch) -> None
     config = load_config(local_profile_path())
     graph = build_definitions(config).resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"target_model", "prompts", "responses", "training_data", "inference_server", "draft_vocab", "hidden_states"}
+    assert keys == {"target_model", "prompts", "responses", "training_data", "inference_server", "draft_vocab", "hidden_states", "eagle3_drafter"}
     for name in ("draft_vocab", "hidden_states"):
         node = graph.get(dg.AssetKey(name))
         assert node.group_name == "eagle3" and {p.to_user_string() for p in node.parent_keys} == {"training_data"}

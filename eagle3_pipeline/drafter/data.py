@@ -1,0 +1,151 @@
+"""Training batches from the hidden-state store, with bounded memory and a resumable position.
+
+An epoch's plan (which samples go into which batch, in which order) is a pure function of the
+store's index, the seed and the epoch number: shard order shuffled, samples shuffled within each
+shard, then packed greedily into batches of at most ``batch_tokens`` padded tokens. Only the index is
+read to plan; tensors are read batch by batch with at most one shard file open, so a resumed run
+recomputes the plan and continues at ``(epoch, batch)`` without touching the data it skips.
+
+Teacher signal (EAGLE3.md §4/§5): the target's logits at index t are ``lm_head(hidden_states[t])``
+(final hidden after the final norm); :func:`teacher` turns them into the target's distribution over
+the draft vocabulary and its full-vocabulary argmax.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_pipeline.hidden_states.store import AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY, HiddenStateStore
+
+TEACHER_CHUNK_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Row:
+    shard: str
+    offset: int
+    length: int
+
+
+@dataclass
+class Batch:
+    """Padded tensors [B, T, ...]; ``attention_mask`` marks real tokens."""
+
+    aux: torch.Tensor
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    attention_mask: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.aux, self.hidden, self.input_ids, self.loss_mask, self.attention_mask)))
+
+
+def store_rows(store: HiddenStateStore, split: str) -> list[Row]:
+    """The index rows of one split (samples shorter than 3 tokens train nothing and are left out)."""
+    table = store.index().select(["split", "shard", "offset", "length"]).to_pylist()
+    return [Row(r["shard"], r["offset"], r["length"]) for r in table if r["split"] == split and r["length"] >= 3]
+
+
+def epoch_plan(rows: Sequence[Row], seed: int, epoch: int, batch_tokens: int, max_seq_len: int) -> list[list[Row]]:
+    """The batches of one epoch (deterministic in seed and epoch)."""
+    rng = random.Random(f"{seed}:{epoch}")
+    by_shard: dict[str, list[Row]] = {}
+    for row in rows:
+        by_shard.setdefault(row.shard, []).append(row)
+    shards = sorted(by_shard)
+    rng.shuffle(shards)
+    batches: list[list[Row]] = []
+    current: list[Row] = []
+    longest = 0
+    for shard in shards:
+        members = list(by_shard[shard])
+        rng.shuffle(members)
+        for row in members:
+            length = min(row.length, max_seq_len)
+            if current and (len(current) + 1) * max(longest, length) > batch_tokens:
+                batches.append(current)
+                current, longest = [], 0
+            current.append(row)
+            longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class BatchReader:
+    """Reads the rows of a batch from the shard files, keeping only the last shard open."""
+
+    def __init__(self, root: Path, max_seq_len: int) -> None:
+        self.root = Path(root)
+        self.max_seq_len = max_seq_len
+        self._name: str | None = None
+        self._handle: Any = None
+
+    def _slices(self, shard: str) -> dict[str, Any]:
+        from safetensors import safe_open
+
+        if shard != self._name:
+            self.close()
+            self._handle = safe_open(str(self.root / f"{shard}.safetensors"), framework="pt")
+            self._name = shard
+        return {key: self._handle.get_slice(key) for key in (AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY)}
+
+    def close(self) -> None:
+        self._handle, self._name = None, None
+
+    def read(self, rows: Sequence[Row]) -> Batch:
+        samples = []
+        for row in rows:
+            s = self._slices(row.shard)
+            start, stop = row.offset, row.offset + min(row.length, self.max_seq_len)
+            samples.append((s[AUX_KEY][start:stop], s[HIDDEN_KEY][start:stop], s[IDS_KEY][start:stop], s[MASK_KEY][start:stop]))
+        width = max(sample[2].shape[0] for sample in samples)
+        b = len(samples)
+        aux = torch.zeros(b, width, samples[0][0].shape[1], dtype=samples[0][0].dtype)
+        hidden = torch.zeros(b, width, samples[0][1].shape[1], dtype=samples[0][1].dtype)
+        ids = torch.zeros(b, width, dtype=torch.long)
+        mask = torch.zeros(b, width, dtype=torch.bool)
+        attn = torch.zeros(b, width, dtype=torch.bool)
+        for i, (a, h, x, m) in enumerate(samples):
+            n = x.shape[0]
+            aux[i, :n], hidden[i, :n], ids[i, :n], mask[i, :n], attn[i, :n] = a, h, x.long(), m.bool(), True
+        return Batch(aux, hidden, ids, mask, attn)
+
+    def batches(self, plan: Sequence[Sequence[Row]], start: int = 0) -> Iterator[tuple[int, Batch]]:
+        for index in range(start, len(plan)):
+            yield index, self.read(plan[index])
+
+
+@dataclass
+class Teacher:
+    """Per index t: ``probs`` [B, T, Vd] the target's next-token distribution renormalised over the
+    draft vocabulary, ``argmax`` [B, T] its full-vocabulary argmax (a target id)."""
+
+    probs: torch.Tensor
+    argmax: torch.Tensor
+
+
+@torch.no_grad()
+def teacher(hidden: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor) -> Teacher:
+    """Target logits = ``hidden @ lm_head.T`` (computed in chunks of tokens for the full argmax)."""
+    b, t, h = hidden.shape
+    flat = hidden.reshape(b * t, h).to(lm_head.dtype)
+    draft_head = lm_head[t2d]
+    argmax = torch.empty(b * t, dtype=torch.long, device=hidden.device)
+    probs = torch.empty(b * t, draft_head.shape[0], dtype=torch.float32, device=hidden.device)
+    for start in range(0, b * t, TEACHER_CHUNK_TOKENS):
+        chunk = flat[start : start + TEACHER_CHUNK_TOKENS]
+        argmax[start : start + chunk.shape[0]] = (chunk @ lm_head.T).argmax(-1)
+        probs[start : start + chunk.shape[0]] = torch.softmax((chunk @ draft_head.T).float(), dim=-1)
+    return Teacher(probs.view(b, t, -1), argmax.view(b, t))

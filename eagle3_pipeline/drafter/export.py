@@ -1,0 +1,136 @@
+"""The served drafter directory, loaded as-is by SGLang and vLLM (EAGLE3.md §7).
+
+``config.json``: a Llama config with ``architectures: ["LlamaForCausalLMEagle3"]``, one hidden layer,
+the target's vocabulary size and RoPE settings, ``draft_vocab_size``, untied embeddings, and the
+captured layers written for both servers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` in the
+output-of-layer convention (SGLang captures id + 1) and the top-level
+``eagle_aux_hidden_state_layer_ids`` = id + 1 (vLLM uses them as-is).
+
+``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
+``t2d``; ``embed_tokens.weight`` only when the draft hidden size differs from the target's (the
+servers then cannot share the target's embedding). The folder is written under a temporary name
+and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter, target_rope
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TARGET_FIELDS_KEPT = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: str) -> dict[str, Any]:
+    theta, scaling = target_rope(target_config)
+    ids = list(config.aux_layer_ids)
+    out: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "rms_norm_eps": config.rms_norm_eps,
+        "hidden_act": "silu",
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "max_position_embeddings": max(config.max_position_embeddings, int(target_config.get("max_position_embeddings", 0))),
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in ids],
+        "use_aux_hidden_state": True,
+    }
+    if config.target_hidden_size != config.hidden_size:
+        out["target_hidden_size"] = config.target_hidden_size
+    out.update({k: target_config[k] for k in TARGET_FIELDS_KEPT if k in target_config})
+    return out
+
+
+def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    carry_embedding = model.config.hidden_size != model.config.target_hidden_size
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name == "embed_tokens.weight" and not carry_embedding:
+            continue
+        floating = tensor.is_floating_point()
+        tensors[name] = (tensor.to(dtype) if floating else tensor).detach().cpu().contiguous()
+    return tensors
+
+
+def export_for_servers(model: Eagle3Drafter, folder: Path, target_config: dict[str, Any], dtype: str = "bfloat16") -> Path:
+    from safetensors.torch import save_file
+
+    if dtype not in DTYPES:
+        raise DrafterConfigError(f"export dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(export_weights(model, DTYPES[dtype]), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(json.dumps(server_config(model.config, target_config, dtype), indent=2))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+def config_from_export(raw: dict[str, Any]) -> DrafterConfig:
+    return DrafterConfig(
+        hidden_size=raw["hidden_size"],
+        target_hidden_size=raw.get("target_hidden_size", raw["hidden_size"]),
+        intermediate_size=raw["intermediate_size"],
+        num_attention_heads=raw["num_attention_heads"],
+        num_key_value_heads=raw["num_key_value_heads"],
+        head_dim=raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"]),
+        vocab_size=raw["vocab_size"],
+        draft_vocab_size=raw["draft_vocab_size"],
+        rms_norm_eps=raw["rms_norm_eps"],
+        rope_theta=raw["rope_theta"],
+        rope_scaling=raw.get("rope_scaling"),
+        max_position_embeddings=raw["max_position_embeddings"],
+        aux_layer_ids=list(raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+    )
+
+
+def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Drafter:
+    """The exported drafter as our module, in float32. An export without ``embed_tokens.weight``
+    (draft hidden = target hidden, the usual case) takes the embedding from ``target_model_dir``,
+    as the servers do; without it the embedding is left unset and the call fails."""
+    from safetensors.torch import load_file
+
+    from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, read_tensor
+
+    folder = Path(folder)
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise DrafterConfigError(f"{config_path}: no drafter config.json")
+    raw = json.loads(config_path.read_text())
+    if raw.get("architectures") != [ARCHITECTURE]:
+        raise DrafterConfigError(f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}]")
+    model = Eagle3Drafter(config_from_export(raw))
+    tensors = load_file(str(folder / WEIGHTS_FILE))
+    if "embed_tokens.weight" not in tensors:
+        if target_model_dir is None:
+            raise DrafterConfigError(f"{folder}: the export carries no embed_tokens.weight; pass target_model_dir to take the target's")
+        tensors["embed_tokens.weight"] = read_tensor(Path(target_model_dir), DEFAULT_EMBEDDING_KEY)
+    model.load_state_dict({k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}, strict=True)
+    model.embed_tokens.weight.requires_grad_(False)
+    return model

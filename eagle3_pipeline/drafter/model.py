@@ -1,0 +1,292 @@
+"""The EAGLE-3 draft model (``LlamaForCausalLMEagle3``), written from ``shared/EAGLE3.md`` §1 and §5.
+
+One step of the drafter::
+
+    h0     = fc(cat(aux_low, aux_mid, aux_high))                  # step 0 only
+    x      = cat(input_layernorm(embed(tok)), hidden_norm(h))      # [.., 2H]
+    h      = h + o_proj(attn(q_proj(x), k_proj(x), v_proj(x)))     # residual = the un-normed h
+    h      = h + mlp(post_attention_layernorm(h))
+    logits = lm_head(norm(h))                                      # next step consumes pre-norm h
+
+Two ways to run it, which must agree (tested): :meth:`Eagle3Drafter.ttt_forward`, the unrolled
+training-time test with the chain-drafting attention pattern, and :meth:`Eagle3Drafter.forward_cached`,
+plain causal attention over a key/value cache, one drafted token at a time, as a server drafts.
+
+Parameter names are the servers' checkpoint names (``fc.weight``, ``midlayer.*``, ``norm.weight``,
+``lm_head.weight``, buffers ``d2t`` and ``t2d``); ``embed_tokens.weight`` is the target's, frozen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DrafterConfigError(ValueError):
+    """A draft-model configuration that cannot be built (names the field and what was expected)."""
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    aux_layer_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DrafterConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if len(self.aux_layer_ids) != 3:
+            raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
+        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE:
+            raise DrafterConfigError(f"rope_scaling.rope_type {rope_type!r} is not supported; expected one of {sorted(SUPPORTED_ROPE)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DrafterConfig:
+        return cls(**{**raw, "aux_layer_ids": list(raw["aux_layer_ids"])})
+
+
+SUPPORTED_ROPE = {"default", "linear", "llama3"}
+
+
+def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling)`` of a Hugging Face config, old (``rope_theta``/``rope_scaling``)
+    or transformers-5 style (``rope_parameters``)."""
+    params = target_config.get("rope_parameters")
+    if isinstance(params, dict):
+        theta = float(params.get("rope_theta", target_config.get("rope_theta", 10000.0)))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return theta, (None if scaling.get("rope_type", "default") == "default" else scaling)
+    return float(target_config.get("rope_theta", 10000.0)), target_config.get("rope_scaling")
+
+
+def rope_inverse_frequencies(config: DrafterConfig) -> torch.Tensor:
+    """Per-pair inverse frequencies [head_dim/2] (Llama rotate-half RoPE; linear and llama3 scaling)."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where((wavelen <= old / low) & (wavelen >= old / high), mid, scaled)
+    return inv.to(torch.float32)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        h, nh, nkv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, nh, T, hd], k and v [B, nh, T, hd] (GQA heads repeated), RoPE applied to q and k."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        groups = self.nh // self.nkv
+        return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+    def out(self, attn: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """The one decoder layer, named ``midlayer`` in the checkpoint."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+
+    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + attn_out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        self.midlayer = DecoderLayer(config)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    @property
+    def embedding_frozen(self) -> bool:
+        return not self.embed_tokens.weight.requires_grad
+
+    def set_target_embedding(self, weight: torch.Tensor) -> None:
+        """Copy the target's input embedding [V, H] and freeze it (EAGLE3.md §2)."""
+        expected = (self.config.vocab_size, self.config.hidden_size)
+        if tuple(weight.shape) != expected:
+            raise DrafterConfigError(f"target embedding has shape {tuple(weight.shape)}, expected {expected} (vocab_size, hidden_size)")
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight)
+        self.embed_tokens.weight.requires_grad_(False)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise DrafterConfigError(
+                f"draft vocabulary shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the model "
+                f"({self.config.draft_vocab_size}, {self.config.vocab_size})"
+            )
+        self.d2t.copy_(d2t.to(torch.int64))
+        self.t2d.copy_(t2d.to(torch.bool))
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, head_dim] for integer positions [T]."""
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([angles, angles], dim=-1)
+        return emb.cos(), emb.sin()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def draft_target_ids(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy draft ids mapped to target ids (argmax + d2t)."""
+        draft = logits.argmax(dim=-1)
+        return draft + self.d2t[draft]
+
+    def ttt_forward(
+        self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, attention_mask: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """The unrolled training-time test (EAGLE3.md §5): ``steps`` logits tensors [B, T, Vd].
+
+        Step j at index t consumes token ``input_ids[t + 1 + j]`` (teacher forced; 0 past the end)
+        and the draft's own pre-norm hidden state of step j-1 at t (``fc(aux[t])`` for step 0), sits
+        at RoPE position t + j, and attends to the step-0 keys at indices <= t (not padding) plus
+        the keys of steps 1..j at index t: exactly what chain drafting from prefix t sees.
+        """
+        b, t = input_ids.shape
+        device = aux.device
+        hidden = self.fc(aux.to(self.fc.weight.dtype))
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        allowed = causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        positions = torch.arange(t, device=device)
+        k0 = v0 = None
+        diag_k: list[torch.Tensor] = []
+        diag_v: list[torch.Tensor] = []
+        outputs: list[torch.Tensor] = []
+        for j in range(steps):
+            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1))
+            x = self.midlayer.attention_input(self.embed_tokens(ids), hidden)
+            cos, sin = self.rope(positions + j)
+            q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
+            if j == 0:
+                k0, v0 = k, v
+            else:
+                diag_k.append(k)
+                diag_v.append(v)
+            assert k0 is not None and v0 is not None
+            scores = torch.matmul(q, k0.transpose(-1, -2)) * scale
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]
+            probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+            attn = torch.matmul(probs[..., :t], v0)
+            for i, dv in enumerate(diag_v):
+                attn = attn + probs[..., t + i : t + i + 1] * dv
+            hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
+            outputs.append(self.logits(hidden))
+        return outputs
+
+    def forward_cached(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One server-style draft forward over new tokens [B, n] with their hidden stream [B, n, H]
+        at ``positions`` [n]: causal attention over the cached keys plus the new ones; appends the
+        new keys/values to ``cache``. Returns (logits [B, n, Vd], pre-norm hidden [B, n, H])."""
+        x = self.midlayer.attention_input(self.embed_tokens(input_ids), hidden)
+        cos, sin = self.rope(positions)
+        q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
+        if cache:
+            k = torch.cat([cache[0][0], k], dim=2)
+            v = torch.cat([cache[0][1], v], dim=2)
+            cache[0] = (k, v)
+        else:
+            cache.append((k, v))
+        n, total = q.shape[2], k.shape[2]
+        visible = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=total - n)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        out = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
+        return self.logits(out), out

@@ -1,0 +1,386 @@
+"""Train the EAGLE-3 drafter on the hidden-state store: the ``train`` heavy phase (``run(spec, report)``).
+
+Spec (paths on the machine where the phase runs)::
+
+    store            the hidden-state store folder (C3)
+    draft_vocab      the draft vocabulary folder (C4)
+    target_weights   the target model folder (config.json + safetensors: embedding, lm_head)
+    run_dir          checkpoints and the metric curve of this drafter
+    export_dir       the served directory written at the end (export.export_for_servers)
+    settings         :class:`TrainSettings` fields (``model`` overrides the draft dimensions)
+
+Loss (EAGLE3.md §5): at TTT step j and index t the drafter predicts token t+2+j; the teacher is the
+target's distribution at index t+1+j renormalised over the draft vocabulary; positions count when
+the predicted token is a trained (loss-masked) token and the target's argmax is in the draft
+vocabulary. Step losses are averaged over counted positions and weighted 0.8**j. Accuracy of step j
+is the share of loss-masked positions whose mapped draft argmax equals the target's argmax.
+
+A kill at any point loses at most ``checkpoint_every`` steps: the next run continues from the last
+complete checkpoint, with the same data order, optimizer, scheduler and RNG state. It refuses to
+continue when the draft vocabulary, the store or the training settings differ from the
+checkpoint's, and says so; it never rebuilds the vocabulary mapping itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from eagle3_pipeline.compute import Reporter
+from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3_pipeline.drafter.data import Batch, BatchReader, Row, epoch_plan, store_rows, teacher
+from eagle3_pipeline.drafter.export import export_for_servers
+from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, target_rope
+from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, TargetWeights, load_target_weights
+from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
+
+STEP_DECAY = 0.8
+ADAM_BETAS = (0.9, 0.95)
+CURVE_FILE = "curve.jsonl"
+MODEL_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+class TrainError(ValueError):
+    """A training run that cannot start or continue; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    ttt_steps: int = 7
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.02
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_tokens: int = 16384
+    max_seq_len: int = 2048
+    grad_clip: float = 0.5
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    eval_samples: int = 256
+    log_every: int = 10
+    seed: int = 0
+    dtype: str = "auto"
+    export_dtype: str = "bfloat16"
+    embedding_key: str = DEFAULT_EMBEDDING_KEY
+    lm_head_key: str | None = None
+    model: dict[str, int] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the checkpoint (bookkeeping settings excluded)."""
+        skip = {"checkpoint_every", "keep_checkpoints", "eval_samples", "log_every", "export_dtype"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+def drafter_config(target: Mapping[str, Any], draft_vocab_size: int, aux_layer_ids: list[int], overrides: Mapping[str, int]) -> DrafterConfig:
+    """Draft dimensions default to the target's (hidden, heads, kv heads, head_dim, MLP, RoPE)."""
+    unknown = sorted(set(overrides) - set(MODEL_KEYS))
+    if unknown:
+        raise TrainError(f"drafter.model: unknown keys {unknown}; expected a subset of {list(MODEL_KEYS)}")
+    heads = int(overrides.get("num_attention_heads", target["num_attention_heads"]))
+    hidden = int(overrides.get("hidden_size", target["hidden_size"]))
+    default_head_dim = target.get("head_dim") or int(target["hidden_size"]) // int(target["num_attention_heads"])
+    theta, scaling = target_rope(target)
+    return DrafterConfig(
+        hidden_size=hidden,
+        target_hidden_size=int(target["hidden_size"]),
+        intermediate_size=int(overrides.get("intermediate_size", target["intermediate_size"])),
+        num_attention_heads=heads,
+        num_key_value_heads=int(overrides.get("num_key_value_heads", target.get("num_key_value_heads", heads))),
+        head_dim=int(overrides.get("head_dim", default_head_dim if hidden == int(target["hidden_size"]) else hidden // heads)),
+        vocab_size=int(target["vocab_size"]),
+        draft_vocab_size=draft_vocab_size,
+        rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(target.get("max_position_embeddings", 4096)),
+        aux_layer_ids=list(aux_layer_ids),
+    )
+
+
+def build_model(config: DrafterConfig, target: TargetWeights, d2t: torch.Tensor, t2d: torch.Tensor, seed: int) -> Eagle3Drafter:
+    """Fresh drafter: seeded init, the target's embedding frozen (trained when draft H != target H)."""
+    torch.manual_seed(seed)
+    model = Eagle3Drafter(config)
+    if config.hidden_size == config.target_hidden_size:
+        model.set_target_embedding(target.embedding.float())
+    model.set_vocab(d2t, t2d)
+    return model
+
+
+@dataclass
+class StepMetrics:
+    loss: torch.Tensor
+    step_losses: list[float]
+    accuracies: list[float]
+
+
+def ttt_loss(model: Eagle3Drafter, batch: Batch, lm_head: torch.Tensor, steps: int) -> StepMetrics:
+    """Unrolled TTT forward, soft-label loss against the target over the draft vocabulary."""
+    target = teacher(batch.hidden, lm_head, model.t2d)
+    logits = model.ttt_forward(batch.aux, batch.input_ids, steps, batch.attention_mask)
+    total = torch.zeros((), device=batch.aux.device)
+    step_losses: list[float] = []
+    accuracies: list[float] = []
+    for j, step_logits in enumerate(logits):
+        probs = F.pad(target.probs[:, j + 1 :], (0, 0, 0, j + 1))
+        argmax = F.pad(target.argmax[:, j + 1 :], (0, j + 1))
+        trained = F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float()
+        counted = trained * model.t2d[argmax].float()
+        log_p = torch.log_softmax(step_logits.float(), dim=-1)
+        ce = -(probs * log_p).sum(-1)
+        loss = (ce * counted).sum() / counted.sum().clamp(min=1.0)
+        total = total + (STEP_DECAY**j) * loss
+        with torch.no_grad():
+            hits = (model.draft_target_ids(step_logits) == argmax).float() * trained
+            accuracies.append(float(hits.sum() / trained.sum().clamp(min=1.0)))
+            step_losses.append(float(loss))
+    return StepMetrics(total, step_losses, accuracies)
+
+
+def lr_lambda(total_steps: int, warmup_steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def pick_device(dtype_setting: str) -> tuple[torch.device, torch.dtype | None]:
+    """CUDA with bf16 autocast when present (``dtype: auto``); fp32 on the CPU."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype_setting == "float32":
+        return device, None
+    if dtype_setting == "bfloat16" or (device.type == "cuda" and torch.cuda.is_bf16_supported()):
+        return device, torch.bfloat16
+    return device, None
+
+
+def vocab_sha256(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
+    digest = hashlib.sha256(d2t.to(torch.int64).numpy().tobytes())
+    digest.update(t2d.to(torch.bool).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def evaluate(model: Eagle3Drafter, reader: BatchReader, plan: list[list[Row]], lm_head: torch.Tensor, settings: TrainSettings, device: torch.device, autocast: torch.dtype | None) -> dict[str, float]:
+    """Per-step loss and accuracy on the eval split, weighted by tokens.
+
+    This is where a checkpoint's eval figures are made; tau on the eval split joins them here once
+    ``eagle3_pipeline.drafter.acceptance`` (owned by drafter_eval) is on the branch.
+    """
+    model.eval()
+    sums = [0.0] * settings.ttt_steps
+    accs = [0.0] * settings.ttt_steps
+    weight = 0
+    for _, batch in reader.batches(plan):
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
+        tokens = int(batch.loss_mask.sum())
+        weight += tokens
+        for j in range(settings.ttt_steps):
+            sums[j] += metrics.step_losses[j] * tokens
+            accs[j] += metrics.accuracies[j] * tokens
+    model.train()
+    if not weight:
+        return {}
+    return {**{f"eval_loss_{j}": sums[j] / weight for j in range(settings.ttt_steps)}, **{f"eval_acc_{j}": accs[j] / weight for j in range(settings.ttt_steps)}}
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def parse_spec(spec: Mapping[str, Any]) -> tuple[dict[str, Path], TrainSettings]:
+    missing = [k for k in ("store", "draft_vocab", "target_weights", "run_dir", "export_dir") if not spec.get(k)]
+    if missing:
+        raise TrainError(f"train spec: missing {', '.join(missing)}")
+    raw = dict(spec.get("settings") or {})
+    known = set(TrainSettings.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise TrainError(f"train spec: settings has unknown keys {unknown}")
+    paths = {k: Path(spec[k]) for k in ("store", "draft_vocab", "target_weights", "run_dir", "export_dir")}
+    return paths, TrainSettings(**raw)
+
+
+def _curve_row(step: int, lr: float, window: list[StepMetrics], tokens_per_s: float) -> dict[str, float]:
+    n = len(window)
+    row: dict[str, float] = {"step": step, "loss": sum(float(m.loss) for m in window) / n, "lr": lr, "tokens_per_s": round(tokens_per_s, 1)}
+    steps = len(window[0].accuracies)
+    row.update({f"acc_{j}": sum(m.accuracies[j] for m in window) / n for j in range(steps)})
+    return row
+
+
+def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
+    """The ``train`` phase. Returns JSON-able metadata (curve, first/last loss, eval, export)."""
+    started = time.monotonic()
+    paths, settings = parse_spec(spec)
+    store = HiddenStateStore(paths["store"])
+    manifest = store.manifest()
+    d2t, t2d, _ = load_draft_vocab(paths["draft_vocab"])
+    target = load_target_weights(paths["target_weights"], settings.embedding_key, settings.lm_head_key)
+    if manifest.target.hidden_size != target.hidden_size or manifest.target.vocab_size != target.vocab_size:
+        raise TrainError(
+            f"{paths['store']}: the store was made from a target with hidden {manifest.target.hidden_size}, vocab "
+            f"{manifest.target.vocab_size}; {paths['target_weights']} has hidden {target.hidden_size}, vocab {target.vocab_size}"
+        )
+    if t2d.shape[0] != target.vocab_size:
+        raise TrainError(f"{paths['draft_vocab']}: t2d covers {t2d.shape[0]} tokens, the target vocabulary has {target.vocab_size}")
+    config = drafter_config(target.config, int(d2t.shape[0]), list(manifest.aux_layer_ids), settings.model)
+    identity = {
+        "settings": settings.identity(),
+        "drafter": config.to_dict(),
+        "store": manifest.identity(),
+        "draft_vocab_sha256": vocab_sha256(d2t, t2d),
+    }
+    device, autocast = pick_device(settings.dtype)
+    model = build_model(config, target, d2t, t2d, settings.seed).to(device)
+    lm_head = target.lm_head.to(device, autocast or torch.float32)
+    target_config = target.config
+    del target
+
+    train_rows = store_rows(store, "train")
+    if not train_rows:
+        raise TrainError(f"{paths['store']}: no train samples of 3 tokens or more")
+    plans = [epoch_plan(train_rows, settings.seed, e, settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs)]
+    total_steps = sum(len(p) for p in plans)
+    if settings.max_steps is not None:
+        total_steps = min(total_steps, settings.max_steps)
+    eval_plan = epoch_plan(store_rows(store, "eval")[: settings.eval_samples], settings.seed, -1, settings.batch_tokens, settings.max_seq_len)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=ADAM_BETAS, weight_decay=settings.weight_decay)
+    warmup = max(1, int(settings.warmup_ratio * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, warmup))
+    step, epoch, batch_index = 0, 0, 0
+    curve: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    resumed_from: int | None = None
+
+    found = latest_checkpoint(paths["run_dir"])
+    if found is not None:
+        state, ck_d2t, ck_t2d = load_checkpoint(found)
+        if not (torch.equal(ck_d2t, d2t) and torch.equal(ck_t2d, t2d)):
+            raise TrainError(
+                f"{found}: this drafter was trained with another draft vocabulary than {paths['draft_vocab']} "
+                f"(vocab sha256 {state['identity']['draft_vocab_sha256'][:12]} vs {identity['draft_vocab_sha256'][:12]}); "
+                "continuing would silently remap its lm_head. Restore the vocabulary it was trained with, or remove "
+                f"{paths['run_dir']} to train a new drafter"
+            )
+        differ = sorted(k for k in identity if state["identity"].get(k) != identity[k])
+        if differ:
+            raise TrainError(f"{found}: made under other {', '.join(differ)} than this run; remove {paths['run_dir']} to train anew")
+        model.load_state_dict(state["model"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        step, epoch, batch_index = state["step"], state["epoch"], state["batch_index"]
+        curve, evals = state["curve"], state["evals"]
+        resumed_from = step
+        report.log(f"resuming from {found.name}: step {step}/{total_steps}, epoch {epoch}, batch {batch_index}")
+    else:
+        report.log(f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}")
+
+    def checkpoint() -> None:
+        evals.append({"step": step, **evaluate(model, BatchReader(paths["store"], settings.max_seq_len), eval_plan, lm_head, settings, device, autocast)})
+        state = {
+            "model": {k: v for k, v in model.state_dict().items() if not (k == "embed_tokens.weight" and model.embedding_frozen)},
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": _rng_state(),
+            "step": step,
+            "epoch": epoch,
+            "batch_index": batch_index,
+            "curve": curve,
+            "evals": evals,
+            "identity": identity,
+        }
+        where = save_checkpoint(paths["run_dir"], step, state, d2t, t2d, settings.keep_checkpoints)
+        report.log(f"checkpoint {where.name} written; eval {json.dumps({k: round(v, 4) for k, v in evals[-1].items()})}")
+
+    reader = BatchReader(paths["store"], settings.max_seq_len)
+    window: list[StepMetrics] = []
+    window_tokens, window_start = 0, time.monotonic()
+    trained_tokens = 0
+    loop_started = time.monotonic()
+    checkpoint_s = 0.0
+    model.train()
+    while step < total_steps and epoch < settings.epochs:
+        for batch_index, batch in reader.batches(plans[epoch], batch_index):
+            if step >= total_steps:
+                break
+            batch = batch.to(device)
+            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
+            optimizer.zero_grad(set_to_none=True)
+            metrics.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            batch_index += 1
+            metrics.loss = metrics.loss.detach()
+            window.append(metrics)
+            window_tokens += batch.tokens
+            trained_tokens += batch.tokens
+            if step % settings.log_every == 0 or step == total_steps:
+                elapsed = time.monotonic() - window_start
+                row = _curve_row(step, scheduler.get_last_lr()[0], window, window_tokens / max(elapsed, 1e-9))
+                curve.append(row)
+                report.progress({**row, "total_steps": total_steps, "epoch": epoch})
+                window, window_tokens, window_start = [], 0, time.monotonic()
+            if step % settings.checkpoint_every == 0 or step == total_steps:
+                checkpoint_started = time.monotonic()
+                checkpoint()
+                checkpoint_s += time.monotonic() - checkpoint_started
+        else:
+            epoch, batch_index = epoch + 1, 0
+    loop_s = time.monotonic() - loop_started - checkpoint_s
+    model_cpu = model.to("cpu")
+    export_for_servers(model_cpu, paths["export_dir"], target_config, dtype=settings.export_dtype)
+    wall = time.monotonic() - started
+    report.log(f"exported the drafter to {paths['export_dir']} after {wall:.1f} s")
+    return {
+        "steps": step,
+        "total_steps": total_steps,
+        "resumed_from_step": resumed_from,
+        "trained_tokens_this_run": trained_tokens,
+        "wall_s": round(wall, 2),
+        "train_loop_s": round(loop_s, 3),
+        "checkpoint_s": round(checkpoint_s, 3),
+        "tokens_per_s": round(trained_tokens / loop_s, 1) if trained_tokens else None,
+        "first_loss": curve[0]["loss"] if curve else None,
+        "last_loss": curve[-1]["loss"] if curve else None,
+        "curve": curve,
+        "evals": evals,
+        "export_dir": str(paths["export_dir"]),
+        "checkpoint": str(latest_checkpoint(paths["run_dir"])),
+        "device": str(device),
+        "autocast": str(autocast) if autocast else "float32",
+        "drafter": config.to_dict(),
+    }
+

@@ -1,0 +1,49 @@
+"""The eagle3_drafter asset on a real ephemeral Dagster instance: observations while training (the
+UI's loss/accuracy curves), a materialization with the curve table, and the exported folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+import dagster as dg  # noqa: E402
+
+from eagle3_pipeline.config import load_config  # noqa: E402
+from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
+from eagle3_pipeline.drafter.spec import drafter_paths  # noqa: E402
+from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
+
+SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
+
+
+def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path) -> None:
+    target = random_target(tmp_path / "target")
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        f"name: t\nartifacts_root: {tmp_path / 'artifacts'}\ntarget: {{model: m}}\n"
+        f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
+        f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, log_every: 2, checkpoint_every: 4, lr: 0.003}}\n"
+    )
+    config = load_config(pipeline)
+    paths = drafter_paths(config.artifacts_root)
+    random_store(paths["store"], paths["draft_vocab"], target, samples=30, draft_vocab_size=40)
+    assets = build_drafter_assets(config)
+    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert observations and "acc_1" in observations[0].event_specific_data.asset_observation.metadata
+    metadata = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
+    assert {"first_loss", "last_loss", "training_curve", "eval_at_checkpoints", "export_dir"} <= set(metadata)
+    assert len(metadata["training_curve"].value.records) == len(observations)
+    assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
+
+
+def test_the_drafter_depends_on_the_vocab_and_the_hidden_states(tmp_path: Path) -> None:
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(f"name: t\nartifacts_root: {tmp_path}\ntarget: {{model: m}}\ndatasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n")
+    (drafter,) = build_drafter_assets(load_config(pipeline))
+    assert {k.to_user_string() for k in drafter.dependency_keys} == {"draft_vocab", "hidden_states"}
+    assert drafter.group_names_by_key[dg.AssetKey("eagle3_drafter")] == "eagle3"

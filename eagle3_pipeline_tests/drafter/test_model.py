@@ -1,0 +1,140 @@
+"""The draft model: chain drafting with a KV cache equals the unrolled TTT pass; export round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from eagle3_pipeline.drafter.export import export_for_servers, load_export  # noqa: E402
+from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter  # noqa: E402
+
+STEPS = 5
+
+
+def _config(**overrides: object) -> DrafterConfig:
+    base = dict(
+        hidden_size=48, target_hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=8, vocab_size=80, draft_vocab_size=24, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+        max_position_embeddings=128, aux_layer_ids=[1, 3, 4],
+    )  # fmt: skip
+    base.update(overrides)
+    return DrafterConfig(**base)  # type: ignore[arg-type]
+
+
+def _model(config: DrafterConfig) -> Eagle3Drafter:
+    torch.manual_seed(0)
+    model = Eagle3Drafter(config)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    model.set_vocab(used - torch.arange(config.draft_vocab_size), t2d)
+    return model.eval()
+
+
+def _inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(0, config.vocab_size, (b, t), generator=g)
+
+
+def _chain(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
+    """What a server does after the target produced token t+1: extend the draft over the prefix
+    (one forward, causal), then draft one token at a time against its KV cache."""
+    cache: list = []
+    logits, hidden = model.forward_cached(ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1), cache)
+    out = [logits[:, -1]]
+    hidden = hidden[:, -1:]
+    for j in range(1, steps):
+        logits, hidden = model.forward_cached(ids[:, t + 1 + j : t + 2 + j], hidden, torch.tensor([t + j]), cache)
+        out.append(logits[:, -1])
+    return out
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])
+def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | None) -> None:
+    config = _config(rope_scaling=scaling)
+    model = _model(config)
+    aux, ids = _inputs(config)
+    with torch.no_grad():
+        unrolled = model.ttt_forward(aux, ids, STEPS)
+        for t in range(0, ids.shape[1] - STEPS - 1):
+            chained = _chain(model, aux, ids, t, STEPS)
+            for j in range(STEPS):
+                torch.testing.assert_close(chained[j], unrolled[j][:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_does_not_change_the_real_positions() -> None:
+    config = _config()
+    model = _model(config)
+    aux, ids = _inputs(config, b=1, t=10)
+    mask = torch.ones(1, 14, dtype=torch.bool)
+    mask[:, 10:] = False
+    padded_aux = torch.cat([aux, torch.randn(1, 4, aux.shape[-1])], dim=1)
+    padded_ids = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        plain = model.ttt_forward(aux, ids, 3)
+        padded = model.ttt_forward(padded_aux, padded_ids, 3, mask)
+    for j in range(3):
+        keep = 10 - j - 1  # indexes whose teacher-forced inputs are real tokens in both
+        torch.testing.assert_close(padded[j][:, :keep], plain[j][:, :keep], rtol=1e-5, atol=1e-5)
+
+
+def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
+    config = _config(aux_layer_ids=[1, 14, 26], max_position_embeddings=64)
+    model = _model(config)
+    target_config = {"vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "eos_token_id": 2}
+    target_dir = tmp_path / "target"
+    target_dir.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"model.embed_tokens.weight": model.embed_tokens.weight.detach().clone()}, str(target_dir / "model.safetensors"))
+    folder = export_for_servers(model, tmp_path / "export", target_config, dtype="float32")
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and raw["num_hidden_layers"] == 1
+    assert raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert raw["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert raw["max_position_embeddings"] == 8192 and raw["tie_word_embeddings"] is False
+    assert "target_hidden_size" not in raw
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())
+    assert "embed_tokens.weight" not in names and "inv_freq" not in " ".join(names)
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight"} <= names
+    reloaded = load_export(folder, target_model_dir=target_dir)
+    aux, ids = _inputs(config)
+    with torch.no_grad():
+        for a, b in zip(model.ttt_forward(aux, ids, 3), reloaded.ttt_forward(aux, ids, 3), strict=True):
+            assert torch.equal(a, b)
+    assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
+
+
+def test_bf16_export_carries_the_embedding_when_hidden_sizes_differ(tmp_path: Path) -> None:
+    config = _config(target_hidden_size=32)
+    model = _model(config)
+    folder = export_for_servers(model, tmp_path / "export", {"vocab_size": 80, "hidden_size": 32})
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["target_hidden_size"] == 32 and raw["torch_dtype"] == "bfloat16"
+    reloaded = load_export(folder)
+    expected = {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    for name, tensor in reloaded.state_dict().items():
+        if name != "inv_freq":
+            assert torch.equal(tensor, expected[name]), name
+
+
+def test_export_without_embedding_needs_the_target_folder(tmp_path: Path) -> None:
+    folder = export_for_servers(_model(_config()), tmp_path / "export", {"vocab_size": 80, "hidden_size": 48})
+    with pytest.raises(DrafterConfigError, match="target_model_dir"):
+        load_export(folder)
+
+
+def test_bad_configs_name_the_field() -> None:
+    with pytest.raises(DrafterConfigError, match="num_key_value_heads"):
+        _config(num_key_value_heads=4)
+    with pytest.raises(DrafterConfigError, match="rope_type 'yarn'"):
+        _config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
