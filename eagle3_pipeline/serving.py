@@ -135,12 +135,16 @@ class EmbeddedServer:
         port: int = 0,
         startup_timeout_s: float = 600.0,
         continuous_batching: bool = True,
+        cb_num_blocks: int = 512,
+        cb_block_size: int = 32,
     ) -> None:
         self.model_dir = model_dir
         self.log_path = log_path
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
         self.continuous_batching = continuous_batching
+        self.cb_num_blocks = cb_num_blocks
+        self.cb_block_size = cb_block_size
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -153,7 +157,10 @@ class EmbeddedServer:
 
     def command(self) -> list[str]:
         args = ["serve", str(self.model_dir), "--device", "cpu", "--host", "127.0.0.1", "--port", str(self.port)]
-        args.append("--continuous-batching" if self.continuous_batching else "--no-continuous-batching")
+        if self.continuous_batching:
+            args += ["--continuous-batching", "--cb-num-blocks", str(self.cb_num_blocks), "--cb-block-size", str(self.cb_block_size)]
+        else:
+            args.append("--no-continuous-batching")
         return [sys.executable, "-m", "eagle3_pipeline.serving", json.dumps(args)]
 
     def start(self) -> str:
@@ -259,6 +266,8 @@ class InferenceProvider:
             port=settings.port,
             startup_timeout_s=settings.startup_timeout_s,
             continuous_batching=settings.continuous_batching,
+            cb_num_blocks=settings.cb_num_blocks,
+            cb_block_size=settings.cb_block_size,
         )
         base_url = self._server.start()
         return Endpoint(base_url=base_url, model=self._server.model)
