@@ -1,0 +1,1 @@
+"""The EAGLE-3 drafter: model, training, export, and acceptance evaluation."""
