@@ -200,17 +200,20 @@ class AcceptanceStats:
         return [hit / reach if reach else None for hit, reach in zip(self.hits, self.reached, strict=True)]
 
 
-def evaluate(
-    ks: Sequence[int], samples: Iterable[tuple[str, Any, Any, Any]]
-) -> dict[str, AcceptanceStats]:
-    """``samples`` yields ``(dataset, pred, input_ids, loss_mask)``; returns stats per dataset and ``all``."""
-    per_dataset: dict[str, AcceptanceStats] = {}
-    for dataset, pred, input_ids, loss_mask in samples:
-        per_dataset.setdefault(dataset, AcceptanceStats(tuple(ks))).add(pred, input_ids, loss_mask)
+def with_total(per_dataset: Mapping[str, AcceptanceStats], ks: Sequence[int]) -> dict[str, AcceptanceStats]:
+    """The datasets in name order, then their sum under ``all``."""
     total = AcceptanceStats(tuple(ks))
     for stats in per_dataset.values():
         total.merge(stats)
     return {**dict(sorted(per_dataset.items())), ALL: total}
+
+
+def evaluate(ks: Sequence[int], samples: Iterable[tuple[str, Any, Any, Any]]) -> dict[str, AcceptanceStats]:
+    """``samples`` yields ``(dataset, pred, input_ids, loss_mask)``; returns stats per dataset and ``all``."""
+    per_dataset: dict[str, AcceptanceStats] = {}
+    for dataset, pred, input_ids, loss_mask in samples:
+        per_dataset.setdefault(dataset, AcceptanceStats(tuple(ks))).add(pred, input_ids, loss_mask)
+    return with_total(per_dataset, ks)
 
 
 def stats_metadata(prefix: str, results: Mapping[str, AcceptanceStats]) -> dict[str, float | int]:
