@@ -1,1 +1,1 @@
-"""The EAGLE-3 drafter: model, training, export, and acceptance evaluation."""
+"""The EAGLE-3 drafter: model (model.py), training phase (train.py), checkpoints, export for servers."""
