@@ -136,6 +136,15 @@ def drafter_predictions(model: Any, aux: Any, input_ids: Any, steps: int, attent
         return torch.stack([model.draft_target_ids(step) for step in logits], dim=1)
 
 
+def add_drafter_batch(stats: AcceptanceStats, model: Any, aux: Any, input_ids: Any, loss_mask: Any, attention_mask: Any = None) -> None:
+    """Draft a batch ([B, T, 3Ht], [B, T], [B, T]) ``max(stats.ks)`` deep and add each row to ``stats``.
+    Right padding needs no trimming: padded positions have ``loss_mask`` 0. This is the call a training
+    loop makes at each checkpoint to follow τ on its eval batches."""
+    pred = drafter_predictions(model, aux, input_ids, stats.max_k, attention_mask)
+    for row in range(pred.shape[0]):
+        stats.add(pred[row], input_ids[row], loss_mask[row])
+
+
 def speedup_estimate(tau: float, steps: int, draft_cost_ratio: float) -> float:
     """τ_K / (1 + K·c): tokens per verify step over the step's cost in target forwards (see module doc)."""
     return tau / (1 + steps * draft_cost_ratio)
@@ -269,9 +278,8 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         dataset = row["dataset"]
         bigram_stats.setdefault(dataset, AcceptanceStats(settings.steps)).add(bigram_model.predict(ids, depth), ids, mask)
         if model is not None:
-            aux = tensors[AUX_KEY][None].to(device)
-            pred = drafter_predictions(model, aux, ids[None].to(device), depth)[0]
-            drafter_stats.setdefault(dataset, AcceptanceStats(settings.steps)).add(pred, ids, mask)
+            stats = drafter_stats.setdefault(dataset, AcceptanceStats(settings.steps))
+            add_drafter_batch(stats, model, tensors[AUX_KEY][None].to(device), ids[None].to(device), mask[None])
         if time.monotonic() - last_report >= PROGRESS_EVERY_S or done == len(rows):
             last_report = time.monotonic()
             report.progress({"eval_samples_done": done, "eval_samples": len(rows)})
