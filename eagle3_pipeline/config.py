@@ -392,6 +392,56 @@ class DrafterConfig(_Model):
     lm_head_key: str | None = None  # None: lm_head.weight, or the embedding when the target ties them
 
 
+# --- drafter evaluation (issue 10): the `drafter_eval` asset and the optional `drafter_benchmark` ---
+
+
+class DrafterEvalConfig(_Model):
+    """τ on the eval split (`drafter_eval`) and its blocking check `tau_regression`."""
+
+    steps: Annotated[list[Annotated[int, Field(ge=1, le=16)]], Field(min_length=1)] = [3, 5, 7]  # draft depths K
+    min_tau: Annotated[float, Field(ge=1)] = 1.0  # the check fails below this floor (every dataset, every K)
+    max_tau_drop: Annotated[float, Field(ge=0)] = 0.1  # ... or this far below the previous materialization
+    draft_cost_ratio: Annotated[float, Field(ge=0, lt=1)] = round(1 / 61, 4)  # c in speedup ≈ τ / (1 + K·c)
+    max_samples_per_dataset: Annotated[int, Field(gt=0)] | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+BENCHMARK_PLACEHOLDERS = frozenset({"target", "drafter", "port", "tp", "steps", "draft_tokens", "speculative", "speculative_config"})
+
+
+class DrafterBenchmarkConfig(_Model):
+    """The online benchmark on the GPU host of `health.host`: the target served without and with the
+    drafter by `launch_command` (`{speculative}` is empty for the baseline, `speculative_args` for the
+    drafter); None for the server's default command line."""
+
+    server: Literal["sglang", "vllm"] = "sglang"
+    target_model_path: Annotated[str, Field(min_length=1)]
+    draft_model_path: Annotated[str, Field(min_length=1)]
+    port: Annotated[int, Field(gt=0, le=65535)] = 30100
+    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = None  # default http://<health.host.hostname>:<port>
+    tp_size: Annotated[int, Field(gt=0)] = 1
+    steps: Annotated[int, Field(ge=1, le=16)] = 3
+    launch_command: Annotated[str, Field(min_length=1)] | None = None
+    speculative_args: Annotated[str, Field(min_length=1)] | None = None
+    process_pattern: str = ""  # the health gate's server_process pattern; "" = the server's default
+    log_dir: Annotated[str, Field(pattern=r"^/")] = "/tmp/eagle3_benchmark"
+    prompts: Annotated[int, Field(gt=0)] = 32
+    max_tokens: Annotated[int, Field(gt=0)] = 256
+    concurrency: Annotated[int, Field(gt=0)] = 1
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+
+    @field_validator("launch_command", "speculative_args")
+    @classmethod
+    def _known_placeholders(cls, template: str | None) -> str | None:
+        if template is not None:
+            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+            unknown = fields - BENCHMARK_PLACEHOLDERS
+            if unknown:
+                raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(BENCHMARK_PLACEHOLDERS)}")
+        return template
+
+
 class PipelineConfig(_Model):
     """One pipeline: its datasets, target model, inference backend and where outputs go."""
 
@@ -410,6 +460,8 @@ class PipelineConfig(_Model):
     schedule: ScheduleConfig = ScheduleConfig()
     launch: LaunchConfig = LaunchConfig()
     drafter: DrafterConfig = DrafterConfig()
+    drafter_eval: DrafterEvalConfig = DrafterEvalConfig()
+    drafter_benchmark: DrafterBenchmarkConfig | None = None
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 

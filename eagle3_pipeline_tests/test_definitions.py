@@ -39,11 +39,14 @@ def test_asset_graph_partitions_and_lineage(tmp_path: Path, monkeypatch) -> None
     config = load_config(local_profile_path())
     graph = build_definitions(config).resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"target_model", "prompts", "responses", "training_data", "inference_server", "draft_vocab", "hidden_states", "eagle3_drafter"}
+    assert keys == {"target_model", "prompts", "responses", "training_data", "inference_server", "draft_vocab", "hidden_states", "eagle3_drafter", "drafter_eval"}
     for name in ("draft_vocab", "hidden_states"):
         node = graph.get(dg.AssetKey(name))
         assert node.group_name == "eagle3" and {p.to_user_string() for p in node.parent_keys} == {"training_data"}
     assert graph.get(dg.AssetKey("hidden_states")).pools == {"gpu"}
+    drafter_eval = graph.get(dg.AssetKey("drafter_eval"))
+    assert {p.to_user_string() for p in drafter_eval.parent_keys} == {"eagle3_drafter", "hidden_states", "draft_vocab"}
+    assert graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("drafter_eval"), "tau_regression")).blocking
     responses = graph.get(dg.AssetKey("responses"))
     assert responses.partitions_def.get_partition_keys() == config.dataset_ids
     assert {p.to_user_string() for p in responses.parent_keys} == {"prompts", "target_model"}

@@ -8,6 +8,8 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.assets import build_assets
 from eagle3_pipeline.defs.automation import build_automation_sensor, build_backfill_schedule
 from eagle3_pipeline.defs.drafter import build_drafter_assets
+from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
+from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
 from eagle3_pipeline.defs.health import build_health_sensors, inference_server
 from eagle3_pipeline.defs.resources import InferenceResource
@@ -44,7 +46,13 @@ def build_jobs(config: PipelineConfig) -> list[dg.UnresolvedAssetJobDefinition]:
 
 
 def build_definitions(config: PipelineConfig) -> dg.Definitions:
-    assets = [*build_assets(config), *build_eagle3_assets(config), *build_drafter_assets(config)]
+    assets = [
+        *build_assets(config),
+        *build_eagle3_assets(config),
+        *build_drafter_assets(config),
+        *build_drafter_eval(config),
+        *build_drafter_benchmark(config),
+    ]
     return dg.Definitions(
         assets=[*assets, inference_server],
         jobs=build_jobs(config),

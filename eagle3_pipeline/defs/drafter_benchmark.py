@@ -1,0 +1,61 @@
+"""The optional `drafter_benchmark` asset: defined only when the pipeline file has `drafter_benchmark:`.
+
+Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.online.run_benchmark, on the host
+of `health.host`, behind the same health gate as generation.
+"""
+
+from collections.abc import Mapping
+
+import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, make_gate, run_benchmark
+from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.monitor import UnhealthyError, build_host, thresholds_for
+
+UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("training_data")]
+
+
+class _Reporter:
+    def __init__(self, context: dg.AssetExecutionContext) -> None:
+        self.context = context
+
+    def log(self, message: str) -> None:
+        self.context.log.info(message)
+
+    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
+        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, metadata=dict(metrics)))
+
+
+def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]:
+    settings = config.drafter_benchmark
+    if settings is None:
+        return []
+    base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
+
+    @dg.asset(
+        group_name="eagle3",
+        kinds={settings.server},
+        deps=UPSTREAM,
+        pool="gpu",
+        description=f"The target served by {settings.server} without and with the exported drafter (K={settings.steps}) "
+        f"on the GPU host; τ as the server reports it and tokens/s of both over {settings.prompts} eval prompts.",
+    )
+    def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
+        host = build_host(config.health.host)
+        try:
+            result = run_benchmark(settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), _Reporter(context))
+        except UnhealthyError as exc:
+            context.log_event(health_observation(exc.report))
+            raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
+        except BenchmarkError as exc:
+            raise dg.Failure(description=str(exc)) from None
+        finally:
+            host.close()
+        metadata = result.as_metadata()
+        metadata["arms"] = dg.MetadataValue.json(metadata["arms"])
+        return dg.MaterializeResult(metadata={**metadata, "base_url": base_url})
+
+    return [drafter_benchmark]

@@ -1,0 +1,107 @@
+"""The `drafter_eval` asset and its blocking check.
+
+Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate:run (the ``evaluate`` phase).
+Check `tau_regression` → eagle3_pipeline.drafter.evaluate.tau_regressions, over this and the previous
+materialization as the instance recorded them.
+"""
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from eagle3_pipeline import compute
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.drafter.evaluate import tau_regressions
+
+DRAFTER_EVAL = dg.AssetKey("drafter_eval")
+UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
+
+
+def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
+    """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs."""
+    from eagle3_pipeline.serving import local_model_dir
+
+    root = root or config.artifacts_root
+    settings = config.drafter_eval
+    return {
+        "store": str(root / "hidden_states"),
+        "draft_vocab": str(root / "draft_vocab"),
+        "drafter": str(root / "drafter" / "export"),
+        "target_weights": str(local_model_dir()),
+        "steps": list(settings.steps),
+        "max_samples_per_dataset": settings.max_samples_per_dataset,
+        "device": settings.device,
+        "draft_cost_ratio": settings.draft_cost_ratio,
+    }
+
+
+class _Reporter:
+    """Log lines to the run log; progress points as observations of the asset."""
+
+    def __init__(self, context: dg.AssetExecutionContext) -> None:
+        self.context = context
+
+    def log(self, message: str) -> None:
+        self.context.log.info(message)
+
+    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
+        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, metadata=dict(metrics)))
+
+
+def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
+    """Numbers stay numbers (the UI plots each key across materializations); the table is markdown."""
+    return {key: dg.MetadataValue.md(value) if key == "table" else value for key, value in result.items()}
+
+
+def _numbers(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, float]:
+    return {key: float(value.value) for key, value in metadata.items() if isinstance(value.value, (int, float)) and not isinstance(value.value, bool)}
+
+
+def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+    settings = config.drafter_eval
+
+    @dg.asset(
+        group_name="eagle3",
+        kinds={"pytorch"},
+        deps=UPSTREAM,
+        pool="gpu",
+        description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
+        f"K ∈ {list(settings.steps)}, walked the way a greedy chain-drafting server accepts tokens; per-depth "
+        "conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
+        "an estimated speedup τ / (1 + K·c).",
+    )
+    def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        result = compute.run_local("evaluate", evaluate_spec(config), _Reporter(context))
+        return dg.MaterializeResult(metadata=materialization_metadata(result))
+
+    @dg.asset_check(
+        asset=drafter_eval,
+        blocking=True,
+        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({settings.min_tau:g}) and at most "
+        f"drafter_eval.max_tau_drop ({settings.max_tau_drop:g}) below the previous materialization's.",
+    )
+    def tau_regression(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        records = context.instance.fetch_materializations(DRAFTER_EVAL, limit=2).records
+        if not records or records[0].asset_materialization is None:
+            return dg.AssetCheckResult(passed=False, description="drafter_eval has no materialization to check")
+        current = _numbers(records[0].asset_materialization.metadata)
+        previous_record = records[1].asset_materialization if len(records) > 1 else None
+        previous = _numbers(previous_record.metadata) if previous_record is not None else None
+        problems = tau_regressions(current, previous, settings.min_tau, settings.max_tau_drop)
+        taus = {key: value for key, value in current.items() if key.startswith("tau@")}
+        if not taus:
+            problems.append("no drafter τ in the materialization (was the drafter missing?)")
+        verdict = "; ".join(problems) if problems else (
+            f"{len(taus)} τ figures ≥ {settings.min_tau:g}"
+            + (f" and within {settings.max_tau_drop:g} of the previous run" if previous is not None else " (no previous run)")
+        )
+        return dg.AssetCheckResult(
+            passed=not problems,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=verdict,
+            metadata={"problems": len(problems), "compared_with_previous": previous is not None},
+        )
+
+    return [drafter_eval, tau_regression]

@@ -1,0 +1,230 @@
+"""Acceptance length τ of a chain drafter, computed the way a greedy speculative server accepts.
+
+Alignment (``shared/EAGLE3.md`` §4, §5, §8). Tokens of one sample are ``x_0 … x_{T-1}``; ``pred``
+is ``[K, T]``: ``pred[j, t]`` is the TARGET token id the drafter proposes at depth ``j`` when it
+drafts from position ``t``, i.e. after the target has produced ``x_{t+1}`` from its hidden state at
+``t``. Depth 0 guesses ``x_{t+2}``, depth ``j`` guesses ``x_{t+2+j}``. This is exactly TTT step
+``j`` at index ``t`` (input ``aux_t`` and ``embed(x_{t+1+j})``, teacher-forced), so the drafter's
+``pred[j] = draft_target_ids(ttt_forward(...)[j])``; the bigram drafter fills the same tensor.
+
+Reference: the tokens of the response themselves. For responses generated greedily by the target
+(the pipeline's ``temperature: 0``) ``x_{t+2+j}`` is the target's argmax at ``t+1+j``, which is what a
+greedy verifier compares the draft with. Only target-generated text counts: a response is a maximal
+run of ``loss_mask == 1`` positions ``[s, e)`` (each generated assistant turn is one run).
+
+- ``c_j(t) = [pred[j, t] == x_{t+2+j}]`` and ``t+2+j < e`` (a draft past the response end is rejected).
+- ``a(t)`` = number of leading ``j < K`` with ``c_j(t) = 1`` (0 ≤ a(t) ≤ K): the tokens a verify step
+  starting after ``t`` accepts, because a teacher-forced depth ``j`` sees the same inputs as chain
+  drafting whenever the drafts before it were right.
+- A verify step happens at ``t`` when ``x_{t+1}`` is in the response and something is left to draft
+  (``s-1 ≤ t`` and ``t+2 < e``); the first one is right after prefill (``t = s-1``, ``x_s`` came from
+  prefill).
+- Server-faithful τ: per response, walk ``t ← t + a(t) + 1`` from ``t = s-1`` while ``t+2 < e``; each
+  visited step emits ``1 + a(t)`` tokens (the accepted drafts + the target's bonus/correction token),
+  or ``a(t)`` when it accepted the rest of the response (no token after the last one);
+  τ = tokens emitted / steps over all responses (SGLang's completion tokens / verify steps, without
+  the prefill token; vLLM's ``1 + accepted / drafts`` except that last-step bonus). So 1 ≤ τ ≤ K+1.
+- Per-position estimate τ̂ = 1 + mean of ``a(t)`` over every eligible ``t`` (not only visited ones).
+- Conditional acceptance at depth ``j``: P(c_j | c_0 … c_{j-1}) over eligible ``t`` whose depth-``j``
+  target is inside the response. SpecForge's per-step ``acc_i`` are marginals, not this.
+
+numpy only; torch tensors are accepted (moved to the CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ALL = "all"
+
+
+class AcceptanceInputError(ValueError):
+    """Prediction and token tensors that do not fit together."""
+
+
+def _array(value: Any, dtype: Any) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value).astype(dtype, copy=False)
+
+
+def response_spans(loss_mask: Any) -> list[tuple[int, int]]:
+    """The maximal runs ``[s, e)`` of ``loss_mask == 1``: one per generated response."""
+    mask = _array(loss_mask, bool)
+    padded = np.concatenate([[False], mask, [False]]).astype(np.int8)
+    edges = np.diff(padded)
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class SampleAcceptance:
+    """One sample's per-position outcome at depth ``K = pred.shape[0]``.
+
+    ``accepted[t]`` = a(t) for eligible ``t`` (-1 elsewhere); ``matches[j, t]`` = c_j(t);
+    ``inside[j, t]`` = the depth-``j`` target of ``t`` is inside ``t``'s response.
+    """
+
+    accepted: np.ndarray
+    matches: np.ndarray
+    inside: np.ndarray
+    spans: list[tuple[int, int]]
+
+    @property
+    def eligible(self) -> np.ndarray:
+        return self.accepted >= 0
+
+
+def sample_acceptance(pred: Any, input_ids: Any, loss_mask: Any) -> SampleAcceptance:
+    """c_j(t), a(t) and the responses of one sample; ``pred`` is ``[K, T]`` target ids (see module doc)."""
+    drafts = _array(pred, np.int64)
+    tokens = _array(input_ids, np.int64)
+    mask = _array(loss_mask, bool)
+    if drafts.ndim != 2 or tokens.ndim != 1 or mask.shape != tokens.shape or drafts.shape[1] != tokens.shape[0]:
+        raise AcceptanceInputError(
+            f"expected pred [K, T] with input_ids [T] and loss_mask [T]; got pred {list(drafts.shape)}, "
+            f"input_ids {list(tokens.shape)}, loss_mask {list(mask.shape)}"
+        )
+    depth, length = drafts.shape
+    if depth < 1:
+        raise AcceptanceInputError("pred has no draft depth (K = 0)")
+    spans = response_spans(mask)
+    span_id = np.full(length + depth + 2, -1, dtype=np.int64)
+    for number, (start, end) in enumerate(spans):
+        span_id[start:end] = number
+    padded_tokens = np.concatenate([tokens, np.full(depth + 2, -1, dtype=np.int64)])
+    t = np.arange(length)
+    own = span_id[t + 1]
+    inside = np.stack([(span_id[t + 2 + j] == own) & (own >= 0) for j in range(depth)])
+    matches = np.stack([(drafts[j] == padded_tokens[t + 2 + j]) & inside[j] for j in range(depth)])
+    leading = np.cumprod(matches, axis=0).sum(axis=0)
+    eligible = (own >= 0) & (span_id[t + 2] == own)
+    accepted = np.where(eligible, leading, -1)
+    return SampleAcceptance(accepted=accepted, matches=matches, inside=inside, spans=spans)
+
+
+def walk(accepted: np.ndarray, spans: Sequence[tuple[int, int]], steps: int) -> tuple[int, int]:
+    """(verify steps, tokens emitted) of greedy chain drafting with ``steps`` drafts per step.
+
+    A step emits ``1 + a`` tokens, except when it accepts everything left of the response: then there
+    is no bonus token after the last one (the request ends), so every response of length ``L``
+    emits exactly ``L - 1`` tokens over its steps (its first token comes from prefill).
+    """
+    count = emitted = 0
+    for start, end in spans:
+        t = max(start - 1, 0)  # a response at position 0 has no state before it: its first token is not drafted
+        while t + 2 < end:
+            a = min(int(accepted[t]), steps)
+            count += 1
+            emitted += min(1 + a, end - t - 2)
+            t += a + 1
+    return count, emitted
+
+
+@dataclass
+class AcceptanceStats:
+    """Sums over samples for the depths ``ks``; ``add`` one sample at a time, read τ at the end."""
+
+    ks: tuple[int, ...]
+    samples: int = 0
+    responses: int = 0
+    positions: int = 0
+    walk_steps: dict[int, int] = field(default_factory=dict)
+    walk_tokens: dict[int, int] = field(default_factory=dict)
+    position_accepted: dict[int, int] = field(default_factory=dict)
+    reached: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.ks or min(self.ks) < 1:
+            raise AcceptanceInputError(f"draft depths must be positive integers, got {list(self.ks)}")
+        self.ks = tuple(sorted(set(self.ks)))
+        for k in self.ks:
+            self.walk_steps.setdefault(k, 0)
+            self.walk_tokens.setdefault(k, 0)
+            self.position_accepted.setdefault(k, 0)
+        self.reached = self.reached or [0] * self.max_k
+        self.hits = self.hits or [0] * self.max_k
+
+    @property
+    def max_k(self) -> int:
+        return max(self.ks)
+
+    def add(self, pred: Any, input_ids: Any, loss_mask: Any) -> None:
+        """One sample; ``pred`` has at least ``max(ks)`` depths (extra depths are ignored)."""
+        drafts = _array(pred, np.int64)
+        if drafts.ndim != 2 or drafts.shape[0] < self.max_k:
+            raise AcceptanceInputError(f"pred needs [K >= {self.max_k}, T] depths, got {list(drafts.shape)}")
+        result = sample_acceptance(drafts[: self.max_k], input_ids, loss_mask)
+        eligible = result.eligible
+        self.samples += 1
+        self.responses += len(result.spans)
+        self.positions += int(eligible.sum())
+        for k in self.ks:
+            steps, tokens = walk(result.accepted, result.spans, k)
+            self.walk_steps[k] += steps
+            self.walk_tokens[k] += tokens
+            self.position_accepted[k] += int(np.minimum(result.accepted[eligible], k).sum())
+        prefix = eligible.copy()
+        for j in range(self.max_k):
+            reached = prefix & result.inside[j]
+            self.reached[j] += int(reached.sum())
+            self.hits[j] += int((reached & result.matches[j]).sum())
+            prefix &= result.matches[j]
+
+    def merge(self, other: AcceptanceStats) -> None:
+        if other.ks != self.ks:
+            raise AcceptanceInputError(f"cannot merge stats for depths {list(other.ks)} into {list(self.ks)}")
+        self.samples += other.samples
+        self.responses += other.responses
+        self.positions += other.positions
+        for k in self.ks:
+            self.walk_steps[k] += other.walk_steps[k]
+            self.walk_tokens[k] += other.walk_tokens[k]
+            self.position_accepted[k] += other.position_accepted[k]
+        self.reached = [a + b for a, b in zip(self.reached, other.reached, strict=True)]
+        self.hits = [a + b for a, b in zip(self.hits, other.hits, strict=True)]
+
+    def tau(self, k: int) -> float:
+        """Server-faithful τ at depth ``k`` (1.0 when nothing was drafted)."""
+        return self.walk_tokens[k] / self.walk_steps[k] if self.walk_steps[k] else 1.0
+
+    def tau_per_position(self, k: int) -> float:
+        return 1.0 + self.position_accepted[k] / self.positions if self.positions else 1.0
+
+    def conditional_rates(self) -> list[float | None]:
+        """P(c_j | c_<j) for j = 0 … max(ks)-1; None where no position reached depth j."""
+        return [hit / reach if reach else None for hit, reach in zip(self.hits, self.reached, strict=True)]
+
+
+def with_total(per_dataset: Mapping[str, AcceptanceStats], ks: Sequence[int]) -> dict[str, AcceptanceStats]:
+    """The datasets in name order, then their sum under ``all``."""
+    total = AcceptanceStats(tuple(ks))
+    for stats in per_dataset.values():
+        total.merge(stats)
+    return {**dict(sorted(per_dataset.items())), ALL: total}
+
+
+def evaluate(ks: Sequence[int], samples: Iterable[tuple[str, Any, Any, Any]]) -> dict[str, AcceptanceStats]:
+    """``samples`` yields ``(dataset, pred, input_ids, loss_mask)``; returns stats per dataset and ``all``."""
+    per_dataset: dict[str, AcceptanceStats] = {}
+    for dataset, pred, input_ids, loss_mask in samples:
+        per_dataset.setdefault(dataset, AcceptanceStats(tuple(ks))).add(pred, input_ids, loss_mask)
+    return with_total(per_dataset, ks)
+
+
+def stats_metadata(prefix: str, results: Mapping[str, AcceptanceStats]) -> dict[str, float | int]:
+    """Flat numeric keys (one per dataset, plotted by the UI over materializations):
+    ``{prefix}tau@K/<dataset>``, ``{prefix}tau_position@K/<dataset>``, ``{prefix}accept_d<j>/<dataset>``."""
+    out: dict[str, float | int] = {}
+    for dataset, stats in results.items():
+        for k in stats.ks:
+            out[f"{prefix}tau@{k}/{dataset}"] = round(stats.tau(k), 4)
+            out[f"{prefix}tau_position@{k}/{dataset}"] = round(stats.tau_per_position(k), 4)
+        for depth, rate in enumerate(stats.conditional_rates(), start=1):
+            if rate is not None:
+                out[f"{prefix}accept_d{depth}/{dataset}"] = round(rate, 4)
+    return out

@@ -1,0 +1,298 @@
+"""The online benchmark: the target served without and with the drafter, τ as the server reports it.
+
+For each arm (``baseline``, then ``speculative``) on the GPU host (the hosts layer: SSH or local):
+1. the health gate on the host alone (GPUs, disk, memory) — nothing starts on a sick box;
+2. the server starts from ``launch_command`` in its own session (``setsid``), logging to ``log_dir``;
+   ``{speculative}`` is empty for the baseline and ``speculative_args`` for the drafter (SGLang
+   chain mode: EAGLE3, top-k 1, K steps, K+1 draft tokens; vLLM: ``--speculative-config`` with
+   ``method: eagle3`` and K speculative tokens); every value is ``shlex.quote``d;
+3. once it answers a 1-token request, the full gate on it (process, port, generation, ...);
+4. N eval prompts (token ids cut from the eval shards at their first generated token, so the target's
+   own chat template is already applied) go out at ``concurrency``, greedy, ``max_tokens`` each:
+   SGLang's native ``/generate`` (its ``meta_info`` carries ``completion_tokens`` and
+   ``spec_verify_ct``: τ = Σ completion_tokens / Σ spec_verify_ct, as SpecForge's benchmarks compute
+   it), vLLM's ``/v1/completions`` (τ = 1 + Δ``vllm:spec_decode_num_accepted_tokens`` /
+   Δ``vllm:spec_decode_num_drafts`` from ``/metrics`` around the arm);
+5. the server's process group is stopped (TERM, then KILL).
+Tokens/s is completion tokens over the arm's wall time; speedup = speculative / baseline tokens/s.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow.parquet as pq
+
+from eagle3_pipeline.compute import Reporter
+from eagle3_pipeline.config import DrafterBenchmarkConfig
+from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick
+from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.monitor import UnhealthyError
+
+DEFAULT_LAUNCH = {
+    "sglang": "python -m sglang.launch_server --model-path {target} --host 0.0.0.0 --port {port} --tp-size {tp} {speculative}",
+    "vllm": "vllm serve {target} --host 0.0.0.0 --port {port} --tensor-parallel-size {tp} {speculative}",
+}
+DEFAULT_SPECULATIVE = {
+    "sglang": "--speculative-algorithm EAGLE3 --speculative-draft-model-path {drafter} --speculative-num-steps {steps} "
+    "--speculative-eagle-topk 1 --speculative-num-draft-tokens {draft_tokens}",
+    "vllm": "--speculative-config {speculative_config}",
+}
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
+POLL_S = 2.0
+STOP_GRACE_S = 30
+HOST_COMMAND_TIMEOUT_S = 60.0
+
+Gate = Callable[[ServerSpec | None], HealthReport]
+
+
+class BenchmarkError(RuntimeError):
+    """A server that did not start, died, or reported no speculative statistics."""
+
+
+def make_gate(host: Host, thresholds: HealthThresholds) -> Gate:
+    """One health tick on ``host`` (and the server, when given); :class:`UnhealthyError` unless healthy."""
+
+    def gate(spec: ServerSpec | None) -> HealthReport:
+        report, _ = run_health_tick(host, spec, thresholds)
+        if not report.healthy:
+            raise UnhealthyError(report)
+        return report
+
+    return gate
+
+
+def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
+    """The shell command line for one arm, every value quoted."""
+    values: dict[str, Any] = {
+        "target": shlex.quote(settings.target_model_path),
+        "drafter": shlex.quote(settings.draft_model_path),
+        "port": settings.port,
+        "tp": settings.tp_size,
+        "steps": settings.steps,
+        "draft_tokens": settings.steps + 1,
+        "speculative_config": shlex.quote(
+            json.dumps({"method": "eagle3", "model": settings.draft_model_path, "num_speculative_tokens": settings.steps})
+        ),
+    }
+    extra = (settings.speculative_args or DEFAULT_SPECULATIVE[settings.server]).format(**values) if speculative else ""
+    return (settings.launch_command or DEFAULT_LAUNCH[settings.server]).format(**values, speculative=extra).strip()
+
+
+def eval_prompts(training_data: Path, count: int) -> list[list[int]]:
+    """The first ``count`` eval rows' prompts: ``input_ids`` up to their first generated token."""
+    shards = sorted(training_data.glob("eval-*.parquet"))
+    if not shards:
+        raise BenchmarkError(f"{training_data}: no eval-*.parquet shard; materialize training_data first")
+    prompts: list[list[int]] = []
+    for shard in shards:
+        for row in pq.read_table(shard, columns=["input_ids", "loss_mask"]).to_pylist():
+            mask = row["loss_mask"]
+            if 1 in mask and mask.index(1) > 0:
+                prompts.append(row["input_ids"][: mask.index(1)])
+            if len(prompts) == count:
+                return prompts
+    if not prompts:
+        raise BenchmarkError(f"{training_data}: no eval row has a generated response")
+    return prompts
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    arm: str
+    requests: int
+    completion_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    tau: float | None  # as the server reports it; None for the baseline
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    server: str
+    steps: int
+    baseline: ArmResult
+    speculative: ArmResult
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative.tokens_per_s / self.baseline.tokens_per_s if self.baseline.tokens_per_s else 0.0
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "steps": self.steps,
+            "tau_server": round(self.speculative.tau or 0.0, 4),
+            "tokens_per_s_baseline": round(self.baseline.tokens_per_s, 2),
+            "tokens_per_s_speculative": round(self.speculative.tokens_per_s, 2),
+            "speedup": round(self.speedup, 4),
+            "requests": self.speculative.requests,
+            "arms": [asdict(self.baseline), asdict(self.speculative)],
+        }
+
+
+class RemoteServer:
+    """One server process group on the host, started in its own session and stopped by group."""
+
+    def __init__(self, host: Host, command: str, log_path: str) -> None:
+        self.host = host
+        self.command = command
+        self.log_path = log_path
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        folder = str(Path(self.log_path).parent)
+        line = (
+            f"mkdir -p {shlex.quote(folder)} || exit 1; setsid sh -c {shlex.quote(self.command)} "
+            f"> {shlex.quote(self.log_path)} 2>&1 < /dev/null & echo $!"
+        )
+        result = self.host.run(line, HOST_COMMAND_TIMEOUT_S)
+        if not result.ok or not result.stdout.strip().isdigit():
+            raise BenchmarkError(f"{self.host.name}: could not start the server ({result.stderr.strip() or result.stdout.strip()})")
+        self.pid = int(result.stdout.strip())
+
+    def alive(self) -> bool:
+        return self.pid is not None and self.host.run(quote_args("pgrep", "-g", str(self.pid)), HOST_COMMAND_TIMEOUT_S).ok
+
+    def log_tail(self, lines: int = 20) -> str:
+        return self.host.run(quote_args("tail", "-n", str(lines), self.log_path), HOST_COMMAND_TIMEOUT_S).stdout
+
+    def stop(self) -> None:
+        if self.pid is None:
+            return
+        pid = int(self.pid)
+        # `kill -SIG -PGID` (no `--`): the form dash's builtin kill accepts as well as bash's
+        script = (
+            f"kill -TERM -{pid} 2>/dev/null; for i in $(seq {STOP_GRACE_S}); do "
+            f"pgrep -g {pid} >/dev/null || exit 0; sleep 1; done; kill -KILL -{pid} 2>/dev/null; exit 0"
+        )
+        self.host.run(script, STOP_GRACE_S + HOST_COMMAND_TIMEOUT_S)
+        self.pid = None
+
+
+class _Client:
+    """Greedy requests by token ids, in the server's own protocol."""
+
+    def __init__(self, settings: DrafterBenchmarkConfig, base_url: str) -> None:
+        self.settings = settings
+        self.root = base_url.rstrip("/")
+        self.http = httpx.Client(timeout=settings.request_timeout_s)
+        self.model: str | None = None
+
+    def close(self) -> None:
+        self.http.close()
+
+    def complete(self, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
+        if self.settings.server == "sglang":
+            body = {"input_ids": list(prompt), "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0}}
+            reply = self.http.post(self.root + "/generate", json=body)
+            reply.raise_for_status()
+            meta = reply.json()["meta_info"]
+            return {"completion_tokens": int(meta["completion_tokens"]), "verify_steps": meta.get("spec_verify_ct")}
+        if self.model is None:
+            models = self.http.get(self.root + "/v1/models")
+            models.raise_for_status()
+            self.model = str(models.json()["data"][0]["id"])
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0.0}
+        reply = self.http.post(self.root + "/v1/completions", json=body)
+        reply.raise_for_status()
+        return {"completion_tokens": int(reply.json()["usage"]["completion_tokens"]), "verify_steps": None}
+
+    def spec_counters(self) -> tuple[float, float]:
+        """vLLM's (accepted tokens, drafts) counters, summed over their label sets."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        reply = self.http.get(self.root + "/metrics")
+        reply.raise_for_status()
+        sums = {VLLM_ACCEPTED: 0.0, VLLM_DRAFTS: 0.0}
+        for family in text_string_to_metric_families(reply.text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                if name in sums:
+                    sums[name] += sample.value
+        return sums[VLLM_ACCEPTED], sums[VLLM_DRAFTS]
+
+
+def _wait_ready(server: RemoteServer, client: _Client, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise BenchmarkError(f"the server exited during start-up; log {server.log_path}:\n{server.log_tail()}")
+        try:
+            client.complete([1], 1)
+            return
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            time.sleep(POLL_S)
+    raise BenchmarkError(f"the server did not answer within {timeout_s:g} s; log {server.log_path}:\n{server.log_tail()}")
+
+
+def _run_arm(
+    arm: str, settings: DrafterBenchmarkConfig, host: Host, base_url: str, prompts: Sequence[Sequence[int]], gate: Gate, report: Reporter
+) -> ArmResult:
+    speculative = arm == "speculative"
+    gate(None)
+    server = RemoteServer(host, launch_command(settings, speculative), f"{settings.log_dir}/{arm}.log")
+    client = _Client(settings, base_url)
+    try:
+        report.log(f"{arm}: starting `{server.command}` on {host.name}")
+        server.start()
+        _wait_ready(server, client, settings.startup_timeout_s)
+        gate(server_spec(settings, base_url))
+        before = client.spec_counters() if speculative and settings.server == "vllm" else None
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+            answers = list(pool.map(lambda p: client.complete(p, settings.max_tokens), prompts))
+        wall = time.monotonic() - started
+        tokens = sum(a["completion_tokens"] for a in answers)
+        tau = _tau(settings, client, answers, before) if speculative else None
+        result = ArmResult(arm, len(answers), tokens, round(wall, 3), tokens / wall if wall > 0 else 0.0, tau)
+        report.progress({"arm": arm, "tokens_per_s": round(result.tokens_per_s, 2), **({"tau_server": round(tau, 4)} if tau else {})})
+        return result
+    finally:
+        client.close()
+        server.stop()
+
+
+def _tau(settings: DrafterBenchmarkConfig, client: _Client, answers: Sequence[dict[str, Any]], before: tuple[float, float] | None) -> float:
+    if settings.server == "sglang":
+        steps = [a["verify_steps"] for a in answers]
+        if any(s is None for s in steps) or not sum(steps):
+            raise BenchmarkError("SGLang reported no spec_verify_ct in meta_info: is speculative decoding on?")
+        return sum(a["completion_tokens"] for a in answers) / sum(steps)
+    assert before is not None
+    accepted, drafts = client.spec_counters()
+    if drafts - before[1] <= 0:
+        raise BenchmarkError(f"vLLM's {VLLM_DRAFTS} did not advance: is speculative decoding on?")
+    return 1.0 + (accepted - before[0]) / (drafts - before[1])
+
+
+def server_spec(settings: DrafterBenchmarkConfig, base_url: str) -> ServerSpec:
+    """What the health gate checks once the server is up; a ``process_pattern`` makes it a custom server
+    (no per-rank SGLang check)."""
+    port = settings.port
+    return ServerSpec(
+        kind="custom" if settings.process_pattern else settings.server,
+        port=port,
+        base_url=base_url.rstrip("/"),
+        model=settings.target_model_path,
+        tp_size=settings.tp_size,
+        process_pattern=settings.process_pattern,
+    )
+
+
+def run_benchmark(
+    settings: DrafterBenchmarkConfig, host: Host, base_url: str, prompts: Sequence[Sequence[int]], gate: Gate, report: Reporter
+) -> BenchmarkResult:
+    """Both arms, one after the other on the same host and prompts (see the module doc)."""
+    baseline = _run_arm("baseline", settings, host, base_url, prompts, gate, report)
+    speculative = _run_arm("speculative", settings, host, base_url, prompts, gate, report)
+    return BenchmarkResult(settings.server, settings.steps, baseline, speculative)

@@ -1,0 +1,147 @@
+"""The evaluate phase on a real (small) hidden-state store, the closing table, and the blocking
+check against materializations recorded on a real Dagster instance."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.drafter_eval import DRAFTER_EVAL, build_drafter_eval, materialization_metadata
+from eagle3_pipeline.drafter.acceptance import evaluate as acceptance_evaluate
+from eagle3_pipeline.drafter.evaluate import (
+    EvaluateError,
+    results_metadata,
+    run,
+    speedup_estimate,
+    summary_table,
+    tau_regressions,
+)
+from eagle3_pipeline_tests.drafter.stores import noisy_sample, periodic_sample, write_store, write_vocab
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.points: list[Mapping[str, Any]] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+    def progress(self, metrics: Mapping[str, Any]) -> None:
+        self.points.append(dict(metrics))
+
+
+@pytest.fixture
+def store_and_vocab(tmp_path: Path) -> tuple[Path, Path]:
+    samples = [(f"train-{i}", "B1", "train", *periodic_sample(12)) for i in range(4)]
+    samples += [("eval-0", "B1", "eval", *periodic_sample(9)), ("eval-1", "B1", "eval", *periodic_sample(9))]
+    samples += [("eval-2", "B2", "eval", *noisy_sample(20, seed=3))]
+    write_store(tmp_path / "hidden_states", samples)
+    return tmp_path / "hidden_states", write_vocab(tmp_path / "draft_vocab", [5, 6, 7, 8, *range(10, 20)])
+
+
+def test_bigram_baseline_on_a_store_has_the_worked_out_tau(store_and_vocab: tuple[Path, Path]) -> None:
+    store, vocab = store_and_vocab
+    recorder = Recorder()
+    result = run({"store": str(store), "draft_vocab": str(vocab), "drafter": None}, recorder)
+    # B1: 9 periodic response tokens drafted perfectly. K=3: steps of 4 and 4 tokens -> 4.0;
+    # K=5: 6 then the last 2 -> 4.0; K=7: one step of all 8 -> 8.0
+    assert result["bigram_tau@3/B1"] == 4.0
+    assert result["bigram_tau@5/B1"] == 4.0
+    assert result["bigram_tau@7/B1"] == 8.0
+    assert result["bigram_accept_d1/B1"] == 1.0
+    assert 1.0 <= result["bigram_tau@3/B2"] < 1.5  # random tokens
+    assert result["eval_samples/B1"] == 2 and result["eval_samples/all"] == 3
+    assert not any(key.startswith("tau@") for key in result)
+    assert "| B1 | 2 | — | — | — | 4.00/4.00/8.00 | — |" in result["table"]
+    assert recorder.points[-1] == {"eval_samples_done": 3, "eval_samples": 3}
+    capped = run({"store": str(store), "draft_vocab": str(vocab), "max_samples_per_dataset": 1}, Recorder())
+    assert capped["eval_samples/B1"] == 1
+
+
+def test_bad_specs_and_missing_inputs_name_what_is_wrong(store_and_vocab: tuple[Path, Path], tmp_path: Path) -> None:
+    store, vocab = store_and_vocab
+    with pytest.raises(EvaluateError, match="missing draft_vocab"):
+        run({"store": str(store)}, Recorder())
+    with pytest.raises(EvaluateError, match="steps must be integers in 1..16"):
+        run({"store": str(store), "draft_vocab": str(vocab), "steps": [0]}, Recorder())
+    with pytest.raises(ValueError, match="no draft vocabulary; materialize draft_vocab first"):
+        run({"store": str(store), "draft_vocab": str(tmp_path / "nowhere")}, Recorder())
+    other = write_vocab(tmp_path / "too_small", [5, 6])
+    # a vocabulary for another target (t2d of another size) is refused by name
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"d2t": torch.zeros(2, dtype=torch.int64), "t2d": torch.tensor([True, True, False])}, str(other / "vocab.safetensors"))
+    with pytest.raises(EvaluateError, match="t2d covers 3 target tokens"):
+        run({"store": str(store), "draft_vocab": str(other)}, Recorder())
+
+
+def hand_results() -> dict[str, Any]:
+    """Drafter and bigram stats from hand-made prediction tensors (the walker's own test data)."""
+    tokens = np.array([100, 101, 102, 103, 10, 11, 12, 13, 14, 15, 16, 17])
+    mask = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
+    padded = np.concatenate([tokens, np.full(9, -1)])
+    perfect = np.stack([padded[np.arange(12) + 2 + j] for j in range(7)])
+    wrong = np.full_like(perfect, -1)
+    drafter = acceptance_evaluate((3, 5, 7), [("B1_chat", perfect, tokens, mask), ("B3_code", perfect, tokens, mask)])
+    bigram = acceptance_evaluate((3, 5, 7), [("B1_chat", wrong, tokens, mask), ("B3_code", perfect, tokens, mask)])
+    return results_metadata(drafter, bigram, draft_cost_ratio=0.02)
+
+
+def test_summary_table_has_tau_per_depth_bigram_and_speedup_estimate() -> None:
+    metadata = hand_results()
+    # perfect drafts on an 8-token response: K=3 -> 7 tokens / 2 steps; K=5 -> 7/2; K=7 -> 7/1
+    assert metadata["tau@3/B1_chat"] == 3.5 and metadata["tau@7/B1_chat"] == 7.0
+    assert metadata["speedup_est@7/B1_chat"] == pytest.approx(round(7.0 / (1 + 7 * 0.02), 4))
+    table = summary_table(metadata)
+    assert table.splitlines()[0] == "| dataset | samples | τ@3 | τ@5 | τ@7 | bigram τ@3/5/7 | est. speedup |"
+    assert "| B1_chat | 1 | 3.50 | 3.50 | 7.00 | 1.00/1.00/1.00 | 6.14× (K=7) |" in table
+    assert table.splitlines()[-1].startswith("| all | 2 |")
+    assert speedup_estimate(2.0, 3, 0.0) == 2.0
+
+
+def test_regression_rules() -> None:
+    previous = {"tau@3/B1": 2.5, "tau@3/all": 2.4, "bigram_tau@3/B1": 1.4}
+    assert tau_regressions({"tau@3/B1": 2.45, "tau@3/all": 2.4}, previous, 1.0, 0.1) == []
+    problems = tau_regressions({"tau@3/B1": 2.2, "tau@3/all": 1.9, "bigram_tau@3/B1": 1.0}, previous, 2.0, 0.1)
+    assert problems == ["tau@3/B1 fell from 2.500 to 2.200 (more than 0.1)", "tau@3/all = 1.900 is below the floor 2", "tau@3/all fell from 2.400 to 1.900 (more than 0.1)"]
+    assert tau_regressions({"tau@5/B1": 3.0}, None, 1.0, 0.1) == []
+
+
+def _check_run(instance: dg.DagsterInstance, config_path: Path, metadata: Mapping[str, Any]) -> dg.AssetCheckEvaluation:
+    """Record one drafter_eval materialization on the instance, then run only the blocking check."""
+    instance.report_runless_asset_event(dg.AssetMaterialization(DRAFTER_EVAL, metadata=materialization_metadata(metadata)))
+    asset, check = build_drafter_eval(load_config(config_path))
+    result = dg.materialize([asset, check], instance=instance, selection=dg.AssetSelection.checks(check), raise_on_error=False)
+    evaluations = result.get_asset_check_evaluations()
+    assert len(evaluations) == 1
+    return evaluations[0]
+
+
+def test_blocking_check_fails_on_a_regression_against_the_previous_materialization(tmp_path: Path, dagster_home: Path) -> None:
+    from eagle3_pipeline.config import local_profile_path
+
+    config_path = tmp_path / "pipeline.yaml"
+    text = local_profile_path().read_text().replace("../samples/", str(local_profile_path().parent.parent / "samples") + "/")
+    config_path.write_text(text + "drafter_eval:\n  min_tau: 1.5\n  max_tau_drop: 0.2\n")
+    good = hand_results()
+    with dg.DagsterInstance.get() as instance:
+        first = _check_run(instance, config_path, good)
+        assert first.passed, first.description
+        assert "no previous run" in (first.description or "")
+        worse = {**good, "tau@7/B3_code": good["tau@7/B3_code"] - 0.5}
+        second = _check_run(instance, config_path, worse)
+        assert not second.passed
+        assert second.description == "tau@7/B3_code fell from 7.000 to 6.500 (more than 0.2)"
+        assert second.severity == dg.AssetCheckSeverity.ERROR
+        bigram_only = {key: value for key, value in good.items() if not key.startswith(("tau@", "tau_position@", "accept_d", "speedup"))}
+        third = _check_run(instance, config_path, bigram_only)
+        assert not third.passed
+        assert "no drafter τ" in (third.description or "")

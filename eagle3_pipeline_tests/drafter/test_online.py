@@ -1,0 +1,172 @@
+"""The online benchmark against a loopback fake of SGLang/vLLM started by the configured command on
+the local host (the real hosts layer, the real health gate). Not run against a real GPU server here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
+from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_command, make_gate, run_benchmark
+from eagle3_pipeline.hosts import LocalHost
+from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
+from eagle3_pipeline.serving import free_port
+from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m eagle3_pipeline_tests.drafter.fake_spec_server"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.points: list[Mapping[str, Any]] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+    def progress(self, metrics: Mapping[str, Any]) -> None:
+        self.points.append(dict(metrics))
+
+
+def write_config(tmp_path: Path, server: str, **benchmark: Any) -> PipelineConfig:
+    write_jsonl(tmp_path / "B1.jsonl", [sharegpt("question")])
+    port = free_port()
+    document = {
+        "name": "bench",
+        "artifacts_root": str(tmp_path / "out"),
+        "target": {"model": "fake-target"},
+        # this machine stands in for the GPU host: no GPU expected, low floors
+        "health": {"host": {"kind": "local"}, "expected_gpus": 0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
+        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+        "drafter_benchmark": {
+            "server": server,
+            "target_model_path": "/models/target with space",
+            "draft_model_path": "/models/drafter",
+            "port": port,
+            "steps": 3,
+            "launch_command": FAKE + f" --kind {server} --port {{port}} {{speculative}}",
+            "speculative_args": "--speculative-steps {steps} --tokens-per-step 3 --step-delay-s 0.002",
+            "process_pattern": "eagle3_pipeline_tests\\.drafter\\.fake_spec_server",
+            "log_dir": str(tmp_path / "logs"),
+            "prompts": 6,
+            "max_tokens": 20,
+            "concurrency": 2,
+            "startup_timeout_s": 60,
+            **benchmark,
+        },
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(json.dumps(document))
+    return load_config(path)
+
+
+def write_eval_shard(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    rows = [
+        {"input_ids": [1, 2, 3, 40, 41, 2], "loss_mask": [0, 0, 0, 1, 1, 1]},
+        {"input_ids": [1, 5, 50], "loss_mask": [0, 0, 1]},
+        {"input_ids": [1, 6, 7], "loss_mask": [0, 0, 0]},  # no generated turn: skipped
+    ]
+    table = pa.table({"input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())), "loss_mask": pa.array([r["loss_mask"] for r in rows], pa.list_(pa.int8()))})
+    pq.write_table(table, folder / "eval-00000.parquet")
+    return folder
+
+
+def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "sglang", launch_command=None, speculative_args=None)
+    settings = config.drafter_benchmark
+    assert settings is not None
+    assert launch_command(settings, speculative=False) == (
+        f"python -m sglang.launch_server --model-path '/models/target with space' --host 0.0.0.0 --port {settings.port} --tp-size 1"
+    )
+    assert launch_command(settings, speculative=True).endswith(
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path /models/drafter --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    )
+    vllm = settings.model_copy(update={"server": "vllm"})
+    assert launch_command(vllm, speculative=True).endswith(
+        "--speculative-config '{\"method\": \"eagle3\", \"model\": \"/models/drafter\", \"num_speculative_tokens\": 3}'"
+    )
+
+
+def test_an_unknown_placeholder_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"drafter_benchmark.launch_command: .*unknown placeholder\(s\) \['model'\]"):
+        write_config(tmp_path, "sglang", launch_command="serve {model}")
+
+
+def test_eval_prompts_are_cut_at_the_first_generated_token(tmp_path: Path) -> None:
+    folder = write_eval_shard(tmp_path / "training_data")
+    assert eval_prompts(folder, 10) == [[1, 2, 3], [1, 5]]
+    assert eval_prompts(folder, 1) == [[1, 2, 3]]
+    with pytest.raises(BenchmarkError, match="materialize training_data first"):
+        eval_prompts(tmp_path / "none", 1)
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: str) -> None:
+    config = write_config(tmp_path, server)
+    settings = config.drafter_benchmark
+    assert settings is not None
+    host = LocalHost()
+    recorder = Recorder()
+    prompts = [[1, 2, 3]] * settings.prompts
+    base_url = f"http://127.0.0.1:{settings.port}"
+    result = run_benchmark(settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), recorder)
+    # 20 tokens per request at 3 per verify step: 7 steps (6 × 3 + 2) -> τ = 20/7 (SGLang);
+    # vLLM: 1 + accepted/drafts = 1 + (20 - 7)/7, the same figure
+    assert result.speculative.tau == pytest.approx(20 / 7)
+    assert result.baseline.tau is None
+    assert result.baseline.completion_tokens == result.speculative.completion_tokens == 6 * 20
+    assert result.baseline.tokens_per_s > 0 and result.speculative.tokens_per_s > 0
+    metadata = result.as_metadata()
+    assert metadata["tau_server"] == round(20 / 7, 4) and metadata["requests"] == 6
+    assert [p["arm"] for p in recorder.points] == ["baseline", "speculative"]
+    # both servers were stopped: nothing answers on the port any more
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{base_url}/v1/models", timeout=2)
+
+
+def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "sglang")
+    sick = config.model_copy(update={"health": config.health.model_copy(update={"min_disk_free_gb": 1e9})})
+    settings = config.drafter_benchmark
+    assert settings is not None
+    host = LocalHost()
+    with pytest.raises(UnhealthyError, match="disk"):
+        run_benchmark(settings, host, f"http://127.0.0.1:{settings.port}", [[1]], make_gate(host, thresholds_for(sick)), Recorder())
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_server_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "sglang", launch_command="echo model weights not found; exit 3")
+    settings = config.drafter_benchmark
+    assert settings is not None
+    host = LocalHost()
+    with pytest.raises(BenchmarkError, match="(?s)exited during start-up.*model weights not found"):
+        run_benchmark(settings, host, f"http://127.0.0.1:{settings.port}", [[1]], make_gate(host, thresholds_for(config)), Recorder())
+
+
+def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, dagster_home: Path) -> None:
+    config = write_config(tmp_path, "sglang")
+    write_eval_shard(tmp_path / "out" / "training_data")
+    assets = build_drafter_benchmark(config)
+    with dg.DagsterInstance.get() as instance:
+        result = dg.materialize(assets, instance=instance)
+        assert result.success
+        metadata = {k: v.value for k, v in result.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata.items()}
+    assert metadata["tau_server"] == round(20 / 7, 4)
+    assert metadata["requests"] == 2  # the eval shard has two prompts
+    assert metadata["speedup"] > 0
+    assert build_drafter_benchmark(config.model_copy(update={"drafter_benchmark": None})) == []
