@@ -274,7 +274,23 @@ class MainJob:
             f"hidden_states: {h.get('samples', 0)} samples, {h.get('tokens', 0)} tokens, {h.get('bytes', 0) / 1e6:.1f} MB, "
             f"{h.get('bytes_per_token', 0)} bytes/token (formula {h.get('bytes_per_token_formula', 0)}), "
             f"{h.get('shards_written', 0)} shards written / {h.get('shards_reused', 0)} reused, in {h.get('store', '-')}",
+            *self.drafter_summary(),
         ]
+
+    def drafter_summary(self) -> list[str]:
+        """The drafter's training figures, then the closing table: τ per dataset against the bigram."""
+        from eagle3_pipeline.drafter.evaluate import summary_table
+
+        d, e = self.results.get("eagle3_drafter"), self.results.get("drafter_eval")
+        lines = []
+        if d is not None:
+            lines.append(
+                f"eagle3_drafter: {d.get('steps', 0)} steps, loss {d.get('first_loss', 0):.3f} → {d.get('last_loss', 0):.3f}, "
+                f"exported to {d.get('export_dir', '-')}"
+            )
+        if e is not None:
+            lines += ["", "acceptance length τ on the eval split (greedy chain drafting; bigram drafter for scale):", summary_table(e)]
+        return lines
 
 
 def _load(args: argparse.Namespace) -> PipelineConfig | None:

@@ -4,28 +4,16 @@ Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.online.
 of `health.host`, behind the same health gate as generation.
 """
 
-from collections.abc import Mapping
-
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.compute import DagsterReporter
 from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, make_gate, run_benchmark
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError, build_host, thresholds_for
 
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("training_data")]
-
-
-class _Reporter:
-    def __init__(self, context: dg.AssetExecutionContext) -> None:
-        self.context = context
-
-    def log(self, message: str) -> None:
-        self.context.log.info(message)
-
-    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
-        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, metadata=dict(metrics)))
 
 
 def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]:
@@ -46,7 +34,7 @@ def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]
         prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
         host = build_host(config.health.host)
         try:
-            result = run_benchmark(settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), _Reporter(context))
+            result = run_benchmark(settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), DagsterReporter(context))
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None

@@ -11,9 +11,10 @@ from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline import compute
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.drafter.evaluate import tau_regressions
+from eagle3_pipeline.drafter.spec import drafter_paths
 
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
@@ -23,31 +24,18 @@ def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str,
     """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs."""
     from eagle3_pipeline.serving import local_model_dir
 
-    root = root or config.artifacts_root
+    paths = drafter_paths(root or config.artifacts_root)
     settings = config.drafter_eval
     return {
-        "store": str(root / "hidden_states"),
-        "draft_vocab": str(root / "draft_vocab"),
-        "drafter": str(root / "drafter" / "export"),
-        "target_weights": str(local_model_dir()),
+        "store": str(paths["store"]),
+        "draft_vocab": str(paths["draft_vocab"]),
+        "drafter": str(paths["export_dir"]),
+        "target_weights": config.drafter.target_weights or str(local_model_dir()),
         "steps": list(settings.steps),
         "max_samples_per_dataset": settings.max_samples_per_dataset,
         "device": settings.device,
         "draft_cost_ratio": settings.draft_cost_ratio,
     }
-
-
-class _Reporter:
-    """Log lines to the run log; progress points as observations of the asset."""
-
-    def __init__(self, context: dg.AssetExecutionContext) -> None:
-        self.context = context
-
-    def log(self, message: str) -> None:
-        self.context.log.info(message)
-
-    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
-        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, metadata=dict(metrics)))
 
 
 def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,7 +61,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         "an estimated speedup τ / (1 + K·c).",
     )
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        result = compute.run_local("evaluate", evaluate_spec(config), _Reporter(context))
+        result = run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
         return dg.MaterializeResult(metadata=materialization_metadata(result))
 
     @dg.asset_check(

@@ -37,14 +37,17 @@ import torch
 import torch.nn.functional as F
 
 from eagle3_pipeline.compute import Reporter
+from eagle3_pipeline.drafter.acceptance import AcceptanceStats
 from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3_pipeline.drafter.data import Batch, BatchReader, Row, epoch_plan, store_rows, teacher
+from eagle3_pipeline.drafter.evaluate import add_drafter_batch
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, target_rope
 from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, TargetWeights, load_target_weights
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
 
 STEP_DECAY = 0.8
+EVAL_DEPTHS = (3, 5, 7)  # draft depths K whose τ each checkpoint records (those ≤ ttt_steps, and ttt_steps)
 ADAM_BETAS = (0.9, 0.95)
 CURVE_FILE = "curve.jsonl"
 MODEL_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -176,12 +179,11 @@ def vocab_sha256(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
 
 @torch.no_grad()
 def evaluate(model: Eagle3Drafter, reader: BatchReader, plan: list[list[Row]], lm_head: torch.Tensor, settings: TrainSettings, device: torch.device, autocast: torch.dtype | None) -> dict[str, float]:
-    """Per-step loss and accuracy on the eval split, weighted by tokens.
-
-    This is where a checkpoint's eval figures are made; tau on the eval split joins them here once
-    ``eagle3_pipeline.drafter.acceptance`` (owned by drafter_eval) is on the branch.
-    """
+    """Per-step loss and accuracy on the eval split, weighted by tokens, and the acceptance length τ
+    a greedy chain-drafting server would see (``tau@K``): accuracy can look fine while τ collapses."""
     model.eval()
+    depths = sorted({k for k in EVAL_DEPTHS if k <= settings.ttt_steps} | {settings.ttt_steps})
+    acceptance = AcceptanceStats(ks=tuple(depths))
     sums = [0.0] * settings.ttt_steps
     accs = [0.0] * settings.ttt_steps
     weight = 0
@@ -189,6 +191,7 @@ def evaluate(model: Eagle3Drafter, reader: BatchReader, plan: list[list[Row]], l
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
+            add_drafter_batch(acceptance, model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask)
         tokens = int(batch.loss_mask.sum())
         weight += tokens
         for j in range(settings.ttt_steps):
@@ -197,7 +200,11 @@ def evaluate(model: Eagle3Drafter, reader: BatchReader, plan: list[list[Row]], l
     model.train()
     if not weight:
         return {}
-    return {**{f"eval_loss_{j}": sums[j] / weight for j in range(settings.ttt_steps)}, **{f"eval_acc_{j}": accs[j] / weight for j in range(settings.ttt_steps)}}
+    return {
+        **{f"eval_loss_{j}": sums[j] / weight for j in range(settings.ttt_steps)},
+        **{f"eval_acc_{j}": accs[j] / weight for j in range(settings.ttt_steps)},
+        **{f"tau@{k}": acceptance.tau(k) for k in depths},
+    }
 
 
 def _rng_state() -> dict[str, Any]:
