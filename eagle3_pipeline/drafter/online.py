@@ -63,7 +63,9 @@ def make_gate(host: Host, thresholds: HealthThresholds) -> Gate:
     """One health tick on ``host`` (and the server, when given); :class:`UnhealthyError` unless healthy."""
 
     def gate(spec: ServerSpec | None) -> HealthReport:
-        report, _ = run_health_tick(host, spec, thresholds)
+        # Before a server starts, its generation is probed by the readiness poll and the tick after it.
+        deferred = None if spec is not None else "the benchmark server, once it is started"
+        report, _ = run_health_tick(host, spec, thresholds, deferred=deferred)
         if not report.healthy:
             raise UnhealthyError(report)
         return report
