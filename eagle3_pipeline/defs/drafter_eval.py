@@ -13,11 +13,14 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase
+from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.drafter.evaluate import tau_regressions
 from eagle3_pipeline.drafter.spec import drafter_paths
 
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
+# The blocking checks of what drafter_eval reads, honoured across runs (defs/gating.py).
+INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage")]
 
 
 def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
@@ -61,6 +64,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         "an estimated speedup τ / (1 + K·c).",
     )
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        require_passing_checks(context.instance, INPUT_CHECKS)
         result = run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
         return dg.MaterializeResult(metadata=materialization_metadata(result))
 
