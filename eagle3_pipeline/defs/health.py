@@ -15,11 +15,13 @@ from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
 from eagle3_pipeline.defs.staleness import partitions_to_generate
 from eagle3_pipeline.health import HealthReport, TickState
 from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
+from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import HealthMonitor, report_markdown, tokens_per_second
 
 INFERENCE_SERVER = dg.AssetKey("inference_server")
 RESPONSES = dg.AssetKey("responses")
+HIDDEN_STATES = dg.AssetKey("hidden_states")
 
 inference_server = dg.AssetSpec(
     INFERENCE_SERVER,
@@ -79,8 +81,10 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         minimum_interval_seconds=max(30, int(settings.stall_window_s // 4)),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Flags a running generation whose checkpoint has not grown within the stall "
-        "window since it started generating (an observation on `responses`), and terminates it if "
-        "configured. Runs waiting for the `gpu` pool or a server start are not generating yet.",
+        "window since it started generating (an observation on `responses`), and a running hidden-state "
+        "extraction (compute: local) that wrote no shard within the window since it planned its shards "
+        "(an observation on `hidden_states`); terminates them if configured. Runs waiting for the `gpu` "
+        "pool, a server start or the target's weights are not working yet.",
     )
     def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         stalled, events = [], []
@@ -99,11 +103,26 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
                 )
             )
             stalled.append(f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})")
+        for record in extracting_runs(context.instance) if config.compute.kind == "local" else []:
+            quiet = extraction_quiet_seconds(ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0)
+            if quiet is None or quiet <= settings.stall_window_s:
+                continue
+            run_id = record.dagster_run.run_id
+            terminated = settings.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
+            metadata = {"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated}
+            events.append(dg.AssetObservation(asset_key=HIDDEN_STATES, metadata=metadata))
+            stalled.append(f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})")
         if stalled:
             return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)
-        return dg.SensorResult(skip_reason="every generating run made progress within the stall window")
+        return dg.SensorResult(skip_reason="every generating or extracting run made progress within the stall window")
 
     return [inference_health, generation_stall]
+
+
+def extracting_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
+    """Started runs whose selection includes `hidden_states`."""
+    records = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    return [r for r in records if HIDDEN_STATES in (r.dagster_run.asset_selection or set())]
 
 
 def quiet_seconds(config: PipelineConfig, partition: str, run_id: str, now: float | None = None) -> float | None:

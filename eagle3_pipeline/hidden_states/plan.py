@@ -107,3 +107,20 @@ def extraction_progress(root: Path, now: float | None = None) -> ExtractionProgr
         last_write_age_s=None if last is None else now - last,
         finished=finished,
     )
+
+
+def extraction_quiet_seconds(root: Path, started_after: float, now: float | None = None) -> float | None:
+    """Seconds since the extraction into ``root`` last showed progress (its plan written, or a shard
+    finished); ``None`` when no unfinished extraction was started at or after ``started_after`` (a
+    run still waiting for the `gpu` pool or loading the target has not written its plan yet)."""
+    plan_path = Path(root) / PLAN_FILE
+    try:
+        planned_at = plan_path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    progress = extraction_progress(root, now)
+    if planned_at < started_after or progress is None or progress.finished:
+        return None
+    now = time.time() if now is None else now
+    quiet = now - planned_at
+    return quiet if progress.last_write_age_s is None else min(quiet, progress.last_write_age_s)
