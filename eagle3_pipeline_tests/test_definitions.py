@@ -60,7 +60,9 @@ def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
     defs = build_definitions(config)
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"setup_job", "generation_job", "downstream_job"}
     downstream = defs.resolve_job_def("downstream_job")
-    assert {k.to_user_string() for k in downstream.asset_layer.selected_asset_keys} == {"training_data"}
+    assert {k.to_user_string() for k in downstream.asset_layer.selected_asset_keys} == {
+        "training_data", "draft_vocab", "hidden_states", "eagle3_drafter", "drafter_eval"
+    }
     assert not list(defs.schedules or []), "no schedule unless the pipeline file sets schedule.cron"
     sensors = {s.name: s.default_status for s in defs.sensors or []}
     assert sensors == {
