@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from eagle3_pipeline.config import ComputeConfig
-from eagle3_pipeline.health.gpu import GpuParseError, nvidia_smi_argv, parse_gpu_csv
+from eagle3_pipeline.health.checks.gpus import GpuParseError, nvidia_smi_argv, parse_gpu_csv
 from eagle3_pipeline.hosts import HostConnectError, HostDisconnectedError, HostError, SshHost, kill_process_group, quote_args
 
 WORKER = "worker"

@@ -17,14 +17,14 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, Sshd
+from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, Sshd, bus_id
 
 __all__ = ["fakebin", "sshd"]
 
 
 def idle_gpu_rows(count: int = 8) -> list[str]:
     """nvidia-smi rows of GPUs nobody holds (5 MiB used of 143771)."""
-    return [f"{i}, NVIDIA H200, 5, 143771, 0, 30, 0, [N/A]" for i in range(count)]
+    return [f"{i}, {bus_id(i)}, NVIDIA H200, 5, 143771, 0, 30, 0, [N/A]" for i in range(count)]
 
 
 @dataclass
