@@ -8,9 +8,12 @@
   in its run folder, which :class:`PipesRemoteFileMessageReader` follows over SSH, so its logs,
   progress and materialization metadata arrive in the run as from a local subprocess. An
   interrupted or terminated step kills the remote process group before it re-raises.
-- ``command``: the configured user command (e.g. SpecForge's ``prepare_hidden_states.py``) runs on
-  the host the same way (its output lines stream into the run's log), then the worker's
-  ``import-specforge`` phase turns its output folder into our store there.
+- ``command``: for the ``extract`` phase only, the configured user command (e.g. SpecForge's
+  ``prepare_hidden_states.py``) runs on the host the same way (its output lines stream into the
+  run's log; ``{spec}`` is the extract spec, host paths), then the worker's ``import-specforge``
+  phase turns its output folder into our store there, building the store's identity from that
+  extract spec on the host (:func:`eagle3_pipeline.hidden_states.importer.spec_from_extract`).
+  Every other phase (``train``, ``evaluate``) runs our worker on that host as for ``ssh``.
 
 Outputs stay on the host under ``compute.artifacts_root``; only the ``fetch`` paths come back.
 """
@@ -34,6 +37,7 @@ from eagle3_pipeline.monitor import build_host
 from eagle3_pipeline.worker import PROGRESS_MESSAGE
 
 IMPORT_PHASE = "import-specforge"
+COMMAND_PHASE = "extract"  # the one phase compute.command replaces
 
 
 def _observe(context: dg.AssetExecutionContext, metrics: Mapping[str, Any]) -> None:
@@ -161,7 +165,7 @@ def run_heavy_phase(
         context.log.info(f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)")
         remote_spec = remote.translate(spec)
         extra: dict[str, Any] = {}
-        if compute.kind == "command":
+        if compute.kind == "command" and phase == COMMAND_PHASE:
             assert compute.command is not None
             output_dir = str(remote.remote_root / "specforge" / remote.run_dir.name)
             remote.write_spec(remote_spec)
@@ -169,7 +173,7 @@ def run_heavy_phase(
             context.log.info(f"running compute.command on {host.name}, writing to {output_dir}")  # not its text: it may hold a token
             fate = _guarded(context, remote, COMMAND, f"mkdir -p {shlex.quote(output_dir)} && {user}", f"{COMMAND}.log", lambda line: context.log.info(f"[command] {line}"))
             _require_success(remote, COMMAND, fate)
-            remote_spec = {**remote_spec, "input_dir": output_dir}
+            remote_spec = {"extract": remote_spec, "input_dir": output_dir}
             phase = IMPORT_PHASE
             extra["command_output"] = output_dir
         remote.write_spec(remote_spec)
