@@ -37,8 +37,8 @@ STORE_FILES = ("index.parquet", "manifest.json")
 
 
 def _under(path: Path, root: Path) -> bool:
-    resolved, base = path.resolve(), root.resolve()
-    return resolved == base or base in resolved.parents
+    """``path`` is a local path inside ``root`` (a Hugging Face id never is)."""
+    return path.is_absolute() and path.resolve().is_relative_to(root.resolve())
 
 
 def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
@@ -118,11 +118,11 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "and the teacher (final hidden state after the final norm), bf16 safetensors shards + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        model = target_weights(config)
-        spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
-        ship = [str(layout.training_data)] + ([model] if Path(model).is_absolute() and _under(Path(model), layout.root) else [])
         fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]
         try:
+            model = target_weights(config)
+            spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
+            ship = [str(layout.training_data)] + ([model] if _under(Path(model), layout.root) else [])
             meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch)
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
