@@ -24,6 +24,7 @@ import json
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -92,6 +93,12 @@ class PipesRemoteFileMessageReader(dg.PipesMessageReader):
 
     def no_messages_debug_text(self) -> str:
         return f"Attempted to read messages by following {self.path} on the remote host over SSH."
+
+
+def under_root(path: str, root: Path) -> bool:
+    """``path`` is a local path inside the artifacts root ``root``, so it can be shipped (a path
+    elsewhere, or a Hugging Face id, is used as written on the host)."""
+    return Path(path).is_absolute() and Path(path).resolve().is_relative_to(root.resolve())
 
 
 def _metadata_values(result: dg.MaterializeResult) -> dict[str, Any]:

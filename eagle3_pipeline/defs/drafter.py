@@ -9,21 +9,15 @@ the host.
 """
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.compute import run_heavy_phase
+from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
 from eagle3_pipeline.hosts import HostError
-
-
-def _under(path: Path, root: Path) -> bool:
-    """``path`` is a local path inside ``root`` (then shipped with the inputs)."""
-    return path.is_absolute() and path.resolve().is_relative_to(root.resolve())
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
@@ -68,7 +62,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         fetch = [(paths["export_dir"] / "config.json").relative_to(config.artifacts_root).as_posix()]
         try:
             spec = train_spec(config)
-            ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if _under(Path(spec["target_weights"]), config.artifacts_root) else [])
+            ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else [])
             result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch)
         except (DrafterSpecError, RemoteError, HostError) as exc:
             raise dg.Failure(description=str(exc)) from None

@@ -14,14 +14,13 @@ shipped only when it lies under the local artifacts root.
 """
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.compute import run_heavy_phase
+from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
@@ -34,11 +33,6 @@ GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
 PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetLoadError, RemoteError, HostError)
 STORE_FILES = ("index.parquet", "manifest.json")
-
-
-def _under(path: Path, root: Path) -> bool:
-    """``path`` is a local path inside ``root`` (a Hugging Face id never is)."""
-    return path.is_absolute() and path.resolve().is_relative_to(root.resolve())
 
 
 def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
@@ -122,7 +116,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         try:
             model = target_weights(config)
             spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
-            ship = [str(layout.training_data)] + ([model] if _under(Path(model), layout.root) else [])
+            ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
             meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch)
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
