@@ -235,8 +235,9 @@ COMMAND_PLACEHOLDERS = ("output_dir", "run_dir", "workdir", "artifacts_root", "p
 
 class ComputeConfig(_Model):
     """Where a heavy phase runs: ``local`` (in process), ``ssh`` (this project's worker on the GPU
-    host as a Dagster Pipes process) or ``command`` (a user command on the GPU host, e.g.
-    SpecForge's ``prepare_hidden_states.py``, whose output is imported into our store there).
+    host as a Dagster Pipes process) or ``command`` (for extraction only, a user command on the GPU
+    host, e.g. SpecForge's ``prepare_hidden_states.py``, whose output is imported into our store
+    there; the other phases then run the worker on that host as for ``ssh``).
 
     ``host`` has the shape of ``health.host`` (``kind`` defaults to ``ssh`` here). ``workdir``
     holds one folder per run (spec, Pipes messages, pid, exit status, logs); outputs go under

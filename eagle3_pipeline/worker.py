@@ -83,6 +83,12 @@ class StderrReporter:
         self.log(_progress_text(metrics))
 
 
+def pipes_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A phase's metadata as Pipes takes it: dicts and lists (a phase's config, its training
+    curve) travel as ``json`` values, which the orchestrator reads back as the same objects."""
+    return {key: {"raw_value": value, "type": "json"} if isinstance(value, (dict, list)) else value for key, value in metadata.items()}
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated("terminated by SIGTERM")
 
@@ -103,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if PipesEnvVarParamsLoader().is_dagster_pipes_process():
             with open_dagster_pipes() as pipes:
                 metadata = function(spec, PipesReporter(pipes))
-                pipes.report_asset_materialization(metadata=metadata)
+                pipes.report_asset_materialization(metadata=pipes_metadata(metadata))
         else:
             metadata = function(spec, StderrReporter())
             print(json.dumps(metadata), flush=True)

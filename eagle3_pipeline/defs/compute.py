@@ -8,9 +8,12 @@
   in its run folder, which :class:`PipesRemoteFileMessageReader` follows over SSH, so its logs,
   progress and materialization metadata arrive in the run as from a local subprocess. An
   interrupted or terminated step kills the remote process group before it re-raises.
-- ``command``: the configured user command (e.g. SpecForge's ``prepare_hidden_states.py``) runs on
-  the host the same way (its output lines stream into the run's log), then the worker's
-  ``import-specforge`` phase turns its output folder into our store there.
+- ``command``: for the ``extract`` phase only, the configured user command (e.g. SpecForge's
+  ``prepare_hidden_states.py``) runs on the host the same way (its output lines stream into the
+  run's log; ``{spec}`` is the extract spec, host paths), then the worker's ``import-specforge``
+  phase turns its output folder into our store there, building the store's identity from that
+  extract spec on the host (:func:`eagle3_pipeline.hidden_states.importer.spec_from_extract`).
+  Every other phase (``train``, ``evaluate``) runs our worker on that host as for ``ssh``.
 
 Outputs stay on the host under ``compute.artifacts_root``; only the ``fetch`` paths come back.
 """
@@ -21,6 +24,7 @@ import json
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -34,6 +38,7 @@ from eagle3_pipeline.monitor import build_host
 from eagle3_pipeline.worker import PROGRESS_MESSAGE
 
 IMPORT_PHASE = "import-specforge"
+COMMAND_PHASE = "extract"  # the one phase compute.command replaces
 
 
 def _observe(context: dg.AssetExecutionContext, metrics: Mapping[str, Any]) -> None:
@@ -88,6 +93,12 @@ class PipesRemoteFileMessageReader(dg.PipesMessageReader):
 
     def no_messages_debug_text(self) -> str:
         return f"Attempted to read messages by following {self.path} on the remote host over SSH."
+
+
+def under_root(path: str, root: Path) -> bool:
+    """``path`` is a local path inside the artifacts root ``root``, so it can be shipped (a path
+    elsewhere, or a Hugging Face id, is used as written on the host)."""
+    return Path(path).is_absolute() and Path(path).resolve().is_relative_to(root.resolve())
 
 
 def _metadata_values(result: dg.MaterializeResult) -> dict[str, Any]:
@@ -161,7 +172,7 @@ def run_heavy_phase(
         context.log.info(f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)")
         remote_spec = remote.translate(spec)
         extra: dict[str, Any] = {}
-        if compute.kind == "command":
+        if compute.kind == "command" and phase == COMMAND_PHASE:
             assert compute.command is not None
             output_dir = str(remote.remote_root / "specforge" / remote.run_dir.name)
             remote.write_spec(remote_spec)
@@ -169,7 +180,7 @@ def run_heavy_phase(
             context.log.info(f"running compute.command on {host.name}, writing to {output_dir}")  # not its text: it may hold a token
             fate = _guarded(context, remote, COMMAND, f"mkdir -p {shlex.quote(output_dir)} && {user}", f"{COMMAND}.log", lambda line: context.log.info(f"[command] {line}"))
             _require_success(remote, COMMAND, fate)
-            remote_spec = {**remote_spec, "input_dir": output_dir}
+            remote_spec = {"extract": remote_spec, "input_dir": output_dir}
             phase = IMPORT_PHASE
             extra["command_output"] = output_dir
         remote.write_spec(remote_spec)

@@ -1,6 +1,11 @@
 """The `eagle3_drafter` asset: train the EAGLE-3 drafter on the hidden states and export it.
 
-Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run (the ``train`` phase).
+Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run (the ``train`` phase),
+through `run_heavy_phase` wherever `compute:` says (for `command` too: the user command replaces
+only extraction). On a GPU host the draft_vocab folder is shipped, the hidden states are already
+there (phase A left them under the host's artifacts root), the checkpoints and the export stay on
+the host, and only the export's config.json comes back. `drafter.target_weights` is then a path on
+the host.
 """
 
 from collections.abc import Mapping, Sequence
@@ -8,23 +13,11 @@ from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline import compute
+from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.spec import train_spec
-
-
-class DagsterReporter:
-    """A phase's log lines go to the run log, its progress points become observations of the asset
-    (the UI plots each numeric field across them: loss and per-step accuracy over training)."""
-
-    def __init__(self, context: dg.AssetExecutionContext) -> None:
-        self.context = context
-
-    def log(self, message: str) -> None:
-        self.context.log.info(message)
-
-    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
-        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, metadata=dict(metrics)))
+from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
+from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
+from eagle3_pipeline.hosts import HostError
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
@@ -65,7 +58,15 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         "exported as a LlamaForCausalLMEagle3 folder that SGLang and vLLM load.",
     )
     def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        result = compute.run_local("train", train_spec(config), DagsterReporter(context))
-        return dg.MaterializeResult(metadata=materialization_metadata(result))
+        paths = drafter_paths(config.artifacts_root)
+        fetch = [(paths["export_dir"] / "config.json").relative_to(config.artifacts_root).as_posix()]
+        try:
+            spec = train_spec(config)
+            ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else [])
+            result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch)
+        except (DrafterSpecError, RemoteError, HostError) as exc:
+            raise dg.Failure(description=str(exc)) from None
+        where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
+        return dg.MaterializeResult(metadata={**materialization_metadata(result), **where})
 
     return [eagle3_drafter]

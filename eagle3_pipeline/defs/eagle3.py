@@ -2,39 +2,54 @@
 
 Asset → domain function:
   draft_vocab   → eagle3_pipeline.draft_vocab.build_draft_vocab         (check: coverage floor)
-  hidden_states → eagle3_pipeline.hidden_states.extract:run, the heavy phase `extract`
-                  (checks, from the phase's own metadata: spot_check, bytes_per_token)
+  hidden_states → the heavy phase `extract` (eagle3_pipeline.hidden_states.extract:run) through
+                  `run_heavy_phase`, wherever `compute:` says; with `compute: command` the user's
+                  command and then `import-specforge` (checks, from the phase's own metadata:
+                  spot_check, bytes_per_token)
+
+On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
+host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
+is then a path (or Hugging Face id) on the host: the host keeps its own copy of the target; it is
+shipped only when it lies under the local artifacts root.
 """
 
 from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline import compute
+from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.inputs import TrainingDataError
 from eagle3_pipeline.hidden_states.store import StoreError
+from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 
 GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
-PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetLoadError)
+PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetLoadError, RemoteError, HostError)
+STORE_FILES = ("index.parquet", "manifest.json")
 
 
-class DagsterReporter:
-    """A phase's `Reporter` inside an asset: log lines to the run, progress as observations."""
-
-    def __init__(self, context: dg.AssetExecutionContext) -> None:
-        self.context = context
-
-    def log(self, message: str) -> None:
-        self.context.log.info(message)
-
-    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
-        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, metadata=dict(metrics)))
+def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
+    if "spot_check_passed" not in meta:
+        return dg.AssetCheckResult(
+            check_name="spot_check",
+            passed=False,
+            severity=dg.AssetCheckSeverity.WARN,
+            description="not run: the states were imported from compute.command's output, not extracted with transformers "
+            f"(input_ids checked against training_data; {meta.get('loss_mask_disagreements', 0)} loss-mask disagreement(s))",
+        )
+    return dg.AssetCheckResult(
+        check_name="spot_check",
+        passed=bool(meta["spot_check_passed"]),
+        description=f"{meta['spot_check_samples']} samples, max relative error {meta['spot_check_max_rel_error']:.2e} "
+        f"(tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
+    )
 
 
 def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
@@ -97,19 +112,17 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "and the teacher (final hidden state after the final norm), bf16 safetensors shards + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), target_weights(config))
+        fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]
         try:
-            meta = compute.run_local("extract", spec, DagsterReporter(context))
+            model = target_weights(config)
+            spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
+            ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
+            meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch)
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
         ratio = meta["bytes_per_token_ratio"]
         checks = [
-            dg.AssetCheckResult(
-                check_name="spot_check",
-                passed=bool(meta["spot_check_passed"]),
-                description=f"{meta['spot_check_samples']} samples, max relative error {meta['spot_check_max_rel_error']:.2e} "
-                f"(tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
-            ),
+            _spot_check_result(meta),
             dg.AssetCheckResult(
                 check_name="bytes_per_token",
                 passed=abs(ratio - 1) <= BYTES_PER_TOKEN_TOLERANCE,

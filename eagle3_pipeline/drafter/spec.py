@@ -22,11 +22,29 @@ def drafter_paths(root: Path) -> dict[str, Path]:
     }
 
 
-def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
-    """JSON-able spec for ``eagle3_pipeline.drafter.train:run``; ``root`` is the artifacts root where
-    the phase runs (default: the pipeline's own)."""
+class DrafterSpecError(ValueError):
+    """The pipeline file does not say enough to build the ``train`` spec; the message names the key."""
+
+
+def target_weights(config: PipelineConfig) -> str:
+    """The target model folder the drafter reads its embedding and lm_head from: `drafter.target_weights`,
+    else the embedded model's folder. On a GPU host (`compute.kind` ssh or command) the phase reads
+    it there, so the key is then required and names the folder on the host."""
+    if config.drafter.target_weights:
+        return config.drafter.target_weights
+    if config.compute.kind != "local":
+        raise DrafterSpecError(
+            f"drafter.target_weights: required with compute.kind {config.compute.kind!r}: the target model's folder "
+            "(config.json + safetensors) on the GPU host; the embedded model's folder is a path on this machine"
+        )
     from eagle3_pipeline.serving import local_model_dir
 
+    return str(local_model_dir())
+
+
+def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
+    """JSON-able spec for ``eagle3_pipeline.drafter.train:run``. Paths are under ``root``, the
+    pipeline's own artifacts root by default: ``run_heavy_phase`` maps them onto the host's."""
     drafter = config.drafter
     settings: dict[str, Any] = drafter.model_dump(exclude={"model", "target_weights", "seed", "max_seq_len"})
     settings["model"] = drafter.model.model_dump(exclude_none=True)
@@ -35,6 +53,6 @@ def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, An
     paths = drafter_paths(root or config.artifacts_root)
     return {
         **{k: str(v) for k, v in paths.items()},
-        "target_weights": drafter.target_weights or str(local_model_dir()),
+        "target_weights": target_weights(config),
         "settings": settings,
     }

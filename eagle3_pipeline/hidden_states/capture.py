@@ -79,16 +79,32 @@ def load_target(model: str, name: str, device: str = "auto", dtype: str = "auto"
     except (OSError, ValueError) as exc:
         raise TargetLoadError(f"target model {model!r}: cannot load it with transformers ({exc})") from None
     loaded.eval()
-    config = loaded.config.get_text_config()
-    identity = TargetIdentity(
-        name=name,
-        config_sha256=config_sha256(model),
-        num_layers=int(config.num_hidden_layers),
-        hidden_size=int(config.hidden_size),
-        vocab_size=int(config.vocab_size),
-    )
+    identity = _identity(loaded.config, model, name)
     decoder_layers(loaded)
     return Target(loaded, identity, where, chosen)
+
+
+def _identity(config: Any, model: str, name: str) -> TargetIdentity:
+    text = config.get_text_config()
+    return TargetIdentity(
+        name=name,
+        config_sha256=config_sha256(model),
+        num_layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+    )
+
+
+def target_identity(model: str, name: str) -> TargetIdentity:
+    """The identity :func:`load_target` records, from the target's ``config.json`` alone (no
+    weights loaded): what a store imported from another tool's states must carry."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise TargetLoadError(f"target model {model!r}: cannot read its config.json with transformers ({exc})") from None
+    return _identity(config, model, name)
 
 
 def decoder_layers(model: Any) -> Sequence[Any]:

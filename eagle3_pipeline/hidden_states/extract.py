@@ -61,10 +61,17 @@ class ExtractSpec(HiddenStatesConfig):
 
 def target_weights(config: PipelineConfig) -> str:
     """What transformers loads as the target: `hidden_states.model`, else the embedded model's
-    folder (embedded profile) or `target.tokenizer` (endpoints: the served model's repository)."""
+    folder (embedded profile) or `target.tokenizer` (endpoints: the served model's repository).
+    On a GPU host (`compute.kind` ssh or command) it is read there: the embedded model's folder is
+    a path on this machine, so `hidden_states.model` must then name the target's folder there."""
     if config.hidden_states.model:
         return config.hidden_states.model
     if config.inference.kind == "embedded":
+        if config.compute.kind != "local":
+            raise ExtractionError(
+                f"hidden_states.model: required with compute.kind {config.compute.kind!r}: the target model's folder "
+                "(or Hugging Face id) on the GPU host; the embedded model's folder is a path on this machine"
+            )
         from eagle3_pipeline.serving import local_model_dir
 
         return str(local_model_dir())

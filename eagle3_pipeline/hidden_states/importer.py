@@ -20,6 +20,11 @@ The spec (paths on the machine where the phase runs):
   counted). Without it, samples are ``specforge-<idx>`` in split ``train``, dataset ``specforge``;
 - ``samples_per_shard`` (default 256).
 
+Or, as ``compute: command`` sends it: ``extract`` (the `extract` phase's spec, paths on this
+machine) and ``input_dir``; :func:`spec_from_extract` then builds the keys above here, from the
+host's copy of the target's ``config.json`` (no weights loaded) and its ``training_data``, so the
+store's identity is the one the extractor would record for the same target and data.
+
 Shards are written with the same :class:`ShardWriter` as the extractor (so the tensors are
 byte-identical for the same samples); a finished shard is skipped on a rerun, a torn one redone.
 """
@@ -30,13 +35,14 @@ import gzip
 import io
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.compute import Reporter
+from eagle3_pipeline.hidden_states.inputs import SPLITS, TrainingData
 from eagle3_pipeline.hidden_states.store import (
     HiddenStateStore,
     ShardWriter,
@@ -44,6 +50,7 @@ from eagle3_pipeline.hidden_states.store import (
     StoreManifest,
     TargetIdentity,
     bytes_per_token,
+    default_aux_layer_ids,
     identity_mismatch,
     shard_name,
 )
@@ -160,10 +167,38 @@ def _manifest(spec: Mapping[str, Any]) -> StoreManifest:
     return StoreManifest(target=identity, aux_layer_ids=layers, training_data_version=str(_required(spec, "training_data_version")))
 
 
+def spec_from_extract(extract: Mapping[str, Any], input_dir: str) -> dict[str, Any]:
+    """The import spec for SpecForge's output (``input_dir``) of the work ``extract`` (an
+    `extract` spec) describes: output folder, target identity from the target's ``config.json``
+    (:func:`~eagle3_pipeline.hidden_states.capture.target_identity`, the function the extractor's
+    identity comes from), aux ids (``aux_layer_ids`` or the EAGLE-3 default for the target's
+    depth), the ``training_data`` version and its shard files, train then eval, in manifest order
+    (the order SpecForge must be given their rows)."""
+    from eagle3_pipeline.hidden_states.capture import check_layer_ids, target_identity
+    from eagle3_pipeline.hidden_states.extract import parse_spec
+
+    settings = parse_spec(dict(extract))
+    identity = target_identity(settings.model, settings.target_name)
+    aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
+    check_layer_ids(aux_ids, identity.num_layers)
+    data = TrainingData.open(Path(settings.training_data))
+    return {
+        "input_dir": input_dir,
+        "output_dir": settings.output,
+        "target": asdict(identity),
+        "aux_layer_ids": list(aux_ids),
+        "training_data_version": data.version(),
+        "training_data": [str(path) for split in SPLITS for path in data.shard_files(split)],
+    }
+
+
 def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     """Import a SpecForge offline folder into a hidden-state store; returns the metadata."""
     import torch
 
+    if "extract" in spec:
+        extra = {key: value for key, value in spec.items() if key not in ("extract", "input_dir")}
+        spec = {**spec_from_extract(spec["extract"], str(_required(spec, "input_dir"))), **extra}
     input_dir, output_dir = Path(_required(spec, "input_dir")), Path(_required(spec, "output_dir"))
     per_shard = int(spec.get("samples_per_shard", DEFAULT_SAMPLES_PER_SHARD))
     if per_shard <= 0:
@@ -222,6 +257,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         bytes=total_bytes,
     )
     store.write_manifest(final)
+    formula = bytes_per_token(hidden, len(wanted.aux_layer_ids))
     indices = [idx for idx, _ in samples]
     expected = rows.total if rows is not None else indices[-1] + 1
     missing = expected - len(samples)
@@ -235,9 +271,16 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "shards_skipped": skipped,
         "bytes": total_bytes,
         "bytes_per_token": round(final.bytes_per_token, 2),
-        "bytes_per_token_formula": bytes_per_token(hidden, len(wanted.aux_layer_ids)),
+        "bytes_per_token_formula": formula,
+        "bytes_per_token_ratio": round(final.bytes_per_token / formula, 4),
         "samples_without_states": missing,
         "loss_mask_disagreements": disagreements,
         "layer_convention": final.layer_convention,
+        "teacher": final.teacher,
         "aux_layer_ids": list(final.aux_layer_ids),
+        "target": final.target.name,
+        "target_config_sha256": final.target.config_sha256,
+        "target_layers": final.target.num_layers,
+        "target_hidden_size": final.target.hidden_size,
+        "training_data_version": final.training_data_version,
     }

@@ -47,7 +47,8 @@ def idle_gpus(fakebin: FakeBin) -> Any:  # noqa: F811 - the imported fixture
     fakebin.reset()
 
 
-def write_pipeline(folder: Path, sshd: Sshd, layout: Layout, port: int | None = None, known_hosts: Path | None = None, **compute: Any) -> PipelineConfig:  # noqa: F811
+def write_pipeline(folder: Path, sshd: Sshd, layout: Layout, port: int | None = None, known_hosts: Path | None = None, sections: dict[str, Any] | None = None, **compute: Any) -> PipelineConfig:  # noqa: F811
+    """``sections``: more top-level sections of the pipeline file (e.g. ``hidden_states``)."""
     write_jsonl(folder / "B1.jsonl", [sharegpt("question")])
     settings = {
         "kind": "ssh",
@@ -73,6 +74,7 @@ def write_pipeline(folder: Path, sshd: Sshd, layout: Layout, port: int | None = 
         "target": {"model": "tiny-target"},
         "compute": settings,
         "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+        **(sections or {}),
     }
     path = folder / "pipeline.yaml"
     path.write_text(json.dumps(document))

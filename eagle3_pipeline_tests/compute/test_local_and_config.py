@@ -91,3 +91,28 @@ def test_paths_map_onto_the_host_and_command_values_are_quoted(tmp_path: Path) -
     assert shlex.split(command) == ["prep", "--out", "/data/eagle3/specforge/x; rm -rf /", "--python", "/opt/py 3/bin/python"]
     env = {"DAGSTER_PIPES_CONTEXT": "abc=", "DAGSTER_PIPES_MESSAGES": "x y"}
     assert shlex.split(remote.worker_command("extract", "python3", env)) == ["env", "DAGSTER_PIPES_CONTEXT=abc=", "DAGSTER_PIPES_MESSAGES=x y", "python3", "-m", "eagle3_pipeline.worker", "extract", "--spec", "spec.json"]
+
+
+def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
+    """The embedded model's folder is a path on this machine: with a GPU host, hidden_states.model
+    and drafter.target_weights must name the target's folder on the host, and the train spec's
+    paths are local ones under the artifacts root (run_heavy_phase maps them onto the host's)."""
+    from eagle3_pipeline.drafter.spec import DrafterSpecError, train_spec
+    from eagle3_pipeline.hidden_states.extract import ExtractionError, target_weights
+
+    compute = {"kind": "ssh", "host": {"hostname": "gpu-box"}, "workdir": "/data/work", "artifacts_root": "/data/eagle3"}
+    config = load_config(pipeline_file(tmp_path, compute))
+    with pytest.raises(ExtractionError, match="hidden_states.model: required with compute.kind 'ssh'"):
+        target_weights(config)
+    with pytest.raises(DrafterSpecError, match="drafter.target_weights: required with compute.kind 'ssh'"):
+        train_spec(config)
+    config = config.model_copy(update={"drafter": config.drafter.model_copy(update={"target_weights": "/models/kimi"})})
+    remote = RemoteRun(SshHost("gpu-box"), config.compute, config.artifacts_root, "run1", "train")
+    translated = remote.translate(train_spec(config))
+    assert {k: translated[k] for k in ("store", "draft_vocab", "run_dir", "export_dir", "target_weights")} == {
+        "store": "/data/eagle3/hidden_states",
+        "draft_vocab": "/data/eagle3/draft_vocab",
+        "run_dir": "/data/eagle3/drafter/run",
+        "export_dir": "/data/eagle3/drafter/export",
+        "target_weights": "/models/kimi",
+    }

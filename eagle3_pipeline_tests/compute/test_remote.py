@@ -7,6 +7,7 @@ sample on the host is a named pipe: the worker blocks reading it, as on a hung f
 the test writes a real sample into it.
 """
 
+import hashlib
 import io
 import json
 import os
@@ -235,20 +236,34 @@ def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(t
     assert any(m.startswith("progress: shards_done=3") for m in lines)
 
 
+def config_only_target(folder: Path) -> Path:
+    """A target folder with only its config.json (the shape of specforge_files.TARGET): the
+    import's identity is read from it; no weights are needed or loaded."""
+    folder.mkdir(parents=True)
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": TARGET["hidden_size"],
+              "num_hidden_layers": TARGET["num_layers"], "vocab_size": TARGET["vocab_size"], "num_attention_heads": 2,
+              "num_key_value_heads": 2, "intermediate_size": 16}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 def test_command_kind_runs_the_users_extractor_then_imports_its_output(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
     samples = make_samples(10, seed=5)
     prepared = write_specforge(tmp_path / "prepared", samples[:6])
     write_specforge(tmp_path / "prepared", samples[6:], compress=True)
-    training = write_training_data(layout.local / "training_data", samples)
+    write_training_data(layout.local / "training_data", samples)
+    (layout.local / "training_data" / "manifest.json").write_text(
+        json.dumps({"shards": {"train": ["train-00000.parquet"], "eval": ["eval-00000.parquet"]}, "vocab_size": TARGET["vocab_size"], "version": "td-test"})
+    )
+    target = config_only_target(tmp_path / "target")
     command = f"echo prepare_hidden_states.py --output-path {{output_dir}} && cp -R {prepared}/. {{output_dir}}/ && echo wrote $(ls {{output_dir}}/rows_0-2000 | wc -l) files"
     config = write_pipeline(tmp_path, sshd, layout, kind="command", command=command)
-    spec = {
-        "output_dir": str(layout.local / "hidden_states"),
-        "target": TARGET,
+    spec = {  # what extract.spec_from_config gives: the phase's settings and where things are
+        "training_data": str(layout.local / "training_data"),
+        "output": str(layout.local / "hidden_states"),
+        "model": str(target),
+        "target_name": TARGET["name"],
         "aux_layer_ids": LAYERS,
-        "training_data_version": "td-test",
-        "training_data": training,
-        "samples_per_shard": 4,
     }
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize([heavy_asset(config.source_file, "extract", spec, [str(layout.local / "training_data")], INDEX_AND_MANIFEST)], instance=instance)
@@ -261,12 +276,28 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(tmp_path:
     [materialization] = result.asset_materializations_for_node("hidden_states")
     assert materialization.metadata["command_output"].value.startswith(str(layout.remote / "specforge"))
     assert materialization.metadata["loss_mask_disagreements"].value == 0
+    manifest = json.loads((layout.local / "hidden_states" / "manifest.json").read_text())
+    assert manifest["training_data_version"] == "td-test" and manifest["aux_layer_ids"] == LAYERS
+    assert manifest["target"] == {**TARGET, "config_sha256": hashlib.sha256((target / "config.json").read_bytes()).hexdigest()}
 
     ours = tmp_path / "ours"
-    for number in range(3):
-        writer = ShardWriter(ours, number)
-        for s in samples[number * 4 : number * 4 + 4]:
-            writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
-        writer.close()
+    writer = ShardWriter(ours, 0)
+    for s in samples:
+        writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
+    writer.close()
     assert shard_contents(layout.remote / "hidden_states") == shard_contents(ours)
     assert sorted(p.name for p in (layout.local / "hidden_states").iterdir()) == ["index.parquet", "manifest.json"]
+
+
+def test_command_kind_replaces_only_extraction(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
+    """Any other phase on a `compute: command` host runs our worker there, as with `ssh`; the
+    command (which would fail the step) never runs."""
+    config = write_pipeline(tmp_path, sshd, layout, kind="command", command="echo the user command ran; exit 3")
+    spec, ship = stage(layout, make_samples(4))
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance)
+    assert result.success
+    assert not any(m.startswith("[command]") for m in messages(instance, result.run_id))
+    [materialization] = result.asset_materializations_for_node("hidden_states")
+    assert materialization.metadata["compute"].value == "command" and "command_output" not in materialization.metadata
+    assert materialization.metadata["samples"].value == 4

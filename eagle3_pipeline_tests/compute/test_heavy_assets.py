@@ -1,0 +1,139 @@
+"""The real heavy assets, materialized with ``compute: ssh`` and ``compute: command`` against the
+loopback sshd (the "GPU host" is this machine; the scripted nvidia-smi stands in for its GPUs, the
+tiny SmolLM2 model for the target): logs of the remote worker in the run, outputs left under the
+host's artifacts root, only the store's index and manifest (or the export's config.json) fetched,
+and the asset's checks evaluated from the metadata that came back."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+pytest.importorskip("torch")
+
+from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
+from eagle3_pipeline.defs.eagle3 import build_eagle3_assets  # noqa: E402
+from eagle3_pipeline.drafter.spec import drafter_paths  # noqa: E402
+from eagle3_pipeline.hidden_states.store import StoreManifest  # noqa: E402
+from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline  # noqa: E402
+from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
+from eagle3_pipeline_tests.health.sshd_fixture import Sshd  # noqa: E402
+from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+STORE_FILES = ["index.parquet", "manifest.json"]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Write a function that returns the square of a number.",
+    "What is the capital of France? Paris is the capital.",
+    "Speculative decoding drafts tokens that the target verifies.",
+]
+HIDDEN_STATES = {"shard_tokens": 24, "spot_check_samples": 1, "device": "cpu"}
+
+
+def tiny_training_data(folder: Path, model_dir: Path) -> None:
+    """Three train rows and one eval row, tokenized with the real embedded tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = []
+    for number, text in enumerate(TEXTS):
+        ids = tokenizer(text)["input_ids"][:16]
+        mask = [0] * (len(ids) // 2) + [1] * (len(ids) - len(ids) // 2)
+        rows.append({"id": f"r{number}", "dataset": "B1", "input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "num_masked": sum(mask)})
+    write_training_data(folder, {"train": [rows[:3]], "eval": [rows[3:]]}, vocab_size=len(tokenizer))
+
+
+def states_config(folder: Path, sshd: Sshd, layout: Layout, model: Path, **compute: Any) -> Any:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = write_pipeline(folder, sshd, layout, sections={"hidden_states": {**HIDDEN_STATES, "model": str(model)}}, **compute)
+    tiny_training_data(layout.local / "training_data", model)
+    return config
+
+
+def materialize(assets: list[Any], selection: list[str]) -> tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]:
+    instance = dg.DagsterInstance.ephemeral()
+    return instance, dg.materialize(assets, selection=selection, instance=instance)
+
+
+def run_log(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [entry.user_message for entry in instance.all_logs(run_id)]
+
+
+def checks(result: dg.ExecuteInProcessResult) -> dict[str, tuple[bool, str]]:
+    return {e.check_name: (e.passed, e.severity.value) for e in result.get_asset_check_evaluations()}
+
+
+def store_identity(root: Path) -> dict[str, Any]:
+    return StoreManifest.from_json((root / "hidden_states" / "manifest.json").read_text(), "test").identity()
+
+
+@pytest.mark.local_model
+def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, local_model: Path) -> None:
+    config = states_config(tmp_path, sshd, layout, local_model)
+    instance, result = materialize(build_eagle3_assets(config), ["hidden_states"])
+    assert result.success
+    lines = run_log(instance, result.run_id)
+    remote = [m for m in lines if m.startswith("extract:") or m.startswith("GPU check")]
+    print("\n-- the remote worker's lines in the run log:", *remote, sep="\n   ")
+    assert any(m.startswith("extract: wrote shard-00000") for m in lines)
+    assert any(m.startswith("extract: spot check of 1 samples") for m in lines)
+    assert checks(result) == {"spot_check": (True, "ERROR"), "bytes_per_token": (True, "ERROR")}
+
+    metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
+    assert metadata["compute"] == "ssh" and metadata["store"] == str(layout.remote / "hidden_states")
+    assert metadata["samples"] == 4 and metadata["shipped_files"] == 3  # train, eval, manifest.json
+    observed = [e.event_specific_data.asset_observation.metadata for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert observed and observed[-1]["shards_done"].value == observed[-1]["shards_planned"].value
+
+    local_files = sorted(p.name for p in (layout.local / "hidden_states").iterdir())
+    remote_files = sorted(p.name for p in (layout.remote / "hidden_states").iterdir())
+    print("-- local:", local_files, "\n-- host:", remote_files)
+    assert local_files == STORE_FILES
+    assert "shard-00000.safetensors" in remote_files and "plan.json" in remote_files
+    assert (layout.local / "hidden_states" / "index.parquet").read_bytes() == (layout.remote / "hidden_states" / "index.parquet").read_bytes()
+
+
+@pytest.mark.local_model
+def test_hidden_states_from_a_command_carry_the_identity_extraction_records(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, local_model: Path) -> None:
+    command = f"PYTHONPATH={shlex.quote(str(REPO))} {{python}} -m eagle3_pipeline_tests.compute.specforge_command {{spec}} {{output_dir}}"
+    config = states_config(tmp_path, sshd, layout, local_model, kind="command", command=command)
+    instance, result = materialize(build_eagle3_assets(config), ["hidden_states"])
+    assert result.success
+    lines = run_log(instance, result.run_id)
+    assert [m for m in lines if m.startswith("[command]")] == [f"[command] wrote 4 samples to {layout.remote / 'specforge'}/" + Path(result.asset_materializations_for_node("hidden_states")[0].metadata["command_output"].value).name]
+    evaluated = checks(result)
+    print("\n-- checks:", evaluated)
+    assert evaluated == {"spot_check": (False, "WARN"), "bytes_per_token": (True, "ERROR")}
+    assert sorted(p.name for p in (layout.local / "hidden_states").iterdir()) == STORE_FILES
+
+    reference = Layout(local=tmp_path / "reference", remote=layout.remote, workdir=layout.workdir)
+    local_config = states_config(tmp_path / "reference_pipeline", sshd, reference, local_model, kind="local")
+    _, extracted = materialize(build_eagle3_assets(local_config), ["hidden_states"])
+    assert extracted.success
+    imported, ours = store_identity(layout.local), store_identity(reference.local)
+    print("-- identity of the imported store:", json.dumps(imported, indent=1))
+    assert imported == ours
+
+
+def test_drafter_trains_on_the_host_and_leaves_its_export_there(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
+    target = random_target(tmp_path / "target")  # a host path (the host is this machine)
+    drafter = {"target_weights": str(target), "ttt_steps": 2, "epochs": 1, "max_steps": 2, "batch_tokens": 96, "max_seq_len": 32,
+               "log_every": 1, "checkpoint_every": 2}
+    config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter})
+    remote = drafter_paths(layout.remote)
+    random_store(remote["store"], drafter_paths(layout.local)["draft_vocab"], target, samples=8, draft_vocab_size=40)
+    instance, result = materialize(build_drafter_assets(config), ["eagle3_drafter"])
+    assert result.success
+    metadata = {k: v.value for k, v in result.asset_materializations_for_node("eagle3_drafter")[0].metadata.items()}
+    print("\n-- drafter metadata:", {k: metadata[k] for k in ("steps", "first_loss", "last_loss", "compute", "export_dir")})
+    assert metadata["compute"] == "ssh" and metadata["steps"] == 2
+    assert metadata["export_dir"] == str(remote["export_dir"])
+    assert (remote["export_dir"] / "model.safetensors").is_file()
+    assert sorted(str(p.relative_to(layout.local)) for p in layout.local.rglob("*") if p.is_file() and "draft_vocab" not in p.parts) == ["drafter/export/config.json"]
+    assert any(m.startswith("progress:") for m in run_log(instance, result.run_id))
