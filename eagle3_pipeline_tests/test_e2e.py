@@ -49,6 +49,8 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     config.write_text(
         "name: e2e\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\n"
         "generation: {max_tokens: 8, concurrency: 4}\nhealth: {max_truncation_rate: 1.0}\n"
+        # Six samples: half of them held out, so drafter_eval has an eval split; two training steps.
+        "training_data: {eval_fraction: 0.5}\ndrafter: {ttt_steps: 2, max_steps: 2, batch_tokens: 512}\n"
         "datasets:\n  - {id: B1, source: a.jsonl}\n  - {id: B2, source: b.jsonl}\n"
     )
     home = tmp_path / "home"
@@ -61,6 +63,8 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     assert (out / "training_data" / "manifest.json").exists()
     assert "hidden_states: 6 samples" in first.stdout and "bytes/token (formula 4613)" in first.stdout
     assert (out / "hidden_states" / "index.parquet").exists() and (out / "draft_vocab" / "vocab.safetensors").exists()
+    assert "eagle3_drafter: 2 steps" in first.stdout and (out / "drafter" / "export" / "config.json").exists()
+    assert "acceptance length τ on the eval split" in first.stdout and "| all |" in first.stdout
     assert not (out / "logs" / "embedded-server.log").read_text().count("Traceback")
 
     log_size = (out / "logs" / "embedded-server.log").stat().st_size

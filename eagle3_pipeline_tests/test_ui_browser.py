@@ -204,6 +204,9 @@ def reduced_pipeline(root: Path, endpoint: str, tokenizer: Path) -> Path:
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": endpoint}]},
         "generation": {"max_tokens": 8, "concurrency": 2},
         "health": {"max_truncation_rate": 1.0},
+        # Six samples: half held out so drafter_eval has an eval split; a two-step drafter.
+        "training_data": {"eval_fraction": 0.5},
+        "drafter": {"ttt_steps": 2, "max_steps": 2, "batch_tokens": 512},
         "datasets": [{"id": d, "source": f"{d}.jsonl"} for d in DATASETS],
     }
     path = root / "pipeline.yaml"
