@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagle3_pipeline.dataprep import SHARD_SCHEMA
+
 HIDDEN = 8
 LAYERS = [1, 3, 4]
 TARGET = {"name": "tiny-target", "config_sha256": "0" * 64, "num_layers": 8, "hidden_size": HIDDEN, "vocab_size": 100}
@@ -75,16 +77,7 @@ def write_specforge(out: Path, samples: list[Sample], compress: bool = False) ->
 def write_training_data(folder: Path, samples: list[Sample]) -> list[str]:
     """Train and eval shards with the C2 columns, rows in sample order; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    schema = pa.schema(
-        [
-            ("id", pa.string()),
-            ("dataset", pa.string()),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("num_tokens", pa.int32()),
-            ("num_masked", pa.int32()),
-        ]
-    )
+    schema = SHARD_SCHEMA
     paths = []
     for split in ("train", "eval"):
         rows = [
