@@ -15,7 +15,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.drafter.evaluate import tau_regressions
-from eagle3_pipeline.drafter.spec import drafter_paths
+from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
@@ -25,15 +25,13 @@ INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg
 
 def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
     """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs."""
-    from eagle3_pipeline.serving import local_model_dir
-
     paths = drafter_paths(root or config.artifacts_root)
     settings = config.drafter_eval
     return {
         "store": str(paths["store"]),
         "draft_vocab": str(paths["draft_vocab"]),
         "drafter": str(paths["export_dir"]),
-        "target_weights": config.drafter.target_weights or str(local_model_dir()),
+        "target_weights": target_weights(config),
         "steps": list(settings.steps),
         "max_samples_per_dataset": settings.max_samples_per_dataset,
         "device": settings.device,
