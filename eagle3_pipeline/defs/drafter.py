@@ -16,8 +16,11 @@ import dagster as dg
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
+from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
 from eagle3_pipeline.hosts import HostError
+# The blocking checks of what the drafter trains on, honoured across runs (defs/gating.py).
+INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage")]
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
@@ -58,6 +61,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         "exported as a LlamaForCausalLMEagle3 folder that SGLang and vLLM load.",
     )
     def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        require_passing_checks(context.instance, INPUT_CHECKS)
         paths = drafter_paths(config.artifacts_root)
         fetch = [(paths["export_dir"] / "config.json").relative_to(config.artifacts_root).as_posix()]
         try:

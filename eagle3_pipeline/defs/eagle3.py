@@ -21,6 +21,7 @@ import dagster as dg
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
+from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
@@ -33,6 +34,8 @@ GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
 PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetLoadError, RemoteError, HostError)
 STORE_FILES = ("index.parquet", "manifest.json")
+# The blocking checks of training_data, honoured across runs (defs/gating.py).
+TRAINING_DATA_CHECKS = [dg.AssetCheckKey(dg.AssetKey("training_data"), "template_mismatch_rate")]
 
 
 def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
@@ -64,6 +67,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
     )
     def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         settings = config.draft_vocab
         try:
             result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, settings.target_vocab_size)
@@ -112,6 +116,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "and the teacher (final hidden state after the final norm), bf16 safetensors shards + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]
         try:
             model = target_weights(config)
