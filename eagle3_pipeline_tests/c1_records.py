@@ -9,19 +9,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA
 from eagle3_pipeline.records import MESSAGE_TYPE, write_parquet
 
 C1_MESSAGE_FIELDS = tuple(field.name for field in MESSAGE_TYPE.value_type)
+# The columns training_data reads, typed as generation writes them.
 C1_RESPONSE_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("dataset", pa.string()),
-        ("messages", MESSAGE_TYPE),
-        ("tools", pa.string()),
-        ("response", pa.string()),
-        ("finish_reason", pa.string()),
-        ("reasoning", pa.string()),
-    ]
+    [RESPONSE_TABLE_SCHEMA.field(name) for name in ("id", "dataset", "messages", "tools", "response", "finish_reason", "reasoning")]
 )
 
 
