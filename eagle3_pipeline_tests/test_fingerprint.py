@@ -13,12 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.definitions import build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint, configured_fingerprint, partition_is_stale
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
-from eagle3_pipeline.serving import InferenceProvider
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.test_generation_dagster import materialize
 
 
 def pipeline(folder: Path, server: FakeOpenAI, model: str = "org/target-a", max_tokens: int = 8, **generation: Any) -> PipelineConfig:
@@ -31,18 +30,6 @@ def pipeline(folder: Path, server: FakeOpenAI, model: str = "org/target-a", max_
         f"generation:\n{lines}datasets:\n  - {{id: B1, source: p.jsonl}}\n"
     )
     return load_config(folder / "pipeline.yaml")
-
-
-def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
-    assets: Any = list(build_definitions(config).assets or [])
-    return dg.materialize(
-        assets,
-        selection=["prompts", "responses"],
-        partition_key="B1",
-        instance=instance,
-        resources={"inference": InferenceProvider(config), "pipes_subprocess_client": dg.PipesSubprocessClient()},
-        raise_on_error=False,
-    )
 
 
 def failure_text(result: dg.ExecuteInJobResult) -> str:
