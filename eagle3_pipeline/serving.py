@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -218,19 +219,30 @@ class EmbeddedServer:
         self.stop()
 
 
+def tokenizer_name(config: PipelineConfig) -> str:
+    """The target's tokenizer: `target.tokenizer`, else the embedded model's folder."""
+    if config.target.tokenizer:
+        return config.target.tokenizer
+    if config.inference.kind == "embedded":
+        return str(local_model_dir())
+    raise ValueError(f"{config.source_file}: target.tokenizer is not set")
+
+
 class InferenceProvider:
     """The endpoints a pipeline generates against, resolved lazily.
 
     ``embedded``: the local model is served on first use and stopped by :meth:`close`.
-    ``endpoints``: the configured servers (or ``override``).
+    ``endpoints``: the configured servers (or ``override``); an endpoint's API key is taken from
+    ``api_keys`` (variable → value, as the Dagster resource resolved it), else from its variable.
     Before endpoints are handed out, the health gate runs once on them (the preflight), which asks
     each of them for a 1-token completion: a run started on a sick or unreachable server fails fast
     with the report, naming the endpoint, instead of burning requests.
     """
 
-    def __init__(self, config: PipelineConfig, override: Endpoint | None = None) -> None:
+    def __init__(self, config: PipelineConfig, override: Endpoint | None = None, api_keys: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.override = override
+        self.api_keys = dict(api_keys or {})
         self._endpoints: list[Endpoint] | None = None
         self._server: EmbeddedServer | None = None
         self.preflight_report: HealthReport | None = None
@@ -252,11 +264,7 @@ class InferenceProvider:
         return self._endpoints
 
     def tokenizer_name(self) -> str:
-        if self.config.target.tokenizer:
-            return self.config.target.tokenizer
-        if self.config.inference.kind == "embedded":
-            return str(local_model_dir())
-        raise ValueError(f"{self.config.source_file}: target.tokenizer is not set")
+        return tokenizer_name(self.config)
 
     def _start_embedded(self) -> Endpoint:
         settings = self.config.inference.embedded
@@ -278,7 +286,9 @@ class InferenceProvider:
         endpoints = []
         for entry in self.config.inference.endpoints:
             price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
-            endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, self.config.api_key(entry), price))
+            var = entry.api_key_env
+            key = self.api_keys[var] if var in self.api_keys else self.config.api_key(entry)
+            endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, key, price))
         return endpoints
 
     def close(self) -> None:

@@ -12,7 +12,6 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.definitions import build_definitions
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.serving import InferenceProvider
 from eagle3_pipeline_tests.c1_records import generated, message, response_row, write_responses
 
 pytestmark = pytest.mark.local_model
@@ -37,12 +36,13 @@ def pipeline(folder: Path, model: Path, ceiling: float) -> PipelineConfig:
 
 
 def materialize(config: PipelineConfig) -> dg.ExecuteInJobResult:
-    assets: Any = list(build_definitions(config).assets or [])
+    defs = build_definitions(config)
+    assets: Any = list(defs.assets or [])
     return dg.materialize(
         assets,
         selection=["training_data"],
         instance=dg.DagsterInstance.ephemeral(),
-        resources={"inference": InferenceProvider(config), "pipes_subprocess_client": dg.PipesSubprocessClient()},
+        resources=defs.resources,
         raise_on_error=False,
     )
 

@@ -63,19 +63,24 @@ def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
     assert {k.to_user_string() for k in downstream.asset_layer.selected_asset_keys} == {
         "training_data", "draft_vocab", "hidden_states", "eagle3_drafter", "drafter_eval"
     }
-    assert not list(defs.schedules or []), "no schedule unless the pipeline file sets schedule.cron"
+    assert not list(defs.schedules or []), "the scheduled backfill is an automation condition, not a schedule"
     sensors = {s.name: s.default_status for s in defs.sensors or []}
     assert sensors == {
         "inference_health": dg.DefaultSensorStatus.STOPPED,
         "generation_stall": dg.DefaultSensorStatus.RUNNING,
         "pipeline_automation": dg.DefaultSensorStatus.RUNNING,
     }
+    [automation] = [s for s in defs.sensors or [] if isinstance(s, dg.AutomationConditionSensorDefinition)]
+    assert automation.emit_backfills, "a tick that requests several partitions emits one backfill"
     graph = defs.resolve_asset_graph()
     assert graph.get(dg.AssetKey("training_data")).automation_condition is not None
+    assert graph.get(dg.AssetKey("responses")).automation_condition is None, "no scheduled backfill unless the file sets schedule.cron"
 
     scheduled = config.model_copy(update={"schedule": config.schedule.model_copy(update={"cron": "0 3 * * *"})})
-    [schedule] = build_definitions(scheduled).schedules or []
-    assert (schedule.name, schedule.cron_schedule, schedule.default_status) == ("responses_backfill", "0 3 * * *", dg.DefaultScheduleStatus.RUNNING)
+    graph = build_definitions(scheduled).resolve_asset_graph()
+    condition = graph.get(dg.AssetKey("responses")).automation_condition
+    assert condition is not None and condition.get_label() == "scheduled backfill (0 3 * * * UTC)"
+    assert graph.get(dg.AssetKey("prompts")).automation_condition == condition, "prompts join the same backfill"
 
 
 def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path) -> None:
@@ -107,11 +112,13 @@ def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkey
     with pytest.raises(ConfigError) as at_load:
         load_config(pipeline)
     assert f"{pipeline}: datasets[0] (id 'B1').source: file" in str(at_load.value)
+    monkeypatch.setenv("EAGLE3_UNSET_KEY", "set-while-the-missing-source-is-shown")  # an unset key fails the run first (test_settings_resources)
     result = build_definitions(config).resolve_job_def("generation_job").execute_in_process(
         partition_key="B1", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False
     )
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert failure.step_failure_data.user_failure_data.description == str(at_load.value)
     (tmp_path / "prompts.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    monkeypatch.delenv("EAGLE3_UNSET_KEY")
     with pytest.raises(ConfigError, match="inference.endpoints\\[0\\].api_key_env: environment variable EAGLE3_UNSET_KEY is not set"):
         config.api_key(config.inference.endpoints[0])

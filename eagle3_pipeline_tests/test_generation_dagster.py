@@ -46,13 +46,14 @@ def pipeline(folder: Path, server: FakeOpenAI, budget: int, **generation: Any) -
 
 
 def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
-    assets: Any = list(build_definitions(config).assets or [])
+    defs = build_definitions(config)
+    assets: Any = list(defs.assets or [])
     return dg.materialize(
         assets,
         selection=["prompts", "responses"],
         partition_key="B1",
         instance=instance,
-        resources={"inference": InferenceProvider(config), "pipes_subprocess_client": dg.PipesSubprocessClient()},
+        resources=defs.resources,
         raise_on_error=False,
     )
 

@@ -17,7 +17,6 @@ from eagle3_pipeline.generation.length import check_lengths
 from eagle3_pipeline.generation.quality import account_for_prompts
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, content_id, message
-from eagle3_pipeline.serving import InferenceProvider
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
@@ -69,13 +68,14 @@ def pipeline(folder: Path, server: FakeOpenAI, questions: int = 10, **generation
 
 
 def materialize(config: PipelineConfig, selection: list[str] | None = None) -> dg.ExecuteInJobResult:
-    assets: Any = list(build_definitions(config).assets or [])
+    defs = build_definitions(config)
+    assets: Any = list(defs.assets or [])
     return dg.materialize(
         assets,
         selection=selection or ["prompts", "responses"],
         partition_key="B1",
         instance=dg.DagsterInstance.ephemeral(),
-        resources={"inference": InferenceProvider(config), "pipes_subprocess_client": dg.PipesSubprocessClient()},
+        resources=defs.resources,
         raise_on_error=False,
     )
 

@@ -18,10 +18,11 @@ import dagster as dg
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
-from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM
+from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.defs.resources import PipelineResource, settings
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
@@ -29,6 +30,7 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
+from eagle3_pipeline.serving import tokenizer_name
 
 PREVIEW_ROWS = 5
 HEARTBEAT_EVERY_S = 5.0
@@ -71,10 +73,11 @@ def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObse
     return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
 
 
-def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
-    layout = ArtifactLayout(config.artifacts_root)
+def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.AssetsDefinition]:
+    """`config` (the file at load) gives the shape; each body reads its settings from `pipeline` at run time."""
     partitions = dg.StaticPartitionsDefinition(config.dataset_ids)
     embedded = config.inference.kind == "embedded"
+    backfill = scheduled_backfill(config, pipeline)
 
     @dg.asset(
         group_name="target",
@@ -93,10 +96,14 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         partitions_def=partitions,
         group_name="data",
         kinds={"parquet"},
+        required_resource_keys={"pipeline"},
+        automation_condition=backfill,
         description="Normalized prompts of one source dataset: stable content-hash ids, messages, "
         "tools, length class, estimated prompt tokens.",
     )
     def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = settings(context)
+        layout = ArtifactLayout(config.artifacts_root)
         dataset = config.dataset(context.partition_key)
         try:
             check_sources(config, only=[dataset])
@@ -129,7 +136,8 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
         pool="gpu",
-        required_resource_keys={"inference"},
+        required_resource_keys={"pipeline", "inference"},
+        automation_condition=backfill,
         code_version=configured_fingerprint(config).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
         "checkpointed at once; a rerun resumes by id with no duplicates. The code version is the digest of "
@@ -137,6 +145,8 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         "materialization's data version is the fingerprint its answers actually have, plus their ids.",
     )
     def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = settings(context)
+        layout = ArtifactLayout(config.artifacts_root)
         dataset = config.dataset(context.partition_key)
         inference = context.resources.inference
         estimator = config.generation.length_estimator
@@ -189,19 +199,21 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         group_name="data",
         kinds={"parquet"},
         deps=[responses],
-        required_resource_keys={"inference"},
+        required_resource_keys={"pipeline"},
         automation_condition=FOLLOW_UPSTREAM,
         description="All datasets merged and deduplicated, chat-templated with the target's tokenizer, "
         "loss-masked to generated assistant tokens, shuffled with the config seed, split train/eval by "
         "id hash, sharded; plus the token-frequency table over masked tokens.",
     )
     def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = settings(context)
+        layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
         files = [layout.responses(d) for d in config.dataset_ids]
         missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
         if missing:
             raise dg.Failure(description=f"responses are not materialized for: {', '.join(missing)}")
-        tokenizer = context.resources.inference.tokenizer_name()
+        tokenizer = tokenizer_name(config)
         stats = build_training_data(
             files,
             tokenizer,

@@ -1,23 +1,34 @@
 """What runs by itself: the scheduled backfill of `responses`, and declarative automation downstream.
+Both are automation conditions, evaluated by one sensor, `pipeline_automation` (running by default).
 
-- `responses_backfill` (only when the pipeline file sets `schedule.cron`; then it starts running —
-  setting the cron is the opt-in): on each tick, behind the health gate, one `generation_job` run
-  per missing or stale `responses` partition, with the run keys, backoff and give-up of
-  :mod:`eagle3_pipeline.defs.launching`. Partitions are the file's dataset ids, so a dataset added
-  to the file is a new partition the next tick backfills.
-- Everything downstream of `responses` follows by declarative automation: each phase declares
-  :data:`FOLLOW_UPSTREAM` (an `AutomationCondition`), and the `pipeline_automation` sensor
-  (running by default) evaluates them. A downstream phase reads *all* partitions of its input,
-  so it waits until none is missing or in progress, then runs once per change upstream — what a
-  sensor would have to hand-code with cursors.
+- The scheduled backfill (only when the pipeline file sets `schedule.cron`; setting the cron is the
+  opt-in). `responses` declares :func:`scheduled_backfill`: at the first evaluation after each cron
+  tick, the partitions that are not in a run or backfill already and that :class:`GenerationDue`
+  accepts — missing or stale, the health gate passing, and neither backing off nor given up after
+  failures (:mod:`eagle3_pipeline.defs.launching`) — are requested; their `prompts` partitions
+  declare the same condition. The sensor emits one Dagster backfill for all of them (one run when
+  a single partition is due). When the gate is closed, the tick's log says why and nothing is
+  requested until the next cron tick. Partitions are the file's dataset ids, so a dataset added to
+  the file is a new partition the next tick backfills.
+- Everything downstream of `responses` follows: each phase declares :data:`FOLLOW_UPSTREAM`. A
+  downstream phase reads *all* partitions of its input, so it waits until none is missing or in
+  progress, then runs once per change upstream — what a sensor would have to hand-code with cursors.
+
+The sensor runs in the code server (`use_user_code_server=True`), as Dagster requires for a
+condition written in Python (:class:`GenerationDue`), which reads the settings at evaluation time
+from the `pipeline` resource. The cron itself is part of the graph's shape: read when the code
+location loads.
 """
 
 from __future__ import annotations
 
+import datetime
+
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.launching import plan_launches
+from eagle3_pipeline.defs.launching import GENERATION_JOB, plan_launches
+from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.defs.staleness import partitions_to_generate
 from eagle3_pipeline.monitor import HealthMonitor
 
@@ -29,36 +40,65 @@ AUTOMATION_INTERVAL_S = 30
 FOLLOW_UPSTREAM = dg.AutomationCondition.eager()
 
 
-def build_backfill_schedule(config: PipelineConfig, generation_job: str) -> list[dg.ScheduleDefinition]:
-    """The scheduled backfill, or nothing when `schedule.cron` is not set."""
+class GenerationDue(dg.AutomationCondition):
+    """True for the dataset partitions to (re)generate now: `responses` is missing or stale, every
+    required health check passes, and the partition is neither backing off nor given up after
+    failed runs. Decided once per evaluation (shared by `prompts` and `responses`), with the
+    settings of the `pipeline` resource at that moment; the reasons go to the sensor tick's log."""
+
+    def __init__(self, pipeline: PipelineResource) -> None:
+        self.pipeline = pipeline
+        self._decided: tuple[datetime.datetime, frozenset[str]] | None = None
+
+    @property
+    def description(self) -> str:
+        return "missing or stale responses, the health gate passes, not backing off or left alone after failures"
+
+    def get_label(self) -> str | None:
+        return "generation due"
+
+    def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
+        if context.candidate_subset.is_empty:
+            return dg.AutomationResult(context=context, true_subset=context.candidate_subset)
+        due = self._due(context)
+        return dg.AutomationResult(context=context, true_subset=context.candidate_subset.compute_intersection_with_partition_keys(due))
+
+    def _due(self, context: dg.AutomationContext) -> frozenset[str]:
+        if self._decided is not None and self._decided[0] == context.evaluation_time:
+            return self._decided[1]
+        config = self.pipeline.config()
+        monitor = HealthMonitor(config)
+        try:
+            report, _ = monitor.tick()
+        finally:
+            monitor.close()
+        due: frozenset[str] = frozenset()
+        if not report.healthy:
+            context.log.warning(f"not backfilling responses: {report.summary()}")
+        else:
+            wanted = partitions_to_generate(context.instance, config)
+            plan = plan_launches(context.instance, GENERATION_JOB, list(wanted), config.launch)
+            due = frozenset(r.partition_key for r in plan.requests if r.partition_key)
+            if due:
+                context.log.info("backfilling responses: " + ", ".join(f"{p} ({wanted[p]})" for p in sorted(due)))
+            if plan.reasons():
+                context.log.warning(f"not backfilling: {plan.reasons()}")
+            elif not due:
+                context.log.info("every responses partition is materialized and current")
+        self._decided = (context.evaluation_time, due)
+        return due
+
+
+def scheduled_backfill(config: PipelineConfig, pipeline: PipelineResource) -> dg.AutomationCondition | None:
+    """The condition of `responses` and `prompts`, or None when `schedule.cron` is not set."""
     settings = config.schedule
     if settings.cron is None:
-        return []
-    monitor = HealthMonitor(config)
-
-    @dg.schedule(
-        name="responses_backfill",
-        cron_schedule=settings.cron,
-        execution_timezone=settings.timezone,
-        job_name=generation_job,
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Backfills the missing or stale `responses` partitions (one generation_job run "
-        "each) while the health gate passes; failed partitions are retried with backoff, then left alone.",
-    )
-    def responses_backfill(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
-        report, _ = monitor.tick()
-        if not report.healthy:
-            return dg.SkipReason(f"not launching generation: {report.summary()}")
-        wanted = partitions_to_generate(context.instance, config)
-        plan = plan_launches(context.instance, generation_job, list(wanted), config.launch, tags={"eagle3/launched_by": "responses_backfill"})
-        if plan.requests:
-            context.log.info("launching " + ", ".join(f"{r.partition_key} ({wanted[r.partition_key or '']})" for r in plan.requests))
-            if plan.reasons():
-                context.log.info(plan.reasons())
-            return plan.requests
-        return dg.SkipReason(plan.reasons() or "every responses partition is materialized and current")
-
-    return [responses_backfill]
+        return None
+    return (
+        dg.AutomationCondition.cron_tick_passed(settings.cron, settings.timezone)
+        & ~dg.AutomationCondition.in_progress()
+        & GenerationDue(pipeline)
+    ).with_label(f"scheduled backfill ({settings.cron} {settings.timezone})")
 
 
 def build_automation_sensor() -> dg.AutomationConditionSensorDefinition:
@@ -67,5 +107,8 @@ def build_automation_sensor() -> dg.AutomationConditionSensorDefinition:
         target=dg.AssetSelection.all(),
         default_status=dg.DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=AUTOMATION_INTERVAL_S,
-        description="Evaluates the automation conditions of the phases downstream of `responses`.",
+        emit_backfills=True,
+        use_user_code_server=True,
+        description="Evaluates the automation conditions: the scheduled backfill of `responses` (when the "
+        "pipeline file sets schedule.cron) and the phases that follow it.",
     )

@@ -14,24 +14,28 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep import read_manifest
+from eagle3_pipeline.defs.resources import settings
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
 
 
 def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
-    layout = ArtifactLayout(config.artifacts_root)
+    """`config` (the file at load) words the descriptions; each check reads its settings from the
+    `pipeline` resource when it runs."""
 
     @dg.asset_check(
         asset=responses,
         partitions_def=responses.partitions_def,
         blocking=True,
+        required_resource_keys={"pipeline"},
         description="The dataset's counted tokens are within its token_budget plus what the requests in "
         "flight at the stop can add (in-flight slots × max_tokens per turn, + prompt tokens when they count).",
     )
     def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        config = settings(context)
         dataset = config.dataset(context.partition_key)
-        path = layout.responses(dataset.id)
+        path = ArtifactLayout(config.artifacts_root).responses(dataset.id)
         if not path.exists():
             return dg.AssetCheckResult(passed=False, description=f"{path} does not exist; materialize responses first")
         state = table_budget_state(path, dataset.token_budget, config.generation)
@@ -48,41 +52,44 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
             passed=state.within_bound, severity=dg.AssetCheckSeverity.ERROR, description=verdict, metadata=state.as_metadata()
         )
 
-    def blocking_check(name: str, description: str, verdict: Callable[[str], tuple[bool, str, dict[str, Any]]]) -> dg.AssetChecksDefinition:
+    Verdict = Callable[[PipelineConfig, ArtifactLayout, str], tuple[bool, str, dict[str, Any]]]
+
+    def blocking_check(name: str, description: str, verdict: Verdict) -> dg.AssetChecksDefinition:
         @dg.asset_check(
-            asset=responses, name=name, partitions_def=responses.partitions_def, blocking=True, description=description
+            asset=responses, name=name, partitions_def=responses.partitions_def, blocking=True, description=description,
+            required_resource_keys={"pipeline"},
         )
         def check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+            config = settings(context)
+            layout = ArtifactLayout(config.artifacts_root)
             path = layout.responses(context.partition_key)
             if not path.exists():
                 return dg.AssetCheckResult(passed=False, description=f"{path} does not exist; materialize responses first")
-            passed, detail, metadata = verdict(context.partition_key)
+            passed, detail, metadata = verdict(config, layout, context.partition_key)
             return dg.AssetCheckResult(passed=passed, description=detail, metadata=metadata)
 
         return check
 
-    def accounted(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def accounted(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
         a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
         metadata = {"prompts": a.prompts, "answered": a.answered, "failed": len(a.failed), "over_length": a.over_length,
                     "held_back_by_budget": a.held_back, "orphans": len(a.orphans), "unaccounted": len(a.unaccounted)}
         return a.consistent, a.verdict(), metadata
 
-    def single_model(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def single_model(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
         m = model_consistency(layout, dataset_id)
         return m.single, m.verdict(), {"models": list(m.table_models)}
 
-    max_empty = config.generation.max_empty_rate
-
-    def empty_answers(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def empty_answers(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+        max_empty = config.generation.max_empty_rate
         a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
         detail = f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer ({a.empty_rate:.1%}; limit {max_empty:.1%})"
         if a.empty_failed:
             detail += f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger max_tokens)"
         return a.empty_rate <= max_empty, detail, {"empty_failed": len(a.empty_failed), "empty_rate": round(a.empty_rate, 4)}
 
-    max_rate = config.health.max_truncation_rate
-
-    def truncation(dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def truncation(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+        max_rate = config.health.max_truncation_rate
         q = inspect_responses(layout.responses(dataset_id))
         detail = f"{q.truncated} of {q.rows} truncated ({q.truncation_rate:.0%}; limit {max_rate:.0%})"
         return q.truncation_rate <= max_rate, detail, {"rows": q.rows}
@@ -102,13 +109,13 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
         ),
         blocking_check(
             "empty_answers",
-            f"At most {max_empty:.1%} of the prompts sent are left with an empty answer (generation.max_empty_rate); "
+            f"At most {config.generation.max_empty_rate:.1%} of the prompts sent are left with an empty answer (generation.max_empty_rate); "
             "empty answers are retried and never stored, so a rerun can repair this.",
             empty_answers,
         ),
         blocking_check(
             "truncation_rate",
-            f"At most {max_rate:.0%} of responses stopped at max_tokens (finish_reason 'length').",
+            f"At most {config.health.max_truncation_rate:.0%} of responses stopped at max_tokens (finish_reason 'length').",
             truncation,
         ),
     ]
@@ -119,18 +126,18 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
 
 
 def build_training_data_checks(config: PipelineConfig, training_data: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
-    layout = ArtifactLayout(config.artifacts_root)
-    ceiling = config.training_data.max_template_mismatch_rate
-
     @dg.asset_check(
         asset=training_data,
         blocking=True,
-        description=f"At most {ceiling:.2%} of the conversations have generated turns the target's chat template "
+        required_resource_keys={"pipeline"},
+        description=f"At most {config.training_data.max_template_mismatch_rate:.2%} of the conversations have generated turns the target's chat template "
         "cannot render faithfully (training_data.max_template_mismatch_rate); they are left out of the shards.",
     )
-    def template_mismatch_rate() -> dg.AssetCheckResult:
+    def template_mismatch_rate(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        config = settings(context)
+        ceiling = config.training_data.max_template_mismatch_rate
         try:
-            manifest = read_manifest(layout.training_data)
+            manifest = read_manifest(ArtifactLayout(config.artifacts_root).training_data)
         except FileNotFoundError as exc:
             return dg.AssetCheckResult(passed=False, description=str(exc))
         rate = float(manifest["template_mismatch_rate"])

@@ -6,16 +6,16 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.assets import build_assets
-from eagle3_pipeline.defs.automation import build_automation_sensor, build_backfill_schedule
+from eagle3_pipeline.defs.automation import build_automation_sensor
 from eagle3_pipeline.defs.drafter import build_drafter_assets
 from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
 from eagle3_pipeline.defs.health import build_health_sensors, inference_server
-from eagle3_pipeline.defs.resources import InferenceResource
+from eagle3_pipeline.defs.launching import GENERATION_JOB
+from eagle3_pipeline.defs.resources import InferenceResource, PipelineResource, api_key_vars
 
 SETUP_JOB = "setup_job"
-GENERATION_JOB = "generation_job"
 DOWNSTREAM_JOB = "downstream_job"
 # The main job, as `eagle3-pipeline run` executes it: each of these jobs in turn, the partitioned one
 # once per partition. Any asset added downstream of `responses` joins `downstream_job` by itself.
@@ -45,9 +45,14 @@ def build_jobs(config: PipelineConfig) -> list[dg.UnresolvedAssetJobDefinition]:
     return jobs
 
 
-def build_definitions(config: PipelineConfig) -> dg.Definitions:
+def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
+    """The definitions whose shape (assets, partitions = the file's dataset ids) follows `config`,
+    the file as loaded; every body reads its settings at run or tick time from `pipeline` (default:
+    that file, no overrides). API keys reach the runs through `inference`, each set with
+    `dg.EnvVar` of the variable the file names, so an unset variable fails only the runs that need it."""
+    pipeline = pipeline or PipelineResource(config_path=str(config.source_file))
     assets = [
-        *build_assets(config),
+        *build_assets(config, pipeline),
         *build_eagle3_assets(config),
         *build_drafter_assets(config),
         *build_drafter_eval(config),
@@ -56,10 +61,10 @@ def build_definitions(config: PipelineConfig) -> dg.Definitions:
     return dg.Definitions(
         assets=[*assets, inference_server],
         jobs=build_jobs(config),
-        schedules=build_backfill_schedule(config, GENERATION_JOB),
         sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],
         resources={
-            "inference": InferenceResource(config_path=str(config.source_file)),
+            "pipeline": pipeline,
+            "inference": InferenceResource(pipeline=pipeline, api_keys={var: dg.EnvVar(var) for var in api_key_vars(config)}),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
     )

@@ -9,6 +9,7 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import DagsterReporter
 from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.defs.resources import settings as pipeline_settings
 from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, make_gate, run_benchmark
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError, build_host, thresholds_for
@@ -17,20 +18,25 @@ UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("training_data")]
 
 
 def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]:
-    settings = config.drafter_benchmark
-    if settings is None:
+    described = config.drafter_benchmark
+    if described is None:
         return []
-    base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
 
     @dg.asset(
         group_name="eagle3",
-        kinds={settings.server},
+        kinds={described.server},
         deps=UPSTREAM,
         pool="gpu",
-        description=f"The target served by {settings.server} without and with the exported drafter (K={settings.steps}) "
-        f"on the GPU host; τ as the server reports it and tokens/s of both over {settings.prompts} eval prompts.",
+        required_resource_keys={"pipeline"},
+        description=f"The target served by {described.server} without and with the exported drafter (K={described.steps}) "
+        f"on the GPU host; τ as the server reports it and tokens/s of both over {described.prompts} eval prompts.",
     )
     def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = pipeline_settings(context)
+        settings = config.drafter_benchmark
+        if settings is None:
+            raise dg.Failure(description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location loaded; reload it")
+        base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
         prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
         host = build_host(config.health.host)
         try:

@@ -14,6 +14,7 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.defs.gating import require_passing_checks
+from eagle3_pipeline.defs.resources import settings as pipeline_settings
 from eagle3_pipeline.drafter.evaluate import tau_regressions
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 
@@ -49,19 +50,22 @@ def _numbers(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, float]:
 
 
 def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    settings = config.drafter_eval
+    """`config` (the file at load) words the descriptions; bodies read the `pipeline` resource."""
+    described = config.drafter_eval
 
     @dg.asset(
         group_name="eagle3",
         kinds={"pytorch"},
         deps=UPSTREAM,
         pool="gpu",
+        required_resource_keys={"pipeline"},
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
-        f"K ∈ {list(settings.steps)}, walked the way a greedy chain-drafting server accepts tokens; per-depth "
+        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens; per-depth "
         "conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
         "an estimated speedup τ / (1 + K·c).",
     )
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = pipeline_settings(context)
         require_passing_checks(context.instance, INPUT_CHECKS)
         result = run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
         return dg.MaterializeResult(metadata=materialization_metadata(result))
@@ -69,10 +73,12 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
     @dg.asset_check(
         asset=drafter_eval,
         blocking=True,
-        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({settings.min_tau:g}) and at most "
-        f"drafter_eval.max_tau_drop ({settings.max_tau_drop:g}) below the previous materialization's.",
+        required_resource_keys={"pipeline"},
+        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({described.min_tau:g}) and at most "
+        f"drafter_eval.max_tau_drop ({described.max_tau_drop:g}) below the previous materialization's.",
     )
     def tau_regression(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        settings = pipeline_settings(context).drafter_eval
         records = context.instance.fetch_materializations(DRAFTER_EVAL, limit=2).records
         if not records or records[0].asset_materialization is None:
             return dg.AssetCheckResult(passed=False, description="drafter_eval has no materialization to check")

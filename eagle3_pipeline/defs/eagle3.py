@@ -22,6 +22,7 @@ from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.defs.gating import require_passing_checks
+from eagle3_pipeline.defs.resources import settings
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
@@ -56,17 +57,20 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
 
 
 def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    layout = ArtifactLayout(config.artifacts_root)
+    """`config` (the file at load) words the descriptions; bodies read the `pipeline` resource."""
     training_data = dg.AssetKey("training_data")
 
     @dg.asset(
         group_name=GROUP,
         kinds={"safetensors"},
         deps=[training_data],
+        required_resource_keys={"pipeline"},
         description="The draft vocabulary: the draft_vocab.size most frequent target ids among the masked tokens "
         "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
     )
     def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = settings(context)
+        layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         settings = config.draft_vocab
         try:
@@ -83,12 +87,15 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         asset=draft_vocab,
         name="coverage",
         blocking=True,
+        required_resource_keys={"pipeline"},
         description=f"The draft vocabulary covers at least draft_vocab.min_coverage ({config.draft_vocab.min_coverage:.0%}) "
         "of the masked train tokens.",
     )
     def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         from eagle3_pipeline.hidden_states.store import load_draft_vocab
 
+        config = settings(context)
+        layout = ArtifactLayout(config.artifacts_root)
         try:
             _, _, manifest = load_draft_vocab(layout.draft_vocab)
         except StoreError as exc:
@@ -105,6 +112,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         kinds={"safetensors", "parquet"},
         deps=[training_data],
         pool="gpu",
+        required_resource_keys={"pipeline"},
         check_specs=[
             dg.AssetCheckSpec("spot_check", asset="hidden_states", blocking=True,
                               description="Sampled sequences re-computed alone (batch size 1, no padding, transformers' "
@@ -116,6 +124,8 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "and the teacher (final hidden state after the final norm), bf16 safetensors shards + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        config = settings(context)
+        layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]
         try:

@@ -12,6 +12,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
+from eagle3_pipeline.defs.resources import settings
 from eagle3_pipeline.defs.staleness import partitions_to_generate
 from eagle3_pipeline.health import HealthReport, TickState
 from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
@@ -50,20 +51,27 @@ def health_observation(report: HealthReport) -> dg.AssetObservation:
 
 
 def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg.SensorDefinition]:
-    monitor = HealthMonitor(config)
-    settings = config.health
+    """`config` (the file at load) sets the tick intervals; each tick reads its settings from the
+    `pipeline` resource."""
+    intervals = config.health
 
     @dg.sensor(
         name="inference_health",
         job_name=generation_job,
-        minimum_interval_seconds=settings.sensor_interval_s,
+        minimum_interval_seconds=intervals.sensor_interval_s,
         default_status=dg.DefaultSensorStatus.STOPPED,
+        required_resource_keys={"pipeline"},
         description="Runs the health checks each tick, records them on `inference_server` (one "
         "observation per tick), and launches runs for missing or stale `responses` partitions only "
         "while every required check passes; failed partitions are retried with backoff, then left alone.",
     )
     def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        report, state = monitor.tick(TickState.from_json(context.cursor))
+        config = settings(context)
+        monitor = HealthMonitor(config)
+        try:
+            report, state = monitor.tick(TickState.from_json(context.cursor))
+        finally:
+            monitor.close()
         events = [health_observation(report)]
         if not report.healthy:
             return dg.SensorResult(skip_reason=f"not launching generation: {report.summary()}", cursor=state.to_json(), asset_events=events)
@@ -78,8 +86,9 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
 
     @dg.sensor(
         name="generation_stall",
-        minimum_interval_seconds=max(30, int(settings.stall_window_s // 4)),
+        minimum_interval_seconds=max(30, int(intervals.stall_window_s // 4)),
         default_status=dg.DefaultSensorStatus.RUNNING,
+        required_resource_keys={"pipeline"},
         description="Flags a running generation whose checkpoint has not grown within the stall "
         "window since it started generating (an observation on `responses`), and a running hidden-state "
         "extraction (compute: local) that wrote no shard within the window since it planned its shards "
@@ -87,14 +96,16 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         "pool, a server start or the target's weights are not working yet.",
     )
     def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        config = settings(context)
+        stall = config.health
         stalled, events = [], []
         for partition, run_id in partitions_in_flight(context.instance).items():
             if partition not in config.dataset_ids:
                 continue
             quiet = quiet_seconds(config, partition, run_id)
-            if quiet is None or quiet <= settings.stall_window_s:
+            if quiet is None or quiet <= stall.stall_window_s:
                 continue
-            terminated = settings.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
+            terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
             events.append(
                 dg.AssetObservation(
                     asset_key=RESPONSES,
@@ -105,10 +116,10 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
             stalled.append(f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})")
         for record in extracting_runs(context.instance) if config.compute.kind == "local" else []:
             quiet = extraction_quiet_seconds(ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0)
-            if quiet is None or quiet <= settings.stall_window_s:
+            if quiet is None or quiet <= stall.stall_window_s:
                 continue
             run_id = record.dagster_run.run_id
-            terminated = settings.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
+            terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
             metadata = {"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated}
             events.append(dg.AssetObservation(asset_key=HIDDEN_STATES, metadata=metadata))
             stalled.append(f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})")

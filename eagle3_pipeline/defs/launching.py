@@ -1,6 +1,9 @@
 """Which `responses` partitions to launch now, with which run key — the state is Dagster's run history.
 
-Shared by the `inference_health` sensor and the `responses_backfill` schedule, so neither thrashes:
+Shared by the `inference_health` sensor (run requests) and the scheduled backfill's condition
+(:class:`eagle3_pipeline.defs.automation.GenerationDue`, which takes the partitions), so neither
+thrashes. A partition's runs are those tagged with it that ran `generation_job` or selected `prompts`
+or `responses` (a backfill's runs):
 - a partition with a run QUEUED, NOT_STARTED, STARTING, STARTED or CANCELING is in flight (a
   canceling run still holds the checkpoint lock);
 - after k consecutive failed runs (FAILURE or CANCELED since its last success) the next attempt
@@ -22,7 +25,11 @@ import dagster as dg
 
 from eagle3_pipeline.config import LaunchConfig
 
+GENERATION_JOB = "generation_job"
 PARTITION_TAG = "dagster/partition"
+# The assets partitioned by dataset: a run of either generates the partition it is tagged with.
+PER_DATASET = {dg.AssetKey("prompts"), dg.AssetKey("responses")}
+HISTORY = 100
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -102,9 +109,10 @@ def plan_launches(
         if partition in busy:
             plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
             continue
-        records = instance.get_run_records(
-            dg.RunsFilter(job_name=job_name, tags={PARTITION_TAG: partition}), limit=settings.max_attempts + 1
-        )
+        records = [
+            r for r in instance.get_run_records(dg.RunsFilter(tags={PARTITION_TAG: partition}), limit=HISTORY)
+            if r.dagster_run.job_name == job_name or PER_DATASET & set(r.dagster_run.asset_selection or ())
+        ][: settings.max_attempts + 1]
         failures = []
         epoch = "first"
         for record in records:

@@ -1,32 +1,75 @@
-"""Resources: the inference endpoint (embedded server started for the run, or a remote one)."""
+"""Resources: the pipeline's settings, and the inference endpoint (embedded server started for the
+run, or a remote one).
+
+Settings reach every asset, check, sensor and automation condition through :class:`PipelineResource`,
+read when a run or tick needs them (``pipeline.config()``), so a deployment overrides them per code
+location in its ``Definitions`` (or ``materialize(..., resources=...)``) without editing the file.
+Only the graph's shape — which assets exist, the partitions (the file's dataset ids), code versions,
+descriptions — is read from the file when the code location loads.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import PrivateAttr
 
-from eagle3_pipeline.config import load_config
+from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.serving import InferenceProvider
 
 
-class InferenceResource(dg.ConfigurableResource):
-    """Where `responses` sends requests. Leave `base_url` empty to use the pipeline file's
-    inference section (the embedded server is then started on first use and stopped after the
-    run); set it to point one run at an already running OpenAI-compatible server. API keys are read
-    from the variables the file names when the endpoints are first used, so a missing key fails the
-    run that needs it, never the code location's load."""
+class PipelineResource(dg.ConfigurableResource):
+    """The pipeline file and a deployment's overrides of it. ``artifacts_root`` (absolute, or
+    relative to the working directory of the run) replaces the file's, for every phase."""
 
     config_path: str
+    artifacts_root: str | None = None
+
+    def config(self) -> PipelineConfig:
+        """The settings now: the file read afresh (without the run-time checks, which the phases
+        that need sources or keys make themselves), with this resource's overrides applied."""
+        config = load_config(self.config_path, runtime_checks=False)
+        if self.artifacts_root:
+            config = config.model_copy(update={"artifacts_root": Path(self.artifacts_root).expanduser().resolve()})
+        return config
+
+
+def settings(context: Any) -> PipelineConfig:
+    """The settings of this run or tick, from its `pipeline` resource (asset, check and sensor contexts)."""
+    pipeline: PipelineResource = context.resources.pipeline
+    return pipeline.config()
+
+
+def api_key_vars(config: PipelineConfig) -> list[str]:
+    """The variables the file's endpoints take their API keys from, in file order, once each."""
+    return list(dict.fromkeys(e.api_key_env for e in config.inference.endpoints if e.api_key_env))
+
+
+class InferenceResource(dg.ConfigurableResource):
+    """Where `responses` sends requests, with the settings of its `pipeline` resource. Leave
+    `base_url` empty to use the file's inference section (the embedded server is then started on
+    first use and stopped after the run); set it to point the runs at an already running
+    OpenAI-compatible server.
+
+    ``api_keys`` maps each ``api_key_env`` variable of the file to its value; the Definitions set
+    each with ``dg.EnvVar(variable)``, which Dagster resolves when a run initializes this resource.
+    So an unset variable never stops the code location from loading: only a run that needs this
+    resource fails, with Dagster's error naming the variable (never a value)."""
+
+    pipeline: PipelineResource
     base_url: str | None = None
     model: str | None = None
+    api_keys: dict[str, str] = {}
     _provider: InferenceProvider | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        config = load_config(self.config_path, runtime_checks=False)
+        config = self.pipeline.config()
         override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
-        self._provider = InferenceProvider(config, override)
+        self._provider = InferenceProvider(config, override, api_keys=self.api_keys)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._provider is not None:
