@@ -52,6 +52,11 @@ def instance():
         yield test_instance
 
 
+def sensor_resources(defs: dg.Definitions, sensor: dg.SensorDefinition) -> dict[str, Any]:
+    """The Definitions' resources that the sensor requires, as the code server builds them for a tick."""
+    return {key: value for key, value in (defs.resources or {}).items() if key in sensor.required_resource_keys}
+
+
 class Daemonless:
     """Ticks a sensor and executes the runs it requests, with the tags the sensor daemon adds."""
 
@@ -63,7 +68,7 @@ class Daemonless:
         self.launched: list[str] = []
 
     def tick(self) -> Any:
-        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs)
+        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs, resources=sensor_resources(self.defs, self.sensor))
         result = self.sensor.evaluate_tick(context)
         self.cursor = result.cursor
         for request in result.run_requests or []:

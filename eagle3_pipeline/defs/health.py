@@ -12,7 +12,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
-from eagle3_pipeline.defs.resources import settings
+from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.defs.staleness import partitions_to_generate
 from eagle3_pipeline.health import HealthReport, TickState
 from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
@@ -60,13 +60,12 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         job_name=generation_job,
         minimum_interval_seconds=intervals.sensor_interval_s,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        required_resource_keys={"pipeline"},
         description="Runs the health checks each tick, records them on `inference_server` (one "
         "observation per tick), and launches runs for missing or stale `responses` partitions only "
         "while every required check passes; failed partitions are retried with backoff, then left alone.",
     )
-    def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        config = settings(context)
+    def inference_health(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
+        config = pipeline.config()
         monitor = HealthMonitor(config)
         try:
             report, state = monitor.tick(TickState.from_json(context.cursor))
@@ -88,15 +87,14 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         name="generation_stall",
         minimum_interval_seconds=max(30, int(intervals.stall_window_s // 4)),
         default_status=dg.DefaultSensorStatus.RUNNING,
-        required_resource_keys={"pipeline"},
         description="Flags a running generation whose checkpoint has not grown within the stall "
         "window since it started generating (an observation on `responses`), and a running hidden-state "
         "extraction (compute: local) that wrote no shard within the window since it planned its shards "
         "(an observation on `hidden_states`); terminates them if configured. Runs waiting for the `gpu` "
         "pool, a server start or the target's weights are not working yet.",
     )
-    def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        config = settings(context)
+    def generation_stall(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
+        config = pipeline.config()
         stall = config.health
         stalled, events = [], []
         for partition, run_id in partitions_in_flight(context.instance).items():

@@ -16,11 +16,12 @@ from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
 from eagle3_pipeline_tests.health.pipeline_files import write_config
 from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
+from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 
 def evaluate(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None = None):
     sensor = defs.resolve_sensor_def(name)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=sensor_resources(defs, sensor))
     return sensor.evaluate_tick(context)
 
 
