@@ -1,7 +1,8 @@
 """The scheduled backfill, fired by the real `dagster-daemon` on a temporary instance.
 
-B1 is materialized before the daemon starts; the schedule (every minute) must launch exactly B2
-and B3, and `training_data` must then follow by declarative automation. The server is the scripted
+B1 is materialized before the daemon starts; at the first cron tick (every minute) the
+`pipeline_automation` sensor must emit exactly one Dagster backfill of B2 and B3, and `training_data`
+must then follow by declarative automation. The server is the scripted
 OpenAI-compatible server on loopback; the tokenizer is the tiny real model's.
 """
 
@@ -54,7 +55,7 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while not materialized(instance, "training_data"):
             assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()[-3000:]
@@ -63,7 +64,12 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=60)
 
-    scheduled = instance.get_runs(dg.RunsFilter(tags={"dagster/schedule_name": "responses_backfill"}))
+    [backfill] = instance.get_backfills()
+    assert backfill.tags.get("dagster/sensor_name") == "pipeline_automation"
+    target = backfill.asset_backfill_data.target_subset
+    assert sorted(target.get_partitions_subset(dg.AssetKey("responses")).get_partition_keys()) == ["B2", "B3"]
+    assert sorted(target.get_partitions_subset(dg.AssetKey("prompts")).get_partition_keys()) == ["B2", "B3"]
+    scheduled = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))
     assert sorted(run.tags["dagster/partition"] for run in scheduled) == ["B2", "B3"]
     assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in scheduled)
     partitions = [r.asset_materialization.partition for r in materialized(instance, "responses")]

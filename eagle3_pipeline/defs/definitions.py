@@ -13,7 +13,7 @@ from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
 from eagle3_pipeline.defs.health import build_health_sensors, inference_server
 from eagle3_pipeline.defs.launching import GENERATION_JOB
-from eagle3_pipeline.defs.resources import InferenceResource, PipelineResource, api_key_vars
+from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 
 SETUP_JOB = "setup_job"
 DOWNSTREAM_JOB = "downstream_job"
@@ -64,7 +64,7 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
         sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],
         resources={
             "pipeline": pipeline,
-            "inference": InferenceResource(pipeline=pipeline, api_keys={var: dg.EnvVar(var) for var in api_key_vars(config)}),
+            "inference": InferenceResource(pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
     )

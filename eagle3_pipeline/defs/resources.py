@@ -49,27 +49,32 @@ def api_key_vars(config: PipelineConfig) -> list[str]:
     return list(dict.fromkeys(e.api_key_env for e in config.inference.endpoints if e.api_key_env))
 
 
+class ApiKeys(dg.ConfigurableResource):
+    """API keys by the variable the pipeline file names for each (``api_key_env``). The Definitions
+    set every value with ``dg.EnvVar(variable)``, which Dagster resolves when a run initializes the
+    resource — nested in `inference`, so an unset variable fails that run (Dagster's error names the
+    variable, never a value) and neither the code location's load nor the runs that don't send
+    requests."""
+
+    values: dict[str, str] = {}
+
+
 class InferenceResource(dg.ConfigurableResource):
     """Where `responses` sends requests, with the settings of its `pipeline` resource. Leave
     `base_url` empty to use the file's inference section (the embedded server is then started on
     first use and stopped after the run); set it to point the runs at an already running
-    OpenAI-compatible server.
-
-    ``api_keys`` maps each ``api_key_env`` variable of the file to its value; the Definitions set
-    each with ``dg.EnvVar(variable)``, which Dagster resolves when a run initializes this resource.
-    So an unset variable never stops the code location from loading: only a run that needs this
-    resource fails, with Dagster's error naming the variable (never a value)."""
+    OpenAI-compatible server. API keys come from ``api_keys`` (:class:`ApiKeys`)."""
 
     pipeline: PipelineResource
     base_url: str | None = None
     model: str | None = None
-    api_keys: dict[str, str] = {}
+    api_keys: ApiKeys
     _provider: InferenceProvider | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         config = self.pipeline.config()
         override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
-        self._provider = InferenceProvider(config, override, api_keys=self.api_keys)
+        self._provider = InferenceProvider(config, override, api_keys=self.api_keys.values)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._provider is not None:
