@@ -7,7 +7,9 @@ scripted OpenAI-compatible server on loopback; the health gate probes this machi
 
 from __future__ import annotations
 
+import datetime
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +202,58 @@ def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
         assert (tmp_path / "out" / "training_data" / "manifest.json").exists()
     finally:
         server.stop()
+
+
+def evaluate_at(defs: dg.Definitions, instance: dg.DagsterInstance, when: datetime.datetime, cursor: Any = None) -> Any:
+    """One evaluation of the automation conditions, as the `pipeline_automation` sensor makes it at `when`."""
+    return dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=when, cursor=cursor)
+
+
+def requested(result: Any, key: str) -> list[str]:
+    return sorted(result.get_requested_partitions(dg.AssetKey(key)))
+
+
+def test_the_scheduled_backfill_requests_what_is_due_at_each_cron_tick_and_leaves_a_failing_partition_alone(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cron every minute; B2's source file is missing, so each of its runs fails. Ticks are
+    evaluation times; the runs a tick requests are executed as the backfill would."""
+    caplog.set_level(logging.INFO)
+    config = pipeline(
+        tmp_path, fake_openai, without_source=("B2",), schedule={"cron": "* * * * *"}, launch={"max_attempts": 2, "backoff_initial_s": 0}
+    )
+    defs = build_definitions(config)
+    job = defs.resolve_job_def("generation_job")
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    minute = datetime.timedelta(minutes=1)
+
+    result = evaluate_at(defs, instance, start)
+    assert result.total_requested == 0, "no cron tick has passed since the first evaluation"
+    result = evaluate_at(defs, instance, start + minute / 3, result.cursor)
+    assert result.total_requested == 0, "still no cron tick"
+    for attempt in (1, 2):
+        result = evaluate_at(defs, instance, start + attempt * minute, result.cursor)
+        wanted = ["B1", "B2"] if attempt == 1 else ["B2"]
+        assert requested(result, "responses") == wanted and requested(result, "prompts") == wanted
+        for partition in wanted:
+            job.execute_in_process(partition_key=partition, instance=instance, raise_on_error=False)
+    caplog.clear()
+    for later in (3, 4):
+        result = evaluate_at(defs, instance, start + later * minute, result.cursor)
+        assert result.total_requested == 0, "left alone after max_attempts failures"
+    assert "left alone: B2 failed 2 times in a row (last: " in caplog.text
+    assert f"{config.source_file}: datasets[1] (id 'B2').source: file" in caplog.text
+
+
+def test_the_scheduled_backfill_waits_for_the_health_gate(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The endpoint answers every request with HTTP 503: the gate is closed, the tick's log says why."""
+    caplog.set_level(logging.INFO)
+    fake_openai.script = lambda body, n: Reply(status=503, payload={"error": {"message": "overloaded"}})
+    defs = build_definitions(pipeline(tmp_path, fake_openai, schedule={"cron": "* * * * *"}))
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    result = evaluate_at(defs, instance, start)
+    result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
+    assert result.total_requested == 0
+    assert "not backfilling responses: " in caplog.text

@@ -76,8 +76,9 @@ class GenerationDue(dg.AutomationCondition):
         if not report.healthy:
             context.log.warning(f"not backfilling responses: {report.summary()}")
         else:
-            wanted = partitions_to_generate(context.instance, config)
-            plan = plan_launches(context.instance, GENERATION_JOB, list(wanted), config.launch)
+            instance = context.asset_graph_view.instance
+            wanted = partitions_to_generate(instance, config)
+            plan = plan_launches(instance, GENERATION_JOB, list(wanted), config.launch)
             due = frozenset(r.partition_key for r in plan.requests if r.partition_key)
             if due:
                 context.log.info("backfilling responses: " + ", ".join(f"{p} ({wanted[p]})" for p in sorted(due)))
