@@ -50,3 +50,10 @@ def sharegpt(text: str, answer: str | None = None) -> dict[str, object]:
     if answer is not None:
         turns.append({"from": "gpt", "value": answer})
     return {"conversations": turns}
+
+
+def pipeline_resources(config_path: Path) -> dict[str, object]:
+    """The `pipeline` resource, for assets materialized outside their Definitions."""
+    from eagle3_pipeline.defs.resources import PipelineResource
+
+    return {"pipeline": PipelineResource(config_path=str(config_path))}

@@ -22,7 +22,7 @@ from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
-from eagle3_pipeline.defs.resources import PipelineResource, settings
+from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
@@ -102,7 +102,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         "tools, length class, estimated prompt tokens.",
     )
     def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         dataset = config.dataset(context.partition_key)
         try:
@@ -145,7 +145,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         "materialization's data version is the fingerprint its answers actually have, plus their ids.",
     )
     def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         dataset = config.dataset(context.partition_key)
         inference = context.resources.inference
@@ -206,7 +206,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         "id hash, sharded; plus the token-frequency table over masked tokens.",
     )
     def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
         files = [layout.responses(d) for d in config.dataset_ids]

@@ -14,7 +14,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep import read_manifest
-from eagle3_pipeline.defs.resources import settings
+from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
@@ -33,7 +33,7 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
         "flight at the stop can add (in-flight slots × max_tokens per turn, + prompt tokens when they count).",
     )
     def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         dataset = config.dataset(context.partition_key)
         path = ArtifactLayout(config.artifacts_root).responses(dataset.id)
         if not path.exists():
@@ -60,7 +60,7 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
             required_resource_keys={"pipeline"},
         )
         def check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-            config = settings(context)
+            config = pipeline_settings(context)
             layout = ArtifactLayout(config.artifacts_root)
             path = layout.responses(context.partition_key)
             if not path.exists():
@@ -134,7 +134,7 @@ def build_training_data_checks(config: PipelineConfig, training_data: dg.AssetsD
         "cannot render faithfully (training_data.max_template_mismatch_rate); they are left out of the shards.",
     )
     def template_mismatch_rate(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         ceiling = config.training_data.max_template_mismatch_rate
         try:
             manifest = read_manifest(ArtifactLayout(config.artifacts_root).training_data)

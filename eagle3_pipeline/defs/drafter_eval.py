@@ -14,7 +14,7 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.defs.gating import require_passing_checks
-from eagle3_pipeline.defs.resources import settings as pipeline_settings
+from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.drafter.evaluate import tau_regressions
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 

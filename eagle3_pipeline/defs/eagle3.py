@@ -22,7 +22,7 @@ from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.defs.gating import require_passing_checks
-from eagle3_pipeline.defs.resources import settings
+from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
@@ -69,7 +69,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
     )
     def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         settings = config.draft_vocab
@@ -94,7 +94,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
     def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         from eagle3_pipeline.hidden_states.store import load_draft_vocab
 
-        config = settings(context)
+        config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         try:
             _, _, manifest = load_draft_vocab(layout.draft_vocab)
@@ -124,7 +124,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         "and the teacher (final hidden state after the final norm), bf16 safetensors shards + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = settings(context)
+        config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]

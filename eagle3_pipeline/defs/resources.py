@@ -38,7 +38,7 @@ class PipelineResource(dg.ConfigurableResource):
         return config
 
 
-def settings(context: Any) -> PipelineConfig:
+def pipeline_settings(context: Any) -> PipelineConfig:
     """The settings of this run or tick, from its `pipeline` resource (asset, check and sensor contexts)."""
     pipeline: PipelineResource = context.resources.pipeline
     return pipeline.config()

@@ -16,11 +16,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+from eagle3_pipeline.config import PipelineConfig  # noqa: E402
 from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets  # noqa: E402
 from eagle3_pipeline.drafter.spec import drafter_paths  # noqa: E402
 from eagle3_pipeline.hidden_states.store import StoreManifest  # noqa: E402
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline  # noqa: E402
+from eagle3_pipeline_tests.conftest import pipeline_resources  # noqa: E402
 from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
 from eagle3_pipeline_tests.health.sshd_fixture import Sshd  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
@@ -56,9 +58,9 @@ def states_config(folder: Path, sshd: Sshd, layout: Layout, model: Path, **compu
     return config
 
 
-def materialize(assets: list[Any], selection: list[str]) -> tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]:
+def materialize(assets: list[Any], selection: list[str], config: PipelineConfig) -> tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]:
     instance = dg.DagsterInstance.ephemeral()
-    return instance, dg.materialize(assets, selection=selection, instance=instance)
+    return instance, dg.materialize(assets, selection=selection, instance=instance, resources=pipeline_resources(config.source_file))
 
 
 def run_log(instance: dg.DagsterInstance, run_id: str) -> list[str]:
@@ -76,7 +78,7 @@ def store_identity(root: Path) -> dict[str, Any]:
 @pytest.mark.local_model
 def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, local_model: Path) -> None:
     config = states_config(tmp_path, sshd, layout, local_model)
-    instance, result = materialize(build_eagle3_assets(config), ["hidden_states"])
+    instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
     lines = run_log(instance, result.run_id)
     remote = [m for m in lines if m.startswith("extract:") or m.startswith("GPU check")]
@@ -103,7 +105,7 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(tmp
 def test_hidden_states_from_a_command_carry_the_identity_extraction_records(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, local_model: Path) -> None:
     command = f"PYTHONPATH={shlex.quote(str(REPO))} {{python}} -m eagle3_pipeline_tests.compute.specforge_command {{spec}} {{output_dir}}"
     config = states_config(tmp_path, sshd, layout, local_model, kind="command", command=command)
-    instance, result = materialize(build_eagle3_assets(config), ["hidden_states"])
+    instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
     lines = run_log(instance, result.run_id)
     assert [m for m in lines if m.startswith("[command]")] == [f"[command] wrote 4 samples to {layout.remote / 'specforge'}/" + Path(result.asset_materializations_for_node("hidden_states")[0].metadata["command_output"].value).name]
@@ -114,7 +116,7 @@ def test_hidden_states_from_a_command_carry_the_identity_extraction_records(tmp_
 
     reference = Layout(local=tmp_path / "reference", remote=layout.remote, workdir=layout.workdir)
     local_config = states_config(tmp_path / "reference_pipeline", sshd, reference, local_model, kind="local")
-    _, extracted = materialize(build_eagle3_assets(local_config), ["hidden_states"])
+    _, extracted = materialize(build_eagle3_assets(local_config), ["hidden_states"], local_config)
     assert extracted.success
     imported, ours = store_identity(layout.local), store_identity(reference.local)
     print("-- identity of the imported store:", json.dumps(imported, indent=1))
@@ -128,7 +130,7 @@ def test_drafter_trains_on_the_host_and_leaves_its_export_there(tmp_path: Path, 
     config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter})
     remote = drafter_paths(layout.remote)
     random_store(remote["store"], drafter_paths(layout.local)["draft_vocab"], target, samples=8, draft_vocab_size=40)
-    instance, result = materialize(build_drafter_assets(config), ["eagle3_drafter"])
+    instance, result = materialize(build_drafter_assets(config), ["eagle3_drafter"], config)
     assert result.success
     metadata = {k: v.value for k, v in result.asset_materializations_for_node("eagle3_drafter")[0].metadata.items()}
     print("\n-- drafter metadata:", {k: metadata[k] for k in ("steps", "first_loss", "last_loss", "compute", "export_dir")})

@@ -14,6 +14,7 @@ import dagster as dg  # noqa: E402
 from eagle3_pipeline.config import load_config  # noqa: E402
 from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
 from eagle3_pipeline.drafter.spec import drafter_paths  # noqa: E402
+from eagle3_pipeline_tests.conftest import pipeline_resources  # noqa: E402
 from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
@@ -31,7 +32,7 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path) ->
     paths = drafter_paths(config.artifacts_root)
     random_store(paths["store"], paths["draft_vocab"], target, samples=30, draft_vocab_size=40)
     assets = build_drafter_assets(config)
-    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral())
+    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(pipeline))
     assert result.success
     observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert observations and "acc_1" in observations[0].event_specific_data.asset_observation.metadata

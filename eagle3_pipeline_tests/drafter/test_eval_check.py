@@ -22,6 +22,7 @@ from eagle3_pipeline.drafter.evaluate import (
     summary_table,
     tau_regressions,
 )
+from eagle3_pipeline_tests.conftest import pipeline_resources
 from eagle3_pipeline_tests.drafter.stores import noisy_sample, periodic_sample, write_store, write_vocab
 
 
@@ -119,7 +120,9 @@ def _check_run(instance: dg.DagsterInstance, config_path: Path, metadata: Mappin
     """Record one drafter_eval materialization on the instance, then run only the blocking check."""
     instance.report_runless_asset_event(dg.AssetMaterialization(DRAFTER_EVAL, metadata=materialization_metadata(metadata)))
     asset, check = build_drafter_eval(load_config(config_path))
-    result = dg.materialize([asset, check], instance=instance, selection=dg.AssetSelection.checks(check), raise_on_error=False)
+    result = dg.materialize(
+        [asset, check], instance=instance, selection=dg.AssetSelection.checks(check), resources=pipeline_resources(config_path), raise_on_error=False
+    )
     evaluations = result.get_asset_check_evaluations()
     assert len(evaluations) == 1
     return evaluations[0]

@@ -22,7 +22,7 @@ from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline.serving import free_port
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m eagle3_pipeline_tests.drafter.fake_spec_server"
@@ -163,7 +163,7 @@ def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, d
     write_eval_shard(tmp_path / "out" / "training_data")
     assets = build_drafter_benchmark(config)
     with dg.DagsterInstance.get() as instance:
-        result = dg.materialize(assets, instance=instance)
+        result = dg.materialize(assets, instance=instance, resources=pipeline_resources(config.source_file))
         assert result.success
         metadata = {k: v.value for k, v in result.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata.items()}
     assert metadata["tau_server"] == round(20 / 7, 4)

@@ -10,7 +10,7 @@ import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
@@ -35,7 +35,7 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 
 def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_model: Path) -> None:
     assets = pipeline(tmp_path, "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu}\n")
-    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral())
+    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(tmp_path / "pipeline.yaml"))
     assert result.success
     assert evaluations(result) == {"coverage": True, "spot_check": True, "bytes_per_token": True}
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
@@ -50,7 +50,8 @@ def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_mod
 def test_failed_checks_block_the_run(tmp_path: Path, local_model: Path) -> None:
     extra = "draft_vocab: {size: 2}\nhidden_states: {shard_tokens: 100, spot_check_samples: 1, spot_check_tolerance: 1.0e-12, device: cpu}\n"
     assets = pipeline(tmp_path, extra)
-    vocab = dg.materialize(assets, selection=["draft_vocab"], instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    resources = pipeline_resources(tmp_path / "pipeline.yaml")
+    vocab = dg.materialize(assets, selection=["draft_vocab"], instance=dg.DagsterInstance.ephemeral(), resources=resources, raise_on_error=False)
     assert not vocab.success and evaluations(vocab) == {"coverage": False}
-    states = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    states = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), resources=resources, raise_on_error=False)
     assert not states.success and evaluations(states)["spot_check"] is False
