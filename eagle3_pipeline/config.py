@@ -348,7 +348,7 @@ class ScheduleConfig(_Model):
 
 
 class LaunchConfig(_Model):
-    """How the schedule and the health sensor relaunch a partition whose generation runs failed:
+    """How the scheduled backfill and the health sensor relaunch a partition whose generation runs failed:
     attempt k+1 waits backoff_initial_s × 2^(k-1) (at most backoff_max_s) after failure k; after
     max_attempts consecutive failures the partition is left alone until a run succeeds."""
 
