@@ -17,6 +17,7 @@ from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.pipeline_files import write_config
 from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
+from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 
 def status(config_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -125,7 +126,8 @@ def test_status_exit_code_and_sensor_agree(tmp_path: Path, fake_openai: FakeOpen
         exit_code = status(path).returncode
         with dg.instance_for_test() as instance:
             defs = build_definitions(load_config(path))
-            context = dg.build_sensor_context(instance=instance, definitions=defs)
-            launched = bool(defs.resolve_sensor_def("inference_health").evaluate_tick(context).run_requests)
+            sensor = defs.resolve_sensor_def("inference_health")
+            context = dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
+            launched = bool(sensor.evaluate_tick(context).run_requests)
         assert (exit_code == 0) is launched, name
         assert launched is (name != "dead"), name
