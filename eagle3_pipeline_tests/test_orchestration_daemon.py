@@ -56,7 +56,12 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
     )
     try:
         deadline = time.monotonic() + 600
-        while not materialized(instance, "training_data"):
+
+        def automated_run_finished() -> bool:
+            records = materialized(instance, "training_data")
+            return bool(records) and instance.get_run_by_id(records[0].run_id).is_finished
+
+        while not automated_run_finished():
             assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()[-3000:]
             time.sleep(2)
@@ -77,4 +82,5 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
     [training] = materialized(instance, "training_data")
     automated = instance.get_run_by_id(training.run_id)
     assert automated.tags.get("dagster/sensor_name") == "pipeline_automation"
+    assert automated.status == dg.DagsterRunStatus.SUCCESS, "training_data and its blocking check passed"
     assert training.asset_materialization.metadata["rows"].value == 9
