@@ -218,6 +218,15 @@ class EmbeddedServer:
         self.stop()
 
 
+def endpoints_from_config(config: PipelineConfig) -> list[Endpoint]:
+    """``inference.endpoints`` as :class:`Endpoint` objects, in file order, keys read from their variables."""
+    endpoints = []
+    for entry in config.inference.endpoints:
+        price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
+        endpoints.append(Endpoint(entry.base_url, entry.model or config.target.model, config.api_key(entry), price))
+    return endpoints
+
+
 class InferenceProvider:
     """The endpoints a pipeline generates against, resolved lazily.
 
@@ -275,11 +284,7 @@ class InferenceProvider:
     def _configured(self) -> list[Endpoint]:
         if self.override is not None:
             return [self.override]
-        endpoints = []
-        for entry in self.config.inference.endpoints:
-            price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
-            endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, self.config.api_key(entry), price))
-        return endpoints
+        return endpoints_from_config(self.config)
 
     def close(self) -> None:
         if self._server is not None:
