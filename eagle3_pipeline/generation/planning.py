@@ -290,25 +290,34 @@ def calibration_prompts(config: PipelineConfig, n: int) -> list[list[dict[str, A
 
 
 async def _calibrate_one(config: PipelineConfig, endpoint: Endpoint, prompts: Sequence[list[dict[str, Any]]]) -> Throughput | str:
-    settings = config.generation
     from eagle3_pipeline.generation.runner import _client_factory
 
-    slots = asyncio.Semaphore(min(len(prompts), settings.concurrency.short))
-    new_client = _client_factory(settings, 1)
+    settings = config.generation
+    width = min(len(prompts), settings.concurrency.short)
+    idle = [_client_factory(settings, 1)() for _ in range(width)]
+    slots = asyncio.Semaphore(width)
     failures: list[str] = []
 
     async def one(messages: list[dict[str, Any]]) -> int:
-        async with slots, new_client() as client:
-            body = request_body(endpoint, [normalized(m) for m in messages], None, settings.max_tokens, settings.temperature)
-            outcome = await attempt_completion(client, endpoint, body, 0)
+        async with slots:
+            client = idle.pop()
+            try:
+                body = request_body(endpoint, [normalized(m) for m in messages], None, settings.max_tokens, settings.temperature)
+                outcome = await attempt_completion(client, endpoint, body, 0)
+            finally:
+                idle.append(client)
         if isinstance(outcome, Completion):
             return outcome.completion_tokens
         failures.append(outcome.reason)
         return 0
 
     started = time.monotonic()
-    tokens = await asyncio.gather(*(one(m) for m in prompts))
-    seconds = time.monotonic() - started
+    try:
+        tokens = await asyncio.gather(*(one(m) for m in prompts))
+    finally:
+        seconds = time.monotonic() - started
+        for client in idle:
+            await client.aclose()
     answered = len(prompts) - len(failures)
     if not answered or seconds <= 0:
         return f"calibration failed: {failures[0] if failures else 'no answer'}"
