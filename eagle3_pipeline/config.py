@@ -119,13 +119,16 @@ class RetryConfig(_Model):
 class FailoverConfig(_Model):
     """Generate on one backend at a time, in this order (``inference.endpoints`` names or indices),
     and move a dataset to the next one when its ETA on the current one passes the deadline or the
-    current one turns unhealthy (``unhealthy_after_errors`` failed attempts in a row)."""
+    current one turns unhealthy (``unhealthy_after_errors`` failed attempts in a row; with
+    ``probe_timeout_s``, a backend that delivered no answer during a check while requests were in
+    flight is sent a 1-token request, and a probe not answered in time counts as a failed attempt)."""
 
     backends: Annotated[list[str | int], Field(min_length=2)]
     deadline_s: Annotated[float, Field(gt=0)] | None = None  # from the start of the dataset's run
     deadline: AwareDatetime | None = None  # an absolute time (ISO 8601 with a UTC offset)
     check_every_s: Annotated[float, Field(gt=0)] = 30.0
     unhealthy_after_errors: Annotated[int, Field(gt=0)] = 5
+    probe_timeout_s: Annotated[float, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _one_deadline(self) -> FailoverConfig:

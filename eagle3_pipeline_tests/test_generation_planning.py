@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint, generate_dataset
+from eagle3_pipeline.generation.failover import FailoverSettings
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PROMPT_SCHEMA, PromptRecord, prompt_rows, write_parquet
 from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config
@@ -147,8 +149,10 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         unpriced.stop()
 
 
-def failover_run(tmp_path: Path, slow: FakeOpenAI, fast: FakeOpenAI, failover: dict[str, Any], n: int = 60) -> tuple[PipelineConfig, Any]:
-    config = load_config(write_pipeline(tmp_path, slow, fast, failover))
+def failover_run(
+    tmp_path: Path, slow: FakeOpenAI, fast: FakeOpenAI, failover: dict[str, Any], n: int = 60, **generation: Any
+) -> tuple[PipelineConfig, Any]:
+    config = load_config(write_pipeline(tmp_path, slow, fast, failover, **generation))
     prompts = materialize_prompts(config, n)
     result = generate_dataset(config, "B1", prompts, lambda: endpoints_from_config(config))
     return config, result
@@ -212,6 +216,23 @@ def test_failover_when_the_primary_dies_mid_run(tmp_path: Path, servers: Any) ->
     assert result.summary.failed == 0
 
 
+def test_failover_when_the_primary_hangs_mid_run(tmp_path: Path, servers: Any) -> None:
+    """A backend that stops answering without an error: the probes time out, the dataset moves, and
+    the two requests hanging on the old backend are cancelled and sent again, once, to the new one."""
+    slow, fast = servers
+    slow.token_delay_s = 0.0
+    slow.script = lambda body, n: Reply() if n <= 10 else Reply(hang=True)
+    failover = {"backends": ["slow-box", "fast-api"], "check_every_s": 0.2, "probe_timeout_s": 0.5, "unhealthy_after_errors": 2}
+    _, result = failover_run(tmp_path, slow, fast, failover, n=40, read_timeout_s=120)
+
+    [decision] = lines(tmp_path / "out" / "responses" / "B1.failover.jsonl")
+    assert decision["reason"].startswith("unhealthy: 2 failed attempts") and "probe" in decision["reason"]
+    assert (decision["requests_sent_to_old_backend"], decision["in_flight_moved"]) == (12, 2)
+    stored = assert_every_id_once(tmp_path, 40)
+    assert Counter(r["endpoint"] for r in stored) == {slow.base_url: 10, fast.base_url: 30}
+    assert result.summary.failed == 0 and result.summary.moved_in_flight == 2
+
+
 def test_failover_refuses_backends_of_different_models(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
     path = write_pipeline(tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"]})
@@ -224,6 +245,15 @@ def test_failover_refuses_backends_of_different_models(tmp_path: Path, servers: 
     document["generation"]["failover"]["backends"] = ["slow-box", "nowhere"]
     path.write_text(json.dumps(document))
     with pytest.raises(ConfigError, match="'nowhere' names no entry of inference.endpoints"):
+        load_config(path)
+    document["generation"]["failover"] = {"backends": [1, 0], "deadline": "2030-01-02T03:04:05+00:00"}
+    path.write_text(json.dumps(document))
+    settings = FailoverSettings.from_config(load_config(path), "B1", tmp_path / "f.jsonl")
+    assert settings is not None and settings.names == ["fast-api", "slow-box"]
+    assert settings.deadline_at == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
+    document["generation"]["failover"]["deadline_s"] = 60
+    path.write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match="not both"):
         load_config(path)
 
 

@@ -2,7 +2,8 @@
 
 The run sends every request to the current backend. It moves on when the dataset's ETA there
 (completion tokens left over the rate the current backend has delivered since it became current)
-would pass the deadline, or when ``unhealthy_after_errors`` attempts in a row failed on it. Each
+would pass the deadline, or when ``unhealthy_after_errors`` attempts in a row failed on it (a
+probe of a backend that went silent counts as an attempt). Each
 move is one JSON line in ``responses/<dataset>.failover.jsonl`` with the numbers behind it; the
 runner cancels the requests still in flight on the old backend and sends each again, once, to the
 new one (an answer is written only when its request returns, so no id is answered twice).
@@ -42,6 +43,7 @@ class FailoverSettings:
     check_every_s: float
     unhealthy_after: int
     log_path: Path
+    probe_timeout_s: float | None = None
 
     @classmethod
     def from_config(cls, config: PipelineConfig, dataset_id: str, log_path: Path, now: float | None = None) -> FailoverSettings | None:
@@ -51,7 +53,8 @@ class FailoverSettings:
         start = time.time() if now is None else now
         deadline = start + failover.deadline_s if failover.deadline_s is not None else failover.deadline.timestamp() if failover.deadline else None
         order = config.failover_order()
-        return cls(dataset_id, order, [backend_name(config, i) for i in order], deadline, failover.check_every_s, failover.unhealthy_after_errors, log_path)
+        names = [backend_name(config, i) for i in order]
+        return cls(dataset_id, order, names, deadline, failover.check_every_s, failover.unhealthy_after_errors, log_path, failover.probe_timeout_s)
 
 
 def _iso(epoch: float) -> str:
@@ -74,6 +77,7 @@ class Failover:
         self.tokens = 0
         self.answers = 0
         self.failed_in_a_row = 0
+        self.answers_at_last_check = 0
         self.decisions: list[dict[str, Any]] = []
 
     @property
@@ -100,6 +104,12 @@ class Failover:
             return False
         self.failed_in_a_row += 1
         return self.has_next and self.failed_in_a_row >= self.settings.unhealthy_after
+
+    def silent_since_last_check(self) -> bool:
+        """No answer from the current backend since the previous call."""
+        silent = self.answers == self.answers_at_last_check
+        self.answers_at_last_check = self.answers
+        return silent
 
     def rate(self) -> float | None:
         """Completion tokens per second the current backend delivered since it became current."""
@@ -147,7 +157,7 @@ class Failover:
             "cost_left_on_old_usd": cost(old),
             "cost_left_on_new_usd": cost(self.current),
         }
-        self.since, self.tokens, self.answers, self.failed_in_a_row = time.monotonic(), 0, 0, 0
+        self.since, self.tokens, self.answers, self.failed_in_a_row, self.answers_at_last_check = time.monotonic(), 0, 0, 0, 0
         self.decisions.append(decision)
         self.settings.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.settings.log_path.open("a", encoding="utf-8") as log:

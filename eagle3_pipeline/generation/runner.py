@@ -311,13 +311,30 @@ class _Run:
         self.summary.moved_in_flight += len(in_flight)
 
     async def _watch(self) -> None:
-        """Every ``check_every_s``: move on when the ETA on the current backend passes the deadline."""
+        """Every ``check_every_s``: move on when the ETA on the current backend passes the deadline;
+        probe the current backend when it delivered nothing while requests were in flight."""
         failover = self.failover
         assert failover is not None
         while True:
             await asyncio.sleep(failover.settings.check_every_s)
             if failover.past_deadline(self._left()):
                 self._move("deadline: the ETA on this backend passes the deadline")
+                continue
+            endpoint = failover.current
+            waiting = any(e is endpoint and not t.done() for t, e in self.attempts.items())
+            if failover.silent_since_last_check() and waiting and failover.settings.probe_timeout_s and failover.has_next:
+                failure = await self._probe(endpoint, failover.settings.probe_timeout_s)
+                if failure is not None and failover.attempt_failed(endpoint):
+                    self._move(f"unhealthy: {failover.failed_in_a_row} failed attempts in a row (last: probe: {self.pool.redact(failure)})")
+
+    async def _probe(self, endpoint: Endpoint, timeout_s: float) -> str | None:
+        """A 1-token request to ``endpoint``: None if it answered within ``timeout_s``, else why not."""
+        body = request_body(endpoint, [normalized({"role": "user", "content": "ping"})], None, 1, 0.0)
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            outcome = await attempt_completion(client, endpoint, body, 1)
+        if isinstance(outcome, Completion) or outcome.kind == "empty":
+            return None
+        return outcome.reason
 
     def _succeeded(self, record: dict[str, Any]) -> None:
         self.writer.append(record)
