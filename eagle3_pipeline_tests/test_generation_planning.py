@@ -2,7 +2,7 @@
 OpenAI-compatible servers of different speeds and prices.
 
 The fake servers stand in for real backends (a slow cheap box and a fast dear hosted API): each
-answers 5 completion tokens after `token_delay_s` per token. Speeds differ 40-fold, so which one is
+answers 5 completion tokens after `token_delay_s` per token. Speeds differ 100-fold, so which one is
 faster is never a close call; the tests assert rankings and decisions, never durations.
 """
 
@@ -37,7 +37,7 @@ KEY_VAR = "EAGLE3_TEST_FAST_KEY"
 @pytest.fixture
 def servers(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv(KEY_VAR, SECRET)
-    slow = FakeOpenAI(token_delay_s=0.04).start()  # 0.2 s an answer
+    slow = FakeOpenAI(token_delay_s=0.1).start()  # 0.5 s an answer
     fast = FakeOpenAI(token_delay_s=0.001).start()  # 5 ms an answer
     yield slow, fast
     slow.stop()
@@ -120,7 +120,7 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         calibrated = json.loads(plan_cli(path, "--json", "--calibrate", "4"))
         rows = by_backend(calibrated)
         assert len(slow.requests) == len(fast.requests) == 4
-        assert rows["fast-api"]["tokens_per_s"] > 5 * rows["slow-box"]["tokens_per_s"] > 0
+        assert rows["fast-api"]["tokens_per_s"] > 3 * rows["slow-box"]["tokens_per_s"] > 0
         assert rows["fast-api"]["throughput_source"].startswith("calibration: 4 answers")
         # 40 pending prompts, no answer yet: max_tokens (8) each is the bound; 5 prompt tokens each.
         assert rows["slow-box"]["completion_tokens_left"] == 320
