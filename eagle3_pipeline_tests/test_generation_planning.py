@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
-from eagle3_pipeline.generation import ResponseCheckpoint, generate_dataset
+from eagle3_pipeline.generation import Price, ResponseCheckpoint, generate_dataset
+from eagle3_pipeline.generation.estimate import cost_of, estimate_left
 from eagle3_pipeline.generation.failover import FailoverSettings
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PROMPT_SCHEMA, PromptRecord, prompt_rows, write_parquet
@@ -281,3 +282,16 @@ def test_responses_materialization_carries_the_plan_and_the_decision(tmp_path: P
     assert len(ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load()) == metadata["rows"] == 40
     logs = "\n".join(dg.serialize_value(entry) for entry in instance.all_logs(result.run_id))
     assert SECRET not in logs and SECRET not in repr(metadata)
+
+
+def test_tokens_left_are_capped_by_the_budget_in_completion_tokens() -> None:
+    common = {"pending": 100, "answers": 10, "completion_done": 50, "prompt_done": 150, "bound_per_prompt": 8.0, "prompt_per_prompt": 5.0}
+    free = estimate_left("B1", budget_left=None, counts="completion", **common)
+    assert (free.completion_left, free.prompt_left) == (500, 1500) and "100 pending × 5.0" in free.basis
+    capped = estimate_left("B1", budget_left=20, counts="completion", **common)
+    assert (capped.completion_left, capped.prompt_left) == (20, 60) and capped.basis.startswith("token budget: 20")
+    both = estimate_left("B1", budget_left=40, counts="prompt_and_completion", **common)
+    assert both.completion_left == 10, "a quarter of the counted tokens are completion tokens"
+    fresh = estimate_left("B1", budget_left=None, counts="completion", **{**common, "answers": 0, "completion_done": 0, "prompt_done": 0})
+    assert fresh.completion_left == 800 and "upper bound" in fresh.basis
+    assert cost_of(None, 10, 10) is None and cost_of(Price(1.0, 2.0), 1_000_000, 500_000) == 2.0
