@@ -369,6 +369,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 2
+    from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
+
+    try:
+        records = checkpoint_records(config)
+    except CheckpointError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 1
+    throughput = throughput_evidence(config, records)
+    failed: dict[str, str] = {}
+    if args.calibrate:
+        from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config
+
+        provider = InferenceProvider(config)
+        try:
+            endpoints = provider.endpoints() if provider.embedded else endpoints_from_config(config)
+            measured, failed = calibrate(config, endpoints, args.calibrate)
+        except (ConfigError, RuntimeError) as exc:
+            print(f"eagle3-pipeline: calibration impossible: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            provider.close()
+        throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
+    plan = build_plan(config, throughput, records, args.max_cost)
+    if args.json:
+        print(json.dumps({**plan.as_dict(), "calibration_failed": failed}, indent=2))
+    else:
+        print(plan.text())
+        for name, reason in failed.items():
+            print(f"calibration of {name} failed: {reason}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-pipeline", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -379,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
     status.add_argument("--json", action="store_true", help="print {overall, checks, datasets} as JSON")
     status.set_defaults(func=cmd_status)
+    plan = sub.add_parser("plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend")
+    plan.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--calibrate", type=int, metavar="N", default=0, help="measure each backend with N real requests first")
+    plan.add_argument("--max-cost", type=float, metavar="USD", default=None, help="the cost ceiling the best backend must finish within")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -64,6 +64,8 @@ class PriceConfig(_Model):
 
 class EndpointConfig(_Model):
     base_url: Annotated[str, Field(pattern=r"^https?://")]
+    # How the planner and `generation.failover` name this endpoint (default: its base URL).
+    name: Annotated[str, Field(pattern=DATASET_ID_PATTERN)] | None = None
     model: str | None = None
     api_key_env: Annotated[str, Field(pattern=ENV_VAR_PATTERN)] | None = None
     price: PriceConfig | None = None
@@ -89,6 +91,9 @@ class InferenceConfig(_Model):
     def _endpoints_match_kind(self) -> InferenceConfig:
         if self.kind == "endpoints" and not self.endpoints:
             raise ValueError("kind 'endpoints' needs at least one entry in inference.endpoints")
+        names = [e.name for e in self.endpoints if e.name]
+        if len(names) != len(set(names)):
+            raise ValueError(f"inference.endpoints: names must be unique (got {names})")
         return self
 
 
@@ -109,6 +114,27 @@ class RetryConfig(_Model):
     max_attempts: Annotated[int, Field(gt=0, le=100)] = 6
     backoff_initial_s: Annotated[float, Field(gt=0)] = 1.0
     backoff_max_s: Annotated[float, Field(gt=0)] = 60.0
+
+
+class FailoverConfig(_Model):
+    """Generate on one backend at a time, in this order (``inference.endpoints`` names or indices),
+    and move a dataset to the next one when its ETA on the current one passes the deadline or the
+    current one turns unhealthy (``unhealthy_after_errors`` failed attempts in a row; with
+    ``probe_timeout_s``, a backend that delivered no answer during a check while requests were in
+    flight is sent a 1-token request, and a probe not answered in time counts as a failed attempt)."""
+
+    backends: Annotated[list[str | int], Field(min_length=2)]
+    deadline_s: Annotated[float, Field(gt=0)] | None = None  # from the start of the dataset's run
+    deadline: AwareDatetime | None = None  # an absolute time (ISO 8601 with a UTC offset)
+    check_every_s: Annotated[float, Field(gt=0)] = 30.0
+    unhealthy_after_errors: Annotated[int, Field(gt=0)] = 5
+    probe_timeout_s: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _one_deadline(self) -> FailoverConfig:
+        if self.deadline_s is not None and self.deadline is not None:
+            raise ValueError("set deadline_s (seconds from the run's start) or deadline (an ISO time), not both")
+        return self
 
 
 class GenerationConfig(_Model):
@@ -136,6 +162,7 @@ class GenerationConfig(_Model):
     # The share of a dataset's prompts whose answer may stay empty (no content after the reasoning
     # is split off, no tool calls) once every attempt is spent; the responses:empty_answers check.
     max_empty_rate: Annotated[float, Field(ge=0, le=1)] = 0.02
+    failover: FailoverConfig | None = None
 
     @field_validator("concurrency", mode="before")
     @classmethod
@@ -484,6 +511,44 @@ class PipelineConfig(_Model):
                 "(a Hugging Face id or a local folder with the target's tokenizer and chat template)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _failover_backends(self) -> PipelineConfig:
+        failover = self.generation.failover
+        if failover is None:
+            return self
+        if self.inference.kind != "endpoints":
+            raise ValueError("generation.failover needs inference.kind 'endpoints' (it moves between inference.endpoints)")
+        order = self.failover_order()
+        models = {self.inference.endpoints[i].model or self.target.model for i in order}
+        if len(models) > 1:
+            raise ValueError(
+                f"generation.failover.backends serve different models ({', '.join(sorted(models))}); a dataset's answers "
+                "must all come from one model, so every failover backend must serve the same one"
+            )
+        return self
+
+    def failover_order(self) -> list[int]:
+        """The indices into ``inference.endpoints`` of ``generation.failover.backends``, in order."""
+        failover = self.generation.failover
+        if failover is None:
+            return []
+        endpoints = self.inference.endpoints
+        names = {e.name: i for i, e in enumerate(endpoints) if e.name}
+        order: list[int] = []
+        for ref in failover.backends:
+            if isinstance(ref, int):
+                if not 0 <= ref < len(endpoints):
+                    raise ValueError(f"generation.failover.backends: index {ref} is not in inference.endpoints (0..{len(endpoints) - 1})")
+                index = ref
+            elif ref in names:
+                index = names[ref]
+            else:
+                raise ValueError(f"generation.failover.backends: {ref!r} names no entry of inference.endpoints (known names: {sorted(names)})")
+            if index in order:
+                raise ValueError(f"generation.failover.backends: {ref!r} is listed twice")
+            order.append(index)
+        return order
 
     @property
     def dataset_ids(self) -> list[str]:

@@ -30,6 +30,10 @@ class ArtifactLayout:
         """Why prompts of the last run have no answer in the table (over length, held back by the budget)."""
         return self.root / "responses" / f"{dataset_id}.accounting.json"
 
+    def failover(self, dataset_id: str) -> Path:
+        """The decisions of `generation.failover` to move the dataset to another backend, one JSON line each."""
+        return self.root / "responses" / f"{dataset_id}.failover.jsonl"
+
     def previous_responses(self, dataset_id: str, version: str) -> Path:
         """Where a dataset's answers made under an earlier fingerprint are kept aside."""
         return self.root / "responses" / "previous" / f"{dataset_id}.{version}"
@@ -41,6 +45,7 @@ class ArtifactLayout:
             self.errors(dataset_id),
             self.fingerprint(dataset_id),
             self.accounting(dataset_id),
+            self.failover(dataset_id),
             self.responses(dataset_id),
         ]
 

@@ -228,6 +228,20 @@ def tokenizer_name(config: PipelineConfig) -> str:
     raise ValueError(f"{config.source_file}: target.tokenizer is not set")
 
 
+def endpoints_from_config(config: PipelineConfig, api_keys: Mapping[str, str] | None = None) -> list[Endpoint]:
+    """``inference.endpoints`` as :class:`Endpoint` objects, in file order. An endpoint's API key is
+    taken from ``api_keys`` (variable → value, as the Dagster resource resolved it), else read from
+    its variable."""
+    keys = api_keys or {}
+    endpoints = []
+    for entry in config.inference.endpoints:
+        price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
+        var = entry.api_key_env
+        key = keys[var] if var in keys else config.api_key(entry)
+        endpoints.append(Endpoint(entry.base_url, entry.model or config.target.model, key, price))
+    return endpoints
+
+
 class InferenceProvider:
     """The endpoints a pipeline generates against, resolved lazily.
 
@@ -283,13 +297,7 @@ class InferenceProvider:
     def _configured(self) -> list[Endpoint]:
         if self.override is not None:
             return [self.override]
-        endpoints = []
-        for entry in self.config.inference.endpoints:
-            price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
-            var = entry.api_key_env
-            key = self.api_keys[var] if var in self.api_keys else self.config.api_key(entry)
-            endpoints.append(Endpoint(entry.base_url, entry.model or self.config.target.model, key, price))
-        return endpoints
+        return endpoints_from_config(self.config, self.api_keys)
 
     def close(self) -> None:
         if self._server is not None:

@@ -5,6 +5,7 @@ produce on demand. By default it answers `/v1/chat/completions` with a determini
 ``script`` can instead answer any request with a :class:`Reply`: another status (429 with
 ``Retry-After``, bursts of 500), a hang, a slow answer, a truncated JSON body, a connection reset,
 or a completion cut by ``max_tokens`` (``echo_completion(body, finish_reason="length")``).
+``token_delay_s`` × ``completion_tokens`` sets how fast the default echo is "generated".
 
 As a separate process (the benchmark and the kill tests):
 ``python -m eagle3_pipeline_tests.fake_openai [--port N] [--delay-s S]`` prints its base URL on the
@@ -79,6 +80,10 @@ class _Server(ThreadingHTTPServer):
 class FakeOpenAI:
     delay_s: float = 0.0
     script: Script | None = None
+    # The speed of a default echo answer: it has `completion_tokens` tokens and takes
+    # `token_delay_s` per token to "generate" (a slow or fast backend for the planner's tests).
+    token_delay_s: float = 0.0
+    completion_tokens: int = 5
     record: bool = True  # keep every request body and header set (off for the benchmark)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
@@ -160,7 +165,8 @@ class FakeOpenAI:
                 if reply.payload is not None:
                     payload = reply.payload
                 elif reply.status == 200:
-                    payload = echo_completion(body)
+                    time.sleep(fake.token_delay_s * fake.completion_tokens)
+                    payload = echo_completion(body, fake.completion_tokens)
                 else:
                     payload = {"error": {"message": "scripted failure", "code": reply.status}}
                 data = json.dumps(payload).encode()

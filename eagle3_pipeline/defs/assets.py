@@ -25,6 +25,7 @@ from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
+from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
@@ -190,6 +191,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset.id))),
                 "errors_file": dg.MetadataValue.path(str(layout.errors(dataset.id))),
                 "preview": _preview(result.rows, ["id", "finish_reason", "completion_tokens", "response"]),
+                "plan": dg.MetadataValue.md(dataset_plan(config, dataset.id).markdown(dataset.id)),
             }
         )
 

@@ -18,6 +18,7 @@ from eagle3_pipeline.generation.budget import BudgetState, budget_state, counted
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA, response_rows
 from eagle3_pipeline.generation.endpoints import Endpoint
+from eagle3_pipeline.generation.failover import FailoverSettings
 from eagle3_pipeline.generation.fingerprint import (
     DIGEST_CHARS,
     GenerationFingerprint,
@@ -30,7 +31,6 @@ from eagle3_pipeline.generation.progress import ProgressSink
 from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, atomic_path, write_parquet
-
 
 LISTED_IDS = 50
 
@@ -102,6 +102,8 @@ def generate_dataset(
     Before anything is sent: the checkpoint's generation fingerprint must be the configured one
     (else :class:`FingerprintMismatch`, or the old answers are kept aside under ``new_version``),
     and prompts that cannot fit ``target.max_seq_len`` with ``max_tokens`` are left out and listed.
+    With ``generation.failover`` the dataset is generated on one backend at a time, moving on by
+    deadline or sickness (decisions in ``responses/<dataset>.failover.jsonl``).
     Raises :class:`GenerationFailed` if the run was stopped, or if more prompts failed than
     ``max_failed_fraction`` allows; the table is then left as it was."""
     settings = config.generation
@@ -110,7 +112,8 @@ def generate_dataset(
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
     decision = settle_fingerprint(config, dataset.id, has_answers=bool(checkpoint.load()))
     lengths = check_lengths(prompts, config.target.max_seq_len, settings.max_tokens, settings.length_estimator, tokenizer_name)
-    summary = generate(lengths.fits, resolve_endpoints, settings, checkpoint, layout.errors(dataset.id), dataset.token_budget, sinks)
+    failover = FailoverSettings.from_config(config, dataset.id, layout.failover(dataset.id))
+    summary = generate(lengths.fits, resolve_endpoints, settings, checkpoint, layout.errors(dataset.id), dataset.token_budget, sinks, failover)
     allowed = int(settings.max_failed_fraction * len(lengths.fits))
     if summary.failed > allowed:
         raise GenerationFailed(

@@ -59,9 +59,14 @@ class EndpointPool:
         if not endpoints:
             raise ValueError("an endpoint pool needs at least one endpoint")
         self._slots = [_Slot(e) for e in endpoints]
+        self._active = self._slots
+
+    def use_only(self, endpoint: Endpoint) -> None:
+        """From now on hand out only ``endpoint`` (failover: one backend at a time)."""
+        self._active = [s for s in self._slots if s.endpoint is endpoint]
 
     def acquire(self, avoid: Endpoint | None = None) -> Endpoint:
-        candidates = [s for s in self._slots if s.endpoint is not avoid] or self._slots
+        candidates = [s for s in self._active if s.endpoint is not avoid] or self._active
         slot = min(candidates, key=lambda s: (s.outstanding, s.sent))
         slot.outstanding += 1
         slot.sent += 1

@@ -10,7 +10,9 @@ it arrives. Requests in flight reuse small HTTP clients that keep one connection
 endpoint: a single shared pool of 150+ connections scans all of them on every request and spends
 more CPU on that than on the requests. A request that fails for good goes to the errors file;
 ``max_consecutive_errors`` of them in a row stop the run, and so does an answer from another model
-than the dataset's answers so far (it is not written).
+than the dataset's answers so far (it is not written). With ``generation.failover`` the requests go
+to one backend at a time and a watcher moves the dataset on (see :mod:`.failover`): the requests in
+flight on the old backend are cancelled and each is sent again, once, to the new one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from eagle3_pipeline.generation.checkpoint import CheckpointWriter, ErrorLog, Re
 from eagle3_pipeline.generation.client import AttemptFailure, Completion, attempt_completion, request_body
 from eagle3_pipeline.generation.conversation import build_record, generated_message, turns_to_regenerate
 from eagle3_pipeline.generation.endpoints import Endpoint, EndpointPool
+from eagle3_pipeline.generation.estimate import Workload, estimate_left
+from eagle3_pipeline.generation.failover import Failover, FailoverSettings
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
 from eagle3_pipeline.generation.retry import backoff_s
 from eagle3_pipeline.prompts import estimate_tokens
@@ -64,6 +68,8 @@ class GenerationSummary:
     series: list[dict[str, float]] = field(default_factory=list)
     endpoints: list[dict[str, Any]] = field(default_factory=list)
     error_examples: list[str] = field(default_factory=list)
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    moved_in_flight: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -86,6 +92,8 @@ class GenerationSummary:
             "generation_seconds": round(self.elapsed_s, 2),
             "tokens_per_s": round(self.tokens_per_s, 2),
             "endpoints": self.endpoints,
+            "failover_decisions": self.failovers,
+            "requests_moved_by_failover": self.moved_in_flight,
         }
 
 
@@ -132,8 +140,14 @@ class _Run:
         summary: GenerationSummary,
         sinks: Sequence[ProgressSink],
         model: str | None,
+        failover: Failover | None = None,
+        finished: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.settings = settings
+        self.failover = failover
+        self.finished = (len(finished), sum(int(r.get("completion_tokens") or 0) for r in finished), sum(int(r.get("prompt_tokens") or 0) for r in finished))
+        self.attempts: dict[asyncio.Task[Any], Endpoint] = {}
+        self.prompt_tokens_est = 0.0
         self.model = model
         self.new_client = new_client
         self.pool = pool
@@ -152,8 +166,10 @@ class _Run:
         slots = {"short": asyncio.Semaphore(self.settings.concurrency.short), "long": asyncio.Semaphore(self.settings.concurrency.long)}
         idle: list[httpx.AsyncClient] = []
         self.remaining = len(todo)
+        self.prompt_tokens_est = sum(p.prompt_tokens_est for p in todo) / len(todo) if todo else 0.0
         dispatched = 0
         ticker = asyncio.create_task(self._tick())
+        watcher = asyncio.create_task(self._watch()) if self.failover else None
         try:
             async with contextlib.AsyncExitStack() as clients, asyncio.TaskGroup() as group:
                 for prompt in todo:
@@ -169,6 +185,8 @@ class _Run:
             raise caught.exceptions[0] from None
         finally:
             ticker.cancel()
+            if watcher is not None:
+                watcher.cancel()
             self.summary.skipped_by_budget = len(todo) - dispatched if self.budget.exhausted else 0
             self.summary.elapsed_s = time.monotonic() - self.started
             self.summary.endpoints = self.pool.stats()
@@ -226,19 +244,97 @@ class _Run:
             attempt += 1
             endpoint = self.pool.acquire(avoid)
             body = request_body(endpoint, messages, tools, settings.max_tokens, settings.temperature)
+            attempt_task = asyncio.create_task(attempt_completion(client, endpoint, body, prompt_tokens_est))
+            self.attempts[attempt_task] = endpoint
             try:
-                outcome = await attempt_completion(client, endpoint, body, prompt_tokens_est)
+                await asyncio.wait({attempt_task})
             except BaseException:
+                attempt_task.cancel()
                 self.pool.release(endpoint, ok=False)
                 raise
+            finally:
+                del self.attempts[attempt_task]
+            if attempt_task.cancelled():  # the dataset moved to another backend: send it there, once
+                self.pool.release(endpoint, ok=True)
+                attempt, avoid = attempt - 1, None
+                continue
+            outcome = attempt_task.result()
             self.pool.release(endpoint, ok=isinstance(outcome, Completion))
             if isinstance(outcome, Completion):
+                if self.failover:
+                    self.failover.answered(endpoint, outcome.completion_tokens)
                 return outcome
+            if self.failover and outcome.retryable and outcome.kind != "empty" and self.failover.attempt_failed(endpoint):
+                self._move(f"unhealthy: {self.failover.failed_in_a_row} failed attempts in a row (last: {self.pool.redact(outcome.reason)})")
+            if self.failover and endpoint is not self.failover.current:  # failed on a backend the dataset has left
+                attempt, avoid = attempt - 1, None
+                continue
             if not outcome.retryable or attempt >= settings.retry.max_attempts:
                 raise RequestFailed(outcome, attempt, endpoint)
             self.summary.retries += 1
             avoid = endpoint
             await asyncio.sleep(backoff_s(attempt, settings.retry, outcome.retry_after_s, self.rng))
+
+    def _left(self) -> Workload:
+        """What is left of the dataset as this run stands: the prompts not yet ended, the mean
+        tokens per answer of every answer so far, the budget left."""
+        summary, settings = self.summary, self.settings
+        answers, completion, prompt = self.finished
+        budget_left = self.budget.budget - self.budget.counted if self.budget.budget is not None else None
+        return estimate_left(
+            summary.dataset,
+            pending=self.remaining,
+            answers=answers + summary.generated,
+            completion_done=completion + summary.completion_tokens,
+            prompt_done=prompt + summary.prompt_tokens,
+            budget_left=budget_left,
+            counts=settings.budget_counts,
+            bound_per_prompt=settings.max_tokens,
+            prompt_per_prompt=self.prompt_tokens_est,
+        )
+
+    def _move(self, reason: str) -> None:
+        """Make the next failover backend current: cancel the attempts in flight on the old one (each
+        is sent again by its request), record the decision with the numbers (the old backend's rate
+        since it became current, the tokens left, the ETA there), and send everything to the new one."""
+        failover = self.failover
+        assert failover is not None
+        old, left, rate = failover.current, self._left(), failover.rate()
+        eta = left.completion_left / rate if rate and left.completion_left is not None else None
+        in_flight = [task for task, endpoint in self.attempts.items() if endpoint is old and not task.done()]
+        for task in in_flight:
+            task.cancel()
+        sent = next(s["requests"] for s in self.pool.stats() if s["endpoint"] == old.base_url)
+        decision = failover.move(reason, left, rate, eta, sent, len(in_flight))
+        self.pool.use_only(failover.current)
+        self.summary.failovers.append(decision)
+        self.summary.moved_in_flight += len(in_flight)
+
+    async def _watch(self) -> None:
+        """Every ``check_every_s``: move on when the ETA on the current backend passes the deadline;
+        probe the current backend when it delivered nothing while requests were in flight."""
+        failover = self.failover
+        assert failover is not None
+        while True:
+            await asyncio.sleep(failover.settings.check_every_s)
+            if failover.past_deadline(self._left()):
+                self._move("deadline: the ETA on this backend passes the deadline")
+                continue
+            endpoint = failover.current
+            waiting = any(e is endpoint and not t.done() for t, e in self.attempts.items())
+            if failover.silent_since_last_check() and waiting and failover.settings.probe_timeout_s and failover.has_next:
+                failure = await self._probe(endpoint, failover.settings.probe_timeout_s)
+                if failure is not None and failover.attempt_failed(endpoint):
+                    self._move(f"unhealthy: {failover.failed_in_a_row} failed attempts in a row (last: probe: {self.pool.redact(failure)})")
+
+    async def _probe(self, endpoint: Endpoint, timeout_s: float) -> str | None:
+        """A 1-token request to ``endpoint``: None if it answered within ``timeout_s``, else why not."""
+        body = request_body(endpoint, [normalized({"role": "user", "content": "ping"})], None, 1, 0.0)
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            outcome = await attempt_completion(client, endpoint, body, 1)
+        if isinstance(outcome, Completion) or outcome.kind == "empty":
+            return None
+        return outcome.reason
 
     def _succeeded(self, record: dict[str, Any]) -> None:
         self.writer.append(record)
@@ -342,6 +438,7 @@ async def generate_async(
     errors_path: Path,
     token_budget: int | None = None,
     sinks: Sequence[ProgressSink] = (),
+    failover: FailoverSettings | None = None,
 ) -> GenerationSummary:
     """Answer every prompt not yet in the checkpoint, appending each answer as it finishes.
 
@@ -363,10 +460,14 @@ async def generate_async(
             summary.skipped_by_budget = len(todo)
             return summary
         endpoints = list(resolve_endpoints())
+        switcher = Failover(failover, endpoints) if failover else None
+        pool = EndpointPool(switcher.endpoints if switcher else endpoints)
+        if switcher:
+            pool.use_only(switcher.current)
         new_client = _client_factory(settings, len(endpoints))
         errors = ErrorLog(errors_path)
         try:
-            run = _Run(settings, new_client, EndpointPool(endpoints), budget, writer, errors, summary, sinks, served_model(writer.done.values()))
+            run = _Run(settings, new_client, pool, budget, writer, errors, summary, sinks, served_model(writer.done.values()), switcher, finished)
             await run.execute(todo)
         finally:
             errors.close()
@@ -400,5 +501,6 @@ def generate(
     errors_path: Path,
     token_budget: int | None = None,
     sinks: Sequence[ProgressSink] = (),
+    failover: FailoverSettings | None = None,
 ) -> GenerationSummary:
-    return asyncio.run(generate_async(prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks))
+    return asyncio.run(generate_async(prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks, failover))
