@@ -1,0 +1,22 @@
+"""The throwaway PostgreSQL server of the deployment tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from eagle3_pipeline_tests.deploy.postgres_server import Postgres, postgres_bin, postgres_cluster
+
+
+@pytest.fixture
+def postgres() -> Iterator[Postgres]:
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        reason = "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin (Debian package `postgresql`)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; .ci/run installs it, so in CI this is a broken set-up")
+        pytest.skip(reason)
+    with postgres_cluster(bin_dir) as server:
+        yield server
