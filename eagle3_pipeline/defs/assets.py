@@ -16,12 +16,14 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, budget_reached
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
 from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
@@ -129,6 +131,7 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
         pool="gpu",
+        op_tags=step_tags(config, "responses"),
         required_resource_keys={"inference"},
         code_version=configured_fingerprint(config).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
@@ -169,6 +172,7 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
             context.log_event(health_observation(inference.preflight_report))
+        budget_reached(Alerter(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
             context.log.warning(f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}")
         return dg.MaterializeResult(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, health_changed
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.launching import plan_launches
 from eagle3_pipeline.defs.staleness import partitions_to_generate
@@ -47,6 +48,7 @@ def build_backfill_schedule(config: PipelineConfig, generation_job: str) -> list
     )
     def responses_backfill(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
         report, _ = monitor.tick()
+        health_changed(Alerter(config, context.log.warning), report)
         if not report.healthy:
             return dg.SkipReason(f"not launching generation: {report.summary()}")
         wanted = partitions_to_generate(context.instance, config)

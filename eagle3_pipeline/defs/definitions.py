@@ -7,6 +7,7 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.assets import build_assets
 from eagle3_pipeline.defs.automation import build_automation_sensor, build_backfill_schedule
+from eagle3_pipeline.defs.deploy import build_executor
 from eagle3_pipeline.defs.drafter import build_drafter_assets
 from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
@@ -62,4 +63,5 @@ def build_definitions(config: PipelineConfig) -> dg.Definitions:
             "inference": InferenceResource(config_path=str(config.source_file)),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
+        executor=build_executor(config),
     )

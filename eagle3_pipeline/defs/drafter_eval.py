@@ -11,9 +11,11 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, tau_checked
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.defs.gating import require_passing_checks
+from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.evaluate import tau_regressions
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 
@@ -56,6 +58,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         kinds={"pytorch"},
         deps=UPSTREAM,
         pool="gpu",
+        op_tags=step_tags(config, "drafter_eval"),
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
         f"K ∈ {list(settings.steps)}, walked the way a greedy chain-drafting server accepts tokens; per-depth "
         "conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
@@ -87,6 +90,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
             f"{len(taus)} τ figures ≥ {settings.min_tau:g}"
             + (f" and within {settings.max_tau_drop:g} of the previous run" if previous is not None else " (no previous run)")
         )
+        tau_checked(Alerter(config, context.log.warning), not problems, verdict)
         return dg.AssetCheckResult(
             passed=not problems,
             severity=dg.AssetCheckSeverity.ERROR,
