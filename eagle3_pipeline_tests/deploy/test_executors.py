@@ -128,3 +128,18 @@ def test_default_executor_adds_no_tags_and_unknown_pool_is_a_clear_error(tmp_pat
     assert all(K8S_CONFIG_TAG not in op_tags(defs, a) and CELERY_QUEUE_TAG not in op_tags(defs, a) for a in ("responses", *GPU_ASSETS))
     with pytest.raises(ConfigError, match=r"deploy: .*phase_pools names pools not in gpu_pools.*'hidden_states': 'nope'"):
         load_config(write_pipeline(tmp_path, {"phase_pools": {"hidden_states": "nope"}}), runtime_checks=False)
+
+
+def test_k8s_instance_file_is_deploy_dagster_yaml_plus_a_valid_k8s_run_launcher() -> None:
+    import yaml
+    from dagster._config import process_config
+    from dagster_k8s import K8sRunLauncher
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    base = yaml.safe_load((deploy / "dagster.yaml").read_text())
+    k8s = yaml.safe_load((deploy / "k8s" / "dagster.yaml").read_text())
+    launcher = k8s.pop("run_launcher")
+    assert k8s == base, "deploy/k8s/dagster.yaml drifted from deploy/dagster.yaml"
+    assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    result = process_config(K8sRunLauncher.config_type(), launcher["config"])
+    assert result.success, result.errors
