@@ -10,7 +10,9 @@ the API key, the webhook URL's token and an SSH key passphrase.
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +26,7 @@ from eagle3_pipeline.alerts import Alert, Alerter, health_changed
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
 from eagle3_pipeline.defs.drafter_eval import DRAFTER_EVAL
+from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 
@@ -81,11 +84,12 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     server.server.shutdown()
 
 
-def pipeline(tmp_path: Path, server: FakeOpenAI, disk_floor_gb: float, alert_format: str = "json") -> Path:
+def pipeline(tmp_path: Path, server: FakeOpenAI, disk_floor_gb: float, alert_format: str = "json", stall_window_s: float = 600) -> Path:
     return write_pipeline(
         tmp_path, server, datasets=("B1",),
         inference={"kind": "endpoints", "endpoints": [{"base_url": server.base_url, "api_key_env": KEY_VAR}]},
-        health={"host": {"kind": "local", "key_file": "~/.ssh/unused_key", "key_passphrase_env": PASS_VAR}, "min_disk_free_gb": disk_floor_gb, "min_mem_free_gb": 0.01},
+        health={"host": {"kind": "local", "key_file": "~/.ssh/unused_key", "key_passphrase_env": PASS_VAR}, "min_disk_free_gb": disk_floor_gb, "min_mem_free_gb": 0.01,
+                "stall_window_s": stall_window_s},
         alerts={"webhook_url_env": URL_VAR, "format": alert_format},
     )
 
@@ -183,3 +187,25 @@ def test_tau_regression_alerts_when_drafter_evals_check_fails(tmp_path: Path, fa
     assert body["kind"] == "tau_regression" and body["title"] == "[eagle3 orchestrated] drafter τ regressed"
     assert "tau@3" in body["report"] and "2.1" in body["report"] and "2.6" in body["report"], body["report"]
     assert_no_secret(receiver, tmp_path / "home")
+
+
+def test_stall_alerts_once_per_stalled_run(tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver) -> None:
+    """A started generation run whose checkpoint stopped growing (as in the health tests' stall case),
+    seen by the real `generation_stall` sensor on two ticks."""
+    config = load_config(pipeline(tmp_path, fake_openai, disk_floor_gb=0.01, stall_window_s=1), runtime_checks=False)
+    defs = build_definitions(config)
+    with instance_in(tmp_path / "home") as instance:
+        run = instance.create_run_for_job(defs.resolve_job_def(GENERATION_JOB), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED)
+        checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
+        checkpoint.parent.mkdir(parents=True)
+        checkpoint.write_text('{"id": "x"}\n')
+        os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
+        HeartbeatWriter(heartbeat_path(config.artifacts_root, "B1"), run.run_id).start()
+        time.sleep(1.5)
+        sensor = defs.resolve_sensor_def("generation_stall")
+        for _ in range(2):
+            sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+    [body] = receiver.bodies
+    assert body["kind"] == "stall" and body["subject"] == f"stall:B1:{run.run_id}"
+    assert body["report"].startswith(f"B1 (run {run.run_id[:8]}, no new response for ")
+    assert_no_secret(receiver, tmp_path / "home", tmp_path / "out")
