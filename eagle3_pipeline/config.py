@@ -470,6 +470,46 @@ class DrafterBenchmarkConfig(_Model):
         return template
 
 
+# --- beyond one box (issue 11): executors and alerts ---
+
+GpuPhase = Literal["responses", "hidden_states", "eagle3_drafter", "drafter_eval"]
+POOL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$"
+
+
+class GpuPoolConfig(_Model):
+    """A pool of GPU machines: a Kubernetes node pool (`node_selector`) or the Celery workers of one
+    GPU host (`queue`, default: the pool's name)."""
+
+    node_selector: dict[str, str] = {}
+    gpus: Annotated[int, Field(gt=0)] = 1  # nvidia.com/gpu per step pod
+    queue: Annotated[str, Field(pattern=POOL_NAME_PATTERN)] | None = None
+
+
+class DeployConfig(_Model):
+    """Which Dagster executor runs the steps, and where the GPU phases go under it. `default` is
+    Dagster's own (each step a process on the run's machine): nothing else changes."""
+
+    executor: Literal["default", "k8s", "celery"] = "default"
+    gpu_pools: Annotated[dict[Annotated[str, Field(pattern=POOL_NAME_PATTERN)], GpuPoolConfig], Field(min_length=1)] = {"gpu": GpuPoolConfig()}
+    phase_pools: dict[GpuPhase, str] = {}  # a GPU phase → one of gpu_pools; unlisted: the first pool
+
+    @model_validator(mode="after")
+    def _known_pools(self) -> DeployConfig:
+        unknown = {phase: pool for phase, pool in self.phase_pools.items() if pool not in self.gpu_pools}
+        if unknown:
+            raise ValueError(f"phase_pools names pools not in gpu_pools: {unknown}; expected one of {sorted(self.gpu_pools)}")
+        return self
+
+
+class AlertsConfig(_Model):
+    """Notifications to a webhook (a plain JSON POST, or Slack's incoming-webhook format). The URL is
+    a secret: the file names the environment variable that holds it; unset → alerts off."""
+
+    webhook_url_env: Annotated[str, Field(pattern=ENV_VAR_PATTERN)] | None = None
+    format: Literal["json", "slack"] = "json"
+    timeout_s: Annotated[float, Field(gt=0, le=30)] = 5.0
+
+
 class PipelineConfig(_Model):
     """One pipeline: its datasets, target model, inference backend and where outputs go."""
 
@@ -490,6 +530,8 @@ class PipelineConfig(_Model):
     drafter: DrafterConfig = DrafterConfig()
     drafter_eval: DrafterEvalConfig = DrafterEvalConfig()
     drafter_benchmark: DrafterBenchmarkConfig | None = None
+    deploy: DeployConfig = DeployConfig()
+    alerts: AlertsConfig = AlertsConfig()
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)]
     source_file: Path
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, budget_reached
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
 from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
@@ -23,6 +24,7 @@ from eagle3_pipeline.defs.checks import build_response_checks, build_training_da
 from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
+from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.generation.planning import dataset_plan
@@ -139,6 +141,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         pool="gpu",
         required_resource_keys={"pipeline", "inference"},
         automation_condition=backfill,
+        op_tags=step_tags(config, "responses"),
         code_version=configured_fingerprint(config).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
         "checkpointed at once; a rerun resumes by id with no duplicates. The code version is the digest of "
@@ -180,6 +183,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
             context.log_event(health_observation(inference.preflight_report))
+        budget_reached(Alerter(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
             context.log.warning(f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}")
         return dg.MaterializeResult(

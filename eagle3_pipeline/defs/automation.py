@@ -26,6 +26,7 @@ import datetime
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, health_changed
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.launching import GENERATION_JOB, plan_launches
 from eagle3_pipeline.defs.resources import PipelineResource
@@ -72,6 +73,7 @@ class GenerationDue(dg.AutomationCondition):
             report, _ = monitor.tick()
         finally:
             monitor.close()
+        health_changed(Alerter(config, context.log.warning), report)
         due: frozenset[str] = frozenset()
         if not report.healthy:
             context.log.warning(f"not backfilling responses: {report.summary()}")

@@ -7,6 +7,7 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.assets import build_assets
 from eagle3_pipeline.defs.automation import build_automation_sensor
+from eagle3_pipeline.defs.deploy import build_executor
 from eagle3_pipeline.defs.drafter import build_drafter_assets
 from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
@@ -67,4 +68,5 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
             "inference": InferenceResource(pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
+        executor=build_executor(config),
     )

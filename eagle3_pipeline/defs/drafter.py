@@ -18,8 +18,10 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
+from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
 from eagle3_pipeline.hosts import HostError
+
 # The blocking checks of what the drafter trains on, honoured across runs (defs/gating.py).
 INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage")]
 
@@ -58,6 +60,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         deps=[dg.AssetKey("draft_vocab"), dg.AssetKey("hidden_states")],
         pool="gpu",
         required_resource_keys={"pipeline"},
+        op_tags=step_tags(config, "eagle3_drafter"),
         description="The EAGLE-3 draft model trained on the target's hidden states (training-time test "
         "over drafter.ttt_steps, soft labels over the draft vocabulary), checkpointed and resumable, "
         "exported as a LlamaForCausalLMEagle3 folder that SGLang and vLLM load.",

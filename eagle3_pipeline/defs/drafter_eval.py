@@ -11,10 +11,12 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, tau_checked
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
+from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.evaluate import tau_regressions
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 
@@ -59,6 +61,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         deps=UPSTREAM,
         pool="gpu",
         required_resource_keys={"pipeline"},
+        op_tags=step_tags(config, "drafter_eval"),
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
         f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens; per-depth "
         "conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
@@ -78,7 +81,8 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         f"drafter_eval.max_tau_drop ({described.max_tau_drop:g}) below the previous materialization's.",
     )
     def tau_regression(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        settings = pipeline_settings(context).drafter_eval
+        config = pipeline_settings(context)
+        settings = config.drafter_eval
         records = context.instance.fetch_materializations(DRAFTER_EVAL, limit=2).records
         if not records or records[0].asset_materialization is None:
             return dg.AssetCheckResult(passed=False, description="drafter_eval has no materialization to check")
@@ -93,6 +97,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
             f"{len(taus)} τ figures ≥ {settings.min_tau:g}"
             + (f" and within {settings.max_tau_drop:g} of the previous run" if previous is not None else " (no previous run)")
         )
+        tau_checked(Alerter(config, context.log.warning), not problems, verdict)
         return dg.AssetCheckResult(
             passed=not problems,
             severity=dg.AssetCheckSeverity.ERROR,

@@ -23,6 +23,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
+from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
@@ -113,6 +114,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         deps=[training_data],
         pool="gpu",
         required_resource_keys={"pipeline"},
+        op_tags=step_tags(config, "hidden_states"),
         check_specs=[
             dg.AssetCheckSpec("spot_check", asset="hidden_states", blocking=True,
                               description="Sampled sequences re-computed alone (batch size 1, no padding, transformers' "

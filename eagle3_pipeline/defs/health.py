@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.alerts import Alerter, health_changed, stall_detected
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
 from eagle3_pipeline.defs.resources import PipelineResource
@@ -71,6 +72,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
             report, state = monitor.tick(TickState.from_json(context.cursor))
         finally:
             monitor.close()
+        health_changed(Alerter(config, context.log.warning), report)
         events = [health_observation(report)]
         if not report.healthy:
             return dg.SensorResult(skip_reason=f"not launching generation: {report.summary()}", cursor=state.to_json(), asset_events=events)
@@ -97,6 +99,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         config = pipeline.config()
         stall = config.health
         stalled, events = [], []
+        alerter = Alerter(config, context.log.warning)
         for partition, run_id in partitions_in_flight(context.instance).items():
             if partition not in config.dataset_ids:
                 continue
@@ -112,6 +115,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
                 )
             )
             stalled.append(f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})")
+            stall_detected(alerter, partition, run_id, stalled[-1])
         for record in extracting_runs(context.instance) if config.compute.kind == "local" else []:
             quiet = extraction_quiet_seconds(ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0)
             if quiet is None or quiet <= stall.stall_window_s:
@@ -121,6 +125,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
             metadata = {"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated}
             events.append(dg.AssetObservation(asset_key=HIDDEN_STATES, metadata=metadata))
             stalled.append(f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})")
+            stall_detected(alerter, "hidden_states", run_id, stalled[-1])
         if stalled:
             return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)
         return dg.SensorResult(skip_reason="every generating or extracting run made progress within the stall window")

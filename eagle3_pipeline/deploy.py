@@ -1,0 +1,59 @@
+"""Where each step runs under the Kubernetes or Celery executor: the step tags those executors read.
+
+A phase gets a GPU of its own only where its own process does GPU work: `responses` when the
+pipeline serves the model itself (`inference.kind: embedded`), and `hidden_states`, `eagle3_drafter`,
+`drafter_eval` when `compute.kind` is `local`. With `compute: ssh`/`command` or remote endpoints the
+step only drives a GPU host over the network, so it runs on an ordinary node or worker.
+
+- `k8s`: the `dagster-k8s/config` tag — the step pod's container asks for `gpus` × `nvidia.com/gpu`
+  (limit = request) and the pod lands on the pool's nodes (`node_selector`).
+- `celery`: the `dagster-celery/queue` tag — the pool's queue, served by the Celery workers of that
+  GPU host.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from eagle3_pipeline.config import GpuPhase, GpuPoolConfig, PipelineConfig
+
+K8S_CONFIG_TAG = "dagster-k8s/config"
+CELERY_QUEUE_TAG = "dagster-celery/queue"
+GPU_RESOURCE = "nvidia.com/gpu"
+HEAVY_PHASES: tuple[GpuPhase, ...] = ("hidden_states", "eagle3_drafter", "drafter_eval")
+
+
+def gpu_phases(config: PipelineConfig) -> list[GpuPhase]:
+    """The phases whose own process needs a GPU under this pipeline file."""
+    phases: list[GpuPhase] = ["responses"] if config.inference.kind == "embedded" else []
+    if config.compute.kind == "local":
+        phases.extend(HEAVY_PHASES)
+    return phases
+
+
+def pool_for(config: PipelineConfig, phase: GpuPhase) -> tuple[str, GpuPoolConfig]:
+    pools = config.deploy.gpu_pools
+    name = config.deploy.phase_pools.get(phase, next(iter(pools)))
+    return name, pools[name]
+
+
+def k8s_step_config(pool: GpuPoolConfig) -> dict[str, Any]:
+    """The `dagster-k8s/config` value (UserDefinedDagsterK8sConfig's shape, snake_case)."""
+    gpus = str(pool.gpus)
+    config: dict[str, Any] = {"container_config": {"resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}}}}
+    if pool.node_selector:
+        config["pod_spec_config"] = {"node_selector": dict(pool.node_selector)}
+    return config
+
+
+def step_tags(config: PipelineConfig, phase: GpuPhase) -> dict[str, str]:
+    """The op tags of `phase` for the configured executor; none for the default executor or a
+    phase that does no GPU work in its own process."""
+    executor = config.deploy.executor
+    if executor == "default" or phase not in gpu_phases(config):
+        return {}
+    name, pool = pool_for(config, phase)
+    if executor == "k8s":
+        return {K8S_CONFIG_TAG: json.dumps(k8s_step_config(pool), sort_keys=True)}
+    return {CELERY_QUEUE_TAG: pool.queue or name}

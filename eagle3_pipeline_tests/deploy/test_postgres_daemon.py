@@ -1,0 +1,141 @@
+"""deploy/ for real: a PostgreSQL-backed instance (deploy/dagster.yaml, unchanged), the code location
+in its own `dagster code-server` (deploy/workspace.yaml, unchanged), and the real `dagster-daemon`.
+
+The scenario of test_orchestration_daemon.py on four datasets: B1 is materialized before the daemon
+starts; B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued
+run coordinator) on the same inference host (`eagle3/host: gpu-a`); the scheduled backfill must then
+launch B4, the only partition neither materialized nor in flight. Then every `responses` partition
+is materialized, B1 once, and the two gpu-a runs never were in flight together although
+`max_concurrent_runs` would allow it: the tag limit held. The server is the scripted
+OpenAI-compatible server on loopback; the tokenizer is the tiny real model's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
+from eagle3_pipeline.defs.launching import IN_FLIGHT
+from eagle3_pipeline_tests.deploy.postgres_server import Postgres
+from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.health.sshd_fixture import free_port
+from eagle3_pipeline_tests.test_orchestration import write_pipeline
+from eagle3_pipeline_tests.test_orchestration_daemon import materialized
+
+pytestmark = [pytest.mark.local_model, pytest.mark.daemon, pytest.mark.postgres]
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+HOST_TAG = "eagle3/host"
+
+
+@contextmanager
+def process(argv: list[str], log: Path, cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process in its own session; it and everything it spawned (run workers) are
+    terminated at the end."""
+    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ}, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, logs: list[Path], procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
+        assert all(p.poll() is None for p in procs), tails
+        assert time.monotonic() < deadline, tails
+        time.sleep(2)
+
+
+def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
+    tmp_path: Path, postgres: Postgres, fake_openai: FakeOpenAI, local_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_path = write_pipeline(
+        tmp_path, fake_openai, datasets=("B1", "B2", "B3", "B4"), tokenizer=local_model, schedule={"cron": "* * * * *"}
+    )
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_bytes((REPO / "deploy" / "dagster.yaml").read_bytes())
+    code_port = free_port()
+    for name, value in {
+        **postgres.env(),
+        "DAGSTER_HOME": str(home),
+        "EAGLE3_CONFIG": str(config_path),
+        "EAGLE3_CODE_SERVER_HOST": "127.0.0.1",
+        "EAGLE3_CODE_SERVER_PORT": str(code_port),
+    }.items():
+        monkeypatch.setenv(name, value)
+    workspace = str(REPO / "deploy" / "workspace.yaml")
+
+    instance = dg.DagsterInstance.get()
+    assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+    assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+    defs = build_definitions(load_config(config_path))
+    assert defs.resolve_job_def(GENERATION_JOB).execute_in_process(partition_key="B1", instance=instance).success
+
+    logs = [tmp_path / "code_server.log", tmp_path / "daemon.log"]
+    code_server_argv = [str(BIN / "dagster"), "code-server", "start", "-m", "eagle3_pipeline.definitions",
+                        "--location-name", "eagle3_pipeline", "-h", "127.0.0.1", "-p", str(code_port)]
+    with process(code_server_argv, logs[0], tmp_path) as code_server:
+        health = [str(BIN / "dagster"), "api", "grpc-health-check", "--host", "127.0.0.1", "--port", str(code_port)]
+        wait_for(lambda: subprocess.run(health, capture_output=True).returncode == 0, 180, logs, [code_server])
+
+        submitted = {}
+        for partition in ("B2", "B3"):
+            tags = json.dumps({"dagster/partition": partition, HOST_TAG: "gpu-a"})
+            launch = subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", workspace, "-j", GENERATION_JOB, "--tags", tags],
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert launch.returncode == 0, launch.stdout + launch.stderr
+            [run] = instance.get_runs(dg.RunsFilter(job_name=GENERATION_JOB, tags={"dagster/partition": partition}))
+            assert run.status == dg.DagsterRunStatus.QUEUED, "no daemon yet: the coordinator must hold the run"
+            submitted[partition] = run.run_id
+
+        def done() -> bool:
+            partitions = {r.asset_materialization.partition for r in materialized(instance, "responses")}
+            return partitions == {"B1", "B2", "B3", "B4"} and not instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
+
+        with process([str(BIN / "dagster-daemon"), "run", "-w", workspace], logs[1], tmp_path) as daemon:
+            wait_for(done, 600, logs, [code_server, daemon])
+
+    responses = materialized(instance, "responses")
+    assert sorted(r.asset_materialization.partition for r in responses) == ["B1", "B2", "B3", "B4"], "no partition generated twice"
+
+    # B4 came from the daemon's scheduled backfill; B2 and B3 were in flight, so it left them alone.
+    [b4] = [r for r in responses if r.asset_materialization.partition == "B4"]
+    b4_run = instance.get_run_by_id(b4.run_id)
+    assert b4_run.tags.get("dagster/schedule_name") == "responses_backfill" or "dagster/backfill" in b4_run.tags, b4_run.tags
+    for backfill in instance.get_backfills():
+        assert backfill.tags.get("dagster/schedule_name") == "responses_backfill", backfill.tags
+    assert b4_run.status == dg.DagsterRunStatus.SUCCESS
+
+    # The host limit: the two gpu-a runs, dequeued by the same daemon, one after the other.
+    records = {r.dagster_run.tags["dagster/partition"]: r for r in instance.get_run_records(dg.RunsFilter(tags={HOST_TAG: "gpu-a"}))}
+    assert set(records) == {"B2", "B3"} and {r.dagster_run.run_id for r in records.values()} == set(submitted.values())
+    assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records.values())
+    first, second = sorted(records.values(), key=lambda r: r.start_time or 0.0)
+    assert first.end_time is not None and second.start_time is not None
+    assert first.end_time <= second.start_time, "two runs of one host were in flight together"
+    for record in records.values():
+        enqueued = instance.get_records_for_run(record.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED).records
+        assert enqueued, "every run went through the queue"
+    print(f"gpu-a runs: {first.dagster_run.tags['dagster/partition']} ended {second.start_time - first.end_time:.1f} s "
+          f"before {second.dagster_run.tags['dagster/partition']} started; B4 by run {b4_run.run_id[:8]} ({dict(b4_run.tags)})")
