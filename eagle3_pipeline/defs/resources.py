@@ -39,7 +39,7 @@ class PipelineResource(dg.ConfigurableResource):
 
 
 def pipeline_settings(context: Any) -> PipelineConfig:
-    """The settings of this run or tick, from its `pipeline` resource (asset, check and sensor contexts)."""
+    """The settings of this run, from its `pipeline` resource (asset and check contexts; sensors take the resource as a parameter)."""
     pipeline: PipelineResource = context.resources.pipeline
     return pipeline.config()
 
