@@ -70,6 +70,7 @@ def _final_state(run_dir: str) -> dict[str, torch.Tensor]:
 
 def _assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
+    print(f"-- largest weight difference: {max(float((a[n].float() - b[n].float()).abs().max()) for n in a):.2e}")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=ATOL, rtol=RTOL, msg=lambda m, name=name: f"{name}: {m}")
 
