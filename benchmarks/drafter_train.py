@@ -15,6 +15,7 @@ The store comes from the embedded model's hidden states over the shipped prompts
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -88,13 +89,14 @@ def main() -> None:
     settings = {"ttt_steps": 7, "lr": 1e-3, "batch_tokens": args.batch_tokens, "max_seq_len": 256, "grad_clip": 0.5, "seed": 0, "epochs": 1,
                 "max_steps": args.steps, "checkpoint_every": 10**9, "log_every": 5, "eval_samples": 8}  # fmt: skip
     torch.set_num_threads(torch.get_num_threads())
+    load_before = os.getloadavg()[0]
     bare_tokens, bare_s = bare_loop(store, vocab, target_dir, settings, args.steps)
     run_dir = Path(tempfile.mkdtemp(prefix="drafter-bench-run-"))
     spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir), "run_dir": str(run_dir / "run"),
             "export_dir": str(run_dir / "export"), "settings": settings}  # fmt: skip
     ours = run(spec, Quiet())
     bare_rate = bare_tokens / bare_s
-    print(f"steps: {args.steps}, tokens: ours {ours['trained_tokens_this_run']}, bare {bare_tokens}")
+    print(f"steps: {ours['steps']}, tokens: ours {ours['trained_tokens_this_run']}, bare {bare_tokens}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"bare PyTorch loop : {bare_rate:10.1f} tokens/s ({bare_s:.2f} s)")
     print(f"our training loop : {ours['tokens_per_s']:10.1f} tokens/s ({ours['train_loop_s']:.2f} s; checkpoint+eval {ours['checkpoint_s']:.2f} s apart)")
     print(f"ratio ours/bare   : {ours['tokens_per_s'] / bare_rate:.3f} (goal >= 0.8)")
