@@ -332,6 +332,10 @@ class Window:
         return row, tokens
 
 
+def _processes(count: int) -> str:
+    return f"{count} processes" if count > 1 else "1 process"
+
+
 def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     """The ``train`` phase. Returns JSON-able metadata (curve, first/last loss, eval, export); under
     torchrun every rank runs it and rank 0's metadata is the run's (the others report nothing)."""
@@ -387,7 +391,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     resumed_from: int | None = None
-    processes = f"{ranks.world} processes" if ranks.world > 1 else "1 process"
+    processes = _processes(ranks.world)
 
     found = latest_checkpoint(paths["run_dir"])
     if found is not None:
@@ -412,7 +416,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         written_by = state.get("world_size", 1)
         report.log(
             f"resuming from {found.name}: step {step}/{total_steps}, epoch {epoch}, batch {batch_index}, {processes}"
-            + (f" (the checkpoint was written by a run of {written_by})" if written_by != ranks.world else "")
+            + (f" (the checkpoint was written by a run of {_processes(written_by)})" if written_by != ranks.world else "")
         )
     else:
         report.log(f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}, {processes}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,6 +128,7 @@ def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does
     last = latest_checkpoint(Path(spec["run_dir"]))
     assert last is not None
     last_step = int(last.name.split("-")[1])
+    shutil.copytree(spec["run_dir"], tmp_path / "one" / "run")  # the same checkpoint, resumed by one process below
 
     resumed = _torchrun(spec_file, tmp_path / "second.log")
     assert resumed.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
@@ -139,3 +141,9 @@ def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does
     assert second["steps"] == unbroken["steps"] > last_step
     assert second["last_loss"] == pytest.approx(unbroken["last_loss"], rel=1e-4)
     _assert_same_weights(_final_state(spec["run_dir"]), _final_state(str(tmp_path / "unbroken" / "run")))
+
+    report = ListReporter()
+    one = run(_elsewhere(spec, tmp_path / "one"), report)  # another number of processes: the data position holds
+    assert one["resumed_from_step"] == last_step and one["steps"] == unbroken["steps"]
+    assert report.lines[0].endswith("1 process (the checkpoint was written by a run of 2 processes)")
+    _assert_same_weights(_final_state(str(tmp_path / "one" / "run")), _final_state(str(tmp_path / "unbroken" / "run")))
