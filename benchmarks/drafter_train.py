@@ -4,8 +4,9 @@ Both train the same model (same seed, same config) on the same batches for the s
 steps in this process, alternately (``--rounds``: bare, ours, bare, ours, ...; the best rate of
 each is compared, as load from other processes on a shared machine slows whichever runs then).
 Ours is ``eagle3_pipeline.drafter.train.run``: it reads each batch from the hidden-state store,
-logs metrics, and checkpoints at the end (checkpoint time excluded; it is printed apart). The bare loop has every batch in memory already and does only teacher + TTT forward
-+ loss + backward + clip + AdamW step. Prints tokens/s of both and the ratio (goal: >= 0.8).
+logs metrics, and checkpoints at the end (checkpoint time excluded; it is printed apart). The
+bare loop has every batch in memory already and does only teacher + TTT forward + loss + backward
++ clip + AdamW step. Prints tokens/s of both and the ratio (goal: >= 0.8).
 Our loop's loss, accuracy and token sums stay on the device and are synced every ``log_every``
 steps (here 5).
 
