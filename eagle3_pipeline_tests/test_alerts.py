@@ -10,9 +10,7 @@ the API key, the webhook URL's token and an SSH key passphrase.
 from __future__ import annotations
 
 import json
-import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,8 +24,8 @@ from eagle3_pipeline.alerts import Alert, Alerter, health_changed
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
 from eagle3_pipeline.defs.drafter_eval import DRAFTER_EVAL
-from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.health.test_sensors import start_stalled_generation
 from eagle3_pipeline_tests.test_orchestration import sensor_resources, write_pipeline
 
 URL_VAR, KEY_VAR, PASS_VAR = "EAGLE3_TEST_ALERT_URL", "EAGLE3_TEST_API_KEY", "EAGLE3_TEST_KEY_PASSPHRASE"
@@ -195,13 +193,7 @@ def test_stall_alerts_once_per_stalled_run(tmp_path: Path, fake_openai: FakeOpen
     config = load_config(pipeline(tmp_path, fake_openai, disk_floor_gb=0.01, stall_window_s=1), runtime_checks=False)
     defs = build_definitions(config)
     with instance_in(tmp_path / "home") as instance:
-        run = instance.create_run_for_job(defs.resolve_job_def(GENERATION_JOB), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED)
-        checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
-        checkpoint.parent.mkdir(parents=True)
-        checkpoint.write_text('{"id": "x"}\n')
-        os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
-        HeartbeatWriter(heartbeat_path(config.artifacts_root, "B1"), run.run_id).start()
-        time.sleep(1.5)
+        run = start_stalled_generation(defs, instance, config.artifacts_root)
         sensor = defs.resolve_sensor_def("generation_stall")
         for _ in range(2):
             sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)))

@@ -129,27 +129,32 @@ def test_sensor_tick_against_a_hung_host_returns_within_20_s(
         proxy.close()
 
 
+def start_stalled_generation(defs: dg.Definitions, instance: dg.DagsterInstance, artifacts_root: Path) -> dg.DagsterRun:
+    """A started `generation_job` run of B1 whose runner heartbeat is alive but whose checkpoint has
+    not grown for an hour: what `generation_stall` must flag once the stall window (1 s) has passed."""
+    run = instance.create_run_for_job(defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED)
+    checkpoint = artifacts_root / "responses" / "B1.checkpoint.jsonl"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text('{"id": "x"}\n')
+    os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
+    HeartbeatWriter(heartbeat_path(artifacts_root, "B1"), run.run_id).start()
+    time.sleep(1.5)
+    return run
+
+
 def test_stall_sensor_flags_a_generation_that_stopped_writing(
     tmp_path: Path, sshd: Sshd, sglang: FakeSglang, instance: dg.DagsterInstance
 ) -> None:
     config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
     defs = build_definitions(config)
-    run = instance.create_run_for_job(
-        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
-    )
-    checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
-    checkpoint.parent.mkdir(parents=True)
-    checkpoint.write_text('{"id": "x"}\n')
-    os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
-    HeartbeatWriter(heartbeat_path(config.artifacts_root, "B1"), run.run_id).start()
-    time.sleep(1.5)
+    run = start_stalled_generation(defs, instance, config.artifacts_root)
     result = evaluate(defs, "generation_stall", instance)
     assert result.skip_message.startswith("stalled: B1") and run.run_id[:8] in result.skip_message
     [flagged] = result.asset_events
     assert flagged.asset_key == dg.AssetKey("responses") and flagged.partition == "B1"
     assert flagged.metadata["stalled"].value is True
 
-    checkpoint.write_text('{"id": "x"}\n{"id": "y"}\n')
+    (config.artifacts_root / "responses" / "B1.checkpoint.jsonl").write_text('{"id": "x"}\n{"id": "y"}\n')
     assert "made progress" in evaluate(defs, "generation_stall", instance).skip_message
 
 
