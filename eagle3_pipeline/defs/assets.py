@@ -22,6 +22,7 @@ from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.defs.resources import run_host
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
@@ -128,7 +129,9 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         group_name="data",
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
-        pool="gpu",
+        # With several hosts, one run per host is the `eagle3/host` and `eagle3/pool` tags' limit (the
+        # planner's and the queued coordinator's): Dagster fixes an op's pool in its definition.
+        pool=None if config.inference.hosts else "gpu",
         required_resource_keys={"inference"},
         code_version=configured_fingerprint(config).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
@@ -140,6 +143,8 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         dataset = config.dataset(context.partition_key)
         inference = context.resources.inference
         estimator = config.generation.length_estimator
+        host = config.inference.host(run_host(context.run)).name if config.inference.hosts else None
+        on_host = config.for_host(host)
 
         def report(p: Progress) -> None:
             context.log.info(p.line())
@@ -159,22 +164,23 @@ def build_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
-            result = generate_dataset(config, dataset.id, prompt_records, endpoints, sinks, tokenizer)
+            result = generate_dataset(on_host, dataset.id, prompt_records, endpoints, sinks, tokenizer)
         except FingerprintMismatch as exc:
             raise dg.Failure(description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}) from None
         except UnhealthyError as exc:
-            context.log_event(health_observation(exc.report))
+            context.log_event(health_observation(exc.report, host))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
         except GenerationFailed as exc:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
-            context.log_event(health_observation(inference.preflight_report))
+            context.log_event(health_observation(inference.preflight_report, host))
         if result.kept_aside is not None:
             context.log.warning(f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}")
         return dg.MaterializeResult(
             data_version=dg.DataVersion(result.data_version),
             metadata={
                 **result.as_metadata(),
+                **({"host": host} if host is not None else {}),
                 "throughput_series": _series_table(result.summary.series),
                 "path": dg.MetadataValue.path(str(layout.responses(dataset.id))),
                 "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset.id))),

@@ -3,7 +3,8 @@
 - `responses_backfill` (only when the pipeline file sets `schedule.cron`; then it starts running —
   setting the cron is the opt-in): on each tick, behind the health gate, one `generation_job` run
   per missing or stale `responses` partition, with the run keys, backoff and give-up of
-  :mod:`eagle3_pipeline.defs.launching`. Partitions are the file's dataset ids, so a dataset added
+  :mod:`eagle3_pipeline.defs.launching` (with several inference hosts: on the healthy ones, one run
+  per host). Partitions are the file's dataset ids, so a dataset added
   to the file is a new partition the next tick backfills.
 - Everything downstream of `responses` follows by declarative automation: each phase declares
   :data:`FOLLOW_UPSTREAM` (an `AutomationCondition`), and the `pipeline_automation` sensor
@@ -17,9 +18,9 @@ from __future__ import annotations
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.hosts import InferenceHosts, gate_summary, sick_hosts_line
 from eagle3_pipeline.defs.launching import plan_launches
 from eagle3_pipeline.defs.staleness import partitions_to_generate
-from eagle3_pipeline.monitor import HealthMonitor
 
 AUTOMATION_SENSOR = "pipeline_automation"
 AUTOMATION_INTERVAL_S = 30
@@ -34,7 +35,7 @@ def build_backfill_schedule(config: PipelineConfig, generation_job: str) -> list
     settings = config.schedule
     if settings.cron is None:
         return []
-    monitor = HealthMonitor(config)
+    hosts = InferenceHosts(config)
 
     @dg.schedule(
         name="responses_backfill",
@@ -46,11 +47,20 @@ def build_backfill_schedule(config: PipelineConfig, generation_job: str) -> list
         "each) while the health gate passes; failed partitions are retried with backoff, then left alone.",
     )
     def responses_backfill(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
-        report, _ = monitor.tick()
-        if not report.healthy:
-            return dg.SkipReason(f"not launching generation: {report.summary()}")
+        verdicts, _ = hosts.tick()
+        if not any(v.report.healthy for v in verdicts):
+            return dg.SkipReason(f"not launching generation: {gate_summary(verdicts)}")
         wanted = partitions_to_generate(context.instance, config)
-        plan = plan_launches(context.instance, generation_job, list(wanted), config.launch, tags={"eagle3/launched_by": "responses_backfill"})
+        plan = plan_launches(
+            context.instance,
+            generation_job,
+            list(wanted),
+            config.launch,
+            tags={"eagle3/launched_by": "responses_backfill"},
+            hosts=hosts.choice(verdicts),
+        )
+        if sick_hosts_line(verdicts):
+            context.log.info(sick_hosts_line(verdicts))
         if plan.requests:
             context.log.info("launching " + ", ".join(f"{r.partition_key} ({wanted[r.partition_key or '']})" for r in plan.requests))
             if plan.reasons():

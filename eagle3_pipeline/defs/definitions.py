@@ -11,7 +11,7 @@ from eagle3_pipeline.defs.drafter import build_drafter_assets
 from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
-from eagle3_pipeline.defs.health import build_health_sensors, inference_server
+from eagle3_pipeline.defs.health import build_health_sensors, inference_server_specs
 from eagle3_pipeline.defs.resources import InferenceResource
 
 SETUP_JOB = "setup_job"
@@ -54,7 +54,7 @@ def build_definitions(config: PipelineConfig) -> dg.Definitions:
         *build_drafter_benchmark(config),
     ]
     return dg.Definitions(
-        assets=[*assets, inference_server],
+        assets=[*assets, *inference_server_specs(config)],
         jobs=build_jobs(config),
         schedules=build_backfill_schedule(config, GENERATION_JOB),
         sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],

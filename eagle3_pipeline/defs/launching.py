@@ -8,7 +8,11 @@ Shared by the `inference_health` sensor and the `responses_backfill` schedule, s
 - after `launch.max_attempts` consecutive failures the partition is left alone, with the last
   failure's reason in the tick, until a run of it succeeds (e.g. re-executed from the UI);
 - the run key is `<partition>:<epoch>:attempt-<n>`, where the epoch is the last successful run,
-  so each attempt is launched once however many ticks see it.
+  so each attempt is launched once however many ticks see it;
+- with several inference hosts (:class:`HostChoice`), each request goes to a healthy host with no
+  generation run in flight (tag `eagle3/host`) whose pool (tag `eagle3/pool`) is free, so one host
+  never has two; a partition whose last run failed on a host that is now unhealthy moves to a
+  healthy one at once (the failure was the host's), without its backoff but counted as an attempt.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from eagle3_pipeline.config import LaunchConfig
+from eagle3_pipeline.defs.staleness import RESPONSES
 
 PARTITION_TAG = "dagster/partition"
+HOST_TAG = "eagle3/host"
+POOL_TAG = "eagle3/pool"
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -41,16 +48,51 @@ class LaunchPlan:
     in_flight: list[str] = field(default_factory=list)
     backing_off: list[str] = field(default_factory=list)
     given_up: list[str] = field(default_factory=list)
+    waiting_for_host: list[str] = field(default_factory=list)
 
     def reasons(self) -> str:
         parts = []
         if self.in_flight:
             parts.append("in flight: " + ", ".join(self.in_flight))
+        if self.waiting_for_host:
+            parts.append("waiting for a free healthy host: " + ", ".join(self.waiting_for_host))
         if self.backing_off:
             parts.append("backing off: " + "; ".join(self.backing_off))
         if self.given_up:
             parts.append("left alone: " + "; ".join(self.given_up))
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class LaunchHost:
+    name: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """The hosts of one tick: the healthy ones (in the file's order), the names of the others, and
+    the host a generation run without a host tag is sent to (the first listed)."""
+
+    healthy: Sequence[LaunchHost]
+    unhealthy: frozenset[str]
+    untagged: str
+
+
+def hosts_in_flight(instance: dg.DagsterInstance, job_name: str, untagged: str) -> tuple[dict[str, str], set[str]]:
+    """host → run id of every unfinished run on an inference host, and the pools those runs hold.
+    A run without a host tag that generates (`job_name`, or a selection with `responses`, e.g.
+    launched from the UI) is on the `untagged` host, where the inference resource sends it."""
+    hosts: dict[str, str] = {}
+    pools: set[str] = set()
+    for run in instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT)):
+        if HOST_TAG in run.tags:
+            hosts[run.tags[HOST_TAG]] = run.run_id
+        elif run.job_name == job_name or RESPONSES in (run.asset_selection or set()):
+            hosts[untagged] = run.run_id
+        if POOL_TAG in run.tags:
+            pools.add(run.tags[POOL_TAG])
+    return hosts, pools
 
 
 def backoff_s(failures: int, settings: LaunchConfig) -> float:
@@ -93,11 +135,17 @@ def plan_launches(
     settings: LaunchConfig,
     tags: dict[str, str] | None = None,
     now: float | None = None,
+    hosts: HostChoice | None = None,
 ) -> LaunchPlan:
-    """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given up."""
+    """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given
+    up; with `hosts`, each on a free healthy host (the others wait for one)."""
     now = time.time() if now is None else now
     plan = LaunchPlan()
     busy = partitions_in_flight(instance)
+    free: list[LaunchHost] = []
+    if hosts is not None:
+        busy_hosts, busy_pools = hosts_in_flight(instance, job_name, hosts.untagged)
+        free = [h for h in hosts.healthy if h.name not in busy_hosts and h.pool not in busy_pools]
     for partition in wanted:
         if partition in busy:
             plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
@@ -122,14 +170,23 @@ def plan_launches(
             last = failures[0]
             ended = last.end_time or last.update_timestamp.timestamp()
             due = ended + backoff_s(len(failures), settings)
-            if now < due:
+            host_failed = hosts is not None and last.dagster_run.tags.get(HOST_TAG, hosts.untagged) in hosts.unhealthy
+            if now < due and not host_failed:
                 plan.backing_off.append(f"{partition} attempt {len(failures) + 1} in {math.ceil(due - now)} s")
                 continue
+        placed: dict[str, str] = {}
+        if hosts is not None:
+            if not free:
+                plan.waiting_for_host.append(partition)
+                continue
+            host = free.pop(0)
+            free = [h for h in free if h.pool != host.pool]
+            placed = {HOST_TAG: host.name, POOL_TAG: host.pool}
         plan.requests.append(
             dg.RunRequest(
                 run_key=f"{partition}:{epoch}:attempt-{len(failures) + 1}",
                 partition_key=partition,
-                tags={**(tags or {}), "eagle3/attempt": str(len(failures) + 1)},
+                tags={**(tags or {}), **placed, "eagle3/attempt": str(len(failures) + 1)},
             )
         )
     return plan
