@@ -561,8 +561,13 @@ class PipelineConfig(_Model):
         """This pipeline as one host of `inference.hosts` sees it: that host's endpoints and health
         section in place of the top-level ones (None: the first host). Without hosts: itself."""
         if not self.inference.hosts:
+            if name is not None:
+                raise ConfigError(f"{self.source_file}: inference.hosts: not set, so there is no inference host {name!r}")
             return self
-        host = self.inference.host(name)
+        try:
+            host = self.inference.host(name)
+        except KeyError as exc:
+            raise ConfigError(f"{self.source_file}: inference.hosts: {exc.args[0]}") from None
         inference = self.inference.model_copy(update={"endpoints": host.endpoints, "hosts": []})
         return self.model_copy(update={"inference": inference, "health": host.effective_health(self.health)})
 

@@ -21,6 +21,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3_pipeline.cli import main
 from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
 from eagle3_pipeline.defs.launching import failure_reason
@@ -202,3 +203,17 @@ def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
     misplaced = refused({"kind": "endpoints", "hosts": [{**host, "health": {"sensor_interval_s": 60}}]})
     assert "inference.hosts[0] (name 'a').health: " in misplaced and "set in the top-level health section" in misplaced
     assert "inference.hosts[0] (name 'a').endpoints: " in refused({"kind": "endpoints", "hosts": [{"name": "a", "endpoints": []}]})
+
+
+def test_status_checks_the_host_it_is_asked_about(tmp_path: Path, servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = servers
+    a.script = sick_after(0, threading.Event())
+    a.start()
+    b.start()
+    path = str(two_host_file(tmp_path, a, b, {"D1": 1}))
+    assert main(["status", "--config", path, "--json"]) == 1, "the first host by default: A is sick"
+    assert json.loads(capsys.readouterr().out)["overall"] == "critical"
+    assert main(["status", "--config", path, "--json", "--host", "b"]) == 0
+    assert json.loads(capsys.readouterr().out)["overall"] == "ok"
+    assert main(["status", "--config", path, "--host", "c"]) == 2
+    assert "inference.hosts: no inference host 'c'; inference.hosts names a, b" in capsys.readouterr().err
