@@ -217,3 +217,20 @@ def test_status_checks_the_host_it_is_asked_about(tmp_path: Path, servers: Any, 
     assert json.loads(capsys.readouterr().out)["overall"] == "ok"
     assert main(["status", "--config", path, "--host", "c"]) == 2
     assert "inference.hosts: no inference host 'c'; inference.hosts names a, b" in capsys.readouterr().err
+
+
+def test_the_scheduled_backfill_places_partitions_on_healthy_hosts_only(tmp_path: Path, servers: Any) -> None:
+    a, b = servers
+    a.script = sick_after(0, threading.Event())
+    a.start()
+    b.start()
+    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, schedule={"cron": "0 2 * * *"}), runtime_checks=False)
+    defs = build_definitions(config)
+    schedule = defs.resolve_schedule_def("responses_backfill")
+    with dg.instance_for_test() as instance:
+        result = schedule.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+        assert [(r.partition_key, r.tags[HOST], r.tags["eagle3/launched_by"]) for r in result.run_requests] == [("D1", "b", "responses_backfill")]
+        b.script = sick_after(0, threading.Event())
+        refused = schedule.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+        assert not refused.run_requests
+        assert refused.skip_message.startswith("not launching generation: host a: unhealthy: ") and "; host b: unhealthy: " in refused.skip_message
