@@ -234,3 +234,22 @@ def test_the_scheduled_backfill_places_partitions_on_healthy_hosts_only(tmp_path
         refused = schedule.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
         assert not refused.run_requests
         assert refused.skip_message.startswith("not launching generation: host a: unhealthy: ") and "; host b: unhealthy: " in refused.skip_message
+
+
+def test_a_run_placed_on_a_host_that_just_turned_sick_is_refused_by_its_preflight_and_moves(tmp_path: Path, servers: Any) -> None:
+    a, b = servers
+    a.script = sick_after(1, threading.Event())  # healthy for the sensor's probe, sick by the run's preflight
+    a.start()
+    b.start()
+    config = load_config(two_host_file(tmp_path, a, b, {"D1": 2}), runtime_checks=False)
+    with dg.instance_for_test() as instance:
+        loop = Daemonless(build_definitions(config), instance)
+        assert [r.tags[HOST] for r in loop.tick().run_requests] == ["a"]
+        [refused] = instance.get_runs(dg.RunsFilter(tags={HOST: "a"}))
+        assert failure_reason(instance, refused.run_id).startswith("health gate refused: unhealthy: generation critical")
+        [observed] = instance.get_records_for_run(refused.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
+        assert observed.event_log_entry.asset_observation.asset_key == dg.AssetKey(["inference_server", "a"])
+        assert not [text for text in a.contents if text.startswith("D1")], "nothing was sent to the sick host"
+        assert [(r.partition_key, r.tags[HOST]) for r in loop.tick().run_requests] == [("D1", "b")]
+        [done] = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
+        assert done.tags[HOST] == "b"

@@ -90,4 +90,3 @@ def sick_hosts_line(verdicts: list[HostVerdict]) -> str:
     """Why the unhealthy ones of several hosts get no new partition ("" when all are healthy)."""
     sick = [v.line for v in verdicts if v.name is not None and not v.report.healthy]
     return "no new partitions for " + "; ".join(sick) if sick else ""
-
