@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import multiprocessing
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -260,21 +262,26 @@ def held_until(both: threading.Event, a: FakeOpenAI, b: FakeOpenAI) -> Script:
     return script
 
 
-def start_side_by_side(defs: dg.Definitions, instance: dg.DagsterInstance, partitions: list[str], tags: dict[str, str]) -> list[bool]:
-    """Execute `generation_job` once per partition, all at once in threads, with the same `tags` (as a
-    backfill's runs have) and no host tag; each run's success."""
-    job = defs.resolve_job_def(GENERATION_JOB)
-    results: dict[str, bool] = {}
+def execute_partition(config_path: str, partition: str, instance_ref: dg.InstanceRef, tags: dict[str, str]) -> None:
+    """A run worker: `generation_job` of one partition on the shared instance; exit 0 when it succeeded."""
+    config = load_config(config_path, runtime_checks=False)
+    job = build_definitions(config).resolve_job_def(GENERATION_JOB)
+    with dg.DagsterInstance.from_ref(instance_ref) as instance:
+        result = job.execute_in_process(partition_key=partition, instance=instance, tags=tags, raise_on_error=False)
+    sys.exit(0 if result.success else 1)
 
-    def one(partition: str) -> None:
-        results[partition] = job.execute_in_process(partition_key=partition, instance=instance, tags=tags, raise_on_error=False).success
 
-    threads = [threading.Thread(target=one, args=(p,)) for p in partitions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [results[p] for p in partitions]
+def start_side_by_side(config_path: Path, instance: dg.DagsterInstance, partitions: list[str], tags: dict[str, str]) -> list[int | None]:
+    """Start `generation_job` once per partition, all at once, each in its own process (as run
+    workers are) on one instance, with the same `tags` (as a backfill's runs have) and no host tag;
+    each worker's exit code."""
+    spawn = multiprocessing.get_context("spawn")
+    workers = [spawn.Process(target=execute_partition, args=(str(config_path), p, instance.get_ref(), tags)) for p in partitions]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return [worker.exitcode for worker in workers]
 
 
 def test_runs_of_one_backfill_claim_different_hosts_when_they_start(tmp_path: Path, servers: Any) -> None:
@@ -285,10 +292,10 @@ def test_runs_of_one_backfill_claim_different_hosts_when_they_start(tmp_path: Pa
     a.script = b.script = held_until(both, a, b)
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 3, "D2": 3}), runtime_checks=False)
-    defs = build_definitions(config)
-    with dg.instance_for_test() as instance:
-        assert start_side_by_side(defs, instance, ["D1", "D2"], {"dagster/backfill": "bf1"}) == [True, True]
+    path = two_host_file(tmp_path, a, b, {"D1": 3, "D2": 3})
+    (tmp_path / "dagster_home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
+        assert start_side_by_side(path, instance, ["D1", "D2"], {"dagster/backfill": "bf1"}) == [0, 0]
         runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": "bf1"}))
         placed = {r.tags["dagster/partition"]: (r.tags[HOST], r.tags["eagle3/pool"]) for r in runs}
         assert sorted(placed.values()) == [("a", "gpu-a"), ("b", "gpu-b")], f"one run per host: {placed}"
