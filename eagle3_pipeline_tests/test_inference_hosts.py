@@ -210,6 +210,8 @@ def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
     misplaced = refused({"kind": "endpoints", "hosts": [{**host, "health": {"sensor_interval_s": 60}}]})
     assert "inference.hosts[0] (name 'a').health: " in misplaced and "set in the top-level health section" in misplaced
     assert "inference.hosts[0] (name 'a').endpoints: " in refused({"kind": "endpoints", "hosts": [{"name": "a", "endpoints": []}]})
+    with pytest.raises(ConfigError, match="with inference.hosts, a partition whose host turns sick moves to another healthy host instead"):
+        load_config(two_host_file(tmp_path, a, b, {"D1": 1}, generation={"failover": {"backends": [0, 1]}}))
 
 
 def test_status_checks_the_host_it_is_asked_about(tmp_path: Path, servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
