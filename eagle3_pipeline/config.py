@@ -482,6 +482,9 @@ class DrafterConfig(_Model):
     target_weights: str | None = None
     embedding_key: str = "model.embed_tokens.weight"
     lm_head_key: str | None = None  # None: lm_head.weight, or the embedding when the target ties them
+    # Training processes (torchrun, DistributedDataParallel) where training runs; auto: one per GPU
+    # that machine reports (torch's CUDA devices locally, nvidia-smi on the compute host), 1 with none.
+    nproc_per_node: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
 
 
 # --- drafter evaluation (issue 10): the `drafter_eval` asset and the optional `drafter_benchmark` ---

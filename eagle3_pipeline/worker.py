@@ -8,7 +8,12 @@ reporter, and hands back its metadata:
   orchestrator records as an asset observation) and the final metadata
   (``report_asset_materialization``) go through ``dagster_pipes``; an exception is reported to
   the run before the worker exits non-zero;
-- otherwise: log and progress lines on stderr, the metadata as one JSON line on stdout.
+- otherwise: log and progress lines on stderr, the metadata as one JSON line on stdout;
+- under ``torchrun`` (``RANK`` set, see :func:`eagle3_pipeline.compute.worker_argv`) only rank 0
+  reports as above; the other ranks run the phase silently (an error still ends them non-zero
+  with its traceback on stderr, and torchrun then stops the launch). torchrun starts each rank
+  in a session of its own, so a rank asks the kernel to kill it when its launcher dies: a
+  ``kill -9`` of the launch (or of the host run's process group) leaves no rank training on.
 
 It imports ``dagster_pipes`` only, never ``dagster``: the GPU host needs no Dagster.
 SIGTERM ends it with exit status 143 after the phase's cleanup (``finally`` blocks) ran.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -83,10 +89,31 @@ class StderrReporter:
         self.log(_progress_text(metrics))
 
 
+class SilentReporter:
+    """A torchrun rank other than 0: rank 0 speaks for the launch."""
+
+    def log(self, message: str) -> None:
+        return None
+
+    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
+        return None
+
+
 def pipes_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """A phase's metadata as Pipes takes it: dicts and lists (a phase's config, its training
     curve) travel as ``json`` values, which the orchestrator reads back as the same objects."""
     return {key: {"raw_value": value, "type": "json"} if isinstance(value, (dict, list)) else value for key, value in metadata.items()}
+
+
+def _die_with_launcher() -> None:
+    """Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; a launcher already gone ends this rank now."""
+    import ctypes
+
+    launcher = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # 1 = PR_SET_PDEATHSIG
+        print(f"warning: cannot tie this rank to its launcher (errno {ctypes.get_errno()})", file=sys.stderr)
+    if os.getppid() != launcher:
+        os._exit(TERMINATED)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -99,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, type=Path, help="the phase's JSON spec (paths on this machine)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if "RANK" in os.environ and sys.platform == "linux":
+        _die_with_launcher()
     try:
         function = phase_function(args.phase)
         spec = load_spec(args.spec)
@@ -106,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        if PipesEnvVarParamsLoader().is_dagster_pipes_process():
+        if int(os.environ.get("RANK", "0")) != 0:
+            function(spec, SilentReporter())
+        elif PipesEnvVarParamsLoader().is_dagster_pipes_process():
             with open_dagster_pipes() as pipes:
                 metadata = function(spec, PipesReporter(pipes))
                 pipes.report_asset_materialization(metadata=pipes_metadata(metadata))

@@ -28,7 +28,7 @@ from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
 from eagle3_pipeline.defs.drafter_eval import DRAFTER_EVAL
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.test_orchestration import write_pipeline
+from eagle3_pipeline_tests.test_orchestration import sensor_resources, write_pipeline
 
 URL_VAR, KEY_VAR, PASS_VAR = "EAGLE3_TEST_ALERT_URL", "EAGLE3_TEST_API_KEY", "EAGLE3_TEST_KEY_PASSPHRASE"
 API_KEY = "sk-test-4f1d9c0b7e2a4c55a9d1"
@@ -97,7 +97,7 @@ def pipeline(tmp_path: Path, server: FakeOpenAI, disk_floor_gb: float, alert_for
 def tick_health(config_path: Path, instance: dg.DagsterInstance) -> None:
     defs = build_definitions(load_config(config_path, runtime_checks=False))
     sensor = defs.resolve_sensor_def("inference_health")
-    sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+    sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)))
 
 
 def assert_no_secret(receiver: Receiver, *folders: Path) -> None:
@@ -204,7 +204,7 @@ def test_stall_alerts_once_per_stalled_run(tmp_path: Path, fake_openai: FakeOpen
         time.sleep(1.5)
         sensor = defs.resolve_sensor_def("generation_stall")
         for _ in range(2):
-            sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+            sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)))
     [body] = receiver.bodies
     assert body["kind"] == "stall" and body["subject"] == f"stall:B1:{run.run_id}"
     assert body["report"].startswith(f"B1 (run {run.run_id[:8]}, no new response for ")

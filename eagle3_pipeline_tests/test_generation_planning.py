@@ -26,10 +26,16 @@ from eagle3_pipeline.generation import Price, ResponseCheckpoint, generate_datas
 from eagle3_pipeline.generation.estimate import cost_of, estimate_left
 from eagle3_pipeline.generation.failover import FailoverSettings
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.records import PROMPT_SCHEMA, PromptRecord, prompt_rows, write_parquet
-from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config
+from eagle3_pipeline.records import (
+    PROMPT_SCHEMA,
+    PromptRecord,
+    prompt_rows,
+    write_parquet,
+)
+from eagle3_pipeline.serving import endpoints_from_config
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline_tests.test_generation import lines, make_prompts
+from eagle3_pipeline_tests.test_generation_dagster import materialize
 
 SECRET = "sk-fast-0123456789abcdef-PLANNER-SECRET"
 KEY_VAR = "EAGLE3_TEST_FAST_KEY"
@@ -264,15 +270,8 @@ def test_responses_materialization_carries_the_plan_and_the_decision(tmp_path: P
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"q {i}"}]}) + "\n" for i in range(40)))
     config = load_config(path)
     instance = dg.DagsterInstance.ephemeral()
-    from eagle3_pipeline.defs.definitions import build_definitions
-
-    result = dg.materialize(
-        list(build_definitions(config).assets or []),  # type: ignore[arg-type]
-        selection=["prompts", "responses"],
-        partition_key="B1",
-        instance=instance,
-        resources={"inference": InferenceProvider(config), "pipes_subprocess_client": dg.PipesSubprocessClient()},
-    )
+    result = materialize(config, instance)
+    assert result.success
     [materialization] = result.asset_materializations_for_node("responses")
     metadata = {key: value.value for key, value in materialization.metadata.items()}
     [decision] = metadata["failover_decisions"]

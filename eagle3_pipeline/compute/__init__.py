@@ -9,8 +9,9 @@ returned dict (JSON-able) becomes the materialization's metadata.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 PHASES: Mapping[str, str] = {
     "extract": "eagle3_pipeline.hidden_states.extract:run",
@@ -46,3 +47,25 @@ def phase_function(phase: str) -> PhaseFunction:
 def run_local(phase: str, spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     """Run a phase in this process (``compute: local``)."""
     return phase_function(phase)(spec, report)
+
+
+def worker_argv(phase: str, spec: str, python: str = sys.executable, processes: int = 1) -> list[str]:
+    """How a worker starts: ``PYTHON -m eagle3_pipeline.worker PHASE --spec SPEC``; with ``processes``
+    > 1 the same module under torchrun (``PYTHON -m torch.distributed.run --standalone
+    --nproc_per_node N``: N ranks on this machine, rendezvous on a free local port)."""
+    entry = ["-m", "eagle3_pipeline.worker", phase, "--spec", spec]
+    if processes > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *entry]
+    return [python, *entry]
+
+
+def resolve_processes(setting: int | Literal["auto"], gpus: int) -> int:
+    """``auto``: one process per GPU the machine reports, 1 when it reports none."""
+    return max(1, gpus) if setting == "auto" else int(setting)
+
+
+def local_gpu_count() -> int:
+    """The CUDA devices this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from eagle3_pipeline.compute import worker_argv
 from eagle3_pipeline.config import ComputeConfig
 from eagle3_pipeline.health.checks.gpus import GpuParseError, nvidia_smi_argv, parse_gpu_csv
 from eagle3_pipeline.hosts import HostConnectError, HostDisconnectedError, HostError, SshHost, kill_process_group, quote_args
@@ -134,6 +135,16 @@ class RemoteRun:
 
     # -- preflight ---------------------------------------------------------------------------
 
+    def gpu_count(self) -> int:
+        """The GPUs nvidia-smi reports on the host; 0 when it reports none or cannot run."""
+        result = self.host.run(quote_args(*nvidia_smi_argv()), timeout_s=30.0)
+        if not result.ok:
+            return 0
+        try:
+            return len(parse_gpu_csv(result.stdout))
+        except GpuParseError:
+            return 0
+
     def check_gpus(self) -> str:
         """Raise :class:`GpusBusy` unless ``compute.gpus`` GPUs have less than
         ``compute.gpu_free_memory_mib`` memory in use; returns a one-line summary."""
@@ -213,11 +224,12 @@ class RemoteRun:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def worker_command(self, phase: str, python: str, env: Mapping[str, str]) -> str:
-        """``env K=V … <python> -m eagle3_pipeline.worker PHASE --spec spec.json``, quoted."""
+    def worker_command(self, phase: str, python: str, env: Mapping[str, str], processes: int = 1) -> str:
+        """``env K=V … <python> -m eagle3_pipeline.worker PHASE --spec spec.json`` (under torchrun
+        with ``processes`` > 1, see :func:`worker_argv`), every word shell-quoted."""
         assignments = [f"{key}={value}" for key, value in env.items()]
         prefix = ["env", *assignments] if assignments else []
-        return quote_args(*prefix) + " " + " ".join([shlex.quote(python), "-m", "eagle3_pipeline.worker", shlex.quote(phase), "--spec", SPEC])
+        return quote_args(*prefix, *worker_argv(phase, SPEC, python, processes))
 
     def user_command(self, template: str, output_dir: str) -> str:
         """The ``compute.command`` template with every placeholder a shell-quoted value."""

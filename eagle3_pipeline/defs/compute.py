@@ -1,7 +1,9 @@
 """Run a heavy phase where ``compute:`` says, from inside an asset: ``run_heavy_phase``.
 
 - ``local``: the phase function in this process, with a reporter that logs to the run and records
-  each progress point as an asset observation.
+  each progress point as an asset observation; a phase run in several processes (``processes`` >
+  1: training under torchrun) starts the worker as a local Dagster Pipes subprocess instead, the
+  same command line as on the GPU host (:func:`eagle3_pipeline.compute.worker_argv`).
 - ``ssh``: ``python -m eagle3_pipeline.worker PHASE --spec FILE`` on the GPU host as a Dagster
   Pipes process. The Pipes context travels in environment variables set on the remote command
   line (:class:`dagster.PipesEnvContextInjector`); the worker appends its Pipes messages to a file
@@ -21,17 +23,22 @@ Outputs stay on the host under ``compute.artifacts_root``; only the ``fetch`` pa
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD
 
-from eagle3_pipeline.compute import run_local
-from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, WORKER, Fate, RemoteError, RemoteRun
+from eagle3_pipeline.compute import local_gpu_count, resolve_processes, run_local, worker_argv
+from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, SPEC, WORKER, Fate, RemoteError, RemoteRun
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hosts import HostError, SshHost
 from eagle3_pipeline.monitor import build_host
@@ -124,7 +131,40 @@ def _require_success(remote: RemoteRun, name: str, fate: Fate) -> None:
         raise RemoteError(f"the remote {name} on {remote.host.name} {fate.describe()}; last lines of {remote.run_dir}/{name}.log:\n{remote.log_tail(name)}")
 
 
-def _run_worker(context: dg.AssetExecutionContext, remote: RemoteRun, phase: str, python: str) -> dict[str, Any]:
+def _session_metadata(session: Any, where: str) -> dict[str, Any]:
+    results = [r for r in session.get_results() if isinstance(r, dg.MaterializeResult)]
+    if not results:
+        raise RemoteError(f"the worker {where} exited 0 but reported no materialization")
+    return _metadata_values(results[-1])
+
+
+def _run_local_workers(context: dg.AssetExecutionContext, phase: str, spec: dict[str, Any], processes: int) -> dict[str, Any]:
+    """The worker in ``processes`` local processes (torchrun) as a Pipes subprocess; rank 0's logs
+    stream into the run, its progress points become observations when it ends. An interrupted step
+    kills the launch's process group."""
+    with tempfile.TemporaryDirectory(prefix=f"eagle3-{phase}-") as folder:
+        spec_file = Path(folder) / SPEC
+        spec_file.write_text(json.dumps(spec, indent=2))
+        argv = worker_argv(phase, str(spec_file), sys.executable, processes)
+        context.log.info(f"running {phase} in {processes} local processes: {shlex.join(argv)}")
+        with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=dg.PipesTempFileMessageReader()) as session:
+            process = subprocess.Popen(argv, env={**os.environ, **session.get_bootstrap_env_vars()}, start_new_session=True)
+            try:
+                code = process.wait()
+            except BaseException:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                context.log.warning(f"step stopped: killed the local {phase} launch (process group {process.pid})")
+                raise
+        for message in session.get_custom_messages():
+            if isinstance(message, dict) and message.get("type") == PROGRESS_MESSAGE:
+                _observe(context, message.get("metrics") or {})
+    if code != 0:
+        raise RemoteError(f"the local {phase} launch of {processes} processes exited with status {code}; its ranks' errors are in the run's stderr")
+    return _session_metadata(session, "launched here")
+
+
+def _run_worker(context: dg.AssetExecutionContext, remote: RemoteRun, phase: str, python: str, processes: int) -> dict[str, Any]:
     reader = PipesRemoteFileMessageReader(str(remote.run_dir / MESSAGES))
 
     def on_line(line: str) -> None:
@@ -135,13 +175,12 @@ def _run_worker(context: dg.AssetExecutionContext, remote: RemoteRun, phase: str
                 _observe(context, payload.get("metrics") or {})
 
     with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader) as session:
-        command = remote.worker_command(phase, python, session.get_bootstrap_env_vars())
+        command = remote.worker_command(phase, python, session.get_bootstrap_env_vars(), processes)
+        if processes > 1:
+            context.log.info(f"running {phase} on {remote.host.name} in {processes} processes (torchrun)")
         fate = _guarded(context, remote, WORKER, command, MESSAGES, on_line)
     _require_success(remote, WORKER, fate)
-    results = [r for r in session.get_results() if isinstance(r, dg.MaterializeResult)]
-    if not results:
-        raise RemoteError(f"the remote worker on {remote.host.name} exited 0 but reported no materialization")
-    return _metadata_values(results[-1])
+    return _session_metadata(session, f"on {remote.host.name}")
 
 
 def run_heavy_phase(
@@ -151,15 +190,20 @@ def run_heavy_phase(
     spec: dict[str, Any],
     ship: Sequence[str] = (),
     fetch: Sequence[str] = (),
+    processes: int | Literal["auto"] = 1,
 ) -> dict[str, Any]:
     """Run ``phase`` with ``spec`` (local paths) where ``config.compute`` says; returns its metadata.
 
     ``ship``: local files or folders under the artifacts root to copy to the host first;
     ``fetch``: paths relative to the artifacts root to copy back afterwards (the index and the
-    manifest — outputs stay on the host). Both are ignored for ``local``.
+    manifest — outputs stay on the host). Both are ignored for ``local``. ``processes``: how many
+    worker processes (torchrun ranks) run the phase; ``auto`` one per GPU of the machine it runs on.
     """
     compute = config.compute
     if compute.kind == "local":
+        count = resolve_processes(processes, local_gpu_count() if processes == "auto" else 0)
+        if count > 1:
+            return {**_run_local_workers(context, phase, spec, count), "compute": "local"}
         return {**run_local(phase, spec, DagsterReporter(context)), "compute": "local"}
     host = build_host(compute.host)
     if not isinstance(host, SshHost):
@@ -184,7 +228,8 @@ def run_heavy_phase(
             phase = IMPORT_PHASE
             extra["command_output"] = output_dir
         remote.write_spec(remote_spec)
-        metadata = _run_worker(context, remote, phase, compute.python)
+        count = resolve_processes(processes, remote.gpu_count() if processes == "auto" else 0)
+        metadata = _run_worker(context, remote, phase, compute.python, count)
         fetched = remote.fetch(fetch)
     return {
         **metadata,

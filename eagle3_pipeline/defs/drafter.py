@@ -45,6 +45,7 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
         **{k: round(v, 4) for k, v in last_eval.items() if k != "step"},
         "wall_s": result["wall_s"],
         "device": result["device"],
+        "processes": result["processes"],
         "training_curve": _table(result["curve"]),
         "eval_at_checkpoints": _table(result["evals"]),
         "export_dir": dg.MetadataValue.path(result["export_dir"]),
@@ -73,7 +74,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         try:
             spec = train_spec(config)
             ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else [])
-            result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch)
+            result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node)
         except (DrafterSpecError, RemoteError, HostError) as exc:
             raise dg.Failure(description=str(exc)) from None
         where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}

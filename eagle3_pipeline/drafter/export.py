@@ -113,9 +113,11 @@ def config_from_export(raw: dict[str, Any]) -> DrafterConfig:
 def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Drafter:
     """The exported drafter as our module, in float32. An export without ``embed_tokens.weight``
     (draft hidden = target hidden, the usual case) takes the embedding from ``target_model_dir``,
-    as the servers do; without it the embedding is left unset and the call fails."""
+    as the servers do; without it the embedding is left unset and the call fails. A folder in the
+    speculators layout (:mod:`eagle3_pipeline.drafter.speculators`) loads too."""
     from safetensors.torch import load_file
 
+    from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
     from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, read_tensor
 
     folder = Path(folder)
@@ -123,10 +125,14 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     if not config_path.is_file():
         raise DrafterConfigError(f"{config_path}: no drafter config.json")
     raw = json.loads(config_path.read_text())
-    if raw.get("architectures") != [ARCHITECTURE]:
-        raise DrafterConfigError(f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}]")
-    model = Eagle3Drafter(config_from_export(raw))
     tensors = load_file(str(folder / WEIGHTS_FILE))
+    if is_speculators_config(raw):
+        model = Eagle3Drafter(config_from_speculators(raw, config_path))
+        tensors = our_weight_names(tensors)
+    elif raw.get("architectures") != [ARCHITECTURE]:
+        raise DrafterConfigError(f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}]")
+    else:
+        model = Eagle3Drafter(config_from_export(raw))
     if "embed_tokens.weight" not in tensors:
         if target_model_dir is None:
             raise DrafterConfigError(f"{folder}: the export carries no embed_tokens.weight; pass target_model_dir to take the target's")

@@ -227,6 +227,10 @@ class Eagle3Drafter(nn.Module):
         draft = logits.argmax(dim=-1)
         return draft + self.d2t[draft]
 
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The training pass is the module's forward (DistributedDataParallel hooks ``forward``)."""
+        return self.ttt_forward(aux, input_ids, steps, attention_mask)
+
     def ttt_forward(
         self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, attention_mask: torch.Tensor | None = None
     ) -> list[torch.Tensor]:

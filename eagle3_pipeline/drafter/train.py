@@ -15,6 +15,15 @@ the predicted token is a trained (loss-masked) token and the target's argmax is 
 vocabulary. Step losses are averaged over counted positions and weighted 0.8**j. Accuracy of step j
 is the share of loss-masked positions whose mapped draft argmax equals the target's argmax.
 
+Several processes (``torchrun``, one per GPU; :func:`join_ranks` reads its environment): every
+optimizer step is one planned batch whatever the number of processes, each rank reading a disjoint
+share of its samples (:func:`rank_rows`); step losses are normalised by the counted positions of
+the whole batch and DistributedDataParallel all-reduces the gradients, so N processes follow the
+trajectory of one (up to floating-point summation order). The data position in a checkpoint is a
+batch of the plan, so a run may resume under another number of processes. Only rank 0 evaluates,
+writes checkpoints and the export, and reports. Metrics stay on the device and are synced (and
+all-reduced) once every ``log_every`` steps.
+
 A kill at any point loses at most ``checkpoint_every`` steps: the next run continues from the last
 complete checkpoint, with the same data order, optimizer, scheduler and RNG state. It refuses to
 continue when the draft vocabulary, the store or the training settings differ from the
@@ -26,9 +35,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,34 +131,91 @@ def build_model(config: DrafterConfig, target: TargetWeights, d2t: torch.Tensor,
     return model
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """The processes of one training run: this one (``rank``) of ``world`` (1 without torchrun)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks in place (nothing to do for one process)."""
+        if self.world > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+
+def join_ranks() -> Ranks:
+    """This process's place in a ``torchrun`` launch (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``),
+    joining the process group: NCCL on CUDA (GPU ``LOCAL_RANK``), gloo on the CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Ranks()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return Ranks(rank, world, local_rank)
+
+
+def rank_rows(rows: Sequence[Row], ranks: Ranks) -> tuple[list[Row], bool]:
+    """This rank's share of a planned batch (every ``world``-th sample from ``rank``) and whether it
+    is real. A rank left without a sample (a batch of fewer samples than ranks) reads the batch's
+    first sample as a stand-in that counts for nothing, so every rank still joins the step."""
+    mine = list(rows[ranks.rank :: ranks.world])
+    return (mine, True) if mine else ([rows[0]], False)
+
+
 @dataclass
 class StepMetrics:
+    """One batch on one rank, all on the device: ``loss`` the weighted total and ``step_losses``
+    [steps] (this rank's share of the batch's loss when several ranks), ``hits`` [steps] the
+    loss-masked positions whose mapped draft argmax is the target's argmax, ``trained`` [steps]
+    the loss-masked positions."""
+
     loss: torch.Tensor
-    step_losses: list[float]
-    accuracies: list[float]
+    step_losses: torch.Tensor
+    hits: torch.Tensor
+    trained: torch.Tensor
 
 
-def ttt_loss(model: Eagle3Drafter, batch: Batch, lm_head: torch.Tensor, steps: int) -> StepMetrics:
-    """Unrolled TTT forward, soft-label loss against the target over the draft vocabulary."""
+def ttt_loss(
+    model: Eagle3Drafter,
+    batch: Batch,
+    lm_head: torch.Tensor,
+    steps: int,
+    ranks: Ranks = Ranks(),
+    forward: Callable[..., list[torch.Tensor]] | None = None,
+) -> StepMetrics:
+    """Unrolled TTT forward (through ``forward``, the DDP wrapper, when given), soft-label loss
+    against the target over the draft vocabulary. Each step's loss is divided by the counted
+    positions of the whole batch (summed over ``ranks``), so the ranks' losses add up to it."""
     target = teacher(batch.hidden, lm_head, model.t2d)
-    logits = model.ttt_forward(batch.aux, batch.input_ids, steps, batch.attention_mask)
+    argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]
+    trained = [F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() for j in range(steps)]
+    counted = [t * model.t2d[a].float() for t, a in zip(trained, argmaxes, strict=True)]
+    counts = ranks.all_reduce(torch.stack([c.sum() for c in counted])).clamp(min=1.0)
+    logits = (forward or model)(batch.aux, batch.input_ids, steps, batch.attention_mask)
     total = torch.zeros((), device=batch.aux.device)
-    step_losses: list[float] = []
-    accuracies: list[float] = []
+    step_losses: list[torch.Tensor] = []
+    hits: list[torch.Tensor] = []
     for j, step_logits in enumerate(logits):
         probs = F.pad(target.probs[:, j + 1 :], (0, 0, 0, j + 1))
-        argmax = F.pad(target.argmax[:, j + 1 :], (0, j + 1))
-        trained = F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float()
-        counted = trained * model.t2d[argmax].float()
         log_p = torch.log_softmax(step_logits.float(), dim=-1)
         ce = -(probs * log_p).sum(-1)
-        loss = (ce * counted).sum() / counted.sum().clamp(min=1.0)
+        loss = (ce * counted[j]).sum() / counts[j]
         total = total + (STEP_DECAY**j) * loss
+        step_losses.append(loss.detach())
         with torch.no_grad():
-            hits = (model.draft_target_ids(step_logits) == argmax).float() * trained
-            accuracies.append(float(hits.sum() / trained.sum().clamp(min=1.0)))
-            step_losses.append(float(loss))
-    return StepMetrics(total, step_losses, accuracies)
+            hits.append(((model.draft_target_ids(step_logits) == argmaxes[j]).float() * trained[j]).sum())
+    return StepMetrics(total, torch.stack(step_losses), torch.stack(hits), torch.stack([t.sum() for t in trained]))
 
 
 def lr_lambda(total_steps: int, warmup_steps: int) -> Any:
@@ -161,9 +228,9 @@ def lr_lambda(total_steps: int, warmup_steps: int) -> Any:
     return factor
 
 
-def pick_device(dtype_setting: str) -> tuple[torch.device, torch.dtype | None]:
-    """CUDA with bf16 autocast when present (``dtype: auto``); fp32 on the CPU."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def pick_device(dtype_setting: str, local_rank: int = 0) -> tuple[torch.device, torch.dtype | None]:
+    """CUDA (GPU ``local_rank``) with bf16 autocast when present (``dtype: auto``); fp32 on the CPU."""
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if dtype_setting == "float32":
         return device, None
     if dtype_setting == "bfloat16" or (device.type == "cuda" and torch.cuda.is_bf16_supported()):
@@ -184,25 +251,28 @@ def evaluate(model: Eagle3Drafter, reader: BatchReader, plan: list[list[Row]], l
     model.eval()
     depths = sorted({k for k in EVAL_DEPTHS if k <= settings.ttt_steps} | {settings.ttt_steps})
     acceptance = AcceptanceStats(ks=tuple(depths))
-    sums = [0.0] * settings.ttt_steps
-    accs = [0.0] * settings.ttt_steps
+    losses = torch.zeros(settings.ttt_steps, device=device)
+    hits = torch.zeros(settings.ttt_steps, device=device)
+    trained = torch.zeros(settings.ttt_steps, device=device)
     weight = 0
     for _, batch in reader.batches(plan):
+        tokens = int(batch.loss_mask.sum())
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
             add_drafter_batch(acceptance, model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask)
-        tokens = int(batch.loss_mask.sum())
         weight += tokens
-        for j in range(settings.ttt_steps):
-            sums[j] += metrics.step_losses[j] * tokens
-            accs[j] += metrics.accuracies[j] * tokens
+        losses += metrics.step_losses * tokens
+        hits += metrics.hits
+        trained += metrics.trained
     model.train()
     if not weight:
         return {}
+    loss_values = (losses / weight).tolist()
+    acc_values = (hits / trained.clamp(min=1.0)).tolist()
     return {
-        **{f"eval_loss_{j}": sums[j] / weight for j in range(settings.ttt_steps)},
-        **{f"eval_acc_{j}": accs[j] / weight for j in range(settings.ttt_steps)},
+        **{f"eval_loss_{j}": loss_values[j] for j in range(settings.ttt_steps)},
+        **{f"eval_acc_{j}": acc_values[j] for j in range(settings.ttt_steps)},
         **{f"tau@{k}": acceptance.tau(k) for k in depths},
     }
 
@@ -234,17 +304,51 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[dict[str, Path], TrainSettings]
     return paths, TrainSettings(**raw)
 
 
-def _curve_row(step: int, lr: float, window: list[StepMetrics], tokens_per_s: float) -> dict[str, float]:
-    n = len(window)
-    row: dict[str, float] = {"step": step, "loss": sum(float(m.loss) for m in window) / n, "lr": lr, "tokens_per_s": round(tokens_per_s, 1)}
-    steps = len(window[0].accuracies)
-    row.update({f"acc_{j}": sum(m.accuracies[j] for m in window) / n for j in range(steps)})
-    return row
+class Window:
+    """The metrics of the steps since the last curve point, summed on the device (no host sync
+    per step): loss, then per TTT step hits and trained positions, then tokens."""
+
+    def __init__(self, steps: int, device: torch.device) -> None:
+        self.steps = steps
+        self.sums = torch.zeros(1 + 2 * steps + 1, device=device)
+        self.count = 0
+        self.started = time.monotonic()
+
+    def add(self, metrics: StepMetrics, tokens: int) -> None:
+        self.sums[0] += metrics.loss
+        self.sums[1 : 1 + self.steps] += metrics.hits
+        self.sums[1 + self.steps : 1 + 2 * self.steps] += metrics.trained
+        self.sums[-1] += tokens
+        self.count += 1
+
+    def row(self, step: int, lr: float, ranks: Ranks) -> tuple[dict[str, float], int]:
+        """The curve point (summed over the ranks: one sync) and the tokens trained in the window."""
+        values = ranks.all_reduce(self.sums.clone()).tolist()
+        n, s = self.count, self.steps
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        tokens = int(values[-1])
+        row: dict[str, float] = {"step": step, "loss": values[0] / n, "lr": lr, "tokens_per_s": round(tokens / elapsed, 1)}
+        row.update({f"acc_{j}": values[1 + j] / max(values[1 + s + j], 1.0) for j in range(s)})
+        return row, tokens
+
+
+def _processes(count: int) -> str:
+    return f"{count} processes" if count > 1 else "1 process"
 
 
 def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
-    """The ``train`` phase. Returns JSON-able metadata (curve, first/last loss, eval, export)."""
+    """The ``train`` phase. Returns JSON-able metadata (curve, first/last loss, eval, export); under
+    torchrun every rank runs it and rank 0's metadata is the run's (the others report nothing)."""
     started = time.monotonic()
+    ranks = join_ranks()
+    try:
+        return _train(spec, report, ranks, started)
+    finally:
+        if ranks.world > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float) -> dict[str, Any]:
     paths, settings = parse_spec(spec)
     store = HiddenStateStore(paths["store"])
     manifest = store.manifest()
@@ -264,7 +368,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "store": manifest.identity(),
         "draft_vocab_sha256": vocab_sha256(d2t, t2d),
     }
-    device, autocast = pick_device(settings.dtype)
+    device, autocast = pick_device(settings.dtype, ranks.local_rank)
     model = build_model(config, target, d2t, t2d, settings.seed).to(device)
     lm_head = target.lm_head.to(device, autocast or torch.float32)
     target_config = target.config
@@ -287,6 +391,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     resumed_from: int | None = None
+    processes = _processes(ranks.world)
 
     found = latest_checkpoint(paths["run_dir"])
     if found is not None:
@@ -308,9 +413,19 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         step, epoch, batch_index = state["step"], state["epoch"], state["batch_index"]
         curve, evals = state["curve"], state["evals"]
         resumed_from = step
-        report.log(f"resuming from {found.name}: step {step}/{total_steps}, epoch {epoch}, batch {batch_index}")
+        written_by = state.get("world_size", 1)
+        report.log(
+            f"resuming from {found.name}: step {step}/{total_steps}, epoch {epoch}, batch {batch_index}, {processes}"
+            + (f" (the checkpoint was written by a run of {_processes(written_by)})" if written_by != ranks.world else "")
+        )
     else:
-        report.log(f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}")
+        report.log(f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}, {processes}")
+
+    forward: Callable[..., list[torch.Tensor]] = model
+    if ranks.world > 1:
+        forward = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[ranks.local_rank] if device.type == "cuda" else None, broadcast_buffers=False
+        )
 
     def checkpoint() -> None:
         evals.append({"step": step, **evaluate(model, BatchReader(paths["store"], settings.max_seq_len), eval_plan, lm_head, settings, device, autocast)})
@@ -322,6 +437,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
             "step": step,
             "epoch": epoch,
             "batch_index": batch_index,
+            "world_size": ranks.world,
             "curve": curve,
             "evals": evals,
             "identity": identity,
@@ -330,53 +446,49 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         report.log(f"checkpoint {where.name} written; eval {json.dumps({k: round(v, 4) for k, v in evals[-1].items()})}")
 
     reader = BatchReader(paths["store"], settings.max_seq_len)
-    window: list[StepMetrics] = []
-    window_tokens, window_start = 0, time.monotonic()
+    window = Window(settings.ttt_steps, device)
     trained_tokens = 0
     loop_started = time.monotonic()
     checkpoint_s = 0.0
     model.train()
     while step < total_steps and epoch < settings.epochs:
-        for batch_index, batch in reader.batches(plans[epoch], batch_index):
-            if step >= total_steps:
-                break
-            batch = batch.to(device)
-            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-                metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
-            optimizer.zero_grad(set_to_none=True)
-            metrics.loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            batch_index += 1
-            metrics.loss = metrics.loss.detach()
-            window.append(metrics)
-            window_tokens += batch.tokens
-            trained_tokens += batch.tokens
-            if step % settings.log_every == 0 or step == total_steps:
-                elapsed = time.monotonic() - window_start
-                row = _curve_row(step, scheduler.get_last_lr()[0], window, window_tokens / max(elapsed, 1e-9))
-                curve.append(row)
-                report.progress({**row, "total_steps": total_steps, "epoch": epoch})
-                window, window_tokens, window_start = [], 0, time.monotonic()
-            if step % settings.checkpoint_every == 0 or step == total_steps:
-                checkpoint_started = time.monotonic()
-                checkpoint()
-                checkpoint_s += time.monotonic() - checkpoint_started
-        else:
+        if batch_index >= len(plans[epoch]):
             epoch, batch_index = epoch + 1, 0
+            continue
+        rows, real = rank_rows(plans[epoch][batch_index], ranks)
+        batch = reader.read(rows)
+        if not real:
+            batch.loss_mask.zero_()
+        tokens = batch.tokens if real else 0
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps, ranks, forward)
+        optimizer.zero_grad(set_to_none=True)
+        (metrics.loss * ranks.world).backward()  # DDP averages the ranks' gradients; their losses add up
+        torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        batch_index += 1
+        metrics.loss = metrics.loss.detach()
+        window.add(metrics, tokens)
+        if step % settings.log_every == 0 or step == total_steps:
+            row, window_tokens = window.row(step, scheduler.get_last_lr()[0], ranks)
+            trained_tokens += window_tokens
+            curve.append(row)
+            report.progress({**row, "total_steps": total_steps, "epoch": epoch})
+            window = Window(settings.ttt_steps, device)
+        if ranks.leader and (step % settings.checkpoint_every == 0 or step == total_steps):
+            checkpoint_started = time.monotonic()
+            checkpoint()
+            checkpoint_s += time.monotonic() - checkpoint_started
     loop_s = time.monotonic() - loop_started - checkpoint_s
-    model_cpu = model.to("cpu")
-    export_for_servers(model_cpu, paths["export_dir"], target_config, dtype=settings.export_dtype)
-    wall = time.monotonic() - started
-    report.log(f"exported the drafter to {paths['export_dir']} after {wall:.1f} s")
-    return {
+    result = {
         "steps": step,
         "total_steps": total_steps,
         "resumed_from_step": resumed_from,
         "trained_tokens_this_run": trained_tokens,
-        "wall_s": round(wall, 2),
+        "processes": ranks.world,
         "train_loop_s": round(loop_s, 3),
         "checkpoint_s": round(checkpoint_s, 3),
         "tokens_per_s": round(trained_tokens / loop_s, 1) if trained_tokens else None,
@@ -385,9 +497,14 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "curve": curve,
         "evals": evals,
         "export_dir": str(paths["export_dir"]),
-        "checkpoint": str(latest_checkpoint(paths["run_dir"])),
         "device": str(device),
         "autocast": str(autocast) if autocast else "float32",
         "drafter": config.to_dict(),
     }
-
+    if not ranks.leader:
+        return result
+    model_cpu = model.to("cpu")
+    export_for_servers(model_cpu, paths["export_dir"], target_config, dtype=settings.export_dtype)
+    wall = time.monotonic() - started
+    report.log(f"exported the drafter to {paths['export_dir']} after {wall:.1f} s")
+    return {**result, "wall_s": round(wall, 2), "checkpoint": str(latest_checkpoint(paths["run_dir"]))}

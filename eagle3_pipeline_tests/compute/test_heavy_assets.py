@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,10 @@ from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets  # noqa: E402
 from eagle3_pipeline.drafter.spec import drafter_paths  # noqa: E402
 from eagle3_pipeline.hidden_states.store import StoreManifest  # noqa: E402
-from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline  # noqa: E402
+from eagle3_pipeline_tests.compute.conftest import Layout, idle_gpu_rows, write_pipeline  # noqa: E402
 from eagle3_pipeline_tests.conftest import pipeline_resources  # noqa: E402
 from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd  # noqa: E402
+from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, Sshd  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,7 +127,7 @@ def test_hidden_states_from_a_command_carry_the_identity_extraction_records(tmp_
 def test_drafter_trains_on_the_host_and_leaves_its_export_there(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
     target = random_target(tmp_path / "target")  # a host path (the host is this machine)
     drafter = {"target_weights": str(target), "ttt_steps": 2, "epochs": 1, "max_steps": 2, "batch_tokens": 96, "max_seq_len": 32,
-               "log_every": 1, "checkpoint_every": 2}
+               "log_every": 1, "checkpoint_every": 2, "nproc_per_node": 1}
     config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter})
     remote = drafter_paths(layout.remote)
     random_store(remote["store"], drafter_paths(layout.local)["draft_vocab"], target, samples=8, draft_vocab_size=40)
@@ -139,3 +140,37 @@ def test_drafter_trains_on_the_host_and_leaves_its_export_there(tmp_path: Path, 
     assert (remote["export_dir"] / "model.safetensors").is_file()
     assert sorted(str(p.relative_to(layout.local)) for p in layout.local.rglob("*") if p.is_file() and "draft_vocab" not in p.parts) == ["drafter/export/config.json"]
     assert any(m.startswith("progress:") for m in run_log(instance, result.run_id))
+
+
+def test_drafter_on_a_host_with_two_gpus_trains_under_torchrun(tmp_path: Path, sshd: Sshd, fakebin: FakeBin, layout: Layout) -> None:
+    """nvidia-smi on the host reports two GPUs and `nproc_per_node` is auto: the worker runs under
+    torchrun with two ranks (gloo on this CPU host: no real multi-GPU NCCL run happens here). The
+    host's python is a script that records its command line and then runs this venv's python."""
+    fakebin.reset()
+    fakebin.set_gpus(idle_gpu_rows(2))
+    argv_log = tmp_path / "argv.log"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {shlex.quote(str(argv_log))}\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    target = random_target(tmp_path / "target")
+    drafter = {"target_weights": str(target), "ttt_steps": 2, "max_steps": 3, "batch_tokens": 96, "max_seq_len": 32, "log_every": 1, "checkpoint_every": 2}
+    config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter}, python=str(python))
+    assert config.drafter.nproc_per_node == "auto"
+    random_store(drafter_paths(layout.remote)["store"], drafter_paths(layout.local)["draft_vocab"], target, samples=12, draft_vocab_size=40)
+    try:
+        instance, result = materialize(build_drafter_assets(config), ["eagle3_drafter"], config)
+    finally:
+        fakebin.reset()
+    assert result.success
+    seen = argv_log.read_text().splitlines()
+    print("\n-- the host ran:", *seen, sep="\n   ")
+    assert seen == ["-m torch.distributed.run --standalone --nproc_per_node 2 -m eagle3_pipeline.worker train --spec spec.json"]
+    metadata = {k: v.value for k, v in result.asset_materializations_for_node("eagle3_drafter")[0].metadata.items()}
+    assert metadata["processes"] == 2 and metadata["steps"] == 3 and metadata["compute"] == "ssh"
+    assert (drafter_paths(layout.remote)["export_dir"] / "model.safetensors").is_file()
+    lines = run_log(instance, result.run_id)
+    assert f"running train on 127.0.0.1:{sshd.port} in 2 processes (torchrun)" in lines
+    assert any(m.startswith("training a new drafter") and "2 processes" in m for m in lines)
+    (messages,) = list(layout.workdir.glob("runs/*-train-*/messages.jsonl"))
+    methods = [json.loads(line)["method"] for line in messages.read_text().splitlines()]
+    assert methods.count("opened") == 1 and methods.count("report_asset_materialization") == 1  # rank 0 alone reports

@@ -91,6 +91,8 @@ def test_paths_map_onto_the_host_and_command_values_are_quoted(tmp_path: Path) -
     assert shlex.split(command) == ["prep", "--out", "/data/eagle3/specforge/x; rm -rf /", "--python", "/opt/py 3/bin/python"]
     env = {"DAGSTER_PIPES_CONTEXT": "abc=", "DAGSTER_PIPES_MESSAGES": "x y"}
     assert shlex.split(remote.worker_command("extract", "python3", env)) == ["env", "DAGSTER_PIPES_CONTEXT=abc=", "DAGSTER_PIPES_MESSAGES=x y", "python3", "-m", "eagle3_pipeline.worker", "extract", "--spec", "spec.json"]
+    torchrun = remote.worker_command("train", "/opt/py 3/bin/python", env, processes=4)
+    assert shlex.split(torchrun)[3:] == ["/opt/py 3/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m", "eagle3_pipeline.worker", "train", "--spec", "spec.json"]
 
 
 def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:

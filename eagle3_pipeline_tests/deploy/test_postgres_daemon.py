@@ -1,11 +1,11 @@
 """deploy/ for real: a PostgreSQL-backed instance (deploy/dagster.yaml, unchanged), the code location
 in its own `dagster code-server` (deploy/workspace.yaml, unchanged), and the real `dagster-daemon`.
 
-The scenario of test_orchestration_daemon.py on four datasets: B1 is materialized before the daemon
+The scenario of test_orchestration_daemon.py on five datasets: B1 is materialized before the daemon
 starts; B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued
 run coordinator) on the same inference host (`eagle3/host: gpu-a`); the scheduled backfill must then
-launch B4, the only partition neither materialized nor in flight. Then every `responses` partition
-is materialized, B1 once, and the two gpu-a runs never were in flight together although
+be one Dagster backfill of B4 and B5, the partitions neither materialized nor in flight. Then every
+`responses` partition is materialized, B1 once, and the two gpu-a runs never were in flight together although
 `max_concurrent_runs` would allow it: the tag limit held. The server is the scripted
 OpenAI-compatible server on loopback; the tokenizer is the tiny real model's.
 """
@@ -70,7 +70,7 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
     tmp_path: Path, postgres: Postgres, fake_openai: FakeOpenAI, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config_path = write_pipeline(
-        tmp_path, fake_openai, datasets=("B1", "B2", "B3", "B4"), tokenizer=local_model, schedule={"cron": "* * * * *"}
+        tmp_path, fake_openai, datasets=("B1", "B2", "B3", "B4", "B5"), tokenizer=local_model, schedule={"cron": "* * * * *"}
     )
     home = tmp_path / "home"
     home.mkdir()
@@ -111,21 +111,22 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
 
         def done() -> bool:
             partitions = {r.asset_materialization.partition for r in materialized(instance, "responses")}
-            return partitions == {"B1", "B2", "B3", "B4"} and not instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
+            return partitions == {"B1", "B2", "B3", "B4", "B5"} and not instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
 
         with process([str(BIN / "dagster-daemon"), "run", "-w", workspace], logs[1], tmp_path) as daemon:
             wait_for(done, 600, logs, [code_server, daemon])
 
     responses = materialized(instance, "responses")
-    assert sorted(r.asset_materialization.partition for r in responses) == ["B1", "B2", "B3", "B4"], "no partition generated twice"
+    assert sorted(r.asset_materialization.partition for r in responses) == ["B1", "B2", "B3", "B4", "B5"], "no partition generated twice"
 
-    # B4 came from the daemon's scheduled backfill; B2 and B3 were in flight, so it left them alone.
-    [b4] = [r for r in responses if r.asset_materialization.partition == "B4"]
-    b4_run = instance.get_run_by_id(b4.run_id)
-    assert b4_run.tags.get("dagster/schedule_name") == "responses_backfill" or "dagster/backfill" in b4_run.tags, b4_run.tags
-    for backfill in instance.get_backfills():
-        assert backfill.tags.get("dagster/schedule_name") == "responses_backfill", backfill.tags
-    assert b4_run.status == dg.DagsterRunStatus.SUCCESS
+    # B4 and B5 came from the daemon's scheduled backfill; B2 and B3 were in flight, so it left them alone.
+    [backfill] = instance.get_backfills()
+    assert backfill.tags.get("dagster/sensor_name") == "pipeline_automation"
+    target = backfill.asset_backfill_data.target_subset
+    assert sorted(target.get_partitions_subset(dg.AssetKey("responses")).get_partition_keys()) == ["B4", "B5"]
+    scheduled = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))
+    assert sorted(run.tags["dagster/partition"] for run in scheduled) == ["B4", "B5"]
+    assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in scheduled)
 
     # The host limit: the two gpu-a runs, dequeued by the same daemon, one after the other.
     records = {r.dagster_run.tags["dagster/partition"]: r for r in instance.get_run_records(dg.RunsFilter(tags={HOST_TAG: "gpu-a"}))}
@@ -138,4 +139,4 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
         enqueued = instance.get_records_for_run(record.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED).records
         assert enqueued, "every run went through the queue"
     print(f"gpu-a runs: {first.dagster_run.tags['dagster/partition']} ended {second.start_time - first.end_time:.1f} s "
-          f"before {second.dagster_run.tags['dagster/partition']} started; B4 by run {b4_run.run_id[:8]} ({dict(b4_run.tags)})")
+          f"before {second.dagster_run.tags['dagster/partition']} started; B4 and B5 by backfill {backfill.backfill_id}")

@@ -1,5 +1,6 @@
 """The eagle3_drafter asset on a real ephemeral Dagster instance: observations while training (the
-UI's loss/accuracy curves), a materialization with the curve table, and the exported folder."""
+UI's loss/accuracy curves), a materialization with the curve table, and the exported folder; in
+this process, or (``nproc_per_node: 2``) as a local Pipes subprocess under torchrun, two CPU ranks."""
 
 from __future__ import annotations
 
@@ -20,25 +21,31 @@ from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 
 
-def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, processes: int) -> None:
     target = random_target(tmp_path / "target")
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(
         f"name: t\nartifacts_root: {tmp_path / 'artifacts'}\ntarget: {{model: m}}\n"
         f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
-        f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, log_every: 2, checkpoint_every: 4, lr: 0.003}}\n"
+        f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}}}\n"
     )
     config = load_config(pipeline)
     paths = drafter_paths(config.artifacts_root)
     random_store(paths["store"], paths["draft_vocab"], target, samples=30, draft_vocab_size=40)
     assets = build_drafter_assets(config)
-    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(pipeline))
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(assets, instance=instance, resources=pipeline_resources(pipeline))
     assert result.success
+    lines = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any(m.startswith("training a new drafter") and m.endswith(f"{processes} process" + ("es" if processes > 1 else "")) for m in lines)
+    assert any(m.startswith("running train in 2 local processes: ") and "torch.distributed.run" in m for m in lines) == (processes > 1)
     observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert observations and "acc_1" in observations[0].event_specific_data.asset_observation.metadata
     metadata = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
     assert {"first_loss", "last_loss", "training_curve", "eval_at_checkpoints", "export_dir"} <= set(metadata)
     assert len(metadata["training_curve"].value.records) == len(observations)
+    assert metadata["processes"].value == processes
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 
 
