@@ -8,7 +8,7 @@ that can turn sick (HTTP 503 to everything, health probes included) after a give
 requests. The Dagster instance is real (temporary); the `inference_health` sensor is evaluated with
 `build_sensor_context` and each run it requests is executed on that instance with the tags the
 daemon gives it (:class:`Daemonless`), so those runs happen one after another; the claiming tests
-start untagged runs side by side, in threads, against one instance.
+start untagged runs side by side, in two run-worker processes, against one instance.
 """
 
 from __future__ import annotations
@@ -406,3 +406,27 @@ def test_the_scheduled_backfill_requests_no_more_partitions_than_free_healthy_ho
         result = evaluate_at(defs, instance, start + 3 * minute, result.cursor)
         assert result.total_requested == 0
         assert "not backfilling responses: host a: unhealthy: " in caplog.text and "; host b: unhealthy: " in caplog.text
+
+
+def test_the_scheduled_backfill_retries_at_once_a_partition_that_failed_on_a_host_now_sick(
+    tmp_path: Path, servers: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """D1's run failed on A, which is now sick: due at the next cron tick, without the 600 s backoff.
+    D2's run failed on B, which is healthy: its failure was its own, so it backs off."""
+    caplog.set_level(logging.INFO)
+    a, b = servers
+    a.script = sick_after(0, threading.Event())
+    a.start()
+    b.start()
+    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False)
+    defs = build_definitions(config)
+    job = defs.resolve_job_def(GENERATION_JOB)
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    with dg.instance_for_test() as instance:
+        for partition, host in (("D1", "a"), ("D2", "b")):
+            tags = {HOST: host, "eagle3/pool": f"gpu-{host}", "dagster/partition": partition}
+            instance.report_run_failed(instance.create_run_for_job(job, tags=tags, status=dg.DagsterRunStatus.STARTED))
+        result = evaluate_at(defs, instance, start)
+        result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
+        assert requested(result, "responses") == ["D1"]
+        assert "backing off: D2 attempt 2 in " in caplog.text
