@@ -46,7 +46,7 @@ class Alert:
 
 def secret_values(config: PipelineConfig) -> list[str]:
     """The values of every environment variable the pipeline file names as holding a secret."""
-    names = [e.api_key_env for e in config.inference.endpoints]
+    names = [e.api_key_env for e in config.inference.all_endpoints]
     names += [config.health.host.key_passphrase_env, config.compute.host.key_passphrase_env, config.alerts.webhook_url_env]
     values = [os.environ.get(n) or "" for n in names if n]
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
@@ -134,9 +134,10 @@ class Alerter:
 HEALTH_ALERTING = ("critical", "unknown")
 
 
-def health_changed(alerter: Alerter, report: HealthReport) -> bool:
-    """The gate's verdict on the inference host (the scheduled backfill and `inference_health` both call this)."""
-    host = alerter.config.health.host.hostname or "localhost"
+def health_changed(alerter: Alerter, report: HealthReport, name: str | None = None) -> bool:
+    """The gate's verdict on the inference host (the scheduled backfill and `inference_health` both call this);
+    `name`: which of several inference hosts (default: the health section's host name)."""
+    host = name or alerter.config.health.host.hostname or "localhost"
     overall = report.overall.value
     return alerter.observe(
         f"health:{host}",

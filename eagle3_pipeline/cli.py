@@ -331,7 +331,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 2
-    monitor = HealthMonitor(config)
+    try:
+        monitor = HealthMonitor(config.for_host(args.host))
+    except ConfigError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 2
     try:
         report, _ = monitor.tick()
     finally:
@@ -414,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="health checks, per-dataset progress and runs in flight")
     status.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
     status.add_argument("--json", action="store_true", help="print {overall, checks, datasets} as JSON")
+    status.add_argument("--host", help="with several inference hosts: the one to check (default: the first listed)")
     status.set_defaults(func=cmd_status)
     plan = sub.add_parser("plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend")
     plan.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")

@@ -82,19 +82,6 @@ class EmbeddedServerConfig(_Model):
     cb_block_size: Annotated[int, Field(gt=0)] = 32
 
 
-class InferenceConfig(_Model):
-    kind: Literal["embedded", "endpoints"] = "embedded"
-    embedded: EmbeddedServerConfig = EmbeddedServerConfig()
-    endpoints: list[EndpointConfig] = []
-
-    @model_validator(mode="after")
-    def _endpoints_match_kind(self) -> InferenceConfig:
-        if self.kind == "endpoints" and not self.endpoints:
-            raise ValueError("kind 'endpoints' needs at least one entry in inference.endpoints")
-        names = [e.name for e in self.endpoints if e.name]
-        if len(names) != len(set(names)):
-            raise ValueError(f"inference.endpoints: names must be unique (got {names})")
-        return self
 
 
 class ConcurrencyConfig(_Model):
@@ -255,6 +242,79 @@ class HealthConfig(_Model):
     max_truncation_rate: Annotated[float, Field(ge=0, le=1)] = 0.5
 
 
+# Settings of the one health sensor, so they stay in the top-level `health` section.
+SENSOR_ONLY_HEALTH_FIELDS = ("sensor_interval_s", "terminate_stalled_runs")
+HOST_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+
+
+class InferenceHostConfig(_Model):
+    """One inference host of several (`inference.hosts`): its endpoints, its health section and the
+    pool its `responses` runs belong to. The host's `health` keys override the top-level `health`
+    section for this host's checks (e.g. `host`, `server`, `expected_gpus`); what is not set there
+    is taken from the top level."""
+
+    name: Annotated[str, Field(pattern=HOST_NAME_PATTERN)]
+    endpoints: Annotated[list[EndpointConfig], Field(min_length=1)]
+    health: HealthConfig = HealthConfig()
+    pool: Annotated[str, Field(pattern=r"^\S+$")] | None = None
+
+    @field_validator("health")
+    @classmethod
+    def _no_sensor_settings(cls, health: HealthConfig) -> HealthConfig:
+        misplaced = [name for name in SENSOR_ONLY_HEALTH_FIELDS if name in health.model_fields_set]
+        if misplaced:
+            raise ValueError(f"{', '.join(misplaced)}: set in the top-level health section (one sensor watches every host)")
+        return health
+
+    @property
+    def pool_name(self) -> str:
+        return self.pool or f"gpu-{self.name}"
+
+    def effective_health(self, defaults: HealthConfig) -> HealthConfig:
+        """The top-level health section with this host's keys in place of its own."""
+        return defaults.model_copy(update={name: getattr(self.health, name) for name in self.health.model_fields_set})
+
+
+class InferenceConfig(_Model):
+    kind: Literal["embedded", "endpoints"] = "embedded"
+    embedded: EmbeddedServerConfig = EmbeddedServerConfig()
+    endpoints: list[EndpointConfig] = []
+    # Several inference hosts (kind 'endpoints'): partitions are spread over the healthy ones.
+    hosts: list[InferenceHostConfig] = []
+
+    @model_validator(mode="after")
+    def _endpoints_match_kind(self) -> InferenceConfig:
+        if self.hosts:
+            if self.kind != "endpoints":
+                raise ValueError("inference.hosts needs kind 'endpoints'")
+            if self.endpoints:
+                raise ValueError("list the endpoints under each of inference.hosts, not in inference.endpoints too")
+            names = [host.name for host in self.hosts]
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                raise ValueError(f"host name(s) {repeated} appear more than once in inference.hosts; names must be unique")
+        elif self.kind == "endpoints" and not self.endpoints:
+            raise ValueError("kind 'endpoints' needs at least one entry in inference.endpoints (or inference.hosts)")
+        names = [e.name for e in self.endpoints if e.name]
+        if len(names) != len(set(names)):
+            raise ValueError(f"inference.endpoints: names must be unique (got {names})")
+        return self
+
+    @property
+    def all_endpoints(self) -> list[EndpointConfig]:
+        """Every endpoint: the single host's, or those of every one of several hosts."""
+        return [*self.endpoints, *(e for host in self.hosts for e in host.endpoints)]
+
+    def host(self, name: str | None) -> InferenceHostConfig:
+        """The host called `name` (None: the first listed); KeyError naming the hosts if unknown."""
+        if name is None:
+            return self.hosts[0]
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(f"no inference host {name!r}; inference.hosts names {', '.join(h.name for h in self.hosts)}")
+
+
 # -- compute: where the heavy phases (hidden_states, drafter) run -------------------------------
 
 COMMAND_PLACEHOLDERS = ("output_dir", "run_dir", "workdir", "artifacts_root", "python", "spec")
@@ -382,6 +442,10 @@ class LaunchConfig(_Model):
     max_attempts: Annotated[int, Field(gt=0, le=100)] = 3
     backoff_initial_s: Annotated[float, Field(ge=0)] = 600.0
     backoff_max_s: Annotated[float, Field(ge=0)] = 21600.0
+    # With several inference hosts: how long a generation run without a host tag (a backfill's) waits
+    # for a free healthy host before it fails, and how often it looks.
+    host_wait_s: Annotated[float, Field(ge=0)] = 3600.0
+    host_poll_s: Annotated[float, Field(gt=0)] = 5.0
 
 
 class DrafterModelConfig(_Model):
@@ -564,6 +628,11 @@ class PipelineConfig(_Model):
             return self
         if self.inference.kind != "endpoints":
             raise ValueError("generation.failover needs inference.kind 'endpoints' (it moves between inference.endpoints)")
+        if self.inference.hosts:
+            raise ValueError(
+                "generation.failover moves between inference.endpoints; with inference.hosts, a partition whose host "
+                "turns sick moves to another healthy host instead, so set one or the other"
+            )
         order = self.failover_order()
         models = {self.inference.endpoints[i].model or self.target.model for i in order}
         if len(models) > 1:
@@ -594,6 +663,32 @@ class PipelineConfig(_Model):
                 raise ValueError(f"generation.failover.backends: {ref!r} is listed twice")
             order.append(index)
         return order
+
+    @model_validator(mode="after")
+    def _hosts_serve_one_model(self) -> PipelineConfig:
+        """A dataset's checkpoint is shared by every host, and its fingerprint names the model."""
+        models = {host.name: sorted({e.model or self.target.model for e in host.endpoints}) for host in self.inference.hosts}
+        if len({tuple(names) for names in models.values()}) > 1:
+            shown = "; ".join(f"{name}: {', '.join(names)}" for name, names in models.items())
+            raise ValueError(
+                f"every one of inference.hosts must request the same model(s), since a partition may resume on any host "
+                f"from the same checkpoint (got {shown})"
+            )
+        return self
+
+    def for_host(self, name: str | None) -> PipelineConfig:
+        """This pipeline as one host of `inference.hosts` sees it: that host's endpoints and health
+        section in place of the top-level ones (None: the first host). Without hosts: itself."""
+        if not self.inference.hosts:
+            if name is not None:
+                raise ConfigError(f"{self.source_file}: inference.hosts: not set, so there is no inference host {name!r}")
+            return self
+        try:
+            host = self.inference.host(name)
+        except KeyError as exc:
+            raise ConfigError(f"{self.source_file}: inference.hosts: {exc.args[0]}") from None
+        inference = self.inference.model_copy(update={"endpoints": host.endpoints, "hosts": []})
+        return self.model_copy(update={"inference": inference, "health": host.effective_health(self.health)})
 
     @property
     def dataset_ids(self) -> list[str]:
@@ -632,8 +727,9 @@ def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
             label = f"[{item}]"
             if isinstance(node, list) and item < len(node):
                 node = node[item]
-                if isinstance(node, dict) and isinstance(node.get("id"), str):
-                    label = f"[{item}] (id {node['id']!r})"
+                named = next((key for key in ("id", "name") if isinstance(node, dict) and isinstance(node.get(key), str)), None)
+                if named is not None:
+                    label = f"[{item}] ({named} {node[named]!r})"
             parts.append(label)
         else:
             parts.append(f".{item}" if parts else str(item))
@@ -678,13 +774,16 @@ def check_secrets(config: PipelineConfig, only: list[EndpointConfig] | None = No
     """Every (or each given) endpoint's `api_key_env` variable is set, else one ConfigError naming
     the variable (never its value). A run-time check, like :func:`check_sources`."""
     file = config.source_file
-    for index, endpoint in enumerate(config.inference.endpoints):
+    listed = [(f"inference.endpoints[{i}]", e) for i, e in enumerate(config.inference.endpoints)]
+    for h, host in enumerate(config.inference.hosts):
+        listed += [(f"inference.hosts[{h}] (name {host.name!r}).endpoints[{i}]", e) for i, e in enumerate(host.endpoints)]
+    for where, endpoint in listed:
         if only is not None and endpoint not in only:
             continue
         var = endpoint.api_key_env
         if var and not os.environ.get(var):
             raise ConfigError(
-                f"{file}: inference.endpoints[{index}].api_key_env: environment variable {var} "
+                f"{file}: {where}.api_key_env: environment variable {var} "
                 "is not set (expected it to hold the API key for this endpoint)"
             )
 

@@ -138,7 +138,9 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         group_name="data",
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
-        pool="gpu",
+        # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
+        # tags (see defs/hosts.py): Dagster fixes an op's pool in its definition, not per run.
+        pool=None if config.inference.hosts else "gpu",
         required_resource_keys={"pipeline", "inference"},
         automation_condition=backfill,
         op_tags=step_tags(config, "responses"),
@@ -154,6 +156,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         dataset = config.dataset(context.partition_key)
         inference = context.resources.inference
         estimator = config.generation.length_estimator
+        host = inference.host
+        on_host = config.for_host(host)
 
         def report(p: Progress) -> None:
             context.log.info(p.line())
@@ -173,16 +177,16 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
-            result = generate_dataset(config, dataset.id, prompt_records, endpoints, sinks, tokenizer)
+            result = generate_dataset(on_host, dataset.id, prompt_records, endpoints, sinks, tokenizer)
         except FingerprintMismatch as exc:
             raise dg.Failure(description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}) from None
         except UnhealthyError as exc:
-            context.log_event(health_observation(exc.report))
+            context.log_event(health_observation(exc.report, host))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
         except GenerationFailed as exc:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
-            context.log_event(health_observation(inference.preflight_report))
+            context.log_event(health_observation(inference.preflight_report, host))
         budget_reached(Alerter(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
             context.log.warning(f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}")
@@ -190,12 +194,13 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             data_version=dg.DataVersion(result.data_version),
             metadata={
                 **result.as_metadata(),
+                **({"host": host} if host is not None else {}),
                 "throughput_series": _series_table(result.summary.series),
                 "path": dg.MetadataValue.path(str(layout.responses(dataset.id))),
                 "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset.id))),
                 "errors_file": dg.MetadataValue.path(str(layout.errors(dataset.id))),
                 "preview": _preview(result.rows, ["id", "finish_reason", "completion_tokens", "response"]),
-                "plan": dg.MetadataValue.md(dataset_plan(config, dataset.id).markdown(dataset.id)),
+                "plan": dg.MetadataValue.md(dataset_plan(on_host, dataset.id).markdown(dataset.id)),
             }
         )
 

@@ -7,7 +7,10 @@ Both are automation conditions, evaluated by one sensor, `pipeline_automation` (
   accepts — missing or stale, the health gate passing, and neither backing off nor given up after
   failures (:mod:`eagle3_pipeline.defs.launching`) — are requested; their `prompts` partitions
   declare the same condition. The sensor emits one Dagster backfill for all of them (one run when
-  a single partition is due). When the gate is closed, the tick's log says why and nothing is
+  a single partition is due). With several inference hosts, the gate passes while one host is
+  healthy (the sick ones' reasons go to the tick's log), at most as many partitions as there are
+  free healthy hosts are requested (the others wait for the next cron tick, so no run of the
+  backfill just waits), and each run claims its host when it starts (:mod:`eagle3_pipeline.defs.hosts`). When the gate is closed, the tick's log says why and nothing is
   requested until the next cron tick. Partitions are the file's dataset ids, so a dataset added to
   the file is a new partition the next tick backfills.
 - Everything downstream of `responses` follows: each phase declares :data:`FOLLOW_UPSTREAM`. A
@@ -28,10 +31,10 @@ import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, health_changed
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.hosts import InferenceHosts, gate_summary, sick_hosts_line
 from eagle3_pipeline.defs.launching import GENERATION_JOB, plan_launches
 from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.defs.staleness import partitions_to_generate
-from eagle3_pipeline.monitor import HealthMonitor
 
 AUTOMATION_SENSOR = "pipeline_automation"
 AUTOMATION_INTERVAL_S = 30
@@ -43,8 +46,8 @@ FOLLOW_UPSTREAM = dg.AutomationCondition.eager()
 
 class GenerationDue(dg.AutomationCondition):
     """True for the dataset partitions to (re)generate now: `responses` is missing or stale, every
-    required health check passes, and the partition is neither backing off nor given up after
-    failed runs. Decided once per evaluation (shared by `prompts` and `responses`), with the
+    required health check passes (on at least one host, and then no more partitions than free
+    healthy hosts), and the partition is neither backing off nor given up after failed runs. Decided once per evaluation (shared by `prompts` and `responses`), with the
     settings of the `pipeline` resource at that moment; the reasons go to the sensor tick's log."""
 
     def __init__(self, pipeline: PipelineResource) -> None:
@@ -68,19 +71,22 @@ class GenerationDue(dg.AutomationCondition):
         if self._decided is not None and self._decided[0] == context.evaluation_time:
             return self._decided[1]
         config = self.pipeline.config()
-        monitor = HealthMonitor(config)
+        hosts = InferenceHosts(config)
         try:
-            report, _ = monitor.tick()
+            verdicts, _ = hosts.tick()
         finally:
-            monitor.close()
-        health_changed(Alerter(config, context.log.warning), report)
+            hosts.close()
+        for verdict in verdicts:
+            health_changed(Alerter(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name)
         due: frozenset[str] = frozenset()
-        if not report.healthy:
-            context.log.warning(f"not backfilling responses: {report.summary()}")
+        if not any(v.report.healthy for v in verdicts):
+            context.log.warning(f"not backfilling responses: {gate_summary(verdicts)}")
         else:
+            if sick_hosts_line(verdicts):
+                context.log.warning(sick_hosts_line(verdicts))
             instance = context.asset_graph_view.instance
             wanted = partitions_to_generate(instance, config)
-            plan = plan_launches(instance, GENERATION_JOB, list(wanted), config.launch)
+            plan = plan_launches(instance, GENERATION_JOB, list(wanted), config.launch, hosts=hosts.choice(verdicts))
             due = frozenset(r.partition_key for r in plan.requests if r.partition_key)
             if due:
                 context.log.info("backfilling responses: " + ", ".join(f"{p} ({wanted[p]})" for p in sorted(due)))

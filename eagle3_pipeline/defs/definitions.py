@@ -12,7 +12,7 @@ from eagle3_pipeline.defs.drafter import build_drafter_assets
 from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
-from eagle3_pipeline.defs.health import build_health_sensors, inference_server
+from eagle3_pipeline.defs.health import build_health_sensors, inference_server_specs
 from eagle3_pipeline.defs.launching import GENERATION_JOB
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 
@@ -60,7 +60,7 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
         *build_drafter_benchmark(config),
     ]
     return dg.Definitions(
-        assets=[*assets, inference_server],
+        assets=[*assets, *inference_server_specs(config)],
         jobs=build_jobs(config),
         sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],
         resources={

@@ -12,14 +12,15 @@ import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, health_changed, stall_detected
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.hosts import InferenceHosts, gate_summary, sick_hosts_line
 from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
 from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.defs.staleness import partitions_to_generate
-from eagle3_pipeline.health import HealthReport, TickState
+from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
 from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.monitor import HealthMonitor, report_markdown, tokens_per_second
+from eagle3_pipeline.monitor import report_markdown, tokens_per_second
 
 INFERENCE_SERVER = dg.AssetKey("inference_server")
 RESPONSES = dg.AssetKey("responses")
@@ -47,8 +48,27 @@ def report_metadata(report: HealthReport) -> dict[str, Any]:
     return metadata
 
 
-def health_observation(report: HealthReport) -> dg.AssetObservation:
-    return dg.AssetObservation(asset_key=INFERENCE_SERVER, metadata=report_metadata(report))
+def server_key(host: str | None = None) -> dg.AssetKey:
+    """`inference_server`, or `inference_server/<host>` for one of several inference hosts."""
+    return INFERENCE_SERVER if host is None else dg.AssetKey([*INFERENCE_SERVER.path, host])
+
+
+def inference_server_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
+    """`inference_server`, and one observed asset per host of `inference.hosts`."""
+    return [inference_server] + [
+        dg.AssetSpec(
+            server_key(host.name),
+            group_name="target",
+            description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an observation "
+            "carrying its report; while it is not healthy it receives no new `responses` partition.",
+        )
+        for host in config.inference.hosts
+    ]
+
+
+def health_observation(report: HealthReport, host: str | None = None) -> dg.AssetObservation:
+    metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
+    return dg.AssetObservation(asset_key=server_key(host), metadata=metadata)
 
 
 def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg.SensorDefinition]:
@@ -62,28 +82,39 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         minimum_interval_seconds=intervals.sensor_interval_s,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Runs the health checks each tick, records them on `inference_server` (one "
-        "observation per tick), and launches runs for missing or stale `responses` partitions only "
-        "while every required check passes; failed partitions are retried with backoff, then left alone.",
+        "observation per tick; per host on `inference_server/<name>` with several hosts), and launches "
+        "runs for missing or stale `responses` partitions only while every required check passes (on a "
+        "healthy host, one run per host); failed partitions are retried with backoff, then left alone.",
     )
     def inference_health(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
         config = pipeline.config()
-        monitor = HealthMonitor(config)
+        hosts = InferenceHosts(config)
         try:
-            report, state = monitor.tick(TickState.from_json(context.cursor))
+            verdicts, cursor = hosts.tick(context.cursor)
         finally:
-            monitor.close()
-        health_changed(Alerter(config, context.log.warning), report)
-        events = [health_observation(report)]
-        if not report.healthy:
-            return dg.SensorResult(skip_reason=f"not launching generation: {report.summary()}", cursor=state.to_json(), asset_events=events)
+            hosts.close()
+        for verdict in verdicts:
+            health_changed(Alerter(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name)
+        events = [health_observation(v.report, v.name) for v in verdicts]
+        summary = gate_summary(verdicts)
+        if not any(v.report.healthy for v in verdicts):
+            return dg.SensorResult(skip_reason=f"not launching generation: {summary}", cursor=cursor, asset_events=events)
         wanted = partitions_to_generate(context.instance, config)
-        plan = plan_launches(context.instance, generation_job, list(wanted), config.launch, tags={"eagle3/launched_by": "inference_health"})
-        if plan.reasons():
-            context.log.info(plan.reasons())
+        plan = plan_launches(
+            context.instance,
+            generation_job,
+            list(wanted),
+            config.launch,
+            tags={"eagle3/launched_by": "inference_health"},
+            hosts=hosts.choice(verdicts),
+        )
+        notes = "; ".join(line for line in (sick_hosts_line(verdicts), plan.reasons()) if line)
+        if notes:
+            context.log.info(notes)
         if not plan.requests:
             why = plan.reasons() or "every responses partition is materialized and current"
-            return dg.SensorResult(skip_reason=f"{report.summary()}; {why}", cursor=state.to_json(), asset_events=events)
-        return dg.SensorResult(run_requests=plan.requests, cursor=state.to_json(), asset_events=events)
+            return dg.SensorResult(skip_reason=f"{summary}; {why}", cursor=cursor, asset_events=events)
+        return dg.SensorResult(run_requests=plan.requests, cursor=cursor, asset_events=events)
 
     @dg.sensor(
         name="generation_stall",

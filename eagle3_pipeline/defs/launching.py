@@ -11,7 +11,13 @@ or `responses` (a backfill's runs):
 - after `launch.max_attempts` consecutive failures the partition is left alone, with the last
   failure's reason in the tick, until a run of it succeeds (e.g. re-executed from the UI);
 - the run key is `<partition>:<epoch>:attempt-<n>`, where the epoch is the last successful run,
-  so each attempt is launched once however many ticks see it.
+  so each attempt is launched once however many ticks see it;
+- with several inference hosts (:class:`HostChoice`), at most as many partitions as there are free
+  healthy hosts — no run in flight tagged with the host (`eagle3/host`) or its pool (`eagle3/pool`),
+  less one per generation run not placed yet — each request tagged with its host (the sensor's; the
+  scheduled backfill's runs share the backfill's tags, so they :func:`claim` a host when they start);
+  a partition whose last run failed on a host that is now unhealthy is due at once (the failure was
+  the host's), without its backoff but counted as an attempt.
 """
 
 from __future__ import annotations
@@ -20,16 +26,20 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.config import LaunchConfig
+from eagle3_pipeline.defs.staleness import RESPONSES
 
 GENERATION_JOB = "generation_job"
 PARTITION_TAG = "dagster/partition"
 # The assets partitioned by dataset: a run of either generates the partition it is tagged with.
 PER_DATASET = {dg.AssetKey("prompts"), dg.AssetKey("responses")}
 HISTORY = 100
+HOST_TAG = "eagle3/host"
+POOL_TAG = "eagle3/pool"
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -48,16 +58,91 @@ class LaunchPlan:
     in_flight: list[str] = field(default_factory=list)
     backing_off: list[str] = field(default_factory=list)
     given_up: list[str] = field(default_factory=list)
+    waiting_for_host: list[str] = field(default_factory=list)
 
     def reasons(self) -> str:
         parts = []
         if self.in_flight:
             parts.append("in flight: " + ", ".join(self.in_flight))
+        if self.waiting_for_host:
+            parts.append("waiting for a free healthy host: " + ", ".join(self.waiting_for_host))
         if self.backing_off:
             parts.append("backing off: " + "; ".join(self.backing_off))
         if self.given_up:
             parts.append("left alone: " + "; ".join(self.given_up))
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class LaunchHost:
+    name: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """The hosts of one tick: the healthy ones (in the file's order) and the names of the others."""
+
+    healthy: Sequence[LaunchHost]
+    unhealthy: frozenset[str]
+
+
+@dataclass(frozen=True)
+class HostsInFlight:
+    """Who holds the inference hosts now: host → the unfinished runs tagged with it, the pools those
+    runs hold, and the unfinished generation runs not placed yet (each claims a host when it starts)."""
+
+    hosts: dict[str, list[str]]
+    pools: set[str]
+    unplaced: list[str]
+
+    def free(self, choice: HostChoice) -> list[LaunchHost]:
+        """The healthy hosts whose host and pool nobody holds (one host per pool), less one for each
+        unplaced run, since it will take one of them."""
+        free: list[LaunchHost] = []
+        for host in choice.healthy:
+            if host.name not in self.hosts and host.pool not in self.pools and host.pool not in {h.pool for h in free}:
+                free.append(host)
+        return free[: max(0, len(free) - len(self.unplaced))]
+
+
+def generates(run: dg.DagsterRun, job_name: str) -> bool:
+    """A run that sends requests to an inference host: `job_name`, or a selection with `responses`
+    (a backfill's run, or one launched from the UI)."""
+    return run.job_name == job_name or RESPONSES in (run.asset_selection or set())
+
+
+def hosts_in_flight(instance: dg.DagsterInstance, job_name: str, besides: str | None = None) -> HostsInFlight:
+    """Every unfinished run's hold on the inference hosts (the run `besides` left out)."""
+    hosts: dict[str, list[str]] = {}
+    pools: set[str] = set()
+    unplaced: list[str] = []
+    for run in instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT)):
+        if run.run_id == besides:
+            continue
+        if HOST_TAG in run.tags:
+            hosts.setdefault(run.tags[HOST_TAG], []).append(run.run_id)
+        elif generates(run, job_name):
+            unplaced.append(run.run_id)
+        if POOL_TAG in run.tags:
+            pools.add(run.tags[POOL_TAG])
+    return HostsInFlight(hosts, pools, unplaced)
+
+
+def claim(instance: dg.DagsterInstance, run_id: str, host: LaunchHost) -> str | None:
+    """Tag run `run_id` with `host` and its pool (as the UI's "add tags" does), then look again: the
+    id of an unfinished run that holds the same host or pool and was created first (tie: the smaller
+    run id) — this run then yields, and tries another host — else None: the host is this run's."""
+    instance.add_run_tags(run_id, {HOST_TAG: host.name, POOL_TAG: host.pool})
+    mine = instance.get_run_record_by_id(run_id)
+    rank = (mine.create_timestamp if mine is not None else None, run_id)
+    for record in instance.get_run_records(dg.RunsFilter(statuses=IN_FLIGHT)):
+        run = record.dagster_run
+        if run.run_id == run_id or (run.tags.get(HOST_TAG) != host.name and run.tags.get(POOL_TAG) != host.pool):
+            continue
+        if rank[0] is None or (record.create_timestamp, run.run_id) < rank:
+            return run.run_id
+    return None
 
 
 def backoff_s(failures: int, settings: LaunchConfig) -> float:
@@ -85,12 +170,17 @@ def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
             if data.user_failure_data is not None and data.user_failure_data.description:
                 text = data.user_failure_data.description
             elif data.error is not None:
-                error = data.error
-                while error.cause is not None:
-                    error = error.cause
-                text = error.message
+                text = _root_cause(data.error)
+        elif event is not None and getattr(event.event_specific_data, "error", None) is not None:
+            text = _root_cause(event.event_specific_data.error)  # the run failed outside a step, e.g. a resource's setup
         return text.strip().splitlines()[0]
     return "no failure event recorded"
+
+
+def _root_cause(error: Any) -> str:
+    while error.cause is not None:
+        error = error.cause
+    return error.message
 
 
 def plan_launches(
@@ -100,11 +190,14 @@ def plan_launches(
     settings: LaunchConfig,
     tags: dict[str, str] | None = None,
     now: float | None = None,
+    hosts: HostChoice | None = None,
 ) -> LaunchPlan:
-    """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given up."""
+    """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given
+    up; with `hosts`, each on a free healthy host (the others wait for one)."""
     now = time.time() if now is None else now
     plan = LaunchPlan()
     busy = partitions_in_flight(instance)
+    free = hosts_in_flight(instance, job_name).free(hosts) if hosts is not None else []
     for partition in wanted:
         if partition in busy:
             plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
@@ -130,14 +223,22 @@ def plan_launches(
             last = failures[0]
             ended = last.end_time or last.update_timestamp.timestamp()
             due = ended + backoff_s(len(failures), settings)
-            if now < due:
+            host_failed = hosts is not None and last.dagster_run.tags.get(HOST_TAG) in hosts.unhealthy
+            if now < due and not host_failed:
                 plan.backing_off.append(f"{partition} attempt {len(failures) + 1} in {math.ceil(due - now)} s")
                 continue
+        placed: dict[str, str] = {}
+        if hosts is not None:
+            if not free:
+                plan.waiting_for_host.append(partition)
+                continue
+            host = free.pop(0)
+            placed = {HOST_TAG: host.name, POOL_TAG: host.pool}
         plan.requests.append(
             dg.RunRequest(
                 run_key=f"{partition}:{epoch}:attempt-{len(failures) + 1}",
                 partition_key=partition,
-                tags={**(tags or {}), "eagle3/attempt": str(len(failures) + 1)},
+                tags={**(tags or {}), **placed, "eagle3/attempt": str(len(failures) + 1)},
             )
         )
     return plan

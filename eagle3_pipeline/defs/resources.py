@@ -17,9 +17,16 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.defs.hosts import claim_host
+from eagle3_pipeline.defs.launching import HOST_TAG
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.serving import InferenceProvider
+
+
+def run_host(run: dg.DagsterRun | None) -> str | None:
+    """The inference host a run was placed on (tag `eagle3/host`), or None."""
+    return run.tags.get(HOST_TAG) if run is not None else None
 
 
 class PipelineResource(dg.ConfigurableResource):
@@ -46,7 +53,7 @@ def pipeline_settings(context: Any) -> PipelineConfig:
 
 def api_key_vars(config: PipelineConfig) -> list[str]:
     """The variables the file's endpoints take their API keys from, in file order, once each."""
-    return list(dict.fromkeys(e.api_key_env for e in config.inference.endpoints if e.api_key_env))
+    return list(dict.fromkeys(e.api_key_env for e in config.inference.all_endpoints if e.api_key_env))
 
 
 class ApiKeys(dg.ConfigurableResource):
@@ -63,16 +70,26 @@ class InferenceResource(dg.ConfigurableResource):
     """Where `responses` sends requests, with the settings of its `pipeline` resource. Leave
     `base_url` empty to use the file's inference section (the embedded server is then started on
     first use and stopped after the run); set it to point the runs at an already running
-    OpenAI-compatible server. API keys come from ``api_keys`` (:class:`ApiKeys`)."""
+    OpenAI-compatible server. API keys come from ``api_keys`` (:class:`ApiKeys`).
+
+    With several inference hosts (`inference.hosts`), a run uses the host its tag `eagle3/host`
+    names — its endpoints, and its health section for the preflight; a run without the tag (a
+    backfill's) claims a free healthy host first (:func:`eagle3_pipeline.defs.hosts.claim_host`)."""
 
     pipeline: PipelineResource
     base_url: str | None = None
     model: str | None = None
     api_keys: ApiKeys
     _provider: InferenceProvider | None = PrivateAttr(default=None)
+    _host: str | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         config = self.pipeline.config()
+        if config.inference.hosts and not self.base_url:
+            self._host = run_host(context.run)
+            if self._host is None:
+                self._host = claim_host(context.instance, context.run_id, config, context.log.info)
+            config = config.for_host(self._host)
         override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
         self._provider = InferenceProvider(config, override, api_keys=self.api_keys.values)
 
@@ -84,6 +101,12 @@ class InferenceResource(dg.ConfigurableResource):
         if self._provider is None:
             raise RuntimeError("InferenceResource used outside a run")
         return self._provider
+
+    @property
+    def host(self) -> str | None:
+        """The inference host this run sends to (None: the single implicit host, or `base_url`)."""
+        self._require()
+        return self._host
 
     def endpoints(self) -> list[Endpoint]:
         return self._require().endpoints()

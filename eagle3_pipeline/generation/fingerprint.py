@@ -68,10 +68,11 @@ def endpoint_identity(base_url: str) -> str:
 
 
 def requested_model(config: PipelineConfig) -> str:
-    """The model name(s) the requests carry: ``target.model``, or each endpoint's own ``model``."""
+    """The model name(s) the requests carry: ``target.model``, or each endpoint's own ``model``
+    (with several inference hosts, every host requests the same ones: the config refuses otherwise)."""
     if config.inference.kind == "embedded":
         return config.target.model
-    return ", ".join(sorted({e.model or config.target.model for e in config.inference.endpoints}))
+    return ", ".join(sorted({e.model or config.target.model for e in config.inference.all_endpoints}))
 
 
 def configured_fingerprint(config: PipelineConfig) -> GenerationFingerprint:
@@ -88,7 +89,7 @@ def configured_fingerprint(config: PipelineConfig) -> GenerationFingerprint:
 def configured_endpoints(config: PipelineConfig) -> list[str]:
     if config.inference.kind == "embedded":
         return ["embedded"]
-    return [endpoint_identity(e.base_url) for e in config.inference.endpoints]
+    return [endpoint_identity(e.base_url) for e in config.inference.all_endpoints]
 
 
 def read_fingerprint(path: Path) -> dict[str, Any] | None:
