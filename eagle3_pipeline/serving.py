@@ -229,12 +229,13 @@ def tokenizer_name(config: PipelineConfig) -> str:
 
 
 def endpoints_from_config(config: PipelineConfig, api_keys: Mapping[str, str] | None = None) -> list[Endpoint]:
-    """``inference.endpoints`` as :class:`Endpoint` objects, in file order. An endpoint's API key is
+    """Every configured endpoint (``inference.endpoints``, or every host's) as :class:`Endpoint`
+    objects, in file order. An endpoint's API key is
     taken from ``api_keys`` (variable → value, as the Dagster resource resolved it), else read from
     its variable."""
     keys = api_keys or {}
     endpoints = []
-    for entry in config.inference.endpoints:
+    for entry in config.inference.all_endpoints:
         price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
         var = entry.api_key_env
         key = keys[var] if var in keys else config.api_key(entry)

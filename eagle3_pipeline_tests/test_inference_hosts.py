@@ -32,10 +32,13 @@ from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
 from eagle3_pipeline.defs.hosts import claim_host
 from eagle3_pipeline.defs.launching import LaunchHost, claim, failure_reason
+from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.records import read_prompts
+from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, Script
+from eagle3_pipeline_tests.test_generation import make_prompts
+from eagle3_pipeline_tests.test_generation_planning import plan_cli
 from eagle3_pipeline_tests.test_orchestration import Daemonless, evaluate_at, requested, sensor_resources
 
 HOST = "eagle3/host"
@@ -430,3 +433,17 @@ def test_the_scheduled_backfill_retries_at_once_a_partition_that_failed_on_a_hos
         result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
         assert requested(result, "responses") == ["D1"]
         assert "backing off: D2 attempt 2 in " in caplog.text
+
+
+def test_the_plan_lists_the_endpoints_of_every_host(tmp_path: Path, servers: Any) -> None:
+    """`eagle3-pipeline plan --calibrate` on a file with hosts measures each host's endpoint."""
+    a, b = servers
+    a.start()
+    b.start()
+    path = two_host_file(tmp_path, a, b, {"D1": 4})
+    write_parquet(prompt_rows(make_prompts(4)), PROMPT_SCHEMA, ArtifactLayout(load_config(path).artifacts_root).prompts("D1"))
+    [dataset] = json.loads(plan_cli(path, "--json", "--calibrate", "2"))["datasets"]
+    rows = {row["backend"]: row for row in dataset["backends"]}
+    assert set(rows) == {endpoint_identity(a.base_url), endpoint_identity(b.base_url)}
+    assert all(isinstance(row["tokens_per_s"], float) for row in rows.values()), rows
+    assert a.requests and b.requests

@@ -19,16 +19,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import EndpointConfig, PipelineConfig
 from eagle3_pipeline.generation.endpoints import Endpoint
 from eagle3_pipeline.generation.estimate import UNKNOWN, Workload, cost_of
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 
 
-def backend_name(config: PipelineConfig, index: int) -> str:
-    """How the planner and the failover records name ``inference.endpoints[index]``: its ``name``,
-    else its base URL without credentials."""
-    entry = config.inference.endpoints[index]
+def endpoint_label(entry: EndpointConfig) -> str:
+    """How the planner and the failover records name an endpoint: its ``name``, else its base URL
+    without credentials."""
     return entry.name or endpoint_identity(entry.base_url)
 
 
@@ -53,7 +52,7 @@ class FailoverSettings:
         start = time.time() if now is None else now
         deadline = start + failover.deadline_s if failover.deadline_s is not None else failover.deadline.timestamp() if failover.deadline else None
         order = config.failover_order()
-        names = [backend_name(config, i) for i in order]
+        names = [endpoint_label(config.inference.endpoints[i]) for i in order]
         return cls(dataset_id, order, names, deadline, failover.check_every_s, failover.unhealthy_after_errors, log_path, failover.probe_timeout_s)
 
 

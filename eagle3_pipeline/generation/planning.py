@@ -26,7 +26,7 @@ from eagle3_pipeline.generation.conversation import turns_to_regenerate
 from eagle3_pipeline.generation.dataset import read_accounting
 from eagle3_pipeline.generation.endpoints import Endpoint, Price
 from eagle3_pipeline.generation.estimate import UNKNOWN, Workload, cost_of, estimate_left
-from eagle3_pipeline.generation.failover import backend_name
+from eagle3_pipeline.generation.failover import endpoint_label
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.layout import ArtifactLayout
@@ -56,12 +56,12 @@ def configured_backends(config: PipelineConfig) -> list[Backend]:
         return [Backend(EMBEDDED, EMBEDDED, config.target.model, None)]
     return [
         Backend(
-            backend_name(config, i),
+            endpoint_label(e),
             endpoint_identity(e.base_url),
             e.model or config.target.model,
             Price(e.price.prompt_per_mtok, e.price.completion_per_mtok) if e.price else None,
         )
-        for i, e in enumerate(config.inference.endpoints)
+        for e in config.inference.all_endpoints
     ]
 
 
