@@ -30,6 +30,14 @@ def postgres_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+def runuser() -> str:
+    """util-linux's `runuser`, also when the PATH lacks the sbin folders (as in a minimal CI shell)."""
+    for candidate in (shutil.which("runuser"), "/usr/sbin/runuser", "/sbin/runuser"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError("runuser (util-linux) is needed to run PostgreSQL as the postgres user when the tests run as root")
+
+
 @dataclass(frozen=True)
 class Postgres:
     host: str
@@ -52,7 +60,7 @@ class Postgres:
 @contextmanager
 def postgres_cluster(bin_dir: Path, db_name: str = "dagster") -> Iterator[Postgres]:
     as_root = os.geteuid() == 0
-    prefix = ["runuser", "-u", SYSTEM_USER, "--"] if as_root else []
+    prefix = [runuser(), "-u", SYSTEM_USER, "--"] if as_root else []
     # Not under pytest's tmp_path: that folder is private to root and the server must reach its files.
     folder = Path(tempfile.mkdtemp(prefix="eagle3-pg-"))
     if as_root:
