@@ -315,7 +315,7 @@ class Window:
         self.started = time.monotonic()
 
     def add(self, metrics: StepMetrics, tokens: int) -> None:
-        self.sums[0] += metrics.loss.detach()  # a curve point, not part of the step's graph
+        self.sums[0] += metrics.loss
         self.sums[1 : 1 + self.steps] += metrics.hits
         self.sums[1 + self.steps : 1 + 2 * self.steps] += metrics.trained
         self.sums[-1] += tokens
