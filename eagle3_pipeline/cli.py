@@ -127,7 +127,10 @@ class RunFollower(threading.Thread):
         from dagster import DagsterEventType, RunsFilter
 
         run_id, cursor = None, None
-        while not self.done.wait(self.poll_s):
+        finished = False
+        while not finished:
+            # One last read after the run ends: its final snapshot may have landed after the last poll.
+            finished = self.done.wait(self.poll_s)
             if run_id is None:
                 runs = self.instance.get_runs(RunsFilter(tags={RUN_TAG_STEP: self.step}), limit=1)
                 if not runs:
