@@ -61,7 +61,7 @@ def bare_loop(store: Path, vocab: Path, target_dir: Path, settings: dict[str, An
     tokens = 0
     started = time.monotonic()
     for batch in batches:
-        target_signal = teacher(batch.hidden, lm_head, model.t2d)
+        target_signal = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
         logits = model.ttt_forward(batch.aux, batch.input_ids, settings["ttt_steps"], batch.attention_mask)
         loss = torch.zeros(())
         for j, step_logits in enumerate(logits):

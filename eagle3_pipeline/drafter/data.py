@@ -137,15 +137,25 @@ class Teacher:
 
 
 @torch.no_grad()
-def teacher(hidden: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor) -> Teacher:
-    """Target logits = ``hidden @ lm_head.T`` (computed in chunks of tokens for the full argmax)."""
+def teacher(hidden: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, needed: torch.Tensor | None = None) -> Teacher:
+    """Target logits = ``hidden @ lm_head.T`` (computed in chunks of tokens for the full argmax).
+
+    ``needed`` [B, T] (bool) limits the work to the indices whose prediction is trained (the rest of
+    ``probs`` is 0 and of ``argmax`` 0): the full-vocabulary product costs more than the drafter's own
+    step, and prompt, template and padding indices never reach the loss."""
     b, t, h = hidden.shape
-    flat = hidden.reshape(b * t, h).to(lm_head.dtype)
+    flat = hidden.reshape(b * t, h)
+    where = None if needed is None else needed.reshape(b * t).nonzero().squeeze(1)
+    rows = flat if where is None else flat.index_select(0, where)
     draft_head = lm_head[t2d]
-    argmax = torch.empty(b * t, dtype=torch.long, device=hidden.device)
-    probs = torch.empty(b * t, draft_head.shape[0], dtype=torch.float32, device=hidden.device)
-    for start in range(0, b * t, TEACHER_CHUNK_TOKENS):
-        chunk = flat[start : start + TEACHER_CHUNK_TOKENS]
-        argmax[start : start + chunk.shape[0]] = (chunk @ lm_head.T).argmax(-1)
-        probs[start : start + chunk.shape[0]] = torch.softmax((chunk @ draft_head.T).float(), dim=-1)
+    picked_argmax = torch.empty(rows.shape[0], dtype=torch.long, device=hidden.device)
+    picked_probs = torch.empty(rows.shape[0], draft_head.shape[0], dtype=torch.float32, device=hidden.device)
+    for start in range(0, rows.shape[0], TEACHER_CHUNK_TOKENS):
+        chunk = rows[start : start + TEACHER_CHUNK_TOKENS].to(lm_head.dtype)
+        picked_argmax[start : start + chunk.shape[0]] = (chunk @ lm_head.T).argmax(-1)
+        picked_probs[start : start + chunk.shape[0]] = torch.softmax((chunk @ draft_head.T).float(), dim=-1)
+    if where is None:
+        return Teacher(picked_probs.view(b, t, -1), picked_argmax.view(b, t))
+    argmax = torch.zeros(b * t, dtype=torch.long, device=hidden.device).index_copy_(0, where, picked_argmax)
+    probs = torch.zeros(b * t, draft_head.shape[0], dtype=torch.float32, device=hidden.device).index_copy_(0, where, picked_probs)
     return Teacher(probs.view(b, t, -1), argmax.view(b, t))

@@ -197,7 +197,8 @@ def ttt_loss(
     """Unrolled TTT forward (through ``forward``, the DDP wrapper, when given), soft-label loss
     against the target over the draft vocabulary. Each step's loss is divided by the counted
     positions of the whole batch (summed over ``ranks``), so the ranks' losses add up to it."""
-    target = teacher(batch.hidden, lm_head, model.t2d)
+    # The prediction at index p is trained when token p + 1 is (loss mask); only those need the teacher.
+    target = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
     argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]
     trained = [F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() for j in range(steps)]
     counted = [t * model.t2d[a].float() for t, a in zip(trained, argmaxes, strict=True)]

@@ -145,3 +145,30 @@ def test_resuming_under_other_settings_is_refused(tmp_path: Path) -> None:
 def test_a_spec_with_an_unknown_setting_is_named(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match="learning_rate"):
         run(_spec(tmp_path, learning_rate=1.0), ListReporter())
+
+
+def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The teacher is computed only where the next token is trained; with prompt tokens and padding in
+    the batch, loss, per-step losses and hits are those of the teacher computed everywhere."""
+    import eagle3_pipeline.drafter.train as train
+    from eagle3_pipeline.drafter.data import BatchReader, epoch_plan, store_rows, teacher
+    from eagle3_pipeline.drafter.target import load_target_weights
+    from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
+
+    spec = _spec(tmp_path)
+    store = HiddenStateStore(Path(spec["store"]))
+    d2t, t2d, _ = load_draft_vocab(Path(spec["draft_vocab"]))
+    target = load_target_weights(Path(spec["target_weights"]))
+    config = train.drafter_config(target.config, int(d2t.shape[0]), list(store.manifest().aux_layer_ids), {})
+    model = train.build_model(config, target, d2t, t2d, seed=0)
+    [rows, *_] = epoch_plan(store_rows(store, "train"), 0, 0, 96, 32)
+    batch = BatchReader(store.root, 32).read(rows)
+    assert len(rows) > 1 and not batch.attention_mask.all(), "the batch has padding"
+    batch.loss_mask[:, : batch.loss_mask.shape[1] // 2] = False  # a prompt: its tokens are not trained
+
+    partial = train.ttt_loss(model, batch, target.lm_head, 3)
+    monkeypatch.setattr(train, "teacher", lambda hidden, lm_head, t2d, needed=None: teacher(hidden, lm_head, t2d))
+    everywhere = train.ttt_loss(model, batch, target.lm_head, 3)
+    assert int(partial.trained.sum()) > 0
+    assert torch.allclose(partial.loss, everywhere.loss) and torch.allclose(partial.step_losses, everywhere.step_losses)
+    assert torch.equal(partial.hits, everywhere.hits) and torch.equal(partial.trained, everywhere.trained)
