@@ -74,10 +74,25 @@ def is_prepared(model_dir: Path) -> bool:
 
 
 def prepare_local_model(model_dir: Path | None = None) -> tuple[Path, bool]:
-    """Convert the GGUF into a safetensors folder once. Returns (folder, converted_now)."""
+    """Convert the GGUF into a safetensors folder once. Returns (folder, converted_now).
+
+    Processes that ask at the same time (test workers, a run beside the tests) convert it once: the
+    conversion holds a lock file beside the folder, and a waiter finds the folder ready."""
+    import fcntl
+
     model_dir = model_dir or local_model_dir()
     if is_prepared(model_dir):
         return model_dir, False
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(model_dir.parent / f".{model_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_prepared(model_dir):
+            return model_dir, False
+        _convert_gguf(model_dir)
+    return model_dir, True
+
+
+def _convert_gguf(model_dir: Path) -> None:
     gguf = find_gguf()
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -89,7 +104,6 @@ def prepare_local_model(model_dir: Path | None = None) -> tuple[Path, bool]:
     settings = {k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"}
     model = LlamaForCausalLM(LlamaConfig.from_dict(settings))
     model.load_state_dict(quantized.state_dict())
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
         model.save_pretrained(staging)
@@ -98,7 +112,6 @@ def prepare_local_model(model_dir: Path | None = None) -> tuple[Path, bool]:
         os.replace(staging, model_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return model_dir, True
 
 
 def free_port(host: str = "127.0.0.1") -> int:

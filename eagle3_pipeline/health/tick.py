@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from functools import partial
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Generic, TypeVar
 
 from eagle3_pipeline.health.checks import disk, generation, gpus, host_memory, port, progress, server_process

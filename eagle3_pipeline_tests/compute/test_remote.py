@@ -29,6 +29,7 @@ from eagle3_pipeline.config import load_config  # noqa: E402
 from eagle3_pipeline.defs.compute import run_heavy_phase  # noqa: E402
 from eagle3_pipeline.hidden_states.store import ShardWriter  # noqa: E402
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline  # noqa: E402
+from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.specforge_files import (  # noqa: E402
     LAYERS,
     TARGET,
@@ -38,7 +39,6 @@ from eagle3_pipeline_tests.hidden_states.specforge_files import (  # noqa: E402
     write_training_data,
 )
 from eagle3_pipeline_tests.hidden_states.test_importer import shard_contents  # noqa: E402
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 INDEX_AND_MANIFEST = ["hidden_states/index.parquet", "hidden_states/manifest.json"]

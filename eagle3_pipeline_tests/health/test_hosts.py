@@ -18,7 +18,6 @@ import paramiko
 import pytest
 
 from eagle3_pipeline.config import ConfigError, HostConfig, load_config
-
 from eagle3_pipeline.hosts import (
     HostAuthError,
     HostDisconnectedError,
