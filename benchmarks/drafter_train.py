@@ -62,13 +62,17 @@ def bare_loop(store: Path, vocab: Path, target_dir: Path, settings: dict[str, An
     started = time.monotonic()
     for batch in batches:
         target_signal = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
-        logits = model.ttt_forward(batch.aux, batch.input_ids, settings["ttt_steps"], batch.attention_mask)
+        masks = [
+            F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() * model.t2d[F.pad(target_signal.argmax[:, j + 1 :], (0, j + 1))].float()
+            for j in range(settings["ttt_steps"])
+        ]
+        keep = [mask.bool() for mask in masks]
+        logits = model.ttt_forward(batch.aux, batch.input_ids, settings["ttt_steps"], batch.attention_mask, keep)
         loss = torch.zeros(())
         for j, step_logits in enumerate(logits):
-            probs = F.pad(target_signal.probs[:, j + 1 :], (0, 0, 0, j + 1))
-            mask = F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() * model.t2d[F.pad(target_signal.argmax[:, j + 1 :], (0, j + 1))].float()
-            ce = -(probs * torch.log_softmax(step_logits, -1)).sum(-1)
-            loss = loss + 0.8**j * (ce * mask).sum() / mask.sum().clamp(min=1.0)
+            probs = F.pad(target_signal.probs[:, j + 1 :], (0, 0, 0, j + 1))[keep[j]]
+            ce = -(probs * torch.log_softmax(step_logits, -1)).sum()
+            loss = loss + 0.8**j * ce / masks[j].sum().clamp(min=1.0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, settings["grad_clip"])

@@ -227,14 +227,28 @@ class Eagle3Drafter(nn.Module):
         draft = logits.argmax(dim=-1)
         return draft + self.d2t[draft]
 
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def forward(
+        self,
+        aux: torch.Tensor,
+        input_ids: torch.Tensor,
+        steps: int,
+        attention_mask: torch.Tensor | None = None,
+        keep: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         """The training pass is the module's forward (DistributedDataParallel hooks ``forward``)."""
-        return self.ttt_forward(aux, input_ids, steps, attention_mask)
+        return self.ttt_forward(aux, input_ids, steps, attention_mask, keep)
 
     def ttt_forward(
-        self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, attention_mask: torch.Tensor | None = None
+        self,
+        aux: torch.Tensor,
+        input_ids: torch.Tensor,
+        steps: int,
+        attention_mask: torch.Tensor | None = None,
+        keep: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """The unrolled training-time test (EAGLE3.md §5): ``steps`` logits tensors [B, T, Vd].
+        """The unrolled training-time test (EAGLE3.md §5): ``steps`` logits tensors [B, T, Vd], or with
+        ``keep`` (one bool mask [B, T] per step) only the kept indices' logits [N_j, Vd], in row-major
+        order: training needs the draft head only where the loss counts.
 
         Step j at index t consumes token ``input_ids[t + 1 + j]`` (teacher forced; 0 past the end)
         and the draft's own pre-norm hidden state of step j-1 at t (``fc(aux[t])`` for step 0), sits
@@ -271,7 +285,7 @@ class Eagle3Drafter(nn.Module):
             for i, dv in enumerate(diag_v):
                 attn = attn + probs[..., t + i : t + i + 1] * dv
             hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
-            outputs.append(self.logits(hidden))
+            outputs.append(self.logits(hidden if keep is None else hidden[keep[j]]))
         return outputs
 
     def forward_cached(

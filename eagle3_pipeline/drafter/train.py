@@ -203,19 +203,21 @@ def ttt_loss(
     trained = [F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() for j in range(steps)]
     counted = [t * model.t2d[a].float() for t, a in zip(trained, argmaxes, strict=True)]
     counts = ranks.all_reduce(torch.stack([c.sum() for c in counted])).clamp(min=1.0)
-    logits = (forward or model)(batch.aux, batch.input_ids, steps, batch.attention_mask)
+    # Only counted indices reach the loss, and only they can hit (elsewhere the target's argmax is not
+    # in the draft vocabulary, or the index is not trained): the draft head runs on them alone.
+    keep = [c.bool() for c in counted]
+    logits = (forward or model)(batch.aux, batch.input_ids, steps, batch.attention_mask, keep)
     total = torch.zeros((), device=batch.aux.device)
     step_losses: list[torch.Tensor] = []
     hits: list[torch.Tensor] = []
     for j, step_logits in enumerate(logits):
-        probs = F.pad(target.probs[:, j + 1 :], (0, 0, 0, j + 1))
+        probs = F.pad(target.probs[:, j + 1 :], (0, 0, 0, j + 1))[keep[j]]
         log_p = torch.log_softmax(step_logits.float(), dim=-1)
-        ce = -(probs * log_p).sum(-1)
-        loss = (ce * counted[j]).sum() / counts[j]
+        loss = -(probs * log_p).sum() / counts[j]
         total = total + (STEP_DECAY**j) * loss
         step_losses.append(loss.detach())
         with torch.no_grad():
-            hits.append(((model.draft_target_ids(step_logits) == argmaxes[j]).float() * trained[j]).sum())
+            hits.append((model.draft_target_ids(step_logits) == argmaxes[j][keep[j]]).float().sum())
     return StepMetrics(total, torch.stack(step_losses), torch.stack(hits), torch.stack([t.sum() for t in trained]))
 
 

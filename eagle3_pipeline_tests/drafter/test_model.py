@@ -84,6 +84,21 @@ def test_padding_does_not_change_the_real_positions() -> None:
         torch.testing.assert_close(padded[j][:, :keep], plain[j][:, :keep], rtol=1e-5, atol=1e-5)
 
 
+def test_kept_indices_get_the_logits_of_the_full_pass() -> None:
+    """Training asks for the draft head's logits only where the loss counts; they are the full pass's
+    logits at those indices, in row-major order."""
+    config = _config()
+    model = _model(config)
+    aux, ids = _inputs(config)
+    keep = [torch.rand(ids.shape, generator=torch.Generator().manual_seed(j)) < 0.4 for j in range(3)]
+    with torch.no_grad():
+        full = model.ttt_forward(aux, ids, 3)
+        kept = model(aux, ids, 3, None, keep)
+    for j in range(3):
+        assert kept[j].shape == (int(keep[j].sum()), config.draft_vocab_size)
+        torch.testing.assert_close(kept[j], full[j][keep[j]], rtol=1e-5, atol=1e-5)
+
+
 def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
     config = _config(aux_layer_ids=[1, 14, 26], max_position_embeddings=64)
     model = _model(config)
