@@ -43,6 +43,9 @@ SPEC = "spec.json"
 _CHUNK = 1 << 20
 _FOLLOW_POLL_S = 0.2
 _HEARTBEAT_EVERY = 5  # polls: the follower writes a line to stderr about every second
+# A process just started may not have made its own group yet (setsid runs after the fork): until
+# its status file exists the follower waits this many polls for the group to appear.
+_STARTUP_POLLS = 50
 _RECONNECT_PAUSE_S = 1.0
 
 
@@ -338,10 +341,12 @@ def _alive(pgid: str) -> str:
 def _tail(name: str, follow: str, offset: int) -> str:
     """Print ``follow`` from byte ``offset`` and follow it until process group ``NAME.pid`` is
     gone (the caller then reads what was written after tail's last poll); a heartbeat on stderr
-    lets the caller tell a quiet phase from a frozen link."""
+    lets the caller tell a quiet phase from a frozen link. A group not there yet counts as alive for
+    the first ``_STARTUP_POLLS`` polls unless the process already wrote its status."""
     return (
         f"tail -c +{int(offset) + 1} -s {_FOLLOW_POLL_S} -F {shlex.quote(follow)} 2>/dev/null & t=$!; "
-        f'g=$(cat {name}.pid); i=0; while {_alive("$g")}; do sleep {_FOLLOW_POLL_S}; i=$((i + 1)); '
+        f'g=$(cat {name}.pid); i=0; while {_alive("$g")} || {{ [ ! -e {name}.status ] && [ $i -lt {_STARTUP_POLLS} ]; }}; '
+        f"do sleep {_FOLLOW_POLL_S}; i=$((i + 1)); "
         f"[ $((i % {_HEARTBEAT_EVERY})) -eq 0 ] && echo heartbeat >&2; done; kill $t"
     )
 

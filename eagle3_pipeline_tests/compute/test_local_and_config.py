@@ -118,3 +118,17 @@ def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
         "export_dir": "/data/eagle3/drafter/export",
         "target_weights": "/models/kimi",
     }
+
+
+def test_the_follower_waits_for_a_process_that_has_not_made_its_group_yet(tmp_path: Path) -> None:
+    """The remote follower (run by `sh` here, as the host runs it) follows a process until its group
+    is gone. A process just started may not have made its own group yet; the follower must not take
+    that for its end (it did under load: the run failed with the worker still running)."""
+    from eagle3_pipeline.compute.remote import _tail
+
+    (tmp_path / "messages.jsonl").write_text("")
+    late = "sleep 0.6; exec setsid sh -c 'echo late line >> messages.jsonl; echo 0 > worker.status'"
+    subprocess.run(["sh", "-c", f"( sh -c {shlex.quote(late)} </dev/null >/dev/null 2>&1 & echo $! > worker.pid )"], cwd=tmp_path, check=True)
+    followed = subprocess.run(["sh", "-c", _tail("worker", "messages.jsonl", 0)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "late line" in followed.stdout
+    assert (tmp_path / "worker.status").read_text().strip() == "0"
