@@ -26,6 +26,18 @@ def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(scope="module")
+def process_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One module at a time, across the test workers, among those that start scripted
+    `python -m sglang.launch_server` processes or read the machine's process table (the health
+    tests, the drafter benchmark's): on two workers they would see each other's servers."""
+    import fcntl
+
+    with open(tmp_path_factory.getbasetemp().parent / "process_table.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def local_model() -> Path:
     """The embedded model folder (SmolLM2-135M-Instruct, standing in for the 1T target),

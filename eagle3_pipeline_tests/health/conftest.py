@@ -57,6 +57,11 @@ def gpus(fakebin: FakeBin) -> Iterator[FakeBin]:
     fakebin.reset()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_process_table_module_at_a_time(process_table: None) -> None:
+    """Every health test reads the machine's process table (see the root conftest)."""
+
+
 @pytest.fixture
 def sglang(tmp_path: Path) -> Iterator[FakeSglang]:
     server = FakeSglang(tmp_path / "sglang")
