@@ -227,17 +227,6 @@ class Eagle3Drafter(nn.Module):
         draft = logits.argmax(dim=-1)
         return draft + self.d2t[draft]
 
-    def forward(
-        self,
-        aux: torch.Tensor,
-        input_ids: torch.Tensor,
-        steps: int,
-        attention_mask: torch.Tensor | None = None,
-        keep: list[torch.Tensor] | None = None,
-    ) -> list[torch.Tensor]:
-        """The training pass is the module's forward (DistributedDataParallel hooks ``forward``)."""
-        return self.ttt_forward(aux, input_ids, steps, attention_mask, keep)
-
     def ttt_forward(
         self,
         aux: torch.Tensor,
@@ -287,6 +276,9 @@ class Eagle3Drafter(nn.Module):
             hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
             outputs.append(self.logits(hidden if keep is None else hidden[keep[j]]))
         return outputs
+
+    # The training pass is the module's forward (DistributedDataParallel hooks ``forward``).
+    forward = ttt_forward
 
     def forward_cached(
         self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache
