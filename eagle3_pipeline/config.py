@@ -53,6 +53,15 @@ class TargetConfig(_Model):
     model: Annotated[str, Field(min_length=1)]
     tokenizer: Annotated[str, Field(min_length=1)] | None = None
     max_seq_len: Annotated[int, Field(gt=16)] = 2048
+    trust_remote_code: bool = Field(
+        default=False,
+        description=(
+            "Run the Python code a target checkpoint ships (auto_map in its config.json or tokenizer_config.json), "
+            "e.g. Kimi-K2.5's kimi_k25 model and TikToken tokenizer. Reaches every config, tokenizer and model "
+            "load of every phase (eagle3_pipeline.target); off, such a checkpoint is refused with an error naming "
+            "this setting."
+        ),
+    )
 
 
 class PriceConfig(_Model):
@@ -137,6 +146,14 @@ class GenerationConfig(_Model):
     fsync: Literal["never", "interval", "always"] = "interval"
     fsync_interval_s: Annotated[float, Field(gt=0)] = 1.0
     reasoning: Literal["keep", "strip"] = "keep"
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Sent with every request as chat_template_kwargs (SGLang and vLLM pass them to the chat template; e.g. "
+            "{thinking: false} turns Kimi-K2.5's thinking off). training_data renders with the same kwargs, so the "
+            "rows hold the prompt as the server rendered it. Part of the generation fingerprint when set."
+        ),
+    )
     regenerate_turns: Literal["last", "all"] = "last"
     progress_interval_s: Annotated[float, Field(gt=0)] = 30.0
     # What a run does when the checkpoint was made under another generation fingerprint (model,
@@ -480,8 +497,11 @@ class DrafterConfig(_Model):
     export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     # The target model folder (config.json + safetensors) where training runs; None: the embedded model.
     target_weights: str | None = None
-    embedding_key: str = "model.embed_tokens.weight"
-    lm_head_key: str | None = None  # None: lm_head.weight, or the embedding when the target ties them
+    # Checkpoint names of the target's input embedding and lm_head; None: found under the prefix the
+    # checkpoint's index shows (`model.embed_tokens.weight`, or `language_model.…` for Kimi-K2.5), the
+    # lm_head falling back to the embedding when the target ties them.
+    embedding_key: str | None = None
+    lm_head_key: str | None = None
     # Training processes (torchrun, DistributedDataParallel) where training runs; auto: one per GPU
     # that machine reports (torch's CUDA devices locally, nvidia-smi on the compute host), 1 with none.
     nproc_per_node: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"

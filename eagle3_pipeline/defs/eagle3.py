@@ -14,6 +14,7 @@ shipped only when it lies under the local artifacts root.
 """
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -25,16 +26,16 @@ from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
-from eagle3_pipeline.hidden_states.capture import TargetLoadError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.inputs import TrainingDataError
 from eagle3_pipeline.hidden_states.store import StoreError
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.target import TargetError, dimensions, read_config
 
 GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
-PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetLoadError, RemoteError, HostError)
+PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetError, RemoteError, HostError)
 STORE_FILES = ("index.parquet", "manifest.json")
 # The blocking checks of training_data, honoured across runs (defs/gating.py).
 TRAINING_DATA_CHECKS = [dg.AssetCheckKey(dg.AssetKey("training_data"), "template_mismatch_rate")]
@@ -57,6 +58,19 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
     )
 
 
+def _local_target_vocab_size(config: PipelineConfig) -> int | None:
+    """The language model's vocab_size from the target's config.json when it is on this machine
+    (a Kimi-K2.5 checkpoint's lm_head may have more rows than its tokenizer has tokens); None when
+    the target folder is only on the GPU host (training_data's tokenizer length is then used)."""
+    try:
+        model = target_weights(config)
+    except ExtractionError:
+        return None
+    if not Path(model, "config.json").is_file():
+        return None
+    return dimensions(read_config(model), str(Path(model, "config.json"))).vocab_size
+
+
 def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
     """`config` (the file at load) words the descriptions; bodies read the `pipeline` resource."""
     training_data = dg.AssetKey("training_data")
@@ -75,7 +89,8 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
         settings = config.draft_vocab
         try:
-            result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, settings.target_vocab_size)
+            target_vocab = settings.target_vocab_size or _local_target_vocab_size(config)
+            result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, target_vocab)
         except (TrainingDataError, ValueError) as exc:
             raise dg.Failure(description=str(exc)) from None
         context.log.info(

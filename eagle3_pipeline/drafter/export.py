@@ -118,7 +118,7 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     from safetensors.torch import load_file
 
     from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
-    from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, read_tensor
+    from eagle3_pipeline.drafter.target import embedding_tensor
 
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
@@ -136,7 +136,7 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     if "embed_tokens.weight" not in tensors:
         if target_model_dir is None:
             raise DrafterConfigError(f"{folder}: the export carries no embed_tokens.weight; pass target_model_dir to take the target's")
-        tensors["embed_tokens.weight"] = read_tensor(Path(target_model_dir), DEFAULT_EMBEDDING_KEY)
+        tensors["embed_tokens.weight"] = embedding_tensor(Path(target_model_dir))
     model.load_state_dict({k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}, strict=True)
     model.embed_tokens.weight.requires_grad_(False)
     return model

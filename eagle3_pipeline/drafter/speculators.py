@@ -101,7 +101,7 @@ def to_speculators(export_dir: Path, out_dir: Path, target_model_dir: Path, veri
     from safetensors.torch import load_file, save_file
 
     from eagle3_pipeline.drafter.export import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
-    from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, read_tensor
+    from eagle3_pipeline.drafter.target import embedding_tensor
 
     if speculative_tokens < 1:
         raise DrafterConfigError(f"speculative_tokens {speculative_tokens}: expected at least 1")
@@ -113,7 +113,7 @@ def to_speculators(export_dir: Path, out_dir: Path, target_model_dir: Path, veri
     tensors = load_file(str(export_dir / WEIGHTS_FILE))
     dtype = tensors["fc.weight"].dtype
     if "embed_tokens.weight" not in tensors:
-        tensors["embed_tokens.weight"] = read_tensor(target_model_dir, DEFAULT_EMBEDDING_KEY).to(dtype)
+        tensors["embed_tokens.weight"] = embedding_tensor(target_model_dir).to(dtype)
     renamed = {(LAYER_PREFIX + k[len(OUR_LAYER_PREFIX) :] if k.startswith(OUR_LAYER_PREFIX) else k): v.contiguous() for k, v in tensors.items()}
     config = speculators_config(export, verifier or str(target_model_dir), list(target.get("architectures") or []), speculative_tokens)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")

@@ -1,29 +1,29 @@
-"""What the drafter needs from the target model folder: its config, input embedding and lm_head.
+"""What the drafter needs from the target model folder: its language model's config, input
+embedding and ``lm_head``.
 
-Only the two tensors are read (``safe_open`` on the one file that holds each, found through
-``model.safetensors.index.json`` for sharded checkpoints), never the whole target.
+Read through :mod:`eagle3_pipeline.target`: the config resolved to the language model (Kimi-K2.5's
+nested ``text_config``), the tensor names under the prefix the checkpoint's index shows
+(``language_model.`` for Kimi-K2.5), and only the shards that hold those two tensors opened.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-DEFAULT_EMBEDDING_KEY = "model.embed_tokens.weight"
-DEFAULT_LM_HEAD_KEY = "lm_head.weight"
+from eagle3_pipeline.target import TargetError, dimensions, drafter_tensor_names, read_config, read_tensors, text_config
 
 
-class TargetWeightsError(ValueError):
+class TargetWeightsError(TargetError):
     """The target folder lacks the config or a tensor the drafter needs."""
 
 
 @dataclass
 class TargetWeights:
-    config: dict[str, Any]
+    config: dict[str, Any]  # the language model's config (nested text_config resolved)
     embedding: torch.Tensor
     lm_head: torch.Tensor
 
@@ -37,47 +37,29 @@ class TargetWeights:
 
 
 def read_target_config(folder: Path) -> dict[str, Any]:
+    """The language model's config of the target folder, its dimensions checked."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise TargetWeightsError(f"{path}: no target config.json (drafter.target_weights must be the target model folder)")
-    raw: dict[str, Any] = json.loads(path.read_text())
-    for key in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"):
-        if key not in raw:
-            raise TargetWeightsError(f"{path}: field {key!r} is missing")
-    return raw
+    raw = read_config(str(folder))
+    dimensions(raw, str(path))
+    return text_config(raw)
 
 
-def _file_holding(folder: Path, key: str) -> Path:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        if key not in weight_map:
-            raise TargetWeightsError(f"{index}: no tensor {key!r} in weight_map")
-        return folder / weight_map[key]
-    single = folder / "model.safetensors"
-    if not single.is_file():
-        raise TargetWeightsError(f"{folder}: neither model.safetensors nor model.safetensors.index.json")
-    return single
+def embedding_tensor(folder: Path, embedding_key: str | None = None) -> torch.Tensor:
+    """The target's input embedding (the name detected under the checkpoint's prefix unless set)."""
+    name = drafter_tensor_names(Path(folder), embedding_key).embedding
+    return read_tensors(Path(folder), [name])[name]
 
 
-def read_tensor(folder: Path, key: str) -> torch.Tensor:
-    from safetensors import safe_open
-
-    path = _file_holding(Path(folder), key)
-    with safe_open(str(path), framework="pt") as handle:
-        if key not in handle.keys():
-            raise TargetWeightsError(f"{path}: no tensor {key!r}")
-        return handle.get_tensor(key)
-
-
-def load_target_weights(folder: Path, embedding_key: str = DEFAULT_EMBEDDING_KEY, lm_head_key: str | None = None) -> TargetWeights:
-    """``lm_head_key`` None: ``lm_head.weight``, or the embedding when the target ties them."""
+def load_target_weights(folder: Path, embedding_key: str | None = None, lm_head_key: str | None = None) -> TargetWeights:
+    """``embedding_key``/``lm_head_key`` None: the names under the detected prefix; ``lm_head`` is
+    the embedding when the target ties them and ships no ``lm_head``."""
+    folder = Path(folder)
     config = read_target_config(folder)
-    embedding = read_tensor(folder, embedding_key)
-    if lm_head_key is None and config.get("tie_word_embeddings", False):
-        lm_head = embedding
-    else:
-        lm_head = read_tensor(folder, lm_head_key or DEFAULT_LM_HEAD_KEY)
+    names = drafter_tensor_names(folder, embedding_key, lm_head_key)
+    tensors = read_tensors(folder, [names.embedding, names.lm_head])
+    embedding, lm_head = tensors[names.embedding], tensors[names.lm_head]
     expected = (int(config["vocab_size"]), int(config["hidden_size"]))
     for name, tensor in (("embedding", embedding), ("lm_head", lm_head)):
         if tuple(tensor.shape) != expected:

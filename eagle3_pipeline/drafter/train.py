@@ -53,7 +53,7 @@ from eagle3_pipeline.drafter.data import Batch, BatchReader, Row, epoch_plan, st
 from eagle3_pipeline.drafter.evaluate import add_drafter_batch
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, target_rope
-from eagle3_pipeline.drafter.target import DEFAULT_EMBEDDING_KEY, TargetWeights, load_target_weights
+from eagle3_pipeline.drafter.target import TargetWeights, load_target_weights
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
 
 STEP_DECAY = 0.8
@@ -85,7 +85,7 @@ class TrainSettings:
     seed: int = 0
     dtype: str = "auto"
     export_dtype: str = "bfloat16"
-    embedding_key: str = DEFAULT_EMBEDDING_KEY
+    embedding_key: str | None = None
     lm_head_key: str | None = None
     model: dict[str, int] = field(default_factory=dict)
 

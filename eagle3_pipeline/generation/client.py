@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,12 +57,21 @@ class AttemptFailure:
 
 
 def request_body(
-    endpoint: Endpoint, messages: Sequence[Message], tools: list[dict[str, Any]] | None, max_tokens: int, temperature: float
+    endpoint: Endpoint,
+    messages: Sequence[Message],
+    tools: list[dict[str, Any]] | None,
+    max_tokens: int,
+    temperature: float,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The chat-completions body; ``chat_template_kwargs`` (SGLang's and vLLM's extension, e.g.
+    Kimi-K2.5's ``{"thinking": false}``) only when set."""
     wire = [wire_message(m) for m in messages]
     body: dict[str, Any] = {"model": endpoint.model, "messages": wire, "max_tokens": max_tokens, "temperature": temperature}
     if tools:
         body["tools"] = tools
+    if chat_template_kwargs:
+        body["chat_template_kwargs"] = dict(chat_template_kwargs)
     return body
 
 

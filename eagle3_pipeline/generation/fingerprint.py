@@ -45,9 +45,13 @@ class GenerationFingerprint:
     temperature: float
     reasoning: str
     regenerate_turns: str
+    chat_template_kwargs: str = ""  # canonical JSON; left out of the fields when unset (older fingerprints stay valid)
 
     def fields(self) -> dict[str, Any]:
-        return asdict(self)
+        fields = asdict(self)
+        if not self.chat_template_kwargs:
+            del fields["chat_template_kwargs"]
+        return fields
 
     @property
     def digest(self) -> str:
@@ -83,6 +87,7 @@ def configured_fingerprint(config: PipelineConfig) -> GenerationFingerprint:
         temperature=settings.temperature,
         reasoning=settings.reasoning,
         regenerate_turns=settings.regenerate_turns,
+        chat_template_kwargs=json.dumps(settings.chat_template_kwargs, sort_keys=True) if settings.chat_template_kwargs else "",
     )
 
 

@@ -302,7 +302,10 @@ async def _calibrate_one(config: PipelineConfig, endpoint: Endpoint, prompts: Se
         async with slots:
             client = idle.pop()
             try:
-                body = request_body(endpoint, [normalized(m) for m in messages], None, settings.max_tokens, settings.temperature)
+                body = request_body(
+                    endpoint, [normalized(m) for m in messages], None, settings.max_tokens, settings.temperature,
+                    settings.chat_template_kwargs,
+                )
                 outcome = await attempt_completion(client, endpoint, body, 0)
             finally:
                 idle.append(client)

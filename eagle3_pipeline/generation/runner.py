@@ -243,7 +243,7 @@ class _Run:
         while True:
             attempt += 1
             endpoint = self.pool.acquire(avoid)
-            body = request_body(endpoint, messages, tools, settings.max_tokens, settings.temperature)
+            body = request_body(endpoint, messages, tools, settings.max_tokens, settings.temperature, settings.chat_template_kwargs)
             attempt_task = asyncio.create_task(attempt_completion(client, endpoint, body, prompt_tokens_est))
             self.attempts[attempt_task] = endpoint
             try:

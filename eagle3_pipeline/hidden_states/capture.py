@@ -16,16 +16,24 @@ project's tests (no GPU on its machines).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.hidden_states.store import TargetIdentity
+from eagle3_pipeline.target import (
+    TargetError,
+    config_sha256,
+    decoder,
+    dimensions,
+    language_model,
+    load_causal_lm,
+    read_config,
+)
 
 
-class TargetLoadError(ValueError):
+class TargetLoadError(TargetError):
     """The target model cannot be loaded, or its layout is not one this capture understands."""
 
 
@@ -41,20 +49,6 @@ class Target:
         return self.model.get_input_embeddings().weight.device
 
 
-def config_sha256(model: str) -> str:
-    """SHA-256 of the target's ``config.json`` bytes (a local folder or a Hugging Face id)."""
-    from transformers.utils import cached_file
-
-    try:
-        path = cached_file(model, "config.json")
-    except OSError as exc:
-        raise TargetLoadError(f"target model {model!r}: no config.json ({exc})") from None
-    if path is None:
-        raise TargetLoadError(f"target model {model!r}: no config.json")
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
-
-
 def resolve_device(device: str) -> str:
     import torch
 
@@ -65,53 +59,36 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_target(model: str, name: str, device: str = "auto", dtype: str = "auto") -> Target:
-    import torch
-    from transformers import AutoModelForCausalLM
-
+def load_target(model: str, name: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> Target:
+    """The target through :func:`eagle3_pipeline.target.load_causal_lm` (which refuses what this
+    path cannot execute), its identity from the language model's config."""
     where = resolve_device(device)
     chosen = dtype if dtype != "auto" else ("bfloat16" if where == "cuda" else "float32")
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, chosen)}
-    if where == "cuda":
-        kwargs["device_map"] = "auto"
-    try:
-        loaded = AutoModelForCausalLM.from_pretrained(model, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise TargetLoadError(f"target model {model!r}: cannot load it with transformers ({exc})") from None
-    loaded.eval()
-    identity = _identity(loaded.config, model, name)
+    loaded = load_causal_lm(model, trust_remote_code, chosen, where)
+    identity = target_identity(model, name)
     decoder_layers(loaded)
     return Target(loaded, identity, where, chosen)
 
 
-def _identity(config: Any, model: str, name: str) -> TargetIdentity:
-    text = config.get_text_config()
+def target_identity(model: str, name: str) -> TargetIdentity:
+    """The identity :func:`load_target` records, from the target's ``config.json`` alone (no
+    weights loaded, no code run): the language model's depth and sizes, nested configs resolved."""
+    raw = read_config(model)
+    dims = dimensions(raw, f"target model {model!r} config.json")
     return TargetIdentity(
         name=name,
         config_sha256=config_sha256(model),
-        num_layers=int(text.num_hidden_layers),
-        hidden_size=int(text.hidden_size),
-        vocab_size=int(text.vocab_size),
+        num_layers=dims.num_layers,
+        hidden_size=dims.hidden_size,
+        vocab_size=dims.vocab_size,
     )
 
 
-def target_identity(model: str, name: str) -> TargetIdentity:
-    """The identity :func:`load_target` records, from the target's ``config.json`` alone (no
-    weights loaded): what a store imported from another tool's states must carry."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except (OSError, ValueError) as exc:
-        raise TargetLoadError(f"target model {model!r}: cannot read its config.json with transformers ({exc})") from None
-    return _identity(config, model, name)
-
-
 def decoder_layers(model: Any) -> Sequence[Any]:
-    layers = getattr(model.base_model, "layers", None)
-    if layers is None:
-        raise TargetLoadError(f"{type(model).__name__}: no decoder layer list at base_model.layers; cannot capture aux states")
-    return list(layers)
+    try:
+        return list(decoder(model).layers)
+    except TargetError as exc:
+        raise TargetLoadError(str(exc)) from None
 
 
 def check_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> None:
@@ -159,7 +136,7 @@ def batch_states(target: Target, aux_layer_ids: Sequence[int], sequences: Sequen
     device = target.input_device
     layers = decoder_layers(target.model)
     with torch.inference_mode(), _capture(layers, aux_layer_ids) as caught:
-        out = target.model.base_model(
+        out = decoder(target.model)(
             input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=False
         )
         aux = torch.cat([caught[i].to(device) for i in aux_layer_ids], dim=-1)
@@ -173,7 +150,7 @@ def reference_states(target: Target, aux_layer_ids: Sequence[int], sequence: Seq
 
     ids = torch.tensor([list(sequence)], dtype=torch.long, device=target.input_device)
     with torch.inference_mode():
-        out = target.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        out = language_model(target.model)(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
     states = out.hidden_states
     aux = torch.cat([states[i + 1][0].to(ids.device) for i in aux_layer_ids], dim=-1)
     return aux, states[-1][0]

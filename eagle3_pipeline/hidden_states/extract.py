@@ -57,6 +57,7 @@ class ExtractSpec(HiddenStatesConfig):
     output: str
     model: str
     target_name: str
+    trust_remote_code: bool = False
 
 
 def target_weights(config: PipelineConfig) -> str:
@@ -81,7 +82,14 @@ def target_weights(config: PipelineConfig) -> str:
 def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str) -> dict[str, Any]:
     """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
     settings = config.hidden_states.model_dump(exclude={"model"})
-    return {**settings, "training_data": training_data, "output": output, "model": model, "target_name": config.target.model}
+    return {
+        **settings,
+        "training_data": training_data,
+        "output": output,
+        "model": model,
+        "target_name": config.target.model,
+        "trust_remote_code": config.target.trust_remote_code,
+    }
 
 
 def parse_spec(spec: dict[str, Any]) -> ExtractSpec:
@@ -254,7 +262,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     planned = plan_shards(data, settings.shard_tokens)
     if not planned:
         raise ExtractionError(f"{data.folder}: training_data has no sample")
-    target = load_target(settings.model, settings.target_name, settings.device, settings.dtype)
+    target = load_target(settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code)
     identity = target.identity
     aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
     check_layer_ids(aux_ids, identity.num_layers)
