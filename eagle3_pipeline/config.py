@@ -466,13 +466,40 @@ class LaunchConfig(_Model):
 
 
 class DrafterModelConfig(_Model):
-    """Draft model dimensions; each left out takes the target's value (EAGLE-3 default)."""
+    """Draft model dimensions and RoPE; each left out takes its default: the target's value, except the
+    attention/MLP shape for an MLA target (Kimi, DeepSeek-V3), which follows the published DeepSeek-V3
+    drafter (`eagle3_pipeline.drafter.train.drafter_config`)."""
 
-    hidden_size: Annotated[int, Field(gt=0)] | None = None
-    intermediate_size: Annotated[int, Field(gt=0)] | None = None
-    num_attention_heads: Annotated[int, Field(gt=0)] | None = None
-    num_key_value_heads: Annotated[int, Field(gt=0)] | None = None
-    head_dim: Annotated[int, Field(gt=0)] | None = None
+    hidden_size: Annotated[int, Field(gt=0)] | None = Field(None, description="Draft hidden size; default the target's.")
+    intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size."
+    )
+    num_attention_heads: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
+    )
+    num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
+    )
+    head_dim: Annotated[int, Field(gt=0)] | None = Field(None, description="Per-head size; default the target's, for an MLA target 128.")
+    rope_theta: Annotated[float, Field(gt=0)] | None = Field(None, description="RoPE base; default the target's.")
+    rope_scaling: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "RoPE scaling in the Hugging Face form (rope_type default, linear, llama3 or yarn and its keys); "
+            "left out: the target's; null: no scaling. YaRN is written so SGLang and vLLM serve it as trained "
+            "(attention factor 0.1·ln(factor) + 1; mscale other than 1 and attn_factor/attention_factor are refused)."
+        ),
+    )
+    max_position_embeddings: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Context the drafter's config.json declares; default the target's, never less."
+    )
+
+    @field_validator("rope_scaling", mode="before")
+    @classmethod
+    def _null_means_no_scaling(cls, value: Any) -> Any:
+        # An explicit null must survive `model_dump(exclude_none=True)` (the train spec): it becomes the
+        # scaling that means none, where a left-out key stays unset and takes the target's.
+        return {"rope_type": "default"} if value is None else value
 
 
 class DrafterConfig(_Model):

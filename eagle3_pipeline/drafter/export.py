@@ -1,10 +1,16 @@
 """The served drafter directory, loaded as-is by SGLang and vLLM (EAGLE3.md §7).
 
 ``config.json``: a Llama config with ``architectures: ["LlamaForCausalLMEagle3"]``, one hidden layer,
-the target's vocabulary size and RoPE settings, ``draft_vocab_size``, untied embeddings, and the
-captured layers written for both servers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` in the
-output-of-layer convention (SGLang captures id + 1) and the top-level
-``eagle_aux_hidden_state_layer_ids`` = id + 1 (vLLM uses them as-is).
+the target's vocabulary size, ``draft_vocab_size``, untied embeddings, the RoPE the drafter was
+trained with (``rope_theta`` and the legacy ``rope_scaling``, which SGLang's and vLLM's Llama readers
+take through transformers 4 or 5; YaRN in the form
+:func:`~eagle3_pipeline.drafter.model.yarn_for_servers` gives, with both ``rope_type`` and ``type``,
+which every reader interprets as trained), ``max_position_embeddings`` of the drafter (at least the
+target's), and the captured layers written for both servers by
+:func:`eagle3_pipeline.layer_ids.server_layer_ids` for the target's family:
+``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang) and the top-level
+``eagle_aux_hidden_state_layer_ids`` (vLLM, input of layer: the trained output-of-layer ids + 1, which
+:func:`load_export` reads back).
 
 ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
 ``t2d``; ``embed_tokens.weight`` only when the draft hidden size differs from the target's (the
@@ -22,7 +28,8 @@ from typing import Any
 
 import torch
 
-from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter, target_rope
+from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter, rope_kind, yarn_for_servers
+from eagle3_pipeline.layer_ids import output_layer_ids, server_layer_ids, target_family
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS_FILE = "model.safetensors"
@@ -31,9 +38,20 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 TARGET_FIELDS_KEPT = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
+def served_rope_scaling(config: DrafterConfig) -> dict[str, Any] | None:
+    """``rope_scaling`` as config.json carries it: YaRN in :func:`yarn_for_servers`'s form (``rope_type``
+    and ``type`` both, the portable mscale pair), other scalings as trained."""
+    if rope_kind(config.rope_scaling) == "yarn":
+        return yarn_for_servers(dict(config.rope_scaling or {}), "rope_scaling")
+    return config.rope_scaling
+
+
 def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: str) -> dict[str, Any]:
-    theta, scaling = target_rope(target_config)
-    ids = list(config.aux_layer_ids)
+    """The drafter's config.json for the target described by ``target_config`` (its language model's
+    config, or the checkpoint's with a nested ``text_config``: the family is read from either)."""
+    if "vocab_size" in target_config and int(target_config["vocab_size"]) != config.vocab_size:
+        raise DrafterConfigError(f"vocab_size: the drafter has {config.vocab_size}, the target config {target_config['vocab_size']}")
+    ids = server_layer_ids(target_family(target_config), config.aux_layer_ids)
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -47,15 +65,15 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
         "draft_vocab_size": config.draft_vocab_size,
         "rms_norm_eps": config.rms_norm_eps,
         "hidden_act": "silu",
-        "rope_theta": theta,
-        "rope_scaling": scaling,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": served_rope_scaling(config),
         "max_position_embeddings": max(config.max_position_embeddings, int(target_config.get("max_position_embeddings", 0))),
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in ids],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids.sglang, "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": ids.vllm,
         "use_aux_hidden_state": True,
     }
     if config.target_hidden_size != config.hidden_size:
@@ -64,15 +82,17 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
     return out
 
 
-def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def exported_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
+    """The state entries the weights file holds, as they are (no copy: works on a meta-device model)."""
     carry_embedding = model.config.hidden_size != model.config.target_hidden_size
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        if name == "embed_tokens.weight" and not carry_embedding:
-            continue
-        floating = tensor.is_floating_point()
-        tensors[name] = (tensor.to(dtype) if floating else tensor).detach().cpu().contiguous()
-    return tensors
+    return {name: tensor for name, tensor in model.state_dict().items() if carry_embedding or name != "embed_tokens.weight"}
+
+
+def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {
+        name: (tensor.to(dtype) if tensor.is_floating_point() else tensor).detach().cpu().contiguous()
+        for name, tensor in exported_tensors(model).items()
+    }
 
 
 def export_for_servers(model: Eagle3Drafter, folder: Path, target_config: dict[str, Any], dtype: str = "bfloat16") -> Path:
@@ -106,7 +126,7 @@ def config_from_export(raw: dict[str, Any]) -> DrafterConfig:
         rope_theta=raw["rope_theta"],
         rope_scaling=raw.get("rope_scaling"),
         max_position_embeddings=raw["max_position_embeddings"],
-        aux_layer_ids=list(raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        aux_layer_ids=output_layer_ids(raw["eagle_aux_hidden_state_layer_ids"]),
     )
 
 

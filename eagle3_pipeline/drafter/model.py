@@ -14,6 +14,13 @@ plain causal attention over a key/value cache, one drafted token at a time, as a
 
 Parameter names are the servers' checkpoint names (``fc.weight``, ``midlayer.*``, ``norm.weight``,
 ``lm_head.weight``, buffers ``d2t`` and ``t2d``); ``embed_tokens.weight`` is the target's, frozen.
+
+RoPE is computed as the servers compute it for a Llama EAGLE-3 drafter (SGLang ``LlamaAttention`` →
+``get_rope``, vLLM ``llama_eagle3`` → ``get_rope``): rotate-half, ``rope_theta`` and ``rope_scaling``
+from the drafter's config.json, in float32, the cos/sin multiplied by the scaling's attention factor.
+YaRN (``rope_type``/``type`` ``yarn``) is :func:`rope_inverse_frequencies` and
+:func:`rope_attention_factor`; :func:`yarn_for_servers` writes the one YaRN dict every reader
+interprets alike (see there).
 """
 
 from __future__ import annotations
@@ -54,9 +61,11 @@ class DrafterConfig:
             )
         if len(self.aux_layer_ids) != 3:
             raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
-        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
+        rope_type = rope_kind(self.rope_scaling)
         if rope_type not in SUPPORTED_ROPE:
             raise DrafterConfigError(f"rope_scaling.rope_type {rope_type!r} is not supported; expected one of {sorted(SUPPORTED_ROPE)}")
+        if rope_type == "yarn":
+            _check_portable_yarn(self.rope_scaling or {})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +75,98 @@ class DrafterConfig:
         return cls(**{**raw, "aux_layer_ids": list(raw["aux_layer_ids"])})
 
 
-SUPPORTED_ROPE = {"default", "linear", "llama3"}
+SUPPORTED_ROPE = {"default", "linear", "llama3", "yarn"}
+YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # the servers' defaults (SGLang, vLLM, transformers)
+# The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1:
+# SGLang 0.5.14 ignores both; SGLang 0.5.23 takes yarn_get_mscale(f, 1) / yarn_get_mscale(f, 0); vLLM
+# 0.34 and transformers 5 need both truthy for the ratio (0 is not) and fall back to yarn_get_mscale(f);
+# SpecForge 0.2.0 always takes the ratio and fails when either is missing.
+PORTABLE_MSCALE = {"mscale": 1.0, "mscale_all_dim": 0.0}
+# Keys some server reads and another ignores (SGLang: attn_factor, extrapolation_factor; vLLM and
+# transformers: attention_factor): no value of them is served alike, so a drafter never carries them.
+UNPORTABLE_YARN_KEYS = ("attn_factor", "attention_factor", "extrapolation_factor")
+YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate", *PORTABLE_MSCALE}
+
+
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """``rope_type`` (or legacy ``type``) of a ``rope_scaling`` dict; ``default`` for none."""
+    scaling = scaling or {}
+    return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def _check_portable_yarn(scaling: dict[str, Any], where: str = "rope_scaling") -> None:
+    unportable = sorted(set(scaling) & set(UNPORTABLE_YARN_KEYS))
+    if unportable:
+        raise DrafterConfigError(
+            f"{where}: {unportable} are read by some servers and ignored by others (SGLang reads attn_factor and "
+            "extrapolation_factor, vLLM attention_factor); leave them out: the drafter's YaRN attention factor is "
+            "0.1·ln(factor) + 1"
+        )
+    unknown = sorted(set(scaling) - YARN_KEYS)
+    if unknown:
+        raise DrafterConfigError(f"{where}: unknown YaRN keys {unknown}; expected a subset of {sorted(YARN_KEYS)}")
+    for key in ("factor", "original_max_position_embeddings"):
+        if key not in scaling:
+            raise DrafterConfigError(f"{where}.{key}: required for rope_type yarn (vLLM reads it without a default)")
+    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
+        raise DrafterConfigError(f"{where}: type {scaling['type']!r} and rope_type {scaling['rope_type']!r} differ")
+    for key, portable in PORTABLE_MSCALE.items():
+        if key in scaling and float(scaling[key]) != portable:
+            raise DrafterConfigError(
+                f"{where}.{key} {scaling[key]}: servers read mscale/mscale_all_dim differently (SGLang 0.5.14 ignores "
+                f"them, SGLang 0.5.23 and vLLM take a ratio); expected {portable} or none (yarn_for_servers writes the pair)"
+            )
+
+
+def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
+    """The drafter's YaRN ``rope_scaling`` built from a target's (or an override's): what the drafter
+    trains with and what its config.json says, interpreted alike by SGLang 0.5.14 and 0.5.23, vLLM 0.34,
+    transformers 5 and SpecForge 0.2.0.
+
+    What a server does with a Llama drafter's ``rope_scaling: yarn`` (SGLang ``get_rope`` →
+    ``YaRNScalingRotaryEmbedding``; vLLM ``get_rope`` → ``YaRNScalingRotaryEmbedding``): the inverse
+    frequencies are the YaRN blend (:func:`rope_inverse_frequencies`) over ``head_dim`` with ``factor``,
+    ``original_max_position_embeddings`` (both required by vLLM), ``beta_fast``/``beta_slow`` (default
+    32/1) and ``truncate`` (default true); cos and sin are multiplied by an attention factor ``m``, so q·k
+    is multiplied by ``m²``. ``m`` is where the readers differ: SGLang 0.5.14 reads only ``attn_factor``
+    (``m = (0.1·ln f + 1)·attn_factor``; it also reads ``extrapolation_factor``, vLLM does not); SGLang 0.5.23 uses ``yarn_get_mscale(f, mscale) /
+    yarn_get_mscale(f, mscale_all_dim)`` when both are given; vLLM 0.34 and transformers use
+    ``attention_factor`` if given, else that ratio when both are truthy, else ``0.1·ln f + 1``; SpecForge
+    always takes the ratio and fails without both keys. The one setting they agree on is
+    ``mscale: 1, mscale_all_dim: 0`` (:data:`PORTABLE_MSCALE`) and no attn_factor/attention_factor: every
+    one of them then applies ``m = 0.1·ln(factor) + 1``.
+
+    Why that keeps a DeepSeek-V3/Kimi target's attention temperature: transformers' DeepSeek-V3 multiplies
+    cos/sin by ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` and its softmax scale by
+    ``yarn_get_mscale(f, mscale_all_dim)²`` (MLA scales the non-rotary dims too), so its q·k carries
+    ``yarn_get_mscale(f, mscale)²`` whatever ``mscale_all_dim`` is; the drafter's ``m²`` equals it exactly
+    when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047; eagle3_pipeline_tests/drafter/test_yarn.py). So
+    ``mscale_all_dim`` is dropped, and an ``mscale`` other than 1, which no portable key can express,
+    is refused. The frequencies are computed over the drafter's ``head_dim`` (128 for an MLA target's
+    draft, :func:`eagle3_pipeline.drafter.train.drafter_config`) where the target rotates
+    ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension, as the servers do.
+    """
+    raw = dict(scaling)
+    if float(raw.pop("mscale", 1.0)) != 1.0:
+        raise DrafterConfigError(
+            f"{where}.mscale {scaling['mscale']}: a Llama drafter can be served with YaRN's attention factor "
+            "0.1·ln(factor) + 1 only (mscale 1); set drafter.model.rope_scaling without mscale"
+        )
+    raw.pop("mscale_all_dim", None)
+    raw.pop("rope_theta", None)  # transformers 5 keeps it in rope_parameters; the drafter carries it as rope_theta
+    _check_portable_yarn(raw, where)
+    out: dict[str, Any] = {
+        "rope_type": "yarn",
+        "type": "yarn",
+        "factor": float(raw["factor"]),
+        "original_max_position_embeddings": int(raw["original_max_position_embeddings"]),
+        "beta_fast": raw.get("beta_fast", YARN_BETA_FAST),
+        "beta_slow": raw.get("beta_slow", YARN_BETA_SLOW),
+        **PORTABLE_MSCALE,
+    }
+    if "truncate" in raw:
+        out["truncate"] = bool(raw["truncate"])
+    return out
 
 
 def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -76,16 +176,41 @@ def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | 
     if isinstance(params, dict):
         theta = float(params.get("rope_theta", target_config.get("rope_theta", 10000.0)))
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        return theta, (None if scaling.get("rope_type", "default") == "default" else scaling)
-    return float(target_config.get("rope_theta", 10000.0)), target_config.get("rope_scaling")
+        return theta, (None if rope_kind(scaling) == "default" else scaling)
+    scaling = target_config.get("rope_scaling")
+    return float(target_config.get("rope_theta", 10000.0)), (None if rope_kind(scaling) == "default" else scaling)
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's attention factor ``0.1·ln(factor) + 1`` (1 for factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def rope_attention_factor(config: DrafterConfig) -> float:
+    """What the servers multiply cos and sin by (q·k by its square): YaRN's ``0.1·ln(factor) + 1``, else 1."""
+    scaling = config.rope_scaling or {}
+    return yarn_mscale(float(scaling["factor"])) if rope_kind(scaling) == "yarn" else 1.0
+
+
+def _yarn_correction_dim(rotations: float, dim: int, base: float, original_max: int) -> float:
+    return (dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
 def rope_inverse_frequencies(config: DrafterConfig) -> torch.Tensor:
-    """Per-pair inverse frequencies [head_dim/2] (Llama rotate-half RoPE; linear and llama3 scaling)."""
+    """Per-pair inverse frequencies [head_dim/2] in float32 (Llama rotate-half RoPE; linear, llama3 and
+    YaRN scaling), in the servers' order of float32 operations.
+
+    YaRN (SGLang/vLLM ``YaRNScalingRotaryEmbedding._compute_inv_freq``, transformers
+    ``_compute_yarn_parameters``): pair i keeps its frequency (extrapolation) below the correction range
+    ``[low, high]`` of ``beta_fast``/``beta_slow`` rotations over ``original_max_position_embeddings``,
+    is divided by ``factor`` (interpolation) above it, and blends linearly inside; with ``truncate``
+    (default) low is floored and high ceiled, both clamped to [0, head_dim - 1].
+    """
     dim = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    pos_freqs = config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv = 1.0 / pos_freqs
     scaling = config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = rope_kind(scaling)
     if kind == "linear":
         inv = inv / float(scaling["factor"])
     elif kind == "llama3":
@@ -96,7 +221,19 @@ def rope_inverse_frequencies(config: DrafterConfig) -> torch.Tensor:
         scaled = torch.where(wavelen > old / low, inv / factor, inv)
         mid = (1 - smooth) * inv / factor + smooth * inv
         inv = torch.where((wavelen <= old / low) & (wavelen >= old / high), mid, scaled)
-    return inv.to(torch.float32)
+    elif kind == "yarn":
+        factor, original_max = float(scaling["factor"]), int(scaling["original_max_position_embeddings"])
+        low = _yarn_correction_dim(scaling.get("beta_fast", YARN_BETA_FAST), dim, config.rope_theta, original_max)
+        high = _yarn_correction_dim(scaling.get("beta_slow", YARN_BETA_SLOW), dim, config.rope_theta, original_max)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # the servers' guard against a zero-width ramp
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        extrapolated = 1 - ramp
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolated) + inv * extrapolated
+    return inv
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -190,6 +327,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        self.rope_scale = rope_attention_factor(config)
 
     @property
     def embedding_frozen(self) -> bool:
@@ -214,10 +352,11 @@ class Eagle3Drafter(nn.Module):
         self.t2d.copy_(t2d.to(torch.bool))
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, head_dim] for integer positions [T]."""
+        """cos, sin [T, head_dim] for integer positions [T], times the attention factor (YaRN) as the
+        servers' cos/sin caches hold them."""
         angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([angles, angles], dim=-1)
-        return emb.cos(), emb.sin()
+        return emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))

@@ -7,9 +7,9 @@ and vLLM's ``transformers_utils/configs/speculators/{base,algos}.py`` (EAGLE3.md
 - ``config.json``: ``architectures: ["Eagle3Speculator"]``, ``speculators_model_type: "eagle3"``,
   ``transformer_layer_config`` (the Llama config of the one decoder layer: target vocabulary,
   draft dimensions, RoPE), ``draft_vocab_size``, ``target_hidden_size``,
-  ``eagle_aux_hidden_state_layer_ids`` (vLLM's input-of-layer convention, used as-is: our
-  output-of-layer ids + 1), ``norm_before_residual: false`` written out (vLLM's adapter assumes
-  true when it is absent; our layer keeps the un-normed residual), and ``speculators_config``:
+  ``eagle_aux_hidden_state_layer_ids`` (our export's vLLM value, input of layer, used as-is; see
+  :mod:`eagle3_pipeline.layer_ids`), ``norm_before_residual: false`` written out (vLLM's adapter
+  assumes true when it is absent; our layer keeps the un-normed residual), and ``speculators_config``:
   ``algorithm``, one greedy proposal method with ``speculative_tokens``, and the ``verifier``
   (``name_or_path``, ``architectures``).
 - ``model.safetensors``: the decoder layer under ``layers.0.*`` instead of ``midlayer.*``, and
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError
+from eagle3_pipeline.layer_ids import output_layer_ids
 
 SPECULATORS_TYPE = "eagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
@@ -84,7 +85,7 @@ def config_from_speculators(raw: dict[str, Any], where: Path) -> DrafterConfig:
             rope_theta=layer.get("rope_theta", 10000.0),
             rope_scaling=layer.get("rope_scaling"),
             max_position_embeddings=layer["max_position_embeddings"],
-            aux_layer_ids=[i - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]],
+            aux_layer_ids=output_layer_ids(raw["eagle_aux_hidden_state_layer_ids"]),
         )
     except KeyError as exc:
         raise DrafterConfigError(f"{where}: missing {exc.args[0]!r} in the speculators config") from None

@@ -7,7 +7,7 @@ Spec (paths on the machine where the phase runs)::
     target_weights   the target model folder (config.json + safetensors: embedding, lm_head)
     run_dir          checkpoints and the metric curve of this drafter
     export_dir       the served directory written at the end (export.export_for_servers)
-    settings         :class:`TrainSettings` fields (``model`` overrides the draft dimensions)
+    settings         :class:`TrainSettings` fields (``model``: the ``drafter.model`` overrides of the draft shape and RoPE)
 
 Loss (EAGLE3.md §5): at TTT step j and index t the drafter predicts token t+2+j; the teacher is the
 target's distribution at index t+1+j renormalised over the draft vocabulary; positions count when
@@ -52,15 +52,23 @@ from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoin
 from eagle3_pipeline.drafter.data import Batch, BatchReader, Row, epoch_plan, store_rows, teacher
 from eagle3_pipeline.drafter.evaluate import add_drafter_batch
 from eagle3_pipeline.drafter.export import export_for_servers
-from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, target_rope
+from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, rope_kind, target_rope, yarn_for_servers
 from eagle3_pipeline.drafter.target import TargetWeights, load_target_weights
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
+from eagle3_pipeline.target import is_mla
 
 STEP_DECAY = 0.8
 EVAL_DEPTHS = (3, 5, 7)  # draft depths K whose τ each checkpoint records (those ≤ ttt_steps, and ttt_steps)
 ADAM_BETAS = (0.9, 0.95)
 CURVE_FILE = "curve.jsonl"
-MODEL_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+MODEL_KEYS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "rope_theta", "rope_scaling", "max_position_embeddings",
+)  # fmt: skip
+# The draft attention for an MLA target (see mla_draft_shape): the published DeepSeek-V3 drafter's.
+MLA_DRAFT_HEAD_DIM = 128
+MLA_DRAFT_KV_HEADS = 8
+MLA_DRAFT_INTERMEDIATE, MLA_DRAFT_HIDDEN = 40960, 7168  # intermediate at hidden 7168, scaled with the hidden size
 
 
 class TrainError(ValueError):
@@ -87,7 +95,7 @@ class TrainSettings:
     export_dtype: str = "bfloat16"
     embedding_key: str | None = None
     lm_head_key: str | None = None
-    model: dict[str, int] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)  # drafter.model overrides (DrafterModelConfig)
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the checkpoint (bookkeeping settings excluded)."""
@@ -95,28 +103,88 @@ class TrainSettings:
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
-def drafter_config(target: Mapping[str, Any], draft_vocab_size: int, aux_layer_ids: list[int], overrides: Mapping[str, int]) -> DrafterConfig:
-    """Draft dimensions default to the target's (hidden, heads, kv heads, head_dim, MLP, RoPE)."""
+def mla_draft_shape(hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]:
+    """Draft attention and MLP for an MLA target, whose own attention shape (64 query heads over a
+    compressed latent KV, head_dim 112 when read as hidden/heads) is no model for a Llama layer.
+
+    Defaults follow the published DeepSeek-V3 drafter, SpecForge ``configs/deepseek-v3-671b-eagle3.json``
+    (sgl-project/SpecForge @ c02a09a): Llama GQA with head_dim 128, 56 heads (hidden 7168 / 128), 8 KV
+    heads, intermediate 40960 (scaled here as 40960/7168 of the draft hidden size, rounded up to a
+    multiple of 128), draft vocabulary 32000 (``draft_vocab.size``). Others published differ:
+    SpecForge's ``kimi-k2-eagle3.json``/``kimi-k25-eagle3.json`` use 64 heads × 64 KV heads × 128,
+    intermediate 18432, no RoPE scaling; TorchSpec's ``kimi_k25_eagle3.json`` 64 × 64 × 128,
+    intermediate 12288, the full 163840 vocabulary. The 8 KV heads keep the draft KV cache at 1/8 of
+    theirs. Fewer heads than 8 (a small hidden size) get the largest KV-head count dividing them.
+    """
+    head_dim = int(overrides.get("head_dim") or MLA_DRAFT_HEAD_DIM)
+    heads = int(overrides.get("num_attention_heads") or max(1, hidden // head_dim))
+    kv_heads = overrides.get("num_key_value_heads") or max(n for n in range(1, min(heads, MLA_DRAFT_KV_HEADS) + 1) if heads % n == 0)
+    intermediate = overrides.get("intermediate_size") or 128 * -(-hidden * MLA_DRAFT_INTERMEDIATE // (MLA_DRAFT_HIDDEN * 128))
+    return {"head_dim": head_dim, "num_attention_heads": heads, "num_key_value_heads": int(kv_heads), "intermediate_size": int(intermediate)}
+
+
+def copied_draft_shape(target: Mapping[str, Any], hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]:
+    """Draft attention and MLP copied from a (GQA/MHA) target; a resized hidden divides among the heads."""
+    heads = int(overrides.get("num_attention_heads") or target["num_attention_heads"])
+    default_head_dim = target.get("head_dim") or int(target["hidden_size"]) // int(target["num_attention_heads"])
+    return {
+        "head_dim": int(overrides.get("head_dim") or (default_head_dim if hidden == int(target["hidden_size"]) else hidden // heads)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(overrides.get("num_key_value_heads") or target.get("num_key_value_heads", heads)),
+        "intermediate_size": int(overrides.get("intermediate_size") or target["intermediate_size"]),
+    }
+
+
+def drafter_rope(target: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, int]:
+    """``(rope_theta, rope_scaling, max_position_embeddings)``: the target's, or ``drafter.model``'s
+    (``rope_scaling: null`` there means no scaling). A YaRN scaling is rewritten by
+    :func:`~eagle3_pipeline.drafter.model.yarn_for_servers` so every server reads it as trained. The
+    drafter serves at least the target's context: a smaller ``max_position_embeddings`` is refused."""
+    theta, scaling = target_rope(dict(target))
+    where = "target config rope_scaling"
+    if overrides.get("rope_theta") is not None:
+        theta = float(overrides["rope_theta"])
+    if "rope_scaling" in overrides:
+        scaling, where = overrides["rope_scaling"], "drafter.model.rope_scaling"
+    if rope_kind(scaling) == "default":
+        scaling = None
+    elif rope_kind(scaling) == "yarn":
+        scaling = yarn_for_servers(dict(scaling or {}), where)
+    target_positions = int(target.get("max_position_embeddings", 4096))
+    positions = int(overrides.get("max_position_embeddings") or target_positions)
+    if positions < target_positions:
+        raise TrainError(
+            f"drafter.model.max_position_embeddings {positions}: expected at least the target's {target_positions} "
+            "(the server drafts at every position the target serves)"
+        )
+    return theta, scaling, positions
+
+
+def drafter_config(target: Mapping[str, Any], draft_vocab_size: int, aux_layer_ids: list[int], overrides: Mapping[str, Any]) -> DrafterConfig:
+    """The draft model for ``target``, the language model's config as a flat dict (a nested
+    ``text_config`` resolved). Hidden size, vocabulary, norm epsilon, RoPE and context are the
+    target's; attention and MLP are the target's too (:func:`copied_draft_shape`) except for an MLA
+    target (:func:`mla_draft_shape`). Every default yields to ``drafter.model.*`` (``overrides``; a key
+    given as None counts as left out, except ``rope_scaling``)."""
     unknown = sorted(set(overrides) - set(MODEL_KEYS))
     if unknown:
         raise TrainError(f"drafter.model: unknown keys {unknown}; expected a subset of {list(MODEL_KEYS)}")
-    heads = int(overrides.get("num_attention_heads", target["num_attention_heads"]))
-    hidden = int(overrides.get("hidden_size", target["hidden_size"]))
-    default_head_dim = target.get("head_dim") or int(target["hidden_size"]) // int(target["num_attention_heads"])
-    theta, scaling = target_rope(target)
+    hidden = int(overrides.get("hidden_size") or target["hidden_size"])
+    shape = mla_draft_shape(hidden, overrides) if is_mla(target) else copied_draft_shape(target, hidden, overrides)
+    theta, scaling, positions = drafter_rope(target, overrides)
     return DrafterConfig(
         hidden_size=hidden,
         target_hidden_size=int(target["hidden_size"]),
-        intermediate_size=int(overrides.get("intermediate_size", target["intermediate_size"])),
-        num_attention_heads=heads,
-        num_key_value_heads=int(overrides.get("num_key_value_heads", target.get("num_key_value_heads", heads))),
-        head_dim=int(overrides.get("head_dim", default_head_dim if hidden == int(target["hidden_size"]) else hidden // heads)),
+        intermediate_size=shape["intermediate_size"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"],
+        head_dim=shape["head_dim"],
         vocab_size=int(target["vocab_size"]),
         draft_vocab_size=draft_vocab_size,
         rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(target.get("max_position_embeddings", 4096)),
+        max_position_embeddings=positions,
         aux_layer_ids=list(aux_layer_ids),
     )
 

@@ -102,12 +102,14 @@ def test_kept_indices_get_the_logits_of_the_full_pass() -> None:
 def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
     config = _config(aux_layer_ids=[1, 14, 26], max_position_embeddings=64)
     model = _model(config)
-    target_config = {"vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "eos_token_id": 2}
+    target_config = {"vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "eos_token_id": 2,
+                     "num_attention_heads": 6, "intermediate_size": 96, "num_hidden_layers": 30}  # fmt: skip
     target_dir = tmp_path / "target"
     target_dir.mkdir()
     from safetensors.torch import save_file
 
     save_file({"model.embed_tokens.weight": model.embed_tokens.weight.detach().clone()}, str(target_dir / "model.safetensors"))
+    (target_dir / "config.json").write_text(json.dumps(target_config))
     folder = export_for_servers(model, tmp_path / "export", target_config, dtype="float32")
     raw = json.loads((folder / "config.json").read_text())
     assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and raw["num_hidden_layers"] == 1
@@ -151,5 +153,7 @@ def test_export_without_embedding_needs_the_target_folder(tmp_path: Path) -> Non
 def test_bad_configs_name_the_field() -> None:
     with pytest.raises(DrafterConfigError, match="num_key_value_heads"):
         _config(num_key_value_heads=4)
-    with pytest.raises(DrafterConfigError, match="rope_type 'yarn'"):
+    with pytest.raises(DrafterConfigError, match="rope_type 'dynamic'"):
+        _config(rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(DrafterConfigError, match="original_max_position_embeddings"):
         _config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
