@@ -17,9 +17,10 @@ A store is a folder (on the orchestrator for ``compute: local``, on the GPU host
   ``training_data`` version the states were computed from, and the byte accounting.
 
 Layer ids here use the **output-of-layer** convention (:data:`LAYER_CONVENTION`): id ``k`` is the
-output of decoder layer ``k`` (0-based), i.e. ``transformers``' ``hidden_states[k + 1]``. SGLang's
-draft config ``eagle_config.eagle_aux_hidden_state_layer_ids`` uses these ids; SGLang captures
-``id + 1`` and vLLM's top-level ids are ``id + 1`` (see ``shared/EAGLE3.md`` §3).
+output of decoder layer ``k`` (0-based), i.e. ``transformers``' ``hidden_states[k + 1]``. What the
+export writes for each server, whose rules differ by model family (SGLang's Llama adds 1 to every
+id, its DeepSeek-V3/Kimi model only when the first id is 1; vLLM takes ids as written), is decided
+in one place: :func:`eagle3_pipeline.layer_ids.server_layer_ids`.
 
 torch and safetensors are imported inside the functions that need them.
 """
