@@ -182,16 +182,30 @@ class PromptsConfig(_Model):
 class TrainingDataConfig(_Model):
     """How responses become training shards (see eagle3_pipeline.dataprep).
 
-    ``reasoning``: ``render`` passes a generated turn's reasoning to the chat template (trained on
-    where the template renders it), ``drop`` leaves it out. ``max_template_mismatch_rate``: the share
+    ``reasoning``: see its field description. ``max_template_mismatch_rate``: the share
     of conversations whose generated turns the template cannot render faithfully (the blocking check
     ``training_data:template_mismatch_rate`` fails above it). ``buffer_rows``: conversations tokenized
     per batch and held per sort bucket, which bounds memory whatever the number of rows."""
 
     eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.05
     shard_rows: Annotated[int, Field(gt=0)] = 10_000
-    reasoning: Literal["render", "drop"] = "render"
+    reasoning: Literal["emit", "render", "drop"] = Field(
+        default="emit",
+        description=(
+            "emit: the response is the prompt as the server rendered it for generation followed by what the target "
+            "emitted (its reasoning in its own thinking markup, content, tool calls, end of turn), masked; render: the "
+            "template's history render of the turn (Kimi-K2.5's blanks the reasoning); drop: reasoning left out."
+        ),
+    )
     max_template_mismatch_rate: Annotated[float, Field(ge=0, le=1)] = 0.01
+    tokenizer_check_samples: Annotated[int, Field(ge=0)] = Field(
+        default=8,
+        description=(
+            "Before the rows are built, this many rendered conversations are tokenized locally and by the first "
+            "serving endpoint with a tokenize route (SGLang and vLLM: POST /tokenize); a disagreement fails the phase "
+            "with the first differing token. No endpoint to ask: recorded as not checked. 0: off."
+        ),
+    )
     buffer_rows: Annotated[int, Field(gt=0)] = 4096
 
 

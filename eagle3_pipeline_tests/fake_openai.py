@@ -6,6 +6,10 @@ produce on demand. By default it answers `/v1/chat/completions` with a determini
 ``Retry-After``, bursts of 500), a hang, a slow answer, a truncated JSON body, a connection reset,
 or a completion cut by ``max_tokens`` (``echo_completion(body, finish_reason="length")``).
 ``token_delay_s`` × ``completion_tokens`` sets how fast the default echo is "generated".
+``POST /tokenize`` (at the root, as SGLang and vLLM serve it) answers ``{"tokens", "count",
+"max_model_len"}`` from ``tokenize`` (a ``text -> ids`` callable, e.g. a real tokenizer's encode),
+or 404 like a server without the route when none is set; those requests are kept apart in
+``tokenize_requests``.
 
 As a separate process (the benchmark and the kill tests):
 ``python -m eagle3_pipeline_tests.fake_openai [--port N] [--delay-s S]`` prints its base URL on the
@@ -85,6 +89,8 @@ class FakeOpenAI:
     token_delay_s: float = 0.0
     completion_tokens: int = 5
     record: bool = True  # keep every request body and header set (off for the benchmark)
+    tokenize: Callable[[str], list[int]] | None = None  # answers POST /tokenize; None: 404
+    tokenize_requests: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
@@ -134,6 +140,9 @@ class FakeOpenAI:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                if self.path.rstrip("/") == "/tokenize":
+                    self._tokenize(body)
+                    return
                 with fake._lock:
                     if fake.record:
                         fake.requests.append(body)
@@ -149,6 +158,15 @@ class FakeOpenAI:
                 finally:
                     with fake._lock:
                         fake.in_flight -= 1
+
+            def _tokenize(self, body: dict[str, Any]) -> None:
+                with fake._lock:
+                    fake.tokenize_requests.append({**body, "authorization": self.headers.get("Authorization")})
+                if fake.tokenize is None:
+                    self._send(404, json.dumps({"detail": "Not Found"}).encode())
+                    return
+                tokens = fake.tokenize(str(body["prompt"]))
+                self._send(200, json.dumps({"tokens": tokens, "count": len(tokens), "max_model_len": 4096}).encode())
 
             def _answer(self, reply: Reply, body: dict[str, Any]) -> None:
                 if fake.delay_s or reply.delay_s:

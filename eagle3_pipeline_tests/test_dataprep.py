@@ -13,7 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, read_manifest, split_of
+from eagle3_pipeline.prompts import parse_record
 from eagle3_pipeline_tests.c1_records import generated, message, response_row, write_responses
+
+SAMPLES = Path(__file__).resolve().parents[1] / "eagle3_pipeline" / "samples"
 
 pytestmark = pytest.mark.local_model
 
@@ -139,3 +142,36 @@ def test_manifest_lists_what_draft_vocab_and_hidden_states_read(tmp_path: Path, 
     assert {"version", "tokenizer", "chat_template_sha256", "seed", "shards", "vocab_size"} <= manifest.keys()
     assert manifest["vocab_size"] == 49152
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left behind
+
+
+def sample_rows() -> list[dict[str, Any]]:
+    """Every shipped sample prompt, answered by a generated turn made of other samples' text (a
+    quarter cut by ``length``, a fifth after a regenerated earlier turn and a follow-up question)."""
+    prompts = []
+    for name, fmt in {"chat": "sharegpt", "code": "openai", "math": "sharegpt", "tools": "openai"}.items():
+        for line in (SAMPLES / f"{name}.jsonl").read_text().splitlines():
+            prompts.append((name, *parse_record(json.loads(line), fmt)))
+    texts = [m[-1]["content"] for _, m, _ in prompts]
+    out = []
+    for i, (name, messages, tools) in enumerate(prompts):
+        stored = [message(m["role"], m["content"]) for m in messages]
+        if i % 5 == 0:
+            stored += [generated(texts[(i * 3) % len(texts)]), message("user", "Go on, in more detail.")]
+        stored.append(generated(" ".join(texts[(i * 7 + k) % len(texts)] for k in range(2)), "length" if i % 4 == 0 else "stop"))
+        out.append(response_row(f"s{i:03d}", name, stored, json.loads(tools) if tools else None))
+    return out
+
+
+def test_emit_and_render_give_the_same_rows_on_the_embedded_model(tmp_path: Path, local_model: Path) -> None:
+    """SmolLM2's template renders a response as the target emitted it (no reasoning): the default
+    ``emit`` mode must not change its training data."""
+    files = [write_responses(tmp_path / "S.parquet", sample_rows())]
+    emitted = build(files, tmp_path / "emit", local_model, max_seq_len=8192)
+    rendered = build(files, tmp_path / "render", local_model, max_seq_len=8192, reasoning="render")
+    assert emitted.template_mismatch == rendered.template_mismatch == 0
+    assert emitted.train_rows + emitted.eval_rows == 288 and emitted.masked_tokens == rendered.masked_tokens > 0
+    first, second = read_manifest(tmp_path / "emit"), read_manifest(tmp_path / "render")
+    assert first["tokenizer_kind"] == "fast" and (first["reasoning"], second["reasoning"]) == ("emit", "render")
+    assert first["version"] == second["version"]
+    for name in [*first["shards"]["train"], *first["shards"]["eval"], "token_freq.parquet"]:
+        assert pq.read_table(tmp_path / "emit" / name).equals(pq.read_table(tmp_path / "render" / name)), name

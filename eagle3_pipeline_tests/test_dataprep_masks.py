@@ -5,7 +5,11 @@ tokenizer (their special tokens added to it) — Llama-3 style headers (plain, a
 ``{% generation %}`` blocks), Qwen3 style (``<think>`` rendered only after the last user message),
 and a tool-calling template with native ``<tool_call>`` tokens. For each, the masked tokens of a
 fixture conversation, decoded run by run, must be exactly the generated text (+ the end-of-turn
-token when the turn finished), token for token.
+token when the turn finished), token for token. SmolLM2's family also runs on a slow tokenizer
+with the same vocabulary (transformers' Python backend: no offsets, no ``backend_tokenizer``);
+``emit`` gives SmolLM2 the same rows as ``render``, and tokenizes the prompt on its own, as the
+server did (where Llama-3's header ends in a blank line, that is one token alone and two before
+the answer).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.dataprep import ChatRenderer, TemplateMismatch, stored_conversation, tokenize_conversation
+from eagle3_pipeline.dataprep.masks import Piece, slow_piece_tokens
+from eagle3_pipeline.target import load_tokenizer
 from eagle3_pipeline_tests.c1_records import generated, message, response_row
 
 pytestmark = pytest.mark.local_model
@@ -72,9 +78,7 @@ WEATHER_TOOL = {
 
 
 def family(local_model: Path, template: str | None, special: list[str], added: list[str] = ()) -> Any:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(local_model))
+    tokenizer = load_tokenizer(str(local_model))
     tokenizer.add_tokens(special, special_tokens=True)
     tokenizer.add_tokens(list(added))
     if template is not None:
@@ -85,6 +89,51 @@ def family(local_model: Path, template: str | None, special: list[str], added: l
 @pytest.fixture(scope="module")
 def smollm(local_model: Path) -> Any:
     return family(local_model, None, [])
+
+
+def slow_tokenizer(fast: Any) -> Any:
+    """A slow tokenizer with ``fast``'s vocabulary, added tokens and template: transformers' Python
+    backend (added tokens split by its trie, then ``_tokenize``), the BPE of each piece between
+    added tokens done by the fast tokenizer's model. No offsets and no ``backend_tokenizer``, like
+    Kimi's TikTokenTokenizer."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizer
+
+    class SlowBPE(PreTrainedTokenizer):
+        def __init__(self) -> None:
+            self.bpe = Tokenizer.from_str(fast.backend_tokenizer.to_str())
+            self.vocab = fast.get_vocab()
+            self.tokens = {i: t for t, i in self.vocab.items()}
+            super().__init__(added_tokens_decoder=dict(fast.added_tokens_decoder), eos_token=fast.eos_token, bos_token=fast.bos_token)
+            self.chat_template = fast.chat_template
+
+        @property
+        def vocab_size(self) -> int:
+            return len(self.vocab)
+
+        def get_vocab(self) -> dict[str, int]:
+            return dict(self.vocab)
+
+        def _tokenize(self, text: str, **kwargs: Any) -> list[str]:
+            return list(self.bpe.encode(text, add_special_tokens=False).tokens)
+
+        def _convert_token_to_id(self, token: str) -> int:
+            return int(self.vocab[token])
+
+        def _convert_id_to_token(self, index: int) -> str:
+            return str(self.tokens[index])
+
+        def convert_tokens_to_string(self, tokens: list[str]) -> str:
+            return str(self.bpe.decoder.decode(tokens))
+
+    slow = SlowBPE()
+    assert not slow.is_fast and not hasattr(slow, "backend_tokenizer")
+    return slow
+
+
+@pytest.fixture(scope="module")
+def smollm_slow(smollm: Any) -> Any:
+    return slow_tokenizer(smollm)
 
 
 @pytest.fixture(scope="module")
@@ -167,15 +216,90 @@ def test_smollm2_answer_equal_to_the_question_is_found_in_its_own_turn(smollm: A
     assert_masks(smollm, row, ["Yes.<|im_end|>"])
 
 
+def smollm_rows() -> list[dict[str, Any]]:
+    return [
+        two_turns(),
+        two_turns("length", content="Eleven is"),
+        response_row("r2", "D", [message("user", "Yes."), generated("Yes.")]),
+        response_row("r3", "D", [message("system", "Be brief."), message("user", "Hi!"), message("assistant", "Hello."),
+                                 message("user", "A word with  two spaces\n\n and lines?"), generated("Indented\n\nanswer  ")]),
+    ]
+
+
+@pytest.mark.parametrize("reasoning", ["emit", "render"])
+def test_smollm2_on_a_slow_tokenizer_masks_exactly_what_the_fast_one_does(smollm: Any, smollm_slow: Any, reasoning: str) -> None:
+    assert_masks(smollm_slow, two_turns(), ["Seven.<|im_end|>", "Eleven is prime.<|im_end|>"], reasoning)
+    assert_masks(smollm_slow, two_turns("length", content="Eleven is"), ["Seven.<|im_end|>", "Eleven is"], reasoning)
+    for row in smollm_rows():
+        conversation = stored_conversation(row, reasoning)  # type: ignore[arg-type]
+        fast = tokenize_conversation(ChatRenderer(smollm, reasoning), conversation)  # type: ignore[arg-type]
+        assert tokenize_conversation(ChatRenderer(smollm_slow, reasoning), conversation) == fast, row["id"]  # type: ignore[arg-type]
+
+
+def test_emit_gives_the_rows_render_gives_on_smollm2(smollm: Any, smollm_slow: Any) -> None:
+    for tokenizer in (smollm, smollm_slow):
+        for row in smollm_rows():
+            emitted = tokenize_conversation(ChatRenderer(tokenizer, "emit"), stored_conversation(row, "emit"))
+            rendered = tokenize_conversation(ChatRenderer(tokenizer, "render"), stored_conversation(row, "render"))
+            assert emitted == rendered and sum(emitted[1]) > 0, row["id"]
+
+
+def test_an_answer_that_starts_with_spaces_is_the_prompt_s_tokens_then_the_answer_s(smollm: Any, smollm_slow: Any) -> None:
+    row = response_row("r4", "D", [message("user", "Hi"), generated("  Indented")])
+    prompt = smollm.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    prompt_ids = smollm.encode(prompt, add_special_tokens=False)
+    for tokenizer in (smollm, smollm_slow):
+        ids, mask = tokenize_conversation(ChatRenderer(tokenizer, "emit"), stored_conversation(row, "emit"))
+        assert ids[: len(prompt_ids)] == prompt_ids and not any(mask[: len(prompt_ids)])
+        assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "  Indented<|im_end|>"
+    # Rendered whole, the template's newline and the answer's first space become one token, which
+    # no mask can split: the fast tokenizer's offsets leave it out, the slow tokenizer's check refuses it.
+    ids, mask = tokenize_conversation(ChatRenderer(smollm, "render"), stored_conversation(row, "render"))
+    assert smollm.decode([t for t, m in zip(ids, mask, strict=True) if m]) == " Indented<|im_end|>"
+    with pytest.raises(TemplateMismatch, match="joins the text on both sides of character"):
+        tokenize_conversation(ChatRenderer(smollm_slow, "render"), stored_conversation(row, "render"))
+
+
+def test_a_slow_tokenizer_that_merges_across_a_span_edge_is_a_mismatch(smollm_slow: Any) -> None:
+    word = "considerable"
+    [token] = smollm_slow.encode(" " + word, add_special_tokens=False)  # one token: no edge inside it
+    with pytest.raises(TemplateMismatch, match=r"joins the text on both sides of character 4 into one token \(' con' \| 'siderable"):
+        slow_piece_tokens(smollm_slow, Piece(" " + word, ((4, len(word) + 1),)))
+    assert slow_piece_tokens(smollm_slow, Piece(f"Hi {word}", ((2, len(word) + 3),))) == (
+        smollm_slow.encode(f"Hi {word}", add_special_tokens=False),
+        [0, 1],
+    )
+
+
 def test_llama3_headers(llama3: Any) -> None:
     assert_masks(llama3, two_turns(), ["Seven.<|eot_id|>", "Eleven is prime.<|eot_id|>"])
     assert_masks(llama3, two_turns("length", content="Eleven is"), ["Seven.<|eot_id|>", "Eleven is"])
 
 
-def test_llama3_generation_blocks_drop_trailing_whitespace_and_unfinished_end_of_turn(llama3_generation: Any) -> None:
+@pytest.mark.parametrize("reasoning", ["render", "emit"])
+def test_llama3_generation_blocks_drop_trailing_whitespace_and_unfinished_end_of_turn(llama3_generation: Any, reasoning: str) -> None:
     assert ChatRenderer(llama3_generation, "render").generation_blocks
-    assert_masks(llama3_generation, two_turns(), ["Seven.<|eot_id|>", "Eleven is prime.<|eot_id|>"])
-    assert_masks(llama3_generation, two_turns("length", content="Eleven is"), ["Seven.<|eot_id|>", "Eleven is"])
+    assert_masks(llama3_generation, two_turns(), ["Seven.<|eot_id|>", "Eleven is prime.<|eot_id|>"], reasoning)
+    assert_masks(llama3_generation, two_turns("length", content="Eleven is"), ["Seven.<|eot_id|>", "Eleven is"], reasoning)
+
+
+@pytest.mark.parametrize("fixture", ["llama3", "llama3_generation"])
+def test_emit_tokenizes_the_prompt_alone_as_the_server_did(request: pytest.FixtureRequest, fixture: str) -> None:
+    tokenizer = request.getfixturevalue(fixture)
+    row = two_turns()
+    history = [{"role": m["role"], "content": m["content"]} for m in row["messages"][:3]]
+    prompt = tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    ids, mask = tokenize_conversation(ChatRenderer(tokenizer, "emit"), stored_conversation(row, "emit"))
+    earlier = tokenizer.encode("Seven.<|eot_id|>", add_special_tokens=False)
+    output = tokenizer.encode("Eleven is prime.<|eot_id|>", add_special_tokens=False)
+    assert ids[: len(prompt_ids)] == prompt_ids and sum(mask[: len(prompt_ids)]) == len(earlier)
+    n = len(prompt_ids) + len(output)
+    assert ids[len(prompt_ids) : n] == output and mask[len(prompt_ids) :] == [1] * len(output) + [0] * (len(ids) - n)
+    # Alone, the header's blank line is one token; followed by the answer in one text, it is two.
+    assert tokenizer.convert_ids_to_tokens(prompt_ids[-1:]) == ["ĊĊ"]
+    rendered, _ = tokenize_conversation(ChatRenderer(tokenizer, "render"), stored_conversation(row, "render"))
+    assert tokenizer.convert_ids_to_tokens(rendered[len(prompt_ids) - 1 : len(prompt_ids) + 1]) == ["Ċ", "Ċ"]
 
 
 def test_qwen3_reasoning_rendered_in_the_last_turn_only(qwen3: Any) -> None:
@@ -190,6 +314,14 @@ def test_qwen3_reasoning_rendered_in_the_last_turn_only(qwen3: Any) -> None:
 
 def test_qwen3_empty_think_block_of_the_template_is_not_trained_on(qwen3: Any) -> None:
     assert_masks(qwen3, two_turns(), ["Seven.<|im_end|>", "Eleven is prime.<|im_end|>"])
+
+
+def test_qwen3_emit_trains_on_the_think_block_the_target_emitted_after_the_generation_prompt(qwen3: Any) -> None:
+    row = two_turns(reasoning_content="11 has no divisor but 1 and 11.")
+    think = "<think>\n11 has no divisor but 1 and 11.\n</think>\n\n"
+    assert_masks(qwen3, row, ["Seven.<|im_end|>", f"{think}Eleven is prime.<|im_end|>"], reasoning="emit")
+    # The template writes an empty block for a last turn without reasoning: the target emitted it.
+    assert_masks(qwen3, two_turns(), ["Seven.<|im_end|>", "<think>\n\n</think>\n\nEleven is prime.<|im_end|>"], reasoning="emit")
 
 
 def tool_row() -> dict[str, Any]:

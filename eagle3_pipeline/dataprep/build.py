@@ -3,8 +3,9 @@ memory bounded by ``buffer_rows`` and ``shard_rows``, whatever the number of row
 
 Pass 1 reads the responses tables batch by batch (first occurrence of an id kept), renders and
 masks each conversation (see :mod:`eagle3_pipeline.dataprep.masks`), tokenizes ``buffer_rows``
-conversations at a time with the fast tokenizer's batch encoder, and appends the rows to one of N
-bucket files on disk by their shuffle key ``sha256("shuffle:{seed}:{id}")`` — bucket *b* holds the
+conversations at a time (a fast tokenizer's batch encoder with offsets; a slow one, such as
+Kimi-K2.5's remote-code ``TikTokenTokenizer``, in segments at the span edges), and appends the
+rows to one of N bucket files on disk by their shuffle key ``sha256("shuffle:{seed}:{id}")`` — bucket *b* holds the
 *b*-th of N equal key ranges, N = rows / ``buffer_rows``. Pass 2 reads the buckets in key order,
 sorts each in memory, and streams the rows into ``train-NNNNN``/``eval-NNNNN`` shards of exactly
 ``shard_rows`` rows (the split is decided by another hash of the id), counting the masked tokens of
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,14 @@ from eagle3_pipeline.dataprep.masks import (
     ChatRenderer,
     Conversation,
     ReasoningMode,
+    Row,
     TemplateMismatch,
+    fast_piece_mask,
     template_message,
-    token_mask,
+    tokenize_row,
 )
 from eagle3_pipeline.records import atomic_directory
+from eagle3_pipeline.target import load_tokenizer as load_target_tokenizer
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -129,14 +133,12 @@ class DataprepStats:
         }
 
 
-def load_tokenizer(name_or_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"tokenizer {name_or_path!r} is not a fast tokenizer; offsets are needed for loss masks")
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
+    """The target's tokenizer (fast or slow, remote code only with ``trust_remote_code``), which must
+    have a chat template."""
+    tokenizer = load_target_tokenizer(name_or_path, trust_remote_code, setting="target.tokenizer")
     if not tokenizer.chat_template:
-        raise ValueError(f"tokenizer {name_or_path!r} has no chat template")
+        raise ValueError(f"target.tokenizer {name_or_path!r} has no chat template; training_data renders conversations with it")
     return tokenizer
 
 
@@ -145,7 +147,9 @@ def _hash64(text: str) -> int:
 
 
 def split_of(sample_id: str, seed: int, eval_fraction: float) -> str:
-    return "eval" if _hash64(f"{seed}:{sample_id}") / 2**64 < eval_fraction else "train"
+    """The split by a hash of its own domain: ``prompts`` samples by ``sha256(f"{seed}:{id}")``
+    (the smallest kept), so the same hash here would send a whole small sample to eval."""
+    return "eval" if _hash64(f"split:{seed}:{sample_id}") / 2**64 < eval_fraction else "train"
 
 
 def shuffle_key(sample_id: str, seed: int) -> int:
@@ -187,10 +191,7 @@ def _read_rows(path: Path, batch_rows: int) -> Iterator[list[dict[str, Any]]]:
 class _Pending:
     id: str
     dataset: str
-    text: str | None = None
-    spans: list[tuple[int, int]] = field(default_factory=list)
-    ids: list[int] | None = None
-    mask: list[int] | None = None
+    row: Row
 
 
 class _Buckets:
@@ -298,7 +299,7 @@ class _Tokenizer:
 
     def __init__(self, renderer: ChatRenderer, seed: int, eval_fraction: float, max_seq_len: int, stats: DataprepStats) -> None:
         self.renderer, self.seed, self.eval_fraction, self.max_seq_len, self.stats = renderer, seed, eval_fraction, max_seq_len, stats
-        self.backend = renderer.tokenizer.backend_tokenizer
+        self.backend = renderer.tokenizer.backend_tokenizer if renderer.fast else None
 
     def prepare(self, row: dict[str, Any]) -> _Pending | None:
         """Render and locate one row's generated turns; None when the row is dropped (counted)."""
@@ -310,35 +311,45 @@ class _Tokenizer:
             self.stats.empty_responses += 1
             return None
         self.stats.truncated_turns += sum(not finished for finished in conversation.generated.values())
-        dataset = self.stats.dataset(row["dataset"])
-        dataset.templated += 1
-        pending = _Pending(row["id"], row["dataset"])
+        self.stats.dataset(row["dataset"]).templated += 1
         try:
-            if self.renderer.generation_blocks:
-                pending.ids, pending.mask = self.renderer.block_mask(conversation)
-            else:
-                pending.text, pending.spans = self.renderer.spans(conversation)
+            return _Pending(row["id"], row["dataset"], self.renderer.row(conversation))
         except TemplateMismatch as exc:
-            dataset.template_mismatch += 1
-            if len(self.stats.mismatch_examples) < MISMATCH_EXAMPLES:
-                self.stats.mismatch_examples.append(f"{row['dataset']}/{row['id']}: {exc}")
+            self._mismatch(row["dataset"], row["id"], exc)
             return None
-        return pending
+
+    def _mismatch(self, dataset: str, row_id: str, exc: TemplateMismatch) -> None:
+        self.stats.dataset(dataset).template_mismatch += 1
+        if len(self.stats.mismatch_examples) < MISMATCH_EXAMPLES:
+            self.stats.mismatch_examples.append(f"{dataset}/{row_id}: {exc}")
+
+    def _tokens(self, batch: Sequence[_Pending]) -> Iterator[tuple[_Pending, list[int], list[int]]]:
+        """Each row's ids and mask: a fast tokenizer encodes every piece of the batch at once; a slow
+        one tokenizes row by row, a row whose spans its tokens cannot follow counted as a mismatch."""
+        if self.backend is not None:
+            texts = [piece.text for pending in batch for piece in pending.row.pieces]
+            encodings = iter(self.backend.encode_batch(texts, add_special_tokens=False))
+            for pending in batch:
+                ids, mask = list(pending.row.ids), list(pending.row.mask)
+                for piece in pending.row.pieces:
+                    encoding = next(encodings)
+                    ids += encoding.ids
+                    mask += fast_piece_mask(encoding, piece)
+                yield pending, ids, mask
+            return
+        for pending in batch:
+            try:
+                ids, mask = tokenize_row(self.renderer, pending.row)
+            except TemplateMismatch as exc:
+                self._mismatch(pending.dataset, pending.id, exc)
+                continue
+            yield pending, ids, mask
 
     def tokenize(self, batch: Sequence[_Pending]) -> pa.Table:
-        texts = [p.text for p in batch if p.text is not None]
-        encodings = iter(self.backend.encode_batch(texts, add_special_tokens=False))
         ids_parts, mask_parts, kept = [], [], []
-        for pending in batch:
-            if pending.text is not None:
-                encoding = next(encodings)
-                ids = np.asarray(encoding.ids, dtype=np.int32)
-                mask = np.zeros(len(ids), dtype=np.int8)
-                for start, end in token_mask(encoding, pending.spans):
-                    mask[start:end] = 1
-            else:
-                ids = np.asarray(pending.ids, dtype=np.int32)
-                mask = np.asarray(pending.mask, dtype=np.int8)
+        for pending, id_list, mask_list in self._tokens(batch):
+            ids = np.asarray(id_list, dtype=np.int32)
+            mask = np.asarray(mask_list, dtype=np.int8)
             if len(ids) > self.max_seq_len:
                 self.stats.over_length += 1
                 continue
@@ -420,13 +431,23 @@ def build_training_data(
     eval_fraction: float,
     shard_rows: int,
     max_seq_len: int,
-    reasoning: ReasoningMode = "render",
+    reasoning: ReasoningMode = "emit",
     buffer_rows: int = 4096,
+    trust_remote_code: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    thinking_markup: tuple[str, str] | None = None,
 ) -> DataprepStats:
-    """The whole phase: merge → template + mask → drop over-length → shuffle → split → shards."""
+    """The whole phase: merge → template + mask → drop over-length → shuffle → split → shards.
+
+    ``reasoning``: ``emit`` (the target's prompt and output for its response, see
+    :mod:`eagle3_pipeline.dataprep.masks`), ``render`` or ``drop``. ``trust_remote_code`` is
+    ``target.trust_remote_code`` (Kimi's tokenizer is remote code). ``chat_template_kwargs`` go to
+    every render, as the server got them (Kimi-K2.5: ``{"thinking": False}`` turns thinking off).
+    ``thinking_markup`` (open, close) overrides the ``<think>``/``</think>`` added tokens as the
+    markup ``emit`` puts reasoning into."""
     stats = DataprepStats()
-    tokenizer = load_tokenizer(tokenizer_name)
-    renderer = ChatRenderer(tokenizer, reasoning)
+    tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
+    renderer = ChatRenderer(tokenizer, reasoning, chat_template_kwargs, thinking_markup)
     rows_upper_bound = sum(pq.ParquetFile(path).metadata.num_rows for path in response_files)
     vocab_size = len(tokenizer)
     with atomic_directory(output_dir) as staging, tempfile.TemporaryDirectory(prefix=".buckets.", dir=staging.parent) as scratch:
@@ -444,7 +465,10 @@ def build_training_data(
         manifest = {
             "version": _combined_version([writers["train"].version, writers["eval"].version]),
             "tokenizer": tokenizer_name,
+            "tokenizer_kind": "fast" if renderer.fast else "slow",
             "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest(),
+            "chat_template_kwargs": renderer.chat_template_kwargs,
+            "thinking_markup": list(renderer.thinking_markup) if renderer.thinking_markup else None,
             "seed": seed,
             "eval_fraction": eval_fraction,
             "max_seq_len": max_seq_len,

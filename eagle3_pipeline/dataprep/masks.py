@@ -1,20 +1,53 @@
-"""Loss masks that cover exactly what the target generated.
+"""Loss masks that cover exactly what the target generated, for fast and slow tokenizers.
 
-A conversation is rendered once, whole, by the tokenizer's chat template (no prefix rendering, so
-templates that rewrite earlier turns — Qwen3 drops the reasoning of turns before the last user
-message — work). Each generated assistant turn is then located inside that full render:
+A row is made in one of three ways (``training_data.reasoning``):
+
+- ``emit`` (the default) trains on what the target saw and produced for its response, the last
+  generated turn ``i``: the prompt exactly as the server rendered it for generation —
+  ``apply_chat_template(messages[:i], tools, add_generation_prompt=True, **chat_template_kwargs)``,
+  with the history as the generation client sent it (``records.wire_message``: no reasoning) — followed by the turn the target
+  emitted, masked: its reasoning in the target's own thinking markup, its content, its tool calls as
+  the template renders them, and the end-of-turn token when it finished (``stop``/``tool_calls``,
+  never after ``length``; a ``length`` stop with reasoning only was cut inside it, before the
+  closing tag). That output is the template's render of ``messages[:i+1]`` past the
+  generation prompt's render, which must be a prefix of it. Where the template leaves the turn's
+  reasoning out (Kimi-K2.5 blanks it once a conversation ends in a final answer) it is put back
+  into the template's empty thinking block (``<think></think>``, the markup taken from the
+  tokenizer's added tokens ``<think>``/``</think>`` unless set), which must start the turn's output
+  (or straddle the prompt's end: Kimi's generation prompt ends with ``<think>``); a template that
+  renders none is a mismatch. The template's own text after the output (ChatML's newline; the
+  end-of-turn token of a cut turn) follows unmasked, so that a template that renders the response
+  as the target emitted it gives the same text in ``emit`` and ``render`` — and the same tokens
+  where the prompt's last token does not depend on what follows it (SmolLM2's ChatML). Earlier
+  generated turns are masked inside the prompt as ``render`` masks them.
+- ``render`` renders the whole conversation once (no prefix rendering, so templates that rewrite
+  earlier turns — Qwen3 drops the reasoning of turns before the last user message — work) and
+  masks each generated turn where it renders, its reasoning where the template renders it.
+- ``drop`` is ``render`` with the reasoning left out.
+
+A generated turn is located inside a render:
 
 - a template with ``{% generation %}`` blocks says itself which tokens are the assistant's
-  (``return_assistant_tokens_mask``); the k-th block is the k-th assistant message;
+  (``return_assistant_tokens_mask``, fast tokenizers only); the k-th block is the k-th assistant
+  message;
 - otherwise the turn is rendered once more with its content replaced by a marker character and
   its reasoning and tool calls left out. Both renders agree up to where the turn's generated text
   starts and from where it ends (the suffix never reaching back over the marker), so the
-  difference is exactly what the turn's content, reasoning and native tool calls rendered to. Where the template renders the turn's reasoning, the span
-  starts right after the generation prompt (``<think>`` and all, as the target emitted it).
+  difference is exactly what the turn's content, reasoning and native tool calls rendered to.
+  Where the template renders the turn's reasoning, the span starts right after the generation
+  prompt (``<think>`` and all, as the target emitted it).
 
 The end-of-turn token is added only when the turn finished (``stop`` or ``tool_calls``): never
-after a ``length`` stop, and never the whitespace a template writes after it. A conversation the
-template cannot render faithfully raises :class:`TemplateMismatch`; the caller counts it.
+after a ``length`` stop, and never the whitespace a template writes after it.
+
+A row is tokenized as pieces of text, each on its own (the prompt and the target's output are
+separate pieces: the server tokenized the prompt alone, the target then produced its tokens). A
+fast tokenizer's offsets give the tokens of each masked span of a piece. A slow tokenizer (no
+offsets: Kimi's ``TikTokenTokenizer``) tokenizes the piece in segments cut at the span edges, and
+the segments' tokens must concatenate to the piece's own tokenization: then every token lies in
+one segment and the masked tokens are exactly those of the spans; otherwise the tokenizer merges
+text across an edge and the row is a mismatch. A conversation the template cannot render
+faithfully raises :class:`TemplateMismatch`; the caller counts it.
 """
 
 from __future__ import annotations
@@ -22,14 +55,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReasoningMode = Literal["render", "drop"]
+ReasoningMode = Literal["emit", "render", "drop"]
 
 FINISHED = frozenset({"stop", "tool_calls"})
 # A character no answer contains, standing in for a turn's content in the comparison render.
 MARKER = "\ue000"
+# The thinking markup looked for among the tokenizer's added tokens (open, close).
+THINKING_TOKENS = ("<think>", "</think>")
 _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -44,6 +79,24 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     generated: dict[int, bool]  # message index -> finished with an end-of-turn (stop / tool_calls)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text tokenized on its own, and the character spans of it that are trained on."""
+
+    text: str
+    spans: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    """A conversation ready to tokenize: the token ids and mask the template's own generation blocks
+    gave (if any), then pieces of text; the row's tokens are their concatenation."""
+
+    pieces: tuple[Piece, ...]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
 
 
 def parse_tool_calls(text: str, index: int) -> list[dict[str, Any]]:
@@ -69,10 +122,10 @@ def parse_tool_calls(text: str, index: int) -> list[dict[str, Any]]:
 
 
 def template_message(message: Mapping[str, Any], index: int, reasoning: ReasoningMode) -> dict[str, Any]:
-    """A stored (contract C1) message in the form chat templates read."""
+    """A stored (contract C1) message in the form chat templates read (reasoning kept unless ``drop``)."""
     out: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
     if message["role"] == "assistant":
-        if reasoning == "render" and message.get("reasoning_content"):
+        if reasoning != "drop" and message.get("reasoning_content"):
             out["reasoning_content"] = message["reasoning_content"]
         if message.get("tool_calls"):
             out["tool_calls"] = parse_tool_calls(message["tool_calls"], index)
@@ -80,6 +133,11 @@ def template_message(message: Mapping[str, Any], index: int, reasoning: Reasonin
         if message.get(key) is not None:
             out[key] = message[key]
     return out
+
+
+def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """A history message as the generation client sent it back to the server: no reasoning."""
+    return {k: v for k, v in message.items() if k != "reasoning_content"}
 
 
 def _common_prefix(x: str, y: str) -> int:
@@ -104,36 +162,150 @@ def _common_suffix(x: str, y: str, limit: int) -> int:
     return lo
 
 
-class ChatRenderer:
-    """Renders conversations with one tokenizer's chat template and finds their generated spans."""
+def _check_tool_calls(message: Mapping[str, Any], rendered: str, index: int) -> None:
+    """Each of the turn's tool calls is in its render (by function name, or by call id: Kimi's
+    template writes the id, ``functions.NAME:N``)."""
+    for call in message.get("tool_calls") or []:
+        name = (call.get("function") or call).get("name")
+        call_id = call.get("id")
+        if name and name not in rendered and not (call_id and str(call_id) in rendered):
+            raise TemplateMismatch(f"message {index}: the chat template does not render tool call {name!r}")
 
-    def __init__(self, tokenizer: Any, reasoning: ReasoningMode) -> None:
+
+class ChatRenderer:
+    """Renders conversations with one tokenizer's chat template and finds their generated spans.
+
+    ``chat_template_kwargs`` go to every render (e.g. ``{"thinking": False}`` for Kimi-K2.5: the
+    server got the same). ``thinking_markup`` (open, close) is where ``emit`` puts reasoning the
+    template leaves out; default: ``<think>``/``</think>`` when the tokenizer has both as added tokens.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        reasoning: ReasoningMode,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        thinking_markup: tuple[str, str] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.reasoning: ReasoningMode = reasoning
-        self.generation_blocks = bool(_GENERATION_BLOCK.search(tokenizer.chat_template or ""))
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.fast = bool(getattr(tokenizer, "is_fast", False))
+        # A template's own assistant mask maps characters to tokens by offsets: fast tokenizers only.
+        self.generation_blocks = self.fast and bool(_GENERATION_BLOCK.search(tokenizer.chat_template or ""))
         special = set(tokenizer.all_special_tokens)
         special |= {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
         self.special_tokens = sorted(special, key=len, reverse=True)
         self.special_ids = frozenset(tokenizer.convert_tokens_to_ids(sorted(special)))
+        added = tokenizer.get_added_vocab()
+        found = THINKING_TOKENS if all(t in added for t in THINKING_TOKENS) else None
+        self.thinking_markup = thinking_markup or found
 
     def render(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool = False) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
-                list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+                list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **self.chat_template_kwargs
             )
         except Exception as exc:  # a template's own raise_exception, or a jinja error on these messages
             raise TemplateMismatch(f"the chat template failed: {type(exc).__name__}: {exc}") from None
         return str(text)
 
-    def spans(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]]]:
-        """The full render and the character span of each generated turn in it, in order."""
+    def row(self, conversation: Conversation) -> Row:
+        """The conversation as the pieces the row is tokenized from, in this renderer's mode."""
+        if self.reasoning == "emit":
+            return self._emitted_row(conversation)
+        if self.generation_blocks:
+            ids, mask = self.block_mask(conversation)
+            return Row((), ids, mask)
+        text, spans = self.spans(conversation)
+        return Row((Piece(text, tuple(spans)),))
+
+    def _emitted_row(self, conversation: Conversation) -> Row:
+        index = max(conversation.generated)
+        history = [_without_reasoning(m) for m in conversation.messages[:index]]
+        if not history:
+            raise TemplateMismatch(f"message {index}: a generated turn with no message before it has no prompt")
+        earlier = {i: finished for i, finished in conversation.generated.items() if i < index}
+        before = Conversation(history, conversation.tools, earlier)
+        head: list[Piece] = []
+        ids: list[int] = []
+        mask: list[int] = []
+        if self.generation_blocks:
+            ids, mask = self.block_mask(before, generation_prompt=True)
+            prompt = self.render(history, conversation.tools, generation_prompt=True)
+        else:
+            prompt, spans = self.spans(before, generation_prompt=True)
+            head.append(Piece(prompt, tuple(spans)))
+        message = conversation.messages[index]
+        output, rest = self.emitted(history, message, conversation.tools, prompt, index, conversation.generated[index])
+        pieces = [*head, Piece(output, ((0, len(output)),)), Piece(rest)]
+        return Row(tuple(p for p in pieces if p.text), ids, mask)
+
+    def emitted(
+        self,
+        history: Sequence[dict[str, Any]],
+        message: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        prompt: str,
+        index: int,
+        finished: bool,
+    ) -> tuple[str, str]:
+        """What the target emitted for turn ``index`` after ``prompt`` (the generation prompt's
+        render of ``history``), and the template's own text after it."""
+        turn = self.render([*history, message], tools)
+        if not turn.startswith(prompt):
+            raise TemplateMismatch(
+                f"message {index}: the template's render of the turn does not start with the generation prompt's render "
+                "(it renders the history differently once the turn is added)"
+            )
+        start = len(prompt)
+        reasoning = message.get("reasoning_content") or ""
+        if reasoning.strip() and reasoning.strip() not in turn[start:]:
+            turn = self._with_reasoning(turn, start, reasoning, index)
+        text = turn[start:]
+        closed = text.rstrip()
+        end_token = next((t for t in self.special_tokens if closed.endswith(t)), None)
+        if end_token is None:
+            raise TemplateMismatch(f"message {index}: no end-of-turn token closes the turn")
+        body = len(closed) - len(end_token)
+        if not text[:body].strip():
+            raise TemplateMismatch(f"message {index}: the template renders nothing of the generated turn")
+        _check_tool_calls(message, text[:body], index)
+        end = len(closed) if finished else body
+        close = self.thinking_markup[1] if self.thinking_markup else None
+        cut_in_reasoning = not finished and reasoning and not (message.get("content") or message.get("tool_calls"))
+        if cut_in_reasoning and close and text.endswith(close, 0, end):
+            end -= len(close)  # the target never closed its reasoning
+        return text[:end], text[end:]
+
+    def _with_reasoning(self, turn: str, start: int, reasoning: str, index: int) -> str:
+        """``turn`` with ``reasoning`` inside the empty thinking block where the target's output
+        starts (at ``start``, or straddling it when the generation prompt ends with the open tag)."""
+        if self.thinking_markup is None:
+            raise TemplateMismatch(
+                f"message {index}: the chat template leaves the turn's reasoning out, and the tokenizer has no "
+                f"{THINKING_TOKENS[0]}/{THINKING_TOKENS[1]} added tokens to put it between (set the thinking markup)"
+            )
+        open_tag, close_tag = self.thinking_markup
+        for at in (start - len(open_tag), start):
+            if at >= 0 and turn.startswith(open_tag + close_tag, at):
+                cut = at + len(open_tag)
+                return turn[:cut] + reasoning + turn[cut:]
+        raise TemplateMismatch(
+            f"message {index}: the turn has reasoning, but the chat template renders neither it nor an empty thinking "
+            f"block ({open_tag}{close_tag}) where the target's output starts"
+        )
+
+    def spans(self, conversation: Conversation, generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+        """The full render (with the generation prompt if asked) and the character span of each
+        generated turn in it, in order."""
         messages = conversation.messages
-        full = self.render(messages, conversation.tools)
+        full = self.render(messages, conversation.tools, generation_prompt)
         spans = []
         for index, finished in sorted(conversation.generated.items()):
             blank = list(messages)
             blank[index] = {"role": "assistant", "content": MARKER}
-            other = self.render(blank, conversation.tools)
+            other = self.render(blank, conversation.tools, generation_prompt)
             start = _common_prefix(full, other)
             marker = other.find(MARKER, start)
             if marker < 0:
@@ -141,14 +313,10 @@ class ChatRenderer:
             end = len(full) - _common_suffix(full, other, len(other) - marker - len(MARKER))
             if end <= start:
                 raise TemplateMismatch(f"message {index}: the template renders nothing of the generated turn")
-            rendered = full[start:end]
             message = messages[index]
-            for call in message.get("tool_calls") or []:
-                name = (call.get("function") or call).get("name")
-                if name and name not in rendered:
-                    raise TemplateMismatch(f"message {index}: the chat template does not render tool call {name!r}")
+            _check_tool_calls(message, full[start:end], index)
             reasoning = (message.get("reasoning_content") or "").strip()
-            if reasoning and reasoning in rendered:
+            if reasoning and reasoning in full[start:end]:
                 start = self._after_generation_prompt(full, messages[:index], conversation.tools, start, index)
             if finished:
                 end = self._after_end_of_turn(full, end, index)
@@ -177,7 +345,7 @@ class ChatRenderer:
                 return at + len(token)
         raise TemplateMismatch(f"message {index}: no end-of-turn token follows the finished turn")
 
-    def block_mask(self, conversation: Conversation) -> tuple[list[int], list[int]]:
+    def block_mask(self, conversation: Conversation, generation_prompt: bool = False) -> tuple[list[int], list[int]]:
         """Token ids and mask from the template's own ``{% generation %}`` blocks, kept for the
         generated turns only, with the end-of-turn rules applied."""
         try:
@@ -187,6 +355,8 @@ class ChatRenderer:
                 tokenize=True,
                 return_dict=True,
                 return_assistant_tokens_mask=True,
+                add_generation_prompt=generation_prompt,
+                **self.chat_template_kwargs,
             )
         except Exception as exc:  # as in render()
             raise TemplateMismatch(f"the chat template failed: {type(exc).__name__}: {exc}") from None
@@ -249,13 +419,69 @@ def token_mask(encoding: Any, spans: Sequence[tuple[int, int]]) -> list[tuple[in
     return ranges
 
 
+def fast_piece_mask(encoding: Any, piece: Piece) -> list[int]:
+    """The 0/1 mask of a piece's fast-tokenizer ``Encoding``: its tokens that start inside the spans."""
+    mask = [0] * len(encoding.ids)
+    for start, end in token_mask(encoding, piece.spans):
+        mask[start:end] = [1] * (end - start)
+    return mask
+
+
+def slow_piece_tokens(tokenizer: Any, piece: Piece) -> tuple[list[int], list[int]]:
+    """A piece's token ids and mask without offsets: the piece tokenized in segments cut at its span
+    edges, which must concatenate to the piece's own tokenization (else :class:`TemplateMismatch`)."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    text = piece.text
+    if not piece.spans:
+        ids = encode(text)
+        return ids, [0] * len(ids)
+    segments: list[tuple[int, int, int]] = []  # start, end, masked
+    at = 0
+    for start, end in piece.spans:
+        if start > at:
+            segments.append((at, start, 0))
+        segments.append((start, end, 1))
+        at = end
+    if at < len(text):
+        segments.append((at, len(text), 0))
+    parts = [(encode(text[start:end]), masked, end) for start, end, masked in segments]
+    ids = [token for part, _, _ in parts for token in part]
+    whole = encode(text) if len(parts) > 1 else ids  # one segment is the piece itself
+    if ids != whole:
+        # The segments before the first that differs match the whole: the merge crosses that one's end.
+        at = 0
+        for part, _, edge in parts:
+            if whole[at : at + len(part)] != part:
+                break
+            at += len(part)
+        raise TemplateMismatch(
+            f"the tokenizer joins the text on both sides of character {edge} into one token "
+            f"({text[max(0, edge - 12) : edge]!r} | {text[edge : edge + 12]!r}), so no token boundary lies at the edge "
+            "of a trained span"
+        )
+    mask = [masked for part, masked, _ in parts for _ in part]
+    return ids, mask
+
+
+def tokenize_row(renderer: ChatRenderer, row: Row) -> tuple[list[int], list[int]]:
+    """Token ids and 0/1 loss mask of one row: fast tokenizers by offsets, slow ones by segments."""
+    ids, mask = list(row.ids), list(row.mask)
+    if renderer.fast:
+        encodings = renderer.tokenizer.backend_tokenizer.encode_batch([p.text for p in row.pieces], add_special_tokens=False)
+        for piece, encoding in zip(row.pieces, encodings, strict=True):
+            ids += encoding.ids
+            mask += fast_piece_mask(encoding, piece)
+    else:
+        for piece in row.pieces:
+            piece_ids, piece_mask = slow_piece_tokens(renderer.tokenizer, piece)
+            ids += piece_ids
+            mask += piece_mask
+    return ids, mask
+
+
 def tokenize_conversation(renderer: ChatRenderer, conversation: Conversation) -> tuple[list[int], list[int]]:
     """Token ids of the whole conversation and its 0/1 loss mask (one conversation, no batching)."""
-    if renderer.generation_blocks:
-        return renderer.block_mask(conversation)
-    text, spans = renderer.spans(conversation)
-    encoding = renderer.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
-    mask = [0] * len(encoding.ids)
-    for start, end in token_mask(encoding, spans):
-        mask[start:end] = [1] * (end - start)
-    return list(encoding.ids), mask
+    return tokenize_row(renderer, renderer.row(conversation))

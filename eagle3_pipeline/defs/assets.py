@@ -19,6 +19,7 @@ import dagster as dg
 from eagle3_pipeline.alerts import Alerter, budget_reached
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
+from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement, tokenizer_agreement
 from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
@@ -74,6 +75,21 @@ def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObse
     metadata: dict[str, Any] = {k: v for k, v in asdict(p).items() if k != "dataset"}
     metadata["tokens_per_s"] = round(p.tokens_per_s, 2)
     return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
+
+
+def _serving_endpoints(config: PipelineConfig) -> list[ServerEndpoint]:
+    """The configured endpoints whose key (if any) is set in this process: the ones the tokenizer
+    agreement can ask. The embedded server is not running when training_data runs."""
+    if config.inference.kind != "endpoints":
+        return []
+    found = []
+    for entry in config.inference.all_endpoints:
+        try:
+            key = config.api_key(entry)
+        except ConfigError:
+            continue
+        found.append(ServerEndpoint(entry.base_url, entry.model or config.target.model, key))
+    return found
 
 
 def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.AssetsDefinition]:
@@ -225,6 +241,19 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         if missing:
             raise dg.Failure(description=f"responses are not materialized for: {', '.join(missing)}")
         tokenizer = tokenizer_name(config)
+        agreement: dict[str, Any] = {}
+        if config.training_data.tokenizer_check_samples:
+            try:
+                agreement = tokenizer_agreement(
+                    files, tokenizer, config.target.trust_remote_code, config.generation.chat_template_kwargs,
+                    _serving_endpoints(config), config.training_data.tokenizer_check_samples,
+                )
+            except TokenizerDisagreement as exc:
+                raise dg.Failure(
+                    description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would not hold "
+                    f"the ids the server sees: {exc}"
+                ) from None
+            context.log.info(f"tokenizer agreement: {agreement['tokenizer_agreement']} ({agreement['tokenizer_agreement_detail']})")
         stats = build_training_data(
             files,
             tokenizer,
@@ -235,11 +264,14 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             max_seq_len=config.target.max_seq_len,
             reasoning=config.training_data.reasoning,
             buffer_rows=config.training_data.buffer_rows,
+            trust_remote_code=config.target.trust_remote_code,
+            chat_template_kwargs=config.generation.chat_template_kwargs,
         )
         manifest = read_manifest(layout.training_data)
         return dg.MaterializeResult(
             metadata={
                 **stats.as_metadata(),
+                **agreement,
                 "per_dataset": _per_dataset_table(stats.as_metadata()["per_dataset"]),
                 "version": manifest["version"],
                 "tokenizer": tokenizer,

@@ -111,7 +111,10 @@ def generate_dataset(
     layout = ArtifactLayout(config.artifacts_root)
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
     decision = settle_fingerprint(config, dataset.id, has_answers=bool(checkpoint.load()))
-    lengths = check_lengths(prompts, config.target.max_seq_len, settings.max_tokens, settings.length_estimator, tokenizer_name)
+    lengths = check_lengths(
+        prompts, config.target.max_seq_len, settings.max_tokens, settings.length_estimator, tokenizer_name,
+        config.target.trust_remote_code, settings.chat_template_kwargs,
+    )
     failover = FailoverSettings.from_config(config, dataset.id, layout.failover(dataset.id))
     summary = generate(lengths.fits, resolve_endpoints, settings, checkpoint, layout.errors(dataset.id), dataset.token_budget, sinks, failover)
     allowed = int(settings.max_failed_fraction * len(lengths.fits))

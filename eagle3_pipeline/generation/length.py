@@ -2,19 +2,22 @@
 ``max_seq_len`` is not sent.
 
 With ``generation.length_estimator: tokenizer`` the prompt is rendered with the target's own chat
-template (generation prompt included) and tokenized with its tokenizer; a prompt the template
-cannot render falls back to the character estimate, and is counted. With ``chars`` the
-tokenizer-free estimate of the prompts phase is used (4 characters a token).
+template (generation prompt included, with the ``chat_template_kwargs`` the server gets) and
+tokenized with its tokenizer, fast or slow (Kimi-K2.5's remote-code ``TikTokenTokenizer``, loaded
+through :func:`eagle3_pipeline.target.load_tokenizer` with ``target.trust_remote_code``); a
+prompt the template cannot render falls back to the character estimate, and is counted. With
+``chars`` the tokenizer-free estimate of the prompts phase is used (4 characters a token).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.prompts import estimate_tokens
 from eagle3_pipeline.records import PromptRecord, wire_message
+from eagle3_pipeline.target import TargetError, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -30,38 +33,52 @@ class LengthCheck:
     longest: int = 0
 
 
-def _template_lengths(prompts: Sequence[PromptRecord], tokenizer_name: str) -> tuple[list[int], int]:
+def _template_lengths(
+    prompts: Sequence[PromptRecord], tokenizer_name: str, trust_remote_code: bool, chat_template_kwargs: Mapping[str, Any]
+) -> tuple[list[int], int]:
     from jinja2 import TemplateError
-    from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
-    except (OSError, ValueError) as exc:
+        tokenizer = load_tokenizer(tokenizer_name, trust_remote_code, setting="target.tokenizer")
+    except TargetError as exc:
         raise ValueError(
-            f"target.tokenizer {tokenizer_name!r} cannot be loaded to estimate prompt lengths ({exc.__class__.__name__}); "
-            "set it to the target's tokenizer, or set generation.length_estimator: chars"
+            f"{exc}. It is loaded to estimate prompt lengths: set target.tokenizer to the target's tokenizer, "
+            "or set generation.length_estimator: chars"
         ) from None
     texts: list[str | None] = []
     for prompt in prompts:
         try:
             rendered: Any = tokenizer.apply_chat_template(
-                [wire_message(m) for m in prompt.messages], tools=prompt.tool_schemas(), tokenize=False, add_generation_prompt=True
+                [wire_message(m) for m in prompt.messages],
+                tools=prompt.tool_schemas(),
+                tokenize=False,
+                add_generation_prompt=True,
+                **chat_template_kwargs,
             )
             texts.append(str(rendered))
         except (TemplateError, TypeError, ValueError, KeyError, IndexError):
             texts.append(None)  # a template that cannot render this prompt: the character estimate
     rendered_texts = [t for t in texts if t is not None]
+    # One call for all: a fast tokenizer encodes the batch in parallel, a slow one text by text.
     counts = iter(len(ids) for ids in tokenizer(rendered_texts, add_special_tokens=False)["input_ids"]) if rendered_texts else iter(())
     lengths = [next(counts) if text is not None else estimate_tokens(p.messages, p.tools) for p, text in zip(prompts, texts, strict=True)]
     return lengths, sum(1 for t in texts if t is None)
 
 
 def check_lengths(
-    prompts: Sequence[PromptRecord], max_seq_len: int, max_tokens: int, estimator: str, tokenizer_name: str | None
+    prompts: Sequence[PromptRecord],
+    max_seq_len: int,
+    max_tokens: int,
+    estimator: str,
+    tokenizer_name: str | None,
+    trust_remote_code: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> LengthCheck:
-    """Split ``prompts`` into those whose estimated length + ``max_tokens`` fits ``max_seq_len`` and the rest."""
+    """Split ``prompts`` into those whose estimated length + ``max_tokens`` fits ``max_seq_len`` and
+    the rest. ``trust_remote_code`` is ``target.trust_remote_code``; ``chat_template_kwargs`` go to
+    every render, as the server gets them (Kimi-K2.5: ``{"thinking": False}``)."""
     if estimator == "tokenizer" and tokenizer_name:
-        lengths, fallbacks = _template_lengths(prompts, tokenizer_name)
+        lengths, fallbacks = _template_lengths(prompts, tokenizer_name, trust_remote_code, dict(chat_template_kwargs or {}))
         name = f"tokenizer:{tokenizer_name}"
     else:
         lengths, fallbacks = [estimate_tokens(p.messages, p.tools) for p in prompts], 0
