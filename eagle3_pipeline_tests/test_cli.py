@@ -57,6 +57,7 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
                     "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
                     "generation": {"max_tokens": 8, "concurrency": 2, "progress_interval_s": 0.3},
                     "health": {"max_truncation_rate": 1.0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
+                    "training_data": {"eval_fraction": 0.2},  # 30 samples at 5 % may leave no eval row for drafter_eval
                     "datasets": [{"id": "B1", "source": "p.jsonl"}],
                 }
             )

@@ -99,6 +99,8 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
             f"name: kill\nartifacts_root: out\ntarget: {{model: fake, tokenizer: {local_model}}}\n"
             f"inference: {{kind: endpoints, endpoints: [{{base_url: '{server.base_url}'}}]}}\n"
             "generation: {max_tokens: 8, concurrency: 3}\nhealth: {max_truncation_rate: 1.0}\n"
+            # 40 samples at the default 5 % may leave no eval row, and drafter_eval needs one.
+            "training_data: {eval_fraction: 0.2}\n"
             "datasets:\n  - {id: B1, source: p.jsonl}\n"
         )
         home = tmp_path / "home"
