@@ -12,8 +12,8 @@ import pytest
 from eagle3_pipeline.dataprep.agreement import (
     AgreementResult,
     RemoteTokenizerError,
-    TokenizeRouteMissing,
     TokenizerDisagreement,
+    TokenizeRouteMissing,
     check_agreement,
     remote_tokenizer,
 )
