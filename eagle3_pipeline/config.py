@@ -446,6 +446,39 @@ class HiddenStatesConfig(_Model):
     spot_check_samples: Annotated[int, Field(ge=0)] = 4
     # Largest relative L2 error (per sample and tensor, bf16) between stored and re-computed states.
     spot_check_tolerance: Annotated[float, Field(gt=0)] = 0.01
+    backend: Literal["transformers", "sglang"] = Field(
+        default="transformers",
+        description=(
+            "What computes the states. transformers: the target in this process (or in the worker on the GPU host) with "
+            "transformers, device_map across the visible GPUs. sglang: SGLang's own model runner in process, with tensor "
+            "parallelism (tp_size ranks under torchrun, started with sglang_python), fed our input_ids, aux layers captured "
+            "through SGLang's EAGLE-3 switch (set_eagle3_layers_to_capture): for a target only SGLang can hold (Kimi-K2.5 "
+            "INT4 at tp 8). The worker is written against sglang 0.5.14 (eagle3_pipeline.hidden_states.sglang_capture) "
+            "and refuses another version. Stop the inference server first: the phase needs the GPUs it holds."
+        ),
+    )
+    sglang_python: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "backend sglang: the python of the SGLang venv where extraction runs (the GPU host for compute ssh/command, "
+            "this machine for compute local), with sglang==0.5.14 and this package installed (e.g. /opt/sglang/.venv/bin/python). "
+            "Required with backend sglang."
+        ),
+    )
+    tp_size: Annotated[int, Field(ge=1)] = Field(
+        default=8,
+        description=(
+            "backend sglang: tensor-parallel ranks (GPUs, one torchrun process each); 8 as the target is served "
+            "(Kimi-K2.5: --tp-size 8). With compute ssh/command that many GPUs must be free on the host."
+        ),
+    )
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.75,
+        description=(
+            "backend sglang: share of each GPU's memory for weights and the KV pool (SGLang's --mem-fraction-static); "
+            "0.75 as SpecForge's DeepSeek-V3 hidden-state recipe. The KV pool bounds batch_tokens."
+        ),
+    )
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -453,6 +486,19 @@ class HiddenStatesConfig(_Model):
         if ids is not None and (len(ids) != 3 or ids != sorted(set(ids)) or ids[0] < 0):
             raise ValueError(f"expected 3 increasing non-negative layer ids, got {ids}")
         return ids
+
+    @model_validator(mode="after")
+    def _sglang_settings(self) -> HiddenStatesConfig:
+        if self.backend != "sglang":
+            return self
+        if self.sglang_python is None:
+            raise ValueError(
+                "backend 'sglang' needs hidden_states.sglang_python: the python of the venv with sglang==0.5.14 and this "
+                "package, on the machine where extraction runs"
+            )
+        if self.device == "cpu":
+            raise ValueError("device 'cpu' is for backend 'transformers'; backend 'sglang' runs on the GPUs (device: auto or cuda)")
+        return self
 
 
 CRON_PATTERN = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\S+( \S+){4})$"

@@ -148,28 +148,35 @@ class RemoteRun:
         except GpuParseError:
             return 0
 
-    def check_gpus(self) -> str:
-        """Raise :class:`GpusBusy` unless ``compute.gpus`` GPUs have less than
-        ``compute.gpu_free_memory_mib`` memory in use; returns a one-line summary."""
-        need = self.compute.gpus
+    def check_gpus(self, need: int | None = None, setting: str = "compute.gpus") -> str:
+        """Raise :class:`GpusBusy` unless ``need`` GPUs (default ``compute.gpus``; ``setting`` names
+        where the number comes from) have less than ``compute.gpu_free_memory_mib`` memory in use;
+        returns a one-line summary."""
+        need = self.compute.gpus if need is None else need
         if need == 0:
             return "no GPU required"
         result = self.host.run(quote_args(*nvidia_smi_argv()), timeout_s=30.0)
         if not result.ok:
-            raise GpusBusy(f"cannot verify that {need} GPU(s) are free on {self.host.name}: nvidia-smi exited with {result.exit_code}: {result.stderr.strip()[:200]}")
+            raise GpusBusy(f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: nvidia-smi exited with {result.exit_code}: {result.stderr.strip()[:200]}")
         try:
             gpus = parse_gpu_csv(result.stdout)
         except GpuParseError as exc:
-            raise GpusBusy(f"cannot verify that {need} GPU(s) are free on {self.host.name}: {exc}") from None
+            raise GpusBusy(f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: {exc}") from None
         limit = self.compute.gpu_free_memory_mib
         free = [g for g in gpus if g.memory_used_mib is not None and g.memory_used_mib < limit and not g.faults]
         table = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB used" for g in gpus)
         if len(free) < need:
             raise GpusBusy(
-                f"{len(free)} of {len(gpus)} GPU(s) on {self.host.name} are free (< {limit:g} MiB used), {need} needed; "
-                f"stop the inference server holding them first ({table})"
+                f"{len(free)} of {len(gpus)} GPU(s) on {self.host.name} are free (< {limit:g} MiB used, compute.gpu_free_memory_mib), "
+                f"{need} needed ({setting}); stop the inference server holding them first ({table})"
             )
         return f"{len(free)} of {len(gpus)} GPU(s) free on {self.host.name}, {need} needed"
+
+    def check_python(self, python: str, setting: str) -> None:
+        """Raise :class:`RemoteError` unless ``python`` (named by ``setting``) runs on the host."""
+        result = self.host.run(f"command -v {shlex.quote(python)}", timeout_s=30.0)
+        if not result.ok:
+            raise RemoteError(f"{setting}: {python!r} is not an executable on {self.host.name} (expected the python of the venv to run the phase with)")
 
     # -- files -------------------------------------------------------------------------------
 

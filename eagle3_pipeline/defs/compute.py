@@ -2,8 +2,9 @@
 
 - ``local``: the phase function in this process, with a reporter that logs to the run and records
   each progress point as an asset observation; a phase run in several processes (``processes`` >
-  1: training under torchrun) starts the worker as a local Dagster Pipes subprocess instead, the
-  same command line as on the GPU host (:func:`eagle3_pipeline.compute.worker_argv`).
+  1: training under torchrun) or with another python (``python``: SGLang's venv) starts the worker
+  as a local Dagster Pipes subprocess instead, the same command line as on the GPU host
+  (:func:`eagle3_pipeline.compute.worker_argv`).
 - ``ssh``: ``python -m eagle3_pipeline.worker PHASE --spec FILE`` on the GPU host as a Dagster
   Pipes process. The Pipes context travels in environment variables set on the remote command
   line (:class:`dagster.PipesEnvContextInjector`); the worker appends its Pipes messages to a file
@@ -46,6 +47,7 @@ from eagle3_pipeline.worker import PROGRESS_MESSAGE
 
 IMPORT_PHASE = "import-specforge"
 COMMAND_PHASE = "extract"  # the one phase compute.command replaces
+Interpreter = tuple[str, str]  # (the python a worker runs with, the setting that names it)
 
 
 def _observe(context: dg.AssetExecutionContext, metrics: Mapping[str, Any]) -> None:
@@ -138,17 +140,20 @@ def _session_metadata(session: Any, where: str) -> dict[str, Any]:
     return _metadata_values(results[-1])
 
 
-def _run_local_workers(context: dg.AssetExecutionContext, phase: str, spec: dict[str, Any], processes: int) -> dict[str, Any]:
+def _run_local_workers(context: dg.AssetExecutionContext, phase: str, spec: dict[str, Any], processes: int, python: Interpreter) -> dict[str, Any]:
     """The worker in ``processes`` local processes (torchrun) as a Pipes subprocess; rank 0's logs
     stream into the run, its progress points become observations when it ends. An interrupted step
     kills the launch's process group."""
     with tempfile.TemporaryDirectory(prefix=f"eagle3-{phase}-") as folder:
         spec_file = Path(folder) / SPEC
         spec_file.write_text(json.dumps(spec, indent=2))
-        argv = worker_argv(phase, str(spec_file), sys.executable, processes)
-        context.log.info(f"running {phase} in {processes} local processes: {shlex.join(argv)}")
+        argv = worker_argv(phase, str(spec_file), python[0], processes)
+        context.log.info(f"running {phase} in {processes} local process{'es' if processes > 1 else ''}: {shlex.join(argv)}")
         with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=dg.PipesTempFileMessageReader()) as session:
-            process = subprocess.Popen(argv, env={**os.environ, **session.get_bootstrap_env_vars()}, start_new_session=True)
+            try:
+                process = subprocess.Popen(argv, env={**os.environ, **session.get_bootstrap_env_vars()}, start_new_session=True)
+            except OSError as exc:
+                raise RemoteError(f"{python[1]}: cannot start {python[0]!r} ({exc}); expected the python of the venv to run the phase with") from None
             try:
                 code = process.wait()
             except BaseException:
@@ -191,6 +196,8 @@ def run_heavy_phase(
     ship: Sequence[str] = (),
     fetch: Sequence[str] = (),
     processes: int | Literal["auto"] = 1,
+    python: Interpreter | None = None,
+    gpus: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``phase`` with ``spec`` (local paths) where ``config.compute`` says; returns its metadata.
 
@@ -198,19 +205,26 @@ def run_heavy_phase(
     ``fetch``: paths relative to the artifacts root to copy back afterwards (the index and the
     manifest — outputs stay on the host). Both are ignored for ``local``. ``processes``: how many
     worker processes (torchrun ranks) run the phase; ``auto`` one per GPU of the machine it runs on.
+    ``python``: ``(interpreter, the setting naming it)`` when the worker runs with another python
+    than ``compute.python`` (remotely) or this process's (locally: then always as a subprocess), e.g.
+    SGLang's venv; ``gpus``: ``(count, setting)`` when the phase needs more free GPUs on the host
+    than ``compute.gpus``.
     """
     compute = config.compute
     if compute.kind == "local":
         count = resolve_processes(processes, local_gpu_count() if processes == "auto" else 0)
-        if count > 1:
-            return {**_run_local_workers(context, phase, spec, count), "compute": "local"}
+        if count > 1 or python is not None:
+            return {**_run_local_workers(context, phase, spec, count, python or (sys.executable, "this process")), "compute": "local"}
         return {**run_local(phase, spec, DagsterReporter(context)), "compute": "local"}
     host = build_host(compute.host)
     if not isinstance(host, SshHost):
         raise RemoteError(f"compute.kind {compute.kind!r} needs an SSH host")
+    need, need_setting = gpus if gpus is not None and gpus[0] > compute.gpus else (compute.gpus, "compute.gpus")
     with host:
         remote = RemoteRun(host, compute, config.artifacts_root, context.run.run_id, phase, warn=context.log.warning)
-        context.log.info(f"GPU check: {remote.check_gpus()}")
+        context.log.info(f"GPU check: {remote.check_gpus(need, need_setting)}")
+        if python is not None:
+            remote.check_python(*python)
         remote.prepare()
         shipped = remote.ship(ship)
         context.log.info(f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)")
@@ -229,7 +243,7 @@ def run_heavy_phase(
             extra["command_output"] = output_dir
         remote.write_spec(remote_spec)
         count = resolve_processes(processes, remote.gpu_count() if processes == "auto" else 0)
-        metadata = _run_worker(context, remote, phase, compute.python, count)
+        metadata = _run_worker(context, remote, phase, python[0] if python is not None else compute.python, count)
         fetched = remote.fetch(fetch)
     return {
         **metadata,

@@ -3,9 +3,10 @@
 Asset → domain function:
   draft_vocab   → eagle3_pipeline.draft_vocab.build_draft_vocab         (check: coverage floor)
   hidden_states → the heavy phase `extract` (eagle3_pipeline.hidden_states.extract:run) through
-                  `run_heavy_phase`, wherever `compute:` says; with `compute: command` the user's
-                  command and then `import-specforge` (checks, from the phase's own metadata:
-                  spot_check, bytes_per_token)
+                  `run_heavy_phase`, wherever `compute:` says (`hidden_states.backend: sglang`:
+                  `tp_size` torchrun ranks with `sglang_python`); with `compute: command` the
+                  user's command and then `import-specforge` (checks, from the phase's own
+                  metadata: spot_check, bytes_per_token)
 
 On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
 host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
@@ -53,9 +54,24 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name="spot_check",
         passed=bool(meta["spot_check_passed"]),
-        description=f"{meta['spot_check_samples']} samples, max relative error {meta['spot_check_max_rel_error']:.2e} "
-        f"(tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
+        description=f"{meta['spot_check_samples']} samples re-computed {meta['spot_check_method']}, max relative error "
+        f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
     )
+
+
+def _launch(config: PipelineConfig) -> dict[str, Any]:
+    """How the `extract` worker starts for ``hidden_states.backend: sglang``: ``tp_size`` torchrun
+    ranks with SGLang's venv python, that many free GPUs on the host. ``compute.kind: command``
+    extracts with the user's command instead, and ``backend: transformers`` needs nothing more."""
+    settings = config.hidden_states
+    if settings.backend != "sglang" or config.compute.kind == "command":
+        return {}
+    assert settings.sglang_python is not None  # HiddenStatesConfig requires it with backend sglang
+    return {
+        "processes": settings.tp_size,
+        "python": (settings.sglang_python, "hidden_states.sglang_python"),
+        "gpus": (settings.tp_size, "hidden_states.tp_size"),
+    }
 
 
 def _local_target_vocab_size(config: PipelineConfig) -> int | None:
@@ -132,8 +148,9 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         op_tags=step_tags(config, "hidden_states"),
         check_specs=[
             dg.AssetCheckSpec("spot_check", asset="hidden_states", blocking=True,
-                              description="Sampled sequences re-computed alone (batch size 1, no padding, transformers' "
-                              "output_hidden_states) match the stored states within hidden_states.spot_check_tolerance."),
+                              description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
+                              "output_hidden_states, no padding; sglang: one request per forward through the same runner) "
+                              "match the stored states within hidden_states.spot_check_tolerance."),
             dg.AssetCheckSpec("bytes_per_token", asset="hidden_states",
                               description="Bytes on disk per token within 5 % of (3 aux + teacher) × hidden × 2 + 5."),
         ],
@@ -149,7 +166,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             model = target_weights(config)
             spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
             ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
-            meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch)
+            meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **_launch(config))
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
         ratio = meta["bytes_per_token_ratio"]

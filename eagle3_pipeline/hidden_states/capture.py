@@ -39,14 +39,35 @@ class TargetLoadError(TargetError):
 
 @dataclass
 class Target:
+    """The target in this process: a state source of the `extract` loop
+    (:class:`eagle3_pipeline.hidden_states.extract.StateSource`), one process that writes."""
+
     model: Any
     identity: TargetIdentity
     device: str
     dtype: str
+    writer = True
+    spot_check_method = "alone through the whole causal LM with transformers' output_hidden_states (no padding)"
 
     @property
     def input_device(self) -> Any:
         return self.model.get_input_embeddings().weight.device
+
+    def describe(self) -> str:
+        return f"transformers on {self.device}/{self.dtype}"
+
+    def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
+        """How the states are captured, for the store's manifest."""
+        return {"backend": "transformers", "device": self.device, "dtype": self.dtype}
+
+    def share(self, value: Any) -> Any:
+        return value
+
+    def batch_states(self, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
+        return batch_states(self, aux_layer_ids, sequences)
+
+    def reference_states(self, aux_layer_ids: Sequence[int], sequence: Sequence[int]) -> tuple[Any, Any]:
+        return reference_states(self, aux_layer_ids, sequence)
 
 
 def resolve_device(device: str) -> str:

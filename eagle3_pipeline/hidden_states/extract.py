@@ -3,13 +3,20 @@
 ``run(spec, report) -> metadata`` (contract C5) is what ``compute: local`` calls in process and
 what the worker calls on a GPU host; every path in the spec is a path on the machine it runs on.
 
-In order: open ``training_data`` and compute the shard plan (:mod:`.plan`); load the target and
-check the store's identity (a store made under other settings is an error naming the fields, or is
-replaced with ``overwrite``); estimate the bytes still to write and refuse when the disk has less
-free than that times ``disk_margin``; extract every shard that is not complete (length-sorted,
-right-padded batches of at most ``batch_tokens`` padded tokens; one shard in memory at a time);
-write the index and the manifest; then re-compute ``spot_check_samples`` samples one by one through
-an independent code path and compare (relative L2 error per tensor ≤ ``spot_check_tolerance``).
+In order: open ``training_data`` and compute the shard plan (:mod:`.plan`); open the state source
+(:class:`StateSource`: ``backend: transformers``, the target in process, :mod:`.capture`; ``backend:
+sglang``, SGLang's model runner with tensor parallelism, :mod:`.sglang_capture`) and check the
+store's identity (a store made under other settings is an error naming the fields, or is replaced
+with ``overwrite``); estimate the bytes still to write and refuse when the disk has less free than
+that times ``disk_margin``; extract every shard that is not complete (length-sorted batches of at
+most ``batch_tokens`` padded tokens; one shard in memory at a time); write the index and the
+manifest; then re-compute ``spot_check_samples`` samples one by one (the source's
+``reference_states``) and compare (relative L2 error per tensor ≤ ``spot_check_tolerance``).
+
+Both backends go through this one loop; only "the states of a batch of sequences" differs. Under
+tensor parallelism every rank runs the loop (each forward needs all of them) and the source's
+writer (rank 0) alone touches the store: it decides which shards to do, shares that decision and
+the spot-check samples with the other ranks, and writes.
 """
 
 from __future__ import annotations
@@ -17,15 +24,16 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import ValidationError
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
-from eagle3_pipeline.hidden_states.capture import Target, batch_states, check_layer_ids, load_target, reference_states
+from eagle3_pipeline.hidden_states.capture import check_layer_ids, load_target
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import PLAN_FILE, PlannedShard, plan_shards, write_plan
 from eagle3_pipeline.hidden_states.store import (
@@ -36,6 +44,7 @@ from eagle3_pipeline.hidden_states.store import (
     ShardWriter,
     StoreError,
     StoreManifest,
+    TargetIdentity,
     bytes_per_token,
     default_aux_layer_ids,
     identity_mismatch,
@@ -43,6 +52,38 @@ from eagle3_pipeline.hidden_states.store import (
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
 GB = 1e9
+T = TypeVar("T")
+
+
+class StateSource(Protocol):
+    """What computes the target's states for the loop: :class:`.capture.Target` (transformers) or
+    :class:`.sglang_capture.SGLangTarget` (SGLang, one rank of a tensor-parallel launch)."""
+
+    identity: TargetIdentity
+    spot_check_method: str
+
+    @property
+    def writer(self) -> bool:
+        """This process writes the store (rank 0; the only process for transformers)."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
+        """How the states are captured (the manifest's ``capture`` record)."""
+        ...
+
+    def share(self, value: T) -> T:
+        """The writer's ``value``, on every rank."""
+        ...
+
+    def batch_states(self, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
+        """``(aux [T, 3H], hidden [T, H])`` per sequence, in order."""
+        ...
+
+    def reference_states(self, aux_layer_ids: Sequence[int], sequence: Sequence[int]) -> tuple[Any, Any]:
+        """One sequence alone, for the spot check."""
+        ...
 
 
 class ExtractionError(RuntimeError):
@@ -190,14 +231,16 @@ def batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int) -> l
     return groups
 
 
-def extract_shard(store: HiddenStateStore, target: Target, spec: ExtractSpec, aux_ids: Sequence[int], shard: PlannedShard, rows: list[dict[str, Any]]) -> int:
-    """Extract one planned shard and write it; returns its tensor file's size."""
+def extract_shard(store: HiddenStateStore, source: StateSource, spec: ExtractSpec, aux_ids: Sequence[int], shard: PlannedShard, rows: list[dict[str, Any]]) -> int:
+    """Extract one planned shard and write it (the writer only); returns its tensor file's size (0 elsewhere)."""
     import torch
 
     states: dict[int, tuple[Any, Any]] = {}
     for group in batches([len(r["input_ids"]) for r in rows], spec.batch_tokens, spec.max_batch_size):
-        for index, (aux, hidden) in zip(group, batch_states(target, aux_ids, [rows[i]["input_ids"] for i in group]), strict=True):
+        for index, (aux, hidden) in zip(group, source.batch_states(aux_ids, [rows[i]["input_ids"] for i in group]), strict=True):
             states[index] = (aux.to("cpu", torch.bfloat16), hidden.to("cpu", torch.bfloat16))
+    if not source.writer:
+        return 0
     writer = ShardWriter(store.root, int(shard.name.split("-")[1]))
     for index, row in enumerate(rows):
         aux, hidden = states.pop(index)
@@ -223,30 +266,36 @@ def spot_check_ids(index_ids: Sequence[str], count: int) -> list[str]:
     return sorted(index_ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:count]
 
 
-def spot_check(store: HiddenStateStore, target: Target, aux_ids: Sequence[int], count: int, tolerance: float) -> dict[str, Any]:
-    """Re-compute ``count`` stored samples alone through :func:`reference_states`; compare in bf16."""
-    import torch
+def _stored_slice(store: HiddenStateStore, row: dict[str, Any], key: str) -> Any:
     from safetensors import safe_open
 
-    rows = store.index().to_pylist()
-    chosen = set(spot_check_ids([r["sample_id"] for r in rows], count))
-    worst, worst_id, checked = 0.0, "", 0
-    for row in rows:
-        if row["sample_id"] not in chosen:
+    with safe_open(str(store.root / f"{row['shard']}.safetensors"), framework="pt") as handle:
+        return handle.get_slice(key)[row["offset"] : row["offset"] + row["length"]]
+
+
+def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[int], count: int, tolerance: float) -> dict[str, Any]:
+    """Re-compute ``count`` stored samples alone through the source's ``reference_states`` (every
+    rank: the writer shares which); the writer compares them with the store in bf16."""
+    import torch
+
+    chosen: list[dict[str, Any]] = []
+    if source.writer:
+        rows = store.index().to_pylist()
+        picked = set(spot_check_ids([r["sample_id"] for r in rows], count))
+        chosen = [{**row, "input_ids": _stored_slice(store, row, IDS_KEY).tolist()} for row in rows if row["sample_id"] in picked]
+    chosen = source.share(chosen)
+    worst, worst_id = 0.0, ""
+    for row in chosen:
+        aux, hidden = source.reference_states(aux_ids, row["input_ids"])
+        if not source.writer:
             continue
-        start, stop = row["offset"], row["offset"] + row["length"]
-        with safe_open(str(store.root / f"{row['shard']}.safetensors"), framework="pt") as handle:
-            ids = handle.get_slice(IDS_KEY)[start:stop].long()
-            stored_aux = handle.get_slice(AUX_KEY)[start:stop]
-            stored_hidden = handle.get_slice(HIDDEN_KEY)[start:stop]
-        aux, hidden = reference_states(target, aux_ids, ids.tolist())
-        for stored, fresh in ((stored_aux, aux), (stored_hidden, hidden)):
-            error = _relative_error(stored, fresh.to("cpu", torch.bfloat16))
+        for key, fresh in ((AUX_KEY, aux), (HIDDEN_KEY, hidden)):
+            error = _relative_error(_stored_slice(store, row, key), fresh.to("cpu", torch.bfloat16))
             if error > worst:
                 worst, worst_id = error, row["sample_id"]
-        checked += 1
     return {
-        "spot_check_samples": checked,
+        "spot_check_samples": len(chosen),
+        "spot_check_method": source.spot_check_method,
         "spot_check_max_rel_error": worst,
         "spot_check_worst_sample": worst_id,
         "spot_check_tolerance": tolerance,
@@ -254,31 +303,81 @@ def spot_check(store: HiddenStateStore, target: Target, aux_ids: Sequence[int], 
     }
 
 
-def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
-    """The phase (C5): extract every sample of ``spec['training_data']`` into ``spec['output']``."""
-    settings = parse_spec(spec)
-    data = TrainingData.open(Path(settings.training_data))
-    store = HiddenStateStore(Path(settings.output))
-    planned = plan_shards(data, settings.shard_tokens)
-    if not planned:
-        raise ExtractionError(f"{data.folder}: training_data has no sample")
-    target = load_target(settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code)
-    identity = target.identity
-    aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
-    check_layer_ids(aux_ids, identity.num_layers)
-    wanted = StoreManifest(target=identity, aux_layer_ids=list(aux_ids), training_data_version=data.version())
+@contextmanager
+def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
+    """The state source ``hidden_states.backend`` names, on this process (one rank under torchrun)."""
+    if settings.backend == "sglang":
+        from eagle3_pipeline.hidden_states.sglang_capture import open_sglang_target
+
+        with open_sglang_target(
+            settings.model,
+            settings.target_name,
+            tp_size=settings.tp_size,
+            dtype=settings.dtype,
+            mem_fraction_static=settings.mem_fraction_static,
+            max_batch_size=settings.max_batch_size,
+            trust_remote_code=settings.trust_remote_code,
+        ) as sglang_target:
+            yield sglang_target
+    else:
+        yield load_target(settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code)
+
+
+def _decided(source: StateSource, decide: Callable[[], T]) -> T:
+    """``decide()`` on the writer, its result (or its error) on every rank."""
+    outcome: Any = None
+    if source.writer:
+        try:
+            outcome = decide()
+        except (ExtractionError, StoreError) as exc:
+            outcome = exc
+    outcome = source.share(outcome)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _prepare_store(
+    store: HiddenStateStore, wanted: StoreManifest, planned: list[PlannedShard], settings: ExtractSpec, per_token: int
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """The writer's part before extraction: identity, reusable shards, disk, manifest, leftovers, plan."""
     state = _store_state(store, wanted, settings.overwrite)
     reused = [s for s in planned if state == "same" and _shard_reusable(store, s)]
     todo = [s for s in planned if s not in reused]
-    per_token = bytes_per_token(identity.hidden_size, len(aux_ids))
     disk = check_disk(store.root, sum(s.tokens for s in todo), per_token, settings.disk_margin)
     store.write_manifest(wanted)
     _remove_leftovers(store, planned if state == "same" else [])
     write_plan(store.root, settings.shard_tokens, planned)
+    return [s.name for s in reused], [s.name for s in todo], disk
+
+
+def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
+    """The phase (C5): extract every sample of ``spec['training_data']`` into ``spec['output']``."""
+    settings = parse_spec(spec)
+    data = TrainingData.open(Path(settings.training_data))
+    planned = plan_shards(data, settings.shard_tokens)
+    if not planned:
+        raise ExtractionError(f"{data.folder}: training_data has no sample")
+    with open_source(settings) as source:
+        return _extract(settings, data, planned, source, report)
+
+
+def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard], source: StateSource, report: Reporter) -> dict[str, Any]:
+    store = HiddenStateStore(Path(settings.output))
+    identity = source.identity
+    aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
+    check_layer_ids(aux_ids, identity.num_layers)
+    wanted = StoreManifest(
+        target=identity, aux_layer_ids=list(aux_ids), training_data_version=data.version(), capture=source.capture(aux_ids)
+    )
+    per_token = bytes_per_token(identity.hidden_size, len(aux_ids))
+    reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, settings, per_token))
+    reused = [s for s in planned if s.name in reused_names]
+    todo = [s for s in planned if s.name in todo_names]
     report.log(
         f"extract: {len(planned)} shards planned, {len(reused)} complete, {len(todo)} to do "
         f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB); "
-        f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) on {target.device}/{target.dtype}, "
+        f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) with {source.describe()}, "
         f"aux layers {aux_ids} (output-of-layer ids)"
     )
     if reused:
@@ -286,7 +385,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     rows = _Rows(data)
     started, tokens_now = time.monotonic(), 0
     for number, shard in enumerate(todo, start=1):
-        size = extract_shard(store, target, settings, aux_ids, shard, rows.take(shard))
+        size = extract_shard(store, source, settings, aux_ids, shard, rows.take(shard))
         tokens_now += shard.tokens
         elapsed = time.monotonic() - started
         report.log(f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, {shard.tokens} tokens, {size} bytes)")
@@ -301,14 +400,16 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         )
     extract_seconds = time.monotonic() - started
     names = [s.name for s in planned]
-    index = store.write_index(names)
-    total_bytes = sum((store.root / f"{n}.safetensors").stat().st_size for n in names)
-    tokens = int(sum(index.column("length").to_pylist()))
-    wanted.shards, wanted.samples, wanted.tokens, wanted.bytes = names, index.num_rows, tokens, total_bytes
-    store.write_manifest(wanted)
-    checked = spot_check(store, target, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance)
+    if source.writer:
+        index = store.write_index(names)
+        wanted.shards, wanted.samples, wanted.bytes = names, index.num_rows, sum((store.root / f"{n}.safetensors").stat().st_size for n in names)
+        wanted.tokens = int(sum(index.column("length").to_pylist()))
+        store.write_manifest(wanted)
+    checked = spot_check(store, source, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance)
+    if not source.writer:
+        return {"shards_written": len(todo)}
     report.log(
-        f"extract: spot check of {checked['spot_check_samples']} samples: max relative error "
+        f"extract: spot check of {checked['spot_check_samples']} samples ({source.spot_check_method}): max relative error "
         f"{checked['spot_check_max_rel_error']:.2e} (tolerance {settings.spot_check_tolerance})"
     )
     splits = index.column("split").to_pylist()
@@ -317,8 +418,8 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "samples": index.num_rows,
         "train_samples": splits.count("train"),
         "eval_samples": splits.count("eval"),
-        "tokens": tokens,
-        "bytes": total_bytes,
+        "tokens": wanted.tokens,
+        "bytes": wanted.bytes,
         "bytes_per_token": round(wanted.bytes_per_token, 2),
         "bytes_per_token_formula": per_token,
         "bytes_per_token_ratio": round(wanted.bytes_per_token / per_token, 4),
@@ -331,13 +432,15 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "aux_layer_ids": list(aux_ids),
         "layer_convention": wanted.layer_convention,
         "teacher": wanted.teacher,
+        "capture": wanted.capture,
         "target": identity.name,
         "target_config_sha256": identity.config_sha256,
         "target_layers": identity.num_layers,
         "target_hidden_size": identity.hidden_size,
         "training_data_version": wanted.training_data_version,
-        "device": target.device,
-        "dtype": target.dtype,
+        "backend": settings.backend,
+        "device": wanted.capture.get("device", ""),
+        "dtype": wanted.capture.get("dtype", ""),
         "plan": str(store.root / PLAN_FILE),
         **disk,
         **checked,

@@ -14,7 +14,9 @@ A store is a folder (on the orchestrator for ``compute: local``, on the GPU host
   length, split, dataset.
 - ``manifest.json``: :class:`StoreManifest`: the target (name, config hash, depth, sizes), the
   captured layer ids and the numbering convention they use, the teacher signal, the
-  ``training_data`` version the states were computed from, and the byte accounting.
+  ``training_data`` version the states were computed from, the byte accounting, and how the states
+  were captured (``capture``: the backend; for SGLang its version, the model class, the family rule
+  and the ids handed to ``set_eagle3_layers_to_capture``).
 
 Layer ids here use the **output-of-layer** convention (:data:`LAYER_CONVENTION`): id ``k`` is the
 output of decoder layer ``k`` (0-based), i.e. ``transformers``' ``hidden_states[k + 1]``. What the
@@ -100,6 +102,9 @@ class StoreManifest:
     samples: int = 0
     tokens: int = 0
     bytes: int = 0
+    # How the states were computed (the backend, and what it was told): a record, not part of the
+    # identity, as the device and compute dtype are not (a store may be resumed by another backend).
+    capture: dict[str, Any] = field(default_factory=dict)
 
     @property
     def bytes_per_token(self) -> float:

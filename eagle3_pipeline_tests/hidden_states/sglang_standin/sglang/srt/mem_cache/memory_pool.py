@@ -1,0 +1,20 @@
+"""Stand-in for ``sglang.srt.mem_cache.memory_pool`` (see the sglang package docstring)."""
+
+from __future__ import annotations
+
+
+class ReqToTokenPool:
+    """Request slots; a batch of more requests than free slots cannot be prepared."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.clear()
+
+    def alloc(self, count: int) -> list[int]:
+        if count > len(self.free_slots):
+            raise RuntimeError(f"ReqToTokenPool: {count} requests, {len(self.free_slots)} free slots")
+        taken, self.free_slots = self.free_slots[:count], self.free_slots[count:]
+        return taken
+
+    def clear(self) -> None:
+        self.free_slots = list(range(self.size))

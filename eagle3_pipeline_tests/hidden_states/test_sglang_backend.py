@@ -1,0 +1,190 @@
+"""``hidden_states.backend: sglang`` run against the stand-in for SGLang's CUDA runtime
+(``sglang_standin/``: this machine has no GPU and no sglang; the stand-in implements exactly the
+entries of ``SGLANG_USES`` with transformers on the CPU and SGLang's capture semantics).
+
+The worker's store must be byte-identical to the transformers extractor's for the same samples:
+the extractor runs with batch size 1 (each sample alone), the worker with packed batches of up to
+four requests, whose rows it must split back, in order, at the right layers. The stand-in computes
+each request of a batch alone, as the extractor does, so any difference is the worker's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from eagle3_pipeline.hidden_states.extract import batches, run  # noqa: E402
+from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows  # noqa: E402
+from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
+from eagle3_pipeline.hidden_states.sglang_capture import SGLANG_USES, SGLANG_VERSION, SGLangApi, SGLangError  # noqa: E402
+from eagle3_pipeline.hidden_states.store import HiddenStateStore  # noqa: E402
+from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_uses  # noqa: E402
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
+from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: E402, F401 - the shared session fixture
+from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB  # noqa: E402
+
+STANDIN = Path(__file__).parent / "sglang_standin"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+    def progress(self, metrics: dict[str, Any]) -> None:
+        return None
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The stand-in ``sglang`` importable in this process, for this test only."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    yield
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
+
+
+def training_data(folder: Path, vocab: int) -> Path:
+    train = [sample_rows("a", 5, seed=11, max_len=20, vocab=vocab), sample_rows("b", 3, seed=12, max_len=20, vocab=vocab)]
+    return write_training_data(folder, {"train": train, "eval": [sample_rows("e", 2, seed=13, max_len=20, vocab=vocab)]}, vocab_size=vocab)
+
+
+def spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
+    return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": name,
+            "shard_tokens": 40, "spot_check_samples": 2, **settings}
+
+
+def sglang_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
+    """Packed batches of up to 4 requests (64 padded tokens), one process."""
+    return spec(data, output, model, name, **{"backend": "sglang", "sglang_python": sys.executable, "tp_size": 1, "batch_tokens": 64, "max_batch_size": 4, **settings})
+
+
+def transformers_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
+    """Each sample alone."""
+    return spec(data, output, model, name, device="cpu", max_batch_size=1, **settings)
+
+
+def lengths(data: Path, shard: Any) -> Iterator[int]:
+    rows = iter_rows(data / shard.source, ["num_tokens"], shard.start)
+    for _ in shard.sample_ids:
+        yield next(rows)["num_tokens"]
+
+
+def split_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
+    """A safetensors file's header (parsed) and its tensor bytes. The header is compared parsed: the
+    safetensors writer orders the ``__metadata__`` keys as its hash map iterates, which varies between
+    calls (two saves of the same tensors in one process can differ in those bytes only)."""
+    import json
+    import struct
+
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
+
+
+def assert_same_store(found: Path, expected: Path) -> dict[str, int]:
+    """The same shards (tensor bytes identical, headers equal), byte-identical shard indexes and
+    index, the same manifest identity. Returns what was compared."""
+    names = sorted(p.name for p in expected.glob("shard-*"))
+    assert sorted(p.name for p in found.glob("shard-*")) == names
+    compared = {"shards": 0, "tensor_bytes": 0, "index_bytes": 0}
+    for name in names:
+        if name.endswith(".safetensors"):
+            (header, data), (reference_header, reference_data) = split_safetensors(found / name), split_safetensors(expected / name)
+            assert header == reference_header, name
+            assert data == reference_data, f"{name}: tensor bytes differ"
+            compared["shards"] += 1
+            compared["tensor_bytes"] += len(data)
+        else:
+            assert (found / name).read_bytes() == (expected / name).read_bytes(), name
+            compared["index_bytes"] += (found / name).stat().st_size
+    assert (found / "index.parquet").read_bytes() == (expected / "index.parquet").read_bytes()
+    compared["index_bytes"] += (found / "index.parquet").stat().st_size
+    assert HiddenStateStore(found).manifest().identity() == HiddenStateStore(expected).manifest().identity()
+    return compared
+
+
+@pytest.mark.local_model
+def test_the_worker_writes_the_transformers_extractors_bytes(standin: None, tmp_path: Path, local_model: Path) -> None:
+    data = training_data(tmp_path / "training_data", 49152)
+    name = "SmolLM2-135M-Instruct"
+    report = Recorder()
+    ours = run(sglang_spec(data, tmp_path / "sglang", local_model, name), report)
+    theirs = run(transformers_spec(data, tmp_path / "transformers", local_model, name), Recorder())
+    figures = assert_same_store(tmp_path / "sglang", tmp_path / "transformers")
+    print(f"\n-- byte-identical stores (SmolLM2, Llama family): {figures}, {ours['samples']} samples, {ours['tokens']} tokens, "
+          f"{ours['shards']} shards; aux {ours['aux_layer_ids']}")
+    print("-- capture record:", ours["capture"])
+    assert ours["samples"] == theirs["samples"] == 10 and ours["shards"] > 1
+    packed = [len(group) for shard in plan_shards(TrainingData.open(data), 40) for group in batches(list(lengths(data, shard)), 64, 4)]
+    print(f"-- requests per SGLang forward: {packed}")
+    assert max(packed) > 1
+    assert ours["capture"] == {
+        "backend": "sglang", "sglang_version": SGLANG_VERSION, "tp_size": 1, "device": "cpu", "dtype": "auto",
+        "model_class": "LlamaForCausalLM", "family": "llama", "family_rule": "id + 1 for every id",
+        "set_eagle3_layers_to_capture": [1, 14, 26], "layers_to_capture": [2, 15, 27],
+    }
+    assert HiddenStateStore(tmp_path / "sglang").manifest().capture == ours["capture"]
+    assert ours["spot_check_passed"] and ours["spot_check_max_rel_error"] == 0.0 and ours["spot_check_samples"] == 2
+    assert ours["spot_check_method"] == "alone (one request per forward) through the same SGLang runner"
+    assert any("with SGLang 0.5.14 ModelRunner, tensor parallelism 1" in line for line in report.lines)
+
+
+@pytest.mark.parametrize(("aux", "written", "captured"), [([1, 3, 4], [1, 3, 4], [2, 4, 5]), ([2, 4, 5], [3, 5, 6], [3, 5, 6])])
+def test_a_kimi_target_gets_deepseeks_layer_rule(standin: None, tmp_path: Path, kimi_checkpoint: Path, aux: list[int], written: list[int], captured: list[int]) -> None:  # noqa: F811
+    """SGLang's DeepSeek-V3 (which Kimi-K2.5 wraps) adds 1 only when the first id is 1: the ids
+    handed to set_eagle3_layers_to_capture follow layer_ids.server_layer_ids, and the states are
+    still the outputs of the trained layers (the same bytes as transformers')."""
+    data = training_data(tmp_path / "training_data", KIMI_VOCAB)
+    settings = {"aux_layer_ids": aux, "trust_remote_code": True}
+    ours = run(sglang_spec(data, tmp_path / "sglang", kimi_checkpoint, "Kimi-K2.5", **settings), Recorder())
+    run(transformers_spec(data, tmp_path / "transformers", kimi_checkpoint, "Kimi-K2.5", **settings), Recorder())
+    figures = assert_same_store(tmp_path / "sglang", tmp_path / "transformers")
+    print(f"\n-- byte-identical stores (tiny Kimi-K2.5, DeepSeek family, aux {aux}): {figures}")
+    record = ours["capture"]
+    assert record["model_class"] == "KimiK25ForConditionalGeneration" and record["family"] == "deepseek"
+    assert record["set_eagle3_layers_to_capture"] == written and record["layers_to_capture"] == captured
+
+
+def test_the_standin_implements_exactly_the_names_the_worker_uses() -> None:
+    """The stand-in is read with the same source checker as the pinned wheel."""
+
+    def read(path: str) -> str | None:
+        file = STANDIN / path
+        return file.read_text() if file.is_file() else None
+
+    assert check_uses(SourceTree(read), SGLANG_USES) == []
+
+
+def test_another_sglang_version_a_name_not_listed_and_a_wrong_launch_are_refused(standin: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    api = SGLangApi()
+    with pytest.raises(SGLangError, match=r"ServerArgs: called with 0 positional argument\(s\) and keyword\(s\) \['model_path', 'port'\]"):
+        api.new("ServerArgs", model_path="m", port=30000)
+    with pytest.raises(SGLangError, match=r"Scheduler: not an SGLang class of SGLANG_USES"):
+        api.new("Scheduler")
+    import sglang.version
+
+    monkeypatch.setattr(sglang.version, "__version__", "0.5.23")
+    with pytest.raises(SGLangError, match=r"hidden_states.sglang_python: this python has sglang 0.5.23; the worker is written against sglang==0.5.14"):
+        SGLangApi()
+    monkeypatch.setattr(sglang.version, "__version__", SGLANG_VERSION)
+    data = training_data(tmp_path / "training_data", 49152)
+    with pytest.raises(SGLangError, match=r"hidden_states.tp_size is 2 but this launch has 1 process\(es\)"):
+        run(sglang_spec(data, tmp_path / "store", tmp_path, "x", tp_size=2), Recorder())
+
+
+def test_without_sglang_the_error_names_the_python_setting(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("an sglang package is importable here")
+    with pytest.raises(SGLangError, match=r"hidden_states.sglang_python: cannot import sglang here .*sglang==0.5.14"):
+        SGLangApi()
