@@ -446,7 +446,7 @@ class HiddenStatesConfig(_Model):
     spot_check_samples: Annotated[int, Field(ge=0)] = 4
     # Largest relative L2 error (per sample and tensor, bf16) between stored and re-computed states.
     spot_check_tolerance: Annotated[float, Field(gt=0)] = 0.01
-    backend: Literal["transformers", "sglang"] = Field(
+    backend: Literal["transformers", "sglang", "vllm"] = Field(
         default="transformers",
         description=(
             "What computes the states. transformers: the target in this process (or in the worker on the GPU host) with "
@@ -454,7 +454,25 @@ class HiddenStatesConfig(_Model):
             "parallelism (tp_size ranks under torchrun, started with sglang_python), fed our input_ids, aux layers captured "
             "through SGLang's EAGLE-3 switch (set_eagle3_layers_to_capture): for a target only SGLang can hold (Kimi-K2.5 "
             "INT4 at tp 8). The worker is written against sglang 0.5.14 (eagle3_pipeline.hidden_states.sglang_capture) "
-            "and refuses another version. Stop the inference server first: the phase needs the GPUs it holds."
+            "and refuses another version. Stop the inference server first: the phase needs the GPUs it holds. vllm: a vLLM "
+            "server already started with the extract_hidden_states speculative method and its ExampleHiddenStatesConnector "
+            "(vllm_base_url, vllm_output_dir; eagle3_pipeline.hidden_states.vllm_capture); the phase sends it our input_ids."
+        ),
+    )
+    vllm_base_url: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "backend vllm: the OpenAI-compatible base URL (…/v1) of a vLLM server already started with "
+            "--speculative-config method extract_hidden_states (the aux layers' ids + 1 and num_hidden_layers), the "
+            "ExampleHiddenStatesConnector as --kv-transfer-config and --no-enable-chunked-prefill, as reachable from where "
+            "extraction runs. Required with backend vllm."
+        ),
+    )
+    vllm_output_dir: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "backend vllm: the folder the connector writes to (its shared_storage_path), as seen on the machine where "
+            "extraction runs; each request's file is read there and deleted once read. Required with backend vllm."
         ),
     )
     sglang_python: Annotated[str, Field(min_length=1)] | None = Field(
@@ -486,6 +504,15 @@ class HiddenStatesConfig(_Model):
         if ids is not None and (len(ids) != 3 or ids != sorted(set(ids)) or ids[0] < 0):
             raise ValueError(f"expected 3 increasing non-negative layer ids, got {ids}")
         return ids
+
+    @model_validator(mode="after")
+    def _vllm_settings(self) -> HiddenStatesConfig:
+        if self.backend == "vllm" and (self.vllm_base_url is None or self.vllm_output_dir is None):
+            raise ValueError(
+                "backend 'vllm' needs hidden_states.vllm_base_url (the …/v1 URL of a vLLM server started with "
+                "extract_hidden_states) and hidden_states.vllm_output_dir (its connector's shared_storage_path, as seen here)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sglang_settings(self) -> HiddenStatesConfig:

@@ -4,7 +4,8 @@ Asset → domain function:
   draft_vocab   → eagle3_pipeline.draft_vocab.build_draft_vocab         (check: coverage floor)
   hidden_states → the heavy phase `extract` (eagle3_pipeline.hidden_states.extract:run) through
                   `run_heavy_phase`, wherever `compute:` says (`hidden_states.backend: sglang`:
-                  `tp_size` torchrun ranks with `sglang_python`); with `compute: command` the
+                  `tp_size` torchrun ranks with `sglang_python`; `vllm`: requests to a vLLM server
+                  started with extract_hidden_states); with `compute: command` the
                   user's command and then `import-specforge` (checks, from the phase's own
                   metadata: spot_check, bytes_per_token)
 
@@ -149,7 +150,8 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         check_specs=[
             dg.AssetCheckSpec("spot_check", asset="hidden_states", blocking=True,
                               description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
-                              "output_hidden_states, no padding; sglang: one request per forward through the same runner) "
+                              "output_hidden_states, no padding; sglang: one request per forward through the same runner; vllm: the same "
+                              "request sent again to the server) "
                               "match the stored states within hidden_states.spot_check_tolerance."),
             dg.AssetCheckSpec("bytes_per_token", asset="hidden_states",
                               description="Bytes on disk per token within 5 % of (3 aux + teacher) × hidden × 2 + 5."),

@@ -5,7 +5,8 @@ what the worker calls on a GPU host; every path in the spec is a path on the mac
 
 In order: open ``training_data`` and compute the shard plan (:mod:`.plan`); open the state source
 (:class:`StateSource`: ``backend: transformers``, the target in process, :mod:`.capture`; ``backend:
-sglang``, SGLang's model runner with tensor parallelism, :mod:`.sglang_capture`) and check the
+sglang``, SGLang's model runner with tensor parallelism, :mod:`.sglang_capture`; ``backend: vllm``, a
+vLLM server started with ``extract_hidden_states``, :mod:`.vllm_capture`) and check the
 store's identity (a store made under other settings is an error naming the fields, or is replaced
 with ``overwrite``); estimate the bytes still to write and refuse when the disk has less free than
 that times ``disk_margin``; extract every shard that is not complete (length-sorted batches of at
@@ -13,7 +14,7 @@ most ``batch_tokens`` padded tokens; one shard in memory at a time); write the i
 manifest; then re-compute ``spot_check_samples`` samples one by one (the source's
 ``reference_states``) and compare (relative L2 error per tensor ≤ ``spot_check_tolerance``).
 
-Both backends go through this one loop; only "the states of a batch of sequences" differs. Under
+Every backend goes through this one loop; only "the states of a batch of sequences" differs. Under
 tensor parallelism every rank runs the loop (each forward needs all of them) and the source's
 writer (rank 0) alone touches the store: it decides which shards to do, shares that decision and
 the spot-check samples with the other ranks, and writes.
@@ -56,8 +57,10 @@ T = TypeVar("T")
 
 
 class StateSource(Protocol):
-    """What computes the target's states for the loop: :class:`.capture.Target` (transformers) or
-    :class:`.sglang_capture.SGLangTarget` (SGLang, one rank of a tensor-parallel launch)."""
+    """What computes the target's states for the loop: :class:`.capture.Target` (transformers),
+    :class:`.sglang_capture.SGLangTarget` (SGLang, one rank of a tensor-parallel launch) or
+    :class:`.vllm_capture.VllmTarget` (a vLLM server). A refusal of one sequence is a
+    :class:`SampleError`."""
 
     identity: TargetIdentity
     spot_check_method: str
@@ -88,6 +91,16 @@ class StateSource(Protocol):
 
 class ExtractionError(RuntimeError):
     """The phase cannot (or must not) go on; the message says why and what to change."""
+
+
+class SampleError(RuntimeError):
+    """A source's refusal of one sequence of a batch (``index``: its place in the batch); the loop
+    re-raises it as an :class:`ExtractionError` naming the sample."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.message = message
 
 
 class ExtractSpec(HiddenStatesConfig):
@@ -237,7 +250,12 @@ def extract_shard(store: HiddenStateStore, source: StateSource, spec: ExtractSpe
 
     states: dict[int, tuple[Any, Any]] = {}
     for group in batches([len(r["input_ids"]) for r in rows], spec.batch_tokens, spec.max_batch_size):
-        for index, (aux, hidden) in zip(group, source.batch_states(aux_ids, [rows[i]["input_ids"] for i in group]), strict=True):
+        try:
+            found = source.batch_states(aux_ids, [rows[i]["input_ids"] for i in group])
+        except SampleError as exc:
+            row = rows[group[exc.index]]
+            raise ExtractionError(f"{shard.name} ({shard.split}), sample {row['id']!r}: {exc.message}") from None
+        for index, (aux, hidden) in zip(group, found, strict=True):
             states[index] = (aux.to("cpu", torch.bfloat16), hidden.to("cpu", torch.bfloat16))
     if not source.writer:
         return 0
@@ -286,7 +304,10 @@ def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[i
     chosen = source.share(chosen)
     worst, worst_id = 0.0, ""
     for row in chosen:
-        aux, hidden = source.reference_states(aux_ids, row["input_ids"])
+        try:
+            aux, hidden = source.reference_states(aux_ids, row["input_ids"])
+        except SampleError as exc:
+            raise ExtractionError(f"spot check, sample {row['sample_id']!r}: {exc.message}") from None
         if not source.writer:
             continue
         for key, fresh in ((AUX_KEY, aux), (HIDDEN_KEY, hidden)):
@@ -319,6 +340,12 @@ def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
             trust_remote_code=settings.trust_remote_code,
         ) as sglang_target:
             yield sglang_target
+    elif settings.backend == "vllm":
+        from eagle3_pipeline.hidden_states.vllm_capture import open_vllm_target
+
+        assert settings.vllm_base_url is not None and settings.vllm_output_dir is not None  # HiddenStatesConfig requires both
+        with open_vllm_target(settings.model, settings.target_name, settings.vllm_base_url, settings.vllm_output_dir, settings.max_batch_size) as vllm_target:
+            yield vllm_target
     else:
         yield load_target(settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code)
 
