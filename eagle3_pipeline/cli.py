@@ -380,6 +380,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 2
+    from eagle3_pipeline.drafter.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
 
     try:
@@ -403,12 +404,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
             provider.close()
         throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
     plan = build_plan(config, throughput, records, args.max_cost)
+    scaling = data_scaling(config, records, throughput)
     if args.json:
-        print(json.dumps({**plan.as_dict(), "calibration_failed": failed}, indent=2))
+        more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
+        print(json.dumps({**plan.as_dict(), "calibration_failed": failed, "data_scaling": more_data}, indent=2))
     else:
         print(plan.text())
         for name, reason in failed.items():
             print(f"calibration of {name} failed: {reason}")
+        print("\n" + (scaling if isinstance(scaling, str) else scaling.text()))
     return 0
 
 
@@ -423,7 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print {overall, checks, datasets} as JSON")
     status.add_argument("--host", help="with several inference hosts: the one to check (default: the first listed)")
     status.set_defaults(func=cmd_status)
-    plan = sub.add_parser("plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend")
+    plan = sub.add_parser(
+        "plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset"
+    )
     plan.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--calibrate", type=int, metavar="N", default=0, help="measure each backend with N real requests first")

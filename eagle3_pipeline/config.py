@@ -207,6 +207,14 @@ class TrainingDataConfig(_Model):
         ),
     )
     buffer_rows: Annotated[int, Field(gt=0)] = 4096
+    held_out_per_dataset: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description=(
+            "Per dataset, this many samples (the smallest sha256('held_out:{seed}:{id}'), at most half the dataset's rows) are "
+            "forced into the eval split, never trained on, and recorded in training_data's manifest.json (held_out); "
+            "drafter_eval reports τ on them apart. The same ids every run for the same prompts and seed. 0: none."
+        ),
+    )
 
 
 class HostConfig(_Model):
@@ -594,10 +602,27 @@ class DrafterConfig(_Model):
 
     model: DrafterModelConfig = DrafterModelConfig()
     ttt_steps: Annotated[int, Field(gt=0, le=16)] = 7
-    lr: Annotated[float, Field(gt=0)] = 1e-4
+    lr: Annotated[float, Field(gt=0)] = Field(
+        1e-4,
+        description=(
+            "Peak AdamW learning rate (linear warmup, then cosine). 1e-4: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, "
+            "Llama-3.3-70B and Kimi-K2 (sgl-project/SpecForge examples/configs/llama3.1-8b-eagle3-online.yaml @ 1d62d19, "
+            "llama3.3-70b-eagle3-online.yaml @ 2a17d42, examples/run_kimi_k2_eagle3_online.sh @ 03ebe2c: batch 1 per GPU on 8 "
+            "GPUs at max_length 2048-4096, about this pipeline's batch_tokens a step); its DeepSeek-V3 recipe takes 5e-5 "
+            "(examples/configs/deepseek-v3-671b-eagle3-online.yaml @ ae91f5b), as does EAGLE's own EAGLE-3 training "
+            "(SafeAILab/EAGLE eagle/traineagle3/ds_config.json @ 9666a81: WarmupDecayLR to 5e-5)."
+        ),
+    )
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.02
-    epochs: Annotated[int, Field(gt=0)] = 1
+    epochs: Annotated[int, Field(gt=0)] = Field(
+        10,
+        description=(
+            "Passes over the train split. 10: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, Llama-3.3-70B, DeepSeek-V3 671B "
+            "and Kimi-K2 all train num_epochs 10 (the files named under lr); EAGLE's own EAGLE-3 training runs 40 "
+            "(SafeAILab/EAGLE eagle/traineagle3/main.py @ 82bd2df, num_epochs). A small CPU profile sets its own (profiles/local.yaml)."
+        ),
+    )
     max_steps: Annotated[int, Field(gt=0)] | None = None
     batch_tokens: Annotated[int, Field(gt=0)] = 16384
     max_seq_len: Annotated[int, Field(gt=2)] | None = None  # None: target.max_seq_len
@@ -616,6 +641,15 @@ class DrafterConfig(_Model):
     # lm_head falling back to the embedding when the target ties them.
     embedding_key: str | None = None
     lm_head_key: str | None = None
+    activation_checkpointing: bool = Field(
+        default=False,
+        description=(
+            "Recompute each training-time-test step's decoder layer (norms, q/k/v, attention, MLP) in the backward pass "
+            "instead of keeping its activations: about a third more compute for the layer, and per token and step only "
+            "its hidden state, keys and values (and the logits at counted positions) stay in memory. For long sequences "
+            "or a wide drafter (the MLP's activations dominate otherwise). Results are the same; a run may resume with it switched."
+        ),
+    )
     # Training processes (torchrun, DistributedDataParallel) where training runs; auto: one per GPU
     # that machine reports (torch's CUDA devices locally, nvidia-smi on the compute host), 1 with none.
     nproc_per_node: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
@@ -633,6 +667,14 @@ class DrafterEvalConfig(_Model):
     draft_cost_ratio: Annotated[float, Field(ge=0, lt=1)] = round(1 / 61, 4)  # c in speedup ≈ τ / (1 + K·c)
     max_samples_per_dataset: Annotated[int, Field(gt=0)] | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    min_data_agreement: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.9,
+        description=(
+            "A dataset whose stored next tokens are the target's argmax at fewer than this share of the eval positions "
+            "gets a warning (materialization metadata, run log, the CLI's table): its responses are not the target's "
+            "greedy output (temperature > 0, imported samples, re-tokenised text), so τ against them is not the server's τ."
+        ),
+    )
 
 
 BENCHMARK_PLACEHOLDERS = frozenset({"target", "drafter", "port", "tp", "steps", "draft_tokens", "speculative", "speculative_config"})

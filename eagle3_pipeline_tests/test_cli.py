@@ -58,6 +58,7 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
                     "generation": {"max_tokens": 8, "concurrency": 2, "progress_interval_s": 0.3},
                     "health": {"max_truncation_rate": 1.0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
                     "training_data": {"eval_fraction": 0.2},  # 30 samples at 5 % may leave no eval row for drafter_eval
+                    "drafter": {"epochs": 1},  # the production default (10) is no test's business here
                     "datasets": [{"id": "B1", "source": "p.jsonl"}],
                 }
             )
@@ -84,6 +85,9 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
     assert set(runs) == {"generation_job", "downstream_job"}, "the code location's own jobs, no ad-hoc ones"
     assert runs["generation_job"].tags["dagster/partition"] == "B1"
     assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs.values())
+    [evaluated] = instance.fetch_materializations(dg.AssetKey("drafter_eval"), limit=1).records
+    scaling = evaluated.asset_materialization.metadata["data_scaling"].value  # type: ignore[union-attr]
+    assert scaling.startswith("τ@3 against the training tokens seen") and "too few points" in scaling, scaling
 
     repository = ReconstructableRepository.for_module("eagle3_pipeline.definitions", "defs", working_directory=str(tmp_path))
     again = dg.execute_job(

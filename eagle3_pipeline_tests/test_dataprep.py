@@ -3,6 +3,7 @@ model's real tokenizer and responses tables in the form of contract C1."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -101,6 +102,50 @@ def test_output_depends_on_seed_and_ids_only_not_on_input_order_or_buffer_size(
     build(responses, tmp_path / "td3", local_model, seed=4)
     assert read_manifest(tmp_path / "td3")["version"] != first["version"]
     assert [r["id"] for r in shard_rows(tmp_path / "td3")] != [r["id"] for r in shard_rows(tmp_path / "td1")]
+
+
+def _splits(folder: Path) -> dict[str, set[str]]:
+    manifest = read_manifest(folder)
+    return {split: {r["id"] for name in manifest["shards"][split] for r in pq.read_table(folder / name).to_pylist()} for split in ("train", "eval")}
+
+
+def test_the_held_out_slice_is_fixed_by_seed_and_ids_forced_into_eval_and_recorded(
+    tmp_path: Path, local_model: Path, responses: list[Path]
+) -> None:
+    stats = build(responses, tmp_path / "td1", local_model, held_out_per_dataset=4)
+    manifest = read_manifest(tmp_path / "td1")
+    splits = _splits(tmp_path / "td1")
+    kept: dict[str, list[str]] = {}
+    for row in shard_rows(tmp_path / "td1"):
+        kept.setdefault(row["dataset"], []).append(row["id"])
+    # per dataset the 4 kept rows with the smallest sha256("held_out:{seed}:{id}"), in that order
+    smallest = {d: sorted(ids, key=lambda i: hashlib.sha256(f"held_out:3:{i}".encode()).digest())[:4] for d, ids in sorted(kept.items())}
+    assert manifest["held_out"] == smallest and manifest["held_out_per_dataset"] == 4
+    assert stats.as_metadata()["held_out_rows"] == 8 and stats.held_out == smallest
+    held = {i for ids in smallest.values() for i in ids}
+    assert held <= splits["eval"] and not held & splits["train"]
+    assert any(split_of(i, 3, 0.2) == "train" for i in held)  # forced: the split hash alone sent some of them to train
+    assert all(split_of(i, 3, 0.2) == "eval" for i in splits["eval"] - held)  # the others keep their split
+    assert all(split_of(i, 3, 0.2) == "train" for i in splits["train"])
+    assert stats.train_rows + stats.eval_rows == 40 and stats.eval_rows == len(splits["eval"])
+
+    shuffled = []
+    for path in responses:
+        rows = pq.read_table(path).to_pylist()
+        random.Random(11).shuffle(rows)
+        shuffled.append(write_responses(tmp_path / f"shuffled-{path.name}", rows))
+    build(shuffled, tmp_path / "td2", local_model, held_out_per_dataset=4, buffer_rows=3)  # many buckets, many batches
+    again = read_manifest(tmp_path / "td2")
+    assert again["held_out"] == smallest and again["version"] == manifest["version"]
+
+    build(responses, tmp_path / "td3", local_model, seed=4, held_out_per_dataset=4)
+    assert read_manifest(tmp_path / "td3")["held_out"] != smallest
+    # B keeps 10 rows: at most half of them are held out, so that it still trains
+    capped = build(responses, tmp_path / "td4", local_model, held_out_per_dataset=8)
+    assert [len(capped.held_out[d]) for d in ("A", "B")] == [8, 5]
+    assert capped.held_out["A"][:4] == smallest["A"]
+    off = build(responses, tmp_path / "td5", local_model)
+    assert read_manifest(tmp_path / "td5")["held_out"] == {} and off.as_metadata()["held_out_rows"] == 0
 
 
 def test_template_mismatches_are_counted_per_dataset_with_examples(tmp_path: Path, local_model: Path) -> None:

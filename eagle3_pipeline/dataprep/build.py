@@ -11,11 +11,18 @@ sorts each in memory, and streams the rows into ``train-NNNNN``/``eval-NNNNN`` s
 ``shard_rows`` rows (the split is decided by another hash of the id), counting the masked tokens of
 the train split. The order depends on the seed and the ids only: not on the input order, the
 number of buckets, or the batch size.
+
+Held-out slice (``held_out_per_dataset`` N): per dataset, the N kept rows with the smallest
+``sha256("held_out:{seed}:{id}")`` (at most half the dataset's rows, so that a small one still
+trains), chosen in pass 1 over the rows that survive it and forced into eval in pass 2, whatever
+their split hash says. The manifest records them (``held_out``: dataset → ids in key order): the
+same ids for the same responses and seed, in any input order.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -89,6 +96,7 @@ class DataprepStats:
     eval_rows: int = 0
     per_dataset: dict[str, DatasetStats] = field(default_factory=dict)
     mismatch_examples: list[str] = field(default_factory=list)
+    held_out: dict[str, list[str]] = field(default_factory=dict)
 
     def dataset(self, name: str) -> DatasetStats:
         return self.per_dataset.setdefault(name, DatasetStats())
@@ -118,6 +126,7 @@ class DataprepStats:
             "rows": self.train_rows + self.eval_rows,
             "train_rows": self.train_rows,
             "eval_rows": self.eval_rows,
+            "held_out_rows": sum(len(ids) for ids in self.held_out.values()),
             "tokens": self.tokens,
             "masked_tokens": self.masked_tokens,
             "responses_read": self.rows_in,
@@ -154,6 +163,12 @@ def split_of(sample_id: str, seed: int, eval_fraction: float) -> str:
 
 def shuffle_key(sample_id: str, seed: int) -> int:
     return _hash64(f"shuffle:{seed}:{sample_id}")
+
+
+def held_out_key(sample_id: str, seed: int) -> int:
+    """The held-out slice's order, the whole ``sha256("held_out:{seed}:{id}")`` (no two ids tie): per
+    dataset the smallest keys are held out (see module doc)."""
+    return int.from_bytes(hashlib.sha256(f"held_out:{seed}:{sample_id}".encode()).digest(), "big")
 
 
 def stored_conversation(row: dict[str, Any], reasoning: ReasoningMode) -> Conversation:
@@ -297,9 +312,31 @@ def _combined_version(parts: Sequence[_Version]) -> str:
 class _Tokenizer:
     """Pass 1's work: conversations → (ids, mask) rows with their split and shuffle key."""
 
-    def __init__(self, renderer: ChatRenderer, seed: int, eval_fraction: float, max_seq_len: int, stats: DataprepStats) -> None:
+    def __init__(
+        self, renderer: ChatRenderer, seed: int, eval_fraction: float, max_seq_len: int, stats: DataprepStats, held_out_per_dataset: int = 0
+    ) -> None:
         self.renderer, self.seed, self.eval_fraction, self.max_seq_len, self.stats = renderer, seed, eval_fraction, max_seq_len, stats
         self.backend = renderer.tokenizer.backend_tokenizer if renderer.fast else None
+        self.held_out_per_dataset = held_out_per_dataset
+        self.candidates: dict[str, list[tuple[int, str]]] = {}  # per dataset a max-heap (negated) of the smallest held-out keys
+
+    def _candidate(self, dataset: str, sample_id: str) -> None:
+        if not self.held_out_per_dataset:
+            return
+        heap = self.candidates.setdefault(dataset, [])
+        entry = (-held_out_key(sample_id, self.seed), sample_id)
+        if len(heap) < self.held_out_per_dataset:
+            heapq.heappush(heap, entry)
+        elif entry > heap[0]:  # a smaller key than the largest kept
+            heapq.heapreplace(heap, entry)
+
+    def held_out(self) -> dict[str, list[str]]:
+        """Per dataset the held-out ids in key order, at most half of its rows (call after pass 1)."""
+        chosen = {}
+        for dataset, heap in sorted(self.candidates.items()):
+            ranked = [sample_id for _, sample_id in sorted(heap, reverse=True)]
+            chosen[dataset] = ranked[: self.stats.dataset(dataset).rows // 2]
+        return chosen
 
     def prepare(self, row: dict[str, Any]) -> _Pending | None:
         """Render and locate one row's generated turns; None when the row is dropped (counted)."""
@@ -357,6 +394,7 @@ class _Tokenizer:
             dataset.rows += 1
             dataset.tokens += len(ids)
             dataset.masked_tokens += int(mask.sum())
+            self._candidate(pending.dataset, pending.id)
             ids_parts.append(ids)
             mask_parts.append(mask)
             kept.append(pending)
@@ -402,13 +440,20 @@ def _tokenize_into(
         buckets.add(tokenizing.tokenize(pending))
 
 
-def _shard_from(buckets: _Buckets, staging: Path, shard_rows: int, vocab_size: int) -> tuple[dict[str, _ShardWriter], np.ndarray]:
+def _shard_from(
+    buckets: _Buckets, staging: Path, shard_rows: int, vocab_size: int, held_out: Sequence[str] = ()
+) -> tuple[dict[str, _ShardWriter], np.ndarray]:
+    """Pass 2; the ``held_out`` ids go to eval whatever their split hash says."""
     writers = {split: _ShardWriter(staging, split, shard_rows, _Version()) for split in ("train", "eval")}
     frequencies = np.zeros(vocab_size, dtype=np.int64)
+    forced = pa.array(sorted(held_out), pa.string())
     for bucket in range(buckets.count):
         if bucket not in buckets.writers:
             continue
         table = pq.read_table(buckets.path(bucket)).sort_by([("key", "ascending"), ("id", "ascending")])
+        if len(forced):
+            split = pc.if_else(pc.is_in(table.column("id"), value_set=forced), pa.scalar("eval"), table.column("split"))
+            table = table.set_column(table.schema.get_field_index("split"), "split", split)
         for split, writer in writers.items():
             part = table.filter(pc.equal(table.column("split"), split))
             if not len(part):
@@ -436,6 +481,7 @@ def build_training_data(
     trust_remote_code: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     thinking_markup: tuple[str, str] | None = None,
+    held_out_per_dataset: int = 0,
 ) -> DataprepStats:
     """The whole phase: merge → template + mask → drop over-length → shuffle → split → shards.
 
@@ -444,7 +490,9 @@ def build_training_data(
     ``target.trust_remote_code`` (Kimi's tokenizer is remote code). ``chat_template_kwargs`` go to
     every render, as the server got them (Kimi-K2.5: ``{"thinking": False}`` turns thinking off).
     ``thinking_markup`` (open, close) overrides the ``<think>``/``</think>`` added tokens as the
-    markup ``emit`` puts reasoning into."""
+    markup ``emit`` puts reasoning into. ``held_out_per_dataset``: the held-out slice (module doc)."""
+    if held_out_per_dataset < 0:
+        raise ValueError(f"training_data.held_out_per_dataset must be 0 or more, got {held_out_per_dataset}")
     stats = DataprepStats()
     tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
     renderer = ChatRenderer(tokenizer, reasoning, chat_template_kwargs, thinking_markup)
@@ -452,11 +500,13 @@ def build_training_data(
     vocab_size = len(tokenizer)
     with atomic_directory(output_dir) as staging, tempfile.TemporaryDirectory(prefix=".buckets.", dir=staging.parent) as scratch:
         buckets = _Buckets(Path(scratch), max(1, -(-rows_upper_bound // buffer_rows)))
+        tokenizing = _Tokenizer(renderer, seed, eval_fraction, max_seq_len, stats, held_out_per_dataset)
         try:
-            _tokenize_into(buckets, response_files, _Tokenizer(renderer, seed, eval_fraction, max_seq_len, stats), buffer_rows, stats)
+            _tokenize_into(buckets, response_files, tokenizing, buffer_rows, stats)
         finally:
             buckets.close()
-        writers, frequencies = _shard_from(buckets, staging, shard_rows, vocab_size)
+        stats.held_out = tokenizing.held_out()
+        writers, frequencies = _shard_from(buckets, staging, shard_rows, vocab_size, [i for ids in stats.held_out.values() for i in ids])
         stats.train_rows, stats.eval_rows = writers["train"].rows, writers["eval"].rows
         used = np.flatnonzero(frequencies)
         order = used[np.lexsort((used, -frequencies[used]))]
@@ -471,6 +521,8 @@ def build_training_data(
             "thinking_markup": list(renderer.thinking_markup) if renderer.thinking_markup else None,
             "seed": seed,
             "eval_fraction": eval_fraction,
+            "held_out_per_dataset": held_out_per_dataset,
+            "held_out": stats.held_out,
             "max_seq_len": max_seq_len,
             "reasoning": reasoning,
             "shards": {split: writer.names for split, writer in writers.items()},

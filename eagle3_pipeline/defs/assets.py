@@ -266,6 +266,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             buffer_rows=config.training_data.buffer_rows,
             trust_remote_code=config.target.trust_remote_code,
             chat_template_kwargs=config.generation.chat_template_kwargs,
+            held_out_per_dataset=config.training_data.held_out_per_dataset,
         )
         manifest = read_manifest(layout.training_data)
         return dg.MaterializeResult(

@@ -4,7 +4,8 @@ Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run 
 through `run_heavy_phase` wherever `compute:` says (for `command` too: the user command replaces
 only extraction). On a GPU host the draft_vocab folder is shipped, the hidden states are already
 there (phase A left them under the host's artifacts root), the checkpoints and the export stay on
-the host, and only the export's config.json comes back. `drafter.target_weights` is then a path on
+the host, and only the export's config.json and the run's tau_curve.json (τ against the training
+tokens seen, which `drafter_eval` and `eagle3-pipeline plan` read) come back. `drafter.target_weights` is then a path on
 the host.
 """
 
@@ -19,6 +20,7 @@ from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
+from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
 from eagle3_pipeline.hosts import HostError
 
@@ -48,6 +50,7 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
         "processes": result["processes"],
         "training_curve": _table(result["curve"]),
         "eval_at_checkpoints": _table(result["evals"]),
+        "tau_curve": dg.MetadataValue.json(result["tau_curve"]),
         "export_dir": dg.MetadataValue.path(result["export_dir"]),
         "checkpoint": dg.MetadataValue.path(result["checkpoint"]),
         "drafter": dg.MetadataValue.json(result["drafter"]),
@@ -70,7 +73,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         config = pipeline_settings(context)
         require_passing_checks(context.instance, INPUT_CHECKS)
         paths = drafter_paths(config.artifacts_root)
-        fetch = [(paths["export_dir"] / "config.json").relative_to(config.artifacts_root).as_posix()]
+        fetch = [p.relative_to(config.artifacts_root).as_posix() for p in (paths["export_dir"] / "config.json", paths["run_dir"] / TAU_CURVE_FILE)]
         try:
             spec = train_spec(config)
             ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else [])

@@ -17,8 +17,10 @@ from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
-from eagle3_pipeline.drafter.evaluate import tau_regressions
+from eagle3_pipeline.drafter.evaluate import WARNING, held_out_spec, tau_regressions
+from eagle3_pipeline.drafter.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
+from eagle3_pipeline.layout import ArtifactLayout
 
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
@@ -27,7 +29,8 @@ INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg
 
 
 def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
-    """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs."""
+    """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs. The
+    held-out ids come from the local training_data manifest (they travel in the spec)."""
     paths = drafter_paths(root or config.artifacts_root)
     settings = config.drafter_eval
     return {
@@ -35,16 +38,23 @@ def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str,
         "draft_vocab": str(paths["draft_vocab"]),
         "drafter": str(paths["export_dir"]),
         "target_weights": target_weights(config),
+        "embedding_key": config.drafter.embedding_key,
+        "lm_head_key": config.drafter.lm_head_key,
         "steps": list(settings.steps),
         "max_samples_per_dataset": settings.max_samples_per_dataset,
         "device": settings.device,
         "draft_cost_ratio": settings.draft_cost_ratio,
+        "min_data_agreement": settings.min_data_agreement,
+        **held_out_spec(ArtifactLayout(config.artifacts_root).training_data),
     }
 
 
 def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
-    """Numbers stay numbers (the UI plots each key across materializations); the table is markdown."""
-    return {key: dg.MetadataValue.md(value) if key == "table" else value for key, value in result.items()}
+    """The τ table first (markdown), then the agreement warning, then the rest; numbers stay numbers
+    (the UI plots each key across materializations)."""
+    first = [key for key in ("table", WARNING) if key in result]
+    ordered = {key: result[key] for key in first} | {key: value for key, value in result.items() if key not in first}
+    return {key: dg.MetadataValue.md(value) if key == "table" else value for key, value in ordered.items()}
 
 
 def _numbers(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, float]:
@@ -63,14 +73,19 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         required_resource_keys={"pipeline"},
         op_tags=step_tags(config, "drafter_eval"),
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
-        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens; per-depth "
-        "conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
+        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens, against the stored "
+        "tokens and against the target's argmax; the share of positions where the two agree (a warning below "
+        f"drafter_eval.min_data_agreement, {described.min_data_agreement:g}); τ on training_data's fixed held-out ids "
+        "apart; per-depth conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
         "an estimated speedup τ / (1 + K·c).",
     )
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         config = pipeline_settings(context)
         require_passing_checks(context.instance, INPUT_CHECKS)
         result = run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
+        result["data_scaling"] = dg.MetadataValue.md(data_scaling_markdown(config))  # what more data of each dataset buys
+        for line in str(result.get(WARNING, "")).splitlines():
+            context.log.warning(line)
         return dg.MaterializeResult(metadata=materialization_metadata(result))
 
     @dg.asset_check(

@@ -7,12 +7,15 @@ drafts from position ``t``, i.e. after the target has produced ``x_{t+1}`` from 
 ``j`` at index ``t`` (input ``aux_t`` and ``embed(x_{t+1+j})``, teacher-forced), so the drafter's
 ``pred[j] = draft_target_ids(ttt_forward(...)[j])``; the bigram drafter fills the same tensor.
 
-Reference: the tokens of the response themselves. For responses generated greedily by the target
-(the pipeline's ``temperature: 0``) ``x_{t+2+j}`` is the target's argmax at ``t+1+j``, which is what a
-greedy verifier compares the draft with. Only target-generated text counts: a response is a maximal
-run of ``loss_mask == 1`` positions ``[s, e)`` (each generated assistant turn is one run).
+Reference ``r``: the token a greedy verifier accepts at each position. By default the tokens of the
+response themselves, ``r_i = x_i``: for responses generated greedily by the target (the pipeline's
+``temperature: 0``) ``x_{t+2+j}`` is the target's argmax at ``t+1+j``, which is what a greedy verifier
+compares the draft with. :func:`target_reference` gives the other reference, the target's argmax
+``r_i = g_i = argmax(lm_head(h_{i-1}))`` over the stored prefix ``x_{<i}`` (``h`` the target's final,
+post-norm states the store holds, EAGLE3.md §4). Only target-generated text counts: a response is a
+maximal run of ``loss_mask == 1`` positions ``[s, e)`` (each generated assistant turn is one run).
 
-- ``c_j(t) = [pred[j, t] == x_{t+2+j}]`` and ``t+2+j < e`` (a draft past the response end is rejected).
+- ``c_j(t) = [pred[j, t] == r_{t+2+j}]`` and ``t+2+j < e`` (a draft past the response end is rejected).
 - ``a(t)`` = number of leading ``j < K`` with ``c_j(t) = 1`` (0 ≤ a(t) ≤ K): the tokens a verify step
   starting after ``t`` accepts, because a teacher-forced depth ``j`` sees the same inputs as chain
   drafting whenever the drafts before it were right.
@@ -27,6 +30,23 @@ run of ``loss_mask == 1`` positions ``[s, e)`` (each generated assistant turn is
 - Per-position estimate τ̂ = 1 + mean of ``a(t)`` over every eligible ``t`` (not only visited ones).
 - Conditional acceptance at depth ``j``: P(c_j | c_0 … c_{j-1}) over eligible ``t`` whose depth-``j``
   target is inside the response. SpecForge's per-step ``acc_i`` are marginals, not this.
+
+τ against the target's argmax (``r = g``: ``c_j(t) = [pred[j, t] == g_{t+2+j}]``; the walk, the bonus
+token and the bounds as above) takes the target's greedy choice at each position as the true
+continuation: a draft is accepted when it equals the target's argmax. §8's argument (``a(t)`` is the
+accepted count of a greedy verify step because teacher-forced depth ``j`` sees the inputs chain
+drafting would) needs the teacher-forced tokens ``x_{t+2} … x_{t+1+j}`` to be those the server holds
+after accepting the drafts before depth ``j``, i.e. ``g_{t+2} … g_{t+1+j}``. So ``c_j(t)`` against
+``g`` is exactly the server's verdict (after the stored prefix ``x_{≤t+1}``) wherever ``x = g`` on
+``t+2 … t+1+j``, depth 0 always; a deeper depth fed a stored ``x_m ≠ g_m`` where the server would have
+fed the accepted draft ``g_m``, and is a teacher-forced estimate. On greedy data ``x = g`` and the two
+τ are the same number, the server's; on data that disagree (temperature > 0, imported or re-tokenised
+text) τ against ``x`` counts drafts of text the target would not have produced, which no greedy
+verifier accepts, and τ against ``g`` is the estimate of the server's.
+
+Data–target agreement (:class:`Agreement`): over the positions whose token τ compares a draft with
+(``i = t+2`` for each eligible ``t``: every response token but the first, which prefill produced), the
+share with ``x_i == g_i``.
 
 numpy only; torch tensors are accepted (moved to the CPU).
 """
@@ -78,8 +98,48 @@ class SampleAcceptance:
         return self.accepted >= 0
 
 
-def sample_acceptance(pred: Any, input_ids: Any, loss_mask: Any) -> SampleAcceptance:
-    """c_j(t), a(t) and the responses of one sample; ``pred`` is ``[K, T]`` target ids (see module doc)."""
+def target_reference(input_ids: Any, next_argmax: Any) -> np.ndarray:
+    """The reference ``r_i = g_i`` from ``next_argmax [T]``, the target's argmax at each position
+    (``next_argmax[p]`` is its greedy choice for ``x_{p+1}``): ``r = [x_0, next_argmax[0 … T-2]]``
+    (``r_0`` is never compared with a draft)."""
+    tokens = _array(input_ids, np.int64)
+    argmax = _array(next_argmax, np.int64)
+    if tokens.ndim != 1 or argmax.shape != tokens.shape:
+        raise AcceptanceInputError(f"expected input_ids [T] and next_argmax [T]; got {list(tokens.shape)} and {list(argmax.shape)}")
+    return np.concatenate([tokens[:1], argmax[:-1]])
+
+
+def _checked(tokens: np.ndarray, mask: np.ndarray, reference: Any) -> np.ndarray:
+    if tokens.ndim != 1 or mask.shape != tokens.shape:
+        raise AcceptanceInputError(f"expected input_ids [T] and loss_mask [T]; got {list(tokens.shape)} and {list(mask.shape)}")
+    if reference is None:
+        return tokens
+    ref = _array(reference, np.int64)
+    if ref.shape != tokens.shape:
+        raise AcceptanceInputError(f"the reference must be [T] like input_ids {list(tokens.shape)}; got {list(ref.shape)}")
+    return ref
+
+
+def _span_ids(spans: Sequence[tuple[int, int]], size: int) -> np.ndarray:
+    span_id = np.full(size, -1, dtype=np.int64)
+    for number, (start, end) in enumerate(spans):
+        span_id[start:end] = number
+    return span_id
+
+
+def compared_positions(loss_mask: Any) -> np.ndarray:
+    """The positions ``i = t+2`` of every eligible ``t`` (see module doc): the tokens τ compares a
+    depth-0 draft with, which are the positions :class:`Agreement` counts."""
+    mask = _array(loss_mask, bool)
+    span_id = _span_ids(response_spans(mask), mask.shape[0] + 2)
+    t = np.arange(mask.shape[0])
+    own = span_id[t + 1]
+    return np.flatnonzero((own >= 0) & (span_id[t + 2] == own)) + 2
+
+
+def sample_acceptance(pred: Any, input_ids: Any, loss_mask: Any, reference: Any = None) -> SampleAcceptance:
+    """c_j(t), a(t) and the responses of one sample; ``pred`` is ``[K, T]`` target ids, ``reference``
+    ``[T]`` the accepted token per position (None: the stored ``input_ids``; see module doc)."""
     drafts = _array(pred, np.int64)
     tokens = _array(input_ids, np.int64)
     mask = _array(loss_mask, bool)
@@ -88,22 +148,47 @@ def sample_acceptance(pred: Any, input_ids: Any, loss_mask: Any) -> SampleAccept
             f"expected pred [K, T] with input_ids [T] and loss_mask [T]; got pred {list(drafts.shape)}, "
             f"input_ids {list(tokens.shape)}, loss_mask {list(mask.shape)}"
         )
+    ref = _checked(tokens, mask, reference)
     depth, length = drafts.shape
     if depth < 1:
         raise AcceptanceInputError("pred has no draft depth (K = 0)")
     spans = response_spans(mask)
-    span_id = np.full(length + depth + 2, -1, dtype=np.int64)
-    for number, (start, end) in enumerate(spans):
-        span_id[start:end] = number
-    padded_tokens = np.concatenate([tokens, np.full(depth + 2, -1, dtype=np.int64)])
+    span_id = _span_ids(spans, length + depth + 2)
+    padded_ref = np.concatenate([ref, np.full(depth + 2, -1, dtype=np.int64)])
     t = np.arange(length)
     own = span_id[t + 1]
     inside = np.stack([(span_id[t + 2 + j] == own) & (own >= 0) for j in range(depth)])
-    matches = np.stack([(drafts[j] == padded_tokens[t + 2 + j]) & inside[j] for j in range(depth)])
+    matches = np.stack([(drafts[j] == padded_ref[t + 2 + j]) & inside[j] for j in range(depth)])
     leading = np.cumprod(matches, axis=0).sum(axis=0)
     eligible = (own >= 0) & (span_id[t + 2] == own)
     accepted = np.where(eligible, leading, -1)
     return SampleAcceptance(accepted=accepted, matches=matches, inside=inside, spans=spans)
+
+
+@dataclass
+class Agreement:
+    """Data–target agreement summed over samples: of the ``positions`` τ compares drafts with, how many
+    hold the target's argmax (``agreeing``)."""
+
+    positions: int = 0
+    agreeing: int = 0
+
+    def add(self, input_ids: Any, loss_mask: Any, reference: Any) -> None:
+        tokens = _array(input_ids, np.int64)
+        mask = _array(loss_mask, bool)
+        ref = _checked(tokens, mask, reference)
+        where = compared_positions(mask)
+        self.positions += int(where.shape[0])
+        self.agreeing += int((tokens[where] == ref[where]).sum())
+
+    def merge(self, other: Agreement) -> None:
+        self.positions += other.positions
+        self.agreeing += other.agreeing
+
+    @property
+    def rate(self) -> float | None:
+        """``agreeing / positions``; None when no position was compared (nothing to measure)."""
+        return self.agreeing / self.positions if self.positions else None
 
 
 def walk(accepted: np.ndarray, spans: Sequence[tuple[int, int]], steps: int) -> tuple[int, int]:
@@ -153,12 +238,13 @@ class AcceptanceStats:
     def max_k(self) -> int:
         return max(self.ks)
 
-    def add(self, pred: Any, input_ids: Any, loss_mask: Any) -> None:
-        """One sample; ``pred`` has at least ``max(ks)`` depths (extra depths are ignored)."""
+    def add(self, pred: Any, input_ids: Any, loss_mask: Any, reference: Any = None) -> None:
+        """One sample; ``pred`` has at least ``max(ks)`` depths (extra depths are ignored); ``reference``
+        as in :func:`sample_acceptance`."""
         drafts = _array(pred, np.int64)
         if drafts.ndim != 2 or drafts.shape[0] < self.max_k:
             raise AcceptanceInputError(f"pred needs [K >= {self.max_k}, T] depths, got {list(drafts.shape)}")
-        result = sample_acceptance(drafts[: self.max_k], input_ids, loss_mask)
+        result = sample_acceptance(drafts[: self.max_k], input_ids, loss_mask, reference)
         eligible = result.eligible
         self.samples += 1
         self.responses += len(result.spans)

@@ -11,6 +11,10 @@ One step of the drafter::
 Two ways to run it, which must agree (tested): :meth:`Eagle3Drafter.ttt_forward`, the unrolled
 training-time test with the chain-drafting attention pattern, and :meth:`Eagle3Drafter.forward_cached`,
 plain causal attention over a key/value cache, one drafted token at a time, as a server drafts.
+The training pass's memory is linear in the sequence length: its causal attention runs blockwise
+(:class:`_BlockCausalAttention`, which never holds a T×T score tensor) and merges the chain-drafting
+keys in exactly by log-sum-exp; :func:`soft_label_cross_entropy` is the training loss over the draft
+head's logits in chunks.
 
 Parameter names are the servers' checkpoint names (``fc.weight``, ``midlayer.*``, ``norm.weight``,
 ``lm_head.weight``, buffers ``d2t`` and ``t2d``); ``embed_tokens.weight`` is the target's, frozen.
@@ -32,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class DrafterConfigError(ValueError):
@@ -265,7 +270,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [B, nh, T, hd], k and v [B, nh, T, hd] (GQA heads repeated), RoPE applied to q and k."""
+        """q [B, nh, T, hd], k and v [B, nkv, T, hd] (query head h reads KV head h // (nh / nkv)), RoPE
+        applied to q and k."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
@@ -273,8 +279,7 @@ class Attention(nn.Module):
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        groups = self.nh // self.nkv
-        return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return q, k, v
 
     def out(self, attn: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = attn.shape
@@ -309,6 +314,148 @@ class DecoderLayer(nn.Module):
     def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         hidden = hidden + attn_out
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+# The training-time test's causal attention takes ATTENTION_BLOCK query rows at a time, against key
+# blocks of at most ATTENTION_SCORE_ELEMENTS scores (B · heads · query rows · key rows; at least
+# ATTENTION_BLOCK key rows): one block's scores are the largest tensors it holds, whatever T.
+ATTENTION_BLOCK = 512
+ATTENTION_SCORE_ELEMENTS = 1 << 26
+# Logits per chunk of the soft-label loss: the float32 log-probabilities of one chunk (64 MiB).
+LOSS_CHUNK_ELEMENTS = 1 << 24
+_MASKED = torch.finfo(torch.float32).min
+
+
+def _query_blocks(length: int) -> list[tuple[int, int]]:
+    return [(start, min(start + ATTENTION_BLOCK, length)) for start in range(0, length, ATTENTION_BLOCK)]
+
+
+def _key_blocks(q_end: int, width: int) -> list[tuple[int, int]]:
+    """Key blocks covering keys 0..q_end-1 for ``width`` = B · heads · query rows: as long as the
+    score budget allows, in multiples of ATTENTION_BLOCK."""
+    size = max(ATTENTION_BLOCK, ATTENTION_SCORE_ELEMENTS // width // ATTENTION_BLOCK * ATTENTION_BLOCK)
+    return [(start, min(start + size, q_end)) for start in range(0, q_end, size)]
+
+
+def _block_scores(q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int, keys_visible: torch.Tensor | None) -> torch.Tensor:
+    """float32 scores [B, nkv, g, bq, bk] of the scaled queries q [B, nkv, g, bq, hd] at q_start.. against
+    keys k [B, nkv, bk, hd] at k_start..; keys after the query, or not visible (padding), get the float32
+    minimum (as a full-score pass's masked_fill: zero weight, and a row with no key left averages)."""
+    scores = torch.einsum("bngqd,bnkd->bngqk", q, k).float()
+    if k_start + k.shape[2] - 1 > q_start:  # the causal edge crosses this block
+        q_pos = torch.arange(q_start, q_start + q.shape[3], device=q.device)
+        k_pos = torch.arange(k_start, k_start + k.shape[2], device=q.device)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], _MASKED)
+    if keys_visible is not None:
+        scores.masked_fill_(~keys_visible[:, None, None, None, k_start : k_start + k.shape[2]], _MASKED)
+    return scores
+
+
+def _softmax_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, keys: tuple[int, int], keys_visible: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key block's softmax pieces for the query block q: row maxima m, Σ exp(s − m), Σ exp(s − m)·v."""
+    k_start, k_end = keys
+    scores = _block_scores(q, k[:, :, k_start:k_end], q_start, k_start, keys_visible)
+    peak = scores.amax(-1)
+    weights = scores.sub_(peak[..., None]).exp_()
+    return peak, weights.sum(-1), torch.einsum("bngqk,bnkd->bngqd", weights.to(v.dtype), v[:, :, k_start:k_end]).float()
+
+
+class _BlockCausalAttention(torch.autograd.Function):
+    """Causal attention over the visible keys and its per-row log-sum-exp, flash-attention style in
+    plain PyTorch: :data:`ATTENTION_BLOCK` query rows at a time, an online softmax over the key blocks
+    up to the query block's end (:func:`_key_blocks`). Forward and backward hold O(T · head_dim) per
+    head plus one block's scores, never a T×T tensor.
+
+    q [B, nkv, g, T, hd] (the g query heads of each KV head), k and v [B, nkv, T, hd], keys_visible
+    [B, T] bool or None (all visible). Returns out like q and lse [B, nkv, g, T] float32. Backward takes
+    the gradients of both: with P the attention weights and D = rowsum(dO ∘ O), dS = P ∘ (dP − D + dlse)
+    since ∂lse/∂S = P. Scores, softmax statistics and gradient sums are float32; matmuls run in the
+    inputs' dtype (autocast off inside: the backward needs the forward's dtypes, whichever thread runs it).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_visible: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast(q.device.type, enabled=False):
+            scaled = q * scale
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            for q_start, q_end in _query_blocks(q.shape[3]):
+                qb = scaled[:, :, :, q_start:q_end]
+                first, *rest = _key_blocks(q_end, qb[..., 0].numel())
+                peak, total, acc = _softmax_block(qb, k, v, q_start, first, keys_visible)
+                for block in rest:  # merge the block's softmax into the running one
+                    block_peak, block_total, block_acc = _softmax_block(qb, k, v, q_start, block, keys_visible)
+                    new_peak = torch.maximum(peak, block_peak)
+                    old_weight, block_weight = torch.exp(peak - new_peak), torch.exp(block_peak - new_peak)
+                    total = total * old_weight + block_total * block_weight
+                    acc = acc * old_weight[..., None] + block_acc * block_weight[..., None]
+                    peak = new_peak
+                out[:, :, :, q_start:q_end] = (acc / total[..., None]).to(q.dtype)
+                lse[:, :, :, q_start:q_end] = peak + total.log()
+        ctx.save_for_backward(q, k, v, out, lse, keys_visible)
+        ctx.scale = scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse, keys_visible = ctx.saved_tensors
+        scale = ctx.scale
+        with torch.autocast(q.device.type, enabled=False):
+            scaled = q * scale
+            grad_out = grad_out.to(q.dtype)
+            delta = (grad_out.float() * out.float()).sum(-1) - grad_lse
+            d_scaled = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+            dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+            for q_start, q_end in _query_blocks(q.shape[3]):
+                qb, gb = scaled[:, :, :, q_start:q_end], grad_out[:, :, :, q_start:q_end]
+                lse_b, delta_b = lse[:, :, :, q_start:q_end, None], delta[:, :, :, q_start:q_end, None]
+                for k_start, k_end in _key_blocks(q_end, qb[..., 0].numel()):
+                    kb, vb = k[:, :, k_start:k_end], v[:, :, k_start:k_end]
+                    weights = _block_scores(qb, kb, q_start, k_start, keys_visible).sub_(lse_b).exp_()
+                    dv[:, :, k_start:k_end] += torch.einsum("bngqk,bngqd->bnkd", weights.to(v.dtype), gb).float()
+                    d_scores = torch.einsum("bngqd,bnkd->bngqk", gb, vb).float().sub_(delta_b).mul_(weights).to(q.dtype)
+                    d_scaled[:, :, :, q_start:q_end] += torch.einsum("bngqk,bnkd->bngqd", d_scores, kb).float()
+                    dk[:, :, k_start:k_end] += torch.einsum("bngqk,bngqd->bnkd", d_scores, qb).float()
+        return (d_scaled * scale).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+class _SoftLabelCrossEntropy(torch.autograd.Function):
+    """Σ_n −Σ_v probs[rows[n], v] · log_softmax(logits[n])_v, in chunks of rows: the float32
+    log-probabilities exist one chunk at a time, forward and backward (d/dlogits = softmax · Σ_v p − p),
+    and the soft labels are gathered from ``probs`` by row, never copied whole."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        with torch.autocast(logits.device.type, enabled=False):
+            total = torch.zeros((), dtype=torch.float32, device=logits.device)
+            for start in range(0, logits.shape[0], chunk_rows):
+                labels = probs.index_select(0, rows[start : start + chunk_rows])
+                total = total - (labels * torch.log_softmax(logits[start : start + chunk_rows].float(), dim=-1)).sum()
+        ctx.save_for_backward(logits, probs, rows)
+        ctx.chunk_rows = chunk_rows
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        logits, probs, rows = ctx.saved_tensors
+        chunk_rows = ctx.chunk_rows
+        grad_logits = torch.empty_like(logits)
+        with torch.autocast(logits.device.type, enabled=False):
+            for start in range(0, logits.shape[0], chunk_rows):
+                labels = probs.index_select(0, rows[start : start + chunk_rows])
+                softmax = torch.softmax(logits[start : start + chunk_rows].float(), dim=-1)
+                grad_logits[start : start + chunk_rows] = (grad * (softmax * labels.sum(-1, keepdim=True) - labels)).to(logits.dtype)
+        return grad_logits, None, None, None
+
+
+def soft_label_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+    """The summed soft-label cross-entropy of ``logits`` [N, Vd] against the rows ``rows`` [N] of
+    ``probs`` [M, Vd] (the teacher's distributions), computed in chunks of ``chunk_rows`` rows
+    (default: :data:`LOSS_CHUNK_ELEMENTS` logits a chunk)."""
+    return _SoftLabelCrossEntropy.apply(logits, probs, rows, chunk_rows or max(1, LOSS_CHUNK_ELEMENTS // logits.shape[-1]))
 
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -373,6 +520,7 @@ class Eagle3Drafter(nn.Module):
         steps: int,
         attention_mask: torch.Tensor | None = None,
         keep: list[torch.Tensor] | None = None,
+        activation_checkpointing: bool = False,
     ) -> list[torch.Tensor]:
         """The unrolled training-time test (EAGLE3.md §5): ``steps`` logits tensors [B, T, Vd], or with
         ``keep`` (one bool mask [B, T] per step) only the kept indices' logits [N_j, Vd], in row-major
@@ -382,39 +530,57 @@ class Eagle3Drafter(nn.Module):
         and the draft's own pre-norm hidden state of step j-1 at t (``fc(aux[t])`` for step 0), sits
         at RoPE position t + j, and attends to the step-0 keys at indices <= t (not padding) plus
         the keys of steps 1..j at index t: exactly what chain drafting from prefix t sees.
+
+        Memory stays linear in T: the step-0 keys are attended blockwise (:class:`_BlockCausalAttention`,
+        which also returns each row's log-sum-exp L_c), the diagonal scores s_i = q·k_i/√hd of steps
+        1..j are one number per row, and the two merge exactly:
+        out = e^(L_c − L)·out_c + Σ_i e^(s_i − L)·v_i with L = logsumexp(L_c, s_1..s_j).
+        ``activation_checkpointing`` recomputes each step's decoder layer in the backward pass instead
+        of keeping its activations (the step's keys/values and output hidden state are kept).
         """
-        b, t = input_ids.shape
+        t = input_ids.shape[1]
         device = aux.device
         hidden = self.fc(aux.to(self.fc.weight.dtype))
-        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        allowed = causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
-        scale = 1.0 / math.sqrt(self.config.head_dim)
+        keys_visible = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         positions = torch.arange(t, device=device)
-        k0 = v0 = None
-        diag_k: list[torch.Tensor] = []
-        diag_v: list[torch.Tensor] = []
+        keys: list[tuple[torch.Tensor, torch.Tensor]] = []
         outputs: list[torch.Tensor] = []
         for j in range(steps):
             ids = F.pad(input_ids[:, j + 1 :], (0, j + 1))
-            x = self.midlayer.attention_input(self.embed_tokens(ids), hidden)
             cos, sin = self.rope(positions + j)
-            q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
-            if j == 0:
-                k0, v0 = k, v
+            if activation_checkpointing:
+                hidden, k, v = checkpoint(self._ttt_step, ids, hidden, cos, sin, keys_visible, list(keys), use_reentrant=False)
             else:
-                diag_k.append(k)
-                diag_v.append(v)
-            assert k0 is not None and v0 is not None
-            scores = torch.matmul(q, k0.transpose(-1, -2)) * scale
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]
-            probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-            attn = torch.matmul(probs[..., :t], v0)
-            for i, dv in enumerate(diag_v):
-                attn = attn + probs[..., t + i : t + i + 1] * dv
-            hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
+                hidden, k, v = self._ttt_step(ids, hidden, cos, sin, keys_visible, keys)
+            keys.append((k, v))
             outputs.append(self.logits(hidden if keep is None else hidden[keep[j]]))
         return outputs
+
+    def _ttt_step(
+        self,
+        ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys_visible: torch.Tensor | None,
+        earlier: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One TTT step's decoder layer: (hidden out, this step's k, v). ``earlier`` holds the keys and
+        values of the steps before (none at step 0); see :meth:`ttt_forward` for the attention."""
+        attn_layer = self.midlayer.self_attn
+        q, k, v = attn_layer.qkv(self.midlayer.attention_input(self.embed_tokens(ids), hidden), cos, sin)
+        k0, v0 = earlier[0] if earlier else (k, v)
+        q = q.unflatten(1, (attn_layer.nkv, attn_layer.nh // attn_layer.nkv))  # [B, nkv, g, T, hd]
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        attn, lse = _BlockCausalAttention.apply(q, k0, v0, keys_visible, scale)
+        if earlier:
+            diagonal = [*earlier[1:], (k, v)]  # the keys of steps 1..j at the query's own index
+            scores = torch.stack([torch.einsum("bngtd,bntd->bngt", q, dk).float() * scale for dk, _ in diagonal])
+            lse_all = torch.logsumexp(torch.cat([lse[None], scores]), dim=0)
+            attn = torch.exp(lse - lse_all)[..., None].to(q.dtype) * attn
+            for score, (_, dv) in zip(scores, diagonal, strict=True):
+                attn = attn + torch.exp(score - lse_all)[..., None].to(q.dtype) * dv[:, :, None]
+        return self.midlayer.finish(hidden, attn_layer.out(attn.flatten(1, 2))), k, v
 
     # The training pass is the module's forward (DistributedDataParallel hooks ``forward``).
     forward = ttt_forward
@@ -436,6 +602,6 @@ class Eagle3Drafter(nn.Module):
             cache.append((k, v))
         n, total = q.shape[2], k.shape[2]
         visible = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=total - n)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
         out = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
         return self.logits(out), out

@@ -24,6 +24,10 @@ batch of the plan, so a run may resume under another number of processes. Only r
 writes checkpoints and the export, and reports. Metrics stay on the device and are synced (and
 all-reduced) once every ``log_every`` steps.
 
+Each checkpoint also records τ per eval dataset against the training tokens seen so far, in total
+and per dataset (``tau_curve``, :mod:`eagle3_pipeline.drafter.scaling`): in the checkpoint, so it
+survives a resume, in ``<run_dir>/tau_curve.json`` and in the phase's metadata.
+
 A kill at any point loses at most ``checkpoint_every`` steps: the next run continues from the last
 complete checkpoint, with the same data order, optimizer, scheduler and RNG state. It refuses to
 continue when the draft vocabulary, the store or the training settings differ from the
@@ -47,18 +51,23 @@ import torch
 import torch.nn.functional as F
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.drafter.acceptance import AcceptanceStats
+from eagle3_pipeline.drafter.acceptance import ALL, AcceptanceStats, with_total
 from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3_pipeline.drafter.data import Batch, BatchReader, Row, epoch_plan, store_rows, teacher
-from eagle3_pipeline.drafter.evaluate import add_drafter_batch
+from eagle3_pipeline.drafter.evaluate import add_drafter_batch, read_rows
 from eagle3_pipeline.drafter.export import export_for_servers
-from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, rope_kind, target_rope, yarn_for_servers
+from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, rope_kind, soft_label_cross_entropy, target_rope, yarn_for_servers
+from eagle3_pipeline.drafter.scaling import curve_point, new_curve, tokens_seen, write_curve
 from eagle3_pipeline.drafter.target import TargetWeights, load_target_weights
-from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
+from eagle3_pipeline.hidden_states.store import MASK_KEY, HiddenStateStore, load_draft_vocab
 from eagle3_pipeline.target import is_mla
 
 STEP_DECAY = 0.8
-EVAL_DEPTHS = (3, 5, 7)  # draft depths K whose τ each checkpoint records (those ≤ ttt_steps, and ttt_steps)
+# Draft depths K whose τ each checkpoint records (those ≤ ttt_steps, and ttt_steps). The τ curve per
+# eval dataset (drafter/scaling.py) takes the smallest: drafter_eval's smallest default K and
+# drafter_benchmark's default steps, so the curve compares with both; and at K = 3 a verify step's
+# tokens vary least (1..4), so the few eval rows a checkpoint reads give the steadiest curve.
+EVAL_DEPTHS = (3, 5, 7)
 ADAM_BETAS = (0.9, 0.95)
 CURVE_FILE = "curve.jsonl"
 MODEL_KEYS = (
@@ -95,11 +104,13 @@ class TrainSettings:
     export_dtype: str = "bfloat16"
     embedding_key: str | None = None
     lm_head_key: str | None = None
+    activation_checkpointing: bool = False
     model: dict[str, Any] = field(default_factory=dict)  # drafter.model overrides (DrafterModelConfig)
 
     def identity(self) -> dict[str, Any]:
-        """What a resumed run must share with the checkpoint (bookkeeping settings excluded)."""
-        skip = {"checkpoint_every", "keep_checkpoints", "eval_samples", "log_every", "export_dtype"}
+        """What a resumed run must share with the checkpoint (bookkeeping settings excluded, and
+        activation checkpointing: it recomputes the same values, so a run may resume with it switched)."""
+        skip = {"checkpoint_every", "keep_checkpoints", "eval_samples", "log_every", "export_dtype", "activation_checkpointing"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -261,10 +272,13 @@ def ttt_loss(
     steps: int,
     ranks: Ranks = Ranks(),
     forward: Callable[..., list[torch.Tensor]] | None = None,
+    activation_checkpointing: bool = False,
 ) -> StepMetrics:
-    """Unrolled TTT forward (through ``forward``, the DDP wrapper, when given), soft-label loss
-    against the target over the draft vocabulary. Each step's loss is divided by the counted
-    positions of the whole batch (summed over ``ranks``), so the ranks' losses add up to it."""
+    """Unrolled TTT forward (through ``forward``, the DDP wrapper, when given; its decoder layer
+    recomputed in the backward with ``activation_checkpointing``), soft-label loss against the target
+    over the draft vocabulary, in chunks of counted positions (``soft_label_cross_entropy``: no
+    float32 log-probabilities or label copies beside the logits). Each step's loss is divided by the
+    counted positions of the whole batch (summed over ``ranks``), so the ranks' losses add up to it."""
     # The prediction at index p is trained when token p + 1 is (loss mask); only those need the teacher.
     target = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
     argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]
@@ -274,14 +288,15 @@ def ttt_loss(
     # Only counted indices reach the loss, and only they can hit (elsewhere the target's argmax is not
     # in the draft vocabulary, or the index is not trained): the draft head runs on them alone.
     keep = [c.bool() for c in counted]
-    logits = (forward or model)(batch.aux, batch.input_ids, steps, batch.attention_mask, keep)
+    logits = (forward or model)(batch.aux, batch.input_ids, steps, batch.attention_mask, keep, activation_checkpointing)
+    probs = target.probs.flatten(0, 1)
     total = torch.zeros((), device=batch.aux.device)
     step_losses: list[torch.Tensor] = []
     hits: list[torch.Tensor] = []
     for j, step_logits in enumerate(logits):
-        probs = F.pad(target.probs[:, j + 1 :], (0, 0, 0, j + 1))[keep[j]]
-        log_p = torch.log_softmax(step_logits.float(), dim=-1)
-        loss = -(probs * log_p).sum() / counts[j]
+        # Step j's teacher at index t is the target's distribution at t + 1 + j (< T where counted).
+        rows = keep[j].flatten().nonzero().squeeze(1) + (j + 1)
+        loss = soft_label_cross_entropy(step_logits, probs, rows) / counts[j]
         total = total + (STEP_DECAY**j) * loss
         step_losses.append(loss.detach())
         with torch.no_grad():
@@ -315,37 +330,74 @@ def vocab_sha256(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
+def eval_depths(ttt_steps: int) -> list[int]:
+    return sorted({k for k in EVAL_DEPTHS if k <= ttt_steps} | {ttt_steps})
+
+
+def row_tokens(store: HiddenStateStore, max_seq_len: int) -> dict[Row, tuple[str, int]]:
+    """Each index row's dataset and loss-masked tokens within ``max_seq_len`` (what training reads of
+    it): the index's count, or for a longer row its mask read up to ``max_seq_len``."""
+    out: dict[Row, tuple[str, int]] = {}
+    longer = []
+    for r in store.index().to_pylist():
+        if r["length"] > max_seq_len:
+            longer.append(r)
+        else:
+            out[Row(r["shard"], r["offset"], r["length"])] = (r["dataset"], int(r["num_masked"]))
+    for r, tensors in read_rows(store, longer, (MASK_KEY,)):
+        out[Row(r["shard"], r["offset"], r["length"])] = (r["dataset"], int(tensors[MASK_KEY][:max_seq_len].sum()))
+    return out
+
+
+def eval_plans(rows: Sequence[Row], tokens_of: Mapping[Row, tuple[str, int]], settings: TrainSettings) -> dict[str, list[list[Row]]]:
+    """The batches each checkpoint evaluates, per dataset: at most ``eval_samples`` rows in all, taken
+    from the datasets in turn (index order within each), so every eval dataset gets a τ."""
+    by_dataset: dict[str, list[Row]] = {}
+    for row in rows:
+        by_dataset.setdefault(tokens_of[row][0], []).append(row)
+    queues = [by_dataset[d] for d in sorted(by_dataset)]
+    chosen = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][: settings.eval_samples]
+    plans = {d: epoch_plan([r for r in chosen if tokens_of[r][0] == d], settings.seed, -1, settings.batch_tokens, settings.max_seq_len) for d in sorted(by_dataset)}
+    return {d: plan for d, plan in plans.items() if plan}
+
+
 @torch.no_grad()
-def evaluate(model: Eagle3Drafter, reader: BatchReader, plan: list[list[Row]], lm_head: torch.Tensor, settings: TrainSettings, device: torch.device, autocast: torch.dtype | None) -> dict[str, float]:
+def evaluate(
+    model: Eagle3Drafter, reader: BatchReader, plans: Mapping[str, list[list[Row]]], lm_head: torch.Tensor, settings: TrainSettings,
+    device: torch.device, autocast: torch.dtype | None,
+) -> tuple[dict[str, float], dict[str, AcceptanceStats]]:
     """Per-step loss and accuracy on the eval split, weighted by tokens, and the acceptance length τ
-    a greedy chain-drafting server would see (``tau@K``): accuracy can look fine while τ collapses."""
+    a greedy chain-drafting server would see (``tau@K``): accuracy can look fine while τ collapses.
+    Also the acceptance per eval dataset (``plans``' keys) and ``all``, for the τ curve."""
     model.eval()
-    depths = sorted({k for k in EVAL_DEPTHS if k <= settings.ttt_steps} | {settings.ttt_steps})
-    acceptance = AcceptanceStats(ks=tuple(depths))
+    depths = eval_depths(settings.ttt_steps)
+    per_dataset = {dataset: AcceptanceStats(ks=tuple(depths)) for dataset in plans}
     losses = torch.zeros(settings.ttt_steps, device=device)
     hits = torch.zeros(settings.ttt_steps, device=device)
     trained = torch.zeros(settings.ttt_steps, device=device)
     weight = 0
-    for _, batch in reader.batches(plan):
-        tokens = int(batch.loss_mask.sum())
-        batch = batch.to(device)
-        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
-            add_drafter_batch(acceptance, model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask)
-        weight += tokens
-        losses += metrics.step_losses * tokens
-        hits += metrics.hits
-        trained += metrics.trained
+    for dataset, plan in plans.items():
+        for _, batch in reader.batches(plan):
+            tokens = int(batch.loss_mask.sum())
+            batch = batch.to(device)
+            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
+                add_drafter_batch(per_dataset[dataset], model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask)
+            weight += tokens
+            losses += metrics.step_losses * tokens
+            hits += metrics.hits
+            trained += metrics.trained
     model.train()
     if not weight:
-        return {}
+        return {}, {}
+    acceptance = with_total(per_dataset, depths)
     loss_values = (losses / weight).tolist()
     acc_values = (hits / trained.clamp(min=1.0)).tolist()
     return {
         **{f"eval_loss_{j}": loss_values[j] for j in range(settings.ttt_steps)},
         **{f"eval_acc_{j}": acc_values[j] for j in range(settings.ttt_steps)},
-        **{f"tau@{k}": acceptance.tau(k) for k in depths},
-    }
+        **{f"tau@{k}": acceptance[ALL].tau(k) for k in depths},
+    }, acceptance
 
 
 def _rng_state() -> dict[str, Any]:
@@ -452,7 +504,13 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     total_steps = sum(len(p) for p in plans)
     if settings.max_steps is not None:
         total_steps = min(total_steps, settings.max_steps)
-    eval_plan = epoch_plan(store_rows(store, "eval")[: settings.eval_samples], settings.seed, -1, settings.batch_tokens, settings.max_seq_len)
+    tokens_of = row_tokens(store, settings.max_seq_len)
+    eval_by_dataset = eval_plans(store_rows(store, "eval"), tokens_of, settings)
+    data_tokens: dict[str, int] = {}
+    for row in train_rows:
+        data_tokens[tokens_of[row][0]] = data_tokens.get(tokens_of[row][0], 0) + tokens_of[row][1]
+    tau_k = eval_depths(settings.ttt_steps)[0]
+    tau_curve = new_curve(tau_k, settings.epochs, data_tokens)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=ADAM_BETAS, weight_decay=settings.weight_decay)
@@ -483,6 +541,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         _set_rng_state(state["rng"])
         step, epoch, batch_index = state["step"], state["epoch"], state["batch_index"]
         curve, evals = state["curve"], state["evals"]
+        tau_curve = state.get("tau_curve", tau_curve)  # a run checkpointed before the τ curve existed starts one here
         resumed_from = step
         written_by = state.get("world_size", 1)
         report.log(
@@ -499,7 +558,11 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         )
 
     def checkpoint() -> None:
-        evals.append({"step": step, **evaluate(model, BatchReader(paths["store"], settings.max_seq_len), eval_plan, lm_head, settings, device, autocast)})
+        metrics, acceptance = evaluate(model, BatchReader(paths["store"], settings.max_seq_len), eval_by_dataset, lm_head, settings, device, autocast)
+        evals.append({"step": step, **metrics})
+        if acceptance:
+            tau_curve["points"].append(curve_point(step, tokens_seen(plans, epoch, batch_index, tokens_of), acceptance, tau_k))
+        write_curve(paths["run_dir"], tau_curve)  # before the checkpoint: never behind it (a resume recomputes the point)
         state = {
             "model": {k: v for k, v in model.state_dict().items() if not (k == "embed_tokens.weight" and model.embedding_frozen)},
             "optimizer": optimizer.state_dict(),
@@ -511,6 +574,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
             "world_size": ranks.world,
             "curve": curve,
             "evals": evals,
+            "tau_curve": tau_curve,
             "identity": identity,
         }
         where = save_checkpoint(paths["run_dir"], step, state, d2t, t2d, settings.keep_checkpoints)
@@ -533,7 +597,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         tokens = batch.tokens if real else 0
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps, ranks, forward)
+            metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps, ranks, forward, settings.activation_checkpointing)
         optimizer.zero_grad(set_to_none=True)
         (metrics.loss * ranks.world).backward()  # DDP averages the ranks' gradients; their losses add up
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
@@ -567,6 +631,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         "last_loss": curve[-1]["loss"] if curve else None,
         "curve": curve,
         "evals": evals,
+        "tau_curve": tau_curve,
         "export_dir": str(paths["export_dir"]),
         "device": str(device),
         "autocast": str(autocast) if autocast else "float32",

@@ -138,7 +138,10 @@ def test_drafter_trains_on_the_host_and_leaves_its_export_there(tmp_path: Path, 
     assert metadata["compute"] == "ssh" and metadata["steps"] == 2
     assert metadata["export_dir"] == str(remote["export_dir"])
     assert (remote["export_dir"] / "model.safetensors").is_file()
-    assert sorted(str(p.relative_to(layout.local)) for p in layout.local.rglob("*") if p.is_file() and "draft_vocab" not in p.parts) == ["drafter/export/config.json"]
+    assert sorted(str(p.relative_to(layout.local)) for p in layout.local.rglob("*") if p.is_file() and "draft_vocab" not in p.parts) == [
+        "drafter/export/config.json", "drafter/run/tau_curve.json"
+    ]
+    assert json.loads((drafter_paths(layout.local)["run_dir"] / "tau_curve.json").read_text()) == metadata["tau_curve"]
     assert any(m.startswith("progress:") for m in run_log(instance, result.run_id))
 
 

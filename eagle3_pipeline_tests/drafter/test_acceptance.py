@@ -9,10 +9,13 @@ from eagle3_pipeline.drafter.acceptance import (
     ALL,
     AcceptanceInputError,
     AcceptanceStats,
+    Agreement,
+    compared_positions,
     evaluate,
     response_spans,
     sample_acceptance,
     stats_metadata,
+    target_reference,
 )
 
 WRONG = 999
@@ -143,7 +146,45 @@ def test_a_response_at_position_zero_starts_drafting_after_its_first_token() -> 
     assert (stats.walk_steps[3], stats.walk_tokens[3]) == (1, 3)
 
 
+def test_against_the_targets_argmax_a_draft_is_accepted_where_it_equals_the_argmax() -> None:
+    argmax = np.concatenate([TOKENS[1:], [0]])  # greedy data: next_argmax[p] = x_{p+1}
+    assert (target_reference(TOKENS, argmax) == TOKENS).all()
+    argmax[5] = 1000  # the target would have put 1000 at x_6, the data hold 12
+    reference = target_reference(TOKENS, argmax)
+    assert reference[6] == 1000 and (np.delete(reference, 6) == np.delete(TOKENS, 6)).all()
+    stored_drafts, target_drafts = oracle(TOKENS, 3), oracle(reference, 3)
+
+    def tau(pred: np.ndarray, against: np.ndarray | None) -> float:
+        stats = AcceptanceStats((3,))
+        stats.add(pred, TOKENS, MASK, against)
+        return stats.tau(3)
+
+    # K=3 against a reference with x_6 changed: t=3 accepts x_5, rejects x_6 (2 tokens); t=5 accepts x_7..x_9
+    # (4); t=9 drafts x_11, the last (1) -> 7 tokens / 3 steps. Drafting the reference itself: 7/2 as before.
+    assert tau(stored_drafts, None) == tau(target_drafts, reference) == pytest.approx(3.5)
+    assert tau(stored_drafts, reference) == tau(target_drafts, None) == pytest.approx(7 / 3)
+    agreement = Agreement()
+    agreement.add(TOKENS, MASK, reference)
+    assert (agreement.positions, agreement.agreeing) == (7, 6)  # x_5..x_11: every response token but the prefill one
+    agreement.add(TOKENS, MASK, target_reference(TOKENS, np.concatenate([TOKENS[1:], [0]])))
+    assert agreement.rate == pytest.approx(13 / 14)
+    assert Agreement().rate is None  # nothing compared: no figure, not 0 or 1
+
+
+def test_the_agreement_positions_are_the_depth_zero_targets_of_the_walk() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        length = int(rng.integers(1, 40))
+        mask = rng.integers(0, 2, size=length)
+        result = sample_acceptance(np.zeros((1, length)), np.zeros(length), mask)
+        assert compared_positions(mask).tolist() == (np.flatnonzero(result.eligible) + 2).tolist()
+
+
 def test_shapes_that_do_not_fit_are_refused() -> None:
+    with pytest.raises(AcceptanceInputError, match=r"input_ids \[T\] and next_argmax \[T\]"):
+        target_reference(TOKENS, TOKENS[:-1])
+    with pytest.raises(AcceptanceInputError, match=r"the reference must be \[T\]"):
+        AcceptanceStats((3,)).add(oracle(TOKENS, 3), TOKENS, MASK, TOKENS[:-1])
     with pytest.raises(AcceptanceInputError, match=r"pred \[K, T\]"):
         sample_acceptance(np.zeros((3, 5)), TOKENS, MASK)
     with pytest.raises(AcceptanceInputError, match="K >= 5"):
