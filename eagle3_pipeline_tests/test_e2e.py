@@ -101,6 +101,8 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
             "generation: {max_tokens: 8, concurrency: 3}\nhealth: {max_truncation_rate: 1.0}\n"
             # 40 samples at the default 5 % may leave no eval row, and drafter_eval needs one.
             "training_data: {eval_fraction: 0.2}\n"
+            # Two drafter steps: the default is a production recipe (10 epochs), and this test is about generation.
+            "drafter: {ttt_steps: 2, max_steps: 2, batch_tokens: 512}\n"
             "datasets:\n  - {id: B1, source: p.jsonl}\n"
         )
         home = tmp_path / "home"
