@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "eagle3-drafter-bench")
     parser.add_argument("--memory", action="store_true", help="peak memory and step time of the old and new TTT pass (see the module docstring)")
     parser.add_argument("--lengths", default="512,2048,4096,8192,16384", help="--memory: sequence lengths T of the new passes")
-    parser.add_argument("--old-lengths", default="512,1024,2048,3072,4096,8192", help="--memory: sequence lengths T of the old pass (its T² fit wants short steps)")
+    parser.add_argument("--old-lengths", default="512,1024,1536,2048,3072,4096,8192", help="--memory: sequence lengths T of the old pass (its T² fit wants short steps)")
     parser.add_argument("--vocab-lengths", default="512,1024,2048", help="--memory: sequence lengths of kimi-like-16k, every pass (the draft-vocabulary slope)")
     parser.add_argument("--shapes", default="embedded,kimi-like,kimi-like-16k", help=f"--memory: among {', '.join(MEMORY_SHAPES)}")
     parser.add_argument("--dtype", choices=sorted(AUTOCAST), default="bfloat16", help="--memory: autocast dtype of the step (bfloat16 as training on a GPU)")
