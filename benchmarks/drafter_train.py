@@ -27,9 +27,9 @@ at the shorter lengths of this run (old: ∝ T², new: ∝ T), exceeds ``--limit
 watchdog also kills one that gets there). Shapes: ``embedded`` (the embedded model's draft) and
 ``kimi-like`` (Kimi's draft default at 1/8 width: hidden 896 = 7 heads × 128, 1 KV head,
 intermediate 5120, draft vocabulary 32000, Kimi's 163840 vocabulary and YaRN), and ``kimi-like-16k``
-(the same with a 16000-token draft vocabulary, which separates the memory that scales with the draft
-vocabulary from the memory that scales with the width). From the fitted per-token (and, old pass,
-per-T²) step memory it predicts the longest sequence one 96 GB GPU trains for the full Kimi draft.
+(the same with a 16000-token draft vocabulary: it checks the modelled draft-vocabulary part of the
+memory). From the fitted per-token (and, old pass, per-T²) step memory of kimi-like it predicts the
+longest sequence one 96 GB GPU trains for the full Kimi draft (see ``_kimi_prediction``).
 
     .venv/bin/python benchmarks/drafter_train.py --memory [--lengths 512,2048,4096,8192,16384] [--old-lengths ...] [--dtype bfloat16] [--limit-gib 10]
 """
@@ -365,13 +365,24 @@ def _memory_table(results: dict[tuple[str, str], dict[int, dict[str, float]]], s
             print(f"{shape:14s} {t:6d} | {' | '.join(cells)} | {' | '.join(ratios)}")
 
 
+def _vocab_bytes_per_token(pass_name: str, draft_vocab: int) -> float:
+    """Draft-vocabulary-sized bytes per token at a step's peak (bf16 autocast; every position counted):
+    new passes: the teacher's float32 distributions (4·Vd) that the chunked loss reads, each TTT step's
+    bf16 logits that it keeps for the backward (7 × 2·Vd) and one step's bf16 logits gradient (2·Vd);
+    old pass: per TTT step the float32 log-probabilities and the copied float32 soft labels the product
+    keeps (7 × 8·Vd), the teacher's distributions (4·Vd) and one step's float32 gradients (8·Vd)."""
+    per_vocab = 4 + 7 * 8 + 8 if pass_name == "old" else 4 + MEMORY_TTT_STEPS * 2 + 2
+    return per_vocab * draft_vocab
+
+
 def _kimi_prediction(results: dict[tuple[str, str], dict[int, dict[str, float]]]) -> None:
-    """Per-token (and old pass per-T²) step memory of the full Kimi draft from the kimi-like shapes:
-    the part that scales with the draft vocabulary (the 32000 vs 16000 difference) stays, the rest
-    (every activation is a multiple of hidden, heads × head_dim, KV heads × head_dim, intermediate or
-    target hidden, all 8× at full size) and the old pass's T² scores (∝ heads) are multiplied by 8."""
-    if not all(len(results.get(("kimi-like", p), {})) >= (3 if p == "old" else 2) and len(results.get(("kimi-like-16k", p), {})) >= 2 for p in PASSES):
-        print("\nKimi prediction: needs kimi-like at >= 2 lengths per pass (old: 3) and kimi-like-16k at >= 2")
+    """Per-token (and old pass per-T²) step memory of the full Kimi draft from the kimi-like shape's
+    fit: the draft-vocabulary part (:func:`_vocab_bytes_per_token`; checked against the measured
+    difference between the 32000- and 16000-token draft vocabularies) stays, the rest (every other
+    activation is a multiple of hidden, heads × head_dim, KV heads × head_dim, intermediate or target
+    hidden, all 8× at full size) and the old pass's T² scores (∝ heads) are multiplied by 8."""
+    if not all(len(results.get(("kimi-like", p), {})) >= (3 if p == "old" else 2) for p in PASSES):
+        print("\nKimi prediction: needs kimi-like at >= 2 lengths per pass (old: 3)")
         return
     fixed, fixed_text = _kimi_fixed_bytes()
     budget = GPU_BYTES * (1 - GPU_MARGIN) - fixed
@@ -380,21 +391,25 @@ def _kimi_prediction(results: dict[tuple[str, str], dict[int, dict[str, float]]]
     print(f"fixed: {fixed / GIB:.1f} GiB = {fixed_text}; {GPU_MARGIN:.0%} margin; activations get {budget / GIB:.1f} GiB")
     for pass_name in PASSES:
         quadratic = pass_name == "old"
-        fit = _fit(sorted((t, r["step_gib"]) for t, r in results[("kimi-like", pass_name)].items()), quadratic)
-        per_t2_like = fit[2] if quadratic else 0.0
-        # The T² scores do not depend on the draft vocabulary: the 16k shape's per-token slope after them.
-        fit_16k = _fit(sorted((t, r["step_gib"] - per_t2_like * t * t / GIB) for t, r in results[("kimi-like-16k", pass_name)].items()), False)
-        per_token_32k, per_token_16k = fit[1], fit_16k[1]
-        vocab_part = (per_token_32k - per_token_16k) * 32000 / 16000
-        width_part = per_token_32k - vocab_part
+        measured = results[("kimi-like", pass_name)]
+        a, per_token_like, *rest = _fit(sorted((t, r["step_gib"]) for t, r in measured.items()), quadratic)
+        per_t2_like = rest[0] if quadratic else 0.0
+        vocab_part = _vocab_bytes_per_token(pass_name, 32000)
+        width_part = per_token_like - vocab_part
         per_token = KIMI_WIDTH_FACTOR * width_part + vocab_part
         per_t2 = KIMI_WIDTH_FACTOR * per_t2_like
-        longest = _longest(per_token, per_t2, budget)
+        check = ""
+        small = results.get(("kimi-like-16k", pass_name), {})
+        common = sorted(set(small) & set(measured))
+        if common:
+            t = common[-1]
+            check = (f"; check at T={t}: 32000 − 16000 draft vocab measured {(measured[t]['step_gib'] - small[t]['step_gib']) * GIB / t / 1024:.0f} KiB/token, "
+                     f"modelled {(vocab_part - _vocab_bytes_per_token(pass_name, 16000)) / 1024:.0f} KiB/token + the 16000 extra lm_head rows' gradient and bf16 copies")  # fmt: skip
         formula = f"{per_token / 1024:.0f} KiB·T" + (f" + {per_t2:.0f} B·T²" if quadratic else "")
-        print(f"  {pass_name:9s}: kimi-like step memory ≈ {fit[0] / GIB:.2f} GiB + {per_token_32k / 1024:.1f} KiB·T"
+        print(f"  {pass_name:9s}: kimi-like step memory ≈ {a / GIB:.2f} GiB + {per_token_like / 1024:.1f} KiB·T"
               + (f" + {per_t2_like:.1f} B·T²" if quadratic else "")
-              + f" (draft-vocabulary part {vocab_part / 1024:.1f} KiB/token, width part {width_part / 1024:.1f} KiB/token); "
-              f"full Kimi ≈ {formula} → longest T per batch ≈ {longest:,} tokens")  # fmt: skip
+              + f" (draft-vocabulary part {vocab_part / 1024:.0f} KiB/token, width part {width_part / 1024:.0f} KiB/token{check})\n"
+              f"             full Kimi ≈ {formula} → longest T per batch ≈ {_longest(per_token, per_t2, budget):,} tokens")  # fmt: skip
 
 if __name__ == "__main__":
     main()
