@@ -42,15 +42,16 @@ def _inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tenso
     return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(0, config.vocab_size, (b, t), generator=g)
 
 
-def _chain(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
+def chain_draft(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
     """What a server does after the target produced token t+1: extend the draft over the prefix
-    (one forward, causal), then draft one token at a time against its KV cache."""
+    (one forward, causal), then draft one token at a time against its KV cache. Also run on a GPU
+    in bf16 by ``benchmarks/gpu_check.py``."""
     cache: list = []
-    logits, hidden = model.forward_cached(ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1), cache)
+    logits, hidden = model.forward_cached(ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1, device=aux.device), cache)
     out = [logits[:, -1]]
     hidden = hidden[:, -1:]
     for j in range(1, steps):
-        logits, hidden = model.forward_cached(ids[:, t + 1 + j : t + 2 + j], hidden, torch.tensor([t + j]), cache)
+        logits, hidden = model.forward_cached(ids[:, t + 1 + j : t + 2 + j], hidden, torch.tensor([t + j], device=aux.device), cache)
         out.append(logits[:, -1])
     return out
 
@@ -63,7 +64,7 @@ def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | No
     with torch.no_grad():
         unrolled = model.ttt_forward(aux, ids, STEPS)
         for t in range(0, ids.shape[1] - STEPS - 1):
-            chained = _chain(model, aux, ids, t, STEPS)
+            chained = chain_draft(model, aux, ids, t, STEPS)
             for j in range(STEPS):
                 torch.testing.assert_close(chained[j], unrolled[j][:, t], rtol=1e-5, atol=1e-5)
 

@@ -1,0 +1,420 @@
+"""The one short check for a lent GPU (one H200): what this project's CPU machines cannot measure.
+
+Sections, each printing its figures as it finishes (and a ``FIGURES {json}`` line), so a run stopped
+by the time guard still leaves the sections before:
+
+1. ``chain``: the KV-cache chain drafting a server runs (``Eagle3Drafter.forward_cached``, the test's
+   ``chain_draft``) against the unrolled training-time pass (``ttt_forward``, what training and
+   ``drafter_eval``'s τ use), float32 and bf16 autocast, on a random drafter of the training shape
+   below: the largest |difference| over the logits' largest |value| per depth, and the share of equal
+   greedy draft tokens.
+2. ``extract``: the ``extract`` phase (``eagle3_pipeline.hidden_states.extract.run``, transformers
+   backend, ``device: cuda``, ``dtype: bfloat16``, spot check of 4 samples) on a random-weight Llama of
+   the embedded model's shape (SmolLM2-135M: 30 layers, hidden 576) over seeded random token ids, then
+   on the tiny Kimi-K2.5 fixture (``eagle3_pipeline_tests/kimi/fixture.py``: remote code, MLA, MoE):
+   tokens/s, the spot check's largest relative error against its tolerance, peak GPU memory.
+3. ``train-16K``, ``train-32K``: 50 optimizer steps of the training phase
+   (``eagle3_pipeline.drafter.train.run``: store reads, teacher, 7 TTT steps, AdamW, bf16 autocast,
+   one checkpoint + eval + export at the end, timed apart) at ``batch_tokens`` 16384 and 32768
+   (sequences of 2048 tokens) on a random hidden-state store of a Kimi-like target at 1/``--width-divisor``
+   of Kimi's width (default 4: target and draft hidden 1792, 14 heads × 128, 2 KV heads, intermediate
+   10240, Kimi's 163840 vocabulary and YaRN, draft vocabulary 32000; the target's lm_head is zero
+   outside the draft vocabulary, so every position counts as most do on real data): tokens/s over
+   the 50 steps and over the last 10 (warm), peak GPU memory allocated and reserved. 32K is skipped
+   when less time is left than twice what 16K took.
+
+Everything is built here from configs with random weights and a fixed seed (the device machine has
+no network and no model files). The first lines say what was measured on. ``--time-limit`` (default
+450 s) ends the run, whatever it is doing, with what was printed so far.
+
+Run on a lent GPU (device tool; the command runs in the repository root). The device image has
+torch, transformers, safetensors, pyarrow and PyYAML but not pydantic, which the phases' settings
+need: carry its wheels. Once, on a machine with pip and network, in the repository root::
+
+    echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux2014_x86_64 -d .whl pydantic==2.14.4 pydantic-core==2.50.5 \
+        annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
+
+then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 540`` and the command::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
+
+On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/test_gpu_check.py``
+runs it, so the script cannot rot)::
+
+    .venv/bin/python benchmarks/gpu_check.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SEED = 0
+KIMI_HIDDEN = 7168
+KIMI_DRAFT_KV_HEADS = 8
+# SmolLM2-135M-Instruct's shape (the embedded target), as its config.json gives it.
+EMBEDDED_SHAPE: dict[str, Any] = {
+    "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True,
+}  # fmt: skip
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What each section runs on; ``--smoke`` shrinks every one."""
+
+    chain_length: int = 1024
+    chain_prefixes: int = 16
+    chain_steps: int = 7
+    extract_samples: int = 192
+    extract_min_len: int = 256
+    extract_max_len: int = 2048
+    target_shape: dict[str, Any] | None = None  # None: EMBEDDED_SHAPE
+    fixture_samples: int = 32
+    draft_hidden: int = KIMI_HIDDEN // 4
+    target_vocab: int = 163840
+    draft_vocab: int = 32000
+    seq_len: int = 2048
+    store_samples: int = 35  # every 10th is eval: 32 train, 3 eval
+    batch_tokens: tuple[int, ...] = (16384, 32768)
+    train_steps: int = 50
+
+
+SMOKE = Sizes(
+    chain_length=24, chain_prefixes=4, chain_steps=3, extract_samples=6, extract_min_len=8, extract_max_len=32,
+    target_shape={**EMBEDDED_SHAPE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "vocab_size": 512},
+    fixture_samples=4, draft_hidden=128, target_vocab=1024, draft_vocab=256, seq_len=32, store_samples=12, batch_tokens=(64, 128), train_steps=2,
+)  # fmt: skip
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def figures(section: str, values: dict[str, Any]) -> None:
+    say(f"FIGURES {json.dumps({'section': section, **values})}")
+
+
+class Guard:
+    """The run's total time limit: at ``limit`` seconds the process ends (exit code 3), whatever it
+    is doing; the figures printed before stand."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.started = time.monotonic()
+        timer = threading.Timer(limit, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self) -> None:
+        say(f"TIME GUARD: {self.limit:.0f} s reached; stopped here (the sections above are complete)")
+        os._exit(3)
+
+    def left(self) -> float:
+        return self.limit - (time.monotonic() - self.started)
+
+
+class Printer:
+    """The phases' Reporter: log lines as they come, training progress points in one line each."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def log(self, message: str) -> None:
+        say(f"  [{self.prefix}] {message}")
+
+    def progress(self, metrics: Any) -> None:
+        if "step" in metrics:
+            say(f"  [{self.prefix}] step {metrics['step']}: loss {metrics['loss']:.4f}, {metrics['tokens_per_s']:.0f} tokens/s (window)")
+
+
+def describe_machine(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    info: dict[str, Any] = {
+        "device": device, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "dtype": "bfloat16 (extraction weights; training and chain under bf16 autocast)" if device == "cuda" else "bfloat16 extraction; float32 training (CPU)",
+    }  # fmt: skip
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / GIB, 1), "cuda": torch.version.cuda,
+                     "sm": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count})  # fmt: skip
+    else:
+        info["cpu"] = platform.processor() or platform.machine()
+    return info
+
+
+def reset_peak(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib(device: str) -> dict[str, float | None]:
+    import torch
+
+    if device != "cuda":
+        return {"peak_allocated_gib": None, "peak_reserved_gib": None}
+    return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 2), "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 2)}
+
+
+# --- the draft shape ---------------------------------------------------------------------------------
+
+
+def kimi_like_target(sizes: Sizes) -> dict[str, Any]:
+    """Kimi-K2.5's language model config at the width of ``sizes.draft_hidden`` (vocabulary ``target_vocab``)."""
+    from eagle3_pipeline_tests.drafter.test_yarn import kimi_k25_text_config
+
+    return kimi_k25_text_config(hidden_size=sizes.draft_hidden, vocab_size=sizes.target_vocab)
+
+
+def draft_overrides(sizes: Sizes) -> dict[str, Any]:
+    """Kimi's 8 draft KV heads scaled with the width (at least 1)."""
+    return {"num_key_value_heads": max(1, KIMI_DRAFT_KV_HEADS * sizes.draft_hidden // KIMI_HIDDEN)}
+
+
+# --- 1. chain drafting against the unrolled pass -----------------------------------------------------
+
+
+def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
+    import torch
+
+    from eagle3_pipeline.drafter.model import Eagle3Drafter
+    from eagle3_pipeline.drafter.train import drafter_config
+    from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
+    from eagle3_pipeline_tests.drafter.test_model import chain_draft
+
+    target = kimi_like_target(sizes)
+    config = drafter_config(target, sizes.draft_vocab, default_aux_layer_ids(int(target["num_hidden_layers"])), draft_overrides(sizes))
+    torch.manual_seed(SEED)
+    model = Eagle3Drafter(config)
+    used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    model.set_vocab(used - torch.arange(config.draft_vocab_size), t2d)
+    model = model.to(device).eval()
+    g = torch.Generator().manual_seed(SEED)
+    t_total, steps = sizes.chain_length, sizes.chain_steps
+    aux = torch.randn(1, t_total, 3 * config.target_hidden_size, generator=g).to(device)
+    ids = torch.randint(0, config.vocab_size, (1, t_total), generator=g).to(device)
+    last = t_total - steps - 2
+    prefixes = sorted({round(i * last / max(1, sizes.chain_prefixes - 1)) for i in range(sizes.chain_prefixes)})
+    result: dict[str, Any] = {"length": t_total, "prefixes": len(prefixes), "steps": steps, "draft_hidden": config.hidden_size}
+    for name, autocast in (("float32", None), ("bf16", torch.bfloat16)):
+        errors = [0.0] * steps
+        equal = [0] * steps
+        started = time.perf_counter()
+        with torch.no_grad(), torch.autocast(device, dtype=autocast or torch.float32, enabled=autocast is not None):
+            unrolled = model.ttt_forward(aux, ids, steps)
+            for t in prefixes:
+                chained = chain_draft(model, aux, ids, t, steps)
+                for j in range(steps):
+                    ref, got = unrolled[j][:, t].float(), chained[j].float()
+                    errors[j] = max(errors[j], float((got - ref).abs().max() / ref.abs().max()))
+                    equal[j] += int((got.argmax(-1) == ref.argmax(-1)).sum())
+        seconds = time.perf_counter() - started
+        result[name] = {"max_rel_error_per_depth": [float(f"{e:.3g}") for e in errors], "same_draft_token_share_per_depth": [e / len(prefixes) for e in equal],
+                        "seconds": round(seconds, 2)}  # fmt: skip
+        say(f"  {name}: largest |chain − unrolled| / largest |logit| per depth {result[name]['max_rel_error_per_depth']}; "
+            f"same greedy draft token {sum(equal)}/{steps * len(prefixes)} ({seconds:.2f} s)")  # fmt: skip
+    return result
+
+
+# --- 2. extraction -----------------------------------------------------------------------------------
+
+
+def extract_once(name: str, model_dir: Path, data: Path, output: Path, device: str, trust_remote_code: bool) -> dict[str, Any]:
+    from eagle3_pipeline.hidden_states.extract import run
+
+    spec = {"training_data": str(data), "output": str(output), "model": str(model_dir), "target_name": name, "device": device,
+            "dtype": "bfloat16", "spot_check_samples": 4, "trust_remote_code": trust_remote_code}  # fmt: skip
+    reset_peak(device)
+    started = time.perf_counter()
+    meta = run(spec, Printer(f"extract {name}"))
+    out = {
+        "target": name, "samples": meta["samples"], "tokens": meta["tokens"], "tokens_per_s": meta["tokens_per_s"],
+        "extract_seconds": meta["extract_seconds"], "wall_s": round(time.perf_counter() - started, 1),
+        "spot_check_samples": meta["spot_check_samples"], "spot_check_max_rel_error": float(f"{meta['spot_check_max_rel_error']:.3g}"),
+        "spot_check_tolerance": meta["spot_check_tolerance"], "spot_check_passed": meta["spot_check_passed"],
+        "bytes_per_token": meta["bytes_per_token"], "bytes_per_token_formula": meta["bytes_per_token_formula"],
+        "capture_device": meta["device"], "capture_dtype": meta["dtype"], **peak_gib(device),
+    }  # fmt: skip
+    say(f"  {name}: {out['samples']} samples, {out['tokens']} tokens at {out['tokens_per_s']:.0f} tokens/s on {out['capture_device']}/{out['capture_dtype']}; "
+        f"spot check max relative error {out['spot_check_max_rel_error']} (tolerance {out['spot_check_tolerance']}, "
+        f"{'passed' if out['spot_check_passed'] else 'FAILED'}); peak GPU memory {out['peak_allocated_gib']} GiB")  # fmt: skip
+    return out
+
+
+def llama_target(folder: Path, shape: dict[str, Any]) -> Path:
+    """A random-weight Llama of ``shape`` (seeded), saved in bf16 as transformers loads it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(LlamaConfig(**shape))
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def extract_section(sizes: Sizes, device: str, work: Path) -> dict[str, Any]:
+    from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
+    from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE, build_kimi_checkpoint
+
+    shape = sizes.target_shape or EMBEDDED_SHAPE
+    rows = sample_rows("s", sizes.extract_samples, SEED, sizes.extract_min_len, sizes.extract_max_len, vocab=shape["vocab_size"])
+    data = write_training_data(work / "td-llama", {"train": [rows]}, vocab_size=shape["vocab_size"])
+    llama = extract_once("random-llama-smollm2-shape", llama_target(work / "llama", shape), data, work / "hs-llama", device, False)
+    fixture_rows = sample_rows("k", sizes.fixture_samples, SEED, sizes.extract_min_len, sizes.extract_max_len, vocab=VOCAB_SIZE)
+    fixture_data = write_training_data(work / "td-kimi", {"train": [fixture_rows]}, vocab_size=VOCAB_SIZE)
+    kimi = extract_once("kimi-k25-tiny-fixture", build_kimi_checkpoint(work / "kimi", seed=SEED), fixture_data, work / "hs-kimi", device, True)
+    return {"llama": llama, "kimi_fixture": kimi}
+
+
+# --- 3. training -------------------------------------------------------------------------------------
+
+
+def train_inputs(sizes: Sizes, work: Path) -> tuple[Path, Path, Path]:
+    """The Kimi-like target folder (config, random embedding, lm_head zero outside the draft
+    vocabulary), a random hidden-state store of ``store_samples`` sequences and its draft vocabulary."""
+    import torch
+    from safetensors.torch import save_file
+
+    from eagle3_pipeline.hidden_states.store import load_draft_vocab
+    from eagle3_pipeline_tests.drafter.tiny_store import random_store
+
+    target_dir, store, vocab = work / "kimi-like", work / "train-store", work / "train-vocab"
+    target_dir.mkdir(parents=True)
+    config = kimi_like_target(sizes)
+    (target_dir / "config.json").write_text(json.dumps(config))
+    random_store(store, vocab, target_dir, sizes.store_samples, sizes.draft_vocab, length=sizes.seq_len, seed=SEED)
+    _, t2d, _ = load_draft_vocab(vocab)
+    g = torch.Generator().manual_seed(SEED)
+    shape = (sizes.target_vocab, sizes.draft_hidden)
+    tensors = {
+        "model.embed_tokens.weight": torch.randn(shape, generator=g).to(torch.bfloat16),
+        "lm_head.weight": (torch.randn(shape, generator=g) * t2d[:, None]).to(torch.bfloat16),
+    }
+    save_file(tensors, str(target_dir / "model.safetensors"))
+    return target_dir, store, vocab
+
+
+def train_section(sizes: Sizes, device: str, inputs: tuple[Path, Path, Path], batch_tokens: int, work: Path) -> dict[str, Any]:
+    from eagle3_pipeline.drafter.train import run
+
+    target_dir, store, vocab = inputs
+    train_per_epoch = sizes.store_samples - sizes.store_samples // 10
+    batches_per_epoch = -(-train_per_epoch // (batch_tokens // sizes.seq_len))
+    settings = {
+        "max_steps": sizes.train_steps, "epochs": -(-sizes.train_steps // batches_per_epoch), "batch_tokens": batch_tokens,
+        "max_seq_len": sizes.seq_len, "seed": SEED, "log_every": 10 if sizes.train_steps >= 10 else 1, "checkpoint_every": 10**9,
+        "keep_checkpoints": 1, "eval_samples": 4, "model": draft_overrides(sizes),
+    }  # fmt: skip
+    run_dir = work / f"run-{batch_tokens}"
+    spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir), "run_dir": str(run_dir / "run"),
+            "export_dir": str(run_dir / "export"), "settings": settings}  # fmt: skip
+    reset_peak(device)
+    started = time.perf_counter()
+    meta = run(spec, Printer(f"train {batch_tokens}"))
+    drafter = meta["drafter"]
+    warm = meta["curve"][-1]["tokens_per_s"] if meta["curve"] else None
+    out = {
+        "batch_tokens": batch_tokens, "steps": meta["steps"], "trained_tokens": meta["trained_tokens_this_run"], "tokens_per_s": meta["tokens_per_s"],
+        "last_window_tokens_per_s": warm, "train_loop_s": meta["train_loop_s"], "checkpoint_eval_export_s": meta["checkpoint_s"],
+        "wall_s": round(time.perf_counter() - started, 1), "autocast": meta["autocast"], "first_loss": meta["first_loss"], "last_loss": meta["last_loss"],
+        "draft": {k: drafter[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "draft_vocab_size", "vocab_size")},
+        **peak_gib(device),
+    }  # fmt: skip
+    say(f"  batch_tokens {batch_tokens}: {out['steps']} steps, {out['trained_tokens']} tokens, {out['tokens_per_s']} tokens/s "
+        f"(last window {warm}), loop {out['train_loop_s']} s + checkpoint/eval/export {out['checkpoint_eval_export_s']} s; "
+        f"peak GPU memory allocated {out['peak_allocated_gib']} GiB, reserved {out['peak_reserved_gib']} GiB; draft {out['draft']}")  # fmt: skip
+    return out
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+def section(name: str, guard: Guard, need_s: float, body: Callable[[], dict[str, Any]]) -> float | None:
+    """Run one section if ``need_s`` seconds are left; print its figures or its error. Returns its seconds."""
+    if guard.left() < need_s:
+        say(f"== {name}: SKIPPED, {guard.left():.0f} s left of the time limit, it needs about {need_s:.0f} s")
+        figures(name, {"skipped": True, "seconds_left": round(guard.left())})
+        return None
+    say(f"== {name} ({guard.left():.0f} s left)")
+    started = time.perf_counter()
+    try:
+        values = body()
+    except Exception as exc:  # one section's failure must not lose the others' figures
+        say(f"  {name} FAILED: {type(exc).__name__}: {exc}")
+        figures(name, {"failed": f"{type(exc).__name__}: {exc}"})
+        return None
+    seconds = time.perf_counter() - started
+    figures(name, {**values, "section_s": round(seconds, 1)})
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--smoke", action="store_true", help="toy sizes, seconds on a CPU (the test runs this)")
+    parser.add_argument("--time-limit", type=float, default=450.0, help="seconds; the run ends there with what it printed")
+    parser.add_argument("--width-divisor", type=int, default=4, help="training/chain shape: Kimi's width (hidden 7168) divided by this")
+    parser.add_argument("--work", type=Path, help="folder for the models and stores (default: a temporary folder, removed at the end)")
+    args = parser.parse_args()
+    guard = Guard(args.time_limit)
+    try:
+        import pydantic  # noqa: F401
+    except ImportError:
+        say("pydantic is missing (the phases' settings need it): carry its wheels, see this script's docstring (benchmarks/gpu_check.py)")
+        return 2
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = SMOKE if args.smoke else Sizes(draft_hidden=KIMI_HIDDEN // args.width_divisor)
+    say(f"MEASURED ON {json.dumps(describe_machine(device))}")
+    say(f"sizes: {'smoke' if args.smoke else 'full'}, seed {SEED}, time limit {args.time_limit:.0f} s")
+    if device == "cpu" and not args.smoke:
+        say("no CUDA device: these figures are not the GPU check's (use --smoke on a CPU)")
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        section("chain", guard, 10, lambda: chain_section(sizes, device))
+        section("extract", guard, 60, lambda: extract_section(sizes, device, work))
+        inputs: list[tuple[Path, Path, Path]] = []
+
+        def make_inputs() -> dict[str, Any]:
+            inputs.append(train_inputs(sizes, work))
+            return {"target": str(inputs[0][0]), "store": str(inputs[0][1]), "draft_vocab": str(inputs[0][2])}
+
+        took = section("train-inputs", guard, 60, make_inputs)
+        last: float | None = 30.0 if took is not None else None
+        for batch_tokens in sizes.batch_tokens:
+            if last is None:
+                say(f"== train-{batch_tokens}: SKIPPED, the section before did not finish")
+                figures(f"train-{batch_tokens}", {"skipped": True})
+                continue
+            last = section(f"train-{batch_tokens}", guard, 2 * last, lambda b=batch_tokens: train_section(sizes, device, inputs[0], b, work))
+    say(f"done in {time.monotonic() - guard.started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

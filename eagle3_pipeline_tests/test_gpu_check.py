@@ -1,0 +1,63 @@
+"""``benchmarks/gpu_check.py``, the script a session with a lent GPU runs, kept runnable: its
+``--smoke`` mode on this CPU (toy sizes; random-weight models built from configs, the stand-ins for
+the target and the drafter, as the script builds them on the GPU), and its time guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def sections(stdout: str) -> dict[str, dict[str, Any]]:
+    found = [json.loads(line.removeprefix("FIGURES ")) for line in stdout.splitlines() if line.startswith("FIGURES ")]
+    return {f.pop("section"): f for f in found}
+
+
+def test_smoke_runs_every_section_and_prints_its_figures() -> None:
+    done = run_script("--smoke")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("MEASURED ON ")
+    machine = json.loads(first.removeprefix("MEASURED ON "))
+    assert machine["torch"] and machine["transformers"] and machine["device"] in ("cpu", "cuda") and "bfloat16" in machine["dtype"]
+    found = sections(done.stdout)
+    assert list(found) == ["chain", "extract", "train-inputs", "train-64", "train-128"], done.stdout[-4000:]
+    assert not [name for name, values in found.items() if "failed" in values or "skipped" in values], done.stdout[-4000:]
+    chain = found["chain"]
+    # float32: the chain drafting equals the unrolled pass (as in drafter/test_model.py); bf16 is reported, not judged
+    assert max(chain["float32"]["max_rel_error_per_depth"]) < 1e-4
+    assert chain["float32"]["same_draft_token_share_per_depth"] == [1.0] * chain["steps"]
+    assert len(chain["bf16"]["max_rel_error_per_depth"]) == chain["steps"]
+    for target in ("llama", "kimi_fixture"):
+        extracted = found["extract"][target]
+        assert extracted["capture_dtype"] == "bfloat16" and extracted["spot_check_samples"] == 4 and extracted["spot_check_passed"]
+        assert extracted["tokens"] > 0 and extracted["tokens_per_s"] > 0
+    for batch_tokens in (64, 128):
+        trained = found[f"train-{batch_tokens}"]
+        assert trained["batch_tokens"] == batch_tokens and trained["steps"] == 2
+        assert 0 < trained["trained_tokens"] <= 2 * batch_tokens and trained["tokens_per_s"] > 0
+        assert trained["draft"]["draft_vocab_size"] == 256
+
+
+def test_the_time_guard_ends_the_run_and_says_so() -> None:
+    done = run_script("--smoke", "--time-limit", "1")
+    assert done.returncode == 3, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "TIME GUARD: 1 s reached" in done.stdout
+    assert "done in" not in done.stdout
