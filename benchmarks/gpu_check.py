@@ -69,7 +69,8 @@ KIMI_DRAFT_KV_HEADS = 8
 # SmolLM2-135M-Instruct's shape (the embedded target), as its config.json gives it.
 EMBEDDED_SHAPE: dict[str, Any] = {
     "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-    "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True,
+    "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+    "tie_word_embeddings": True,
 }  # fmt: skip
 GIB = 1024**3
 
@@ -272,7 +273,7 @@ def llama_target(folder: Path, shape: dict[str, Any]) -> Path:
 
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(LlamaConfig(**shape))
-    model.to(torch.bfloat16).save_pretrained(folder)
+    model.bfloat16().save_pretrained(folder)
     return folder
 
 
@@ -373,7 +374,7 @@ def section(name: str, guard: Guard, need_s: float, body: Callable[[], dict[str,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--smoke", action="store_true", help="toy sizes, seconds on a CPU (the test runs this)")
     parser.add_argument("--time-limit", type=float, default=450.0, help="seconds; the run ends there with what it printed")
     parser.add_argument("--width-divisor", type=int, default=4, help="training/chain shape: Kimi's width (hidden 7168) divided by this")
