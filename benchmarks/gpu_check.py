@@ -37,7 +37,9 @@ need: carry its wheels. Once, on a machine with pip and network, in the reposito
 
 then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 540`` and the command::
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
+
+(``$OUT/gpu_check.log`` comes back whole; the reply's ``output_tail`` holds only the last 12,000 characters.)
 
 On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/test_gpu_check.py``
 runs it, so the script cannot rot)::
@@ -387,7 +389,9 @@ def main() -> int:
         say("pydantic is missing (the phases' settings need it): carry its wheels, see this script's docstring (benchmarks/gpu_check.py)")
         return 2
     import torch
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # carriage-return bars would crowd the figures out of the log's tail
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = SMOKE if args.smoke else Sizes(draft_hidden=KIMI_HIDDEN // args.width_divisor)
     say(f"MEASURED ON {json.dumps(describe_machine(device))}")

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+def run_script(*args: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, REPO)), "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -61,3 +61,13 @@ def test_the_time_guard_ends_the_run_and_says_so() -> None:
     assert done.returncode == 3, done.stdout[-4000:] + done.stderr[-4000:]
     assert "TIME GUARD: 1 s reached" in done.stdout
     assert "done in" not in done.stdout
+
+
+def test_without_pydantic_it_says_how_to_carry_it(tmp_path: Path) -> None:
+    """The device image has no pydantic: a package that fails to import stands in for that image."""
+    (tmp_path / "pydantic").mkdir()
+    (tmp_path / "pydantic" / "__init__.py").write_text('raise ImportError("no pydantic in this image")\n')
+    done = run_script("--smoke", path=(tmp_path,))
+    assert done.returncode == 2, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "pydantic is missing" in done.stdout and "carry its wheels" in done.stdout
+    assert "FIGURES" not in done.stdout
