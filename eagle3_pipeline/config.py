@@ -505,6 +505,17 @@ class HiddenStatesConfig(_Model):
             "0.75 as SpecForge's DeepSeek-V3 hidden-state recipe. The KV pool bounds batch_tokens."
         ),
     )
+    rolling_window_shards: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "Rolling mode, for a store larger than the disk (null: off, the whole store is extracted once). With N, "
+            "hidden_states extracts only the eval shards (drafter_eval reads them) and records the train shards' layout; "
+            "eagle3_drafter then, per epoch and per window of N train shards (shard_tokens each): extracts the window, "
+            "trains on its rows, checkpoints, records the window done (<drafter run>/rolling.json) and deletes it. Disk "
+            "peak: the eval shards + one window. Each epoch re-extracts every train token: extraction time × drafter.epochs "
+            "(eagle3_pipeline.drafter.rolling.tradeoff prints the figures). compute.kind command is not supported."
+        ),
+    )
 
     @field_validator("aux_layer_ids")
     @classmethod
