@@ -852,6 +852,16 @@ class PipelineConfig(_Model):
         return order
 
     @model_validator(mode="after")
+    def _rolling_extracts_with_our_phase(self) -> PipelineConfig:
+        """Rolling windows are extracted by our `extract` phase; compute.kind command's extractor writes a whole store."""
+        if self.hidden_states.rolling_window_shards is not None and self.compute.kind == "command":
+            raise ValueError(
+                "hidden_states.rolling_window_shards: not supported with compute.kind 'command' (the user's extractor writes the "
+                "whole store at once); use compute.kind local or ssh, or leave rolling_window_shards unset"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _hosts_serve_one_model(self) -> PipelineConfig:
         """A dataset's checkpoint is shared by every host, and its fingerprint names the model."""
         models = {host.name: sorted({e.model or self.target.model for e in host.endpoints}) for host in self.inference.hosts}

@@ -33,10 +33,12 @@ from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write
 
 pytestmark = pytest.mark.local_model
 
-WINDOW = 2
+WINDOW = 1
 EPOCHS = 2
-TRAIN = {"ttt_steps": 2, "lr": 1e-3, "epochs": EPOCHS, "batch_tokens": 30, "max_seq_len": 32, "checkpoint_every": 2, "log_every": 1,
-         "eval_samples": 2, "seed": 3, "dtype": "float32", "keep_checkpoints": 3,
+# Two train shards (one per training_data file), two windows, three batches a window; checkpoints at
+# every window's end and at step 5, inside the second window.
+TRAIN = {"ttt_steps": 2, "lr": 1e-3, "epochs": EPOCHS, "batch_tokens": 30, "max_seq_len": 32, "checkpoint_every": 5, "log_every": 1,
+         "eval_samples": 1, "seed": 3, "dtype": "float32", "keep_checkpoints": 3,
          "model": {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128}}  # fmt: skip
 
 
@@ -81,7 +83,7 @@ class Phases:
         self.store = run / "hidden_states"
         self.extract_spec = {
             "training_data": str(base / "training_data"), "output": str(self.store), "model": str(local_model),
-            "target_name": "SmolLM2-135M-Instruct", "device": "cpu", "shard_tokens": 30, "spot_check_samples": 1,
+            "target_name": "SmolLM2-135M-Instruct", "device": "cpu", "shard_tokens": 200, "spot_check_samples": 1,
             "rolling_window_shards": WINDOW,
         }  # fmt: skip
         self.train_spec = {
@@ -152,7 +154,7 @@ def test_hidden_states_in_rolling_mode_holds_the_eval_shards_and_the_layout_of_t
     layout = read_rolling_layout(phases.store)
     assert stored["eval_samples"] == 3 and stored["train_samples"] == 0 and stored["spot_check_passed"]
     assert HiddenStateStore(phases.store).manifest().shards == layout.eval_shards == [f"shard-{n:05d}" for n in range(stored["rolling_train_shards"], stored["rolling_train_shards"] + len(layout.eval_shards))]
-    assert len(layout.windows) == 2 and all(len(w) <= WINDOW for w in layout.windows)
+    assert layout.windows == [["shard-00000"], ["shard-00001"]] and layout.eval_shards == ["shard-00002"]
     assert sum(r.length for r in layout.rows) == stored["rolling_train_tokens"] and len(layout.rows) == 12
     progress = extraction_progress(phases.store)
     assert progress is not None and progress.finished  # the stall sensor does not wait for train shards that come and go
@@ -181,10 +183,14 @@ def test_kills_during_extraction_training_recording_and_deletion_resume_to_the_s
     reference, _, expected = unbroken
     phases = Phases(data, data / "killed", local_model, target)
     phases.hidden_states()
-    for kill in ("extract", "training", "recorded", "delete"):
+    for kill in ("extract", "recorded", "delete", "training"):
         phases.kill = kill
         with pytest.raises(Killed):
             phases.roll()
+    # Killed inside the second window (epoch 0, window 1): the first is done, the rest is not begun.
+    for epoch, window in ((0, 0), (1, 1)):
+        with pytest.raises(TrainError, match="would train a window twice or skip one"):
+            train_run({**phases.train_spec, "rolling": {"epoch": epoch, "window": window}}, Recorder())
     result = phases.roll()
     assert result["steps"] == expected["steps"] and result["finished"]
     trained = [c[1] for c in phases.calls if c[0] == "train"]
@@ -195,14 +201,6 @@ def test_kills_during_extraction_training_recording_and_deletion_resume_to_the_s
     assert result["rolling_peak_shard_files"] <= len(read_rolling_layout(phases.store).eval_shards) + WINDOW
     a, b = weights(Path(phases.train_spec["run_dir"])), weights(Path(reference.train_spec["run_dir"]))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_a_window_asked_for_out_of_turn_is_refused(unbroken: tuple[Phases, dict[str, Any], dict[str, Any]], data: Path, local_model: Path, target: Target) -> None:
-    phases = Phases(data, data / "turn", local_model, target, max_steps=1)
-    phases.hidden_states()
-    phases.extract(read_rolling_layout(phases.store).windows[1])
-    with pytest.raises(TrainError, match="would train a window twice or skip one"):
-        phases.train(0, 1)
 
 
 def test_a_normal_checkpoint_is_not_continued_as_a_rolling_one(unbroken: tuple[Phases, dict[str, Any], dict[str, Any]], data: Path, local_model: Path, target: Target) -> None:
@@ -225,3 +223,39 @@ def test_the_tradeoff_for_kimi() -> None:
     assert figures.store_bytes == pytest.approx(6.31e12, rel=1e-2)
     assert figures.rolling_peak_bytes < figures.store_bytes / 15
     assert figures.extract_ratio == pytest.approx((10 * 0.95 + 0.05) / 1.0)
+
+
+def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tmp_path: Path, local_model: Path) -> None:
+    """hidden_states, draft_vocab and eagle3_drafter on a real ephemeral Dagster instance, compute
+    local (the phases in process; the embedded model is the target)."""
+    import dagster as dg
+
+    from eagle3_pipeline.config import load_config
+    from eagle3_pipeline.defs.drafter import build_drafter_assets
+    from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+    from eagle3_pipeline.drafter.spec import drafter_paths
+    from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+
+    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n  - {id: B1, source: a.jsonl}\n"
+        "hidden_states: {shard_tokens: 200, spot_check_samples: 1, device: cpu, rolling_window_shards: 1}\n"
+        "draft_vocab: {size: 256}\n"
+        "drafter: {ttt_steps: 2, epochs: 1, batch_tokens: 30, max_seq_len: 32, checkpoint_every: 50, log_every: 1, eval_samples: 1, "
+        "model: {num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 128}}\n"
+    )
+    config = load_config(path)
+    train = [sample_rows("a", 3, seed=1, max_len=12), sample_rows("b", 3, seed=2, max_len=12)]
+    write_training_data(config.artifacts_root / "training_data", {"train": train, "eval": [sample_rows("e", 1, seed=3, max_len=12)]})
+    assets = [*build_eagle3_assets(config), *build_drafter_assets(config)]
+    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
+    assert result.success
+    states = result.asset_materializations_for_node("hidden_states")[0].metadata
+    assert states["train_samples"].value == 0 and states["eval_samples"].value == 1 and states["rolling_train_shards"].value == 2
+    drafter = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
+    assert drafter["rolling_windows_trained"].value == 2 and drafter["steps"].value == drafter["total_steps"].value > 0
+    assert drafter["rolling_peak_shard_files"].value == 2  # the eval shard and one window
+    paths = drafter_paths(config.artifacts_root)
+    assert [p.name for p in paths["store"].glob("shard-*.safetensors")] == ["shard-00002.safetensors"]
+    assert (paths["export_dir"] / "model.safetensors").is_file() and (paths["run_dir"] / STATE_FILE).is_file()
