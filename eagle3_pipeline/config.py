@@ -513,7 +513,8 @@ class HiddenStatesConfig(_Model):
             "eagle3_drafter then, per epoch and per window of N train shards (shard_tokens each): extracts the window, "
             "trains on its rows, checkpoints, records the window done (<drafter run>/rolling.json) and deletes it. Disk "
             "peak: the eval shards + one window. Each epoch re-extracts every train token: extraction time × drafter.epochs "
-            "(eagle3_pipeline.drafter.rolling.tradeoff prints the figures). compute.kind command is not supported."
+            "and one target load per window: pick the largest N the disk holds (benchmarks/rolling_tradeoff.py prints the figures). "
+            "compute.kind command is not supported."
         ),
     )
 

@@ -20,11 +20,15 @@ closures and tests call the phases in process.
 
 The trade-off (:func:`tradeoff`): the disk holds the eval shards and one window (plus the shard
 being written) instead of the whole store, and every epoch re-extracts every train token, so
-extraction costs ``epochs`` times the extraction of a normal store. For Kimi-K2.5 (88K prompts ×
-~1.25K tokens, 57,349 B/token bf16, 10 epochs) ``python benchmarks/rolling_tradeoff.py`` prints
-~6.3 TB for the whole store against ~0.33 TB for the eval shards and a 16-shard window, and 10×
-the extraction time (at an assumed extraction rate: no rate of the SGLang TP-8 extraction of
-Kimi-K2.5 has been measured yet).
+extraction costs about ``epochs`` times the extraction of a normal store, plus one target load per
+window (each window's extraction is a phase of its own: fewer, larger windows load it less often).
+For Kimi-K2.5 (88K prompts × ~1.25K tokens, 57,349 B/token bf16, eval_fraction 0.05, 10 epochs)
+``python benchmarks/rolling_tradeoff.py`` prints 6.31 TB for the whole store against a 347 GB
+peak with 16-shard windows (315 GB of it the eval shards), and ×9.55 the extraction time: 29.2 h
+instead of 3.1 h at an assumed 10K tokens/s, before the target loads: 200 windows an epoch, 2,001
+loads of an assumed 600 s add 333 h (128-shard windows: 25 an epoch, 558 GB peak, 42 h of loads).
+So pick the largest window the disk holds. No rate or load time of the SGLang TP-8 extraction of
+Kimi-K2.5 has been measured yet; the benchmark takes both as arguments.
 
 No torch here: the code location imports this module.
 """
@@ -143,6 +147,7 @@ class Tradeoff:
     rolling_peak_bytes: float
     extract_once_s: float
     rolling_extract_s: float
+    windows: int
 
     @property
     def extract_ratio(self) -> float:
@@ -150,13 +155,17 @@ class Tradeoff:
 
 
 def tradeoff(
-    train_tokens: float, eval_tokens: float, bytes_per_token: float, shard_tokens: int, window_shards: int, epochs: int, extract_tokens_per_s: float
+    train_tokens: float, eval_tokens: float, bytes_per_token: float, shard_tokens: int, window_shards: int, epochs: int, extract_tokens_per_s: float,
+    target_load_s: float = 0.0,
 ) -> Tradeoff:
     """The store extracted once (all of it on disk) against rolling windows (eval shards + one window
-    + the shard being written on disk; the train tokens extracted ``epochs`` times)."""
+    + the shard being written on disk; the train tokens extracted ``epochs`` times, and the target
+    loaded once per window, ``target_load_s`` each, as each window's extraction is a phase of its own)."""
+    windows = -(-int(train_tokens) // (window_shards * shard_tokens))
     return Tradeoff(
         store_bytes=(train_tokens + eval_tokens) * bytes_per_token,
         rolling_peak_bytes=(eval_tokens + (window_shards + 1) * shard_tokens) * bytes_per_token,
-        extract_once_s=(train_tokens + eval_tokens) / extract_tokens_per_s,
-        rolling_extract_s=(epochs * train_tokens + eval_tokens) / extract_tokens_per_s,
+        extract_once_s=(train_tokens + eval_tokens) / extract_tokens_per_s + target_load_s,
+        rolling_extract_s=(epochs * train_tokens + eval_tokens) / extract_tokens_per_s + (epochs * windows + 1) * target_load_s,
+        windows=windows,
     )

@@ -479,6 +479,17 @@ def rolling_plans(layout: RollingLayout, settings: TrainSettings) -> tuple[list[
     return plans, tokens_of
 
 
+def _segment(rolling: Any, windows: int) -> int:
+    """The segment a rolling spec asks for (``{epoch, window}``), checked against the layout."""
+    try:
+        epoch, window = int(rolling["epoch"]), int(rolling["window"])
+    except (TypeError, KeyError, ValueError):
+        raise TrainError(f"train spec: rolling: expected {{epoch: int, window: int}}, got {rolling!r}") from None
+    if not 0 <= window < windows or epoch < 0:
+        raise TrainError(f"train spec: rolling: window {window} of epoch {epoch}; the layout has {windows} windows")
+    return epoch * windows + window
+
+
 def _advance(plans: Sequence[Sequence[Any]], epoch: int, batch_index: int) -> tuple[int, int]:
     """The data position ``(epoch, batch_index)`` moved past the ends of plans (a normal form)."""
     while epoch < len(plans) and batch_index >= len(plans[epoch]):
@@ -537,12 +548,10 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         plans = [epoch_plan(train_rows, settings.seed, e, settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs)]
         limit = settings.epochs
     else:
-        assert rolling is not None
         plans, layout_tokens = rolling_plans(layout, settings)
         tokens_of.update(layout_tokens)
         train_rows = [row for plan in plans[: len(layout.windows)] for batch in plan for row in batch]
-        segment = int(rolling["epoch"]) * len(layout.windows) + int(rolling["window"])
-        limit = segment + 1
+        limit = _segment(rolling, len(layout.windows)) + 1
     if not train_rows:
         raise TrainError(f"{paths['store']}: no train samples of 3 tokens or more")
     total_steps = sum(len(p) for p in plans)
@@ -598,11 +607,11 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         if not start <= here <= end:
             raise TrainError(
                 f"{found or paths['run_dir']}: the drafter's data position is segment {here[0]} batch {here[1]} of the rolling plan "
-                f"({len(layout.windows)} windows per epoch); asked to train window {rolling['window']} of epoch {rolling['epoch']} "
-                f"(segment {limit - 1}): that would train a window twice or skip one. The rolling state and the checkpoints disagree; "
+                f"({len(layout.windows)} windows per epoch); asked to train segment {limit - 1} (epoch × {len(layout.windows)} + window)"
+                ": that would train a window twice or skip one. The rolling state and the checkpoints disagree; "
                 f"remove {paths['run_dir']} (with its rolling.json) to train anew"
             )
-        report.log(f"rolling: window {rolling['window']} of epoch {rolling['epoch']} (segment {limit - 1}, {len(plans[limit - 1])} batches)")
+        report.log(f"rolling: segment {limit - 1} (epoch × {len(layout.windows)} + window), {len(plans[limit - 1])} batches")
 
     forward: Callable[..., list[torch.Tensor]] = model
     if ranks.world > 1:
