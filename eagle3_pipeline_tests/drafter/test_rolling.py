@@ -259,3 +259,15 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tm
     paths = drafter_paths(config.artifacts_root)
     assert [p.name for p in paths["store"].glob("shard-*.safetensors")] == ["shard-00002.safetensors"]
     assert (paths["export_dir"] / "model.safetensors").is_file() and (paths["run_dir"] / STATE_FILE).is_file()
+
+
+def test_rolling_with_the_users_extraction_command_is_refused_by_name(tmp_path: Path) -> None:
+    from eagle3_pipeline.config import ConfigError, load_config
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "name: t\nartifacts_root: out\ntarget: {model: m}\ndatasets: [{id: B1, source: a.jsonl}]\nhidden_states: {rolling_window_shards: 4}\n"
+        "compute: {kind: command, host: {hostname: h}, workdir: /w, artifacts_root: /a, command: 'extract {spec}'}\n"
+    )
+    with pytest.raises(ConfigError, match="hidden_states.rolling_window_shards: not supported with compute.kind 'command'"):
+        load_config(path)
