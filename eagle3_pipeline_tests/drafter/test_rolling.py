@@ -226,12 +226,13 @@ def test_the_tradeoff_for_kimi() -> None:
 
 
 def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tmp_path: Path, local_model: Path) -> None:
-    """hidden_states, draft_vocab and eagle3_drafter on a real ephemeral Dagster instance, compute
-    local (the phases in process; the embedded model is the target)."""
+    """hidden_states, draft_vocab, eagle3_drafter and drafter_eval on a real ephemeral Dagster
+    instance, compute local (the phases in process; the embedded model is the target)."""
     import dagster as dg
 
     from eagle3_pipeline.config import load_config
     from eagle3_pipeline.defs.drafter import build_drafter_assets
+    from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
     from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
     from eagle3_pipeline.drafter.spec import drafter_paths
     from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
@@ -248,7 +249,7 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tm
     config = load_config(path)
     train = [sample_rows("a", 3, seed=1, max_len=12), sample_rows("b", 3, seed=2, max_len=12)]
     write_training_data(config.artifacts_root / "training_data", {"train": train, "eval": [sample_rows("e", 1, seed=3, max_len=12)]})
-    assets = [*build_eagle3_assets(config), *build_drafter_assets(config)]
+    assets = [*build_eagle3_assets(config), *build_drafter_assets(config), *build_drafter_eval(config)]
     result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
     assert result.success
     states = result.asset_materializations_for_node("hidden_states")[0].metadata
@@ -259,6 +260,8 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tm
     paths = drafter_paths(config.artifacts_root)
     assert [p.name for p in paths["store"].glob("shard-*.safetensors")] == ["shard-00002.safetensors"]
     assert (paths["export_dir"] / "model.safetensors").is_file() and (paths["run_dir"] / STATE_FILE).is_file()
+    evaluated = result.asset_materializations_for_node("drafter_eval")[0].metadata
+    assert any(key.startswith("tau@") for key in evaluated)  # the eval shards stayed; the bigram counted training_data's train split
 
 
 def test_rolling_with_the_users_extraction_command_is_refused_by_name(tmp_path: Path) -> None:
