@@ -5,12 +5,19 @@ stand-in for the 1T target) on real training_data shards, the real `train` phase
 lm_head from the same model folder), real files; the target is loaded once per module and handed to
 the phase (``run(spec, report, source)``). Kills are simulated by raising from the rolling
 loop's callables at chosen moments (during extraction, during training after a mid-window
-checkpoint, between the window's last checkpoint and the state record, during deletion); every
-resumed run must end with the same steps and bit-identical weights as an uninterrupted one.
+checkpoint, between the window's last checkpoint and the state record, during deletion), and once
+by ``kill -9`` of a process running the loop; every resumed run must end with the same steps and
+bit-identical weights as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,6 +40,7 @@ from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write
 
 pytestmark = pytest.mark.local_model
 
+REPO = Path(__file__).resolve().parents[2]
 WINDOW = 1
 EPOCHS = 2
 # Two train shards (one per training_data file), two windows, three batches a window; checkpoints at
@@ -199,6 +207,38 @@ def test_kills_during_extraction_training_recording_and_deletion_resume_to_the_s
     # training (the trainer finds itself inside or at the end of that window; it never trains one twice).
     assert sorted(set(trained)) == [(e, w) for e in range(EPOCHS) for w in range(windows)] and len(trained) == EPOCHS * windows + 2
     assert result["rolling_peak_shard_files"] <= len(read_rolling_layout(phases.store).eval_shards) + WINDOW
+    a, b = weights(Path(phases.train_spec["run_dir"])), weights(Path(reference.train_spec["run_dir"]))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_kill_9_of_the_rolling_loop_inside_a_window_resumes_to_the_same_drafter(
+    unbroken: tuple[Phases, dict[str, Any], dict[str, Any]], data: Path, local_model: Path, target: Target
+) -> None:
+    reference, _, expected = unbroken
+    phases = Phases(data, data / "kill9", local_model, target)
+    phases.hidden_states()
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from eagle3_pipeline_tests.drafter.test_rolling import Phases, load_target\n"
+        f"model = Path({str(local_model)!r})\n"
+        f"Phases(Path({str(data)!r}), Path({str(data / 'kill9')!r}), model, load_target(str(model), 'SmolLM2-135M-Instruct', device='cpu')).roll()\n"
+    )
+    log = (data / "kill9.log").open("w")
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    inside = Path(phases.train_spec["run_dir"]) / "checkpoints" / "step-00000005"  # the checkpoint inside the second window
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None and not inside.is_dir():
+        time.sleep(0.02)
+    killed = child.poll() is None
+    if killed:
+        os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    log.close()
+    assert killed and child.returncode == -signal.SIGKILL, (data / "kill9.log").read_text()
+    state = json.loads(phases.state.read_text())
+    assert (state["segment"], state["stage"]) == (1, "train")  # killed while training the second window
+    result = phases.roll()
+    assert result["resumed_from_step"] is not None and result["steps"] == expected["steps"]
     a, b = weights(Path(phases.train_spec["run_dir"])), weights(Path(reference.train_spec["run_dir"]))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
