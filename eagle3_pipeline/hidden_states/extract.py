@@ -432,6 +432,8 @@ def _prepare_store(
         write_plan(store.root, settings.shard_tokens, planned, None if layout is None else layout.eval_shards)
     if layout is not None:
         write_rolling_layout(store.root, layout)
+    elif not window:
+        (store.root / ROLLING_LAYOUT_FILE).unlink(missing_ok=True)  # a whole store: no layout of an earlier rolling one
     return [s.name for s in reused], [s.name for s in todo], disk
 
 

@@ -33,7 +33,7 @@ from eagle3_pipeline.drafter.train import TrainError, TrainSettings, rolling_pla
 from eagle3_pipeline.drafter.train import run as train_run  # noqa: E402
 from eagle3_pipeline.hidden_states.capture import Target, load_target  # noqa: E402
 from eagle3_pipeline.hidden_states.extract import run as extract_run  # noqa: E402
-from eagle3_pipeline.hidden_states.plan import extraction_progress, read_rolling_layout  # noqa: E402
+from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout  # noqa: E402
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab  # noqa: E402
 from eagle3_pipeline_tests.drafter.tiny_store import make_vocab  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
@@ -251,6 +251,8 @@ def test_a_normal_checkpoint_is_not_continued_as_a_rolling_one(unbroken: tuple[P
     phases.hidden_states()  # the same store, now in rolling mode (its train shards are kept and reused)
     with pytest.raises(TrainError, match="made under other rolling"):
         phases.train(0, 0)
+    extract_run(normal, Recorder(), target)  # back to a whole store: the rolling layout goes
+    assert not (phases.store / ROLLING_LAYOUT_FILE).exists() and HiddenStateStore(phases.store).manifest().shards == ["shard-00000", "shard-00001", "shard-00002"]
     other = phases.state.parent / "other.json"
     other.write_text('{"layout": "another", "segment": 0, "stage": "extract"}')
     with pytest.raises(RollingError, match="another rolling layout"):
