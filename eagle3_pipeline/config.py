@@ -505,6 +505,18 @@ class HiddenStatesConfig(_Model):
             "0.75 as SpecForge's DeepSeek-V3 hidden-state recipe. The KV pool bounds batch_tokens."
         ),
     )
+    rolling_window_shards: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "Rolling mode, for a store larger than the disk (null: off, the whole store is extracted once). With N, "
+            "hidden_states extracts only the eval shards (drafter_eval reads them) and records the train shards' layout; "
+            "eagle3_drafter then, per epoch and per window of N train shards (shard_tokens each): extracts the window, "
+            "trains on its rows, checkpoints, records the window done (<drafter run>/rolling.json) and deletes it. Disk "
+            "peak: the eval shards + one window. Each epoch re-extracts every train token: extraction time × drafter.epochs "
+            "and one target load per window: pick the largest N the disk holds (benchmarks/rolling_tradeoff.py prints the figures). "
+            "compute.kind command is not supported."
+        ),
+    )
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -839,6 +851,16 @@ class PipelineConfig(_Model):
                 raise ValueError(f"generation.failover.backends: {ref!r} is listed twice")
             order.append(index)
         return order
+
+    @model_validator(mode="after")
+    def _rolling_extracts_with_our_phase(self) -> PipelineConfig:
+        """Rolling windows are extracted by our `extract` phase; compute.kind command's extractor writes a whole store."""
+        if self.hidden_states.rolling_window_shards is not None and self.compute.kind == "command":
+            raise ValueError(
+                "hidden_states.rolling_window_shards: not supported with compute.kind 'command' (the user's extractor writes the "
+                "whole store at once); use compute.kind local or ssh, or leave rolling_window_shards unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _hosts_serve_one_model(self) -> PipelineConfig:

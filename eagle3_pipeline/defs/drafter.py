@@ -7,6 +7,12 @@ there (phase A left them under the host's artifacts root), the checkpoints and t
 the host, and only the export's config.json and the run's tau_curve.json (τ against the training
 tokens seen, which `drafter_eval` and `eagle3-pipeline plan` read) come back. `drafter.target_weights` is then a path on
 the host.
+
+With `hidden_states.rolling_window_shards` the asset runs the rolling loop
+(eagle3_pipeline.drafter.rolling:run_rolling) over the windows the hidden_states phase recorded; its
+three steps are the same heavy phases through `run_heavy_phase`: `extract` of a window's shards,
+`train` of that window, `extract` deleting the window's shards. Its state (`rolling.json`) lies
+beside the drafter's run folder on this machine.
 """
 
 from collections.abc import Mapping, Sequence
@@ -16,13 +22,20 @@ import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
+from eagle3_pipeline.defs.compute import DagsterReporter, run_heavy_phase, under_root
+from eagle3_pipeline.defs.eagle3 import extract_launch
 from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
+from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
 from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
+from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config
+from eagle3_pipeline.hidden_states.extract import target_weights as extract_target
+from eagle3_pipeline.hidden_states.plan import read_rolling_layout
+from eagle3_pipeline.hidden_states.store import StoreError
 from eagle3_pipeline.hosts import HostError
+from eagle3_pipeline.layout import ArtifactLayout
 
 # The blocking checks of what the drafter trains on, honoured across runs (defs/gating.py).
 INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage")]
@@ -57,6 +70,30 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def train_rolling(
+    context: dg.AssetExecutionContext, config: PipelineConfig, spec: dict[str, Any], ship: list[str], fetch: list[str]
+) -> dict[str, Any]:
+    """The rolling loop with the heavy phases as its steps (see the module docstring)."""
+    layout = ArtifactLayout(config.artifacts_root)
+    model = extract_target(config)
+    extract_spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
+    extract_ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
+
+    def extract(shards: list[str]) -> dict[str, Any]:
+        return run_heavy_phase(context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config))
+
+    def train(epoch: int, window: int) -> dict[str, Any]:
+        rolling_spec = {**spec, "rolling": {"epoch": epoch, "window": window}}
+        return run_heavy_phase(context, config, "train", rolling_spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node)
+
+    def delete(shards: list[str]) -> dict[str, Any]:
+        return run_heavy_phase(context, config, "extract", {**extract_spec, "delete_shards": shards})
+
+    windows = read_rolling_layout(layout.hidden_states).windows
+    state = drafter_paths(config.artifacts_root)["run_dir"] / STATE_FILE
+    return run_rolling(state, windows, config.drafter.epochs, extract, train, delete, DagsterReporter(context))
+
+
 def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
     @dg.asset(
         group_name="eagle3",
@@ -77,10 +114,14 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         try:
             spec = train_spec(config)
             ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else [])
-            result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node)
-        except (DrafterSpecError, RemoteError, HostError) as exc:
+            if config.hidden_states.rolling_window_shards is None:
+                result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node)
+            else:
+                result = train_rolling(context, config, spec, ship, fetch)
+        except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
             raise dg.Failure(description=str(exc)) from None
         where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
-        return dg.MaterializeResult(metadata={**materialization_metadata(result), **where})
+        rolling = {k: v for k, v in result.items() if k.startswith("rolling_")}
+        return dg.MaterializeResult(metadata={**materialization_metadata(result), **where, **rolling})
 
     return [eagle3_drafter]

@@ -46,6 +46,7 @@ def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str,
         "draft_cost_ratio": settings.draft_cost_ratio,
         "min_data_agreement": settings.min_data_agreement,
         **held_out_spec(ArtifactLayout(config.artifacts_root).training_data),
+        "training_data": str(ArtifactLayout(root or config.artifacts_root).training_data),
     }
 
 

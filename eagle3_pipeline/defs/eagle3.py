@@ -30,6 +30,7 @@ from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.inputs import TrainingDataError
+from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
@@ -60,7 +61,7 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
     )
 
 
-def _launch(config: PipelineConfig) -> dict[str, Any]:
+def extract_launch(config: PipelineConfig) -> dict[str, Any]:
     """How the `extract` worker starts for ``hidden_states.backend: sglang``: ``tp_size`` torchrun
     ranks with SGLang's venv python, that many free GPUs on the host. ``compute.kind: command``
     extracts with the user's command instead, and ``backend: transformers`` needs nothing more."""
@@ -163,12 +164,13 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         config = pipeline_settings(context)
         layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
-        fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]
+        rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []
+        fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
         try:
             model = target_weights(config)
             spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
             ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
-            meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **_launch(config))
+            meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
         ratio = meta["bytes_per_token_ratio"]

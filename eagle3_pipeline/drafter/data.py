@@ -57,8 +57,8 @@ def store_rows(store: HiddenStateStore, split: str) -> list[Row]:
     return [Row(r["shard"], r["offset"], r["length"]) for r in table if r["split"] == split and r["length"] >= 3]
 
 
-def epoch_plan(rows: Sequence[Row], seed: int, epoch: int, batch_tokens: int, max_seq_len: int) -> list[list[Row]]:
-    """The batches of one epoch (deterministic in seed and epoch)."""
+def epoch_plan(rows: Sequence[Row], seed: int, epoch: int | str, batch_tokens: int, max_seq_len: int) -> list[list[Row]]:
+    """The batches of one epoch (deterministic in seed and epoch; a rolling window's ``epoch/window``)."""
     rng = random.Random(f"{seed}:{epoch}")
     by_shard: dict[str, list[Row]] = {}
     for row in rows:

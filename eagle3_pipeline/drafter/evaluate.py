@@ -59,6 +59,8 @@ from eagle3_pipeline.drafter.acceptance import (
     target_reference,
 )
 from eagle3_pipeline.drafter.bigram import BigramDrafter, fit_bigram
+from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
+from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
     HIDDEN_KEY,
@@ -104,6 +106,7 @@ class EvalSpec:
     lm_head_key: str | None = None
     held_out: dict[str, list[str]] | None = None
     held_out_version: str | None = None
+    training_data: Path | None = None  # the bigram's counts for a rolling store, which keeps no train shard
 
 
 def parse_spec(spec: Mapping[str, Any]) -> EvalSpec:
@@ -144,6 +147,7 @@ def parse_spec(spec: Mapping[str, Any]) -> EvalSpec:
         lm_head_key=spec.get("lm_head_key"),
         held_out={dataset: list(ids) for dataset, ids in held_out.items()} if held_out is not None else None,
         held_out_version=spec.get("held_out_version"),
+        training_data=Path(spec["training_data"]) if spec.get("training_data") else None,
     )
 
 
@@ -191,9 +195,15 @@ def read_rows(store: HiddenStateStore, rows: Sequence[dict[str, Any]], keys: Seq
                 yield row, {key: piece[start:stop] for key, piece in slices.items()}
 
 
-def fit_store_bigram(store: HiddenStateStore, t2d: Any) -> BigramDrafter:
-    """The bigram baseline counted over the store's train split (token ids and masks only)."""
+def fit_store_bigram(store: HiddenStateStore, t2d: Any, training_data: Path | None = None) -> BigramDrafter:
+    """The bigram baseline counted over the store's train split (token ids and masks only). A rolling
+    store (``hidden_states.rolling_window_shards``) keeps no train shard; the same ids and masks are
+    then counted from ``training_data``'s train split, which the store's were copied from."""
     rows = select_rows(store, "train")
+    if not rows and training_data is not None and (store.root / ROLLING_LAYOUT_FILE).is_file():
+        data = TrainingData.open(training_data)
+        columns = ["input_ids", "loss_mask"]
+        return fit_bigram(((r["input_ids"], r["loss_mask"]) for path in data.shard_files("train") for r in iter_rows(path, columns)), t2d)
     if not rows:
         raise EvaluateError(f"{store.index_path}: no train sample to count the bigram baseline on")
     return fit_bigram(((t[IDS_KEY], t[MASK_KEY]) for _, t in read_rows(store, rows, (IDS_KEY, MASK_KEY))), t2d)
@@ -543,7 +553,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
             f"vocabulary of {manifest.target.vocab_size}"
         )
     started = time.monotonic()
-    bigram_model = fit_store_bigram(store, t2d)
+    bigram_model = fit_store_bigram(store, t2d, settings.training_data)
     report.log(f"bigram baseline: {bigram_model.pairs} train pairs, {bigram_model.seen} tokens with a successor")
     held_ids, held_note = held_out_rows(store, settings, manifest)
     rows = select_rows(store, "eval", settings.max_samples_per_dataset, held_ids)

@@ -32,6 +32,16 @@ A kill at any point loses at most ``checkpoint_every`` steps: the next run conti
 complete checkpoint, with the same data order, optimizer, scheduler and RNG state. It refuses to
 continue when the draft vocabulary, the store or the training settings differ from the
 checkpoint's, and says so; it never rebuilds the vocabulary mapping itself.
+
+Rolling mode (spec ``rolling: {epoch, window}``, driven by :mod:`eagle3_pipeline.drafter.rolling`):
+the store holds its eval shards and one window of train shards. The data plan is then a sequence of
+segments, one per (epoch, window) in that order, each the window's rows shuffled by seed, epoch and
+window (:func:`rolling_plans`, from the store's rolling layout, so the total steps and the learning
+rate schedule are those of the whole run); a checkpoint's ``epoch`` is the segment. A run trains one
+segment from the checkpoint's position to its end, checkpoints there and exports only after the
+last; it refuses a checkpoint that is not within that segment (a window trained twice, or one
+skipped), and the rolling layout is part of the checkpoint identity, so a normal run's checkpoint is
+never continued as a rolling one, nor the other way round.
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, rope_kind, soft_label_cross_entropy, target_rope, yarn_for_servers
 from eagle3_pipeline.drafter.scaling import curve_point, new_curve, tokens_seen, write_curve
 from eagle3_pipeline.drafter.target import TargetWeights, load_target_weights
+from eagle3_pipeline.hidden_states.plan import RollingLayout, read_rolling_layout
 from eagle3_pipeline.hidden_states.store import MASK_KEY, HiddenStateStore, load_draft_vocab
 from eagle3_pipeline.target import is_mla
 
@@ -455,6 +466,37 @@ class Window:
         return row, tokens
 
 
+def rolling_plans(layout: RollingLayout, settings: TrainSettings) -> tuple[list[list[list[Row]]], dict[Row, tuple[str, int]]]:
+    """The segments of a rolling run, one per (epoch, window), epoch-major, each the window's rows
+    (of 3 tokens or more) planned by :func:`epoch_plan` keyed ``epoch/window``; and each train row's
+    dataset and loss-masked tokens from the layout (the whole row's, also for a row longer than
+    ``max_seq_len``: the τ curve's token counts then include its cut tail)."""
+    tokens_of = {Row(r.shard, r.offset, r.length): (r.dataset, r.num_masked) for r in layout.rows}
+    rows = [[Row(r.shard, r.offset, r.length) for r in layout.window_rows(w) if r.length >= 3] for w in range(len(layout.windows))]
+    plans = [
+        epoch_plan(rows[w], settings.seed, f"{e}/{w}", settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs) for w in range(len(rows))
+    ]
+    return plans, tokens_of
+
+
+def _segment(rolling: Any, windows: int) -> int:
+    """The segment a rolling spec asks for (``{epoch, window}``), checked against the layout."""
+    try:
+        epoch, window = int(rolling["epoch"]), int(rolling["window"])
+    except (TypeError, KeyError, ValueError):
+        raise TrainError(f"train spec: rolling: expected {{epoch: int, window: int}}, got {rolling!r}") from None
+    if not 0 <= window < windows or epoch < 0:
+        raise TrainError(f"train spec: rolling: window {window} of epoch {epoch}; the layout has {windows} windows")
+    return epoch * windows + window
+
+
+def _advance(plans: Sequence[Sequence[Any]], epoch: int, batch_index: int) -> tuple[int, int]:
+    """The data position ``(epoch, batch_index)`` moved past the ends of plans (a normal form)."""
+    while epoch < len(plans) and batch_index >= len(plans[epoch]):
+        epoch, batch_index = epoch + 1, 0
+    return epoch, batch_index
+
+
 def _processes(count: int) -> str:
     return f"{count} processes" if count > 1 else "1 process"
 
@@ -485,11 +527,14 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     if t2d.shape[0] != target.vocab_size:
         raise TrainError(f"{paths['draft_vocab']}: t2d covers {t2d.shape[0]} tokens, the target vocabulary has {target.vocab_size}")
     config = drafter_config(target.config, int(d2t.shape[0]), list(manifest.aux_layer_ids), settings.model)
+    rolling = spec.get("rolling")
+    layout = read_rolling_layout(paths["store"]) if rolling is not None else None
     identity = {
         "settings": settings.identity(),
         "drafter": config.to_dict(),
         "store": manifest.identity(),
         "draft_vocab_sha256": vocab_sha256(d2t, t2d),
+        "rolling": None if layout is None else layout.identity(),
     }
     device, autocast = pick_device(settings.dtype, ranks.local_rank)
     model = build_model(config, target, d2t, t2d, settings.seed).to(device)
@@ -497,14 +542,21 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     target_config = target.config
     del target
 
-    train_rows = store_rows(store, "train")
+    tokens_of = row_tokens(store, settings.max_seq_len)
+    if layout is None:
+        train_rows = store_rows(store, "train")
+        plans = [epoch_plan(train_rows, settings.seed, e, settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs)]
+        limit = settings.epochs
+    else:
+        plans, layout_tokens = rolling_plans(layout, settings)
+        tokens_of.update(layout_tokens)
+        train_rows = [row for plan in plans[: len(layout.windows)] for batch in plan for row in batch]
+        limit = _segment(rolling, len(layout.windows)) + 1
     if not train_rows:
         raise TrainError(f"{paths['store']}: no train samples of 3 tokens or more")
-    plans = [epoch_plan(train_rows, settings.seed, e, settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs)]
     total_steps = sum(len(p) for p in plans)
     if settings.max_steps is not None:
         total_steps = min(total_steps, settings.max_steps)
-    tokens_of = row_tokens(store, settings.max_seq_len)
     eval_by_dataset = eval_plans(store_rows(store, "eval"), tokens_of, settings)
     data_tokens: dict[str, int] = {}
     for row in train_rows:
@@ -550,6 +602,16 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         )
     else:
         report.log(f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}, {processes}")
+    if layout is not None and step < total_steps:
+        here, start, end = _advance(plans, epoch, batch_index), _advance(plans, limit - 1, 0), _advance(plans, limit, 0)
+        if not start <= here <= end:
+            raise TrainError(
+                f"{found or paths['run_dir']}: the drafter's data position is segment {here[0]} batch {here[1]} of the rolling plan "
+                f"({len(layout.windows)} windows per epoch); asked to train segment {limit - 1} (epoch × {len(layout.windows)} + window)"
+                ": that would train a window twice or skip one. The rolling state and the checkpoints disagree; "
+                f"remove {paths['run_dir']} (with its rolling.json) to train anew"
+            )
+        report.log(f"rolling: segment {limit - 1} (epoch × {len(layout.windows)} + window), {len(plans[limit - 1])} batches")
 
     forward: Callable[..., list[torch.Tensor]] = model
     if ranks.world > 1:
@@ -586,7 +648,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     loop_started = time.monotonic()
     checkpoint_s = 0.0
     model.train()
-    while step < total_steps and epoch < settings.epochs:
+    while step < total_steps and epoch < limit:
         if batch_index >= len(plans[epoch]):
             epoch, batch_index = epoch + 1, 0
             continue
@@ -613,7 +675,8 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
             curve.append(row)
             report.progress({**row, "total_steps": total_steps, "epoch": epoch})
             window = Window(settings.ttt_steps, device)
-        if ranks.leader and (step % settings.checkpoint_every == 0 or step == total_steps):
+        segment_end = layout is not None and batch_index == len(plans[epoch])
+        if ranks.leader and (step % settings.checkpoint_every == 0 or step == total_steps or segment_end):
             checkpoint_started = time.monotonic()
             checkpoint()
             checkpoint_s += time.monotonic() - checkpoint_started
@@ -637,10 +700,12 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         "autocast": str(autocast) if autocast else "float32",
         "drafter": config.to_dict(),
     }
+    result["finished"] = step >= total_steps or _advance(plans, epoch, batch_index)[0] >= len(plans)
     if not ranks.leader:
         return result
-    model_cpu = model.to("cpu")
-    export_for_servers(model_cpu, paths["export_dir"], target_config, dtype=settings.export_dtype)
+    if result["finished"]:
+        model_cpu = model.to("cpu")
+        export_for_servers(model_cpu, paths["export_dir"], target_config, dtype=settings.export_dtype)
+        report.log(f"exported the drafter to {paths['export_dir']} after {time.monotonic() - started:.1f} s")
     wall = time.monotonic() - started
-    report.log(f"exported the drafter to {paths['export_dir']} after {wall:.1f} s")
     return {**result, "wall_s": round(wall, 2), "checkpoint": str(latest_checkpoint(paths["run_dir"]))}

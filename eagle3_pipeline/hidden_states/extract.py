@@ -18,6 +18,13 @@ Every backend goes through this one loop; only "the states of a batch of sequenc
 tensor parallelism every rank runs the loop (each forward needs all of them) and the source's
 writer (rank 0) alone touches the store: it decides which shards to do, shares that decision and
 the spot-check samples with the other ranks, and writes.
+
+Rolling mode (``rolling_window_shards``, :mod:`eagle3_pipeline.drafter.rolling`): the phase extracts
+only the eval shards (the store's index and manifest cover those; the spot check samples them),
+records the train rows' layout (:func:`.plan.rolling_layout`) and checks the disk for the eval
+shards plus the largest window. The rolling loop then calls the phase with ``shards`` (extract these
+planned train shards into the existing store, with the same per-shard resume; index and manifest
+stay as they are) and with ``delete_shards`` (remove a trained window's files; no target loaded).
 """
 
 from __future__ import annotations
@@ -36,7 +43,15 @@ from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
 from eagle3_pipeline.hidden_states.capture import check_layer_ids, load_target
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
-from eagle3_pipeline.hidden_states.plan import PLAN_FILE, PlannedShard, plan_shards, write_plan
+from eagle3_pipeline.hidden_states.plan import (
+    PLAN_FILE,
+    ROLLING_LAYOUT_FILE,
+    PlannedShard,
+    plan_shards,
+    rolling_layout,
+    write_plan,
+    write_rolling_layout,
+)
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
     HIDDEN_KEY,
@@ -112,6 +127,8 @@ class ExtractSpec(HiddenStatesConfig):
     model: str
     target_name: str
     trust_remote_code: bool = False
+    shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
+    delete_shards: list[str] | None = None  # rolling: delete these shards' files (a trained window), nothing else
 
 
 def target_weights(config: PipelineConfig) -> str:
@@ -200,11 +217,15 @@ def _shard_reusable(store: HiddenStateStore, shard: PlannedShard) -> bool:
     return tuple(ids) == shard.sample_ids
 
 
+def _remove_torn(store: HiddenStateStore) -> None:
+    for path in store.root.glob(".shard-*.tmp"):
+        path.unlink()
+
+
 def _remove_leftovers(store: HiddenStateStore, planned: Sequence[PlannedShard]) -> None:
     """Delete torn temporaries, shards outside the plan and the index of an earlier plan."""
     names = {s.name for s in planned}
-    for path in store.root.glob(".shard-*.tmp"):
-        path.unlink()
+    _remove_torn(store)
     for path in store.root.glob("shard-*"):
         if path.name.split(".")[0] not in names:
             path.unlink()
@@ -364,33 +385,90 @@ def _decided(source: StateSource, decide: Callable[[], T]) -> T:
     return outcome
 
 
+def on_disk(store: HiddenStateStore) -> dict[str, int]:
+    """The shard tensor files in the store now (rolling mode reports its disk peak from these)."""
+    files = list(store.root.glob("shard-*.safetensors"))
+    return {"shard_files_on_disk": len(files), "shard_bytes_on_disk": sum(p.stat().st_size for p in files)}
+
+
+def delete_shards(store: HiddenStateStore, names: Sequence[str], report: Reporter) -> dict[str, Any]:
+    """Remove a trained rolling window's shard files (index first: a kill midway leaves an incomplete
+    shard, which is never reused). A shard the store's index holds (an eval shard) is refused."""
+    kept = set(store.manifest().shards) if store.manifest_path.is_file() else set()
+    refused = sorted(set(names) & kept)
+    if refused:
+        raise ExtractionError(f"{store.root}: refusing to delete {refused}: the store's index holds them (they are not a rolling window's)")
+    for name in names:
+        for suffix in (".index.parquet", ".safetensors"):
+            (store.root / f"{name}{suffix}").unlink(missing_ok=True)
+    report.log(f"extract: deleted {len(names)} trained shard(s) {names[0] if names else ''}…{names[-1] if names else ''}")
+    return {"shards_deleted": len(names), **on_disk(store)}
+
+
 def _prepare_store(
-    store: HiddenStateStore, wanted: StoreManifest, planned: list[PlannedShard], settings: ExtractSpec, per_token: int
+    store: HiddenStateStore, wanted: StoreManifest, planned: list[PlannedShard], selected: list[PlannedShard], data: TrainingData,
+    settings: ExtractSpec, per_token: int,
 ) -> tuple[list[str], list[str], dict[str, int]]:
-    """The writer's part before extraction: identity, reusable shards, disk, manifest, leftovers, plan."""
+    """The writer's part before extracting ``selected``: identity, reusable shards, disk, manifest,
+    leftovers, plan (rolling: the layout, and the disk for one window too; a window: disk only)."""
     state = _store_state(store, wanted, settings.overwrite)
-    reused = [s for s in planned if state == "same" and _shard_reusable(store, s)]
-    todo = [s for s in planned if s not in reused]
-    disk = check_disk(store.root, sum(s.tokens for s in todo), per_token, settings.disk_margin)
-    store.write_manifest(wanted)
-    _remove_leftovers(store, planned if state == "same" else [])
-    write_plan(store.root, settings.shard_tokens, planned)
+    window = settings.shards is not None
+    if window and state != "same":
+        raise ExtractionError(f"{store.root}: no hidden-state store of these settings to extract a rolling window into; materialize hidden_states first")
+    reused = [s for s in selected if state == "same" and _shard_reusable(store, s)]
+    todo = [s for s in selected if s not in reused]
+    tokens = sum(s.tokens for s in todo)
+    layout = None
+    if settings.rolling_window_shards is not None and not window:
+        layout = rolling_layout(data, planned, settings.rolling_window_shards)
+        by_name = {s.name: s.tokens for s in planned}
+        tokens += max((sum(by_name[n] for n in w) for w in layout.windows), default=0)
+    disk = check_disk(store.root, tokens, per_token, settings.disk_margin)
+    if window:
+        _remove_torn(store)
+    else:
+        store.write_manifest(wanted)
+        _remove_leftovers(store, planned if state == "same" else [])
+        write_plan(store.root, settings.shard_tokens, planned, None if layout is None else layout.eval_shards)
+    if layout is not None:
+        write_rolling_layout(store.root, layout)
+    elif not window:
+        (store.root / ROLLING_LAYOUT_FILE).unlink(missing_ok=True)  # a whole store: no layout of an earlier rolling one
     return [s.name for s in reused], [s.name for s in todo], disk
 
 
-def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
-    """The phase (C5): extract every sample of ``spec['training_data']`` into ``spec['output']``."""
+def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = None) -> dict[str, Any]:
+    """The phase (C5): extract every sample of ``spec['training_data']`` into ``spec['output']``.
+    ``source``: a state source already open in this process, used instead of opening the one the spec
+    names (one loaded target for several rolling windows)."""
     settings = parse_spec(spec)
+    if settings.delete_shards is not None:
+        return delete_shards(HiddenStateStore(Path(settings.output)), settings.delete_shards, report)
     data = TrainingData.open(Path(settings.training_data))
     planned = plan_shards(data, settings.shard_tokens)
     if not planned:
         raise ExtractionError(f"{data.folder}: training_data has no sample")
-    with open_source(settings) as source:
+    unknown = sorted(set(settings.shards or []) - {s.name for s in planned})
+    if unknown:
+        raise ExtractionError(f"extract spec: shards {unknown} are not in the plan of {data.folder} at shard_tokens {settings.shard_tokens}")
+    if source is not None:
         return _extract(settings, data, planned, source, report)
+    with open_source(settings) as opened:
+        return _extract(settings, data, planned, opened, report)
+
+
+def _selected(settings: ExtractSpec, planned: list[PlannedShard]) -> list[PlannedShard]:
+    """The shards this run extracts: a window's, rolling mode's eval shards, or all."""
+    if settings.shards is not None:
+        return [s for s in planned if s.name in settings.shards]
+    if settings.rolling_window_shards is not None:
+        return [s for s in planned if s.split == "eval"]
+    return planned
 
 
 def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard], source: StateSource, report: Reporter) -> dict[str, Any]:
     store = HiddenStateStore(Path(settings.output))
+    selected = _selected(settings, planned)
     identity = source.identity
     aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
     check_layer_ids(aux_ids, identity.num_layers)
@@ -398,11 +476,11 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         target=identity, aux_layer_ids=list(aux_ids), training_data_version=data.version(), capture=source.capture(aux_ids)
     )
     per_token = bytes_per_token(identity.hidden_size, len(aux_ids))
-    reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, settings, per_token))
+    reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, selected, data, settings, per_token))
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
     report.log(
-        f"extract: {len(planned)} shards planned, {len(reused)} complete, {len(todo)} to do "
+        f"extract: {len(planned)} shards planned, {len(selected)} to hold, {len(reused)} complete, {len(todo)} to do "
         f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB); "
         f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) with {source.describe()}, "
         f"aux layers {aux_ids} (output-of-layer ids)"
@@ -419,14 +497,23 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         report.progress(
             {
                 "shards_done": len(reused) + number,
-                "shards_planned": len(planned),
+                "shards_planned": len(selected),
                 "tokens_done": tokens_now,
                 "tokens_per_s": round(tokens_now / elapsed, 1) if elapsed else 0.0,
                 "bytes_per_token": round(size / shard.tokens, 1),
             }
         )
     extract_seconds = time.monotonic() - started
-    names = [s.name for s in planned]
+    if settings.shards is not None:
+        return {
+            "shards_written": len(todo),
+            "shards_reused": len(reused),
+            "tokens_extracted_now": tokens_now,
+            "extract_seconds": round(extract_seconds, 2),
+            "tokens_per_s": round(tokens_now / extract_seconds, 1) if tokens_now and extract_seconds else 0.0,
+            **(on_disk(store) if source.writer else {}),
+        }
+    names = [s.name for s in selected]
     if source.writer:
         index = store.write_index(names)
         wanted.shards, wanted.samples, wanted.bytes = names, index.num_rows, sum((store.root / f"{n}.safetensors").stat().st_size for n in names)
@@ -440,6 +527,15 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         f"{checked['spot_check_max_rel_error']:.2e} (tolerance {settings.spot_check_tolerance})"
     )
     splits = index.column("split").to_pylist()
+    rolling: dict[str, Any] = {}
+    if settings.rolling_window_shards is not None:
+        train = [s for s in planned if s.split == "train"]
+        rolling = {
+            "rolling_window_shards": settings.rolling_window_shards,
+            "rolling_train_shards": len(train),
+            "rolling_train_tokens": sum(s.tokens for s in train),
+            "rolling_layout": str(store.root / ROLLING_LAYOUT_FILE),
+        }
     return {
         "store": str(store.root),
         "samples": index.num_rows,
@@ -450,7 +546,7 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         "bytes_per_token": round(wanted.bytes_per_token, 2),
         "bytes_per_token_formula": per_token,
         "bytes_per_token_ratio": round(wanted.bytes_per_token / per_token, 4),
-        "shards": len(planned),
+        "shards": len(selected),
         "shards_written": len(todo),
         "shards_reused": len(reused),
         "tokens_extracted_now": tokens_now,
@@ -471,4 +567,5 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         "plan": str(store.root / PLAN_FILE),
         **disk,
         **checked,
+        **rolling,
     }

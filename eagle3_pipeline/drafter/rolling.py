@@ -1,0 +1,171 @@
+"""Rolling hidden-state windows: train a drafter on a store larger than the disk.
+
+With ``hidden_states.rolling_window_shards`` the store keeps only its eval shards; :func:`run_rolling`
+then goes, epoch by epoch and window by window (the train shards in plan order, N at a time,
+:func:`eagle3_pipeline.hidden_states.plan.rolling_layout`):
+
+1. ``extract(shards)``: extract the window's shards (the extract phase's per-shard resume);
+2. ``train(epoch, window)``: train on exactly those shards' rows up to the window's end, where the
+   trainer checkpoints (:mod:`eagle3_pipeline.drafter.train`, rolling mode);
+3. ``delete(shards)``: delete the window's shard files;
+
+recording before each stage where it is in ``rolling.json`` (layout digest, segment, epoch, window,
+stage, drafter step, disk peak). A kill anywhere resumes there: during extraction, the extraction
+again (finished shards are kept); during training, the trainer from its last checkpoint (the window's
+shards are still there); between the window's last checkpoint and the record, the trainer again,
+which finds its position at the window's end and trains nothing; during deletion, the deletion
+again. The trainer refuses a position outside the window it is asked for, so no window is trained
+twice and none is skipped; the callables are plain functions so the asset passes ``run_heavy_phase``
+closures and tests call the phases in process.
+
+The trade-off (:func:`tradeoff`): the disk holds the eval shards and one window (plus the shard
+being written) instead of the whole store, and every epoch re-extracts every train token, so
+extraction costs about ``epochs`` times the extraction of a normal store, plus one target load per
+window (each window's extraction is a phase of its own: fewer, larger windows load it less often).
+For Kimi-K2.5 (88K prompts × ~1.25K tokens, 57,349 B/token bf16, eval_fraction 0.05, 10 epochs)
+``python benchmarks/rolling_tradeoff.py`` prints 6.31 TB for the whole store against a 347 GB
+peak with 16-shard windows (315 GB of it the eval shards), and ×9.55 the extraction time: 29.2 h
+instead of 3.1 h at an assumed 10K tokens/s, before the target loads: 200 windows an epoch, 2,001
+loads of an assumed 600 s add 333 h (128-shard windows: 25 an epoch, 558 GB peak, 42 h of loads).
+So pick the largest window the disk holds. No rate or load time of the SGLang TP-8 extraction of
+Kimi-K2.5 has been measured yet; the benchmark takes both as arguments.
+
+No torch here: the code location imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.compute import Reporter
+
+STATE_FILE = "rolling.json"
+GB = 1e9
+
+Extract = Callable[[list[str]], Mapping[str, Any]]
+Train = Callable[[int, int], Mapping[str, Any]]
+Delete = Callable[[list[str]], Mapping[str, Any]]
+
+
+class RollingError(RuntimeError):
+    """The rolling state cannot be continued; the message says why and what to do."""
+
+
+def layout_digest(windows: list[list[str]], epochs: int) -> str:
+    """What a ``rolling.json`` belongs to: the windows' shards and the epochs."""
+    return hashlib.sha256(json.dumps({"windows": windows, "epochs": epochs}).encode()).hexdigest()
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict) or not {"layout", "segment", "stage"} <= set(state):
+            raise ValueError("expected an object with layout, segment and stage")
+        return state
+    except ValueError as exc:
+        raise RollingError(f"{path}: not a rolling state ({exc}); remove it with the drafter's run folder to train anew") from None
+
+
+def write_state(path: Path, state: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(json.dumps(state, indent=1))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _note_disk(state: dict[str, Any], found: Mapping[str, Any]) -> None:
+    if "shard_files_on_disk" in found:
+        state["peak_shard_files"] = max(state.get("peak_shard_files", 0), int(found["shard_files_on_disk"]))
+        state["peak_shard_bytes"] = max(state.get("peak_shard_bytes", 0), int(found["shard_bytes_on_disk"]))
+
+
+def run_rolling(
+    state_path: Path, windows: list[list[str]], epochs: int, extract: Extract, train: Train, delete: Delete, report: Reporter
+) -> dict[str, Any]:
+    """Every (epoch, window) in order, from where ``state_path`` says; returns the trainer's last
+    result with the rolling figures (``rolling_*``). A state of another layout is refused."""
+    if not windows:
+        raise RollingError("rolling: the store's layout has no train shard")
+    digest = layout_digest(windows, epochs)
+    state = read_state(state_path) or {"layout": digest, "segment": 0, "stage": "extract", "step": 0, "windows_trained": 0}
+    if state["layout"] != digest:
+        raise RollingError(
+            f"{state_path}: made for another rolling layout (windows or drafter.epochs changed); remove it with the drafter's "
+            "run folder to train anew"
+        )
+    segments = [(e, w) for e in range(epochs) for w in range(len(windows))]
+    result: Mapping[str, Any] | None = None
+    while state["segment"] < len(segments):
+        epoch, window = segments[state["segment"]]
+        shards = windows[window]
+        state.update(epoch=epoch, window=window)
+        if state["stage"] == "extract":
+            write_state(state_path, state)
+            report.log(f"rolling: epoch {epoch}, window {window + 1}/{len(windows)}: extracting {len(shards)} shard(s)")
+            _note_disk(state, extract(shards))
+            state["stage"] = "train"
+            write_state(state_path, state)
+        if state["stage"] == "train":
+            result = train(epoch, window)
+            state.update(stage="delete", step=int(result["steps"]), finished=bool(result["finished"]))
+            state["windows_trained"] += 1
+            write_state(state_path, state)
+        delete(shards)
+        state.update(stage="extract", segment=len(segments) if state.get("finished") else state["segment"] + 1)
+        write_state(state_path, state)
+        report.log(f"rolling: epoch {epoch}, window {window + 1}/{len(windows)} done at drafter step {state['step']}")
+    if result is None:
+        # Everything was done before this run: the trainer, at its end, trains nothing and exports again.
+        result = train(*segments[-1])
+    return {
+        **result,
+        "rolling_windows": len(windows),
+        "rolling_segments": len(segments),
+        "rolling_windows_trained": state["windows_trained"],
+        "rolling_peak_shard_files": state.get("peak_shard_files", 0),
+        "rolling_peak_shard_bytes": state.get("peak_shard_bytes", 0),
+        "rolling_state": str(state_path),
+    }
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    """Disk and extraction of a rolling run against a whole store (sizes in bytes, times in s)."""
+
+    store_bytes: float
+    rolling_peak_bytes: float
+    extract_once_s: float
+    rolling_extract_s: float
+    windows: int
+
+    @property
+    def extract_ratio(self) -> float:
+        return self.rolling_extract_s / self.extract_once_s
+
+
+def tradeoff(
+    train_tokens: float, eval_tokens: float, bytes_per_token: float, shard_tokens: int, window_shards: int, epochs: int, extract_tokens_per_s: float,
+    target_load_s: float = 0.0,
+) -> Tradeoff:
+    """The store extracted once (all of it on disk) against rolling windows (eval shards + one window
+    + the shard being written on disk; the train tokens extracted ``epochs`` times, and the target
+    loaded once per window, ``target_load_s`` each, as each window's extraction is a phase of its own)."""
+    windows = -(-int(train_tokens) // (window_shards * shard_tokens))
+    return Tradeoff(
+        store_bytes=(train_tokens + eval_tokens) * bytes_per_token,
+        rolling_peak_bytes=(eval_tokens + (window_shards + 1) * shard_tokens) * bytes_per_token,
+        extract_once_s=(train_tokens + eval_tokens) / extract_tokens_per_s + target_load_s,
+        rolling_extract_s=(epochs * train_tokens + eval_tokens) / extract_tokens_per_s + (epochs * windows + 1) * target_load_s,
+        windows=windows,
+    )
