@@ -7,8 +7,9 @@ samples in the same shards, written by ``ShardWriter(dtype="float8_e4m3")`` from
 the phase does: the target's states arrive in bf16 and are quantized when the shard is written).
 Both stores share one draft vocabulary. The drafter is then trained on each with the same seed, the
 same steps and the same settings (the local profile's drafter: lr, batch_tokens, max_seq_len,
-ttt_steps, seed; ``--epochs`` replaces its 12, default 6, so both runs fit in about 20 minutes on
-the shared two-core machine), and ``drafter_eval``'s function (``eagle3_pipeline.drafter.evaluate:run``,
+ttt_steps, seed; ``--epochs`` replaces its 12, default 6: with the default 120 prompts of at most
+128 tokens the two runs and the store fit in about half an hour on a two-core machine shared with
+other jobs), and ``drafter_eval``'s function (``eagle3_pipeline.drafter.evaluate:run``,
 K = 3, 5, 7) measures τ per dataset on each store's eval split, i.e. each drafter reads its states
 from the store of its own dtype, as a deployment with that storage dtype would.
 
@@ -17,7 +18,7 @@ sample and tensor, as the phase's spot check computes it) of the dequantized fp8
 the bf16 ones for the aux layers and the teacher, how often the teacher's full-vocabulary argmax
 from fp8 states equals the one from bf16 states, both τ tables, and τ(fp8) / τ(bf16) per dataset and K.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/store_dtype_tau.py [--samples 200] [--max-tokens 256] [--epochs 6] [--work DIR]
+    PYTHONPATH=. .venv/bin/python benchmarks/store_dtype_tau.py [--samples 120] [--max-tokens 128] [--epochs 6] [--work DIR]
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def compare(bf16: HiddenStateStore, fp8: HiddenStateStore, lm_head: torch.Tensor
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=120)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=6, help="replaces the local profile's drafter.epochs (12)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "eagle3-store-dtype-tau")
     args = parser.parse_args()
