@@ -98,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=120)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft-vocab", type=int, default=2048, help="the local profile's draft_vocab.size")
     parser.add_argument("--epochs", type=int, default=6, help="replaces the local profile's drafter.epochs (12)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "eagle3-store-dtype-tau")
     args = parser.parse_args()
@@ -107,7 +108,7 @@ def main() -> None:
     stores = {BF16: HiddenStateStore(args.work / BF16), FP8: HiddenStateStore(args.work / FP8)}
     started = time.monotonic()
     if not stores[BF16].index_path.is_file():
-        real_store(stores[BF16].root, vocab, target_dir, args.samples, config.draft_vocab.size, max_tokens=args.max_tokens)
+        real_store(stores[BF16].root, vocab, target_dir, args.samples, args.draft_vocab, max_tokens=args.max_tokens)
     if not stores[FP8].index_path.is_file():
         convert(stores[BF16], stores[FP8].root, FP8)
     print(f"stores built in {time.monotonic() - started:.0f} s under {args.work}")

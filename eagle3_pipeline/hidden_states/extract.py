@@ -409,7 +409,7 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
     todo = [s for s in planned if s.name in todo_names]
     report.log(
         f"extract: {len(planned)} shards planned, {len(reused)} complete, {len(todo)} to do "
-        f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB); "
+        f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB in {settings.storage_dtype}, {per_token} bytes/token); "
         f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) with {source.describe()}, "
         f"aux layers {aux_ids} (output-of-layer ids)"
     )
