@@ -16,7 +16,8 @@ from the store of its own dtype, as a deployment with that storage dtype would.
 Prints: bytes/token of each store (measured and by formula), the largest relative error (L2 per
 sample and tensor, as the phase's spot check computes it) of the dequantized fp8 states against
 the bf16 ones for the aux layers and the teacher, how often the teacher's full-vocabulary argmax
-from fp8 states equals the one from bf16 states, both τ tables, and τ(fp8) / τ(bf16) per dataset and K.
+from fp8 states equals the one from bf16 states (and the bf16 top-1/top-2 margin where it does
+not), KL and total variation between the two teacher distributions, both τ tables, and τ(fp8) / τ(bf16) per dataset and K.
 
     PYTHONPATH=. .venv/bin/python benchmarks/store_dtype_tau.py [--samples 120] [--max-tokens 128] [--epochs 6] [--work DIR]
 """
@@ -81,17 +82,27 @@ def relative_error(found: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def compare(bf16: HiddenStateStore, fp8: HiddenStateStore, lm_head: torch.Tensor) -> dict[str, float]:
+    """Largest relative errors of the dequantized states, and what the fp8 teacher does to the
+    target's distribution: argmax agreement, the bf16 top-1/top-2 probability margin where the
+    argmax flips, KL(bf16 ‖ fp8) and total variation per token."""
     worst_aux = worst_hidden = 0.0
-    same = total = 0
+    margins, flips, kls, tvs = [], [], [], []
     for a, b in zip(bf16.iter_samples(), fp8.iter_samples(), strict=True):
         assert a.sample_id == b.sample_id and torch.equal(a.input_ids, b.input_ids)
         worst_aux = max(worst_aux, relative_error(b.aux_hidden_states, a.aux_hidden_states))
         worst_hidden = max(worst_hidden, relative_error(b.hidden_states, a.hidden_states))
-        top_a = (a.hidden_states.float() @ lm_head.T).argmax(-1)
-        top_b = (b.hidden_states.float() @ lm_head.T).argmax(-1)
-        same += int((top_a == top_b).sum())
-        total += top_a.numel()
-    return {"aux": worst_aux, "hidden": worst_hidden, "argmax_same": same / total, "tokens": total}
+        logits_a, logits_b = a.hidden_states.float() @ lm_head.T, b.hidden_states.float() @ lm_head.T
+        p_a, log_a, log_b = logits_a.softmax(-1), logits_a.log_softmax(-1), logits_b.log_softmax(-1)
+        top = p_a.topk(2, -1).values
+        margins.append(top[:, 0] - top[:, 1])
+        flips.append(logits_a.argmax(-1) != logits_b.argmax(-1))
+        kls.append((p_a * (log_a - log_b)).sum(-1))
+        tvs.append(0.5 * (p_a - log_b.exp()).abs().sum(-1))
+    margin, flip, kl, tv = torch.cat(margins), torch.cat(flips), torch.cat(kls), torch.cat(tvs)
+    return {"aux": worst_aux, "hidden": worst_hidden, "argmax_same": 1 - float(flip.float().mean()), "tokens": flip.numel(),
+            "margin_all": float(margin.median()), "margin_flips": float(margin[flip].median()) if flip.any() else float("nan"),
+            "flips_close": float((margin[flip] < 0.05).float().mean()) if flip.any() else float("nan"),
+            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "tv_mean": float(tv.mean()), "tv_max": float(tv.max())}  # fmt: skip
 
 
 def main() -> None:
@@ -123,6 +134,10 @@ def main() -> None:
     errors = compare(stores[BF16], stores[FP8], target.lm_head.float())
     print(f"\nfp8 dequantized vs bf16 (max relative L2 error per sample and tensor): aux {errors['aux']:.4f}, teacher {errors['hidden']:.4f}")
     print(f"teacher's full-vocabulary argmax from fp8 states equals the bf16 one at {errors['argmax_same']:.4%} of {errors['tokens']} tokens")
+    print(f"  where it flips, the bf16 teacher's top-1 − top-2 probability margin has median {errors['margin_flips']:.4f} (all tokens: {errors['margin_all']:.4f}); "
+          f"{errors['flips_close']:.1%} of the flips have a margin below 0.05")  # fmt: skip
+    print(f"  KL(bf16 ‖ fp8) of the teacher's distribution: mean {errors['kl_mean']:.5f} nats, max {errors['kl_max']:.4f}; "
+          f"total variation mean {errors['tv_mean']:.4f}, max {errors['tv_max']:.4f}")  # fmt: skip
 
     base = train_spec(config, args.work)
     settings = {**base["settings"], "epochs": args.epochs}
