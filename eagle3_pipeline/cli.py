@@ -382,6 +382,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 2
     from eagle3_pipeline.drafter.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
+    from eagle3_pipeline.hidden_states.disk import config_disk_plan
 
     try:
         records = checkpoint_records(config)
@@ -405,14 +406,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
     plan = build_plan(config, throughput, records, args.max_cost)
     scaling = data_scaling(config, records, throughput)
+    disk = config_disk_plan(config, records, {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()})
     if args.json:
         more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
-        print(json.dumps({**plan.as_dict(), "calibration_failed": failed, "data_scaling": more_data}, indent=2))
+        disk_data = disk if isinstance(disk, str) else disk.as_dict()
+        print(json.dumps({**plan.as_dict(), "calibration_failed": failed, "data_scaling": more_data, "hidden_state_disk": disk_data}, indent=2))
     else:
         print(plan.text())
         for name, reason in failed.items():
             print(f"calibration of {name} failed: {reason}")
         print("\n" + (scaling if isinstance(scaling, str) else scaling.text()))
+        print("\n" + (disk if isinstance(disk, str) else disk.text()))
     return 0
 
 
@@ -428,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--host", help="with several inference hosts: the one to check (default: the first listed)")
     status.set_defaults(func=cmd_status)
     plan = sub.add_parser(
-        "plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset"
+        "plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset; "
+        "then the hidden states' disk per backend and storage dtype"
     )
     plan.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -454,6 +454,16 @@ class HiddenStatesConfig(_Model):
     spot_check_samples: Annotated[int, Field(ge=0)] = 4
     # Largest relative L2 error (per sample and tensor, bf16) between stored and re-computed states.
     spot_check_tolerance: Annotated[float, Field(gt=0)] = 0.01
+    storage_dtype: Literal["bfloat16", "float8_e4m3"] = Field(
+        default="bfloat16",
+        description=(
+            "How the store holds the aux layers and the teacher. bfloat16: 2 bytes per value ((3+1)·H·2 + 5 bytes per token; "
+            "Kimi-K2.5: 57,349). float8_e4m3: 1 byte per value plus a float32 scale per token and layer ((3+1)·(H+4) + 5; "
+            "Kimi-K2.5: 28,693), about half the disk; every reader dequantizes to bf16 (eagle3_pipeline.hidden_states.store). "
+            "Part of the store's identity: a store of the other dtype is refused (or replaced with overwrite), never reused. "
+            "The spot check compares the stored states with the re-computed ones rounded the same way."
+        ),
+    )
     backend: Literal["transformers", "sglang", "vllm"] = Field(
         default="transformers",
         description=(

@@ -31,7 +31,7 @@ from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.inputs import TrainingDataError
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
-from eagle3_pipeline.hidden_states.store import StoreError
+from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.target import TargetError, dimensions, read_config
@@ -155,10 +155,12 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
                               "request sent again to the server) "
                               "match the stored states within hidden_states.spot_check_tolerance."),
             dg.AssetCheckSpec("bytes_per_token", asset="hidden_states",
-                              description="Bytes on disk per token within 5 % of (3 aux + teacher) × hidden × 2 + 5."),
+                              description="Bytes on disk per token within 5 % of the formula for hidden_states.storage_dtype: "
+                              "(3 aux + teacher) × hidden × 2 + 5 in bfloat16, (3 aux + teacher) × (hidden + 4) + 5 in float8_e4m3."),
         ],
         description="The target's hidden states for every train and eval sample: 3 aux layers (output-of-layer ids) "
-        "and the teacher (final hidden state after the final norm), bf16 safetensors shards + Parquet index.",
+        "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 with per-token scales: "
+        "hidden_states.storage_dtype) + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         config = pipeline_settings(context)
@@ -173,15 +175,10 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
-        ratio = meta["bytes_per_token_ratio"]
-        checks = [
-            _spot_check_result(meta),
-            dg.AssetCheckResult(
-                check_name="bytes_per_token",
-                passed=abs(ratio - 1) <= BYTES_PER_TOKEN_TOLERANCE,
-                description=f"{meta['bytes_per_token']} bytes/token, formula {meta['bytes_per_token_formula']} (ratio {ratio})",
-            ),
-        ]
+        passed, text = bytes_per_token_check(
+            meta["bytes_per_token"], meta["target_hidden_size"], len(meta["aux_layer_ids"]), config.hidden_states.storage_dtype, BYTES_PER_TOKEN_TOLERANCE
+        )
+        checks = [_spot_check_result(meta), dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text)]
         metadata = {**meta, "store": dg.MetadataValue.path(meta["store"]), "aux_layer_ids": str(meta["aux_layer_ids"])}
         return dg.MaterializeResult(metadata=metadata, check_results=checks)
 

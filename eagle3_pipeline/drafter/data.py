@@ -17,11 +17,10 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from eagle3_pipeline.hidden_states.store import AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY, HiddenStateStore
+from eagle3_pipeline.hidden_states.store import AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY, HiddenStateStore, ShardFile
 
 TEACHER_CHUNK_TOKENS = 1024
 
@@ -84,32 +83,31 @@ def epoch_plan(rows: Sequence[Row], seed: int, epoch: int | str, batch_tokens: i
 
 
 class BatchReader:
-    """Reads the rows of a batch from the shard files, keeping only the last shard open."""
+    """Reads the rows of a batch from the shard files, keeping only the last shard open (states in
+    bf16 whatever the store's storage dtype: :class:`ShardFile` dequantizes fp8)."""
 
     def __init__(self, root: Path, max_seq_len: int) -> None:
         self.root = Path(root)
         self.max_seq_len = max_seq_len
         self._name: str | None = None
-        self._handle: Any = None
+        self._shard: ShardFile | None = None
 
-    def _slices(self, shard: str) -> dict[str, Any]:
-        from safetensors import safe_open
-
-        if shard != self._name:
+    def _open(self, shard: str) -> ShardFile:
+        if self._shard is None or shard != self._name:
             self.close()
-            self._handle = safe_open(str(self.root / f"{shard}.safetensors"), framework="pt")
+            self._shard = ShardFile(self.root / f"{shard}.safetensors")
             self._name = shard
-        return {key: self._handle.get_slice(key) for key in (AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY)}
+        return self._shard
 
     def close(self) -> None:
-        self._handle, self._name = None, None
+        self._shard, self._name = None, None
 
     def read(self, rows: Sequence[Row]) -> Batch:
         samples = []
         for row in rows:
-            s = self._slices(row.shard)
+            s = self._open(row.shard)
             start, stop = row.offset, row.offset + min(row.length, self.max_seq_len)
-            samples.append((s[AUX_KEY][start:stop], s[HIDDEN_KEY][start:stop], s[IDS_KEY][start:stop], s[MASK_KEY][start:stop]))
+            samples.append(tuple(s.read(key, start, stop) for key in (AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY)))
         width = max(sample[2].shape[0] for sample in samples)
         b = len(samples)
         aux = torch.zeros(b, width, samples[0][0].shape[1], dtype=samples[0][0].dtype)

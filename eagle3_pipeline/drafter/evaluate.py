@@ -67,6 +67,7 @@ from eagle3_pipeline.hidden_states.store import (
     IDS_KEY,
     MASK_KEY,
     HiddenStateStore,
+    ShardFile,
     StoreError,
     StoreManifest,
     load_draft_vocab,
@@ -178,9 +179,8 @@ def select_rows(store: HiddenStateStore, split: str, cap: int | None = None, alw
 
 
 def read_rows(store: HiddenStateStore, rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """``(row, {key: tensor})`` for each row, reading only ``keys``; one shard open at a time."""
-    from safetensors import safe_open
-
+    """``(row, {key: tensor})`` for each row, reading only ``keys`` (states in bf16 whatever the
+    storage dtype); one shard open at a time."""
     by_shard: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_shard.setdefault(row["shard"], []).append(row)
@@ -188,11 +188,10 @@ def read_rows(store: HiddenStateStore, rows: Sequence[dict[str, Any]], keys: Seq
         path = store.root / f"{shard}.safetensors"
         if not path.is_file():
             raise StoreError(f"{path}: shard named in {store.index_path} is missing")
-        with safe_open(str(path), framework="pt") as handle:
-            slices = {key: handle.get_slice(key) for key in keys}
-            for row in shard_rows:
-                start, stop = row["offset"], row["offset"] + row["length"]
-                yield row, {key: piece[start:stop] for key, piece in slices.items()}
+        tensors = ShardFile(path)
+        for row in shard_rows:
+            start, stop = row["offset"], row["offset"] + row["length"]
+            yield row, {key: tensors.read(key, start, stop) for key in keys}
 
 
 def fit_store_bigram(store: HiddenStateStore, t2d: Any, training_data: Path | None = None) -> BigramDrafter:

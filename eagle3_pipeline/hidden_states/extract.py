@@ -54,13 +54,16 @@ from eagle3_pipeline.hidden_states.plan import (
 )
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
+    BF16,
     HIDDEN_KEY,
     IDS_KEY,
     HiddenStateStore,
+    ShardFile,
     ShardWriter,
     StoreError,
     StoreManifest,
     TargetIdentity,
+    as_stored,
     bytes_per_token,
     default_aux_layer_ids,
     identity_mismatch,
@@ -280,7 +283,7 @@ def extract_shard(store: HiddenStateStore, source: StateSource, spec: ExtractSpe
             states[index] = (aux.to("cpu", torch.bfloat16), hidden.to("cpu", torch.bfloat16))
     if not source.writer:
         return 0
-    writer = ShardWriter(store.root, int(shard.name.split("-")[1]))
+    writer = ShardWriter(store.root, int(shard.name.split("-")[1]), spec.storage_dtype)
     for index, row in enumerate(rows):
         aux, hidden = states.pop(index)
         ids = torch.tensor(row["input_ids"], dtype=torch.int32)
@@ -306,17 +309,16 @@ def spot_check_ids(index_ids: Sequence[str], count: int) -> list[str]:
 
 
 def _stored_slice(store: HiddenStateStore, row: dict[str, Any], key: str) -> Any:
-    from safetensors import safe_open
-
-    with safe_open(str(store.root / f"{row['shard']}.safetensors"), framework="pt") as handle:
-        return handle.get_slice(key)[row["offset"] : row["offset"] + row["length"]]
+    """One sample's stored tensor (states dequantized to bf16 from an fp8 store)."""
+    return ShardFile(store.root / f"{row['shard']}.safetensors").read(key, row["offset"], row["offset"] + row["length"])
 
 
-def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[int], count: int, tolerance: float) -> dict[str, Any]:
+def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[int], count: int, tolerance: float, dtype: str = BF16) -> dict[str, Any]:
     """Re-compute ``count`` stored samples alone through the source's ``reference_states`` (every
-    rank: the writer shares which); the writer compares them with the store in bf16."""
-    import torch
-
+    rank: the writer shares which); the writer compares them with the store in bf16, the fresh
+    states rounded as the store's ``dtype`` rounds them (fp8's own rounding, up to a few % per
+    sample, is the storage's cost, measured by benchmarks/store_dtype_tau.py; what the check looks
+    for is states that belong to another token, layer or sample)."""
     chosen: list[dict[str, Any]] = []
     if source.writer:
         rows = store.index().to_pylist()
@@ -331,8 +333,8 @@ def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[i
             raise ExtractionError(f"spot check, sample {row['sample_id']!r}: {exc.message}") from None
         if not source.writer:
             continue
-        for key, fresh in ((AUX_KEY, aux), (HIDDEN_KEY, hidden)):
-            error = _relative_error(_stored_slice(store, row, key), fresh.to("cpu", torch.bfloat16))
+        for key, fresh, layers in ((AUX_KEY, aux, len(aux_ids)), (HIDDEN_KEY, hidden, 1)):
+            error = _relative_error(_stored_slice(store, row, key), as_stored(fresh.to("cpu"), layers, dtype))
             if error > worst:
                 worst, worst_id = error, row["sample_id"]
     return {
@@ -473,15 +475,19 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
     aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
     check_layer_ids(aux_ids, identity.num_layers)
     wanted = StoreManifest(
-        target=identity, aux_layer_ids=list(aux_ids), training_data_version=data.version(), capture=source.capture(aux_ids)
+        target=identity,
+        aux_layer_ids=list(aux_ids),
+        training_data_version=data.version(),
+        dtype=settings.storage_dtype,
+        capture=source.capture(aux_ids),
     )
-    per_token = bytes_per_token(identity.hidden_size, len(aux_ids))
+    per_token = bytes_per_token(identity.hidden_size, len(aux_ids), settings.storage_dtype)
     reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, selected, data, settings, per_token))
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
     report.log(
         f"extract: {len(planned)} shards planned, {len(selected)} to hold, {len(reused)} complete, {len(todo)} to do "
-        f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB); "
+        f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB in {settings.storage_dtype}, {per_token} bytes/token); "
         f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) with {source.describe()}, "
         f"aux layers {aux_ids} (output-of-layer ids)"
     )
@@ -519,7 +525,7 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         wanted.shards, wanted.samples, wanted.bytes = names, index.num_rows, sum((store.root / f"{n}.safetensors").stat().st_size for n in names)
         wanted.tokens = int(sum(index.column("length").to_pylist()))
         store.write_manifest(wanted)
-    checked = spot_check(store, source, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance)
+    checked = spot_check(store, source, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance, settings.storage_dtype)
     if not source.writer:
         return {"shards_written": len(todo)}
     report.log(
@@ -546,6 +552,8 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         "bytes_per_token": round(wanted.bytes_per_token, 2),
         "bytes_per_token_formula": per_token,
         "bytes_per_token_ratio": round(wanted.bytes_per_token / per_token, 4),
+        "storage_dtype": settings.storage_dtype,
+        "disk_training_data_bytes": sum(s.tokens for s in planned) * per_token,
         "shards": len(selected),
         "shards_written": len(todo),
         "shards_reused": len(reused),

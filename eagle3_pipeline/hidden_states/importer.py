@@ -18,7 +18,9 @@ The spec (paths on the machine where the phase runs):
   split from the file name); its ``input_ids`` must equal SpecForge's, and its loss mask — exact
   per the ``training_data`` contract — is the one stored (disagreements with SpecForge's are
   counted). Without it, samples are ``specforge-<idx>`` in split ``train``, dataset ``specforge``;
-- ``samples_per_shard`` (default 256).
+- ``samples_per_shard`` (default 256);
+- ``storage_dtype`` (default ``bfloat16``; or ``float8_e4m3``): how our store holds the states
+  (``hidden_states.storage_dtype``); SpecForge's files are read in whatever dtype they hold.
 
 Or, as ``compute: command`` sends it: ``extract`` (the `extract` phase's spec, paths on this
 machine) and ``input_dir``; :func:`spec_from_extract` then builds the keys above here, from the
@@ -44,6 +46,8 @@ import pyarrow.parquet as pq
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.hidden_states.inputs import SPLITS, TrainingData
 from eagle3_pipeline.hidden_states.store import (
+    BF16,
+    STORAGE_DTYPES,
     HiddenStateStore,
     ShardWriter,
     StoreError,
@@ -164,7 +168,10 @@ def _manifest(spec: Mapping[str, Any]) -> StoreManifest:
     layers = _required(spec, "aux_layer_ids")
     if not isinstance(layers, list) or not layers or not all(isinstance(i, int) for i in layers):
         raise SpecForgeImportError(f"spec.aux_layer_ids: expected a list of layer ids, got {layers!r}")
-    return StoreManifest(target=identity, aux_layer_ids=layers, training_data_version=str(_required(spec, "training_data_version")))
+    dtype = spec.get("storage_dtype", BF16)
+    if dtype not in STORAGE_DTYPES:
+        raise SpecForgeImportError(f"spec.storage_dtype: expected one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
+    return StoreManifest(target=identity, aux_layer_ids=layers, training_data_version=str(_required(spec, "training_data_version")), dtype=dtype)
 
 
 def spec_from_extract(extract: Mapping[str, Any], input_dir: str) -> dict[str, Any]:
@@ -189,6 +196,7 @@ def spec_from_extract(extract: Mapping[str, Any], input_dir: str) -> dict[str, A
         "aux_layer_ids": list(aux_ids),
         "training_data_version": data.version(),
         "training_data": [str(path) for split in SPLITS for path in data.shard_files(split)],
+        "storage_dtype": settings.storage_dtype,
     }
 
 
@@ -223,7 +231,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         if store.shard_complete(name):
             skipped += 1
         else:
-            writer = ShardWriter(output_dir, number)
+            writer = ShardWriter(output_dir, number, wanted.dtype)
             for idx, path in group:
                 sample = load_sample(path)
                 if sample["aux"].shape[1] != aux_width or sample["hidden"].shape[1] != hidden:
@@ -251,13 +259,14 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         target=wanted.target,
         aux_layer_ids=wanted.aux_layer_ids,
         training_data_version=wanted.training_data_version,
+        dtype=wanted.dtype,
         shards=names,
         samples=index.num_rows,
         tokens=tokens,
         bytes=total_bytes,
     )
     store.write_manifest(final)
-    formula = bytes_per_token(hidden, len(wanted.aux_layer_ids))
+    formula = bytes_per_token(hidden, len(wanted.aux_layer_ids), wanted.dtype)
     indices = [idx for idx, _ in samples]
     expected = rows.total if rows is not None else indices[-1] + 1
     missing = expected - len(samples)
@@ -273,6 +282,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         "bytes_per_token": round(final.bytes_per_token, 2),
         "bytes_per_token_formula": formula,
         "bytes_per_token_ratio": round(final.bytes_per_token / formula, 4),
+        "storage_dtype": final.dtype,
         "samples_without_states": missing,
         "loss_mask_disagreements": disagreements,
         "layer_convention": final.layer_convention,

@@ -7,6 +7,15 @@ A store is a folder (on the orchestrator for ``compute: local``, on the GPU host
   ``hidden_states`` bf16 [N, H] (the teacher: the target's final hidden state after its final norm,
   so teacher logits = target ``lm_head(hidden_states)``), ``input_ids`` int32 [N] and
   ``loss_mask`` uint8 [N]. The safetensors header metadata holds ``samples`` and ``tokens``.
+  With ``hidden_states.storage_dtype: float8_e4m3`` (:data:`STORAGE_DTYPES`) both state tensors are
+  ``float8_e4m3fn`` instead, each with its per-token scales: ``aux_scales`` float32 [N, 3] (one per
+  token and aux layer) and ``hidden_scales`` float32 [N, 1]; stored value × scale is the state (see
+  :func:`quantize_fp8`). Every reader goes through :class:`ShardFile`, which hands back bf16 either way.
+  The teacher is fp8 too, so the store halves (a bf16 teacher would keep 62.5 %): on the embedded
+  model (benchmarks/store_dtype_tau.py) its argmax flips at 2.5 % of tokens, nearly all where the
+  target's top two are within 0.05 of each other, KL(bf16 ‖ fp8) is 0.0056 nats per token, and τ
+  of a drafter trained on it is 0.5 % (6 epochs) and 1.2 % (12 epochs) below the bf16 store's, within
+  the noise of its 12 eval samples (README, "What an fp8 store costs in τ").
 - ``shard-NNNNN.index.parquet``: that shard's rows of the index, written after the tensors. A shard
   is finished only when both files exist and agree (:meth:`HiddenStateStore.shard_complete`), so a
   shard torn by a kill is detected and redone.
@@ -46,7 +55,16 @@ AUX_KEY = "aux_hidden_states"
 HIDDEN_KEY = "hidden_states"
 IDS_KEY = "input_ids"
 MASK_KEY = "loss_mask"
+AUX_SCALE_KEY = "aux_scales"
+HIDDEN_SCALE_KEY = "hidden_scales"
+SCALE_KEYS = {AUX_KEY: AUX_SCALE_KEY, HIDDEN_KEY: HIDDEN_SCALE_KEY}
+BF16 = "bfloat16"
+FP8 = "float8_e4m3"
+STORAGE_DTYPES = (BF16, FP8)
 BF16_BYTES = 2
+FP8_BYTES = 1
+SCALE_BYTES = 4
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 ID_AND_MASK_BYTES = 4 + 1
 INDEX_SCHEMA = pa.schema(
     [
@@ -71,9 +89,65 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
-def bytes_per_token(hidden_size: int, aux_layers: int = 3) -> int:
-    """What one token costs on disk: the aux layers and the teacher in bf16, plus id and mask."""
-    return (aux_layers + 1) * hidden_size * BF16_BYTES + ID_AND_MASK_BYTES
+def bytes_per_token(hidden_size: int, aux_layers: int = 3, dtype: str = BF16) -> int:
+    """What one token costs on disk: the aux layers and the teacher in the storage dtype (fp8: plus
+    one float32 scale per layer and token), plus id and mask."""
+    if dtype == BF16:
+        return (aux_layers + 1) * hidden_size * BF16_BYTES + ID_AND_MASK_BYTES
+    if dtype == FP8:
+        return (aux_layers + 1) * (hidden_size * FP8_BYTES + SCALE_BYTES) + ID_AND_MASK_BYTES
+    raise StoreError(f"storage dtype {dtype!r}: expected one of {', '.join(STORAGE_DTYPES)}")
+
+
+def bytes_per_token_check(measured: float, hidden_size: int, aux_layers: int, dtype: str, tolerance: float) -> tuple[bool, str]:
+    """Whether a store's measured bytes per token are within ``tolerance`` (relative) of
+    :func:`bytes_per_token` for the configured storage ``dtype``, and the sentence that says so
+    (a bf16 store where fp8 was asked is twice the formula, an fp8 one where bf16 was asked half)."""
+    formula = bytes_per_token(hidden_size, aux_layers, dtype)
+    ratio = measured / formula
+    passed = abs(ratio - 1) <= tolerance
+    text = f"{measured} bytes/token, formula for {dtype} {formula} ({aux_layers} aux + teacher, hidden {hidden_size}; ratio {ratio:.4f})"
+    return passed, text if passed else f"{text}: more than {tolerance:.0%} off; is the store of another storage dtype?"
+
+
+def quantize_fp8(states: Any, layers: int) -> tuple[Any, Any]:
+    """``states`` [N, layers·H] → ``(float8_e4m3fn [N, layers·H], float32 scales [N, layers])``.
+
+    e4m3 is a float (3 mantissa bits, normals from 2⁻⁶ to 448): an element's relative rounding
+    (≤ 2⁻⁴) does not depend on the scale as long as it stays above the normal floor, so the scale
+    only has to put the largest value at 448. **Per token** (one scale per token and captured layer):
+    every token gets the whole range to itself. Per channel, one scale would be set by the largest
+    value of the channel over the shard, i.e. by the outlier tokens: on the embedded model the
+    largest token's max |x| in the middle aux layer is 299× the median token's (its RMS 154×), so
+    the small elements of ordinary tokens would sink into e4m3's subnormals (fewer bits) or to 0.
+    Per-token scales also keep a sample's stored bytes independent of the other samples of its
+    shard (as batching is: see the extract phase), which a per-shard statistic would not. Cost: 4
+    bytes per layer and token (16 of Kimi-K2.5's 28,693)."""
+    import torch
+
+    n = states.shape[0]
+    grouped = states.detach().to("cpu", torch.float32).reshape(n, layers, -1)
+    scales = grouped.abs().amax(dim=-1) / FP8_MAX
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    values = (grouped / scales[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return values.reshape(n, -1), scales
+
+
+def as_stored(states: Any, layers: int, dtype: str) -> Any:
+    """``states`` [N, layers·H] as a store of ``dtype`` hands them back (bf16, through fp8 for fp8)."""
+    import torch
+
+    if dtype == FP8:
+        return dequantize_fp8(*quantize_fp8(states.to(torch.bfloat16), layers))
+    return states.detach().to("cpu", torch.bfloat16)
+
+
+def dequantize_fp8(values: Any, scales: Any) -> Any:
+    """The inverse of :func:`quantize_fp8`, in bf16 (what a bf16 store holds)."""
+    import torch
+
+    n, layers = scales.shape
+    return (values.to(torch.float32).reshape(n, layers, -1) * scales[:, :, None]).reshape(n, -1).to(torch.bfloat16)
 
 
 def shard_name(number: int) -> str:
@@ -161,11 +235,46 @@ def _write_atomic(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
+class ShardFile:
+    """One shard's tensors read by token range; fp8 states come back dequantized to bf16 (a shard
+    says its storage by holding scale tensors), so no reader depends on the storage dtype."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self._handle = safe_open(str(path), framework="pt")
+        self._keys = set(self._handle.keys())
+        self._slices: dict[str, Any] = {}
+
+    def _slice(self, key: str) -> Any:
+        if key not in self._slices:
+            if key not in self._keys:
+                raise StoreError(f"{self.path}: no tensor {key!r} (holds {', '.join(sorted(self._keys))})")
+            self._slices[key] = self._handle.get_slice(key)
+        return self._slices[key]
+
+    @property
+    def dtype(self) -> str:
+        return FP8 if AUX_SCALE_KEY in self._keys else BF16
+
+    def read(self, key: str, start: int, stop: int) -> Any:
+        """Tokens ``[start, stop)`` of ``key``; states in bf16 whatever the storage dtype."""
+        piece = self._slice(key)[start:stop]
+        scale_key = SCALE_KEYS.get(key)
+        if scale_key is not None and scale_key in self._keys:
+            return dequantize_fp8(piece, self._slice(scale_key)[start:stop])
+        return piece
+
+
 class ShardWriter:
     """Collects samples for one shard and writes it atomically (tensors first, then its index)."""
 
-    def __init__(self, root: Path, number: int) -> None:
+    def __init__(self, root: Path, number: int, dtype: str = BF16) -> None:
+        if dtype not in STORAGE_DTYPES:
+            raise StoreError(f"storage dtype {dtype!r}: expected one of {', '.join(STORAGE_DTYPES)}")
         self.root = root
+        self.dtype = dtype
         self.name = shard_name(number)
         self._ids: list[Any] = []
         self._masks: list[Any] = []
@@ -175,7 +284,7 @@ class ShardWriter:
         self.tokens = 0
 
     def add(self, sample_id: str, dataset: str, split: str, input_ids: Any, loss_mask: Any, aux: Any, hidden: Any) -> None:
-        """Tensors on any device/dtype; stored as int32 / uint8 / bf16 on the CPU."""
+        """Tensors on any device/dtype; stored as int32 / uint8 / bf16 on the CPU (fp8 at :meth:`close`)."""
         import torch
 
         length = int(input_ids.shape[0])
@@ -221,6 +330,10 @@ class ShardWriter:
         }
         if not (torch.isfinite(tensors[AUX_KEY]).all() and torch.isfinite(tensors[HIDDEN_KEY]).all()):
             raise StoreError(f"shard {self.name}: NaN or Inf after conversion to bf16")
+        if self.dtype == FP8:
+            hidden_size = tensors[HIDDEN_KEY].shape[1]
+            tensors[AUX_KEY], tensors[AUX_SCALE_KEY] = quantize_fp8(tensors[AUX_KEY], tensors[AUX_KEY].shape[1] // hidden_size)
+            tensors[HIDDEN_KEY], tensors[HIDDEN_SCALE_KEY] = quantize_fp8(tensors[HIDDEN_KEY], 1)
         self.root.mkdir(parents=True, exist_ok=True)
         tensor_path = self.root / f"{self.name}.safetensors"
         meta = {"samples": str(len(self._rows)), "tokens": str(self.tokens), "format": FORMAT}
@@ -283,27 +396,24 @@ class HiddenStateStore:
 
     def iter_samples(self, split: str | None = None, datasets: Sequence[str] | None = None) -> Iterator[HiddenSample]:
         """Samples shard by shard, in index order; only one shard's tensors are open at a time."""
-        from safetensors import safe_open
-
         rows = self.index().to_pylist()
         wanted = [r for r in rows if (split is None or r["split"] == split) and (datasets is None or r["dataset"] in datasets)]
         by_shard: dict[str, list[dict[str, Any]]] = {}
         for row in wanted:
             by_shard.setdefault(row["shard"], []).append(row)
         for name, shard_rows in by_shard.items():
-            with safe_open(str(self.root / f"{name}.safetensors"), framework="pt") as handle:
-                slices = {key: handle.get_slice(key) for key in (AUX_KEY, HIDDEN_KEY, IDS_KEY, MASK_KEY)}
-                for row in shard_rows:
-                    start, stop = row["offset"], row["offset"] + row["length"]
-                    yield HiddenSample(
-                        sample_id=row["sample_id"],
-                        dataset=row["dataset"],
-                        split=row["split"],
-                        input_ids=slices[IDS_KEY][start:stop].long(),
-                        loss_mask=slices[MASK_KEY][start:stop].bool(),
-                        aux_hidden_states=slices[AUX_KEY][start:stop],
-                        hidden_states=slices[HIDDEN_KEY][start:stop],
-                    )
+            shard = ShardFile(self.root / f"{name}.safetensors")
+            for row in shard_rows:
+                start, stop = row["offset"], row["offset"] + row["length"]
+                yield HiddenSample(
+                    sample_id=row["sample_id"],
+                    dataset=row["dataset"],
+                    split=row["split"],
+                    input_ids=shard.read(IDS_KEY, start, stop).long(),
+                    loss_mask=shard.read(MASK_KEY, start, stop).bool(),
+                    aux_hidden_states=shard.read(AUX_KEY, start, stop),
+                    hidden_states=shard.read(HIDDEN_KEY, start, stop),
+                )
 
 
 def save_draft_vocab(folder: Path, d2t: Any, t2d: Any, manifest: dict[str, Any]) -> None:

@@ -133,3 +133,24 @@ def test_errors_name_the_file_and_what_was_expected(tmp_path: Path) -> None:
         run(import_spec(tmp_path / "junk", tmp_path / "d", None), Recorder())
     with pytest.raises(SpecForgeImportError, match="missing key 'target'"):
         run({"input_dir": str(sf), "output_dir": str(tmp_path / "e")}, Recorder())
+
+
+def test_an_fp8_import_writes_what_our_fp8_writer_writes(tmp_path: Path) -> None:
+    samples = make_samples(6, seed=4)
+    sf = write_specforge(tmp_path / "sf", samples)
+    training = write_training_data(tmp_path / "td", samples)
+    spec = {**import_spec(sf, tmp_path / "store", training, per_shard=3), "storage_dtype": "float8_e4m3"}
+    metadata = run(spec, Recorder())
+    ours = tmp_path / "ours"
+    for number in range(2):
+        writer = ShardWriter(ours, number, "float8_e4m3")
+        for s in samples[number * 3 : number * 3 + 3]:
+            writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
+        writer.close()
+    assert shard_contents(tmp_path / "store") == shard_contents(ours), "tensors or index differ from ShardWriter's"
+    assert HiddenStateStore(tmp_path / "store").manifest().dtype == "float8_e4m3" and metadata["storage_dtype"] == "float8_e4m3"
+    assert metadata["bytes_per_token_formula"] == 4 * (8 + 4) + 5
+    with pytest.raises(StoreError, match="dtype: store has 'float8_e4m3', expected 'bfloat16'"):
+        run(import_spec(sf, tmp_path / "store", training, per_shard=3), Recorder())
+    with pytest.raises(SpecForgeImportError, match=r"spec.storage_dtype: expected one of bfloat16, float8_e4m3, got 'int8'"):
+        run({**spec, "storage_dtype": "int8"}, Recorder())
