@@ -50,6 +50,18 @@ from eagle3_pipeline.hidden_states.store import (
     default_aux_layer_ids,
     identity_mismatch,
 )
+from eagle3_pipeline.hidden_states.validation import (
+    Comparison,
+    ServingReferenceError,
+    ValidationFailed,
+    check_states,
+    compare,
+    load_lm_head,
+    load_reference,
+    teacher_argmax,
+    tokenization_problems,
+    verdict,
+)
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
 GB = 1e9
@@ -324,6 +336,62 @@ def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[i
     }
 
 
+def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any]:
+    """The writer's part: the recorded reference's samples, or why there is nothing to validate against."""
+    if not settings.validation.samples:
+        return {"skip": "hidden_states.validation.samples is 0"}
+    try:
+        reference, reason = load_reference(data.folder, data.version())
+    except ServingReferenceError as exc:
+        raise ExtractionError(str(exc)) from None
+    if reference is None:
+        return {"skip": reason}
+    problems = tokenization_problems(reference)
+    if problems:
+        raise ExtractionError(
+            f"validation against the serving target: training_data was tokenized by a tokenizer other than the served model's "
+            f"({reference.tokenizer} vs {reference.server}): {'; '.join(problems[:3])}"
+        )
+    return {"reference": reference}
+
+
+def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter) -> dict[str, Any]:
+    """Before any shard: the reference samples through the source (every rank), their teacher's
+    argmax under lm_head against the serving target's greedy tokens (the writer). Raises
+    :class:`ExtractionError` below ``validation.min_agreement``; without a reference, says so."""
+    plan = _decided(source, lambda: _validation_plan(settings, data))
+    if "skip" in plan:
+        report.log(f"extract: NOT validated against the serving target: {plan['skip']}")
+        return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
+    reference = plan["reference"]
+    identity = source.identity
+    lm_head = load_lm_head(settings.model) if source.writer else None
+    result = Comparison()
+    for sample in reference.samples:
+        try:
+            aux, hidden = source.reference_states(aux_ids, sample.input_ids)
+        except SampleError as exc:
+            raise ExtractionError(f"validation, sample {sample.sample_id!r}: {exc.message}") from None
+        if not source.writer:
+            continue
+        try:
+            check_states(sample, aux, hidden, len(aux_ids) * identity.hidden_size, identity.hidden_size)
+        except ValidationFailed as exc:
+            raise ExtractionError(f"validation against the serving target: {exc}") from None
+        compare(sample, teacher_argmax(hidden, lm_head), settings.validation.near_tie_logprob_margin, result)
+    if not source.writer:
+        return {}
+    try:
+        meta = verdict(reference, result, settings.validation)
+    except ValidationFailed as exc:
+        raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
+    report.log(
+        f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
+        f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({meta['serving_near_ties']} near-ties apart)"
+    )
+    return {**meta, "serving_validation_detail": f"{result.agreed}/{result.compared} positions agree"}
+
+
 @contextmanager
 def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
     """The state source ``hidden_states.backend`` names, on this process (one rank under torchrun)."""
@@ -398,6 +466,7 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         target=identity, aux_layer_ids=list(aux_ids), training_data_version=data.version(), capture=source.capture(aux_ids)
     )
     per_token = bytes_per_token(identity.hidden_size, len(aux_ids))
+    validated = validate_first(source, settings, data, aux_ids, report)
     reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, settings, per_token))
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
@@ -471,4 +540,5 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         "plan": str(store.root / PLAN_FILE),
         **disk,
         **checked,
+        **validated,
     }

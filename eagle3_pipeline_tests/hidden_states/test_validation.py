@@ -1,0 +1,233 @@
+"""Validation of the states against the serving target before a large extraction.
+
+Stand-ins: the target is SmolLM2-135M-Instruct (for the 1T model); the serving server is a real
+HTTP server on loopback (:class:`LogprobServer`) that answers SGLang's ``/generate`` or vLLM's
+``/v1/completions`` with ``prompt_logprobs``, and ``/tokenize``, computed by transformers on the same
+model with the served tokenizer (for SGLang / vLLM on GPUs). The broken teachers (a layer early,
+shifted by a position, without the final norm) are the real model's states wrapped by
+:class:`BrokenTeacher`, the mistakes a backend can make.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from eagle3_pipeline.config import ServingValidationConfig  # noqa: E402
+from eagle3_pipeline.dataprep.agreement import ServerEndpoint  # noqa: E402
+from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target  # noqa: E402
+from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, parse_spec, run  # noqa: E402
+from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
+from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
+from eagle3_pipeline.hidden_states.validation import REFERENCE_FILE, record_reference  # noqa: E402
+from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
+
+pytestmark = pytest.mark.local_model
+
+NAME = "SmolLM2-135M-Instruct"
+TEXTS = [
+    "The capital of France is Paris. It is known for the Eiffel Tower and its museums, and many people visit it every year.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # prints the sum of two numbers",
+    "Water boils at one hundred degrees Celsius at sea level, and it freezes at zero degrees.",
+    "Once upon a time there was a little girl who lived in a village near the forest with her grandmother.",
+]
+SETTINGS = ServingValidationConfig(samples=4, min_agreement=0.9, near_tie_logprob_margin=0.2)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+    def progress(self, metrics: dict[str, Any]) -> None:
+        pass
+
+
+class LogprobServer:
+    """SGLang (``kind='sglang'``) or vLLM (``'vllm'``) on loopback, answering from ``model`` with
+    ``tokenizer`` (the served one)."""
+
+    def __init__(self, model: Any, tokenizer: Any, kind: str) -> None:
+        self.model, self.tokenizer, self.kind = model, tokenizer, kind
+        self.lock = threading.Lock()
+        self.requests: list[str] = []
+
+    def top2(self, ids: list[int]) -> Any:
+        with self.lock, torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+        return torch.log_softmax(logits, dim=-1).topk(2, dim=-1)
+
+    def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.requests.append(path)
+        if path == "/tokenize":
+            return 200, {"tokens": self.tokenizer.encode(body["prompt"], add_special_tokens=False)}
+        if path == "/generate" and self.kind == "sglang":
+            ids = body["input_ids"]
+            top = self.top2(ids)
+            rows = [[[float(top.values[t, k]), int(top.indices[t, k]), None] for k in range(2)] for t in range(len(ids))]
+            return 200, {"text": "", "meta_info": {"input_top_logprobs": [None, *rows[:-1]], "output_top_logprobs": [rows[-1]]}}
+        if path == "/v1/completions" and self.kind == "vllm":
+            ids = body["prompt"]
+            top = self.top2(ids)
+            rows = [{str(int(top.indices[t, k])): {"logprob": float(top.values[t, k]), "rank": k + 1} for k in range(2)} for t in range(len(ids) - 1)]
+            return 200, {"choices": [{"text": "", "prompt_logprobs": [None, *rows]}]}
+        return 404, {"error": "not found"}
+
+    def __enter__(self) -> LogprobServer:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, payload = owner.answer(self.path, body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class BrokenTeacher:
+    """The real target's states with the teacher taken wrongly (``how``): ``layer_early`` (the final
+    norm applied to the output of layer N-2), ``shifted`` (one position late), ``no_final_norm``
+    (the last layer's output before the norm)."""
+
+    def __init__(self, target: Target, how: str) -> None:
+        self.target, self.how = target, how
+        self.identity, self.spot_check_method, self.writer = target.identity, target.spot_check_method, True
+
+    def describe(self) -> str:
+        return f"broken teacher ({self.how})"
+
+    def capture(self, aux_layer_ids: Any) -> dict[str, Any]:
+        return self.target.capture(aux_layer_ids)
+
+    def share(self, value: Any) -> Any:
+        return value
+
+    def batch_states(self, aux_layer_ids: Any, sequences: Any) -> list[tuple[Any, Any]]:
+        return [self.reference_states(aux_layer_ids, s) for s in sequences]
+
+    def reference_states(self, aux_layer_ids: Any, sequence: Any) -> tuple[Any, Any]:
+        aux, hidden = self.target.reference_states(aux_layer_ids, sequence)
+        layers, base = decoder_layers(self.target.model), self.target.model.model
+        ids = torch.tensor([list(sequence)])
+        with torch.inference_mode():
+            states = base(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+            caught: dict[str, Any] = {}
+            handle = layers[-1].register_forward_hook(lambda _m, _i, out: caught.__setitem__("last", out[0] if isinstance(out, tuple) else out))
+            base(input_ids=ids, use_cache=False)
+            handle.remove()
+        if self.how == "layer_early":
+            return aux, base.norm(states[-3])[0]
+        if self.how == "shifted":
+            return aux, hidden.roll(1, dims=0)
+        return aux, caught["last"][0]
+
+
+@pytest.fixture(scope="module")
+def target(local_model: Path) -> Target:
+    return load_target(str(local_model), NAME, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(local_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(local_model))
+
+
+def rows_of(tokenizer: Any) -> list[dict[str, Any]]:
+    rows = []
+    for i, text in enumerate(TEXTS):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        mask = [0] * 4 + [1] * (len(ids) - 4)
+        rows.append({"id": f"s{i:03d}", "dataset": "B1", "input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "num_masked": sum(mask)})
+    return rows
+
+
+def training_data(folder: Path, tokenizer: Any) -> Path:
+    rows = rows_of(tokenizer)
+    return write_training_data(folder, {"train": [rows[:3]], "eval": [rows[3:]]})
+
+
+def spec(data: Path, output: Path, model: Path) -> dict[str, Any]:
+    return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": NAME, "device": "cpu",
+            "spot_check_samples": 1, "validation": SETTINGS.model_dump()}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory, target: Target, tokenizer: Any) -> Iterator[Path]:
+    """training_data with a reference recorded from the SGLang-like server."""
+    data = training_data(tmp_path_factory.mktemp("validated") / "training_data", tokenizer)
+    with LogprobServer(target.model, tokenizer, "sglang") as server:
+        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS)
+    assert reference.api == "sglang" and len(reference.samples) == 4
+    assert all(s.tokenization == "same" for s in reference.samples)
+    yield data
+
+
+def test_correct_states_pass_and_the_metadata_says_how_well(recorded: Path, tmp_path: Path, local_model: Path) -> None:
+    report = Recorder()
+    meta = run(spec(recorded, tmp_path / "store", local_model), report)
+    assert meta["serving_validation"] == "passed", meta
+    assert meta["serving_samples"] == 4 and meta["serving_positions"] > 60
+    assert meta["serving_agreement"] >= 0.95
+    assert meta["serving_positions"] + meta["serving_near_ties"] == sum(len(r["input_ids"]) - 1 for r in rows_of_folder(recorded))
+    assert any("validated against http://127.0.0.1" in line for line in report.lines)
+    print(f"correct states: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties")
+
+
+def rows_of_folder(folder: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    data = TrainingData.open(folder)
+    return [r for p in data.shard_files("train") + data.shard_files("eval") for r in pq.read_table(p).to_pylist()]
+
+
+@pytest.mark.parametrize("how", ["layer_early", "shifted", "no_final_norm"])
+def test_a_wrong_teacher_stops_the_phase_before_any_shard(how: str, recorded: Path, tmp_path: Path, local_model: Path, target: Target) -> None:
+    settings = parse_spec(spec(recorded, tmp_path / "store", local_model))
+    data = TrainingData.open(recorded)
+    with pytest.raises(ExtractionError) as caught:
+        _extract(settings, data, plan_shards(data, settings.shard_tokens), BrokenTeacher(target, how), Recorder())
+    message = str(caught.value)
+    print(f"{how}: {message}")
+    assert "validation against the serving target, before extraction" in message
+    assert "below hidden_states.validation.min_agreement 90%" in message and "first disagreements: 's0" in message
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").glob("shard-*"))
+
+
+def test_vllm_prompt_logprobs_give_the_same_reference(recorded: Path, tmp_path: Path, target: Target, tokenizer: Any) -> None:
+    data = training_data(tmp_path / "training_data", tokenizer)
+    with LogprobServer(target.model, tokenizer, "vllm") as server:
+        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS)
+    sglang = json.loads((recorded / REFERENCE_FILE).read_text())
+    assert reference.api == "vllm"
+    assert [s.top1 for s in reference.samples] == [s["top1"] for s in sglang["samples"]]
