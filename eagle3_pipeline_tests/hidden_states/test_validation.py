@@ -231,3 +231,42 @@ def test_vllm_prompt_logprobs_give_the_same_reference(recorded: Path, tmp_path: 
     sglang = json.loads((recorded / REFERENCE_FILE).read_text())
     assert reference.api == "vllm"
     assert [s.top1 for s in reference.samples] == [s["top1"] for s in sglang["samples"]]
+
+
+def other_tokenizer(local_model: Path, folder: Path) -> Any:
+    """A tokenizer other than the served one: SmolLM2's with only its first 10000 BPE merges (as an
+    older or foreign tokenizer would split the same text into other ids)."""
+    from transformers import AutoTokenizer
+
+    folder.mkdir(parents=True)
+    spec = json.loads((local_model / "tokenizer.json").read_text())
+    spec["model"]["merges"] = spec["model"]["merges"][:10000]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text((local_model / "tokenizer_config.json").read_text())
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_rows_of_another_tokenizer_stop_the_phase_with_the_first_differing_token(
+    tmp_path: Path, local_model: Path, target: Target, tokenizer: Any
+) -> None:
+    wrong = other_tokenizer(local_model, tmp_path / "other-tokenizer")
+    data = training_data(tmp_path / "training_data", wrong)
+    with LogprobServer(target.model, tokenizer, "sglang") as server:
+        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), wrong, "other-tokenizer", SETTINGS)
+    assert all("tokenizes the sample's text differently" in s.tokenization for s in reference.samples)
+    with pytest.raises(ExtractionError) as caught:
+        run(spec(data, tmp_path / "store", local_model), Recorder())
+    message = str(caught.value)
+    print(f"wrong tokenizer: {message}")
+    assert "training_data was tokenized by a tokenizer other than the served model's (other-tokenizer vs http://127.0.0.1" in message
+    assert "sample 's00" in message and "from token " in message
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").glob("shard-*"))
+
+
+def test_without_a_reference_the_phase_says_it_did_not_validate(tmp_path: Path, local_model: Path, tokenizer: Any) -> None:
+    data = training_data(tmp_path / "training_data", tokenizer)
+    report = Recorder()
+    meta = run(spec(data, tmp_path / "store", local_model), report)
+    assert meta["serving_validation"] == "not validated"
+    assert "no reference recorded" in meta["serving_validation_detail"]
+    assert any("NOT validated against the serving target" in line for line in report.lines)
