@@ -270,3 +270,24 @@ def test_without_a_reference_the_phase_says_it_did_not_validate(tmp_path: Path, 
     assert meta["serving_validation"] == "not validated"
     assert "no reference recorded" in meta["serving_validation_detail"]
     assert any("NOT validated against the serving target" in line for line in report.lines)
+
+
+def test_against_the_embedded_transformers_serve_the_same_way(tmp_path: Path, local_model: Path, target: Target, tokenizer: Any) -> None:
+    """The real embedded server (``transformers serve``, no logprobs, text prompts only): one greedy
+    1-token completion per checked prefix; correct states pass, a teacher without the final norm fails."""
+    from eagle3_pipeline.serving import EmbeddedServer
+
+    data = training_data(tmp_path / "training_data", tokenizer)
+    settings = SETTINGS.model_copy(update={"text_positions": 6})
+    with EmbeddedServer(local_model, tmp_path / "server.log") as server:
+        reference = record_reference(data, ServerEndpoint(server.base_url, server.model), tokenizer, NAME, settings)
+    assert reference.api == "text" and len(reference.samples) == 4
+    assert all(s.tokenization.startswith("same") and len(s.positions) == 6 and s.margin == [None] * 6 for s in reference.samples)
+    meta = run({**spec(data, tmp_path / "store", local_model), "validation": settings.model_dump()}, Recorder())
+    assert meta["serving_validation"] == "passed" and meta["serving_agreement"] >= 0.9, meta
+    assert meta["serving_near_ties_known"] is False and meta["serving_positions"] + meta["serving_unknown_positions"] == 24
+    print(f"embedded: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_unknown_positions']} not one token")
+    parsed = parse_spec({**spec(data, tmp_path / "broken", local_model), "validation": settings.model_dump()})
+    opened = TrainingData.open(data)
+    with pytest.raises(ExtractionError, match=r"validation against the serving target, before extraction: .*\(http://127\.0\.0\.1:\d+/v1, text\)"):
+        _extract(parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(target, "no_final_norm"), Recorder())
