@@ -385,6 +385,9 @@ def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingDat
         meta = verdict(reference, result, settings.validation)
     except ValidationFailed as exc:
         raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
+    if meta["serving_validation"] != "passed":
+        report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
+        return meta
     report.log(
         f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
         f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({meta['serving_near_ties']} near-ties apart)"

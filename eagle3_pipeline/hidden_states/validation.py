@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from eagle3_pipeline.config import ServingValidationConfig
+from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
 from eagle3_pipeline.dataprep.agreement import CONTEXT_TOKENS, RemoteTokenizerError, ServerEndpoint, TokenizeRouteMissing, remote_tokenizer
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 
@@ -67,8 +67,8 @@ class ValidationFailed(RuntimeError):
 @dataclass
 class ReferenceSample:
     """The server's answers for one sample: at ``positions[k]`` (the prediction after
-    ``input_ids[: positions[k] + 1]``) its greedy token ``top1[k]`` (None: its answer was not one
-    token of ours) and ``margin[k]`` (top-1 − top-2 logprob; None where unknown)."""
+    ``input_ids[: positions[k] + 1]``) its greedy token ``top1[k]`` (None: unknown, the text path's
+    answer was not one token, or the prefix's text does not tokenize back to the row's ids) and ``margin[k]`` (top-1 − top-2 logprob; None where unknown)."""
 
     sample_id: str
     input_ids: list[int]
@@ -260,15 +260,18 @@ def _text_sample(asker: ServerAsker, row: dict[str, Any], tokenizer: Any, count:
     for t in _text_positions(len(ids), count):
         prompt = tokenizer.decode(ids[: t + 1])
         text, prompt_tokens = text_prediction(asker, prompt)
-        ours = len(tokenizer(prompt)["input_ids"])
-        if prompt_tokens != ours and tokenization.startswith("same"):
+        ours = tokenizer(prompt)["input_ids"]
+        if prompt_tokens != len(ours) and tokenization.startswith("same"):
             tokenization = (
                 f"the server counts {prompt_tokens} prompt tokens in the text of the sample's first {t + 1} tokens where "
-                f"training_data's tokenizer counts {ours}: {prompt[-80:]!r}"
+                f"training_data's tokenizer counts {len(ours)}: {prompt[-80:]!r}"
             )
         piece = tokenizer.encode(text, add_special_tokens=False)
         positions.append(t)
-        top1.append(piece[0] if len(piece) == 1 else None)
+        # The server saw the prefix's text, not our ids: its answer is about our ids only where the text
+        # tokenizes back to them, and names one of our tokens only where it is one token.
+        same_ids = tokenizer.encode(prompt, add_special_tokens=False) == list(ids[: t + 1])
+        top1.append(piece[0] if len(piece) == 1 and same_ids else None)
     return ReferenceSample(row["id"], list(ids), positions, top1, [None] * len(positions), tokenization)
 
 
@@ -412,15 +415,18 @@ def verdict(reference: ServingReference, result: Comparison, settings: ServingVa
         "serving_agreement": round(share, 4),
         "serving_min_agreement": settings.min_agreement,
         "serving_near_ties": result.near_ties,
-        "serving_near_tie_agreement": round(result.near_tie_agreed / result.near_ties, 4) if result.near_ties else None,
         "serving_unknown_positions": result.unknown,
         "serving_near_ties_known": reference.api != "text",
     }
+    if result.near_ties:
+        meta["serving_near_tie_agreement"] = round(result.near_tie_agreed / result.near_ties, 4)
     if not result.compared:
-        raise ValidationFailed(
-            f"no position could be compared with {reference.server} ({result.near_ties} near-ties, {result.unknown} answers "
-            "that are not one token): nothing shows the states match the serving target"
-        )
+        return {
+            **meta,
+            "serving_validation": "not validated",
+            "serving_validation_detail": f"no position could be compared with {reference.server} ({result.near_ties} near-ties, "
+            f"{result.unknown} positions whose prefix text does not tokenize back to the row's ids or whose answer is not one token)",
+        }
     if share < settings.min_agreement:
         raise ValidationFailed(
             f"argmax(lm_head(teacher)) agrees with the serving target ({reference.server}, {reference.api}) at {result.agreed} of "
@@ -434,3 +440,66 @@ def verdict(reference: ServingReference, result: Comparison, settings: ServingVa
 
 def tokenization_problems(reference: ServingReference) -> list[str]:
     return [f"sample {s.sample_id!r}: {s.tokenization}" for s in reference.samples if not s.tokenization.startswith(("same", "not checked"))]
+
+
+def record_from_first(
+    training_data: Path, endpoints: Sequence[ServerEndpoint], tokenizer_name: str, trust_remote_code: bool, settings: ServingValidationConfig
+) -> dict[str, Any]:
+    """Record the reference from the first of ``endpoints`` that answers; what was done, as metadata
+    (``serving_reference_status``: ``recorded from …``, ``off`` or ``not recorded: …`` with the reasons)."""
+    if not settings.samples:
+        return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
+    if not endpoints:
+        return {"serving_reference_status": "not recorded: no serving endpoint to ask"}
+    from eagle3_pipeline.target import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
+    reasons = []
+    for endpoint in endpoints:
+        try:
+            reference = record_reference(training_data, endpoint, tokenizer, tokenizer_name, settings)
+        except ServingReferenceError as exc:
+            reasons.append(str(exc))
+            continue
+        problems = tokenization_problems(reference)
+        return {
+            "serving_reference_status": f"recorded from {reference.server} ({reference.api}): {len(reference.samples)} samples, "
+            f"{sum(len(s.positions) for s in reference.samples)} positions"
+            + (f"; tokenization differs: {problems[0]}" if problems else ""),
+        }
+    return {"serving_reference_status": "not recorded: " + "; ".join(reasons)}
+
+
+def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_name: str) -> dict[str, Any]:
+    """The ``hidden_states`` preflight: keep a reference recorded for these rows, else record one
+    now from a server that is up: with ``backend: vllm`` the extraction server itself, then the
+    inference endpoints (an SGLang server stopped for ``backend: sglang`` does not answer: record
+    it at ``training_data`` time), or the embedded server, started here for the recording and
+    stopped after it."""
+    settings = config.hidden_states.validation
+    if not settings.samples:
+        return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
+    data = TrainingData.open(training_data)
+    kept, _ = load_reference(training_data, data.version())
+    if kept is not None:
+        return {"serving_reference_status": f"kept: recorded earlier for these rows from {kept.server} ({kept.api})"}
+    from eagle3_pipeline.config import ConfigError
+    from eagle3_pipeline.monitor import UnhealthyError
+    from eagle3_pipeline.serving import InferenceProvider, ModelNotAvailable, ServerStartError
+
+    endpoints = []
+    if config.hidden_states.backend == "vllm" and config.hidden_states.vllm_base_url:
+        endpoints.append(ServerEndpoint(config.hidden_states.vllm_base_url, config.target.model))
+    reasons = []
+    provider = InferenceProvider(config)
+    try:
+        try:
+            endpoints += [ServerEndpoint(e.base_url, e.model, e.api_key) for e in provider.endpoints()]
+        except (UnhealthyError, ServerStartError, ModelNotAvailable, ConfigError) as exc:
+            reasons.append(f"the inference endpoints: {type(exc).__name__}: {str(exc)[:300]}")
+        done = record_from_first(training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings)
+    finally:
+        provider.close()
+    if reasons and done["serving_reference_status"].startswith("not recorded"):
+        done["serving_reference_status"] += "; " + "; ".join(reasons)
+    return done

@@ -291,3 +291,32 @@ def test_against_the_embedded_transformers_serve_the_same_way(tmp_path: Path, lo
     opened = TrainingData.open(data)
     with pytest.raises(ExtractionError, match=r"validation against the serving target, before extraction: .*\(http://127\.0\.0\.1:\d+/v1, text\)"):
         _extract(parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(target, "no_final_norm"), Recorder())
+
+
+def test_the_hidden_states_asset_reports_the_agreement_as_its_check(tmp_path: Path, local_model: Path, target: Target, tokenizer: Any) -> None:
+    """The asset on a real Dagster instance: the reference recorded while the (SGLang-like) server was
+    up is kept by the preflight, the phase validates first, the check reports the agreement."""
+    import dagster as dg
+
+    from eagle3_pipeline.config import load_config
+    from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+    from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+
+    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n  - {id: B1, source: a.jsonl}\n"
+        "hidden_states: {shard_tokens: 200, spot_check_samples: 1, device: cpu, validation: {samples: 2}}\n"
+    )
+    config = load_config(path)
+    data = training_data(config.artifacts_root / "training_data", tokenizer)
+    with LogprobServer(target.model, tokenizer, "sglang") as server:
+        record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, config.hidden_states.validation)
+    assets = build_eagle3_assets(config)
+    result = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
+    assert result.success
+    [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "serving_agreement"]
+    assert check.passed and "against http://127.0.0.1" in (check.description or "") and "(sglang, SmolLM2-135M-Instruct)" in (check.description or "")
+    meta = result.asset_materializations_for_node("hidden_states")[0].metadata
+    assert meta["serving_reference_status"].value.startswith("kept: recorded earlier for these rows")
+    assert meta["serving_samples"].value == 2 and meta["serving_agreement"].value >= 0.95
