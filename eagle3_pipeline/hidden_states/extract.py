@@ -62,6 +62,7 @@ from eagle3_pipeline.hidden_states.validation import (
     tokenization_problems,
     verdict,
 )
+from eagle3_pipeline.target import TargetError
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
 GB = 1e9
@@ -365,7 +366,10 @@ def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingDat
         return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
     reference = plan["reference"]
     identity = source.identity
-    lm_head = load_lm_head(settings.model) if source.writer else None
+    try:
+        lm_head = load_lm_head(settings.model) if source.writer else None
+    except TargetError as exc:
+        raise ExtractionError(f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}") from None
     result = Comparison()
     for sample in reference.samples:
         try:

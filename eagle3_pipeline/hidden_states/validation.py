@@ -342,10 +342,21 @@ def load_reference(training_data: Path, version: str) -> tuple[ServingReference 
 
 
 def load_lm_head(model: str) -> Any:
-    """The target's ``lm_head`` [vocab, hidden] read by name from its checkpoint folder."""
+    """The target's ``lm_head`` [vocab, hidden] read by name from its checkpoint folder (a Hugging
+    Face id: its snapshot in the local cache, where transformers loaded it from)."""
     from eagle3_pipeline.drafter.target import load_target_weights
+    from eagle3_pipeline.target import TargetError
 
-    return load_target_weights(Path(model)).lm_head
+    folder = Path(model)
+    if not folder.is_dir():
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            folder = Path(snapshot_download(model, local_files_only=True))
+        except (LocalEntryNotFoundError, ValueError) as exc:
+            raise TargetError(f"{model!r} is neither a folder nor a Hugging Face id in the local cache ({type(exc).__name__})") from None
+    return load_target_weights(folder).lm_head
 
 
 def teacher_argmax(hidden: Any, lm_head: Any) -> list[int]:
