@@ -27,7 +27,7 @@ from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_t
 from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, parse_spec, run  # noqa: E402
 from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
 from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
-from eagle3_pipeline.hidden_states.validation import REFERENCE_FILE, record_reference  # noqa: E402
+from eagle3_pipeline.hidden_states.validation import REFERENCE_FILE, record_from_first, record_reference  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
 
 pytestmark = pytest.mark.local_model
@@ -224,13 +224,21 @@ def test_a_wrong_teacher_stops_the_phase_before_any_shard(how: str, recorded: Pa
     assert not (tmp_path / "store").exists() or not list((tmp_path / "store").glob("shard-*"))
 
 
-def test_vllm_prompt_logprobs_give_the_same_reference(recorded: Path, tmp_path: Path, target: Target, tokenizer: Any) -> None:
+def test_vllm_prompt_logprobs_give_the_same_reference_from_the_first_server_that_answers(
+    recorded: Path, tmp_path: Path, local_model: Path, target: Target, tokenizer: Any
+) -> None:
     data = training_data(tmp_path / "training_data", tokenizer)
+    dead = ServerEndpoint("http://127.0.0.1:9/v1", NAME, "sk-not-to-be-logged")
+    unreachable = record_from_first(data, [dead], str(local_model), False, SETTINGS)["serving_reference_status"]
+    assert unreachable.startswith("not recorded: http://127.0.0.1:9/generate: ConnectError") and "sk-not-to-be-logged" not in unreachable
+    assert not (data / REFERENCE_FILE).exists()
     with LogprobServer(target.model, tokenizer, "vllm") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS)
+        status = record_from_first(data, [dead, ServerEndpoint(server.base_url, NAME)], str(local_model), False, SETTINGS)
+    assert status["serving_reference_status"].startswith(f"recorded from {server.base_url} (vllm): 4 samples")
+    assert "sk-not-to-be-logged" not in json.dumps(status) + (data / REFERENCE_FILE).read_text()
+    vllm = json.loads((data / REFERENCE_FILE).read_text())
     sglang = json.loads((recorded / REFERENCE_FILE).read_text())
-    assert reference.api == "vllm"
-    assert [s.top1 for s in reference.samples] == [s["top1"] for s in sglang["samples"]]
+    assert vllm["api"] == "vllm" and [s["top1"] for s in vllm["samples"]] == [s["top1"] for s in sglang["samples"]]
 
 
 def other_tokenizer(local_model: Path, folder: Path) -> Any:
