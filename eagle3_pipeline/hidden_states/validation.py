@@ -237,10 +237,14 @@ def tokenization_check(asker: ServerAsker, text: str, local: Callable[[str], lis
     if mine == theirs:
         return "same"
     at = _first_difference(mine, theirs)
+
+    def window(ids: list[int]) -> str:
+        return "[" + ", ".join(f"{t} {decode([t])!r}" for t in ids[at : at + CONTEXT_TOKENS]) + "]"
+
     return (
         f"the server tokenizes the sample's text differently from training_data's tokenizer from token {at} "
-        f"(character {len(decode(mine[:at]))}; ours {len(mine)} tokens, the server's {len(theirs)}): ours "
-        f"{mine[max(0, at - CONTEXT_TOKENS) : at + CONTEXT_TOKENS + 1]} vs the server's {theirs[max(0, at - CONTEXT_TOKENS) : at + CONTEXT_TOKENS + 1]}"
+        f"(character {len(decode(mine[:at]))}; ours {len(mine)} tokens, the server's {len(theirs)}): from there ours "
+        f"{window(mine)} vs the server's {window(theirs)}"
     )
 
 
