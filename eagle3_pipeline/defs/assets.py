@@ -270,7 +270,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             held_out_per_dataset=config.training_data.held_out_per_dataset,
         )
         reference = record_from_first(
-            layout.training_data, _serving_endpoints(config), tokenizer, config.target.trust_remote_code, config.hidden_states.validation
+            layout.training_data, _serving_endpoints(config), tokenizer, config.target.trust_remote_code, config.hidden_states.validation,
+            layout.serving_reference,
         )
         context.log.info(f"serving reference for hidden_states' validation: {reference['serving_reference_status']}")
         manifest = read_manifest(layout.training_data)

@@ -198,10 +198,14 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         fetch = [f"{layout.hidden_states.name}/{name}" for name in STORE_FILES]
         try:
             model = target_weights(config)
-            spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
-            reference = preflight_reference(config, layout.training_data, tokenizer_name(config))
+            reference = preflight_reference(config, layout.training_data, tokenizer_name(config), layout.serving_reference)
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
-            ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
+            recorded = layout.serving_reference.is_file()
+            spec = spec_from_config(
+                config, str(layout.training_data), str(layout.hidden_states), model, str(layout.serving_reference) if recorded else None
+            )
+            ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
+            ship += [model] if under_root(model, layout.root) else []
             meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **_launch(config))
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None

@@ -125,6 +125,8 @@ class ExtractSpec(HiddenStatesConfig):
     model: str
     target_name: str
     trust_remote_code: bool = False
+    # The serving target's recorded answers (validation.record_reference); None: not validated.
+    serving_reference: str | None = None
 
 
 def target_weights(config: PipelineConfig) -> str:
@@ -146,7 +148,7 @@ def target_weights(config: PipelineConfig) -> str:
     return str(config.target.tokenizer)
 
 
-def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str) -> dict[str, Any]:
+def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str, serving_reference: str | None = None) -> dict[str, Any]:
     """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
     settings = config.hidden_states.model_dump(exclude={"model"})
     return {
@@ -156,6 +158,7 @@ def spec_from_config(config: PipelineConfig, training_data: str, output: str, mo
         "model": model,
         "target_name": config.target.model,
         "trust_remote_code": config.target.trust_remote_code,
+        "serving_reference": serving_reference,
     }
 
 
@@ -341,8 +344,10 @@ def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any
     """The writer's part: the recorded reference's samples, or why there is nothing to validate against."""
     if not settings.validation.samples:
         return {"skip": "hidden_states.validation.samples is 0"}
+    if settings.serving_reference is None:
+        return {"skip": "no serving reference was given to the phase"}
     try:
-        reference, reason = load_reference(data.folder, data.version())
+        reference, reason = load_reference(Path(settings.serving_reference), data.version())
     except ServingReferenceError as exc:
         raise ExtractionError(str(exc)) from None
     if reference is None:
@@ -356,39 +361,55 @@ def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any
     return {"reference": reference}
 
 
+def _load_lm_head(model: str) -> Any:
+    try:
+        return load_lm_head(model)
+    except TargetError as exc:
+        raise ExtractionError(f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}") from None
+
+
 def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter) -> dict[str, Any]:
     """Before any shard: the reference samples through the source (every rank), their teacher's
-    argmax under lm_head against the serving target's greedy tokens (the writer). Raises
-    :class:`ExtractionError` below ``validation.min_agreement``; without a reference, says so."""
+    argmax under lm_head against the serving target's greedy tokens (the writer, which shares its
+    verdict). Raises :class:`ExtractionError` below ``validation.min_agreement``; without a
+    reference, says so."""
     plan = _decided(source, lambda: _validation_plan(settings, data))
     if "skip" in plan:
         report.log(f"extract: NOT validated against the serving target: {plan['skip']}")
         return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
     reference = plan["reference"]
     identity = source.identity
-    try:
-        lm_head = load_lm_head(settings.model) if source.writer else None
-    except TargetError as exc:
-        raise ExtractionError(f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}") from None
-    result = Comparison()
+    loaded: dict[str, Any] = {}
+
+    def load() -> bool:
+        loaded["lm_head"] = _load_lm_head(settings.model)
+        return True
+
+    _decided(source, load)
+    result, failure = Comparison(), ""
     for sample in reference.samples:
         try:
             aux, hidden = source.reference_states(aux_ids, sample.input_ids)
         except SampleError as exc:
             raise ExtractionError(f"validation, sample {sample.sample_id!r}: {exc.message}") from None
-        if not source.writer:
+        if not source.writer or failure:
             continue
         try:
             check_states(sample, aux, hidden, len(aux_ids) * identity.hidden_size, identity.hidden_size)
         except ValidationFailed as exc:
-            raise ExtractionError(f"validation against the serving target: {exc}") from None
-        compare(sample, teacher_argmax(hidden, lm_head), settings.validation.near_tie_logprob_margin, result)
-    if not source.writer:
-        return {}
-    try:
-        meta = verdict(reference, result, settings.validation)
-    except ValidationFailed as exc:
-        raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
+            failure = f"validation against the serving target: {exc}"
+            continue
+        compare(sample, teacher_argmax(hidden, loaded["lm_head"]), settings.validation.near_tie_logprob_margin, result)
+
+    def decide() -> dict[str, Any]:
+        if failure:
+            raise ExtractionError(failure)
+        try:
+            return verdict(reference, result, settings.validation)
+        except ValidationFailed as exc:
+            raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
+
+    meta = _decided(source, decide)
     if meta["serving_validation"] != "passed":
         report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
         return meta

@@ -7,9 +7,9 @@ while the states are extracted:
   preflight): for ``validation.samples`` training_data samples (the smallest SHA-256 of their id),
   ask the server, per position ``t``, for its greedy next token after ``input_ids[: t + 1]`` and,
   where it gives logprobs, the top-1 − top-2 margin; and its own tokenization of the sample's text
-  (the text our tokenizer decodes from the row) against ours. Written next to the rows as
-  ``serving_reference.json`` with the training_data version, so a reference of other rows is
-  never used.
+  (the text our tokenizer decodes from the row) against ours. Written as a JSON file (the pipeline's
+  ``<artifacts_root>/serving_reference.json``) with the training_data version, so a reference of
+  other rows is never used.
 - :func:`validate_states` (the extract phase, before the first shard): the same samples through the
   state source's ``reference_states``; every state finite and of the manifest's shape;
   ``argmax(teacher @ lm_head.T)`` (the teacher rounded to bf16, as stored) against the server's
@@ -46,7 +46,6 @@ from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
 from eagle3_pipeline.dataprep.agreement import CONTEXT_TOKENS, RemoteTokenizerError, ServerEndpoint, TokenizeRouteMissing, remote_tokenizer
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 
-REFERENCE_FILE = "serving_reference.json"
 REFERENCE_FORMAT = 1
 # Disagreeing positions named in a failure.
 SHOWN = 8
@@ -88,8 +87,8 @@ class ServingReference:
     samples: list[ReferenceSample] = field(default_factory=list)
     format: int = REFERENCE_FORMAT
 
-    def save(self, folder: Path) -> Path:
-        path = Path(folder) / REFERENCE_FILE
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self)))
         tmp.replace(path)
@@ -290,10 +289,10 @@ def _choose_api(asker: ServerAsker, ids: Sequence[int]) -> tuple[Api, list[tuple
 
 
 def record_reference(
-    training_data: Path, endpoint: ServerEndpoint, tokenizer: Any, tokenizer_name: str, settings: ServingValidationConfig
+    training_data: Path, endpoint: ServerEndpoint, tokenizer: Any, tokenizer_name: str, settings: ServingValidationConfig, out: Path
 ) -> ServingReference:
-    """Ask ``endpoint`` about the reference samples of ``training_data`` and write the answers
-    there (:data:`REFERENCE_FILE`); ``tokenizer`` is the one the rows were made with.
+    """Ask ``endpoint`` about the reference samples of ``training_data`` and write the answers to
+    ``out``; ``tokenizer`` is the one the rows were made with.
     :class:`ServingReferenceError` when the server cannot be asked or answers what cannot be read."""
     data = TrainingData.open(training_data)
     rows = reference_rows(data, settings.samples)
@@ -323,13 +322,13 @@ def record_reference(
     finally:
         asker.close()
     reference = ServingReference(endpoint.base_url, api or "text", endpoint.model, data.version(), tokenizer_name, samples)
-    reference.save(data.folder)
+    reference.save(out)
     return reference
 
 
-def load_reference(training_data: Path, version: str) -> tuple[ServingReference | None, str]:
-    """The reference recorded for these rows, or None and why not."""
-    path = Path(training_data) / REFERENCE_FILE
+def load_reference(path: Path, version: str) -> tuple[ServingReference | None, str]:
+    """The reference at ``path`` if it was recorded for training_data ``version``, or None and why not."""
+    path = Path(path)
     if not path.is_file():
         return None, f"{path}: no reference recorded (no serving server was reachable at training_data or hidden_states time)"
     try:
@@ -458,7 +457,12 @@ def tokenization_problems(reference: ServingReference) -> list[str]:
 
 
 def record_from_first(
-    training_data: Path, endpoints: Sequence[ServerEndpoint], tokenizer_name: str, trust_remote_code: bool, settings: ServingValidationConfig
+    training_data: Path,
+    endpoints: Sequence[ServerEndpoint],
+    tokenizer_name: str,
+    trust_remote_code: bool,
+    settings: ServingValidationConfig,
+    out: Path,
 ) -> dict[str, Any]:
     """Record the reference from the first of ``endpoints`` that answers; what was done, as metadata
     (``serving_reference_status``: ``recorded from …``, ``off`` or ``not recorded: …`` with the reasons)."""
@@ -472,7 +476,7 @@ def record_from_first(
     reasons = []
     for endpoint in endpoints:
         try:
-            reference = record_reference(training_data, endpoint, tokenizer, tokenizer_name, settings)
+            reference = record_reference(training_data, endpoint, tokenizer, tokenizer_name, settings, out)
         except ServingReferenceError as exc:
             reasons.append(str(exc))
             continue
@@ -485,7 +489,7 @@ def record_from_first(
     return {"serving_reference_status": "not recorded: " + "; ".join(reasons)}
 
 
-def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_name: str) -> dict[str, Any]:
+def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_name: str, out: Path) -> dict[str, Any]:
     """The ``hidden_states`` preflight: keep a reference recorded for these rows, else record one
     now from a server that is up: with ``backend: vllm`` the extraction server itself, then the
     inference endpoints (an SGLang server stopped for ``backend: sglang`` does not answer: record
@@ -495,7 +499,7 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
     if not settings.samples:
         return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
     data = TrainingData.open(training_data)
-    kept, _ = load_reference(training_data, data.version())
+    kept, _ = load_reference(out, data.version())
     if kept is not None:
         return {"serving_reference_status": f"kept: recorded earlier for these rows from {kept.server} ({kept.api})"}
     from eagle3_pipeline.config import ConfigError
@@ -512,7 +516,7 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
             endpoints += [ServerEndpoint(e.base_url, e.model, e.api_key) for e in provider.endpoints()]
         except (UnhealthyError, ServerStartError, ModelNotAvailable, ConfigError) as exc:
             reasons.append(f"the inference endpoints: {type(exc).__name__}: {str(exc)[:300]}")
-        done = record_from_first(training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings)
+        done = record_from_first(training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings, out)
     finally:
         provider.close()
     if reasons and done["serving_reference_status"].startswith("not recorded"):

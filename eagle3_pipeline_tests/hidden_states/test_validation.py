@@ -27,7 +27,7 @@ from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_t
 from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, parse_spec, run  # noqa: E402
 from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
 from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
-from eagle3_pipeline.hidden_states.validation import REFERENCE_FILE, record_from_first, record_reference  # noqa: E402
+from eagle3_pipeline.hidden_states.validation import record_from_first, record_reference  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
 
 pytestmark = pytest.mark.local_model
@@ -177,9 +177,14 @@ def training_data(folder: Path, tokenizer: Any) -> Path:
     return write_training_data(folder, {"train": [rows[:3]], "eval": [rows[3:]]})
 
 
+def reference_of(data: Path) -> Path:
+    """Where a test keeps the reference of ``data`` (the pipeline: <artifacts_root>/serving_reference.json)."""
+    return data.parent / "serving_reference.json"
+
+
 def spec(data: Path, output: Path, model: Path) -> dict[str, Any]:
     return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": NAME, "device": "cpu",
-            "spot_check_samples": 1, "validation": SETTINGS.model_dump()}
+            "spot_check_samples": 1, "validation": SETTINGS.model_dump(), "serving_reference": str(reference_of(data))}
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +192,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, target: Target, tokenizer
     """training_data with a reference recorded from the SGLang-like server."""
     data = training_data(tmp_path_factory.mktemp("validated") / "training_data", tokenizer)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS)
+        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS, reference_of(data))
     assert reference.api == "sglang" and len(reference.samples) == 4
     assert all(s.tokenization == "same" for s in reference.samples)
     yield data
@@ -229,15 +234,15 @@ def test_vllm_prompt_logprobs_give_the_same_reference_from_the_first_server_that
 ) -> None:
     data = training_data(tmp_path / "training_data", tokenizer)
     dead = ServerEndpoint("http://127.0.0.1:9/v1", NAME, "sk-not-to-be-logged")
-    unreachable = record_from_first(data, [dead], str(local_model), False, SETTINGS)["serving_reference_status"]
+    unreachable = record_from_first(data, [dead], str(local_model), False, SETTINGS, reference_of(data))["serving_reference_status"]
     assert unreachable.startswith("not recorded: http://127.0.0.1:9/generate: ConnectError") and "sk-not-to-be-logged" not in unreachable
-    assert not (data / REFERENCE_FILE).exists()
+    assert not reference_of(data).exists()
     with LogprobServer(target.model, tokenizer, "vllm") as server:
-        status = record_from_first(data, [dead, ServerEndpoint(server.base_url, NAME)], str(local_model), False, SETTINGS)
+        status = record_from_first(data, [dead, ServerEndpoint(server.base_url, NAME)], str(local_model), False, SETTINGS, reference_of(data))
     assert status["serving_reference_status"].startswith(f"recorded from {server.base_url} (vllm): 4 samples")
-    assert "sk-not-to-be-logged" not in json.dumps(status) + (data / REFERENCE_FILE).read_text()
-    vllm = json.loads((data / REFERENCE_FILE).read_text())
-    sglang = json.loads((recorded / REFERENCE_FILE).read_text())
+    assert "sk-not-to-be-logged" not in json.dumps(status) + reference_of(data).read_text()
+    vllm = json.loads(reference_of(data).read_text())
+    sglang = json.loads(reference_of(recorded).read_text())
     assert vllm["api"] == "vllm" and [s["top1"] for s in vllm["samples"]] == [s["top1"] for s in sglang["samples"]]
 
 
@@ -260,7 +265,7 @@ def test_rows_of_another_tokenizer_stop_the_phase_with_the_first_differing_token
     wrong = other_tokenizer(local_model, tmp_path / "other-tokenizer")
     data = training_data(tmp_path / "training_data", wrong)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), wrong, "other-tokenizer", SETTINGS)
+        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), wrong, "other-tokenizer", SETTINGS, reference_of(data))
     assert all("tokenizes the sample's text differently" in s.tokenization for s in reference.samples)
     with pytest.raises(ExtractionError) as caught:
         run(spec(data, tmp_path / "store", local_model), Recorder())
@@ -288,7 +293,7 @@ def test_against_the_embedded_transformers_serve_the_same_way(tmp_path: Path, lo
     data = training_data(tmp_path / "training_data", tokenizer)
     settings = SETTINGS.model_copy(update={"text_positions": 6})
     with EmbeddedServer(local_model, tmp_path / "server.log") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, server.model), tokenizer, NAME, settings)
+        reference = record_reference(data, ServerEndpoint(server.base_url, server.model), tokenizer, NAME, settings, reference_of(data))
     assert reference.api == "text" and len(reference.samples) == 4
     assert all(s.tokenization.startswith("same") and len(s.positions) == 6 and s.margin == [None] * 6 for s in reference.samples)
     meta = run({**spec(data, tmp_path / "store", local_model), "validation": settings.model_dump()}, Recorder())
@@ -319,7 +324,7 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(tmp_path: Pa
     config = load_config(path)
     data = training_data(config.artifacts_root / "training_data", tokenizer)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
-        record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, config.hidden_states.validation)
+        record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, config.hidden_states.validation, reference_of(data))
     assets = build_eagle3_assets(config)
     result = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
     assert result.success
