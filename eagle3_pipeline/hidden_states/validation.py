@@ -66,8 +66,9 @@ class ValidationFailed(RuntimeError):
 @dataclass
 class ReferenceSample:
     """The server's answers for one sample: at ``positions[k]`` (the prediction after
-    ``input_ids[: positions[k] + 1]``) its greedy token ``top1[k]`` (None: unknown, the text path's
-    answer was not one token, or the prefix's text does not tokenize back to the row's ids) and ``margin[k]`` (top-1 − top-2 logprob; None where unknown)."""
+    ``input_ids[: positions[k] + 1]``) its greedy token ``top1[k]`` (None: unknown; on the text path
+    the answer was not one token, or the prefix's text does not tokenize back to the row's ids) and
+    ``margin[k]`` (top-1 − top-2 logprob; None where unknown)."""
 
     sample_id: str
     input_ids: list[int]
@@ -79,6 +80,9 @@ class ReferenceSample:
 
 @dataclass
 class ServingReference:
+    """What the serving server (``server``, asked through ``api`` for ``model``) answered for the
+    reference samples of training_data ``training_data_version``, tokenized by ``tokenizer``."""
+
     server: str
     api: Api
     model: str
