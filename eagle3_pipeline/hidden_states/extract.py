@@ -413,9 +413,10 @@ def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingDat
     if meta["serving_validation"] != "passed":
         report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
         return meta
+    near = f"{meta['serving_near_ties']} near-ties apart" if meta["serving_near_ties_known"] else "near-ties unknown: the server gives no logprobs"
     report.log(
         f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
-        f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({meta['serving_near_ties']} near-ties apart)"
+        f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({near})"
     )
     return {**meta, "serving_validation_detail": f"{result.agreed}/{result.compared} positions agree"}
 
