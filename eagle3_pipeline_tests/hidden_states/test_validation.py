@@ -28,7 +28,9 @@ from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, par
 from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
 from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
 from eagle3_pipeline.hidden_states.validation import record_from_first, record_reference  # noqa: E402
+from eagle3_pipeline.target import decoder, language_model, load_tokenizer  # noqa: E402
 from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
+from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: E402, F401
 
 pytestmark = pytest.mark.local_model
 
@@ -136,7 +138,9 @@ class BrokenTeacher:
 
     def reference_states(self, aux_layer_ids: Any, sequence: Any) -> tuple[Any, Any]:
         aux, hidden = self.target.reference_states(aux_layer_ids, sequence)
-        layers, base = decoder_layers(self.target.model), self.target.model.model
+        if self.how == "shifted":
+            return aux, hidden.roll(1, dims=0)
+        layers, base = decoder_layers(self.target.model), decoder(self.target.model)
         ids = torch.tensor([list(sequence)])
         with torch.inference_mode():
             states = base(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
@@ -146,8 +150,6 @@ class BrokenTeacher:
             handle.remove()
         if self.how == "layer_early":
             return aux, base.norm(states[-3])[0]
-        if self.how == "shifted":
-            return aux, hidden.roll(1, dims=0)
         return aux, caught["last"][0]
 
 
@@ -333,3 +335,25 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(tmp_path: Pa
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
     assert meta["serving_reference_status"].value.startswith("kept: recorded earlier for these rows")
     assert meta["serving_samples"].value == 2 and meta["serving_agreement"].value >= 0.95
+
+
+def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: Path, kimi_checkpoint: Path) -> None:  # noqa: F811
+    """The tiny Kimi-K2.5 stand-in (remote code, nested text config, ``language_model.lm_head`` in
+    shards, TikToken tokenizer). Its random weights put every top-2 margin under 0.2 nats, so the
+    near-tie margin is 0.001 here; a teacher shifted by a position still fails."""
+    kimi = load_target(str(kimi_checkpoint), "kimi-k2.5", device="cpu", trust_remote_code=True)
+    tokenizer = load_tokenizer(str(kimi_checkpoint), trust_remote_code=True)
+    data = training_data(tmp_path / "training_data", tokenizer)
+    settings = SETTINGS.model_copy(update={"near_tie_logprob_margin": 0.001})
+    with LogprobServer(language_model(kimi.model), tokenizer, "sglang") as server:
+        reference = record_reference(data, ServerEndpoint(server.base_url, "kimi-k2.5"), tokenizer, str(kimi_checkpoint), settings, reference_of(data))
+    assert all(s.tokenization == "same" for s in reference.samples)
+    kimi_spec = {**spec(data, tmp_path / "store", kimi_checkpoint), "target_name": "kimi-k2.5", "trust_remote_code": True,
+                 "aux_layer_ids": [1, 2, 3], "validation": settings.model_dump()}
+    meta = run(kimi_spec, Recorder())
+    assert meta["serving_validation"] == "passed" and meta["serving_agreement"] >= 0.95 and meta["serving_positions"] > 50, meta
+    print(f"kimi: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties")
+    parsed = parse_spec({**kimi_spec, "output": str(tmp_path / "broken")})
+    opened = TrainingData.open(data)
+    with pytest.raises(ExtractionError, match=r"before extraction: argmax\(lm_head\(teacher\)\) agrees .* below hidden_states.validation.min_agreement"):
+        _extract(parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(kimi, "shifted"), Recorder())
