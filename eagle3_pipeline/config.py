@@ -434,6 +434,49 @@ class DraftVocabConfig(_Model):
     min_coverage: Annotated[float, Field(ge=0, le=1)] = 0.9
 
 
+class ServingValidationConfig(_Model):
+    """`hidden_states.validation:` the states checked against the serving target before a large extraction."""
+
+    samples: Annotated[int, Field(ge=0)] = Field(
+        default=8,
+        description=(
+            "How many training_data samples (the ones with the smallest SHA-256 of their id) the serving server is asked "
+            "about while it is up (training_data time, or the hidden_states preflight): per position its greedy next token "
+            "and, where it gives logprobs, the top-2 margin; plus its own tokenization of the sample's text. The extract "
+            "phase computes the same samples through its state source first and compares argmax(lm_head(teacher)) with "
+            "the server's token before the large extraction starts. 0: off (the serving_agreement check then reports "
+            "'not validated')."
+        ),
+    )
+    min_agreement: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.9,
+        description=(
+            "Share of the compared positions (near-ties left out) where argmax(lm_head(teacher)) must equal the server's "
+            "greedy token; below it the extract phase refuses to start and names the samples and positions."
+        ),
+    )
+    near_tie_logprob_margin: Annotated[float, Field(ge=0)] = Field(
+        default=0.2,
+        description=(
+            "A position whose server top-1 and top-2 logprobs differ by less than this (nats) is a near-tie: numerics "
+            "(bf16 states, the server's kernels and quantization) may flip it, so it is reported apart and not counted in "
+            "the agreement. Unknown where the server gives no logprobs (the embedded server)."
+        ),
+    )
+    max_positions: Annotated[int, Field(gt=0)] = Field(
+        default=256,
+        description="Positions compared per sample (the first ones) where the server answers every position in one request (SGLang, vLLM).",
+    )
+    text_positions: Annotated[int, Field(gt=0)] = Field(
+        default=16,
+        description=(
+            "Positions compared per sample against a server that only completes text (the embedded transformers "
+            "serve): one greedy 1-token completion of the decoded prefix each, so fewer."
+        ),
+    )
+    timeout_s: Annotated[float, Field(gt=0)] = Field(default=120.0, description="Timeout of each request to the serving server.")
+
+
 class HiddenStatesConfig(_Model):
     """`hidden_states:` how the target's states are extracted (the `extract` phase's settings)."""
 
@@ -526,6 +569,10 @@ class HiddenStatesConfig(_Model):
             "and one target load per window: pick the largest N the disk holds (benchmarks/rolling_tradeoff.py prints the figures). "
             "compute.kind command is not supported."
         ),
+    )
+    validation: ServingValidationConfig = Field(
+        default_factory=ServingValidationConfig,
+        description="The check of the states against the serving target before a large extraction (see its fields).",
     )
 
     @field_validator("aux_layer_ids")

@@ -54,6 +54,12 @@ class ArtifactLayout:
         return self.root / "training_data"
 
     @property
+    def serving_reference(self) -> Path:
+        """The serving target's answers for hidden_states' validation (beside training_data: a
+        rebuilt training_data folder is replaced whole; the file names the version it is for)."""
+        return self.root / "serving_reference.json"
+
+    @property
     def draft_vocab(self) -> Path:
         return self.root / "draft_vocab"
 

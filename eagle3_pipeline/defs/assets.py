@@ -30,6 +30,7 @@ from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, Pro
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline.hidden_states.validation import record_from_first
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.prompts import load_prompts
@@ -268,11 +269,17 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             chat_template_kwargs=config.generation.chat_template_kwargs,
             held_out_per_dataset=config.training_data.held_out_per_dataset,
         )
+        reference = record_from_first(
+            layout.training_data, _serving_endpoints(config), tokenizer, config.target.trust_remote_code, config.hidden_states.validation,
+            layout.serving_reference,
+        )
+        context.log.info(f"serving reference for hidden_states' validation: {reference['serving_reference_status']}")
         manifest = read_manifest(layout.training_data)
         return dg.MaterializeResult(
             metadata={
                 **stats.as_metadata(),
                 **agreement,
+                **reference,
                 "per_dataset": _per_dataset_table(stats.as_metadata()["per_dataset"]),
                 "version": manifest["version"],
                 "tokenizer": tokenizer,

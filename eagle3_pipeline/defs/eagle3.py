@@ -7,7 +7,8 @@ Asset → domain function:
                   `tp_size` torchrun ranks with `sglang_python`; `vllm`: requests to a vLLM server
                   started with extract_hidden_states); with `compute: command` the
                   user's command and then `import-specforge` (checks, from the phase's own
-                  metadata: spot_check, bytes_per_token)
+                  metadata: spot_check, serving_agreement, bytes_per_token; before it, the
+                  serving target's reference answers: eagle3_pipeline.hidden_states.validation:preflight_reference)
 
 On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
 host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
@@ -32,13 +33,15 @@ from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_con
 from eagle3_pipeline.hidden_states.inputs import TrainingDataError
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
+from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.serving import tokenizer_name
 from eagle3_pipeline.target import TargetError, dimensions, read_config
 
 GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
-PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetError, RemoteError, HostError)
+PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetError, RemoteError, HostError, ServingReferenceError)
 STORE_FILES = ("index.parquet", "manifest.json")
 # The blocking checks of training_data, honoured across runs (defs/gating.py).
 TRAINING_DATA_CHECKS = [dg.AssetCheckKey(dg.AssetKey("training_data"), "template_mismatch_rate")]
@@ -58,6 +61,29 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
         passed=bool(meta["spot_check_passed"]),
         description=f"{meta['spot_check_samples']} samples re-computed {meta['spot_check_method']}, max relative error "
         f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
+    )
+
+
+def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
+    """Passed only when the phase compared the states with the serving target; a phase that saw no
+    reference (or imported the states) reports that it did not validate, as a failing WARN."""
+    status = meta.get("serving_validation")
+    if status == "passed":
+        near = f"; near-ties apart: {meta['serving_near_ties']}" if meta["serving_near_ties_known"] else "; near-ties unknown (no logprobs)"
+        return dg.AssetCheckResult(
+            check_name="serving_agreement",
+            passed=True,
+            description=f"argmax(lm_head(teacher)) = the serving target's greedy token at {meta['serving_agreement']:.1%} of "
+            f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor {meta['serving_min_agreement']:.0%}) "
+            f"against {meta['serving_reference']}{near}",
+            metadata={k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")},
+        )
+    detail = meta.get("serving_validation_detail") or "the states were imported from compute.command's output, not extracted by the phase"
+    return dg.AssetCheckResult(
+        check_name="serving_agreement",
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"not validated against the serving target: {detail}",
     )
 
 
@@ -154,6 +180,12 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
                               "output_hidden_states, no padding; sglang: one request per forward through the same runner; vllm: the same "
                               "request sent again to the server) "
                               "match the stored states within hidden_states.spot_check_tolerance."),
+            dg.AssetCheckSpec("serving_agreement", asset="hidden_states", blocking=True,
+                              description="Before the extraction, hidden_states.validation.samples samples re-computed through the "
+                              "state source: every state finite and of the manifest's shape, argmax(lm_head(teacher)) equal to the "
+                              "serving server's greedy token at ≥ hidden_states.validation.min_agreement of the positions (near-ties "
+                              "apart), the server's tokenization of the text equal to ours; the phase refuses to extract otherwise. "
+                              "No reference recorded (no server was up): a failing WARN, not a pass."),
             dg.AssetCheckSpec("bytes_per_token", asset="hidden_states",
                               description="Bytes on disk per token within 5 % of the formula for hidden_states.storage_dtype: "
                               "(3 aux + teacher) × hidden × 2 + 5 in bfloat16, (3 aux + teacher) × (hidden + 4) + 5 in float8_e4m3."),
@@ -170,16 +202,26 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
         try:
             model = target_weights(config)
-            spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
-            ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
+            reference = preflight_reference(config, layout.training_data, tokenizer_name(config), layout.serving_reference)
+            context.log.info(f"serving reference: {reference['serving_reference_status']}")
+            recorded = layout.serving_reference.is_file()
+            spec = spec_from_config(
+                config, str(layout.training_data), str(layout.hidden_states), model, str(layout.serving_reference) if recorded else None
+            )
+            ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
+            ship += [model] if under_root(model, layout.root) else []
             meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
         passed, text = bytes_per_token_check(
             meta["bytes_per_token"], meta["target_hidden_size"], len(meta["aux_layer_ids"]), config.hidden_states.storage_dtype, BYTES_PER_TOKEN_TOLERANCE
         )
-        checks = [_spot_check_result(meta), dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text)]
-        metadata = {**meta, "store": dg.MetadataValue.path(meta["store"]), "aux_layer_ids": str(meta["aux_layer_ids"])}
+        checks = [
+            _spot_check_result(meta),
+            _serving_agreement_result(meta),
+            dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
+        ]
+        metadata = {**meta, **reference, "store": dg.MetadataValue.path(meta["store"]), "aux_layer_ids": str(meta["aux_layer_ids"])}
         return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
     return [draft_vocab, draft_vocab_coverage, hidden_states]

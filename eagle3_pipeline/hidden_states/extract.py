@@ -68,6 +68,19 @@ from eagle3_pipeline.hidden_states.store import (
     default_aux_layer_ids,
     identity_mismatch,
 )
+from eagle3_pipeline.hidden_states.validation import (
+    Comparison,
+    ServingReferenceError,
+    ValidationFailed,
+    check_states,
+    compare,
+    load_lm_head,
+    load_reference,
+    teacher_argmax,
+    tokenization_problems,
+    verdict,
+)
+from eagle3_pipeline.target import TargetError
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
 GB = 1e9
@@ -132,6 +145,8 @@ class ExtractSpec(HiddenStatesConfig):
     trust_remote_code: bool = False
     shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
     delete_shards: list[str] | None = None  # rolling: delete these shards' files (a trained window), nothing else
+    # The serving target's recorded answers (validation.record_reference); None: not validated.
+    serving_reference: str | None = None
 
 
 def target_weights(config: PipelineConfig) -> str:
@@ -153,7 +168,7 @@ def target_weights(config: PipelineConfig) -> str:
     return str(config.target.tokenizer)
 
 
-def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str) -> dict[str, Any]:
+def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str, serving_reference: str | None = None) -> dict[str, Any]:
     """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
     settings = config.hidden_states.model_dump(exclude={"model"})
     return {
@@ -163,6 +178,7 @@ def spec_from_config(config: PipelineConfig, training_data: str, output: str, mo
         "model": model,
         "target_name": config.target.model,
         "trust_remote_code": config.target.trust_remote_code,
+        "serving_reference": serving_reference,
     }
 
 
@@ -347,6 +363,87 @@ def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[i
     }
 
 
+def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any]:
+    """The writer's part: the recorded reference's samples, or why there is nothing to validate against."""
+    if not settings.validation.samples:
+        return {"skip": "hidden_states.validation.samples is 0"}
+    if settings.serving_reference is None:
+        return {"skip": "no serving reference was given to the phase"}
+    try:
+        reference, reason = load_reference(Path(settings.serving_reference), data.version())
+    except ServingReferenceError as exc:
+        raise ExtractionError(str(exc)) from None
+    if reference is None:
+        return {"skip": reason}
+    problems = tokenization_problems(reference)
+    if problems:
+        raise ExtractionError(
+            f"validation against the serving target: training_data was tokenized by a tokenizer other than the served model's "
+            f"({reference.tokenizer} vs {reference.server}): {'; '.join(problems[:3])}"
+        )
+    return {"reference": reference}
+
+
+def _load_lm_head(model: str) -> Any:
+    try:
+        return load_lm_head(model)
+    except TargetError as exc:
+        raise ExtractionError(f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}") from None
+
+
+def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter) -> dict[str, Any]:
+    """Before any shard: the reference samples through the source (every rank), their teacher's
+    argmax under lm_head against the serving target's greedy tokens (the writer, which shares its
+    verdict). Raises :class:`ExtractionError` below ``validation.min_agreement``; without a
+    reference, says so."""
+    plan = _decided(source, lambda: _validation_plan(settings, data))
+    if "skip" in plan:
+        report.log(f"extract: NOT validated against the serving target: {plan['skip']}")
+        return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
+    reference = plan["reference"]
+    identity = source.identity
+    loaded: dict[str, Any] = {}
+
+    def load() -> bool:
+        loaded["lm_head"] = _load_lm_head(settings.model)
+        return True
+
+    _decided(source, load)
+    result, failure = Comparison(), ""
+    for sample in reference.samples:
+        try:
+            aux, hidden = source.reference_states(aux_ids, sample.input_ids)
+        except SampleError as exc:
+            raise ExtractionError(f"validation, sample {sample.sample_id!r}: {exc.message}") from None
+        if not source.writer or failure:
+            continue
+        try:
+            check_states(sample, aux, hidden, len(aux_ids) * identity.hidden_size, identity.hidden_size)
+        except ValidationFailed as exc:
+            failure = f"validation against the serving target: {exc}"
+            continue
+        compare(sample, teacher_argmax(hidden, loaded["lm_head"]), settings.validation.near_tie_logprob_margin, result)
+
+    def decide() -> dict[str, Any]:
+        if failure:
+            raise ExtractionError(failure)
+        try:
+            return verdict(reference, result, settings.validation)
+        except ValidationFailed as exc:
+            raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
+
+    meta = _decided(source, decide)
+    if meta["serving_validation"] != "passed":
+        report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
+        return meta
+    near = f"{meta['serving_near_ties']} near-ties apart" if meta["serving_near_ties_known"] else "near-ties unknown: the server gives no logprobs"
+    report.log(
+        f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
+        f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({near})"
+    )
+    return {**meta, "serving_validation_detail": f"{result.agreed}/{result.compared} positions agree"}
+
+
 @contextmanager
 def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
     """The state source ``hidden_states.backend`` names, on this process (one rank under torchrun)."""
@@ -482,6 +579,8 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         capture=source.capture(aux_ids),
     )
     per_token = bytes_per_token(identity.hidden_size, len(aux_ids), settings.storage_dtype)
+    # A rolling window extends a store whose hidden_states run already validated the source.
+    validated = validate_first(source, settings, data, aux_ids, report) if settings.shards is None else {}
     reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, selected, data, settings, per_token))
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
@@ -576,4 +675,5 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         **disk,
         **checked,
         **rolling,
+        **validated,
     }

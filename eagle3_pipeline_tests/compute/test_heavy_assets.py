@@ -86,11 +86,14 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(tmp
     print("\n-- the remote worker's lines in the run log:", *remote, sep="\n   ")
     assert any(m.startswith("extract: wrote shard-00000") for m in lines)
     assert any(m.startswith("extract: spot check of 1 samples") for m in lines)
-    assert checks(result) == {"spot_check": (True, "ERROR"), "bytes_per_token": (True, "ERROR")}
+    # The embedded server, started by the preflight, answered for the 4 rows; the host validated against it.
+    assert checks(result) == {"spot_check": (True, "ERROR"), "serving_agreement": (True, "ERROR"), "bytes_per_token": (True, "ERROR")}
+    assert any(m.startswith("extract: validated against http://127.0.0.1") for m in lines)
 
     metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
     assert metadata["compute"] == "ssh" and metadata["store"] == str(layout.remote / "hidden_states")
-    assert metadata["samples"] == 4 and metadata["shipped_files"] == 3  # train, eval, manifest.json
+    assert metadata["samples"] == 4 and metadata["shipped_files"] == 4  # train, eval, manifest.json, serving_reference.json
+    assert metadata["serving_reference_status"].startswith("recorded from http://127.0.0.1") and metadata["serving_samples"] == 4
     observed = [e.event_specific_data.asset_observation.metadata for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert observed and observed[-1]["shards_done"].value == observed[-1]["shards_planned"].value
 
@@ -112,7 +115,7 @@ def test_hidden_states_from_a_command_carry_the_identity_extraction_records(tmp_
     assert [m for m in lines if m.startswith("[command]")] == [f"[command] wrote 4 samples to {layout.remote / 'specforge'}/" + Path(result.asset_materializations_for_node("hidden_states")[0].metadata["command_output"].value).name]
     evaluated = checks(result)
     print("\n-- checks:", evaluated)
-    assert evaluated == {"spot_check": (False, "WARN"), "bytes_per_token": (True, "ERROR")}
+    assert evaluated == {"spot_check": (False, "WARN"), "serving_agreement": (False, "WARN"), "bytes_per_token": (True, "ERROR")}
     assert sorted(p.name for p in (layout.local / "hidden_states").iterdir()) == STORE_FILES
 
     reference = Layout(local=tmp_path / "reference", remote=layout.remote, workdir=layout.workdir)

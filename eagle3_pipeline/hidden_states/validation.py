@@ -1,0 +1,528 @@
+"""The states checked against the serving target before a large extraction.
+
+Two halves, because with ``backend: sglang`` the serving server holds the GPUs and is stopped
+while the states are extracted:
+
+- :func:`record_reference` (while a server is up: ``training_data`` time, or the ``hidden_states``
+  preflight): for ``validation.samples`` training_data samples (the smallest SHA-256 of their id),
+  ask the server, per position ``t``, for its greedy next token after ``input_ids[: t + 1]`` and,
+  where it gives logprobs, the top-1 − top-2 margin; and its own tokenization of the sample's text
+  (the text our tokenizer decodes from the row) against ours. Written as a JSON file (the pipeline's
+  ``<artifacts_root>/serving_reference.json``) with the training_data version, so a reference of
+  other rows is never used.
+- :func:`validate_states` (the extract phase, before the first shard): the same samples through the
+  state source's ``reference_states``; every state finite and of the manifest's shape;
+  ``argmax(teacher @ lm_head.T)`` (the teacher rounded to bf16, as stored) against the server's
+  token at every recorded position. Near-ties (margin < ``near_tie_logprob_margin``) and positions
+  where the server's answer is not one token are reported apart; the agreement over the rest must
+  reach ``min_agreement``.
+
+Server APIs (one request per sample unless said): SGLang's native ``POST /generate`` with
+``input_ids``, ``return_logprob``, ``logprob_start_len: 0``, ``top_logprobs_num: 2`` →
+``meta_info.input_top_logprobs`` (entry ``i``: ``[[logprob, id, text], …]`` for token ``i``, the
+first ``None``); vLLM's ``POST /v1/completions`` with the id list as ``prompt`` and
+``prompt_logprobs: 2`` → ``choices[0].prompt_logprobs`` (entry ``i``: ``{id: {logprob, rank}}``,
+the first ``None``); a server that only completes text (the embedded ``transformers serve``): one
+greedy 1-token completion of the decoded prefix per checked position (near-ties unknown; the
+server's tokenization is checked by its ``usage.prompt_tokens`` against ours for the same text).
+SGLang and vLLM are asked ``POST /tokenize`` for the sample's text.
+
+What it catches: a teacher from the wrong layer or shifted by a position, a teacher without the
+final norm (both change the argmax), and rows tokenized by a tokenizer other than the served
+model's (the server's tokenization of the text differs; sending our ids alone would hide it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
+from eagle3_pipeline.dataprep.agreement import CONTEXT_TOKENS, RemoteTokenizerError, ServerEndpoint, TokenizeRouteMissing, remote_tokenizer
+from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
+
+REFERENCE_FORMAT = 1
+# Disagreeing positions named in a failure.
+SHOWN = 8
+# Vocabulary rows of lm_head multiplied at a time (bounds the float32 copy).
+VOCAB_CHUNK = 16384
+
+Api = Literal["sglang", "vllm", "text"]
+
+
+class ServingReferenceError(RuntimeError):
+    """The server could not be asked, or answered something this module cannot read."""
+
+
+class ValidationFailed(RuntimeError):
+    """The states disagree with the serving target; the message names samples and positions."""
+
+
+@dataclass
+class ReferenceSample:
+    """The server's answers for one sample: at ``positions[k]`` (the prediction after
+    ``input_ids[: positions[k] + 1]``) its greedy token ``top1[k]`` (None: unknown; on the text path
+    the answer was not one token, or the prefix's text does not tokenize back to the row's ids) and
+    ``margin[k]`` (top-1 − top-2 logprob; None where unknown)."""
+
+    sample_id: str
+    input_ids: list[int]
+    positions: list[int]
+    top1: list[int | None]
+    margin: list[float | None]
+    tokenization: str  # "same", "not checked: …", or the first difference
+
+
+@dataclass
+class ServingReference:
+    """What the serving server (``server``, asked through ``api`` for ``model``) answered for the
+    reference samples of training_data ``training_data_version``, tokenized by ``tokenizer``."""
+
+    server: str
+    api: Api
+    model: str
+    training_data_version: str
+    tokenizer: str
+    samples: list[ReferenceSample] = field(default_factory=list)
+    format: int = REFERENCE_FORMAT
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(path)
+        return path
+
+
+def reference_rows(data: TrainingData, count: int) -> list[dict[str, Any]]:
+    """The ``count`` rows (train and eval) whose id has the smallest SHA-256, in that order."""
+    files = data.shard_files("train") + data.shard_files("eval")
+    ids = [row["id"] for path in files for row in iter_rows(path, ["id"])]
+    chosen = sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:count]
+    wanted = set(chosen)
+    rows = {row["id"]: row for path in files for row in iter_rows(path, ["id", "input_ids"]) if row["id"] in wanted}
+    return [{"id": i, "input_ids": list(rows[i]["input_ids"])} for i in chosen]
+
+
+def _root(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+class ServerAsker:
+    """The serving server over one HTTP connection pool; errors name the URL, never the key."""
+
+    def __init__(self, endpoint: ServerEndpoint, timeout_s: float) -> None:
+        import httpx
+
+        self.endpoint = endpoint
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        self.client = httpx.Client(headers=headers, timeout=timeout_s)
+
+    def _safe(self, text: str) -> str:
+        key = self.endpoint.api_key
+        return text.replace(key, "***") if key else text
+
+    def post(self, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        import httpx
+
+        try:
+            response = self.client.post(url, json=body)
+        except httpx.HTTPError as exc:
+            raise ServingReferenceError(self._safe(f"{url}: {type(exc).__name__}: {exc}")) from None
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = response.text[:200]
+        return response.status_code, payload
+
+    def fail(self, url: str, what: str, payload: Any) -> ServingReferenceError:
+        return ServingReferenceError(self._safe(f"{url}: expected {what}, got {str(payload)[:300]!r}"))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _margin(logprobs: list[float]) -> float | None:
+    ordered = sorted(logprobs, reverse=True)
+    return ordered[0] - ordered[1] if len(ordered) > 1 else None
+
+
+def sglang_predictions(asker: ServerAsker, ids: Sequence[int]) -> list[tuple[int, float | None]] | None:
+    """Per position ``t < len(ids) - 1``: SGLang's top-1 for token ``t + 1`` and its margin; None
+    when the server has no ``/generate`` route."""
+    url = _root(asker.endpoint.base_url) + "/generate"
+    body = {
+        "input_ids": list(ids),
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+    }
+    status, payload = asker.post(url, body)
+    if status in (404, 405):
+        return None
+    if status != 200:
+        raise asker.fail(url, "HTTP 200", f"HTTP {status}: {payload}")
+    try:
+        tops = payload["meta_info"]["input_top_logprobs"]
+        found = []
+        for entry in tops[1 : len(ids)]:
+            pairs = [(float(lp), int(tid)) for lp, tid, *_ in entry]
+            best = max(pairs)
+            found.append((best[1], _margin([lp for lp, _ in pairs])))
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise asker.fail(url, "meta_info.input_top_logprobs: per input token a list of [logprob, token_id, text]", payload) from None
+    if len(found) != len(ids) - 1:
+        raise asker.fail(url, f"{len(ids)} entries in meta_info.input_top_logprobs", payload)
+    return found
+
+
+def vllm_predictions(asker: ServerAsker, ids: Sequence[int]) -> list[tuple[int, float | None]] | None:
+    """Per position ``t < len(ids) - 1``: vLLM's rank-1 token for token ``t + 1`` and its margin;
+    None when the completions route gives no ``prompt_logprobs``."""
+    url = asker.endpoint.base_url.rstrip("/") + "/completions"
+    body = {"model": asker.endpoint.model, "prompt": list(ids), "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    status, payload = asker.post(url, body)
+    if status != 200 or not isinstance(payload, dict):
+        return None
+    try:
+        entries = payload["choices"][0].get("prompt_logprobs")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    try:
+        found = []
+        for entry in entries[1 : len(ids)]:
+            ranked = {int(tid): (int(v["rank"]), float(v["logprob"])) for tid, v in entry.items()}
+            top = min(ranked, key=lambda tid: ranked[tid][0])
+            found.append((top, _margin([lp for _, lp in ranked.values()])))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise asker.fail(url, "choices[0].prompt_logprobs: per prompt token {token_id: {logprob, rank}}", payload) from None
+    if len(found) != len(ids) - 1:
+        raise asker.fail(url, f"{len(ids)} entries in choices[0].prompt_logprobs", payload)
+    return found
+
+
+def text_prediction(asker: ServerAsker, prompt: str) -> tuple[str, int]:
+    """A greedy 1-token completion of ``prompt``: its text and the server's prompt token count."""
+    url = asker.endpoint.base_url.rstrip("/") + "/completions"
+    body = {"model": asker.endpoint.model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    status, payload = asker.post(url, body)
+    if status != 200:
+        raise asker.fail(url, "HTTP 200", f"HTTP {status}: {payload}")
+    try:
+        return str(payload["choices"][0]["text"]), int(payload["usage"]["prompt_tokens"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise asker.fail(url, "choices[0].text and usage.prompt_tokens", payload) from None
+
+
+def _first_difference(mine: Sequence[int], theirs: Sequence[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
+
+
+def tokenization_check(asker: ServerAsker, text: str, local: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> str:
+    """The server's ``/tokenize`` of ``text`` against ours: ``same``, ``not checked: …`` or the first difference."""
+    try:
+        with remote_tokenizer(asker.endpoint.base_url, asker.endpoint.model, asker.endpoint.api_key, asker.client.timeout.read or 30.0) as remote:
+            theirs = remote(text)
+    except TokenizeRouteMissing as exc:
+        return f"not checked: {exc}"
+    except RemoteTokenizerError as exc:
+        raise ServingReferenceError(str(exc)) from None
+    mine = local(text)
+    if mine == theirs:
+        return "same"
+    at = _first_difference(mine, theirs)
+
+    def window(ids: list[int]) -> str:
+        return "[" + ", ".join(f"{t} {decode([t])!r}" for t in ids[at : at + CONTEXT_TOKENS]) + "]"
+
+    return (
+        f"the server tokenizes the sample's text differently from training_data's tokenizer from token {at} "
+        f"(character {len(decode(mine[:at]))}; ours {len(mine)} tokens, the server's {len(theirs)}): from there ours "
+        f"{window(mine)} vs the server's {window(theirs)}"
+    )
+
+
+def _text_positions(length: int, count: int) -> list[int]:
+    """``count`` positions spread evenly over ``0..length-2`` (the last has no next token to compare)."""
+    last = length - 2
+    if last < 0:
+        return []
+    if count >= last + 1:
+        return list(range(last + 1))
+    return sorted({round(k * last / (count - 1)) for k in range(count)}) if count > 1 else [last]
+
+
+def _text_sample(asker: ServerAsker, row: dict[str, Any], tokenizer: Any, count: int) -> ReferenceSample:
+    ids = row["input_ids"]
+    positions, top1, tokenization = [], [], "same (usage.prompt_tokens against ours for every checked prefix)"
+    for t in _text_positions(len(ids), count):
+        prompt = tokenizer.decode(ids[: t + 1])
+        text, prompt_tokens = text_prediction(asker, prompt)
+        ours = tokenizer(prompt)["input_ids"]
+        if prompt_tokens != len(ours) and tokenization.startswith("same"):
+            tokenization = (
+                f"the server counts {prompt_tokens} prompt tokens in the text of the sample's first {t + 1} tokens where "
+                f"training_data's tokenizer counts {len(ours)}: {prompt[-80:]!r}"
+            )
+        piece = tokenizer.encode(text, add_special_tokens=False)
+        positions.append(t)
+        # The server saw the prefix's text, not our ids: its answer is about our ids only where the text
+        # tokenizes back to them, and names one of our tokens only where it is one token.
+        same_ids = tokenizer.encode(prompt, add_special_tokens=False) == list(ids[: t + 1])
+        top1.append(piece[0] if len(piece) == 1 and same_ids else None)
+    return ReferenceSample(row["id"], list(ids), positions, top1, [None] * len(positions), tokenization)
+
+
+def _choose_api(asker: ServerAsker, ids: Sequence[int]) -> tuple[Api, list[tuple[int, float | None]] | None]:
+    found = sglang_predictions(asker, ids)
+    if found is not None:
+        return "sglang", found
+    found = vllm_predictions(asker, ids)
+    if found is not None:
+        return "vllm", found
+    return "text", None
+
+
+def record_reference(
+    training_data: Path, endpoint: ServerEndpoint, tokenizer: Any, tokenizer_name: str, settings: ServingValidationConfig, out: Path
+) -> ServingReference:
+    """Ask ``endpoint`` about the reference samples of ``training_data`` and write the answers to
+    ``out``; ``tokenizer`` is the one the rows were made with.
+    :class:`ServingReferenceError` when the server cannot be asked or answers what cannot be read."""
+    data = TrainingData.open(training_data)
+    rows = reference_rows(data, settings.samples)
+    asker = ServerAsker(endpoint, settings.timeout_s)
+    api: Api | None = None
+    samples = []
+
+    def local(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    try:
+        for row in rows:
+            ids = row["input_ids"][: settings.max_positions + 1]
+            if api is None:
+                api, found = _choose_api(asker, ids)
+            else:
+                found = sglang_predictions(asker, ids) if api == "sglang" else vllm_predictions(asker, ids) if api == "vllm" else None
+            if api == "text":
+                samples.append(_text_sample(asker, row, tokenizer, settings.text_positions))
+                continue
+            if found is None:
+                raise ServingReferenceError(f"{endpoint.base_url}: stopped answering {api} logprob requests")
+            tokenization = tokenization_check(asker, tokenizer.decode(row["input_ids"]), local, tokenizer.decode)
+            samples.append(
+                ReferenceSample(row["id"], list(row["input_ids"]), list(range(len(found))), [t for t, _ in found], [m for _, m in found], tokenization)
+            )
+    finally:
+        asker.close()
+    reference = ServingReference(endpoint.base_url, api or "text", endpoint.model, data.version(), tokenizer_name, samples)
+    reference.save(out)
+    return reference
+
+
+def load_reference(path: Path, version: str) -> tuple[ServingReference | None, str]:
+    """The reference at ``path`` if it was recorded for training_data ``version``, or None and why not."""
+    path = Path(path)
+    if not path.is_file():
+        return None, f"{path}: no reference recorded (no serving server was reachable at training_data or hidden_states time)"
+    try:
+        raw = json.loads(path.read_text())
+        raw["samples"] = [ReferenceSample(**s) for s in raw["samples"]]
+        reference = ServingReference(**raw)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ServingReferenceError(f"{path}: not a serving reference ({type(exc).__name__}: {exc})") from None
+    if reference.training_data_version != version:
+        return None, f"{path}: recorded for training_data version {reference.training_data_version}, the rows are now {version}"
+    if not reference.samples:
+        return None, f"{path}: no sample in the reference"
+    return reference, ""
+
+
+def load_lm_head(model: str) -> Any:
+    """The target's ``lm_head`` [vocab, hidden] read by name from its checkpoint folder (a Hugging
+    Face id: its snapshot in the local cache, where transformers loaded it from)."""
+    from eagle3_pipeline.drafter.target import load_target_weights
+    from eagle3_pipeline.target import TargetError
+
+    folder = Path(model)
+    if not folder.is_dir():
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            folder = Path(snapshot_download(model, local_files_only=True))
+        except (LocalEntryNotFoundError, ValueError) as exc:
+            raise TargetError(f"{model!r} is neither a folder nor a Hugging Face id in the local cache ({type(exc).__name__})") from None
+    return load_target_weights(folder).lm_head
+
+
+def teacher_argmax(hidden: Any, lm_head: Any) -> list[int]:
+    """``argmax(hidden @ lm_head.T)`` per row, in float32, ``VOCAB_CHUNK`` vocabulary rows at a time."""
+    import torch
+
+    device = hidden.device if hidden.device.type == "cuda" else torch.device("cpu")
+    states = hidden.to(device, torch.bfloat16).float()
+    best = torch.full((states.shape[0],), -math.inf, device=device)
+    which = torch.zeros(states.shape[0], dtype=torch.long, device=device)
+    for start in range(0, lm_head.shape[0], VOCAB_CHUNK):
+        logits = states @ lm_head[start : start + VOCAB_CHUNK].to(device, torch.float32).T
+        value, index = logits.max(dim=-1)
+        better = value > best
+        best = torch.where(better, value, best)
+        which = torch.where(better, index + start, which)
+    return which.cpu().tolist()
+
+
+@dataclass
+class Comparison:
+    compared: int = 0
+    agreed: int = 0
+    near_ties: int = 0
+    near_tie_agreed: int = 0
+    unknown: int = 0
+    disagreements: list[str] = field(default_factory=list)
+
+
+def check_states(sample: ReferenceSample, aux: Any, hidden: Any, aux_width: int, hidden_size: int) -> None:
+    """Shapes as the manifest says and every value finite; :class:`ValidationFailed` otherwise."""
+    import torch
+
+    length = len(sample.input_ids)
+    for name, tensor, width in (("aux_hidden_states", aux, aux_width), ("hidden_states", hidden, hidden_size)):
+        if tuple(tensor.shape) != (length, width):
+            raise ValidationFailed(f"sample {sample.sample_id!r}: {name} has shape {tuple(tensor.shape)}, the manifest says ({length}, {width})")
+        bad = (~torch.isfinite(tensor.float())).nonzero()
+        if len(bad):
+            raise ValidationFailed(f"sample {sample.sample_id!r}: {name} has {len(bad)} non-finite values (first at position {int(bad[0][0])})")
+
+
+def compare(sample: ReferenceSample, ours: Sequence[int], margin: float, into: Comparison) -> None:
+    for position, theirs, gap in zip(sample.positions, sample.top1, sample.margin, strict=True):
+        if theirs is None:
+            into.unknown += 1
+            continue
+        same = ours[position] == theirs
+        if gap is not None and gap < margin:
+            into.near_ties += 1
+            into.near_tie_agreed += same
+            continue
+        into.compared += 1
+        into.agreed += same
+        if not same:
+            into.disagreements.append(f"{sample.sample_id!r}@{position}: ours {ours[position]}, server {theirs}")
+
+
+def verdict(reference: ServingReference, result: Comparison, settings: ServingValidationConfig) -> dict[str, Any]:
+    """The phase's metadata for a comparison; :class:`ValidationFailed` below ``min_agreement``."""
+    share = result.agreed / result.compared if result.compared else 0.0
+    meta = {
+        "serving_validation": "passed",
+        "serving_reference": f"{reference.server} ({reference.api}, {reference.model})",
+        "serving_samples": len(reference.samples),
+        "serving_positions": result.compared,
+        "serving_agreement": round(share, 4),
+        "serving_min_agreement": settings.min_agreement,
+        "serving_near_ties": result.near_ties,
+        "serving_unknown_positions": result.unknown,
+        "serving_near_ties_known": reference.api != "text",
+    }
+    if result.near_ties:
+        meta["serving_near_tie_agreement"] = round(result.near_tie_agreed / result.near_ties, 4)
+    if not result.compared:
+        return {
+            **meta,
+            "serving_validation": "not validated",
+            "serving_validation_detail": f"no position could be compared with {reference.server} ({result.near_ties} near-ties, "
+            f"{result.unknown} positions whose prefix text does not tokenize back to the row's ids or whose answer is not one token)",
+        }
+    if share < settings.min_agreement:
+        raise ValidationFailed(
+            f"argmax(lm_head(teacher)) agrees with the serving target ({reference.server}, {reference.api}) at {result.agreed} of "
+            f"{result.compared} positions ({share:.1%}) of {len(reference.samples)} samples, below hidden_states.validation.min_agreement "
+            f"{settings.min_agreement:.0%} ({result.near_ties} near-ties within {settings.near_tie_logprob_margin} nats reported apart); "
+            f"first disagreements: {'; '.join(result.disagreements[:SHOWN])}. The teacher is not the serving target's final state: "
+            "a layer off, shifted by a position, or without the final norm"
+        )
+    return meta
+
+
+def tokenization_problems(reference: ServingReference) -> list[str]:
+    return [f"sample {s.sample_id!r}: {s.tokenization}" for s in reference.samples if not s.tokenization.startswith(("same", "not checked"))]
+
+
+def record_from_first(
+    training_data: Path,
+    endpoints: Sequence[ServerEndpoint],
+    tokenizer_name: str,
+    trust_remote_code: bool,
+    settings: ServingValidationConfig,
+    out: Path,
+) -> dict[str, Any]:
+    """Record the reference from the first of ``endpoints`` that answers; what was done, as metadata
+    (``serving_reference_status``: ``recorded from …``, ``off`` or ``not recorded: …`` with the reasons)."""
+    if not settings.samples:
+        return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
+    if not endpoints:
+        return {"serving_reference_status": "not recorded: no serving endpoint to ask"}
+    from eagle3_pipeline.target import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
+    reasons = []
+    for endpoint in endpoints:
+        try:
+            reference = record_reference(training_data, endpoint, tokenizer, tokenizer_name, settings, out)
+        except ServingReferenceError as exc:
+            reasons.append(str(exc))
+            continue
+        problems = tokenization_problems(reference)
+        return {
+            "serving_reference_status": f"recorded from {reference.server} ({reference.api}): {len(reference.samples)} samples, "
+            f"{sum(len(s.positions) for s in reference.samples)} positions"
+            + (f"; tokenization differs: {problems[0]}" if problems else ""),
+        }
+    return {"serving_reference_status": "not recorded: " + "; ".join(reasons)}
+
+
+def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_name: str, out: Path) -> dict[str, Any]:
+    """The ``hidden_states`` preflight: keep a reference recorded for these rows, else record one
+    now from a server that is up: with ``backend: vllm`` the extraction server itself, then the
+    inference endpoints (an SGLang server stopped for ``backend: sglang`` does not answer: record
+    it at ``training_data`` time), or the embedded server, started here for the recording and
+    stopped after it."""
+    settings = config.hidden_states.validation
+    if not settings.samples:
+        return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
+    data = TrainingData.open(training_data)
+    kept, _ = load_reference(out, data.version())
+    if kept is not None:
+        return {"serving_reference_status": f"kept: recorded earlier for these rows from {kept.server} ({kept.api})"}
+    from eagle3_pipeline.config import ConfigError
+    from eagle3_pipeline.monitor import UnhealthyError
+    from eagle3_pipeline.serving import InferenceProvider, ModelNotAvailable, ServerStartError
+
+    endpoints = []
+    if config.hidden_states.backend == "vllm" and config.hidden_states.vllm_base_url:
+        endpoints.append(ServerEndpoint(config.hidden_states.vllm_base_url, config.target.model))
+    reasons = []
+    provider = InferenceProvider(config)
+    try:
+        try:
+            endpoints += [ServerEndpoint(e.base_url, e.model, e.api_key) for e in provider.endpoints()]
+        except (UnhealthyError, ServerStartError, ModelNotAvailable, ConfigError) as exc:
+            reasons.append(f"the inference endpoints: {type(exc).__name__}: {str(exc)[:300]}")
+        done = record_from_first(training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings, out)
+    finally:
+        provider.close()
+    if reasons and done["serving_reference_status"].startswith("not recorded"):
+        done["serving_reference_status"] += "; " + "; ".join(reasons)
+    return done
