@@ -72,7 +72,7 @@ def test_hidden_states_then_the_drafter_from_an_fp8_store(tmp_path: Path, local_
     path.write_text(
         "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n  - {id: B1, source: a.jsonl}\n"
         "draft_vocab: {size: 64}\n"
-        "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, storage_dtype: float8_e4m3}\n"
+        "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, storage_dtype: float8_e4m3, validation: {samples: 0}}\n"
         "drafter: {ttt_steps: 2, epochs: 2, batch_tokens: 64, max_seq_len: 16, log_every: 1, checkpoint_every: 100, lr: 0.003, nproc_per_node: 1}\n"
     )
     config = load_config(path)
@@ -81,7 +81,8 @@ def test_hidden_states_then_the_drafter_from_an_fp8_store(tmp_path: Path, local_
     assets = [*build_eagle3_assets(config), *build_drafter_assets(config)]
     result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
     assert result.success
-    assert _evaluations(result) == {"coverage": True, "spot_check": True, "bytes_per_token": True}
+    # Random ids, so no serving server to compare with: the validation is off and says so (a failing WARN).
+    assert _evaluations(result) == {"coverage": True, "spot_check": True, "serving_agreement": False, "bytes_per_token": True}
     states: dict[str, Any] = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
     assert states["storage_dtype"] == FP8 and states["bytes_per_token_formula"] == 2325
     assert HiddenStateStore(config.artifacts_root / "hidden_states").manifest().dtype == FP8
