@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
 from eagle3_pipeline.dataprep.agreement import CONTEXT_TOKENS, RemoteTokenizerError, ServerEndpoint, TokenizeRouteMissing, remote_tokenizer
-from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
+from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError, iter_rows
 
 REFERENCE_FORMAT = 1
 # Disagreeing positions named in a failure.
@@ -502,7 +502,10 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
     settings = config.hidden_states.validation
     if not settings.samples:
         return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
-    data = TrainingData.open(training_data)
+    try:
+        data = TrainingData.open(training_data)
+    except TrainingDataError as exc:  # the phase itself fails on it, after its cheaper refusals (busy GPUs, a missing python)
+        return {"serving_reference_status": f"not recorded: {exc}"}
     kept, _ = load_reference(out, data.version())
     if kept is not None:
         return {"serving_reference_status": f"kept: recorded earlier for these rows from {kept.server} ({kept.api})"}
