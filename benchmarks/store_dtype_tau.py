@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tau_scaling import Log  # noqa: E402  (the same quiet reporter as the τ-scaling benchmark)
 from eagle3_pipeline.config import load_config, local_profile_path  # noqa: E402
 from eagle3_pipeline.drafter import evaluate, train  # noqa: E402
 from eagle3_pipeline.drafter.spec import train_spec  # noqa: E402
@@ -42,18 +43,6 @@ from eagle3_pipeline.drafter.target import load_target_weights  # noqa: E402
 from eagle3_pipeline.hidden_states.store import BF16, FP8, HiddenStateStore, ShardWriter, bytes_per_token  # noqa: E402
 from eagle3_pipeline.serving import prepare_local_model  # noqa: E402
 from eagle3_pipeline_tests.drafter.tiny_store import real_store  # noqa: E402
-
-
-class Log:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def log(self, message: str) -> None:
-        if message.startswith(("training", "resuming", "exported")):
-            print(f"  [{self.name}] {message}", flush=True)
-
-    def progress(self, metrics: Any) -> None:
-        return None
 
 
 def convert(source: HiddenStateStore, root: Path, dtype: str) -> HiddenStateStore:
