@@ -77,8 +77,16 @@ def bare_loop(store: Path, vocab: Path, target_dir: Path, settings: dict[str, An
     d2t, t2d, _ = load_draft_vocab(vocab)
     target = load_target_weights(target_dir)
     manifest = HiddenStateStore(store).manifest()
-    model = build_model(drafter_config(target.config, int(d2t.shape[0]), manifest.aux_layer_ids, {}), target, d2t, t2d, settings["seed"])
-    plan = epoch_plan(store_rows(HiddenStateStore(store), "train"), settings["seed"], 0, settings["batch_tokens"], settings["max_seq_len"])
+    model = build_model(
+        drafter_config(target.config, int(d2t.shape[0]), manifest.aux_layer_ids, {}), target, d2t, t2d, settings["seed"]
+    )
+    plan = epoch_plan(
+        store_rows(HiddenStateStore(store), "train"),
+        settings["seed"],
+        0,
+        settings["batch_tokens"],
+        settings["max_seq_len"],
+    )
     reader = BatchReader(store, settings["max_seq_len"])
     batches = [reader.read(rows) for rows in plan[:steps]]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -89,7 +97,8 @@ def bare_loop(store: Path, vocab: Path, target_dir: Path, settings: dict[str, An
     for batch in batches:
         target_signal = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
         masks = [
-            F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() * model.t2d[F.pad(target_signal.argmax[:, j + 1 :], (0, j + 1))].float()
+            F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float()
+            * model.t2d[F.pad(target_signal.argmax[:, j + 1 :], (0, j + 1))].float()
             for j in range(settings["ttt_steps"])
         ]
         keep = [mask.bool() for mask in masks]
@@ -112,17 +121,44 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--draft-vocab", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=2, help="bare then ours, this many times; the best rate of each is compared")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="bare then ours, this many times; the best rate of each is compared"
+    )
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "eagle3-drafter-bench")
-    parser.add_argument("--memory", action="store_true", help="peak memory and step time of the old and new TTT pass (see the module docstring)")
-    parser.add_argument("--lengths", default="512,2048,4096,8192,16384", help="--memory: sequence lengths T of the new passes")
-    parser.add_argument("--old-lengths", default="512,1024,1536,2048,3072,4096,8192", help="--memory: sequence lengths T of the old pass (its T² fit wants short steps)")
-    parser.add_argument("--vocab-lengths", default="512,1024,2048", help="--memory: sequence lengths of kimi-like-16k, every pass (the draft-vocabulary slope)")
-    parser.add_argument("--shapes", default="embedded,kimi-like,kimi-like-16k", help=f"--memory: among {', '.join(MEMORY_SHAPES)}")
-    parser.add_argument("--dtype", choices=sorted(AUTOCAST), default="bfloat16", help="--memory: autocast dtype of the step (bfloat16 as training on a GPU)")
-    parser.add_argument("--limit-gib", type=float, default=10.0, help="--memory: skip (and kill) a configuration past this peak")
-    parser.add_argument("--repeats", type=int, default=1, help="--memory: timed steps after one warm-up step; the fastest is reported")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak memory and step time of the old and new TTT pass (see the module docstring)",
+    )
+    parser.add_argument(
+        "--lengths", default="512,2048,4096,8192,16384", help="--memory: sequence lengths T of the new passes"
+    )
+    parser.add_argument(
+        "--old-lengths",
+        default="512,1024,1536,2048,3072,4096,8192",
+        help="--memory: sequence lengths T of the old pass (its T² fit wants short steps)",
+    )
+    parser.add_argument(
+        "--vocab-lengths",
+        default="512,1024,2048",
+        help="--memory: sequence lengths of kimi-like-16k, every pass (the draft-vocabulary slope)",
+    )
+    parser.add_argument(
+        "--shapes", default="embedded,kimi-like,kimi-like-16k", help=f"--memory: among {', '.join(MEMORY_SHAPES)}"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(AUTOCAST),
+        default="bfloat16",
+        help="--memory: autocast dtype of the step (bfloat16 as training on a GPU)",
+    )
+    parser.add_argument(
+        "--limit-gib", type=float, default=10.0, help="--memory: skip (and kill) a configuration past this peak"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="--memory: timed steps after one warm-up step; the fastest is reported"
+    )
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -164,14 +200,21 @@ PASSES = ("old", "new", "new+ckpt")
 MEMORY_TTT_STEPS = 7
 AUTOCAST = {"bfloat16": torch.bfloat16, "float32": None}
 GIB = 1024**3
-KIMI_WIDTH_FACTOR = 8  # the full Kimi draft is the kimi-like shape at 8× its width (hidden, heads, intermediate, target hidden)
+KIMI_WIDTH_FACTOR = (
+    8  # the full Kimi draft is the kimi-like shape at 8× its width (hidden, heads, intermediate, target hidden)
+)
 GPU_BYTES = 96e9
 GPU_RESERVED = 2 * GIB  # CUDA context and the caching allocator's slack
 GPU_MARGIN = 0.05  # of the GPU, for fragmentation
 
 
 def _kimi(hidden: int, draft_vocab: int, kv_heads: int | None) -> DrafterConfig:
-    return drafter_config(kimi_k25_text_config(hidden_size=hidden), draft_vocab, KIMI_AUX, {"num_key_value_heads": kv_heads} if kv_heads else {})
+    return drafter_config(
+        kimi_k25_text_config(hidden_size=hidden),
+        draft_vocab,
+        KIMI_AUX,
+        {"num_key_value_heads": kv_heads} if kv_heads else {},
+    )
 
 
 def _embedded() -> DrafterConfig:
@@ -214,7 +257,9 @@ def memory_child(job: MemoryJob) -> None:
     t2d[used] = True
     model.set_vocab((used - torch.arange(config.draft_vocab_size)).to(device), t2d.to(device))
     # The target head's rows outside the draft vocabulary are zero: every target argmax is a draft token.
-    lm_head = (torch.randn(config.vocab_size, config.target_hidden_size, generator=g) * t2d[:, None]).to(device, autocast or torch.float32)
+    lm_head = (torch.randn(config.vocab_size, config.target_hidden_size, generator=g) * t2d[:, None]).to(
+        device, autocast or torch.float32
+    )
     t = job.length
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -236,24 +281,50 @@ def memory_child(job: MemoryJob) -> None:
             if job.pass_name == "old":
                 loss = reference_ttt_loss(model, batch, lm_head, MEMORY_TTT_STEPS)
             else:
-                loss = ttt_loss(model, batch, lm_head, MEMORY_TTT_STEPS, activation_checkpointing=job.pass_name == "new+ckpt").loss
+                loss = ttt_loss(
+                    model, batch, lm_head, MEMORY_TTT_STEPS, activation_checkpointing=job.pass_name == "new+ckpt"
+                ).loss
         loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
         cpu_times.append(time.process_time() - cpu_started)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"base_gib": base / GIB, "peak_gib": peak / GIB, "step_gib": (peak - base) / GIB, "step_s": min(times[1:] or times), "cpu_s": min(cpu_times[1:] or cpu_times)}))
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    print(
+        json.dumps(
+            {
+                "base_gib": base / GIB,
+                "peak_gib": peak / GIB,
+                "step_gib": (peak - base) / GIB,
+                "step_s": min(times[1:] or times),
+                "cpu_s": min(cpu_times[1:] or cpu_times),
+            }
+        )
+    )
 
 
 def _run_child(job: MemoryJob, limit_gib: float) -> dict[str, float]:
     """The child's result, or ``{"killed_gib": ...}`` when the watchdog stopped it at the limit."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen([sys.executable, __file__, "--memory-child", json.dumps(job.__dict__)], stdout=out, stderr=err, env=env, text=True)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--memory-child", json.dumps(job.__dict__)],
+            stdout=out,
+            stderr=err,
+            env=env,
+            text=True,
+        )
         while child.poll() is None:
             try:
-                rss_kib = next(int(line.split()[1]) for line in Path(f"/proc/{child.pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))
+                rss_kib = next(
+                    int(line.split()[1])
+                    for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                    if line.startswith("VmRSS:")
+                )
             except (FileNotFoundError, StopIteration, ProcessLookupError):
                 rss_kib = 0
             if rss_kib * 1024 > limit_gib * GIB:
@@ -283,7 +354,9 @@ def _extrapolated_peak_gib(measured: dict[int, dict[str, float]], length: int, q
     if len(points) == 1:
         return base + points[0][1] * (length / points[0][0]) ** (2 if quadratic else 1)
     x = torch.tensor([[1.0, float(t) ** (2 if quadratic else 1)] for t, _ in points], dtype=torch.float64)
-    a, slope = torch.linalg.lstsq(x, torch.tensor([[m] for _, m in points], dtype=torch.float64)).solution.flatten().tolist()
+    a, slope = (
+        torch.linalg.lstsq(x, torch.tensor([[m] for _, m in points], dtype=torch.float64)).solution.flatten().tolist()
+    )
     return base + a + slope * float(length) ** (2 if quadratic else 1)
 
 
@@ -334,34 +407,59 @@ def memory_main(args: argparse.Namespace) -> None:
                 if measured:
                     predicted = _extrapolated_peak_gib(measured, t, quadratic=pass_name == "old")
                     if predicted > args.limit_gib:
-                        print(f"{key}: did not fit (extrapolated {predicted:.1f} GiB > {args.limit_gib} GiB from T={', '.join(map(str, sorted(measured)))}; not run)", flush=True)
+                        print(
+                            f"{key}: did not fit (extrapolated {predicted:.1f} GiB > {args.limit_gib} GiB from T={', '.join(map(str, sorted(measured)))}; not run)",
+                            flush=True,
+                        )
                         continue
                 out = _run_child(MemoryJob(shape, pass_name, t, args.dtype, args.repeats), args.limit_gib)
                 if "killed_gib" in out:
                     print(f"{key}: did not fit (killed at {out['killed_gib']:.1f} GiB)", flush=True)
                     continue
                 measured[t] = out
-                print(f"{key}: peak {out['peak_gib']:6.2f} GiB, step memory {out['step_gib']:6.2f} GiB, {out['step_s']:7.2f} s/step ({out['cpu_s']:.1f} CPU s)", flush=True)
-    print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} (other processes share the CPU: times are indicative, ratios taken in one run)")
+                print(
+                    f"{key}: peak {out['peak_gib']:6.2f} GiB, step memory {out['step_gib']:6.2f} GiB, {out['step_s']:7.2f} s/step ({out['cpu_s']:.1f} CPU s)",
+                    flush=True,
+                )
+    print(
+        f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} (other processes share the CPU: times are indicative, ratios taken in one run)"
+    )
     _memory_table(results, shapes, sorted(set(lengths) | set(old_lengths) | set(vocab_lengths)))
     _kimi_prediction(results)
 
 
-def _memory_table(results: dict[tuple[str, str], dict[int, dict[str, float]]], shapes: list[str], lengths: list[int]) -> None:
+def _memory_table(
+    results: dict[tuple[str, str], dict[int, dict[str, float]]], shapes: list[str], lengths: list[int]
+) -> None:
     """Step memory (peak), wall and CPU seconds per step; new/old ratios of step memory and of CPU time
     (wall time on a GPU): on a CPU shared with other processes the CPU time is the steadier measure."""
     clock = "cpu_s" if not torch.cuda.is_available() else "step_s"
-    print(f"\nstep memory GiB (peak GiB), s/step wall / CPU; ratios new/old of step memory and {'CPU' if clock == 'cpu_s' else 'wall'} time, same run; '—' did not fit")
-    head = f"{'shape':14s} {'T':>6s} | " + " | ".join(f"{p:>28s}" for p in PASSES) + " | " + " | ".join(f"{p + '/old':>15s}" for p in PASSES[1:])
+    print(
+        f"\nstep memory GiB (peak GiB), s/step wall / CPU; ratios new/old of step memory and {'CPU' if clock == 'cpu_s' else 'wall'} time, same run; '—' did not fit"
+    )
+    head = (
+        f"{'shape':14s} {'T':>6s} | "
+        + " | ".join(f"{p:>28s}" for p in PASSES)
+        + " | "
+        + " | ".join(f"{p + '/old':>15s}" for p in PASSES[1:])
+    )
     print(head)
     for shape in shapes:
         for t in lengths:
             rows = [results.get((shape, p), {}).get(t) for p in PASSES]
             if not any(rows):
                 continue
-            cells = [f"{r['step_gib']:6.2f} ({r['peak_gib']:5.2f}) {r['step_s']:6.1f}/{r['cpu_s']:6.1f}" if r else f"{'—':>28s}" for r in rows]
+            cells = [
+                f"{r['step_gib']:6.2f} ({r['peak_gib']:5.2f}) {r['step_s']:6.1f}/{r['cpu_s']:6.1f}"
+                if r
+                else f"{'—':>28s}"
+                for r in rows
+            ]
             old = rows[0]
-            ratios = [f"{r['step_gib'] / old['step_gib']:7.3f} {r[clock] / old[clock]:7.2f}" if r and old else f"{'—':>15s}" for r in rows[1:]]
+            ratios = [
+                f"{r['step_gib'] / old['step_gib']:7.3f} {r[clock] / old[clock]:7.2f}" if r and old else f"{'—':>15s}"
+                for r in rows[1:]
+            ]
             print(f"{shape:14s} {t:6d} | {' | '.join(cells)} | {' | '.join(ratios)}")
 
 
@@ -388,7 +486,9 @@ def _kimi_prediction(results: dict[tuple[str, str], dict[int, dict[str, float]]]
     budget = GPU_BYTES * (1 - GPU_MARGIN) - fixed
     print(f"\n== full Kimi draft (hidden 7168, 56 heads × 128, 8 KV heads, intermediate 40960, draft vocab 32000, target hidden 7168, "
           f"{MEMORY_TTT_STEPS} steps), bf16 autocast, one {GPU_BYTES / 1e9:.0f} GB GPU")  # fmt: skip
-    print(f"fixed: {fixed / GIB:.1f} GiB = {fixed_text}; {GPU_MARGIN:.0%} margin; activations get {budget / GIB:.1f} GiB")
+    print(
+        f"fixed: {fixed / GIB:.1f} GiB = {fixed_text}; {GPU_MARGIN:.0%} margin; activations get {budget / GIB:.1f} GiB"
+    )
     for pass_name in PASSES:
         quadratic = pass_name == "old"
         measured = results[("kimi-like", pass_name)]
@@ -410,6 +510,7 @@ def _kimi_prediction(results: dict[tuple[str, str], dict[int, dict[str, float]]]
               + (f" + {per_t2_like:.1f} B·T²" if quadratic else "")
               + f" (draft-vocabulary part {vocab_part / 1024:.0f} KiB/token, width part {width_part / 1024:.0f} KiB/token{check})\n"
               f"             full Kimi ≈ {formula} → longest T per batch ≈ {_longest(per_token, per_t2, budget):,} tokens")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

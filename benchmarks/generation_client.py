@@ -123,7 +123,17 @@ def finished_ids(path: Path) -> list[str]:
 
 
 def worker_command(url: str, checkpoint: Path, n: int, c: int) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--worker", url, str(checkpoint), "--requests", str(n), "--concurrency", str(c)]
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        url,
+        str(checkpoint),
+        "--requests",
+        str(n),
+        "--concurrency",
+        str(c),
+    ]
 
 
 def kill_and_resume(n: int, c: int, folder: Path) -> None:
@@ -159,7 +169,13 @@ def main() -> None:
     n, c = args.requests, args.concurrency
     if args.worker:
         url, checkpoint = args.worker
-        generate(prompts(n), lambda: [Endpoint(url, "m")], settings(c), ResponseCheckpoint(Path(checkpoint)), Path(checkpoint + ".err"))
+        generate(
+            prompts(n),
+            lambda: [Endpoint(url, "m")],
+            settings(c),
+            ResponseCheckpoint(Path(checkpoint)),
+            Path(checkpoint + ".err"),
+        )
         return
 
     items = prompts(n)
@@ -178,7 +194,9 @@ def main() -> None:
             mine = rate(lambda: ours(server.url, items, c, folder / "ours"), n)
             print(f"  ours: generate(), checkpoint on (fsync every 1 s):            {mine:8.0f} req/s")
             print(f"  ratio ours / bare loop (shared client):     {mine / shared:6.2f}   (target >= 0.8)")
-            print(f"  ratio ours / bare loop (client per worker): {mine / lanes:6.2f}   (cost of checkpoint, retries, budget, progress)")
+            print(
+                f"  ratio ours / bare loop (client per worker): {mine / lanes:6.2f}   (cost of checkpoint, retries, budget, progress)"
+            )
             print(f"  server: {server.stats()}")
             kill_and_resume(n, c, folder)
     finally:

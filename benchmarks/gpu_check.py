@@ -144,7 +144,9 @@ class Printer:
 
     def progress(self, metrics: Any) -> None:
         if "step" in metrics:
-            say(f"  [{self.prefix}] step {metrics['step']}: loss {metrics['loss']:.4f}, {metrics['tokens_per_s']:.0f} tokens/s (window)")
+            say(
+                f"  [{self.prefix}] step {metrics['step']}: loss {metrics['loss']:.4f}, {metrics['tokens_per_s']:.0f} tokens/s (window)"
+            )
 
 
 def describe_machine(device: str) -> dict[str, Any]:
@@ -178,7 +180,10 @@ def peak_gib(device: str) -> dict[str, float | None]:
 
     if device != "cuda":
         return {"peak_allocated_gib": None, "peak_reserved_gib": None}
-    return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 2), "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 2)}
+    return {
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 2),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 2),
+    }
 
 
 # --- the draft shape ---------------------------------------------------------------------------------
@@ -208,7 +213,9 @@ def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
     from eagle3_pipeline_tests.drafter.test_model import chain_draft
 
     target = kimi_like_target(sizes)
-    config = drafter_config(target, sizes.draft_vocab, default_aux_layer_ids(int(target["num_hidden_layers"])), draft_overrides(sizes))
+    config = drafter_config(
+        target, sizes.draft_vocab, default_aux_layer_ids(int(target["num_hidden_layers"])), draft_overrides(sizes)
+    )
     torch.manual_seed(SEED)
     model = Eagle3Drafter(config)
     used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
@@ -222,7 +229,12 @@ def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
     ids = torch.randint(0, config.vocab_size, (1, t_total), generator=g).to(device)
     last = t_total - steps - 2
     prefixes = sorted({round(i * last / max(1, sizes.chain_prefixes - 1)) for i in range(sizes.chain_prefixes)})
-    result: dict[str, Any] = {"length": t_total, "prefixes": len(prefixes), "steps": steps, "draft_hidden": config.hidden_size}
+    result: dict[str, Any] = {
+        "length": t_total,
+        "prefixes": len(prefixes),
+        "steps": steps,
+        "draft_hidden": config.hidden_size,
+    }
     for name, autocast in (("float32", None), ("bf16", torch.bfloat16)):
         errors = [0.0] * steps
         equal = [0] * steps
@@ -246,7 +258,9 @@ def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
 # --- 2. extraction -----------------------------------------------------------------------------------
 
 
-def extract_once(name: str, model_dir: Path, data: Path, output: Path, device: str, trust_remote_code: bool) -> dict[str, Any]:
+def extract_once(
+    name: str, model_dir: Path, data: Path, output: Path, device: str, trust_remote_code: bool
+) -> dict[str, Any]:
     from eagle3_pipeline.hidden_states.extract import run
 
     spec = {"training_data": str(data), "output": str(output), "model": str(model_dir), "target_name": name, "device": device,
@@ -284,12 +298,25 @@ def extract_section(sizes: Sizes, device: str, work: Path) -> dict[str, Any]:
     from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE, build_kimi_checkpoint
 
     shape = sizes.target_shape or EMBEDDED_SHAPE
-    rows = sample_rows("s", sizes.extract_samples, SEED, sizes.extract_min_len, sizes.extract_max_len, vocab=shape["vocab_size"])
+    rows = sample_rows(
+        "s", sizes.extract_samples, SEED, sizes.extract_min_len, sizes.extract_max_len, vocab=shape["vocab_size"]
+    )
     data = write_training_data(work / "td-llama", {"train": [rows]}, vocab_size=shape["vocab_size"])
-    llama = extract_once("random-llama-smollm2-shape", llama_target(work / "llama", shape), data, work / "hs-llama", device, False)
-    fixture_rows = sample_rows("k", sizes.fixture_samples, SEED, sizes.extract_min_len, sizes.extract_max_len, vocab=VOCAB_SIZE)
+    llama = extract_once(
+        "random-llama-smollm2-shape", llama_target(work / "llama", shape), data, work / "hs-llama", device, False
+    )
+    fixture_rows = sample_rows(
+        "k", sizes.fixture_samples, SEED, sizes.extract_min_len, sizes.extract_max_len, vocab=VOCAB_SIZE
+    )
     fixture_data = write_training_data(work / "td-kimi", {"train": [fixture_rows]}, vocab_size=VOCAB_SIZE)
-    kimi = extract_once("kimi-k25-tiny-fixture", build_kimi_checkpoint(work / "kimi", seed=SEED), fixture_data, work / "hs-kimi", device, True)
+    kimi = extract_once(
+        "kimi-k25-tiny-fixture",
+        build_kimi_checkpoint(work / "kimi", seed=SEED),
+        fixture_data,
+        work / "hs-kimi",
+        device,
+        True,
+    )
     return {"llama": llama, "kimi_fixture": kimi}
 
 
@@ -321,7 +348,9 @@ def train_inputs(sizes: Sizes, work: Path) -> tuple[Path, Path, Path]:
     return target_dir, store, vocab
 
 
-def train_section(sizes: Sizes, device: str, inputs: tuple[Path, Path, Path], batch_tokens: int, work: Path) -> dict[str, Any]:
+def train_section(
+    sizes: Sizes, device: str, inputs: tuple[Path, Path, Path], batch_tokens: int, work: Path
+) -> dict[str, Any]:
     from eagle3_pipeline.drafter.train import run
 
     target_dir, store, vocab = inputs
@@ -378,15 +407,23 @@ def section(name: str, guard: Guard, need_s: float, body: Callable[[], dict[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--smoke", action="store_true", help="toy sizes, seconds on a CPU (the test runs this)")
-    parser.add_argument("--time-limit", type=float, default=450.0, help="seconds; the run ends there with what it printed")
-    parser.add_argument("--width-divisor", type=int, default=4, help="training/chain shape: Kimi's width (hidden 7168) divided by this")
-    parser.add_argument("--work", type=Path, help="folder for the models and stores (default: a temporary folder, removed at the end)")
+    parser.add_argument(
+        "--time-limit", type=float, default=450.0, help="seconds; the run ends there with what it printed"
+    )
+    parser.add_argument(
+        "--width-divisor", type=int, default=4, help="training/chain shape: Kimi's width (hidden 7168) divided by this"
+    )
+    parser.add_argument(
+        "--work", type=Path, help="folder for the models and stores (default: a temporary folder, removed at the end)"
+    )
     args = parser.parse_args()
     guard = Guard(args.time_limit)
     try:
         import pydantic  # noqa: F401
     except ImportError:
-        say("pydantic is missing (the phases' settings need it): carry its wheels, see this script's docstring (benchmarks/gpu_check.py)")
+        say(
+            "pydantic is missing (the phases' settings need it): carry its wheels, see this script's docstring (benchmarks/gpu_check.py)"
+        )
         return 2
     import torch
     from transformers.utils import logging as transformers_logging
@@ -416,7 +453,12 @@ def main() -> int:
                 say(f"== train-{batch_tokens}: SKIPPED, the section before did not finish")
                 figures(f"train-{batch_tokens}", {"skipped": True})
                 continue
-            last = section(f"train-{batch_tokens}", guard, 2 * last, lambda b=batch_tokens: train_section(sizes, device, inputs[0], b, work))
+            last = section(
+                f"train-{batch_tokens}",
+                guard,
+                2 * last,
+                lambda b=batch_tokens: train_section(sizes, device, inputs[0], b, work),
+            )
     say(f"done in {time.monotonic() - guard.started:.0f} s")
     return 0
 

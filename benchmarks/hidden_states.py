@@ -46,11 +46,21 @@ def write_training_data(folder: Path, samples: int, min_len: int, max_len: int) 
     for i in range(samples):
         length = rng.randint(min_len, max_len)
         mask = [0] * (length // 2) + [1] * (length - length // 2)
-        rows.append({"id": f"s{i:05d}", "dataset": "bench", "input_ids": [rng.randrange(49152) for _ in range(length)],
-                     "loss_mask": mask, "num_tokens": length, "num_masked": sum(mask)})
+        rows.append(
+            {
+                "id": f"s{i:05d}",
+                "dataset": "bench",
+                "input_ids": [rng.randrange(49152) for _ in range(length)],
+                "loss_mask": mask,
+                "num_tokens": length,
+                "num_masked": sum(mask),
+            }
+        )
     folder.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), folder / "train-00000.parquet")
-    (folder / "manifest.json").write_text(json.dumps({"shards": {"train": ["train-00000.parquet"], "eval": []}, "vocab_size": 49152}))
+    (folder / "manifest.json").write_text(
+        json.dumps({"shards": {"train": ["train-00000.parquet"], "eval": []}, "vocab_size": 49152})
+    )
     return folder
 
 
@@ -63,8 +73,15 @@ def child(samples: int, min_len: int, max_len: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         data = write_training_data(Path(tmp) / "td", samples, min_len, max_len)
-        spec = {"training_data": str(data), "output": str(Path(tmp) / "hs"), "model": str(local_model_dir()),
-                "target_name": "SmolLM2-135M-Instruct", "device": "cpu", "shard_tokens": SHARD_TOKENS, "spot_check_samples": 0}
+        spec = {
+            "training_data": str(data),
+            "output": str(Path(tmp) / "hs"),
+            "model": str(local_model_dir()),
+            "target_name": "SmolLM2-135M-Instruct",
+            "device": "cpu",
+            "shard_tokens": SHARD_TOKENS,
+            "spot_check_samples": 0,
+        }
         meta = run(spec, Quiet())
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         sequences = [s.input_ids for s in HiddenStateStore(Path(tmp) / "hs").iter_samples()]
@@ -78,9 +95,14 @@ def child(samples: int, min_len: int, max_len: int) -> dict[str, Any]:
     bare_s = time.monotonic() - started
     tokens = sum(len(s) for s in sequences)
     return {
-        "samples": samples, "tokens": meta["tokens"], "extract_tokens_per_s": meta["tokens_per_s"],
-        "bare_tokens_per_s": round(tokens / bare_s, 1), "peak_rss": peak_rss, "bytes_per_token": meta["bytes_per_token"],
-        "bytes_per_token_formula": meta["bytes_per_token_formula"], "shards": meta["shards"],
+        "samples": samples,
+        "tokens": meta["tokens"],
+        "extract_tokens_per_s": meta["tokens_per_s"],
+        "bare_tokens_per_s": round(tokens / bare_s, 1),
+        "peak_rss": peak_rss,
+        "bytes_per_token": meta["bytes_per_token"],
+        "bytes_per_token_formula": meta["bytes_per_token_formula"],
+        "shards": meta["shards"],
     }
 
 
@@ -96,9 +118,20 @@ def main() -> None:
         return
     results = []
     for scale in (1, 4):
-        command = [sys.executable, __file__, "--child", "--samples", str(args.samples * scale),
-                   "--min-len", str(args.min_len), "--max-len", str(args.max_len)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--samples",
+            str(args.samples * scale),
+            "--min-len",
+            str(args.min_len),
+            "--max-len",
+            str(args.max_len),
+        ]
+        out = subprocess.run(
+            command, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
+        )
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     for scale, r in zip((1, 4), results, strict=True):
         ratio = r["extract_tokens_per_s"] / r["bare_tokens_per_s"]
@@ -109,8 +142,10 @@ def main() -> None:
         )
     one, four = results
     print(f"peak RSS 4x / 1x = {four['peak_rss'] / one['peak_rss']:.3f} (target ≤ 1.2)")
-    print(f"tokens/s ratio extraction / bare = {one['extract_tokens_per_s'] / one['bare_tokens_per_s']:.2f} at 1x, "
-          f"{four['extract_tokens_per_s'] / four['bare_tokens_per_s']:.2f} at 4x (target ≥ 0.8)")
+    print(
+        f"tokens/s ratio extraction / bare = {one['extract_tokens_per_s'] / one['bare_tokens_per_s']:.2f} at 1x, "
+        f"{four['extract_tokens_per_s'] / four['bare_tokens_per_s']:.2f} at 4x (target ≥ 0.8)"
+    )
 
 
 if __name__ == "__main__":

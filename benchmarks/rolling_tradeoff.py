@@ -30,15 +30,23 @@ def main() -> None:
     parser.add_argument("--shard-tokens", type=int, default=32_768)
     parser.add_argument("--window-shards", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--rates", default="5000,10000,20000,50000", help="assumed extraction tokens/s, comma-separated")
-    parser.add_argument("--load-s", type=float, default=600.0, help="assumed seconds to load the target for one extraction")
+    parser.add_argument(
+        "--rates", default="5000,10000,20000,50000", help="assumed extraction tokens/s, comma-separated"
+    )
+    parser.add_argument(
+        "--load-s", type=float, default=600.0, help="assumed seconds to load the target for one extraction"
+    )
     args = parser.parse_args()
     tokens = args.prompts * args.tokens_per_prompt
     train, eval_ = tokens * (1 - args.eval_fraction), tokens * args.eval_fraction
-    print(f"{tokens / 1e6:,.1f}M tokens ({train / 1e6:,.1f}M train, {eval_ / 1e6:,.1f}M eval), {args.bytes_per_token:,.0f} B/token, {args.epochs} epochs")
+    print(
+        f"{tokens / 1e6:,.1f}M tokens ({train / 1e6:,.1f}M train, {eval_ / 1e6:,.1f}M eval), {args.bytes_per_token:,.0f} B/token, {args.epochs} epochs"
+    )
     for rate in (float(r) for r in args.rates.split(",")):
         bare = tradeoff(train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate)
-        f = tradeoff(train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate, args.load_s)
+        f = tradeoff(
+            train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate, args.load_s
+        )
         print(
             f"extraction at {rate:,.0f} tok/s (assumed): whole store {f.store_bytes / TB:.2f} TB on disk, extracted once in "
             f"{f.extract_once_s / HOUR:.1f} h | rolling ({args.window_shards} shards a window): peak {f.rolling_peak_bytes / GB:,.0f} GB "

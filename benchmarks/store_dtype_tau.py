@@ -57,7 +57,15 @@ def convert(source: HiddenStateStore, root: Path, dtype: str) -> HiddenStateStor
         if name not in writers:
             total += sum(w.close() for w in writers.values())
             writers = {name: ShardWriter(root, int(name.split("-")[1]), dtype)}
-        writers[name].add(sample.sample_id, sample.dataset, sample.split, sample.input_ids, sample.loss_mask, sample.aux_hidden_states, sample.hidden_states)
+        writers[name].add(
+            sample.sample_id,
+            sample.dataset,
+            sample.split,
+            sample.input_ids,
+            sample.loss_mask,
+            sample.aux_hidden_states,
+            sample.hidden_states,
+        )
     total += sum(w.close() for w in writers.values())
     store = HiddenStateStore(root)
     store.write_index(manifest.shards)
@@ -118,11 +126,17 @@ def main() -> None:
     print(f"\nstore bytes/token (target hidden {hidden}, 3 aux layers + teacher)")
     for dtype, store in stores.items():
         m = store.manifest()
-        print(f"  {dtype:<12} {m.samples} samples, {m.tokens} tokens, {m.bytes:,} B: {m.bytes_per_token:,.1f} B/token (formula {bytes_per_token(hidden, 3, dtype):,})")
+        print(
+            f"  {dtype:<12} {m.samples} samples, {m.tokens} tokens, {m.bytes:,} B: {m.bytes_per_token:,.1f} B/token (formula {bytes_per_token(hidden, 3, dtype):,})"
+        )
     print(f"  fp8 / bf16 bytes: {stores[FP8].manifest().bytes / stores[BF16].manifest().bytes:.4f}")
     errors = compare(stores[BF16], stores[FP8], target.lm_head.float())
-    print(f"\nfp8 dequantized vs bf16 (max relative L2 error per sample and tensor): aux {errors['aux']:.4f}, teacher {errors['hidden']:.4f}")
-    print(f"teacher's full-vocabulary argmax from fp8 states equals the bf16 one at {errors['argmax_same']:.4%} of {errors['tokens']} tokens")
+    print(
+        f"\nfp8 dequantized vs bf16 (max relative L2 error per sample and tensor): aux {errors['aux']:.4f}, teacher {errors['hidden']:.4f}"
+    )
+    print(
+        f"teacher's full-vocabulary argmax from fp8 states equals the bf16 one at {errors['argmax_same']:.4%} of {errors['tokens']} tokens"
+    )
     print(f"  where it flips, the bf16 teacher's top-1 − top-2 probability margin has median {errors['margin_flips']:.4f} (all tokens: {errors['margin_all']:.4f}); "
           f"{errors['flips_close']:.1%} of the flips have a margin below 0.05")  # fmt: skip
     print(f"  KL(bf16 ‖ fp8) of the teacher's distribution: mean {errors['kl_mean']:.5f} nats, max {errors['kl_max']:.4f}; "
@@ -143,7 +157,10 @@ def main() -> None:
         eval_spec = {"store": str(store.root), "draft_vocab": str(vocab), "drafter": str(out / "export"), "target_weights": str(target_dir),
                      "steps": list(config.drafter_eval.steps), "device": "cpu"}  # fmt: skip
         results[dtype] = evaluate.run(eval_spec, Log(dtype))
-        print(f"  [{dtype}] trained {trained['steps']} steps in {t1 - t0:.0f} s (loss {trained['first_loss']:.3f} → {trained['last_loss']:.3f}), evaluated in {time.monotonic() - t1:.0f} s", flush=True)
+        print(
+            f"  [{dtype}] trained {trained['steps']} steps in {t1 - t0:.0f} s (loss {trained['first_loss']:.3f} → {trained['last_loss']:.3f}), evaluated in {time.monotonic() - t1:.0f} s",
+            flush=True,
+        )
 
     for dtype in stores:
         print(f"\nτ table, {dtype} store\n{results[dtype]['table']}")

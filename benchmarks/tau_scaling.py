@@ -67,7 +67,9 @@ def half_store(store: Path, folder: Path, seed: int) -> Path:
         kept += rng.sample(train, len(train) // 2)
     keep = {id(r) for r in kept}
     table = [r for r in rows if r["split"] != "train" or id(r) in keep]
-    pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(store / "index.parquet")), folder / "index.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(table, schema=pq.read_schema(store / "index.parquet")), folder / "index.parquet"
+    )
     return folder
 
 
@@ -89,22 +91,44 @@ def main() -> None:
         sys.exit(f"no hidden-state store under {args.artifacts}: run `eagle3-pipeline run` first (or pass --artifacts)")
     settings = {**base["settings"], "checkpoint_every": args.checkpoint_every}
     specs = {}
-    for name, store in (("half", half_store(Path(base["store"]), args.work / "half_store", settings["seed"])), ("full", Path(base["store"]))):
-        specs[name] = {**base, "store": str(store), "run_dir": str(args.work / name / "run"), "export_dir": str(args.work / name / "export"), "settings": settings}
+    for name, store in (
+        ("half", half_store(Path(base["store"]), args.work / "half_store", settings["seed"])),
+        ("full", Path(base["store"])),
+    ):
+        specs[name] = {
+            **base,
+            "store": str(store),
+            "run_dir": str(args.work / name / "run"),
+            "export_dir": str(args.work / name / "export"),
+            "settings": settings,
+        }
     print(f"local profile drafter: {settings['epochs']} epochs, lr {settings['lr']}, batch_tokens {settings['batch_tokens']}, "
           f"max_seq_len {settings['max_seq_len']}, ttt_steps {settings['ttt_steps']}; checkpoint every {args.checkpoint_every} steps")  # fmt: skip
     half, half_s = train(specs["half"], "half")
     full, full_s = train(specs["full"], "full")
-    print(f"half run: {half['points'][-1]['step']} steps in {half_s:.0f} s; full run: {full['points'][-1]['step']} steps in {full_s:.0f} s")
+    print(
+        f"half run: {half['points'][-1]['step']} steps in {half_s:.0f} s; full run: {full['points'][-1]['step']} steps in {full_s:.0f} s"
+    )
 
     k = half["k"]
     print(f"\ncurves (τ@{k} per checkpoint: step, tokens seen, τ by dataset)")
     for name, curve in (("half", half), ("full", full)):
         for p in curve["points"]:
-            print(f"  {name} {p['step']:>4} {p['tokens']:>7}  " + "  ".join(f"{d} {t:.3f}" for d, t in p["tau"].items()))
+            print(
+                f"  {name} {p['step']:>4} {p['tokens']:>7}  " + "  ".join(f"{d} {t:.3f}" for d, t in p["tau"].items())
+            )
 
     fits = fit_curve(half)
-    header = ["dataset", "half: train tokens", "points", f"half τ@{k}", "full: train tokens", f"predicted τ@{k} [95 %]", f"measured τ@{k}", "inside"]
+    header = [
+        "dataset",
+        "half: train tokens",
+        "points",
+        f"half τ@{k}",
+        "full: train tokens",
+        f"predicted τ@{k} [95 %]",
+        f"measured τ@{k}",
+        "inside",
+    ]
     lines = [header]
     notes = []
     data_half = {**half["data_tokens"], ALL: sum(half["data_tokens"].values())}
@@ -122,7 +146,9 @@ def main() -> None:
             predicted = fit.predict(target)
             inside = measured is not None and predicted.low <= measured <= predicted.high
             cells += [predicted.text(), "—" if measured is None else f"{measured:.3f}", "yes" if inside else "no"]
-            notes.append(f"{dataset}: half-run fit τ∞ {fit.tau_inf:.3f}, a {fit.a:.3f}, b {fit.b:.2f}, residual sd {fit.residual_sd:.4f}, {fit.eval_steps} eval verify steps")
+            notes.append(
+                f"{dataset}: half-run fit τ∞ {fit.tau_inf:.3f}, a {fit.a:.3f}, b {fit.b:.2f}, residual sd {fit.residual_sd:.4f}, {fit.eval_steps} eval verify steps"
+            )
         lines.append(cells)
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     print("\nprediction from the half-data run against the full-data run")

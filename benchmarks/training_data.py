@@ -90,22 +90,52 @@ def child(mode: str, files: list[Path], model: str, out: Path, buffer_rows: int)
     if mode == "bare":
         started = time.perf_counter()
         tokenizer = load_tokenizer(model)
-        conversations = [stored_conversation(row, "render") for path in files for row in pq.read_table(path).to_pylist()]
+        conversations = [
+            stored_conversation(row, "render") for path in files for row in pq.read_table(path).to_pylist()
+        ]
         tokens = bare_loop(tokenizer, conversations)
         print(json.dumps({"seconds": time.perf_counter() - started, "tokens": tokens}))
         return
     started = time.perf_counter()
     stats = build_training_data(
-        files, model, out, seed=1, eval_fraction=0.02, shard_rows=10_000, max_seq_len=MAX_SEQ_LEN, buffer_rows=buffer_rows
+        files,
+        model,
+        out,
+        seed=1,
+        eval_fraction=0.02,
+        shard_rows=10_000,
+        max_seq_len=MAX_SEQ_LEN,
+        buffer_rows=buffer_rows,
     )
     seconds = time.perf_counter() - started
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "tokens": stats.tokens, "rows": stats.train_rows + stats.eval_rows,
-                      "mismatch": stats.template_mismatch, "rss_mb": rss}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "tokens": stats.tokens,
+                "rows": stats.train_rows + stats.eval_rows,
+                "mismatch": stats.template_mismatch,
+                "rss_mb": rss,
+            }
+        )
+    )
 
 
 def run_child(mode: str, files: list[Path], model: str, out: Path, buffer_rows: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", mode, "--model", model, "--out", str(out), "--buffer-rows", str(buffer_rows), *map(str, files)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--buffer-rows",
+        str(buffer_rows),
+        *map(str, files),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     parsed: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return parsed
@@ -146,15 +176,25 @@ def main() -> None:
         ours4 = run_child("build", four, model, root / "td4", args.buffer_rows)
 
     bare_rate, our_rate = bare["tokens"] / bare["seconds"], ours["tokens"] / ours["seconds"]
-    print(f"rows: {ours['rows']} at 1x, {ours4['rows']} at 4x (buffer_rows {args.buffer_rows}); "
-          f"tokens: {ours['tokens']} at 1x; template mismatches: {ours['mismatch']} / {ours4['mismatch']}")
-    print(f"bare apply_chat_template + tokenize: {bare_rate:,.0f} tokens/s ({bare['tokens']} tokens, {bare['seconds']:.1f} s; "
-          f"runs {runs(bares)} s)")
-    print(f"build_training_data (whole phase):   {our_rate:,.0f} tokens/s ({ours['seconds']:.1f} s; "
-          f"runs {runs(builds)} s)   ratio {our_rate / bare_rate:.2f} (target >= 0.8)")
-    print(f"build_training_data at 4x rows:      {ours4['tokens'] / ours4['seconds']:,.0f} tokens/s ({ours4['seconds']:.1f} s)")
-    print(f"peak RSS: tokenizer only {floor['rss_mb']:.0f} MB; 1x {ours['rss_mb']:.0f} MB; 4x {ours4['rss_mb']:.0f} MB   "
-          f"ratio 4x/1x {ours4['rss_mb'] / ours['rss_mb']:.2f} (target <= 1.2)")
+    print(
+        f"rows: {ours['rows']} at 1x, {ours4['rows']} at 4x (buffer_rows {args.buffer_rows}); "
+        f"tokens: {ours['tokens']} at 1x; template mismatches: {ours['mismatch']} / {ours4['mismatch']}"
+    )
+    print(
+        f"bare apply_chat_template + tokenize: {bare_rate:,.0f} tokens/s ({bare['tokens']} tokens, {bare['seconds']:.1f} s; "
+        f"runs {runs(bares)} s)"
+    )
+    print(
+        f"build_training_data (whole phase):   {our_rate:,.0f} tokens/s ({ours['seconds']:.1f} s; "
+        f"runs {runs(builds)} s)   ratio {our_rate / bare_rate:.2f} (target >= 0.8)"
+    )
+    print(
+        f"build_training_data at 4x rows:      {ours4['tokens'] / ours4['seconds']:,.0f} tokens/s ({ours4['seconds']:.1f} s)"
+    )
+    print(
+        f"peak RSS: tokenizer only {floor['rss_mb']:.0f} MB; 1x {ours['rss_mb']:.0f} MB; 4x {ours4['rss_mb']:.0f} MB   "
+        f"ratio 4x/1x {ours4['rss_mb'] / ours['rss_mb']:.2f} (target <= 1.2)"
+    )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,11 @@ class Alert:
 def secret_values(config: PipelineConfig) -> list[str]:
     """The values of every environment variable the pipeline file names as holding a secret."""
     names = [e.api_key_env for e in config.inference.all_endpoints]
-    names += [config.health.host.key_passphrase_env, config.compute.host.key_passphrase_env, config.alerts.webhook_url_env]
+    names += [
+        config.health.host.key_passphrase_env,
+        config.compute.host.key_passphrase_env,
+        config.alerts.webhook_url_env,
+    ]
     values = [os.environ.get(n) or "" for n in names if n]
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
@@ -63,7 +67,14 @@ def message_body(config: PipelineConfig, alert: Alert) -> dict[str, object]:
     headline = f"[eagle3 {config.name}] {alert.title}"
     if config.alerts.format == "slack":
         return {"text": f"*{headline}*\n```\n{report}\n```"}
-    return {"pipeline": config.name, "kind": alert.kind, "subject": alert.subject, "state": alert.state, "title": headline, "report": report}
+    return {
+        "pipeline": config.name,
+        "kind": alert.kind,
+        "subject": alert.subject,
+        "state": alert.state,
+        "title": headline,
+        "report": report,
+    }
 
 
 class AlertLedger:
@@ -143,17 +154,35 @@ def health_changed(alerter: Alerter, report: HealthReport, name: str | None = No
         f"health:{host}",
         overall,
         overall in HEALTH_ALERTING,
-        lambda: Alert("health", f"health:{host}", overall, f"health gate {overall.upper()} on {host}: {report.summary()}", report_markdown(report)),
+        lambda: Alert(
+            "health",
+            f"health:{host}",
+            overall,
+            f"health gate {overall.upper()} on {host}: {report.summary()}",
+            report_markdown(report),
+        ),
     )
 
 
 def stall_detected(alerter: Alerter, what: str, run_id: str, detail: str) -> bool:
     subject = f"stall:{what}:{run_id}"
-    return alerter.observe(subject, "stalled", True, lambda: Alert("stall", subject, "stalled", f"stall: {detail}", detail))
+    return alerter.observe(
+        subject, "stalled", True, lambda: Alert("stall", subject, "stalled", f"stall: {detail}", detail)
+    )
 
 
-BUDGET_FIELDS = ("token_budget", "budget_counts", "budget_tokens", "budget_overshoot", "rows", "prompts", "skipped_by_budget",
-                 "held_back_by_budget", "completion_tokens", "cost_total")
+BUDGET_FIELDS = (
+    "token_budget",
+    "budget_counts",
+    "budget_tokens",
+    "budget_overshoot",
+    "rows",
+    "prompts",
+    "skipped_by_budget",
+    "held_back_by_budget",
+    "completion_tokens",
+    "cost_total",
+)
 
 
 def budget_reached(alerter: Alerter, dataset: str, metadata: Mapping[str, Any]) -> bool:
@@ -162,12 +191,18 @@ def budget_reached(alerter: Alerter, dataset: str, metadata: Mapping[str, Any]) 
     state = "reached" if reached else "within"
     report = "\n".join(f"{key}: {metadata[key]}" for key in BUDGET_FIELDS if key in metadata)
     return alerter.observe(
-        f"budget:{dataset}", state, reached, lambda: Alert("budget", f"budget:{dataset}", state, f"token budget reached for {dataset}", report)
+        f"budget:{dataset}",
+        state,
+        reached,
+        lambda: Alert("budget", f"budget:{dataset}", state, f"token budget reached for {dataset}", report),
     )
 
 
 def tau_checked(alerter: Alerter, passed: bool, verdict: str) -> bool:
     state = "passed" if passed else "regressed"
     return alerter.observe(
-        "tau_regression", state, not passed, lambda: Alert("tau_regression", "tau_regression", state, "drafter τ regressed", verdict)
+        "tau_regression",
+        state,
+        not passed,
+        lambda: Alert("tau_regression", "tau_regression", state, "drafter τ regressed", verdict),
     )

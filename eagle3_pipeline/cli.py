@@ -21,7 +21,14 @@ from typing import Any
 from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import CheckpointError, Progress
 from eagle3_pipeline.monitor import HealthMonitor
-from eagle3_pipeline.status import RunInFlight, dataset_progress, exit_code, extraction_status, render_status, status_document
+from eagle3_pipeline.status import (
+    RunInFlight,
+    dataset_progress,
+    exit_code,
+    extraction_status,
+    render_status,
+    status_document,
+)
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
@@ -64,7 +71,12 @@ def recover_orphaned_runs(instance: Any) -> list[str]:
     host, and the next `eagle3-pipeline run` on that host settles the dead ones."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    unfinished = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.CANCELING]
+    unfinished = [
+        DagsterRunStatus.STARTED,
+        DagsterRunStatus.STARTING,
+        DagsterRunStatus.NOT_STARTED,
+        DagsterRunStatus.CANCELING,
+    ]
     recovered = []
     for run in instance.get_runs(RunsFilter(statuses=unfinished, tags={RUN_TAG_HOST: socket.gethostname()})):
         pid = int(run.tags.get(RUN_TAG_PID, "0"))
@@ -142,7 +154,9 @@ class RunFollower(threading.Thread):
                 observation = record.asset_observation
                 if observation is None or observation.partition is None:
                     continue
-                progress = progress_from_observation(observation.partition, {k: v.value for k, v in observation.metadata.items()})
+                progress = progress_from_observation(
+                    observation.partition, {k: v.value for k, v in observation.metadata.items()}
+                )
                 if progress is not None:
                     self.bar(progress)
 
@@ -187,7 +201,9 @@ class MainJob:
         self.config = config
         self.instance = instance
         self.out = out
-        self.repository = ReconstructableRepository.for_module(CODE_LOCATION_MODULE, "defs", working_directory=os.getcwd())
+        self.repository = ReconstructableRepository.for_module(
+            CODE_LOCATION_MODULE, "defs", working_directory=os.getcwd()
+        )
         self.bar = ProgressBar(out) if out.isatty() else None
         self.tags = {RUN_TAG_PID: str(os.getpid()), RUN_TAG_HOST: socket.gethostname(), "eagle3/entry": "cli"}
         self.results: dict[str, dict[str, Any]] = {}
@@ -210,7 +226,9 @@ class MainJob:
             if partitions is None:
                 steps.append((name, None))
             else:
-                steps.extend((name, key) for key in partitions.get_partition_keys(dynamic_partitions_store=self.instance))
+                steps.extend(
+                    (name, key) for key in partitions.get_partition_keys(dynamic_partitions_store=self.instance)
+                )
         return steps
 
     def _execute(self, job_name: str, partition: str | None) -> None:
@@ -292,7 +310,11 @@ class MainJob:
                 f"exported to {d.get('export_dir', '-')}"
             )
         if e is not None:
-            lines += ["", "acceptance length τ on the eval split (greedy chain drafting; bigram drafter for scale):", summary_table(e)]
+            lines += [
+                "",
+                "acceptance length τ on the eval split (greedy chain drafting; bigram drafter for scale):",
+                summary_table(e),
+            ]
         return lines
 
 
@@ -410,7 +432,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
         disk_data = disk if isinstance(disk, str) else disk.as_dict()
-        print(json.dumps({**plan.as_dict(), "calibration_failed": failed, "data_scaling": more_data, "hidden_state_disk": disk_data}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **plan.as_dict(),
+                    "calibration_failed": failed,
+                    "data_scaling": more_data,
+                    "hidden_state_disk": disk_data,
+                },
+                indent=2,
+            )
+        )
     else:
         print(plan.text())
         for name, reason in failed.items():
@@ -432,13 +464,22 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--host", help="with several inference hosts: the one to check (default: the first listed)")
     status.set_defaults(func=cmd_status)
     plan = sub.add_parser(
-        "plan", help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset; "
-        "then the hidden states' disk per backend and storage dtype"
+        "plan",
+        help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset; "
+        "then the hidden states' disk per backend and storage dtype",
     )
     plan.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.add_argument("--calibrate", type=int, metavar="N", default=0, help="measure each backend with N real requests first")
-    plan.add_argument("--max-cost", type=float, metavar="USD", default=None, help="the cost ceiling the best backend must finish within")
+    plan.add_argument(
+        "--calibrate", type=int, metavar="N", default=0, help="measure each backend with N real requests first"
+    )
+    plan.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        default=None,
+        help="the cost ceiling the best backend must finish within",
+    )
     plan.set_defaults(func=cmd_plan)
     return parser
 

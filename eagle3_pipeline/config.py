@@ -91,8 +91,6 @@ class EmbeddedServerConfig(_Model):
     cb_block_size: Annotated[int, Field(gt=0)] = 32
 
 
-
-
 class ConcurrencyConfig(_Model):
     """Requests in flight at once per prompt length class, across all endpoints together."""
 
@@ -302,7 +300,9 @@ class InferenceHostConfig(_Model):
     def _no_sensor_settings(cls, health: HealthConfig) -> HealthConfig:
         misplaced = [name for name in SENSOR_ONLY_HEALTH_FIELDS if name in health.model_fields_set]
         if misplaced:
-            raise ValueError(f"{', '.join(misplaced)}: set in the top-level health section (one sensor watches every host)")
+            raise ValueError(
+                f"{', '.join(misplaced)}: set in the top-level health section (one sensor watches every host)"
+            )
         return health
 
     @property
@@ -331,7 +331,9 @@ class InferenceConfig(_Model):
             names = [host.name for host in self.hosts]
             repeated = sorted({name for name in names if names.count(name) > 1})
             if repeated:
-                raise ValueError(f"host name(s) {repeated} appear more than once in inference.hosts; names must be unique")
+                raise ValueError(
+                    f"host name(s) {repeated} appear more than once in inference.hosts; names must be unique"
+                )
         elif self.kind == "endpoints" and not self.endpoints:
             raise ValueError("kind 'endpoints' needs at least one entry in inference.endpoints (or inference.hosts)")
         names = [e.name for e in self.endpoints if e.name]
@@ -413,9 +415,13 @@ class ComputeConfig(_Model):
             raise ValueError(f"kind {self.kind!r} needs compute.host with a hostname (an SSH host)")
         missing = [name for name in ("workdir", "artifacts_root") if getattr(self, name) is None]
         if missing:
-            raise ValueError(f"kind {self.kind!r} needs compute.{' and compute.'.join(missing)} (absolute paths on the host)")
+            raise ValueError(
+                f"kind {self.kind!r} needs compute.{' and compute.'.join(missing)} (absolute paths on the host)"
+            )
         if self.kind == "command" and self.command is None:
-            raise ValueError("kind 'command' needs compute.command (the command that writes SpecForge files to {output_dir})")
+            raise ValueError(
+                "kind 'command' needs compute.command (the command that writes SpecForge files to {output_dir})"
+            )
         return self
 
 
@@ -474,7 +480,9 @@ class ServingValidationConfig(_Model):
             "serve): one greedy 1-token completion of the decoded prefix each, so fewer."
         ),
     )
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=120.0, description="Timeout of each request to the serving server.")
+    timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=120.0, description="Timeout of each request to the serving server."
+    )
 
 
 class HiddenStatesConfig(_Model):
@@ -601,7 +609,9 @@ class HiddenStatesConfig(_Model):
                 "package, on the machine where extraction runs"
             )
         if self.device == "cpu":
-            raise ValueError("device 'cpu' is for backend 'transformers'; backend 'sglang' runs on the GPUs (device: auto or cuda)")
+            raise ValueError(
+                "device 'cpu' is for backend 'transformers'; backend 'sglang' runs on the GPUs (device: auto or cuda)"
+            )
         return self
 
 
@@ -634,7 +644,9 @@ class DrafterModelConfig(_Model):
     attention/MLP shape for an MLA target (Kimi, DeepSeek-V3), which follows the published DeepSeek-V3
     drafter (`eagle3_pipeline.drafter.train.drafter_config`)."""
 
-    hidden_size: Annotated[int, Field(gt=0)] | None = Field(None, description="Draft hidden size; default the target's.")
+    hidden_size: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Draft hidden size; default the target's."
+    )
     intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
         None, description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size."
     )
@@ -644,7 +656,9 @@ class DrafterModelConfig(_Model):
     num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
         None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
     )
-    head_dim: Annotated[int, Field(gt=0)] | None = Field(None, description="Per-head size; default the target's, for an MLA target 128.")
+    head_dim: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Per-head size; default the target's, for an MLA target 128."
+    )
     rope_theta: Annotated[float, Field(gt=0)] | None = Field(None, description="RoPE base; default the target's.")
     rope_scaling: dict[str, Any] | None = Field(
         None,
@@ -746,7 +760,9 @@ class DrafterEvalConfig(_Model):
     )
 
 
-BENCHMARK_PLACEHOLDERS = frozenset({"target", "drafter", "port", "tp", "steps", "draft_tokens", "speculative", "speculative_config"})
+BENCHMARK_PLACEHOLDERS = frozenset(
+    {"target", "drafter", "port", "tp", "steps", "draft_tokens", "speculative", "speculative_config"}
+)
 
 
 class DrafterBenchmarkConfig(_Model):
@@ -802,14 +818,18 @@ class DeployConfig(_Model):
     Dagster's own (each step a process on the run's machine): nothing else changes."""
 
     executor: Literal["default", "k8s", "celery"] = "default"
-    gpu_pools: Annotated[dict[Annotated[str, Field(pattern=POOL_NAME_PATTERN)], GpuPoolConfig], Field(min_length=1)] = {"gpu": GpuPoolConfig()}
+    gpu_pools: Annotated[dict[Annotated[str, Field(pattern=POOL_NAME_PATTERN)], GpuPoolConfig], Field(min_length=1)] = {
+        "gpu": GpuPoolConfig()
+    }
     phase_pools: dict[GpuPhase, str] = {}  # a GPU phase → one of gpu_pools; unlisted: the first pool
 
     @model_validator(mode="after")
     def _known_pools(self) -> DeployConfig:
         unknown = {phase: pool for phase, pool in self.phase_pools.items() if pool not in self.gpu_pools}
         if unknown:
-            raise ValueError(f"phase_pools names pools not in gpu_pools: {unknown}; expected one of {sorted(self.gpu_pools)}")
+            raise ValueError(
+                f"phase_pools names pools not in gpu_pools: {unknown}; expected one of {sorted(self.gpu_pools)}"
+            )
         return self
 
 
@@ -872,7 +892,9 @@ class PipelineConfig(_Model):
         if failover is None:
             return self
         if self.inference.kind != "endpoints":
-            raise ValueError("generation.failover needs inference.kind 'endpoints' (it moves between inference.endpoints)")
+            raise ValueError(
+                "generation.failover needs inference.kind 'endpoints' (it moves between inference.endpoints)"
+            )
         if self.inference.hosts:
             raise ValueError(
                 "generation.failover moves between inference.endpoints; with inference.hosts, a partition whose host "
@@ -898,12 +920,16 @@ class PipelineConfig(_Model):
         for ref in failover.backends:
             if isinstance(ref, int):
                 if not 0 <= ref < len(endpoints):
-                    raise ValueError(f"generation.failover.backends: index {ref} is not in inference.endpoints (0..{len(endpoints) - 1})")
+                    raise ValueError(
+                        f"generation.failover.backends: index {ref} is not in inference.endpoints (0..{len(endpoints) - 1})"
+                    )
                 index = ref
             elif ref in names:
                 index = names[ref]
             else:
-                raise ValueError(f"generation.failover.backends: {ref!r} names no entry of inference.endpoints (known names: {sorted(names)})")
+                raise ValueError(
+                    f"generation.failover.backends: {ref!r} names no entry of inference.endpoints (known names: {sorted(names)})"
+                )
             if index in order:
                 raise ValueError(f"generation.failover.backends: {ref!r} is listed twice")
             order.append(index)
@@ -922,7 +948,9 @@ class PipelineConfig(_Model):
     @model_validator(mode="after")
     def _hosts_serve_one_model(self) -> PipelineConfig:
         """A dataset's checkpoint is shared by every host, and its fingerprint names the model."""
-        models = {host.name: sorted({e.model or self.target.model for e in host.endpoints}) for host in self.inference.hosts}
+        models = {
+            host.name: sorted({e.model or self.target.model for e in host.endpoints}) for host in self.inference.hosts
+        }
         if len({tuple(names) for names in models.values()}) > 1:
             shown = "; ".join(f"{name}: {', '.join(names)}" for name, names in models.items())
             raise ValueError(
@@ -936,7 +964,9 @@ class PipelineConfig(_Model):
         section in place of the top-level ones (None: the first host). Without hosts: itself."""
         if not self.inference.hosts:
             if name is not None:
-                raise ConfigError(f"{self.source_file}: inference.hosts: not set, so there is no inference host {name!r}")
+                raise ConfigError(
+                    f"{self.source_file}: inference.hosts: not set, so there is no inference host {name!r}"
+                )
             return self
         try:
             host = self.inference.host(name)
@@ -982,7 +1012,9 @@ def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
             label = f"[{item}]"
             if isinstance(node, list) and item < len(node):
                 node = node[item]
-                named = next((key for key in ("id", "name") if isinstance(node, dict) and isinstance(node.get(key), str)), None)
+                named = next(
+                    (key for key in ("id", "name") if isinstance(node, dict) and isinstance(node.get(key), str)), None
+                )
                 if named is not None:
                     label = f"[{item}] ({named} {node[named]!r})"
             parts.append(label)
@@ -1031,7 +1063,9 @@ def check_secrets(config: PipelineConfig, only: list[EndpointConfig] | None = No
     file = config.source_file
     listed = [(f"inference.endpoints[{i}]", e) for i, e in enumerate(config.inference.endpoints)]
     for h, host in enumerate(config.inference.hosts):
-        listed += [(f"inference.hosts[{h}] (name {host.name!r}).endpoints[{i}]", e) for i, e in enumerate(host.endpoints)]
+        listed += [
+            (f"inference.hosts[{h}] (name {host.name!r}).endpoints[{i}]", e) for i, e in enumerate(host.endpoints)
+        ]
     for where, endpoint in listed:
         if only is not None and endpoint not in only:
             continue

@@ -41,7 +41,9 @@ def pool_for(config: PipelineConfig, phase: GpuPhase) -> tuple[str, GpuPoolConfi
 def k8s_step_config(pool: GpuPoolConfig) -> dict[str, Any]:
     """The `dagster-k8s/config` value (UserDefinedDagsterK8sConfig's shape, snake_case)."""
     gpus = str(pool.gpus)
-    config: dict[str, Any] = {"container_config": {"resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}}}}
+    config: dict[str, Any] = {
+        "container_config": {"resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}}}
+    }
     if pool.node_selector:
         config["pod_spec_config"] = {"node_selector": dict(pool.node_selector)}
     return config

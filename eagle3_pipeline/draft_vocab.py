@@ -90,7 +90,9 @@ class DraftVocabResult:
         }
 
 
-def build_draft_vocab(training_data: Path, output: Path, size: int | None, target_vocab_size: int | None) -> DraftVocabResult:
+def build_draft_vocab(
+    training_data: Path, output: Path, size: int | None, target_vocab_size: int | None
+) -> DraftVocabResult:
     """Count the train split's masked tokens, choose the draft ids, write ``d2t``/``t2d`` (C4)."""
     import torch
 

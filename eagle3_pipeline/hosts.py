@@ -500,7 +500,9 @@ class SshHost(Host):
                     raise HostDisconnectedError(f"connection to {self._where} dropped while streaming a command")
                 if idle_timeout_s is not None and time.monotonic() - heard > idle_timeout_s:
                     transport.close()
-                    raise HostDisconnectedError(f"nothing from {self._where} for {idle_timeout_s:g} s while streaming a command (a frozen link?)")
+                    raise HostDisconnectedError(
+                        f"nothing from {self._where} for {idle_timeout_s:g} s while streaming a command (a frozen link?)"
+                    )
                 select.select([channel], [], [], _POLL_S)
             out.flush()
             err.flush()
@@ -520,7 +522,9 @@ class SshHost(Host):
                 sftp.put(os.fspath(local), partial)
                 sftp.posix_rename(partial, remote)
             except (OSError, paramiko.SSHException, EOFError) as exc:
-                raise HostDisconnectedError(f"cannot upload {os.fspath(local)} to {self._where}:{remote}: {exc}") from None
+                raise HostDisconnectedError(
+                    f"cannot upload {os.fspath(local)} to {self._where}:{remote}: {exc}"
+                ) from None
 
     def download(self, remote: str, local: str | os.PathLike[str], timeout_s: float = 3600.0) -> None:
         """Copy `remote` to a local file over SFTP, atomically (a temporary name, then a rename)."""

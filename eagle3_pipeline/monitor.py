@@ -103,9 +103,13 @@ def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> 
     server = config.health.server
     if server is not None:
         endpoint = config.inference.endpoints[0] if config.inference.endpoints else None
-        base_url = server.base_url or (endpoint.base_url if endpoint else None) or (running.base_url if running else None)
+        base_url = (
+            server.base_url or (endpoint.base_url if endpoint else None) or (running.base_url if running else None)
+        )
         if base_url is None:
-            raise ValueError(f"{config.source_file}: health.server.base_url is needed (no inference endpoint to default to)")
+            raise ValueError(
+                f"{config.source_file}: health.server.base_url is needed (no inference endpoint to default to)"
+            )
         model = (endpoint.model if endpoint else None) or config.target.model
         return ServerSpec(
             kind=server.kind,
@@ -175,7 +179,9 @@ class HealthMonitor:
 def report_markdown(report: HealthReport) -> str:
     """The checks as a table, and the GPUs as a second one when there are any."""
     lines = ["| check | status | detail | host |", "|---|---|---|---|"]
-    lines += [f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks]
+    lines += [
+        f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks
+    ]
     gpus = next((c.data.get("gpus") for c in report.checks if c.name == "gpus" and c.data.get("gpus")), None)
     if gpus:
         lines += [

@@ -24,7 +24,16 @@ LengthClass = Literal["short", "long"]
 # ``tool`` messages; ``generated`` is True only on assistant turns the target produced in this
 # pipeline, which also carry their ``finish_reason`` and (with ``generation.reasoning: keep``) the
 # server's ``reasoning_content``.
-MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "generated", "finish_reason")
+MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "reasoning_content",
+    "tool_calls",
+    "tool_call_id",
+    "name",
+    "generated",
+    "finish_reason",
+)
 MESSAGE_TYPE = pa.list_(
     pa.struct(
         [

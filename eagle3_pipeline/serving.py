@@ -172,7 +172,13 @@ class EmbeddedServer:
     def command(self) -> list[str]:
         args = ["serve", str(self.model_dir), "--device", "cpu", "--host", "127.0.0.1", "--port", str(self.port)]
         if self.continuous_batching:
-            args += ["--continuous-batching", "--cb-num-blocks", str(self.cb_num_blocks), "--cb-block-size", str(self.cb_block_size)]
+            args += [
+                "--continuous-batching",
+                "--cb-num-blocks",
+                str(self.cb_num_blocks),
+                "--cb-block-size",
+                str(self.cb_block_size),
+            ]
         else:
             args.append("--no-continuous-batching")
         return [sys.executable, "-m", "eagle3_pipeline.serving", json.dumps(args)]
@@ -267,7 +273,9 @@ class InferenceProvider:
     with the report, naming the endpoint, instead of burning requests.
     """
 
-    def __init__(self, config: PipelineConfig, override: Endpoint | None = None, api_keys: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, config: PipelineConfig, override: Endpoint | None = None, api_keys: Mapping[str, str] | None = None
+    ) -> None:
         self.config = config
         self.override = override
         self.api_keys = dict(api_keys or {})

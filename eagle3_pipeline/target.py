@@ -111,7 +111,9 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     for key in NESTED_CONFIG_KEYS:
         nested = raw.get(key)
         if isinstance(nested, dict) and "hidden_size" in nested:
-            inherited = {k: raw[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id") if k in raw}
+            inherited = {
+                k: raw[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id") if k in raw
+            }
             return {**inherited, **nested}
     return dict(raw)
 
@@ -119,7 +121,9 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 def _required(config: Mapping[str, Any], key: str, where: str) -> int:
     value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TargetError(f"{where}: field {key!r} is missing or not an integer (expected it in the language model's config)")
+        raise TargetError(
+            f"{where}: field {key!r} is missing or not an integer (expected it in the language model's config)"
+        )
     return value
 
 
@@ -173,7 +177,9 @@ def load_config(model: str, trust_remote_code: bool = False) -> Any:
     try:
         return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError) as exc:
-        raise TargetError(f"target model {model!r}: transformers cannot read its config ({type(exc).__name__}: {exc})") from None
+        raise TargetError(
+            f"target model {model!r}: transformers cannot read its config ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False, setting: str = "target.tokenizer") -> Any:
@@ -195,7 +201,9 @@ def load_tokenizer(name: str, trust_remote_code: bool = False, setting: str = "t
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError, KeyError) as exc:
         hint = f"; if it ships its own code, set {TRUST_SETTING}: true" if not trust_remote_code else ""
-        raise TargetError(f"{setting} {name!r}: cannot load the tokenizer ({type(exc).__name__}: {exc}){hint}") from None
+        raise TargetError(
+            f"{setting} {name!r}: cannot load the tokenizer ({type(exc).__name__}: {exc}){hint}"
+        ) from None
     return tokenizer
 
 
@@ -237,7 +245,9 @@ def weight_prefix(folder: Path) -> str:
     suffix = "model.embed_tokens.weight"
     found = sorted((n[: -len(suffix)] for n in names if n.endswith(suffix)), key=len)
     if not found:
-        raise TargetError(f"{folder}: no tensor named '…{suffix}' in the checkpoint; cannot find the language model's weights")
+        raise TargetError(
+            f"{folder}: no tensor named '…{suffix}' in the checkpoint; cannot find the language model's weights"
+        )
     return found[0]
 
 
@@ -318,7 +328,9 @@ def available_memory_bytes() -> int:
     return available
 
 
-def check_local_executable(model: str, raw: Mapping[str, Any], device: str, dtype_bytes: int, memory_bytes: int) -> None:
+def check_local_executable(
+    model: str, raw: Mapping[str, Any], device: str, dtype_bytes: int, memory_bytes: int
+) -> None:
     """Refuse, before loading anything, a checkpoint that transformers cannot run here: quantized
     weights without the kernels for them on this device (compressed-tensors INT4 on CPU), or a
     model larger than the memory it would be loaded into."""
@@ -360,7 +372,9 @@ def load_causal_lm(model: str, trust_remote_code: bool, dtype: str, device: str)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as exc:
-        raise TargetError(f"target model {model!r}: cannot load it with transformers ({type(exc).__name__}: {exc})") from None
+        raise TargetError(
+            f"target model {model!r}: cannot load it with transformers ({type(exc).__name__}: {exc})"
+        ) from None
     return loaded.eval()
 
 
@@ -391,7 +405,9 @@ class DrafterTensorNames:
     norm: str
 
 
-def drafter_tensor_names(folder: Path, embedding_key: str | None = None, lm_head_key: str | None = None) -> DrafterTensorNames:
+def drafter_tensor_names(
+    folder: Path, embedding_key: str | None = None, lm_head_key: str | None = None
+) -> DrafterTensorNames:
     """The checkpoint names of the input embedding, ``lm_head`` and final norm: as set, else under
     the detected prefix (``lm_head`` falls back to the embedding when the target ties them)."""
     folder = Path(folder)

@@ -102,7 +102,10 @@ class SilentReporter:
 def pipes_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """A phase's metadata as Pipes takes it: dicts and lists (a phase's config, its training
     curve) travel as ``json`` values, which the orchestrator reads back as the same objects."""
-    return {key: {"raw_value": value, "type": "json"} if isinstance(value, (dict, list)) else value for key, value in metadata.items()}
+    return {
+        key: {"raw_value": value, "type": "json"} if isinstance(value, (dict, list)) else value
+        for key, value in metadata.items()
+    }
 
 
 def _die_with_launcher() -> None:

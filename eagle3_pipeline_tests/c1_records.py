@@ -15,7 +15,10 @@ from eagle3_pipeline.records import MESSAGE_TYPE, write_parquet
 C1_MESSAGE_FIELDS = tuple(field.name for field in MESSAGE_TYPE.value_type)
 # The columns training_data reads, typed as generation writes them.
 C1_RESPONSE_SCHEMA = pa.schema(
-    [RESPONSE_TABLE_SCHEMA.field(name) for name in ("id", "dataset", "messages", "tools", "response", "finish_reason", "reasoning")]
+    [
+        RESPONSE_TABLE_SCHEMA.field(name)
+        for name in ("id", "dataset", "messages", "tools", "response", "finish_reason", "reasoning")
+    ]
 )
 
 
@@ -32,7 +35,9 @@ def generated(content: str | None, finish_reason: str = "stop", **fields: Any) -
     return message("assistant", content, generated=True, finish_reason=finish_reason, **fields)
 
 
-def response_row(row_id: str, dataset: str, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> dict[str, Any]:
+def response_row(
+    row_id: str, dataset: str, messages: list[dict[str, Any]], tools: list[Any] | None = None
+) -> dict[str, Any]:
     final = messages[-1]
     return {
         "id": row_id,

@@ -59,13 +59,21 @@ def echo_completion(
     """A chat completion that echoes the last turn; extra keyword arguments go into the message
     (e.g. ``reasoning_content=…``); ``usage`` replaces the default usage block ({} for none)."""
     last = body["messages"][-1]["content"]
-    default_usage = {"prompt_tokens": 11, "completion_tokens": completion_tokens, "total_tokens": 11 + completion_tokens}
+    default_usage = {
+        "prompt_tokens": 11,
+        "completion_tokens": completion_tokens,
+        "total_tokens": 11 + completion_tokens,
+    }
     return {
         "id": "cmpl-test",
         "object": "chat.completion",
         "model": body.get("model", "fake"),
         "choices": [
-            {"index": 0, "finish_reason": finish_reason, "message": {"role": "assistant", "content": f"echo: {last[:40]}", **message}}
+            {
+                "index": 0,
+                "finish_reason": finish_reason,
+                "message": {"role": "assistant", "content": f"echo: {last[:40]}", **message},
+            }
         ],
         "usage": default_usage if usage is None else usage,
     }
@@ -109,7 +117,11 @@ class FakeOpenAI:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"requests": sum(self.contents.values()), "distinct": len(self.contents), "connections": len(self.connections)}
+            return {
+                "requests": sum(self.contents.values()),
+                "distinct": len(self.contents),
+                "connections": len(self.connections),
+            }
 
     def start(self, port: int = 0) -> FakeOpenAI:
         fake = self
@@ -188,7 +200,9 @@ class FakeOpenAI:
                 else:
                     payload = {"error": {"message": "scripted failure", "code": reply.status}}
                 data = json.dumps(payload).encode()
-                self._send(reply.status, data[: reply.truncate_to] if reply.truncate_to is not None else data, reply.headers)
+                self._send(
+                    reply.status, data[: reply.truncate_to] if reply.truncate_to is not None else data, reply.headers
+                )
 
         self._server = _Server(("127.0.0.1", port), Handler)
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

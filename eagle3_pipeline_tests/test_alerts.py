@@ -82,12 +82,20 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     server.server.shutdown()
 
 
-def pipeline(tmp_path: Path, server: FakeOpenAI, disk_floor_gb: float, alert_format: str = "json", stall_window_s: float = 600) -> Path:
+def pipeline(
+    tmp_path: Path, server: FakeOpenAI, disk_floor_gb: float, alert_format: str = "json", stall_window_s: float = 600
+) -> Path:
     return write_pipeline(
-        tmp_path, server, datasets=("B1",),
+        tmp_path,
+        server,
+        datasets=("B1",),
         inference={"kind": "endpoints", "endpoints": [{"base_url": server.base_url, "api_key_env": KEY_VAR}]},
-        health={"host": {"kind": "local", "key_file": "~/.ssh/unused_key", "key_passphrase_env": PASS_VAR}, "min_disk_free_gb": disk_floor_gb, "min_mem_free_gb": 0.01,
-                "stall_window_s": stall_window_s},
+        health={
+            "host": {"kind": "local", "key_file": "~/.ssh/unused_key", "key_passphrase_env": PASS_VAR},
+            "min_disk_free_gb": disk_floor_gb,
+            "min_mem_free_gb": 0.01,
+            "stall_window_s": stall_window_s,
+        },
         alerts={"webhook_url_env": URL_VAR, "format": alert_format},
     )
 
@@ -95,7 +103,9 @@ def pipeline(tmp_path: Path, server: FakeOpenAI, disk_floor_gb: float, alert_for
 def tick_health(config_path: Path, instance: dg.DagsterInstance) -> None:
     defs = build_definitions(load_config(config_path, runtime_checks=False))
     sensor = defs.resolve_sensor_def("inference_health")
-    sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)))
+    sensor.evaluate_tick(
+        dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
+    )
 
 
 def assert_no_secret(receiver: Receiver, *folders: Path) -> None:
@@ -109,7 +119,9 @@ def assert_no_secret(receiver: Receiver, *folders: Path) -> None:
             assert not [s for s in secrets if s.encode() in data], f"a secret is in {file}"
 
 
-def test_health_alert_on_change_only_with_the_report_and_no_secret(tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver) -> None:
+def test_health_alert_on_change_only_with_the_report_and_no_secret(
+    tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver
+) -> None:
     def sick() -> Path:
         return pipeline(tmp_path, fake_openai, disk_floor_gb=1e9)
 
@@ -132,17 +144,24 @@ def test_health_alert_on_change_only_with_the_report_and_no_secret(tmp_path: Pat
     assert_no_secret(receiver, tmp_path / "home", tmp_path / "out")
 
 
-def test_secrets_in_a_report_are_masked_before_sending(tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver) -> None:
-    config = load_config(pipeline(tmp_path, fake_openai, disk_floor_gb=0.01, alert_format="slack"),
-                         runtime_checks=False)
+def test_secrets_in_a_report_are_masked_before_sending(
+    tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver
+) -> None:
+    config = load_config(
+        pipeline(tmp_path, fake_openai, disk_floor_gb=0.01, alert_format="slack"), runtime_checks=False
+    )
     leaky = f"probe failed: curl -H 'Authorization: Bearer {API_KEY}' {receiver.url} (passphrase {PASSPHRASE})"
     assert Alerter(config, pytest.fail).send(Alert("stall", "stall:B1:r", "stalled", "stall: B1", leaky))
     [body] = receiver.bodies
-    assert set(body) == {"text"} and "probe failed: curl -H 'Authorization: Bearer [redacted]' [redacted]" in body["text"]
+    assert (
+        set(body) == {"text"} and "probe failed: curl -H 'Authorization: Bearer [redacted]' [redacted]" in body["text"]
+    )
     assert_no_secret(receiver)
 
 
-def test_unset_webhook_variable_turns_alerts_off_with_one_warning(tmp_path: Path, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unset_webhook_variable_turns_alerts_off_with_one_warning(
+    tmp_path: Path, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(URL_VAR, raising=False)
     config = load_config(pipeline(tmp_path, fake_openai, disk_floor_gb=1e9), runtime_checks=False)
     warnings: list[str] = []
@@ -151,11 +170,15 @@ def test_unset_webhook_variable_turns_alerts_off_with_one_warning(tmp_path: Path
     report, _ = HealthMonitor(config).tick()
     assert not health_changed(Alerter(config, warnings.append), report)
     assert not health_changed(Alerter(config, warnings.append), report)
-    assert warnings == [f"alert not sent (health gate CRITICAL on localhost: {report.summary()}): alerts are off because "
-                        f"environment variable {URL_VAR} is not set"]
+    assert warnings == [
+        f"alert not sent (health gate CRITICAL on localhost: {report.summary()}): alerts are off because "
+        f"environment variable {URL_VAR} is not set"
+    ]
 
 
-def test_budget_reached_alerts_once_from_the_responses_run(tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver) -> None:
+def test_budget_reached_alerts_once_from_the_responses_run(
+    tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver
+) -> None:
     path = pipeline(tmp_path, fake_openai, disk_floor_gb=0.01)
     document = json.loads(path.read_text())
     document["datasets"][0]["token_budget"] = 6  # the fake answers 5 completion tokens per prompt: two answers reach it
@@ -163,22 +186,30 @@ def test_budget_reached_alerts_once_from_the_responses_run(tmp_path: Path, fake_
     defs = build_definitions(load_config(path))
     with instance_in(tmp_path / "home") as instance:
         for _ in range(2):
-            assert defs.resolve_job_def(GENERATION_JOB).execute_in_process(partition_key="B1", instance=instance).success
+            assert (
+                defs.resolve_job_def(GENERATION_JOB).execute_in_process(partition_key="B1", instance=instance).success
+            )
     [body] = receiver.bodies
     assert body["kind"] == "budget" and body["title"] == "[eagle3 orchestrated] token budget reached for B1"
     assert "token_budget: 6" in body["report"] and "budget_tokens: 10" in body["report"]
     assert_no_secret(receiver, tmp_path / "home", tmp_path / "out")
 
 
-def test_tau_regression_alerts_when_drafter_evals_check_fails(tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver) -> None:
+def test_tau_regression_alerts_when_drafter_evals_check_fails(
+    tmp_path: Path, fake_openai: FakeOpenAI, receiver: Receiver
+) -> None:
     """The `tau_regression` check runs for real over two recorded drafter_eval materializations
     (reported to the instance here: training a drafter is other tests' business)."""
     defs = build_definitions(load_config(pipeline(tmp_path, fake_openai, disk_floor_gb=0.01), runtime_checks=False))
-    check = dg.define_asset_job("tau_check", selection=dg.AssetSelection.checks(dg.AssetCheckKey(DRAFTER_EVAL, "tau_regression")))
+    check = dg.define_asset_job(
+        "tau_check", selection=dg.AssetSelection.checks(dg.AssetCheckKey(DRAFTER_EVAL, "tau_regression"))
+    )
     job = dg.Definitions.merge(defs, dg.Definitions(jobs=[check])).resolve_job_def("tau_check")
     with instance_in(tmp_path / "home") as instance:
         for tau in (2.6, 2.1):
-            instance.report_runless_asset_event(dg.AssetMaterialization(DRAFTER_EVAL, metadata={"tau@3": tau, "tau@3/B1": tau}))
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization(DRAFTER_EVAL, metadata={"tau@3": tau, "tau@3/B1": tau})
+            )
             job.execute_in_process(instance=instance, raise_on_error=False)
             job.execute_in_process(instance=instance, raise_on_error=False)
     [body] = receiver.bodies
@@ -196,7 +227,9 @@ def test_stall_alerts_once_per_stalled_run(tmp_path: Path, fake_openai: FakeOpen
         run = start_stalled_generation(defs, instance, config.artifacts_root)
         sensor = defs.resolve_sensor_def("generation_stall")
         for _ in range(2):
-            sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)))
+            sensor.evaluate_tick(
+                dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
+            )
     [body] = receiver.bodies
     assert body["kind"] == "stall" and body["subject"] == f"stall:B1:{run.run_id}"
     assert body["report"].startswith(f"B1 (run {run.run_id[:8]}, no new response for ")

@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.local_model]
 
 def run_on_a_terminal(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
     parent, child = pty.openpty()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=child, stderr=(cwd / "stderr.txt").open("wb"))
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=child, stderr=(cwd / "stderr.txt").open("wb")
+    )
     os.close(child)
     chunks = []
     while True:
@@ -89,7 +91,9 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
     scaling = evaluated.asset_materialization.metadata["data_scaling"].value  # type: ignore[union-attr]
     assert scaling.startswith("τ@3 against the training tokens seen") and "too few points" in scaling, scaling
 
-    repository = ReconstructableRepository.for_module("eagle3_pipeline.definitions", "defs", working_directory=str(tmp_path))
+    repository = ReconstructableRepository.for_module(
+        "eagle3_pipeline.definitions", "defs", working_directory=str(tmp_path)
+    )
     again = dg.execute_job(
         repository.get_reconstructable_job("downstream_job"),
         instance=instance,

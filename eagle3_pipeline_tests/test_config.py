@@ -122,12 +122,15 @@ def test_secret_value_never_appears_in_errors(folder: Path, monkeypatch: pytest.
 
 
 def test_endpoints_kind_needs_an_endpoint(folder: Path) -> None:
-    message = error_for(folder, VALID.replace("target: {model: m}", "target: {model: m, tokenizer: t}") + "inference: {kind: endpoints}\n")
+    message = error_for(
+        folder,
+        VALID.replace("target: {model: m}", "target: {model: m, tokenizer: t}") + "inference: {kind: endpoints}\n",
+    )
     assert "at least one entry in inference.endpoints" in message
 
 
 def test_bad_dataset_id_characters(folder: Path) -> None:
-    message = error_for(folder, VALID.replace("id: B1", "id: \"B1; rm -rf /\""))
+    message = error_for(folder, VALID.replace("id: B1", 'id: "B1; rm -rf /"'))
     assert "datasets[0]" in message and "should match pattern" in message
 
 

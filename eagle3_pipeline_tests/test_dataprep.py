@@ -34,7 +34,9 @@ def build(files: list[Path], out: Path, model: Path, **overrides: Any) -> Any:
 def shard_rows(folder: Path) -> list[dict[str, Any]]:
     manifest = read_manifest(folder)
     return [
-        row for split in ("train", "eval") for name in manifest["shards"][split]
+        row
+        for split in ("train", "eval")
+        for name in manifest["shards"][split]
         for row in pq.read_table(folder / name).to_pylist()
     ]
 
@@ -56,7 +58,9 @@ def test_build_training_data_end_to_end(tmp_path: Path, local_model: Path, respo
     assert stats.train_rows + stats.eval_rows == 40 and stats.eval_rows > 0
     assert stats.template_mismatch == 0 and stats.template_mismatch_rate == 0.0
     assert {name: s.rows for name, s in stats.per_dataset.items()} == {"A": 30, "B": 10}
-    assert stats.per_dataset["A"].masked_tokens > 0 and stats.masked_tokens == sum(s.masked_tokens for s in stats.per_dataset.values())
+    assert stats.per_dataset["A"].masked_tokens > 0 and stats.masked_tokens == sum(
+        s.masked_tokens for s in stats.per_dataset.values()
+    )
 
     folder = tmp_path / "td1"
     manifest = read_manifest(folder)
@@ -106,7 +110,10 @@ def test_output_depends_on_seed_and_ids_only_not_on_input_order_or_buffer_size(
 
 def _splits(folder: Path) -> dict[str, set[str]]:
     manifest = read_manifest(folder)
-    return {split: {r["id"] for name in manifest["shards"][split] for r in pq.read_table(folder / name).to_pylist()} for split in ("train", "eval")}
+    return {
+        split: {r["id"] for name in manifest["shards"][split] for r in pq.read_table(folder / name).to_pylist()}
+        for split in ("train", "eval")
+    }
 
 
 def test_the_held_out_slice_is_fixed_by_seed_and_ids_forced_into_eval_and_recorded(
@@ -119,7 +126,10 @@ def test_the_held_out_slice_is_fixed_by_seed_and_ids_forced_into_eval_and_record
     for row in shard_rows(tmp_path / "td1"):
         kept.setdefault(row["dataset"], []).append(row["id"])
     # per dataset the 4 kept rows with the smallest sha256("held_out:{seed}:{id}"), in that order
-    smallest = {d: sorted(ids, key=lambda i: hashlib.sha256(f"held_out:3:{i}".encode()).digest())[:4] for d, ids in sorted(kept.items())}
+    smallest = {
+        d: sorted(ids, key=lambda i: hashlib.sha256(f"held_out:3:{i}".encode()).digest())[:4]
+        for d, ids in sorted(kept.items())
+    }
     assert manifest["held_out"] == smallest and manifest["held_out_per_dataset"] == 4
     assert stats.as_metadata()["held_out_rows"] == 8 and stats.held_out == smallest
     held = {i for ids in smallest.values() for i in ids}
@@ -151,7 +161,9 @@ def test_the_held_out_slice_is_fixed_by_seed_and_ids_forced_into_eval_and_record
 def test_template_mismatches_are_counted_per_dataset_with_examples(tmp_path: Path, local_model: Path) -> None:
     call = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
     rows = [qa(i, "T", f"Answer {i}.") for i in range(3)]
-    rows.append(response_row("tool1", "T", [message("user", "Look it up"), generated(None, "tool_calls", tool_calls=call)]))
+    rows.append(
+        response_row("tool1", "T", [message("user", "Look it up"), generated(None, "tool_calls", tool_calls=call)])
+    )
     stats = build([write_responses(tmp_path / "T.parquet", rows)], tmp_path / "td", local_model)
     assert stats.per_dataset["T"].template_mismatch == 1 and stats.template_mismatch_rate == 0.25
     assert stats.train_rows + stats.eval_rows == 3
@@ -164,12 +176,16 @@ def test_a_table_from_before_generated_turns_were_marked_is_refused_by_name(tmp_
         {
             "id": ["old1"],
             "dataset": ["L"],
-            "messages": pa.array([[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]], old_messages),
+            "messages": pa.array(
+                [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]], old_messages
+            ),
             "tools": pa.array([None], pa.string()),
         }
     )
     pq.write_table(old, tmp_path / "L.parquet")
-    with pytest.raises(ValueError, match=r"L.parquet: messages have no 'generated' field .* materialize responses again"):
+    with pytest.raises(
+        ValueError, match=r"L.parquet: messages have no 'generated' field .* materialize responses again"
+    ):
         build([tmp_path / "L.parquet"], tmp_path / "td", local_model)
     assert not (tmp_path / "td").exists()
 
@@ -181,7 +197,9 @@ def test_a_table_without_the_messages_column_is_named(tmp_path: Path, local_mode
     assert not (tmp_path / "td").exists()
 
 
-def test_manifest_lists_what_draft_vocab_and_hidden_states_read(tmp_path: Path, local_model: Path, responses: list[Path]) -> None:
+def test_manifest_lists_what_draft_vocab_and_hidden_states_read(
+    tmp_path: Path, local_model: Path, responses: list[Path]
+) -> None:
     build(responses, tmp_path / "td", local_model)
     manifest = json.loads((tmp_path / "td" / "manifest.json").read_text())
     assert {"version", "tokenizer", "chat_template_sha256", "seed", "shards", "vocab_size"} <= manifest.keys()
@@ -202,7 +220,9 @@ def sample_rows() -> list[dict[str, Any]]:
         stored = [message(m["role"], m["content"]) for m in messages]
         if i % 5 == 0:
             stored += [generated(texts[(i * 3) % len(texts)]), message("user", "Go on, in more detail.")]
-        stored.append(generated(" ".join(texts[(i * 7 + k) % len(texts)] for k in range(2)), "length" if i % 4 == 0 else "stop"))
+        stored.append(
+            generated(" ".join(texts[(i * 7 + k) % len(texts)] for k in range(2)), "length" if i % 4 == 0 else "stop")
+        )
         out.append(response_row(f"s{i:03d}", name, stored, json.loads(tools) if tools else None))
     return out
 

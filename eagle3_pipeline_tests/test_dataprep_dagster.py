@@ -27,8 +27,12 @@ def pipeline(folder: Path, model: Path, ceiling: float) -> PipelineConfig:
     )
     config = load_config(folder / "pipeline.yaml")
     call = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
-    rows = [response_row(f"q{i}", "B1", [message("user", f"Question {i}?"), generated(f"Answer {i}.")]) for i in range(3)]
-    rows.append(response_row("tool", "B1", [message("user", "Look it up"), generated(None, "tool_calls", tool_calls=call)]))
+    rows = [
+        response_row(f"q{i}", "B1", [message("user", f"Question {i}?"), generated(f"Answer {i}.")]) for i in range(3)
+    ]
+    rows.append(
+        response_row("tool", "B1", [message("user", "Look it up"), generated(None, "tool_calls", tool_calls=call)])
+    )
     path = ArtifactLayout(config.artifacts_root).responses("B1")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_responses(path, rows)

@@ -104,7 +104,9 @@ def slow_tokenizer(fast: Any) -> Any:
             self.bpe = Tokenizer.from_str(fast.backend_tokenizer.to_str())
             self.vocab = fast.get_vocab()
             self.tokens = {i: t for t, i in self.vocab.items()}
-            super().__init__(added_tokens_decoder=dict(fast.added_tokens_decoder), eos_token=fast.eos_token, bos_token=fast.bos_token)
+            super().__init__(
+                added_tokens_decoder=dict(fast.added_tokens_decoder), eos_token=fast.eos_token, bos_token=fast.bos_token
+            )
             self.chat_template = fast.chat_template
 
         @property
@@ -153,7 +155,11 @@ def qwen3(local_model: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def tools(local_model: Path) -> Any:
-    return family(local_model, TOOLS, ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>"])
+    return family(
+        local_model,
+        TOOLS,
+        ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>"],
+    )
 
 
 def masked_runs(tokenizer: Any, row: dict[str, Any], reasoning: str = "render") -> tuple[list[list[int]], str]:
@@ -221,13 +227,24 @@ def smollm_rows() -> list[dict[str, Any]]:
         two_turns(),
         two_turns("length", content="Eleven is"),
         response_row("r2", "D", [message("user", "Yes."), generated("Yes.")]),
-        response_row("r3", "D", [message("system", "Be brief."), message("user", "Hi!"), message("assistant", "Hello."),
-                                 message("user", "A word with  two spaces\n\n and lines?"), generated("Indented\n\nanswer  ")]),
+        response_row(
+            "r3",
+            "D",
+            [
+                message("system", "Be brief."),
+                message("user", "Hi!"),
+                message("assistant", "Hello."),
+                message("user", "A word with  two spaces\n\n and lines?"),
+                generated("Indented\n\nanswer  "),
+            ],
+        ),
     ]
 
 
 @pytest.mark.parametrize("reasoning", ["emit", "render"])
-def test_smollm2_on_a_slow_tokenizer_masks_exactly_what_the_fast_one_does(smollm: Any, smollm_slow: Any, reasoning: str) -> None:
+def test_smollm2_on_a_slow_tokenizer_masks_exactly_what_the_fast_one_does(
+    smollm: Any, smollm_slow: Any, reasoning: str
+) -> None:
     assert_masks(smollm_slow, two_turns(), ["Seven.<|im_end|>", "Eleven is prime.<|im_end|>"], reasoning)
     assert_masks(smollm_slow, two_turns("length", content="Eleven is"), ["Seven.<|im_end|>", "Eleven is"], reasoning)
     for row in smollm_rows():
@@ -244,7 +261,9 @@ def test_emit_gives_the_rows_render_gives_on_smollm2(smollm: Any, smollm_slow: A
             assert emitted == rendered and sum(emitted[1]) > 0, row["id"]
 
 
-def test_an_answer_that_starts_with_spaces_is_the_prompt_s_tokens_then_the_answer_s(smollm: Any, smollm_slow: Any) -> None:
+def test_an_answer_that_starts_with_spaces_is_the_prompt_s_tokens_then_the_answer_s(
+    smollm: Any, smollm_slow: Any
+) -> None:
     row = response_row("r4", "D", [message("user", "Hi"), generated("  Indented")])
     prompt = smollm.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     prompt_ids = smollm.encode(prompt, add_special_tokens=False)
@@ -263,7 +282,9 @@ def test_an_answer_that_starts_with_spaces_is_the_prompt_s_tokens_then_the_answe
 def test_a_slow_tokenizer_that_merges_across_a_span_edge_is_a_mismatch(smollm_slow: Any) -> None:
     word = "considerable"
     [token] = smollm_slow.encode(" " + word, add_special_tokens=False)  # one token: no edge inside it
-    with pytest.raises(TemplateMismatch, match=r"joins the text on both sides of character 4 into one token \(' con' \| 'siderable"):
+    with pytest.raises(
+        TemplateMismatch, match=r"joins the text on both sides of character 4 into one token \(' con' \| 'siderable"
+    ):
         slow_piece_tokens(smollm_slow, Piece(" " + word, ((4, len(word) + 1),)))
     assert slow_piece_tokens(smollm_slow, Piece(f"Hi {word}", ((2, len(word) + 3),))) == (
         smollm_slow.encode(f"Hi {word}", add_special_tokens=False),
@@ -277,10 +298,14 @@ def test_llama3_headers(llama3: Any) -> None:
 
 
 @pytest.mark.parametrize("reasoning", ["render", "emit"])
-def test_llama3_generation_blocks_drop_trailing_whitespace_and_unfinished_end_of_turn(llama3_generation: Any, reasoning: str) -> None:
+def test_llama3_generation_blocks_drop_trailing_whitespace_and_unfinished_end_of_turn(
+    llama3_generation: Any, reasoning: str
+) -> None:
     assert ChatRenderer(llama3_generation, "render").generation_blocks
     assert_masks(llama3_generation, two_turns(), ["Seven.<|eot_id|>", "Eleven is prime.<|eot_id|>"], reasoning)
-    assert_masks(llama3_generation, two_turns("length", content="Eleven is"), ["Seven.<|eot_id|>", "Eleven is"], reasoning)
+    assert_masks(
+        llama3_generation, two_turns("length", content="Eleven is"), ["Seven.<|eot_id|>", "Eleven is"], reasoning
+    )
 
 
 @pytest.mark.parametrize("fixture", ["llama3", "llama3_generation"])
@@ -321,7 +346,9 @@ def test_qwen3_emit_trains_on_the_think_block_the_target_emitted_after_the_gener
     think = "<think>\n11 has no divisor but 1 and 11.\n</think>\n\n"
     assert_masks(qwen3, row, ["Seven.<|im_end|>", f"{think}Eleven is prime.<|im_end|>"], reasoning="emit")
     # The template writes an empty block for a last turn without reasoning: the target emitted it.
-    assert_masks(qwen3, two_turns(), ["Seven.<|im_end|>", "<think>\n\n</think>\n\nEleven is prime.<|im_end|>"], reasoning="emit")
+    assert_masks(
+        qwen3, two_turns(), ["Seven.<|im_end|>", "<think>\n\n</think>\n\nEleven is prime.<|im_end|>"], reasoning="emit"
+    )
 
 
 def tool_row() -> dict[str, Any]:

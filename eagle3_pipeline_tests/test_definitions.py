@@ -29,7 +29,10 @@ def test_dagster_definitions_validate(tmp_path: Path) -> None:
     dagster = Path(sys.executable).parent / "dagster"
     out = subprocess.run(
         [str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"],
-        capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)},
     )
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -39,7 +42,17 @@ def test_asset_graph_partitions_and_lineage(tmp_path: Path, monkeypatch) -> None
     config = load_config(local_profile_path())
     graph = build_definitions(config).resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"target_model", "prompts", "responses", "training_data", "inference_server", "draft_vocab", "hidden_states", "eagle3_drafter", "drafter_eval"}
+    assert keys == {
+        "target_model",
+        "prompts",
+        "responses",
+        "training_data",
+        "inference_server",
+        "draft_vocab",
+        "hidden_states",
+        "eagle3_drafter",
+        "drafter_eval",
+    }
     for name in ("draft_vocab", "hidden_states"):
         node = graph.get(dg.AssetKey(name))
         assert node.group_name == "eagle3" and {p.to_user_string() for p in node.parent_keys} == {"training_data"}
@@ -61,7 +74,11 @@ def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"setup_job", "generation_job", "downstream_job"}
     downstream = defs.resolve_job_def("downstream_job")
     assert {k.to_user_string() for k in downstream.asset_layer.selected_asset_keys} == {
-        "training_data", "draft_vocab", "hidden_states", "eagle3_drafter", "drafter_eval"
+        "training_data",
+        "draft_vocab",
+        "hidden_states",
+        "eagle3_drafter",
+        "drafter_eval",
     }
     assert not list(defs.schedules or []), "the scheduled backfill is an automation condition, not a schedule"
     sensors = {s.name: s.default_status for s in defs.sensors or []}
@@ -74,7 +91,9 @@ def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
     assert automation.emit_backfills, "a tick that requests several partitions emits one backfill"
     graph = defs.resolve_asset_graph()
     assert graph.get(dg.AssetKey("training_data")).automation_condition is not None
-    assert graph.get(dg.AssetKey("responses")).automation_condition is None, "no scheduled backfill unless the file sets schedule.cron"
+    assert graph.get(dg.AssetKey("responses")).automation_condition is None, (
+        "no scheduled backfill unless the file sets schedule.cron"
+    )
 
     scheduled = config.model_copy(update={"schedule": config.schedule.model_copy(update={"cron": "0 3 * * *"})})
     graph = build_definitions(scheduled).resolve_asset_graph()
@@ -94,7 +113,13 @@ def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path)
     )
     dagster = Path(sys.executable).parent / "dagster"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "EAGLE3_CONFIG": str(pipeline)}
-    out = subprocess.run([str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -112,13 +137,19 @@ def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkey
     with pytest.raises(ConfigError) as at_load:
         load_config(pipeline)
     assert f"{pipeline}: datasets[0] (id 'B1').source: file" in str(at_load.value)
-    monkeypatch.setenv("EAGLE3_UNSET_KEY", "set-while-the-missing-source-is-shown")  # an unset key fails the run first (test_settings_resources)
-    result = build_definitions(config).resolve_job_def("generation_job").execute_in_process(
-        partition_key="B1", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False
+    monkeypatch.setenv(
+        "EAGLE3_UNSET_KEY", "set-while-the-missing-source-is-shown"
+    )  # an unset key fails the run first (test_settings_resources)
+    result = (
+        build_definitions(config)
+        .resolve_job_def("generation_job")
+        .execute_in_process(partition_key="B1", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     )
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert failure.step_failure_data.user_failure_data.description == str(at_load.value)
     (tmp_path / "prompts.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
     monkeypatch.delenv("EAGLE3_UNSET_KEY")
-    with pytest.raises(ConfigError, match="inference.endpoints\\[0\\].api_key_env: environment variable EAGLE3_UNSET_KEY is not set"):
+    with pytest.raises(
+        ConfigError, match="inference.endpoints\\[0\\].api_key_env: environment variable EAGLE3_UNSET_KEY is not set"
+    ):
         config.api_key(config.inference.endpoints[0])

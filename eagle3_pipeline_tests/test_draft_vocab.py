@@ -8,14 +8,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.draft_vocab import build_draft_vocab, default_draft_vocab_size  # noqa: E402
-from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError  # noqa: E402
-from eagle3_pipeline.hidden_states.store import load_draft_vocab  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
+from eagle3_pipeline.draft_vocab import build_draft_vocab, default_draft_vocab_size
+from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError
+from eagle3_pipeline.hidden_states.store import load_draft_vocab
+from eagle3_pipeline_tests.hidden_states.training_data import write_training_data
 
 
 def row(sample_id: str, ids: list[int], mask: list[int]) -> dict:
-    return {"id": sample_id, "dataset": "B1", "input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "num_masked": sum(mask)}
+    return {
+        "id": sample_id,
+        "dataset": "B1",
+        "input_ids": ids,
+        "loss_mask": mask,
+        "num_tokens": len(ids),
+        "num_masked": sum(mask),
+    }
 
 
 def test_default_size_is_a_quarter_of_the_vocab_with_a_floor() -> None:
@@ -56,7 +63,9 @@ def test_ties_go_to_the_lower_id_and_unused_low_ids_pad(tmp_path: Path) -> None:
 
 def test_an_id_outside_the_target_vocab_is_an_error_naming_the_shard(tmp_path: Path) -> None:
     data = write_training_data(tmp_path / "td", {"train": [[row("a", [3, 40], [1, 1])]], "eval": [[]]}, vocab_size=10)
-    with pytest.raises(TrainingDataError, match=r"train-00000\.parquet: token id 40 is outside the target vocabulary of 10"):
+    with pytest.raises(
+        TrainingDataError, match=r"train-00000\.parquet: token id 40 is outside the target vocabulary of 10"
+    ):
         build_draft_vocab(data, tmp_path / "dv", size=2, target_vocab_size=None)
     with pytest.raises(ValueError, match="draft_vocab.size: expected 1..64"):
         build_draft_vocab(data, tmp_path / "dv", size=65, target_vocab_size=64)
@@ -65,7 +74,10 @@ def test_an_id_outside_the_target_vocab_is_an_error_naming_the_shard(tmp_path: P
 def test_version_is_the_manifest_one_else_a_content_hash(tmp_path: Path) -> None:
     shards = {"train": [[row("a", [1, 2], [1, 1])]], "eval": [[]]}
     hashed = TrainingData.open(write_training_data(tmp_path / "a", shards)).version()
-    assert hashed.startswith("sha256:") and hashed == TrainingData.open(write_training_data(tmp_path / "b", shards)).version()
+    assert (
+        hashed.startswith("sha256:")
+        and hashed == TrainingData.open(write_training_data(tmp_path / "b", shards)).version()
+    )
     changed = {"train": [[row("a", [1, 3], [1, 1])]], "eval": [[]]}
     assert TrainingData.open(write_training_data(tmp_path / "c", changed)).version() != hashed
     assert TrainingData.open(write_training_data(tmp_path / "d", shards, version="v7")).version() == "v7"

@@ -28,7 +28,14 @@ CLI = [sys.executable, "-m", "eagle3_pipeline.cli"]
 
 def run_cli(config: Path, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    return subprocess.run([*CLI, "run", "--config", str(config)], capture_output=True, text=True, env=env, timeout=timeout, cwd=config.parent)
+    return subprocess.run(
+        [*CLI, "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=config.parent,
+    )
 
 
 def checkpoint_ids(path: Path) -> list[str]:
@@ -70,7 +77,9 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     log_size = (out / "logs" / "embedded-server.log").stat().st_size
     second = run_cli(config, home)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (out / "logs" / "embedded-server.log").stat().st_size == log_size, "no server is started when nothing is left"
+    assert (out / "logs" / "embedded-server.log").stat().st_size == log_size, (
+        "no server is started when nothing is left"
+    )
     assert [line.split()[3] for line in second.stdout.splitlines() if line.startswith("B")] == ["0", "0"]
     assert "0 shards written" in second.stdout, "a rerun keeps every finished hidden-state shard"
 
@@ -110,8 +119,13 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
         env = {**os.environ, "DAGSTER_HOME": str(home)}
         kept: list[str] = []
         for target in (6, 18):
-            proc = subprocess.Popen([*CLI, "run", "--config", str(config)], cwd=tmp_path, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [*CLI, "run", "--config", str(config)],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             deadline = time.monotonic() + 120
             while len(checkpoint_ids(checkpoint)) < target and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.05)

@@ -20,7 +20,9 @@ from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_generation_dagster import materialize
 
 
-def pipeline(folder: Path, server: FakeOpenAI, model: str = "org/target-a", max_tokens: int = 8, **generation: Any) -> PipelineConfig:
+def pipeline(
+    folder: Path, server: FakeOpenAI, model: str = "org/target-a", max_tokens: int = 8, **generation: Any
+) -> PipelineConfig:
     write_jsonl(folder / "p.jsonl", [sharegpt(f"question {i}") for i in range(6)])
     settings = {"max_tokens": max_tokens, "concurrency": 2, "fsync": "never", "length_estimator": "chars", **generation}
     lines = "".join(f"  {key}: {value}\n" for key, value in settings.items())
@@ -83,16 +85,26 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
     assert second.success
     regenerated = generation_requests(fake_openai) - before
     [kept] = list((tmp_path / "out" / "responses" / "previous").iterdir())
-    print(f"\nnew_version: {regenerated} answers regenerated; old answers kept in {kept}: {sorted(p.name for p in kept.iterdir())}")
+    print(
+        f"\nnew_version: {regenerated} answers regenerated; old answers kept in {kept}: {sorted(p.name for p in kept.iterdir())}"
+    )
     assert regenerated == 6
     assert kept.name.startswith(f"B1.{old_version}-")
     assert (kept / "B1.checkpoint.jsonl").read_text() == old_answers, "the old answers are still on disk, untouched"
     assert {"B1.fingerprint.json", "B1.parquet"} <= {p.name for p in kept.iterdir()}
-    models = {r["model"] for r in ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load().values()}
+    models = {
+        r["model"] for r in ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load().values()
+    }
     assert models == {"org/target-b"}
     assert partition_is_stale(second_config, "B1") is None
 
-    versions = [m.tags.get("dagster/code_version") for m in (first.asset_materializations_for_node("responses")[0], second.asset_materializations_for_node("responses")[0])]
+    versions = [
+        m.tags.get("dagster/code_version")
+        for m in (
+            first.asset_materializations_for_node("responses")[0],
+            second.asset_materializations_for_node("responses")[0],
+        )
+    ]
     assert versions == [old_version, configured_fingerprint(second_config).digest]
     first_data, second_data = (
         r.asset_materializations_for_node("responses")[0].tags["dagster/data_version"] for r in (first, second)
@@ -109,13 +121,18 @@ def test_partition_is_stale_says_why(tmp_path: Path, fake_openai: FakeOpenAI) ->
     assert partition_is_stale(config, "B1") == "missing: no responses table yet"
     assert materialize(config, dg.DagsterInstance.ephemeral()).success
     assert partition_is_stale(config, "B1") is None
-    assert "max_tokens: checkpoint 8, configured 9" in str(partition_is_stale(pipeline(tmp_path, fake_openai, max_tokens=9), "B1"))
+    assert "max_tokens: checkpoint 8, configured 9" in str(
+        partition_is_stale(pipeline(tmp_path, fake_openai, max_tokens=9), "B1")
+    )
     (tmp_path / "out" / "responses" / "B1.fingerprint.json").unlink()
     assert "written before fingerprints were recorded" in str(partition_is_stale(config, "B1"))
 
 
 def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_recorded(tmp_path: Path) -> None:
-    assert endpoint_identity("https://user:secret@router.example:8443/api/v1/?key=abc#x") == "https://router.example:8443/api/v1"
+    assert (
+        endpoint_identity("https://user:secret@router.example:8443/api/v1/?key=abc#x")
+        == "https://router.example:8443/api/v1"
+    )
     servers = [FakeOpenAI().start(), FakeOpenAI().start()]
     try:
         write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"question {i}") for i in range(8)])
@@ -136,13 +153,17 @@ def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_re
             server.stop()
 
 
-def test_without_answers_new_settings_just_start_and_old_failures_are_kept_aside(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+def test_without_answers_new_settings_just_start_and_old_failures_are_kept_aside(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     from eagle3_pipeline_tests.fake_openai import Reply
 
     fake_openai.script = lambda body, n: Reply(status=400) if body["max_tokens"] == 8 else Reply()
     instance = dg.DagsterInstance.ephemeral()
     assert not materialize(pipeline(tmp_path, fake_openai), instance).success
     assert (tmp_path / "out" / "responses" / "B1.errors.jsonl").exists()
-    assert materialize(pipeline(tmp_path, fake_openai, max_tokens=16), instance).success, "no answers to protect: no refusal"
+    assert materialize(pipeline(tmp_path, fake_openai, max_tokens=16), instance).success, (
+        "no answers to protect: no refusal"
+    )
     [kept] = list((tmp_path / "out" / "responses" / "previous").iterdir())
     assert (kept / "B1.errors.jsonl").exists() and not (tmp_path / "out" / "responses" / "B1.errors.jsonl").exists()

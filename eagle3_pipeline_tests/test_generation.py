@@ -38,7 +38,9 @@ def settings(**overrides: Any) -> GenerationConfig:
     return GenerationConfig.model_validate({**base, **overrides})
 
 
-def make_prompts(n: int, dataset: str = "B1", length_class: str = "short", prefix: str = "question") -> list[PromptRecord]:
+def make_prompts(
+    n: int, dataset: str = "B1", length_class: str = "short", prefix: str = "question"
+) -> list[PromptRecord]:
     prompts = []
     for i in range(n):
         messages = [{"role": "user", "content": f"{prefix} {i}"}]

@@ -69,7 +69,9 @@ def instance(monkeypatch: pytest.MonkeyPatch) -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
-def test_responses_metadata_and_the_budget_check(tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance) -> None:
+def test_responses_metadata_and_the_budget_check(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
+) -> None:
     result = materialize(pipeline(tmp_path, fake_openai, budget=1000), instance)
     assert result.success
     [materialization] = [m for m in result.asset_materializations_for_node("responses")]
@@ -87,10 +89,14 @@ def test_responses_metadata_and_the_budget_check(tmp_path: Path, fake_openai: Fa
     sent = len(fake_openai.requests)
     again = materialize(pipeline(tmp_path, fake_openai, budget=5), instance)
     evaluation = check_result(again)
-    assert again.success and evaluation.passed, "a budget lowered after generating: the table holds back what is over it"
+    assert again.success and evaluation.passed, (
+        "a budget lowered after generating: the table holds back what is over it"
+    )
     [lowered] = [m for m in again.asset_materializations_for_node("responses")]
     assert (lowered.metadata["rows"].value, lowered.metadata["held_back_by_budget"].value) == (1, 9)
-    assert len(ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load()) == 10, "nothing is deleted"
+    assert len(ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load()) == 10, (
+        "nothing is deleted"
+    )
     assert len(fake_openai.requests) == sent, "and nothing is sent"
     assert evaluation.severity == dg.AssetCheckSeverity.ERROR
 
@@ -131,7 +137,9 @@ def test_the_api_key_appears_in_no_log_metadata_error_or_file(
     assert "***" in errors_file and "HTTP 401" in errors_file and "error 403" in errors_file
     failure = next(e for e in failed.all_events if e.is_step_failure)
     texts = {
-        "event log": "\n".join(dg.serialize_value(entry) for run in (failed, succeeded) for entry in instance.all_logs(run.run_id)),
+        "event log": "\n".join(
+            dg.serialize_value(entry) for run in (failed, succeeded) for entry in instance.all_logs(run.run_id)
+        ),
         "failure": str(failure.step_failure_data.error),
         "stdout+stderr": "".join(capfd.readouterr()),
         "python logging": caplog.text,

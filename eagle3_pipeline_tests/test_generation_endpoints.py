@@ -26,7 +26,9 @@ def second_server() -> Iterator[FakeOpenAI]:
     server.stop()
 
 
-def test_least_outstanding_requests_favours_the_faster_endpoint(tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI) -> None:
+def test_least_outstanding_requests_favours_the_faster_endpoint(
+    tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
+) -> None:
     fake_openai.delay_s = 0.1
     endpoints = [Endpoint(fake_openai.base_url, "m"), Endpoint(second_server.base_url, "m")]
     summary = run(tmp_path, make_prompts(60), endpoints, settings(concurrency={"short": 4, "long": 1}))
@@ -85,7 +87,9 @@ def test_connections_are_kept_alive(tmp_path: Path, fake_openai: FakeOpenAI) -> 
     assert len(fake_openai.requests) == 80 and len(fake_openai.connections) <= 4
 
 
-def test_cost_comes_from_the_response_or_the_price_table(tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI) -> None:
+def test_cost_comes_from_the_response_or_the_price_table(
+    tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
+) -> None:
     fake_openai.script = lambda body, n: Reply(
         payload=echo_completion(body, usage={"prompt_tokens": 11, "completion_tokens": 5, "cost": 0.25})
     )
@@ -121,7 +125,9 @@ def conversation() -> PromptRecord:
     return PromptRecord(content_id(messages, None), "B1", messages, None, "short", 40, 0)
 
 
-def test_multi_turn_regenerates_every_assistant_turn_on_the_regenerated_history(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+def test_multi_turn_regenerates_every_assistant_turn_on_the_regenerated_history(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     from eagle3_pipeline.generation import ResponseCheckpoint, response_rows
 
     prompt = conversation()
@@ -149,13 +155,17 @@ def test_last_turn_only_by_default(tmp_path: Path, fake_openai: FakeOpenAI) -> N
 
 
 def test_a_truncated_earlier_turn_marks_the_record_truncated(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    fake_openai.script = lambda body, n: Reply(payload=echo_completion(body, finish_reason="length" if n == 1 else "stop"))
+    fake_openai.script = lambda body, n: Reply(
+        payload=echo_completion(body, finish_reason="length" if n == 1 else "stop")
+    )
     summary = run(tmp_path, [conversation()], fake_openai, settings(regenerate_turns="all"))
     assert lines(tmp_path / "ck.jsonl")[0]["finish_reason"] == "length" and summary.truncated == 1
     assert json.loads(json.dumps(summary.as_metadata()))["truncated_now"] == 1
 
 
-def test_every_configured_endpoint_is_probed_before_use(tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI) -> None:
+def test_every_configured_endpoint_is_probed_before_use(
+    tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
+) -> None:
     from eagle3_pipeline.config import load_config
     from eagle3_pipeline.monitor import UnhealthyError
     from eagle3_pipeline.serving import InferenceProvider
@@ -163,7 +173,9 @@ def test_every_configured_endpoint_is_probed_before_use(tmp_path: Path, fake_ope
     (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
 
     def provider(urls: list[str]) -> InferenceProvider:
-        entries = "".join(f"    - {{base_url: '{url}', price: {{prompt_per_mtok: 1, completion_per_mtok: 3}}}}\n" for url in urls)
+        entries = "".join(
+            f"    - {{base_url: '{url}', price: {{prompt_per_mtok: 1, completion_per_mtok: 3}}}}\n" for url in urls
+        )
         (tmp_path / "pipeline.yaml").write_text(
             "name: two\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
             f"inference:\n  kind: endpoints\n  endpoints:\n{entries}datasets:\n  - {{id: B1, source: p.jsonl}}\n"

@@ -62,7 +62,9 @@ def test_a_burst_of_500_is_retried_away(tmp_path: Path, fake_openai: FakeOpenAI)
         pytest.param(Reply(hang=True), id="hang"),
         pytest.param(Reply(truncate_to=40), id="truncated-json"),
         pytest.param(Reply(reset=True), id="connection-reset"),
-        pytest.param(Reply(status=200, payload={"error": {"message": "upstream overloaded", "code": 503}}), id="error-in-200"),
+        pytest.param(
+            Reply(status=200, payload={"error": {"message": "upstream overloaded", "code": 503}}), id="error-in-200"
+        ),
     ],
 )
 def test_transient_failures_are_retried(tmp_path: Path, fake_openai: FakeOpenAI, misbehaviour: Reply) -> None:
@@ -82,14 +84,22 @@ def test_slow_answers_within_the_read_timeout_are_waited_for(tmp_path: Path, fak
 def test_finish_reason_length_is_counted_as_truncation(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     def script(body: dict[str, Any], n: int) -> Reply:
         cut = body["messages"][-1]["content"].endswith(("1", "3"))
-        return Reply(payload=echo_completion(body, completion_tokens=8 if cut else 5, finish_reason="length" if cut else "stop"))
+        return Reply(
+            payload=echo_completion(body, completion_tokens=8 if cut else 5, finish_reason="length" if cut else "stop")
+        )
 
     fake_openai.script = script
     seen: list[Any] = []
     summary = run(tmp_path, make_prompts(5), fake_openai, sinks=[_sink(seen)])
     assert (summary.generated, summary.truncated) == (5, 2)
     assert seen[-1].truncated == 2 and "2 truncated" in seen[-1].line()
-    assert sorted(r["finish_reason"] for r in lines(tmp_path / "ck.jsonl")) == ["length", "length", "stop", "stop", "stop"]
+    assert sorted(r["finish_reason"] for r in lines(tmp_path / "ck.jsonl")) == [
+        "length",
+        "length",
+        "stop",
+        "stop",
+        "stop",
+    ]
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404])
@@ -114,7 +124,11 @@ def test_retries_are_bounded_and_the_failure_is_recorded(tmp_path: Path, fake_op
 
 def test_consecutive_errors_stop_the_run(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     fake_openai.script = lambda body, n: Reply(status=500)
-    config = settings(max_consecutive_errors=3, concurrency={"short": 2, "long": 1}, retry={"max_attempts": 2, "backoff_initial_s": 0.01})
+    config = settings(
+        max_consecutive_errors=3,
+        concurrency={"short": 2, "long": 1},
+        retry={"max_attempts": 2, "backoff_initial_s": 0.01},
+    )
     with pytest.raises(GenerationFailed, match="3 requests in a row failed") as caught:
         run(tmp_path, make_prompts(50), fake_openai, config)
     assert "server is probably down" in str(caught.value)

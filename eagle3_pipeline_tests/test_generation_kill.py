@@ -27,7 +27,13 @@ def worker_main() -> None:
     base_url, checkpoint = sys.argv[1], Path(sys.argv[2])
     config = settings(concurrency={"short": CONCURRENCY, "long": 1}, fsync="always")
     endpoints = [Endpoint(base_url, "m")]
-    generate(make_prompts(PROMPTS), lambda: endpoints, config, ResponseCheckpoint(checkpoint, "always"), checkpoint.with_suffix(".err"))
+    generate(
+        make_prompts(PROMPTS),
+        lambda: endpoints,
+        config,
+        ResponseCheckpoint(checkpoint, "always"),
+        checkpoint.with_suffix(".err"),
+    )
 
 
 def start_worker(base_url: str, checkpoint: Path) -> subprocess.Popen[bytes]:

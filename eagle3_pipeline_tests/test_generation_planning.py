@@ -52,11 +52,21 @@ def servers(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def write_pipeline(
-    folder: Path, slow: FakeOpenAI, fast: FakeOpenAI, failover: dict[str, Any] | None = None, unpriced: str | None = None, **generation: Any
+    folder: Path,
+    slow: FakeOpenAI,
+    fast: FakeOpenAI,
+    failover: dict[str, Any] | None = None,
+    unpriced: str | None = None,
+    **generation: Any,
 ) -> Path:
     endpoints: list[dict[str, Any]] = [
         {"name": "slow-box", "base_url": slow.base_url, "price": {"prompt_per_mtok": 0.1, "completion_per_mtok": 0.2}},
-        {"name": "fast-api", "base_url": fast.base_url, "api_key_env": KEY_VAR, "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0}},
+        {
+            "name": "fast-api",
+            "base_url": fast.base_url,
+            "api_key_env": KEY_VAR,
+            "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0},
+        },
     ]
     if unpriced:
         endpoints.append({"name": "no-price", "base_url": unpriced})
@@ -120,8 +130,13 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         prompts = materialize_prompts(config, 40)
 
         blind = json.loads(plan_cli(path, "--json"))
-        assert {row["tokens_per_s"] for row in by_backend(blind).values()} == {"unknown"}, "no evidence: unknown, not a guess"
-        assert blind["datasets"][0]["best"] is None and "no backend has a measured throughput" in blind["datasets"][0]["why"]
+        assert {row["tokens_per_s"] for row in by_backend(blind).values()} == {"unknown"}, (
+            "no evidence: unknown, not a guess"
+        )
+        assert (
+            blind["datasets"][0]["best"] is None
+            and "no backend has a measured throughput" in blind["datasets"][0]["why"]
+        )
         assert len(slow.requests) == len(fast.requests) == 0, "without --calibrate nothing is sent"
 
         calibrated = json.loads(plan_cli(path, "--json", "--calibrate", "4"))
@@ -138,7 +153,9 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         assert calibrated["datasets"][0]["best"] in {"fast-api", "no-price"}, "the fast ones finish first"
 
         ceiling = json.loads(plan_cli(path, "--json", "--calibrate", "4", "--max-cost", "0.0005"))
-        assert ceiling["datasets"][0]["best"] == "slow-box", "the fast backends cost more than $0.0005 (or cannot be shown not to)"
+        assert ceiling["datasets"][0]["best"] == "slow-box", (
+            "the fast backends cost more than $0.0005 (or cannot be shown not to)"
+        )
 
         text = plan_cli(path, "--calibrate", "4", "--max-cost", "0.001")
         (tmp_path / "plan.txt").write_text(text)
@@ -176,7 +193,9 @@ def assert_every_id_once(tmp_path: Path, n: int) -> list[dict[str, Any]]:
 
 def test_failover_by_deadline_moves_to_the_fast_backend_with_the_numbers(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
-    _, result = failover_run(tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"], "deadline_s": 1.5, "check_every_s": 0.3})
+    _, result = failover_run(
+        tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"], "deadline_s": 1.5, "check_every_s": 0.3}
+    )
 
     [decision] = lines(tmp_path / "out" / "responses" / "B1.failover.jsonl")
     (tmp_path / "decision.json").write_text(json.dumps(decision, indent=1))
@@ -189,7 +208,9 @@ def test_failover_by_deadline_moves_to_the_fast_backend_with_the_numbers(tmp_pat
     stored = assert_every_id_once(tmp_path, 60)
     from_slow = Counter(r["endpoint"] for r in stored)[slow.base_url]
     sent = decision["requests_sent_to_old_backend"]
-    assert from_slow == sent - decision["in_flight_moved"], "every request sent to the slow backend was answered there or moved"
+    assert from_slow == sent - decision["in_flight_moved"], (
+        "every request sent to the slow backend was answered there or moved"
+    )
     assert len(slow.requests) <= sent, "the slow server received nothing after the switch"
     assert Counter(r["endpoint"] for r in stored)[fast.base_url] == 60 - from_slow
     assert {r["model"] for r in stored} == {"vendor/model"}
@@ -199,7 +220,9 @@ def test_failover_by_deadline_moves_to_the_fast_backend_with_the_numbers(tmp_pat
 
 def test_no_failover_when_the_deadline_is_within_reach(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
-    failover_run(tmp_path, slow, fast, {"backends": ["fast-api", "slow-box"], "deadline_s": 3600, "check_every_s": 0.1}, n=30)
+    failover_run(
+        tmp_path, slow, fast, {"backends": ["fast-api", "slow-box"], "deadline_s": 3600, "check_every_s": 0.1}, n=30
+    )
     assert not (tmp_path / "out" / "responses" / "B1.failover.jsonl").exists()
     assert len(slow.requests) == 0 and len(fast.requests) == 30
 
@@ -213,10 +236,14 @@ def test_failover_when_the_primary_dies_mid_run(tmp_path: Path, servers: Any) ->
 
     slow.token_delay_s = 0.0
     slow.script = dies_after_ten
-    _, result = failover_run(tmp_path, slow, fast, {"backends": [0, 1], "unhealthy_after_errors": 3, "check_every_s": 0.1}, n=40)
+    _, result = failover_run(
+        tmp_path, slow, fast, {"backends": [0, 1], "unhealthy_after_errors": 3, "check_every_s": 0.1}, n=40
+    )
 
     [decision] = lines(tmp_path / "out" / "responses" / "B1.failover.jsonl")
-    assert (decision["from"], decision["to"]) == ("slow-box", "fast-api") and decision["reason"].startswith("unhealthy: 3 failed attempts")
+    assert (decision["from"], decision["to"]) == ("slow-box", "fast-api") and decision["reason"].startswith(
+        "unhealthy: 3 failed attempts"
+    )
     assert decision["deadline"] is None
     stored = assert_every_id_once(tmp_path, 40)
     assert Counter(r["endpoint"] for r in stored) == {slow.base_url: 10, fast.base_url: 30}
@@ -229,7 +256,12 @@ def test_failover_when_the_primary_hangs_mid_run(tmp_path: Path, servers: Any) -
     slow, fast = servers
     slow.token_delay_s = 0.0
     slow.script = lambda body, n: Reply() if n <= 10 else Reply(hang=True)
-    failover = {"backends": ["slow-box", "fast-api"], "check_every_s": 0.2, "probe_timeout_s": 0.5, "unhealthy_after_errors": 2}
+    failover = {
+        "backends": ["slow-box", "fast-api"],
+        "check_every_s": 0.2,
+        "probe_timeout_s": 0.5,
+        "unhealthy_after_errors": 2,
+    }
     _, result = failover_run(tmp_path, slow, fast, failover, n=40, read_timeout_s=120)
 
     [decision] = lines(tmp_path / "out" / "responses" / "B1.failover.jsonl")
@@ -266,8 +298,12 @@ def test_failover_refuses_backends_of_different_models(tmp_path: Path, servers: 
 
 def test_responses_materialization_carries_the_plan_and_the_decision(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
-    path = write_pipeline(tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"], "deadline_s": 1.5, "check_every_s": 0.3})
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"q {i}"}]}) + "\n" for i in range(40)))
+    path = write_pipeline(
+        tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"], "deadline_s": 1.5, "check_every_s": 0.3}
+    )
+    (tmp_path / "p.jsonl").write_text(
+        "".join(json.dumps({"conversations": [{"from": "human", "value": f"q {i}"}]}) + "\n" for i in range(40))
+    )
     config = load_config(path)
     instance = dg.DagsterInstance.ephemeral()
     result = materialize(config, instance)
@@ -278,19 +314,30 @@ def test_responses_materialization_carries_the_plan_and_the_decision(tmp_path: P
     assert decision == lines(tmp_path / "out" / "responses" / "B1.failover.jsonl")[0]
     plan = metadata["plan"]
     assert "| B1 | slow-box |" in plan and "| B1 | fast-api |" in plan and "checkpoint:" in plan
-    assert len(ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load()) == metadata["rows"] == 40
+    assert (
+        len(ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load()) == metadata["rows"] == 40
+    )
     logs = "\n".join(dg.serialize_value(entry) for entry in instance.all_logs(result.run_id))
     assert SECRET not in logs and SECRET not in repr(metadata)
 
 
 def test_tokens_left_are_capped_by_the_budget_in_completion_tokens() -> None:
-    common = {"pending": 100, "answers": 10, "completion_done": 50, "prompt_done": 150, "bound_per_prompt": 8.0, "prompt_per_prompt": 5.0}
+    common = {
+        "pending": 100,
+        "answers": 10,
+        "completion_done": 50,
+        "prompt_done": 150,
+        "bound_per_prompt": 8.0,
+        "prompt_per_prompt": 5.0,
+    }
     free = estimate_left("B1", budget_left=None, counts="completion", **common)
     assert (free.completion_left, free.prompt_left) == (500, 1500) and "100 pending × 5.0" in free.basis
     capped = estimate_left("B1", budget_left=20, counts="completion", **common)
     assert (capped.completion_left, capped.prompt_left) == (20, 60) and capped.basis.startswith("token budget: 20")
     both = estimate_left("B1", budget_left=40, counts="prompt_and_completion", **common)
     assert both.completion_left == 10, "a quarter of the counted tokens are completion tokens"
-    fresh = estimate_left("B1", budget_left=None, counts="completion", **{**common, "answers": 0, "completion_done": 0, "prompt_done": 0})
+    fresh = estimate_left(
+        "B1", budget_left=None, counts="completion", **{**common, "answers": 0, "completion_done": 0, "prompt_done": 0}
+    )
     assert fresh.completion_left == 800 and "upper bound" in fresh.basis
     assert cost_of(None, 10, 10) is None and cost_of(Price(1.0, 2.0), 1_000_000, 500_000) == 2.0

@@ -30,7 +30,9 @@ def test_an_empty_answer_is_retried_then_failed_never_stored(tmp_path: Path, fak
     def script(body: dict[str, Any], n: int) -> Reply:
         text = body["messages"][-1]["content"]
         if text.endswith(" 0"):
-            return Reply(payload=echo_completion(body, finish_reason="length", content=None, reasoning_content="Let me think..."))
+            return Reply(
+                payload=echo_completion(body, finish_reason="length", content=None, reasoning_content="Let me think...")
+            )
         if text.endswith(" 1"):
             return Reply(payload=echo_completion(body, content="  \n", reasoning_content="hmm"))
         if text.endswith(" 2"):
@@ -38,7 +40,9 @@ def test_an_empty_answer_is_retried_then_failed_never_stored(tmp_path: Path, fak
         return Reply(payload=echo_completion(body))
 
     fake_openai.script = script
-    summary = run(tmp_path, make_prompts(4), fake_openai, settings(retry={"max_attempts": 3, "backoff_initial_s": 0.01}))
+    summary = run(
+        tmp_path, make_prompts(4), fake_openai, settings(retry={"max_attempts": 3, "backoff_initial_s": 0.01})
+    )
     assert (summary.generated, summary.failed, summary.empty) == (2, 2, 2)
     stored = {r["response"] for r in lines(tmp_path / "ck.jsonl")}
     assert stored == {json.dumps(call), "echo: question 3"}, "no empty answer is written"
@@ -86,7 +90,9 @@ def checks(result: dg.ExecuteInJobResult) -> dict[str, tuple[bool, str]]:
 
 def test_a_failed_empty_answers_check_is_repaired_by_a_rerun(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     fake_openai.script = lambda body, n: Reply(
-        payload=echo_completion(body, content=None) if body["messages"][-1]["content"] in {"question 3", "question 7"} else echo_completion(body)
+        payload=echo_completion(body, content=None)
+        if body["messages"][-1]["content"] in {"question 3", "question 7"}
+        else echo_completion(body)
     )
     config = pipeline(tmp_path, fake_openai, max_failed_fraction=0.5, max_empty_rate=0.1)
     failed = materialize(config)
@@ -95,7 +101,9 @@ def test_a_failed_empty_answers_check_is_repaired_by_a_rerun(tmp_path: Path, fak
     assert not failed.success and verdicts["empty_answers"] == (
         False,
         "2 of 10 prompts sent are left with an empty answer (20.0%; limit 10.0%), e.g. "
-        + ", ".join(sorted(p.id for p in make_b1_prompts(config) if p.messages[-1]["content"] in {"question 3", "question 7"}))
+        + ", ".join(
+            sorted(p.id for p in make_b1_prompts(config) if p.messages[-1]["content"] in {"question 3", "question 7"})
+        )
         + "; a rerun retries them (a reasoning model may need a larger max_tokens)",
     )
     assert verdicts["prompts_accounted"][0], "the two failed prompts are accounted for"
@@ -121,14 +129,21 @@ def test_prompts_that_cannot_fit_are_not_sent_and_are_listed(tmp_path: Path, fak
     [mat] = result.asset_materializations_for_node("responses")
     metadata = {k: v.value for k, v in mat.metadata.items()}
     long_id = next(p.id for p in make_b1_prompts(config) if p.messages[-1]["content"].startswith("word"))
-    print(f"\nover length: {metadata['skipped_over_length']} skipped ({metadata['over_length_ids']}), estimator {metadata['length_estimator']}")
+    print(
+        f"\nover length: {metadata['skipped_over_length']} skipped ({metadata['over_length_ids']}), estimator {metadata['length_estimator']}"
+    )
     assert (metadata["skipped_over_length"], metadata["over_length_ids"], metadata["rows"]) == (1, [long_id], 2)
     assert metadata["length_estimator"] == "chars/4"
     assert not any(r["messages"][-1]["content"].startswith("word") for r in fake_openai.requests), "never sent"
-    assert checks(result)["prompts_accounted"] == (True, "3 prompts: 2 answered, 0 failed, 1 over length, budget not reached")
+    assert checks(result)["prompts_accounted"] == (
+        True,
+        "3 prompts: 2 answered, 0 failed, 1 over length, budget not reached",
+    )
 
 
-def test_prompts_accounted_fails_on_changed_prompts_and_a_rerun_repairs_it(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+def test_prompts_accounted_fails_on_changed_prompts_and_a_rerun_repairs_it(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     config = pipeline(tmp_path, fake_openai, questions=6)
     assert materialize(config).success
     write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"question {i}") for i in range(2, 9)])
@@ -142,7 +157,9 @@ def test_prompts_accounted_fails_on_changed_prompts_and_a_rerun_repairs_it(tmp_p
     assert account_for_prompts(layout, "B1", None, config.generation).consistent
 
 
-def test_the_regenerated_conversation_is_stored_as_the_server_returned_it(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+def test_the_regenerated_conversation_is_stored_as_the_server_returned_it(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     """regenerate_turns=all: every generated assistant turn is in the row with generated=True, its
     finish_reason and (reasoning: keep) its reasoning; the source's own turns stay generated=False."""
     from eagle3_pipeline.generation import ResponseCheckpoint, response_rows
@@ -157,15 +174,27 @@ def test_the_regenerated_conversation_is_stored_as_the_server_returned_it(tmp_pa
         "assistant", "echo: first", reasoning_content="thought 1", generated=True, finish_reason="stop"
     )
     assert row["messages"][3]["content"] == "echo: second" and row["turns"] == 2
-    assert fake_openai.requests[1]["messages"][1] == {"role": "assistant", "content": "echo: first"}, "sent back without pipeline fields"
+    assert fake_openai.requests[1]["messages"][1] == {"role": "assistant", "content": "echo: first"}, (
+        "sent back without pipeline fields"
+    )
 
 
 @pytest.mark.local_model
 def test_the_target_tokenizer_estimates_prompt_lengths(local_model: Path) -> None:
     prompts = make_prompts(2) + [
-        PromptRecord(content_id([message("user", "x " * 3000)], None), "B1", [message("user", "x " * 3000)], None, "long", 1500, 2)
+        PromptRecord(
+            content_id([message("user", "x " * 3000)], None),
+            "B1",
+            [message("user", "x " * 3000)],
+            None,
+            "long",
+            1500,
+            2,
+        )
     ]
-    fit = check_lengths(prompts, max_seq_len=2048, max_tokens=128, estimator="tokenizer", tokenizer_name=str(local_model))
+    fit = check_lengths(
+        prompts, max_seq_len=2048, max_tokens=128, estimator="tokenizer", tokenizer_name=str(local_model)
+    )
     assert fit.estimator == f"tokenizer:{local_model}" and fit.fallbacks == 0
     assert [p.id for p in fit.over_length] == [prompts[2].id] and len(fit.fits) == 2
     assert 3000 <= fit.longest <= 3100, "the chat template's tokens, not 4 characters a token"

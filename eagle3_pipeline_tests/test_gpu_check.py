@@ -22,7 +22,9 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 def run_script(*args: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, REPO)), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def sections(stdout: str) -> dict[str, dict[str, Any]]:
@@ -36,10 +38,17 @@ def test_smoke_runs_every_section_and_prints_its_figures() -> None:
     first = done.stdout.splitlines()[0]
     assert first.startswith("MEASURED ON ")
     machine = json.loads(first.removeprefix("MEASURED ON "))
-    assert machine["torch"] and machine["transformers"] and machine["device"] in ("cpu", "cuda") and "bfloat16" in machine["dtype"]
+    assert (
+        machine["torch"]
+        and machine["transformers"]
+        and machine["device"] in ("cpu", "cuda")
+        and "bfloat16" in machine["dtype"]
+    )
     found = sections(done.stdout)
     assert list(found) == ["chain", "extract", "train-inputs", "train-64", "train-128"], done.stdout[-4000:]
-    assert not [name for name, values in found.items() if "failed" in values or "skipped" in values], done.stdout[-4000:]
+    assert not [name for name, values in found.items() if "failed" in values or "skipped" in values], done.stdout[
+        -4000:
+    ]
     chain = found["chain"]
     # float32: the chain drafting equals the unrolled pass (as in drafter/test_model.py); bf16 is reported, not judged
     assert max(chain["float32"]["max_rel_error_per_depth"]) < 1e-4
@@ -47,7 +56,11 @@ def test_smoke_runs_every_section_and_prints_its_figures() -> None:
     assert len(chain["bf16"]["max_rel_error_per_depth"]) == chain["steps"]
     for target in ("llama", "kimi_fixture"):
         extracted = found["extract"][target]
-        assert extracted["capture_dtype"] == "bfloat16" and extracted["spot_check_samples"] == 4 and extracted["spot_check_passed"]
+        assert (
+            extracted["capture_dtype"] == "bfloat16"
+            and extracted["spot_check_samples"] == 4
+            and extracted["spot_check_passed"]
+        )
         assert extracted["tokens"] > 0 and extracted["tokens_per_s"] > 0
     for batch_tokens in (64, 128):
         trained = found[f"train-{batch_tokens}"]

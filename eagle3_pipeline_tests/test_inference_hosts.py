@@ -75,7 +75,11 @@ def two_host_file(folder: Path, a: FakeOpenAI, b: FakeOpenAI, datasets: dict[str
         "inference": {
             "kind": "endpoints",
             "hosts": [
-                {"name": "a", "endpoints": [{"base_url": a.base_url}], "health": {"host": {"kind": "local"}, "expected_gpus": 0}},
+                {
+                    "name": "a",
+                    "endpoints": [{"base_url": a.base_url}],
+                    "health": {"host": {"kind": "local"}, "expected_gpus": 0},
+                },
                 {"name": "b", "endpoints": [{"base_url": b.base_url}]},
             ],
         },
@@ -86,7 +90,12 @@ def two_host_file(folder: Path, a: FakeOpenAI, b: FakeOpenAI, datasets: dict[str
             "max_consecutive_errors": 2,
             "retry": {"max_attempts": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.1},
         },
-        "health": {"host": {"kind": "local"}, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 0.5},
+        "health": {
+            "host": {"kind": "local"},
+            "min_disk_free_gb": 0.01,
+            "min_mem_free_gb": 0.01,
+            "max_truncation_rate": 0.5,
+        },
         "launch": {"backoff_initial_s": 600},
         "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
         **extra,
@@ -111,13 +120,20 @@ def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path:
         first = loop.tick()
         placed = {r.partition_key: (r.tags[HOST], r.tags["eagle3/pool"]) for r in first.run_requests}
         assert placed == {"D1": ("a", "gpu-a"), "D2": ("b", "gpu-b")}, "spread over the two healthy hosts, one each"
-        assert [e.asset_key for e in first.asset_events] == [dg.AssetKey(["inference_server", "a"]), dg.AssetKey(["inference_server", "b"])]
+        assert [e.asset_key for e in first.asset_events] == [
+            dg.AssetKey(["inference_server", "a"]),
+            dg.AssetKey(["inference_server", "b"]),
+        ]
         assert sick.is_set(), "A turned sick while generating D1"
         [on_a] = instance.get_runs(dg.RunsFilter(tags={HOST: "a"}))
         assert on_a.status == dg.DagsterRunStatus.FAILURE and on_a.tags["dagster/partition"] == "D1"
-        assert "D1: stopped after 2 requests in a row failed (last: HTTP 503" in failure_reason(instance, on_a.run_id), "the run stopped"
+        assert "D1: stopped after 2 requests in a row failed (last: HTTP 503" in failure_reason(
+            instance, on_a.run_id
+        ), "the run stopped"
         answered_by_a = {body["messages"][-1]["content"] for body in a.requests[:7]} - {"Reply with OK."}
-        assert len(answered_by_a) == 5 and len(layout.checkpoint("D1").read_text().splitlines()) == 5, "A's 5 answers are checkpointed"
+        assert len(answered_by_a) == 5 and len(layout.checkpoint("D1").read_text().splitlines()) == 5, (
+            "A's 5 answers are checkpointed"
+        )
 
         second = loop.tick()
         [moved] = second.run_requests
@@ -125,7 +141,9 @@ def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path:
             "relaunched at once on the healthy host, not after the 600 s backoff: the failure was A's"
         )
         observed = {e.asset_key.path[-1]: e.metadata["healthy"] for e in second.asset_events}
-        assert observed == {"a": dg.BoolMetadataValue(False), "b": dg.BoolMetadataValue(True)}, "one observation per host per tick"
+        assert observed == {"a": dg.BoolMetadataValue(False), "b": dg.BoolMetadataValue(True)}, (
+            "one observation per host per tick"
+        )
 
         third = loop.tick()
         assert not third.run_requests
@@ -134,11 +152,15 @@ def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path:
 
         runs = instance.get_runs(dg.RunsFilter(job_name=GENERATION_JOB))
         assert [r.tags[HOST] for r in runs if r.tags[HOST] == "a"] == ["a"], "no run was sent to A after it turned sick"
-        [finished] = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "D1"}, statuses=[dg.DagsterRunStatus.SUCCESS]))
+        [finished] = instance.get_runs(
+            dg.RunsFilter(tags={"dagster/partition": "D1"}, statuses=[dg.DagsterRunStatus.SUCCESS])
+        )
         assert finished.tags[HOST] == "b" and finished.tags["eagle3/pool"] == "gpu-b"
         [materialized] = [
             r.event_log_entry.asset_materialization
-            for r in instance.get_records_for_run(finished.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+            for r in instance.get_records_for_run(
+                finished.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+            ).records
             if r.event_log_entry.asset_materialization.asset_key == dg.AssetKey("responses")
         ]
         assert materialized.metadata["host"] == dg.TextMetadataValue("b")
@@ -146,12 +168,16 @@ def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path:
 
     prompt_ids = {p.id for p in read_prompts(layout.prompts("D1"))}
     table_ids = pq.read_table(layout.responses("D1")).column("id").to_pylist()
-    checkpoint_ids = [json.loads(line)["id"] for line in layout.checkpoint("D1").read_text().splitlines() if line.strip()]
+    checkpoint_ids = [
+        json.loads(line)["id"] for line in layout.checkpoint("D1").read_text().splitlines() if line.strip()
+    ]
     for ids in (table_ids, checkpoint_ids):
         assert set(ids) == prompt_ids, "0 lost"
         assert max(Counter(ids).values()) == 1, "0 duplicated"
     answered_by_b = {text for text in b.contents if text.startswith("D1 question")}
-    assert len(answered_by_b) == 7 and not answered_by_a & answered_by_b, "B resumed where A stopped: it was asked only the other 7"
+    assert len(answered_by_b) == 7 and not answered_by_a & answered_by_b, (
+        "B resumed where A stopped: it was asked only the other 7"
+    )
     assert max(count for text, count in b.contents.items() if text.startswith("D1 question")) == 1
     stored = json.loads(layout.fingerprint("D1").read_text())
     assert stored["endpoints"] == sorted([a.base_url, b.base_url]), "the checkpoint's fingerprint records both hosts"
@@ -168,13 +194,17 @@ def test_one_run_per_host_and_the_others_wait_for_a_free_one(tmp_path: Path, ser
     with dg.instance_for_test() as instance:
 
         def tick() -> Any:
-            return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)))
+            return sensor.evaluate_tick(
+                dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
+            )
 
         first = tick()
         assert [(r.partition_key, r.tags[HOST]) for r in first.run_requests] == [("D1", "a"), ("D2", "b")]
         # As the daemon launches them: both runs in flight at once.
         started = {
-            r.partition_key: instance.create_run_for_job(job, tags={**r.tags, "dagster/partition": r.partition_key}, status=dg.DagsterRunStatus.STARTED)
+            r.partition_key: instance.create_run_for_job(
+                job, tags={**r.tags, "dagster/partition": r.partition_key}, status=dg.DagsterRunStatus.STARTED
+            )
             for r in first.run_requests
         }
         busy = tick()
@@ -183,7 +213,9 @@ def test_one_run_per_host_and_the_others_wait_for_a_free_one(tmp_path: Path, ser
 
         instance.report_run_failed(started["D1"])
         freed = tick()
-        assert [(r.partition_key, r.tags[HOST]) for r in freed.run_requests] == [("D3", "a")], "A is free again; D1 backs off"
+        assert [(r.partition_key, r.tags[HOST]) for r in freed.run_requests] == [("D3", "a")], (
+            "A is free again; D1 backs off"
+        )
 
 
 def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
@@ -196,7 +228,11 @@ def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
     assert on_b.health.min_disk_free_gb == 0.01, "what a host does not set comes from the top-level health section"
     assert config.for_host(None).inference.endpoints == config.for_host("a").inference.endpoints, "None: the first host"
     assert [h.pool_name for h in config.inference.hosts] == ["gpu-a", "gpu-b"]
-    single = load_config(two_host_file(tmp_path, a, b, {"D1": 1}, inference={"kind": "endpoints", "endpoints": [{"base_url": a.base_url}]}))
+    single = load_config(
+        two_host_file(
+            tmp_path, a, b, {"D1": 1}, inference={"kind": "endpoints", "endpoints": [{"base_url": a.base_url}]}
+        )
+    )
     assert single.for_host(None) is single, "a file without hosts is one implicit host, as before"
 
     def refused(inference: dict[str, Any]) -> str:
@@ -206,18 +242,27 @@ def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
 
     host = {"name": "a", "endpoints": [{"base_url": a.base_url}]}
     other_model = {"name": "b", "endpoints": [{"base_url": b.base_url, "model": "other"}]}
-    assert "every one of inference.hosts must request the same model(s)" in refused({"kind": "endpoints", "hosts": [host, other_model]})
+    assert "every one of inference.hosts must request the same model(s)" in refused(
+        {"kind": "endpoints", "hosts": [host, other_model]}
+    )
     assert "a: fake; b: other" in refused({"kind": "endpoints", "hosts": [host, other_model]})
     assert "host name(s) ['a'] appear more than once" in refused({"kind": "endpoints", "hosts": [host, host]})
     assert "inference.hosts needs kind 'endpoints'" in refused({"kind": "embedded", "hosts": [host]})
     misplaced = refused({"kind": "endpoints", "hosts": [{**host, "health": {"sensor_interval_s": 60}}]})
     assert "inference.hosts[0] (name 'a').health: " in misplaced and "set in the top-level health section" in misplaced
-    assert "inference.hosts[0] (name 'a').endpoints: " in refused({"kind": "endpoints", "hosts": [{"name": "a", "endpoints": []}]})
-    with pytest.raises(ConfigError, match="with inference.hosts, a partition whose host turns sick moves to another healthy host instead"):
+    assert "inference.hosts[0] (name 'a').endpoints: " in refused(
+        {"kind": "endpoints", "hosts": [{"name": "a", "endpoints": []}]}
+    )
+    with pytest.raises(
+        ConfigError,
+        match="with inference.hosts, a partition whose host turns sick moves to another healthy host instead",
+    ):
         load_config(two_host_file(tmp_path, a, b, {"D1": 1}, generation={"failover": {"backends": [0, 1]}}))
 
 
-def test_status_checks_the_host_it_is_asked_about(tmp_path: Path, servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_checks_the_host_it_is_asked_about(
+    tmp_path: Path, servers: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = servers
     a.script = sick_after(0, threading.Event())
     a.start()
@@ -231,7 +276,9 @@ def test_status_checks_the_host_it_is_asked_about(tmp_path: Path, servers: Any, 
     assert "inference.hosts: no inference host 'c'; inference.hosts names a, b" in capsys.readouterr().err
 
 
-def test_a_run_placed_on_a_host_that_just_turned_sick_is_refused_by_its_preflight_and_moves(tmp_path: Path, servers: Any) -> None:
+def test_a_run_placed_on_a_host_that_just_turned_sick_is_refused_by_its_preflight_and_moves(
+    tmp_path: Path, servers: Any
+) -> None:
     a, b = servers
     a.script = sick_after(1, threading.Event())  # healthy for the sensor's probe, sick by the run's preflight
     a.start()
@@ -241,7 +288,9 @@ def test_a_run_placed_on_a_host_that_just_turned_sick_is_refused_by_its_prefligh
         loop = Daemonless(build_definitions(config), instance)
         assert [r.tags[HOST] for r in loop.tick().run_requests] == ["a"]
         [refused] = instance.get_runs(dg.RunsFilter(tags={HOST: "a"}))
-        assert failure_reason(instance, refused.run_id).startswith("health gate refused: unhealthy: generation critical")
+        assert failure_reason(instance, refused.run_id).startswith(
+            "health gate refused: unhealthy: generation critical"
+        )
         [observed] = instance.get_records_for_run(refused.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
         assert observed.event_log_entry.asset_observation.asset_key == dg.AssetKey(["inference_server", "a"])
         assert not [text for text in a.contents if text.startswith("D1")], "nothing was sent to the sick host"
@@ -276,12 +325,17 @@ def execute_partition(config_path: str, partition: str, instance_ref: dg.Instanc
     sys.exit(0 if result.success else 1)
 
 
-def start_side_by_side(config_path: Path, instance: dg.DagsterInstance, partitions: list[str], tags: dict[str, str]) -> list[int | None]:
+def start_side_by_side(
+    config_path: Path, instance: dg.DagsterInstance, partitions: list[str], tags: dict[str, str]
+) -> list[int | None]:
     """Start `generation_job` once per partition, all at once, each in its own process (as run
     workers are) on one instance, with the same `tags` (as a backfill's runs have) and no host tag;
     each worker's exit code."""
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=execute_partition, args=(str(config_path), p, instance.get_ref(), tags)) for p in partitions]
+    workers = [
+        spawn.Process(target=execute_partition, args=(str(config_path), p, instance.get_ref(), tags))
+        for p in partitions
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -307,10 +361,14 @@ def test_runs_of_one_backfill_claim_different_hosts_when_they_start(tmp_path: Pa
         for partition, (host, _) in placed.items():
             server = a if host == "a" else b
             asked = {text for text in server.contents if text != PROBE}
-            assert asked == {f"{partition} question {i}" for i in range(3)}, f"{partition} was generated on host {host} only"
+            assert asked == {f"{partition} question {i}" for i in range(3)}, (
+                f"{partition} was generated on host {host} only"
+            )
 
 
-def test_an_untagged_run_never_lands_on_a_sick_host_and_waits_for_a_healthy_one_within_its_bound(tmp_path: Path, servers: Any) -> None:
+def test_an_untagged_run_never_lands_on_a_sick_host_and_waits_for_a_healthy_one_within_its_bound(
+    tmp_path: Path, servers: Any
+) -> None:
     a, b = servers
     a.script = sick_after(0, threading.Event())
     a.start()
@@ -327,7 +385,10 @@ def test_an_untagged_run_never_lands_on_a_sick_host_and_waits_for_a_healthy_one_
         refused = job.execute_in_process(partition_key="D1", instance=instance, raise_on_error=False)
         assert not refused.success and HOST not in instance.get_run_by_id(refused.run_id).tags
         reason = failure_reason(instance, refused.run_id)
-        assert "NoHostFree: no healthy inference host was free within launch.host_wait_s = 0 s: no new partitions for host a: unhealthy" in reason
+        assert (
+            "NoHostFree: no healthy inference host was free within launch.host_wait_s = 0 s: no new partitions for host a: unhealthy"
+            in reason
+        )
         assert "; host b: unhealthy" in reason
 
 
@@ -338,11 +399,15 @@ def test_a_run_without_a_host_tag_waits_while_the_only_healthy_host_is_busy(tmp_
     b.script = sick_after(0, threading.Event())
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, launch={"host_poll_s": 0.01}), runtime_checks=False)
+    config = load_config(
+        two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, launch={"host_poll_s": 0.01}), runtime_checks=False
+    )
     defs = build_definitions(config)
     job = defs.resolve_job_def(GENERATION_JOB)
     with dg.instance_for_test() as instance:
-        holder = instance.create_run_for_job(job, tags={HOST: "a", "eagle3/pool": "gpu-a", "dagster/partition": "D2"}, status=dg.DagsterRunStatus.STARTED)
+        holder = instance.create_run_for_job(
+            job, tags={HOST: "a", "eagle3/pool": "gpu-a", "dagster/partition": "D2"}, status=dg.DagsterRunStatus.STARTED
+        )
         waited: list[str] = []
 
         def polled(seconds: float) -> None:
@@ -388,9 +453,11 @@ def test_the_scheduled_backfill_requests_no_more_partitions_than_free_healthy_ho
     a, b = servers
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1, "D3": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False)
+    config = load_config(
+        two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1, "D3": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False
+    )
     defs = build_definitions(config)
-    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
     minute = datetime.timedelta(minutes=1)
     with dg.instance_for_test() as instance:
         result = evaluate_at(defs, instance, start)
@@ -408,7 +475,9 @@ def test_the_scheduled_backfill_requests_no_more_partitions_than_free_healthy_ho
         caplog.clear()
         result = evaluate_at(defs, instance, start + 3 * minute, result.cursor)
         assert result.total_requested == 0
-        assert "not backfilling responses: host a: unhealthy: " in caplog.text and "; host b: unhealthy: " in caplog.text
+        assert (
+            "not backfilling responses: host a: unhealthy: " in caplog.text and "; host b: unhealthy: " in caplog.text
+        )
 
 
 def test_the_scheduled_backfill_retries_at_once_a_partition_that_failed_on_a_host_now_sick(
@@ -421,10 +490,12 @@ def test_the_scheduled_backfill_retries_at_once_a_partition_that_failed_on_a_hos
     a.script = sick_after(0, threading.Event())
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False)
+    config = load_config(
+        two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False
+    )
     defs = build_definitions(config)
     job = defs.resolve_job_def(GENERATION_JOB)
-    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
     with dg.instance_for_test() as instance:
         for partition, host in (("D1", "a"), ("D2", "b")):
             tags = {HOST: host, "eagle3/pool": f"gpu-{host}", "dagster/partition": partition}
@@ -441,7 +512,9 @@ def test_the_plan_lists_the_endpoints_of_every_host(tmp_path: Path, servers: Any
     a.start()
     b.start()
     path = two_host_file(tmp_path, a, b, {"D1": 4})
-    write_parquet(prompt_rows(make_prompts(4)), PROMPT_SCHEMA, ArtifactLayout(load_config(path).artifacts_root).prompts("D1"))
+    write_parquet(
+        prompt_rows(make_prompts(4)), PROMPT_SCHEMA, ArtifactLayout(load_config(path).artifacts_root).prompts("D1")
+    )
     [dataset] = json.loads(plan_cli(path, "--json", "--calibrate", "2"))["datasets"]
     rows = {row["backend"]: row for row in dataset["backends"]}
     assert set(rows) == {endpoint_identity(a.base_url), endpoint_identity(b.base_url)}

@@ -42,10 +42,21 @@ def kimi_server(body: dict[str, Any], _n: int) -> Reply:
     reasoning = reasoning_for(body)
     if body.get("tools"):
         tool = body["tools"][0]["function"]
-        call = {"id": "functions.{}:0".format(tool["name"]), "type": "function",
-                "function": {"name": tool["name"], "arguments": json.dumps({"query": "today"})}}
-        return Reply(payload=echo_completion(body, completion_tokens=24, finish_reason="tool_calls",
-                                              content=None, tool_calls=[call], reasoning_content=reasoning))
+        call = {
+            "id": "functions.{}:0".format(tool["name"]),
+            "type": "function",
+            "function": {"name": tool["name"], "arguments": json.dumps({"query": "today"})},
+        }
+        return Reply(
+            payload=echo_completion(
+                body,
+                completion_tokens=24,
+                finish_reason="tool_calls",
+                content=None,
+                tool_calls=[call],
+                reasoning_content=reasoning,
+            )
+        )
     return Reply(payload=echo_completion(body, completion_tokens=24, reasoning_content=reasoning))
 
 
@@ -64,7 +75,9 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
 
     tokenizer = load_tokenizer(str(checkpoint), trust_remote_code=True)
     # The server's tokenize route tokenizes with the target's own tokenizer, as SGLang's does.
-    server = FakeOpenAI(script=kimi_server, tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False)).start()
+    server = FakeOpenAI(
+        script=kimi_server, tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False)
+    ).start()
     try:
         config = tmp_path / "pipeline.yaml"
         config.write_text(
@@ -80,8 +93,9 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
             f"  - {{id: B2_tools, source: '{SAMPLES / 'tools.jsonl'}', format: openai, sample_size: 6}}\n"
         )
         env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}
-        run = subprocess.run([*CLI, "run", "--config", str(config)], capture_output=True, text=True, env=env,
-                             timeout=900, cwd=tmp_path)
+        run = subprocess.run(
+            [*CLI, "run", "--config", str(config)], capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path
+        )
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
         print(run.stdout[-3000:])
     finally:
@@ -89,7 +103,11 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
     out = tmp_path / "out"
     assert "acceptance length τ on the eval split" in run.stdout and "| all |" in run.stdout
     assert "tokenizer agreement: ok (8 rendered samples" in run.stdout + run.stderr
-    responses = {r["id"]: r for d in ("B1_chat", "B2_tools") for r in pq.read_table(out / "responses" / f"{d}.parquet").to_pylist()}
+    responses = {
+        r["id"]: r
+        for d in ("B1_chat", "B2_tools")
+        for r in pq.read_table(out / "responses" / f"{d}.parquet").to_pylist()
+    }
     texts = masked_texts(out, tokenizer)
     assert texts and set(texts) <= set(responses)
     with_reasoning = [i for i in texts if responses[i]["reasoning"]]
@@ -118,5 +136,8 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
     assert export["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     assert export["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     theirs = specforge.LlamaForCausalLMEagle3(LlamaConfig.from_dict(export))
-    weights = {**load_file(str(folder / "model.safetensors")), "embed_tokens.weight": load_target_weights(checkpoint).embedding}
+    weights = {
+        **load_file(str(folder / "model.safetensors")),
+        "embed_tokens.weight": load_target_weights(checkpoint).embedding,
+    }
     theirs.load_state_dict(weights, strict=True)

@@ -18,8 +18,12 @@ PROFILE = REPO / "eagle3_pipeline" / "profiles" / "kimi-k25.yaml"
 def test_the_profile_describes_the_kimi_box() -> None:
     config = load_config(PROFILE, runtime_checks=False)
     assert config.target.trust_remote_code
-    assert config.dataset_ids == [f"B{i}_{name}" for i, name in enumerate(
-        ["sharegpt", "ultrachat", "tools", "code", "math", "long", "multilingual", "agentic"], start=1)]
+    assert config.dataset_ids == [
+        f"B{i}_{name}"
+        for i, name in enumerate(
+            ["sharegpt", "ultrachat", "tools", "code", "math", "long", "multilingual", "agentic"], start=1
+        )
+    ]
     assert (config.generation.concurrency.short, config.generation.concurrency.long) == (150, 32)
     assert config.health.server is not None and config.health.server.tp_size == 8 and config.health.expected_gpus == 8
     assert config.health.host.kind == "ssh" and config.compute.kind == "ssh"
@@ -36,6 +40,10 @@ def test_dagster_definitions_validate_with_the_profile(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path), "EAGLE3_CONFIG": str(PROFILE)}
     out = subprocess.run(
         [str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr

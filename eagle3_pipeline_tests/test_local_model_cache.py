@@ -29,7 +29,9 @@ def test_concurrent_callers_convert_the_model_once(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(serving, "_convert_gguf", slow_conversion)
     model_dir = tmp_path / "models" / "SmolLM2-135M-Instruct"
     results: list[tuple[Path, bool]] = []
-    callers = [threading.Thread(target=lambda: results.append(serving.prepare_local_model(model_dir))) for _ in range(3)]
+    callers = [
+        threading.Thread(target=lambda: results.append(serving.prepare_local_model(model_dir))) for _ in range(3)
+    ]
     for caller in callers:
         caller.start()
     for caller in callers:

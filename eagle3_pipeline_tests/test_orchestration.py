@@ -24,7 +24,11 @@ from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 
 def write_pipeline(
-    folder: Path, server: FakeOpenAI, datasets: tuple[str, ...] = ("B1", "B2"), without_source: tuple[str, ...] = (), **extra: Any
+    folder: Path,
+    server: FakeOpenAI,
+    datasets: tuple[str, ...] = ("B1", "B2"),
+    without_source: tuple[str, ...] = (),
+    **extra: Any,
 ) -> Path:
     for name in datasets:
         if name not in without_source:
@@ -35,7 +39,12 @@ def write_pipeline(
         "target": {"model": "fake", "tokenizer": str(extra.pop("tokenizer", "unused"))},
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
         "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},  # the fake has no tokenizer
-        "health": {"host": {"kind": "local"}, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 0.5},
+        "health": {
+            "host": {"kind": "local"},
+            "min_disk_free_gb": 0.01,
+            "min_mem_free_gb": 0.01,
+            "max_truncation_rate": 0.5,
+        },
         "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
         **extra,
     }
@@ -70,7 +79,12 @@ class Daemonless:
         self.launched: list[str] = []
 
     def tick(self) -> Any:
-        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs, resources=sensor_resources(self.defs, self.sensor))
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursor,
+            definitions=self.defs,
+            resources=sensor_resources(self.defs, self.sensor),
+        )
         result = self.sensor.evaluate_tick(context)
         self.cursor = result.cursor
         for request in result.run_requests or []:
@@ -85,7 +99,9 @@ class Daemonless:
         return result
 
 
-def test_a_failed_partition_waits_for_its_backoff(tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance) -> None:
+def test_a_failed_partition_waits_for_its_backoff(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
+) -> None:
     """B2's source file is missing: its run fails at run time (the code location still loads)."""
     config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"backoff_initial_s": 600})
     loop = Daemonless(build_definitions(config), instance)
@@ -107,7 +123,11 @@ def test_a_partition_that_always_fails_is_launched_at_most_n_times_then_left_alo
     config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"max_attempts": 3, "backoff_initial_s": 0})
     loop = Daemonless(build_definitions(config), instance)
     ticks = [loop.tick() for _ in range(6)]
-    assert [k for k in loop.launched if k.startswith("B2")] == ["B2:first:attempt-1", "B2:first:attempt-2", "B2:first:attempt-3"]
+    assert [k for k in loop.launched if k.startswith("B2")] == [
+        "B2:first:attempt-1",
+        "B2:first:attempt-2",
+        "B2:first:attempt-3",
+    ]
     for result in ticks[3:]:
         assert not result.run_requests, "left alone on every later tick"
         assert "left alone: B2 failed 3 times in a row (last: " in result.skip_message
@@ -118,7 +138,9 @@ def test_a_partition_that_always_fails_is_launched_at_most_n_times_then_left_alo
     assert statuses == [dg.DagsterRunStatus.FAILURE] * 3
 
 
-def test_a_success_starts_a_new_epoch_of_attempts(tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance) -> None:
+def test_a_success_starts_a_new_epoch_of_attempts(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
+) -> None:
     config = pipeline(tmp_path, fake_openai, datasets=("B1",), launch={"max_attempts": 1, "backoff_initial_s": 0})
     defs = build_definitions(config)
     job = defs.resolve_job_def("generation_job")
@@ -134,13 +156,17 @@ def test_a_success_starts_a_new_epoch_of_attempts(tmp_path: Path, fake_openai: F
 
 
 # QUEUED is in the same list; a queued run cannot be created without a remote job origin here.
-@pytest.mark.parametrize("status", [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING])
+@pytest.mark.parametrize(
+    "status", [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+)
 def test_queued_started_and_canceling_runs_are_in_flight(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance, status: dg.DagsterRunStatus
 ) -> None:
     """A canceling run still holds the checkpoint lock: no second run may start beside it."""
     defs = build_definitions(pipeline(tmp_path, fake_openai))
-    run = instance.create_run_for_job(defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=status)
+    run = instance.create_run_for_job(
+        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=status
+    )
     result = Daemonless(defs, instance).tick()
     assert [r.partition_key for r in result.run_requests] == ["B2"]
     assert instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "B1"})) == [instance.get_run_by_id(run.run_id)]
@@ -185,7 +211,9 @@ def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
 
         downstream = defs.resolve_job_def("downstream_job")
         only_training_data = [dg.AssetKey("training_data")]  # six samples are too few for the EAGLE-3 phases
-        refused = downstream.execute_in_process(instance=instance, asset_selection=only_training_data, raise_on_error=False)
+        refused = downstream.execute_in_process(
+            instance=instance, asset_selection=only_training_data, raise_on_error=False
+        )
         assert not refused.success
         failure = next(e for e in refused.all_events if e.is_step_failure)
         assert failure.step_failure_data.user_failure_data is not None, failure.step_failure_data.error.to_string()
@@ -220,11 +248,15 @@ def test_the_scheduled_backfill_requests_what_is_due_at_each_cron_tick_and_leave
     evaluation times; the runs a tick requests are executed as the backfill would."""
     caplog.set_level(logging.INFO)
     config = pipeline(
-        tmp_path, fake_openai, without_source=("B2",), schedule={"cron": "* * * * *"}, launch={"max_attempts": 2, "backoff_initial_s": 0}
+        tmp_path,
+        fake_openai,
+        without_source=("B2",),
+        schedule={"cron": "* * * * *"},
+        launch={"max_attempts": 2, "backoff_initial_s": 0},
     )
     defs = build_definitions(config)
     job = defs.resolve_job_def("generation_job")
-    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
     minute = datetime.timedelta(minutes=1)
 
     result = evaluate_at(defs, instance, start)
@@ -252,7 +284,7 @@ def test_the_scheduled_backfill_waits_for_the_health_gate(
     caplog.set_level(logging.INFO)
     fake_openai.script = lambda body, n: Reply(status=503, payload={"error": {"message": "overloaded"}})
     defs = build_definitions(pipeline(tmp_path, fake_openai, schedule={"cron": "* * * * *"}))
-    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
     result = evaluate_at(defs, instance, start)
     result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
     assert result.total_requested == 0

@@ -51,7 +51,10 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
 
     daemon = subprocess.Popen(
         [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
-        cwd=tmp_path, env={**os.environ}, stdout=(tmp_path / "daemon.log").open("wb"), stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env={**os.environ},
+        stdout=(tmp_path / "daemon.log").open("wb"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:

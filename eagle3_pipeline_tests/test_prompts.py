@@ -47,7 +47,7 @@ def test_openai_with_tools_and_text_parts(tmp_path: Path) -> None:
 def test_openai_tool_calls_and_tool_results_are_kept(tmp_path: Path) -> None:
     """Contract C1: an assistant turn that only called tools keeps content None and its calls as
     JSON text; the tool message keeps its tool_call_id and name."""
-    call = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]
+    call = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
     record = {
         "messages": [
             {"role": "user", "content": "Weather in Oslo?"},
@@ -62,8 +62,22 @@ def test_openai_tool_calls_and_tool_results_are_kept(tmp_path: Path) -> None:
     assert json.loads(assistant["tool_calls"]) == call
     assert tool == message("tool", "12 C", tool_call_id="call_1", name="get_weather")
     assert wire_message(assistant) == {"role": "assistant", "content": None, "tool_calls": call}
-    with_strings, _ = load(write_jsonl(tmp_path / "s.jsonl", [{**record, "messages": [
-        record["messages"][0], {"role": "assistant", "tool_calls": json.dumps(call)}, *record["messages"][2:]]}]), "openai")
+    with_strings, _ = load(
+        write_jsonl(
+            tmp_path / "s.jsonl",
+            [
+                {
+                    **record,
+                    "messages": [
+                        record["messages"][0],
+                        {"role": "assistant", "tool_calls": json.dumps(call)},
+                        *record["messages"][2:],
+                    ],
+                }
+            ],
+        ),
+        "openai",
+    )
     assert with_strings[0].messages[1]["tool_calls"] == json.dumps(call), "tool_calls given as JSON text are read too"
 
 
@@ -84,11 +98,15 @@ def test_empty_and_duplicate_prompts_are_dropped_and_counted(tmp_path: Path) -> 
 def test_malformed_records_are_skipped_with_line_numbers(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text(
-        json.dumps(sharegpt("good one")) + "\n"
+        json.dumps(sharegpt("good one"))
+        + "\n"
         + "{not json\n"
-        + json.dumps({"conversations": [{"from": "alien", "value": "x"}]}) + "\n"
-        + json.dumps({"conversations": [{"from": "gpt", "value": "no user"}]}) + "\n"
-        + json.dumps(sharegpt("good two")) + "\n"
+        + json.dumps({"conversations": [{"from": "alien", "value": "x"}]})
+        + "\n"
+        + json.dumps({"conversations": [{"from": "gpt", "value": "no user"}]})
+        + "\n"
+        + json.dumps(sharegpt("good two"))
+        + "\n"
     )
     records, stats = load(path)
     assert len(records) == 2 and stats.malformed == 3
@@ -157,9 +175,11 @@ def test_ten_percent_more_records_keeps_the_sample_and_its_answers(tmp_path: Pat
     pushed_out = old - new
     newcomers = new - old
     all_new_records = {r.id for r in load(grown)[0]} - {r.id for r in load(path)[0]}
-    print(f"\nsample {size} of {base} -> of {base + base // 10} records: kept {len(old & new)}/{len(old)} = {kept:.1%}, "
-          f"{len(newcomers)} newcomers (all among the {len(all_new_records)} new records), {len(pushed_out)} pushed out "
-          f"(their answers stay in the checkpoint), 0 kept prompts need a new answer")
+    print(
+        f"\nsample {size} of {base} -> of {base + base // 10} records: kept {len(old & new)}/{len(old)} = {kept:.1%}, "
+        f"{len(newcomers)} newcomers (all among the {len(all_new_records)} new records), {len(pushed_out)} pushed out "
+        f"(their answers stay in the checkpoint), 0 kept prompts need a new answer"
+    )
     assert kept >= 0.9
     assert newcomers <= all_new_records, "only new records enter the sample"
     assert len(pushed_out) == len(newcomers), "each newcomer pushes out exactly one old prompt"

@@ -37,6 +37,9 @@ def test_growing_the_source_by_ten_percent_reuses_the_finished_answers(tmp_path:
         f"{len(new - old)}); {len(old - new)} pushed-out answers still in the checkpoint"
     )
     assert len(kept) / size >= 0.9
-    assert summary.already_done == len(kept) and summary.generated == len(new - old) == len(fake_openai.requests) - sent_first
+    assert (
+        summary.already_done == len(kept)
+        and summary.generated == len(new - old) == len(fake_openai.requests) - sent_first
+    )
     assert len(rows) == size, "every prompt of the new sample has its answer"
     assert old - new <= set(checkpoint), "the answers of the prompts pushed out are kept, not lost"

@@ -33,7 +33,9 @@ def test_an_artifacts_root_set_on_the_resource_moves_the_outputs(tmp_path: Path,
 
     elsewhere = tmp_path / "elsewhere"
     overridden = {"pipeline": PipelineResource(config_path=str(path), artifacts_root=str(elsewhere))}
-    [prompts] = [a for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition) and a.keys == {dg.AssetKey("prompts")}]
+    [prompts] = [
+        a for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition) and a.keys == {dg.AssetKey("prompts")}
+    ]
     assert dg.materialize([prompts], partition_key="B1", instance=instance, resources=overridden).success
     assert (elsewhere / "prompts" / "B1.parquet").exists()
 
@@ -44,7 +46,9 @@ def test_the_key_comes_from_an_env_var_resolved_at_run_time(
     """The definitions are built while the variable is unset; it is set only before the run."""
     monkeypatch.delenv(KEY_VAR, raising=False)
     path = write_pipeline(tmp_path, fake_openai, datasets=("B1",))
-    document = path.read_text().replace(f'"base_url": "{fake_openai.base_url}"', f'"base_url": "{fake_openai.base_url}", "api_key_env": "{KEY_VAR}"')
+    document = path.read_text().replace(
+        f'"base_url": "{fake_openai.base_url}"', f'"base_url": "{fake_openai.base_url}", "api_key_env": "{KEY_VAR}"'
+    )
     path.write_text(document)
     defs = build_definitions(load_config(path, runtime_checks=False))
     assert defs.resources is not None and defs.resources["inference"].api_keys.values == {KEY_VAR: dg.EnvVar(KEY_VAR)}
@@ -53,7 +57,9 @@ def test_the_key_comes_from_an_env_var_resolved_at_run_time(
     instance = dg.DagsterInstance.ephemeral()
     result = defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance)
     assert result.success
-    assert fake_openai.headers_seen and all(h.get("Authorization") == f"Bearer {SECRET}" for h in fake_openai.headers_seen)
+    assert fake_openai.headers_seen and all(
+        h.get("Authorization") == f"Bearer {SECRET}" for h in fake_openai.headers_seen
+    )
     log = "\n".join(dg.serialize_value(entry) for entry in instance.all_logs(result.run_id))
     assert "responses" in log and SECRET not in log, "the key is in no event, log line or metadata"
 
@@ -65,7 +71,9 @@ def test_an_unset_key_fails_only_the_runs_that_send_requests(
     """training_data needs the target's tokenizer (the tiny real model's here), not the key."""
     monkeypatch.setenv(KEY_VAR, SECRET)
     path = write_pipeline(tmp_path, fake_openai, datasets=("B1",), tokenizer=local_model)
-    keyed = path.read_text().replace(f'"base_url": "{fake_openai.base_url}"', f'"base_url": "{fake_openai.base_url}", "api_key_env": "{KEY_VAR}"')
+    keyed = path.read_text().replace(
+        f'"base_url": "{fake_openai.base_url}"', f'"base_url": "{fake_openai.base_url}", "api_key_env": "{KEY_VAR}"'
+    )
     path.write_text(keyed)
     instance = dg.DagsterInstance.ephemeral()
     defs = build_definitions(load_config(path, runtime_checks=False))
@@ -73,12 +81,20 @@ def test_an_unset_key_fails_only_the_runs_that_send_requests(
 
     monkeypatch.delenv(KEY_VAR)
     defs = build_definitions(load_config(path, runtime_checks=False))  # the definitions load
-    failed = defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance, raise_on_error=False)
+    failed = defs.resolve_job_def("generation_job").execute_in_process(
+        partition_key="B1", instance=instance, raise_on_error=False
+    )
     assert not failed.success
-    errors = [e.event_specific_data.error.to_string() for e in failed.all_events if getattr(e.event_specific_data, "error", None)]
+    errors = [
+        e.event_specific_data.error.to_string()
+        for e in failed.all_events
+        if getattr(e.event_specific_data, "error", None)
+    ]
     assert any(f'environment variable "{KEY_VAR}" which is not set' in text for text in errors), errors
     assert not any(SECRET in text for text in errors)
 
     only_training_data = [dg.AssetKey("training_data")]
-    downstream = defs.resolve_job_def("downstream_job").execute_in_process(instance=instance, asset_selection=only_training_data)
+    downstream = defs.resolve_job_def("downstream_job").execute_in_process(
+        instance=instance, asset_selection=only_training_data
+    )
     assert downstream.success, "training_data does not need the key"

@@ -63,7 +63,9 @@ def write_checkpoint(folder: Path, config: dict, shards: dict[str, dict[str, tor
         for name, tensor in tensors.items():
             weight_map[name] = file
             total += tensor.numel() * tensor.element_size()
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     return folder
 
 
@@ -71,24 +73,38 @@ def kimi_like(folder: Path, expert_shards: int = 2, expert_numel: int = 1024) ->
     g = torch.Generator().manual_seed(0)
     experts = {
         f"model-{i + 3:05d}.safetensors": {
-            f"language_model.model.layers.{i}.mlp.experts.0.down_proj.weight": torch.randn(expert_numel, generator=g).to(torch.bfloat16)
+            f"language_model.model.layers.{i}.mlp.experts.0.down_proj.weight": torch.randn(
+                expert_numel, generator=g
+            ).to(torch.bfloat16)
         }
         for i in range(expert_shards)
     }
-    return write_checkpoint(folder, KIMI_CONFIG, {
-        "model-00001.safetensors": {"language_model.model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16)},
-        "model-00002.safetensors": {
-            "language_model.lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16),
-            "language_model.model.norm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+    return write_checkpoint(
+        folder,
+        KIMI_CONFIG,
+        {
+            "model-00001.safetensors": {
+                "language_model.model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16)
+            },
+            "model-00002.safetensors": {
+                "language_model.lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16),
+                "language_model.model.norm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+            },
+            **experts,
         },
-        **experts,
-    })
+    )
 
 
 def test_nested_text_config_gives_the_language_models_dimensions(tmp_path: Path) -> None:
     raw = read_config(str(kimi_like(tmp_path / "kimi")))
     dims = dimensions(raw)
-    assert (dims.num_layers, dims.hidden_size, dims.vocab_size, dims.model_type, dims.mla) == (8, HIDDEN, VOCAB, "deepseek_v3", True)
+    assert (dims.num_layers, dims.hidden_size, dims.vocab_size, dims.model_type, dims.mla) == (
+        8,
+        HIDDEN,
+        VOCAB,
+        "deepseek_v3",
+        True,
+    )
     assert dims.max_position_embeddings == 262144
     with pytest.raises(TargetError, match=r"\(text_config\): field 'num_hidden_layers' is missing"):
         dimensions({**KIMI_CONFIG, "text_config": {k: v for k, v in TEXT_CONFIG.items() if k != "num_hidden_layers"}})
@@ -99,7 +115,10 @@ def test_prefix_detected_and_tensors_read_by_name(tmp_path: Path) -> None:
     assert weight_prefix(folder) == "language_model."
     names = drafter_tensor_names(folder)
     assert (names.embedding, names.lm_head, names.norm) == (
-        "language_model.model.embed_tokens.weight", "language_model.lm_head.weight", "language_model.model.norm.weight")
+        "language_model.model.embed_tokens.weight",
+        "language_model.lm_head.weight",
+        "language_model.model.norm.weight",
+    )
     tensors = read_tensors(folder, [names.embedding, names.lm_head, names.norm])
     assert tensors[names.embedding].shape == (VOCAB, HIDDEN) and tensors[names.norm].shape == (HIDDEN,)
     with pytest.raises(TargetError, match="no tensor 'lm_head.weight' in weight_map"):
@@ -134,7 +153,9 @@ print(json.dumps({"before_kib": before, "after_kib": after, "shapes": shapes}))
 
 
 def _peak_rss_growth(folder: Path, mode: str) -> tuple[int, int, list]:
-    out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(folder), mode], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(folder), mode], capture_output=True, text=True, check=True
+    )
     measured = json.loads(out.stdout)
     return measured["before_kib"] * 1024, measured["after_kib"] * 1024, measured["shapes"]
 
@@ -168,7 +189,9 @@ def test_int4_and_too_large_checkpoints_are_refused_before_loading(tmp_path: Pat
     folder = kimi_like(tmp_path / "kimi")
     raw = read_config(str(folder))
     int4 = {**raw, "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"}}
-    with pytest.raises(TargetError, match=r"quantized \(compressed-tensors\).*cannot execute quantized weights.*SGLang.*vLLM"):
+    with pytest.raises(
+        TargetError, match=r"quantized \(compressed-tensors\).*cannot execute quantized weights.*SGLang.*vLLM"
+    ):
         check_local_executable(str(folder), int4, "cpu", 4, 10**12)
     with pytest.raises(TargetError, match=r"more than the 0\.0 GB this machine can give it.*serving stack"):
         check_local_executable(str(folder), raw, "cpu", 4, 1000)

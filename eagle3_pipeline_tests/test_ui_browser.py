@@ -102,7 +102,9 @@ def dagster_dev(env: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
         deadline = time.monotonic() + UI_TIMEOUT_S
         while not _answers(base + "/server_info"):
             assert proc.poll() is None, f"dagster dev exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"dagster dev not serving after {UI_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"dagster dev not serving after {UI_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
+            )
             time.sleep(1)
         yield base
     finally:
@@ -230,7 +232,11 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
 
     run = subprocess.run(
         [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 

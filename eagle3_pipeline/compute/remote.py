@@ -34,7 +34,14 @@ from typing import Any
 from eagle3_pipeline.compute import worker_argv
 from eagle3_pipeline.config import ComputeConfig
 from eagle3_pipeline.health.checks.gpus import GpuParseError, nvidia_smi_argv, parse_gpu_csv
-from eagle3_pipeline.hosts import HostConnectError, HostDisconnectedError, HostError, SshHost, kill_process_group, quote_args
+from eagle3_pipeline.hosts import (
+    HostConnectError,
+    HostDisconnectedError,
+    HostError,
+    SshHost,
+    kill_process_group,
+    quote_args,
+)
 
 WORKER = "worker"
 COMMAND = "command"
@@ -121,7 +128,9 @@ class RemoteRun:
         try:
             relative = path.relative_to(self.local_root)
         except ValueError:
-            raise RemoteError(f"{path} is not under the artifacts root {self.local_root}; only files there can be shipped") from None
+            raise RemoteError(
+                f"{path} is not under the artifacts root {self.local_root}; only files there can be shipped"
+            ) from None
         return str(self.remote_root / relative.as_posix()) if relative.parts else str(self.remote_root)
 
     def translate(self, value: Any) -> Any:
@@ -157,11 +166,15 @@ class RemoteRun:
             return "no GPU required"
         result = self.host.run(quote_args(*nvidia_smi_argv()), timeout_s=30.0)
         if not result.ok:
-            raise GpusBusy(f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: nvidia-smi exited with {result.exit_code}: {result.stderr.strip()[:200]}")
+            raise GpusBusy(
+                f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: nvidia-smi exited with {result.exit_code}: {result.stderr.strip()[:200]}"
+            )
         try:
             gpus = parse_gpu_csv(result.stdout)
         except GpuParseError as exc:
-            raise GpusBusy(f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: {exc}") from None
+            raise GpusBusy(
+                f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: {exc}"
+            ) from None
         limit = self.compute.gpu_free_memory_mib
         free = [g for g in gpus if g.memory_used_mib is not None and g.memory_used_mib < limit and not g.faults]
         table = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB used" for g in gpus)
@@ -176,7 +189,9 @@ class RemoteRun:
         """Raise :class:`RemoteError` unless ``python`` (named by ``setting``) runs on the host."""
         result = self.host.run(f"command -v {shlex.quote(python)}", timeout_s=30.0)
         if not result.ok:
-            raise RemoteError(f"{setting}: {python!r} is not an executable on {self.host.name} (expected the python of the venv to run the phase with)")
+            raise RemoteError(
+                f"{setting}: {python!r} is not an executable on {self.host.name} (expected the python of the venv to run the phase with)"
+            )
 
     # -- files -------------------------------------------------------------------------------
 
@@ -274,7 +289,9 @@ class RemoteRun:
         while True:
             try:
                 self.host.stream(script, line, _ignore, idle_timeout_s=self.compute.heartbeat_timeout_s)
-                remainder = self.host.run(f"cd {quote_args(self.run_dir)} && tail -c +{offset + 1} {shlex.quote(follow)}", timeout_s=120.0)
+                remainder = self.host.run(
+                    f"cd {quote_args(self.run_dir)} && tail -c +{offset + 1} {shlex.quote(follow)}", timeout_s=120.0
+                )
                 for text in remainder.stdout.splitlines():
                     line(text)
                 return self.fate(name)
@@ -303,8 +320,8 @@ class RemoteRun:
     def fate(self, name: str) -> Fate:
         """Read ``NAME.pid`` and ``NAME.status`` and whether the process group is alive."""
         script = (
-            f"cd {quote_args(self.run_dir)} && pid=$(cat {name}.pid 2>/dev/null); echo \"pid $pid\"; "
-            f"echo \"status $(cat {name}.status 2>/dev/null)\"; "
+            f'cd {quote_args(self.run_dir)} && pid=$(cat {name}.pid 2>/dev/null); echo "pid $pid"; '
+            f'echo "status $(cat {name}.status 2>/dev/null)"; '
             f'if [ -n "$pid" ] && {_alive("$pid")}; then echo running; else echo stopped; fi'
         )
         result = self.host.run(script, timeout_s=30.0)
@@ -330,7 +347,9 @@ class RemoteRun:
     def _run_checked(self, command: str, what: str) -> str:
         result = self.host.run(command, timeout_s=600.0)
         if not result.ok:
-            raise RemoteError(f"cannot {what} on {self.host.name}: exit {result.exit_code}: {result.stderr.strip()[:300]}")
+            raise RemoteError(
+                f"cannot {what} on {self.host.name}: exit {result.exit_code}: {result.stderr.strip()[:300]}"
+            )
         return result.stdout
 
 
@@ -352,7 +371,7 @@ def _tail(name: str, follow: str, offset: int) -> str:
     the first ``_STARTUP_POLLS`` polls unless the process already wrote its status."""
     return (
         f"tail -c +{int(offset) + 1} -s {_FOLLOW_POLL_S} -F {shlex.quote(follow)} 2>/dev/null & t=$!; "
-        f'g=$(cat {name}.pid); i=0; while {_alive("$g")} || {{ [ ! -e {name}.status ] && [ $i -lt {_STARTUP_POLLS} ]; }}; '
+        f"g=$(cat {name}.pid); i=0; while {_alive('$g')} || {{ [ ! -e {name}.status ] && [ $i -lt {_STARTUP_POLLS} ]; }}; "
         f"do sleep {_FOLLOW_POLL_S}; i=$((i + 1)); "
         f"[ $((i % {_HEARTBEAT_EVERY})) -eq 0 ] && echo heartbeat >&2; done; kill $t"
     )

@@ -80,7 +80,9 @@ def check_agreement(
     for index, text in enumerate(texts):
         mine, theirs = list(local(text)), list(remote(text))
         if mine != theirs:
-            at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
+            at = next(
+                (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs))
+            )
             where = f"character {len(decode(mine[:at]))} of the text" if decode is not None else "the text"
             raise TokenizerDisagreement(
                 f"sample {index}: the local tokenizer and the server's disagree at token {at} ({where}; local "
@@ -144,7 +146,9 @@ class RemoteTokenizer:
         tokens = payload.get("tokens") if isinstance(payload, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise RemoteTokenizerError(
-                self._safe(f"{self.url}: expected a JSON object with 'tokens', a list of token ids; got {response.text[:200]!r}")
+                self._safe(
+                    f"{self.url}: expected a JSON object with 'tokens', a list of token ids; got {response.text[:200]!r}"
+                )
             )
         return tokens
 
@@ -154,7 +158,9 @@ class RemoteTokenizer:
     def __enter__(self) -> RemoteTokenizer:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -175,7 +181,9 @@ class ServerEndpoint:
     api_key: str | None = None
 
 
-def rendered_samples(response_files: Iterable[Path], tokenizer: Any, count: int, chat_template_kwargs: Mapping[str, Any] | None) -> list[str]:
+def rendered_samples(
+    response_files: Iterable[Path], tokenizer: Any, count: int, chat_template_kwargs: Mapping[str, Any] | None
+) -> list[str]:
     """The first ``count`` conversations of the responses tables, rendered whole by the target's
     chat template (reasoning included, as ``training_data`` hands it over), in file order."""
     import pyarrow.parquet as pq
@@ -186,7 +194,9 @@ def rendered_samples(response_files: Iterable[Path], tokenizer: Any, count: int,
     renderer = ChatRenderer(tokenizer, "render", chat_template_kwargs)
     texts: list[str] = []
     for path in response_files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=max(count, 1), columns=["id", "dataset", "messages", "tools"]):
+        for batch in pq.ParquetFile(path).iter_batches(
+            batch_size=max(count, 1), columns=["id", "dataset", "messages", "tools"]
+        ):
             for row in batch.to_pylist():
                 conversation = stored_conversation(row, "render")
                 try:
@@ -209,7 +219,9 @@ def agreement_with_servers(
     for endpoint in endpoints:
         try:
             with remote_tokenizer(endpoint.base_url, endpoint.model, endpoint.api_key, timeout_s) as remote:
-                result = check_agreement(texts, lambda t: list(tokenizer.encode(t, add_special_tokens=False)), remote, tokenizer.decode)
+                result = check_agreement(
+                    texts, lambda t: list(tokenizer.encode(t, add_special_tokens=False)), remote, tokenizer.decode
+                )
         except RemoteTokenizerError as exc:
             reasons.append(str(exc))
             continue

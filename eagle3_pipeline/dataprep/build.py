@@ -147,7 +147,9 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
     have a chat template."""
     tokenizer = load_target_tokenizer(name_or_path, trust_remote_code, setting="target.tokenizer")
     if not tokenizer.chat_template:
-        raise ValueError(f"target.tokenizer {name_or_path!r} has no chat template; training_data renders conversations with it")
+        raise ValueError(
+            f"target.tokenizer {name_or_path!r} has no chat template; training_data renders conversations with it"
+        )
     return tokenizer
 
 
@@ -313,12 +315,26 @@ class _Tokenizer:
     """Pass 1's work: conversations → (ids, mask) rows with their split and shuffle key."""
 
     def __init__(
-        self, renderer: ChatRenderer, seed: int, eval_fraction: float, max_seq_len: int, stats: DataprepStats, held_out_per_dataset: int = 0
+        self,
+        renderer: ChatRenderer,
+        seed: int,
+        eval_fraction: float,
+        max_seq_len: int,
+        stats: DataprepStats,
+        held_out_per_dataset: int = 0,
     ) -> None:
-        self.renderer, self.seed, self.eval_fraction, self.max_seq_len, self.stats = renderer, seed, eval_fraction, max_seq_len, stats
+        self.renderer, self.seed, self.eval_fraction, self.max_seq_len, self.stats = (
+            renderer,
+            seed,
+            eval_fraction,
+            max_seq_len,
+            stats,
+        )
         self.backend = renderer.tokenizer.backend_tokenizer if renderer.fast else None
         self.held_out_per_dataset = held_out_per_dataset
-        self.candidates: dict[str, list[tuple[int, str]]] = {}  # per dataset a max-heap (negated) of the smallest held-out keys
+        self.candidates: dict[
+            str, list[tuple[int, str]]
+        ] = {}  # per dataset a max-heap (negated) of the smallest held-out keys
 
     def _candidate(self, dataset: str, sample_id: str) -> None:
         if not self.held_out_per_dataset:
@@ -498,7 +514,10 @@ def build_training_data(
     renderer = ChatRenderer(tokenizer, reasoning, chat_template_kwargs, thinking_markup)
     rows_upper_bound = sum(pq.ParquetFile(path).metadata.num_rows for path in response_files)
     vocab_size = len(tokenizer)
-    with atomic_directory(output_dir) as staging, tempfile.TemporaryDirectory(prefix=".buckets.", dir=staging.parent) as scratch:
+    with (
+        atomic_directory(output_dir) as staging,
+        tempfile.TemporaryDirectory(prefix=".buckets.", dir=staging.parent) as scratch,
+    ):
         buckets = _Buckets(Path(scratch), max(1, -(-rows_upper_bound // buffer_rows)))
         tokenizing = _Tokenizer(renderer, seed, eval_fraction, max_seq_len, stats, held_out_per_dataset)
         try:
@@ -506,11 +525,15 @@ def build_training_data(
         finally:
             buckets.close()
         stats.held_out = tokenizing.held_out()
-        writers, frequencies = _shard_from(buckets, staging, shard_rows, vocab_size, [i for ids in stats.held_out.values() for i in ids])
+        writers, frequencies = _shard_from(
+            buckets, staging, shard_rows, vocab_size, [i for ids in stats.held_out.values() for i in ids]
+        )
         stats.train_rows, stats.eval_rows = writers["train"].rows, writers["eval"].rows
         used = np.flatnonzero(frequencies)
         order = used[np.lexsort((used, -frequencies[used]))]
-        freq = pa.table({"token_id": pa.array(order.astype(np.int32)), "count": pa.array(frequencies[order])}, schema=FREQ_SCHEMA)
+        freq = pa.table(
+            {"token_id": pa.array(order.astype(np.int32)), "count": pa.array(frequencies[order])}, schema=FREQ_SCHEMA
+        )
         pq.write_table(freq, staging / "token_freq.parquet")
         manifest = {
             "version": _combined_version([writers["train"].version, writers["eval"].version]),

@@ -201,10 +201,16 @@ class ChatRenderer:
         found = THINKING_TOKENS if all(t in added for t in THINKING_TOKENS) else None
         self.thinking_markup = thinking_markup or found
 
-    def render(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool = False) -> str:
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool = False
+    ) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
-                list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **self.chat_template_kwargs
+                list(messages),
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self.chat_template_kwargs,
             )
         except Exception as exc:  # a template's own raise_exception, or a jinja error on these messages
             raise TemplateMismatch(f"the chat template failed: {type(exc).__name__}: {exc}") from None
@@ -364,9 +370,7 @@ class ChatRenderer:
         blocks = _runs(list(out["assistant_masks"]))
         assistants = [i for i, m in enumerate(conversation.messages) if m["role"] == "assistant"]
         if len(blocks) != len(assistants):
-            raise TemplateMismatch(
-                f"{len(blocks)} generation blocks for {len(assistants)} assistant messages"
-            )
+            raise TemplateMismatch(f"{len(blocks)} generation blocks for {len(assistants)} assistant messages")
         mask = [0] * len(ids)
         for (start, end), index in zip(blocks, assistants, strict=True):
             if index not in conversation.generated:
@@ -453,7 +457,7 @@ def slow_piece_tokens(tokenizer: Any, piece: Piece) -> tuple[list[int], list[int
     if ids != whole:
         # The segments before the first that differs match the whole: the merge crosses that one's end.
         at = 0
-        for part, _, edge in parts:
+        for part, _, edge in parts:  # noqa: B007 - `edge` names the differing segment after the loop
             if whole[at : at + len(part)] != part:
                 break
             at += len(part)
@@ -470,7 +474,9 @@ def tokenize_row(renderer: ChatRenderer, row: Row) -> tuple[list[int], list[int]
     """Token ids and 0/1 loss mask of one row: fast tokenizers by offsets, slow ones by segments."""
     ids, mask = list(row.ids), list(row.mask)
     if renderer.fast:
-        encodings = renderer.tokenizer.backend_tokenizer.encode_batch([p.text for p in row.pieces], add_special_tokens=False)
+        encodings = renderer.tokenizer.backend_tokenizer.encode_batch(
+            [p.text for p in row.pieces], add_special_tokens=False
+        )
         for piece, encoding in zip(row.pieces, encodings, strict=True):
             ids += encoding.ids
             mask += fast_piece_mask(encoding, piece)

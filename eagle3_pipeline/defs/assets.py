@@ -63,9 +63,14 @@ def _per_dataset_table(per_dataset: dict[str, dict[str, Any]]) -> dg.MetadataVal
     """Rows, tokens, masked tokens and template mismatches of each dataset in training_data."""
     columns = ["rows", "tokens", "masked_tokens", "template_mismatch", "template_mismatch_rate"]
     return dg.MetadataValue.table(
-        records=[dg.TableRecord({"dataset": name, **{c: stats[c] for c in columns}}) for name, stats in per_dataset.items()],
+        records=[
+            dg.TableRecord({"dataset": name, **{c: stats[c] for c in columns}}) for name, stats in per_dataset.items()
+        ],
         schema=dg.TableSchema(
-            columns=[dg.TableColumn("dataset", "string"), *(dg.TableColumn(c, "float" if c.endswith("rate") else "int") for c in columns)]
+            columns=[
+                dg.TableColumn("dataset", "string"),
+                *(dg.TableColumn(c, "float" if c.endswith("rate") else "int") for c in columns),
+            ]
         ),
     )
 
@@ -144,7 +149,10 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 "source": dataset.source,
                 "sampling": "smallest sha256(seed:id) first" if dataset.sample_size else "all records",
                 "preview": _preview(
-                    [{"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]} for r in records],
+                    [
+                        {"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]}
+                        for r in records
+                    ],
                     ["id", "class", "last user turn"],
                 ),
             }
@@ -196,7 +204,9 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
             result = generate_dataset(on_host, dataset.id, prompt_records, endpoints, sinks, tokenizer)
         except FingerprintMismatch as exc:
-            raise dg.Failure(description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}) from None
+            raise dg.Failure(
+                description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}
+            ) from None
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report, host))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
@@ -206,7 +216,9 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             context.log_event(health_observation(inference.preflight_report, host))
         budget_reached(Alerter(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
-            context.log.warning(f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}")
+            context.log.warning(
+                f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
+            )
         return dg.MaterializeResult(
             data_version=dg.DataVersion(result.data_version),
             metadata={
@@ -218,7 +230,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 "errors_file": dg.MetadataValue.path(str(layout.errors(dataset.id))),
                 "preview": _preview(result.rows, ["id", "finish_reason", "completion_tokens", "response"]),
                 "plan": dg.MetadataValue.md(dataset_plan(on_host, dataset.id).markdown(dataset.id)),
-            }
+            },
         )
 
     response_checks = build_response_checks(config, responses)
@@ -246,15 +258,21 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         if config.training_data.tokenizer_check_samples:
             try:
                 agreement = tokenizer_agreement(
-                    files, tokenizer, config.target.trust_remote_code, config.generation.chat_template_kwargs,
-                    _serving_endpoints(config), config.training_data.tokenizer_check_samples,
+                    files,
+                    tokenizer,
+                    config.target.trust_remote_code,
+                    config.generation.chat_template_kwargs,
+                    _serving_endpoints(config),
+                    config.training_data.tokenizer_check_samples,
                 )
             except TokenizerDisagreement as exc:
                 raise dg.Failure(
                     description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would not hold "
                     f"the ids the server sees: {exc}"
                 ) from None
-            context.log.info(f"tokenizer agreement: {agreement['tokenizer_agreement']} ({agreement['tokenizer_agreement_detail']})")
+            context.log.info(
+                f"tokenizer agreement: {agreement['tokenizer_agreement']} ({agreement['tokenizer_agreement_detail']})"
+            )
         stats = build_training_data(
             files,
             tokenizer,
@@ -270,7 +288,11 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             held_out_per_dataset=config.training_data.held_out_per_dataset,
         )
         reference = record_from_first(
-            layout.training_data, _serving_endpoints(config), tokenizer, config.target.trust_remote_code, config.hidden_states.validation,
+            layout.training_data,
+            _serving_endpoints(config),
+            tokenizer,
+            config.target.trust_remote_code,
+            config.hidden_states.validation,
             layout.serving_reference,
         )
         context.log.info(f"serving reference for hidden_states' validation: {reference['serving_reference_status']}")
@@ -296,4 +318,3 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         *response_checks,
         *build_training_data_checks(config, training_data),
     ]
-

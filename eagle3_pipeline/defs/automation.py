@@ -65,7 +65,9 @@ class GenerationDue(dg.AutomationCondition):
         if context.candidate_subset.is_empty:
             return dg.AutomationResult(context=context, true_subset=context.candidate_subset)
         due = self._due(context)
-        return dg.AutomationResult(context=context, true_subset=context.candidate_subset.compute_intersection_with_partition_keys(due))
+        return dg.AutomationResult(
+            context=context, true_subset=context.candidate_subset.compute_intersection_with_partition_keys(due)
+        )
 
     def _due(self, context: dg.AutomationContext) -> frozenset[str]:
         if self._decided is not None and self._decided[0] == context.evaluation_time:

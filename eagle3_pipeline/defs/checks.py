@@ -42,21 +42,30 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
         if state.budget is None:
             verdict = f"no token_budget; {state.tokens} tokens counted"
         elif state.within_bound:
-            verdict = f"{state.tokens} of {state.budget} tokens; overshoot {state.overshoot} ≤ bound {state.overshoot_bound}"
+            verdict = (
+                f"{state.tokens} of {state.budget} tokens; overshoot {state.overshoot} ≤ bound {state.overshoot_bound}"
+            )
         else:
             verdict = (
                 f"{state.tokens} tokens exceed the budget {state.budget} by {state.overshoot}, more than the "
                 f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back the answers over it)"
             )
         return dg.AssetCheckResult(
-            passed=state.within_bound, severity=dg.AssetCheckSeverity.ERROR, description=verdict, metadata=state.as_metadata()
+            passed=state.within_bound,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=verdict,
+            metadata=state.as_metadata(),
         )
 
     Verdict = Callable[[PipelineConfig, ArtifactLayout, str], tuple[bool, str, dict[str, Any]]]
 
     def blocking_check(name: str, description: str, verdict: Verdict) -> dg.AssetChecksDefinition:
         @dg.asset_check(
-            asset=responses, name=name, partitions_def=responses.partitions_def, blocking=True, description=description,
+            asset=responses,
+            name=name,
+            partitions_def=responses.partitions_def,
+            blocking=True,
+            description=description,
             required_resource_keys={"pipeline"},
         )
         def check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
@@ -64,7 +73,9 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
             layout = ArtifactLayout(config.artifacts_root)
             path = layout.responses(context.partition_key)
             if not path.exists():
-                return dg.AssetCheckResult(passed=False, description=f"{path} does not exist; materialize responses first")
+                return dg.AssetCheckResult(
+                    passed=False, description=f"{path} does not exist; materialize responses first"
+                )
             passed, detail, metadata = verdict(config, layout, context.partition_key)
             return dg.AssetCheckResult(passed=passed, description=detail, metadata=metadata)
 
@@ -72,21 +83,36 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
 
     def accounted(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
         a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
-        metadata = {"prompts": a.prompts, "answered": a.answered, "failed": len(a.failed), "over_length": a.over_length,
-                    "held_back_by_budget": a.held_back, "orphans": len(a.orphans), "unaccounted": len(a.unaccounted)}
+        metadata = {
+            "prompts": a.prompts,
+            "answered": a.answered,
+            "failed": len(a.failed),
+            "over_length": a.over_length,
+            "held_back_by_budget": a.held_back,
+            "orphans": len(a.orphans),
+            "unaccounted": len(a.unaccounted),
+        }
         return a.consistent, a.verdict(), metadata
 
-    def single_model(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def single_model(
+        config: PipelineConfig, layout: ArtifactLayout, dataset_id: str
+    ) -> tuple[bool, str, dict[str, Any]]:
         m = model_consistency(layout, dataset_id)
         return m.single, m.verdict(), {"models": list(m.table_models)}
 
-    def empty_answers(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def empty_answers(
+        config: PipelineConfig, layout: ArtifactLayout, dataset_id: str
+    ) -> tuple[bool, str, dict[str, Any]]:
         max_empty = config.generation.max_empty_rate
         a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
         detail = f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer ({a.empty_rate:.1%}; limit {max_empty:.1%})"
         if a.empty_failed:
             detail += f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger max_tokens)"
-        return a.empty_rate <= max_empty, detail, {"empty_failed": len(a.empty_failed), "empty_rate": round(a.empty_rate, 4)}
+        return (
+            a.empty_rate <= max_empty,
+            detail,
+            {"empty_failed": len(a.empty_failed), "empty_rate": round(a.empty_rate, 4)},
+        )
 
     def truncation(config: PipelineConfig, layout: ArtifactLayout, dataset_id: str) -> tuple[bool, str, dict[str, Any]]:
         max_rate = config.health.max_truncation_rate
@@ -125,7 +151,9 @@ def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition
 # --- Checks on training_data -------------------------------------------------------------------
 
 
-def build_training_data_checks(config: PipelineConfig, training_data: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+def build_training_data_checks(
+    config: PipelineConfig, training_data: dg.AssetsDefinition
+) -> list[dg.AssetChecksDefinition]:
     @dg.asset_check(
         asset=training_data,
         blocking=True,
@@ -148,7 +176,11 @@ def build_training_data_checks(config: PipelineConfig, training_data: dg.AssetsD
         return dg.AssetCheckResult(
             passed=rate <= ceiling,
             description=detail,
-            metadata={"template_mismatch": manifest["template_mismatch"], "template_mismatch_rate": rate, "examples": examples},
+            metadata={
+                "template_mismatch": manifest["template_mismatch"],
+                "template_mismatch_rate": rate,
+                "examples": examples,
+            },
         )
 
     return [template_mismatch_rate]

@@ -111,10 +111,20 @@ def under_root(path: str, root: Path) -> bool:
 
 
 def _metadata_values(result: dg.MaterializeResult) -> dict[str, Any]:
-    return {key: value.value if isinstance(value, dg.MetadataValue) else value for key, value in (result.metadata or {}).items()}
+    return {
+        key: value.value if isinstance(value, dg.MetadataValue) else value
+        for key, value in (result.metadata or {}).items()
+    }
 
 
-def _guarded(context: dg.AssetExecutionContext, remote: RemoteRun, name: str, command: str, follow: str, on_line: Callable[[str], None]) -> Fate:
+def _guarded(
+    context: dg.AssetExecutionContext,
+    remote: RemoteRun,
+    name: str,
+    command: str,
+    follow: str,
+    on_line: Callable[[str], None],
+) -> Fate:
     """Run a remote process to its end; if the step is interrupted (run terminated), kill it."""
     try:
         return remote.start(name, command, follow, on_line)
@@ -122,15 +132,21 @@ def _guarded(context: dg.AssetExecutionContext, remote: RemoteRun, name: str, co
         try:
             fate = remote.kill(name)
         except HostError as exc:
-            context.log.error(f"step stopped: cannot reach {remote.host.name} to kill the remote {name} of {remote.run_dir} ({exc}); its pid is in {name}.pid there")
+            context.log.error(
+                f"step stopped: cannot reach {remote.host.name} to kill the remote {name} of {remote.run_dir} ({exc}); its pid is in {name}.pid there"
+            )
         else:
-            context.log.warning(f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; it is {fate.describe()}")
+            context.log.warning(
+                f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; it is {fate.describe()}"
+            )
         raise
 
 
 def _require_success(remote: RemoteRun, name: str, fate: Fate) -> None:
     if fate.exit_code != 0:
-        raise RemoteError(f"the remote {name} on {remote.host.name} {fate.describe()}; last lines of {remote.run_dir}/{name}.log:\n{remote.log_tail(name)}")
+        raise RemoteError(
+            f"the remote {name} on {remote.host.name} {fate.describe()}; last lines of {remote.run_dir}/{name}.log:\n{remote.log_tail(name)}"
+        )
 
 
 def _session_metadata(session: Any, where: str) -> dict[str, Any]:
@@ -140,7 +156,9 @@ def _session_metadata(session: Any, where: str) -> dict[str, Any]:
     return _metadata_values(results[-1])
 
 
-def _run_local_workers(context: dg.AssetExecutionContext, phase: str, spec: dict[str, Any], processes: int, python: Interpreter) -> dict[str, Any]:
+def _run_local_workers(
+    context: dg.AssetExecutionContext, phase: str, spec: dict[str, Any], processes: int, python: Interpreter
+) -> dict[str, Any]:
     """The worker in ``processes`` local processes (torchrun) as a Pipes subprocess; rank 0's logs
     stream into the run, its progress points become observations when it ends. An interrupted step
     kills the launch's process group."""
@@ -148,12 +166,22 @@ def _run_local_workers(context: dg.AssetExecutionContext, phase: str, spec: dict
         spec_file = Path(folder) / SPEC
         spec_file.write_text(json.dumps(spec, indent=2))
         argv = worker_argv(phase, str(spec_file), python[0], processes)
-        context.log.info(f"running {phase} in {processes} local process{'es' if processes > 1 else ''}: {shlex.join(argv)}")
-        with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=dg.PipesTempFileMessageReader()) as session:
+        context.log.info(
+            f"running {phase} in {processes} local process{'es' if processes > 1 else ''}: {shlex.join(argv)}"
+        )
+        with dg.open_pipes_session(
+            context=context,
+            context_injector=dg.PipesEnvContextInjector(),
+            message_reader=dg.PipesTempFileMessageReader(),
+        ) as session:
             try:
-                process = subprocess.Popen(argv, env={**os.environ, **session.get_bootstrap_env_vars()}, start_new_session=True)
+                process = subprocess.Popen(
+                    argv, env={**os.environ, **session.get_bootstrap_env_vars()}, start_new_session=True
+                )
             except OSError as exc:
-                raise RemoteError(f"{python[1]}: cannot start {python[0]!r} ({exc}); expected the python of the venv to run the phase with") from None
+                raise RemoteError(
+                    f"{python[1]}: cannot start {python[0]!r} ({exc}); expected the python of the venv to run the phase with"
+                ) from None
             try:
                 code = process.wait()
             except BaseException:
@@ -165,11 +193,15 @@ def _run_local_workers(context: dg.AssetExecutionContext, phase: str, spec: dict
             if isinstance(message, dict) and message.get("type") == PROGRESS_MESSAGE:
                 _observe(context, message.get("metrics") or {})
     if code != 0:
-        raise RemoteError(f"the local {phase} launch of {processes} processes exited with status {code}; its ranks' errors are in the run's stderr")
+        raise RemoteError(
+            f"the local {phase} launch of {processes} processes exited with status {code}; its ranks' errors are in the run's stderr"
+        )
     return _session_metadata(session, "launched here")
 
 
-def _run_worker(context: dg.AssetExecutionContext, remote: RemoteRun, phase: str, python: str, processes: int) -> dict[str, Any]:
+def _run_worker(
+    context: dg.AssetExecutionContext, remote: RemoteRun, phase: str, python: str, processes: int
+) -> dict[str, Any]:
     reader = PipesRemoteFileMessageReader(str(remote.run_dir / MESSAGES))
 
     def on_line(line: str) -> None:
@@ -179,7 +211,9 @@ def _run_worker(context: dg.AssetExecutionContext, remote: RemoteRun, phase: str
             if isinstance(payload, dict) and payload.get("type") == PROGRESS_MESSAGE:
                 _observe(context, payload.get("metrics") or {})
 
-    with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader) as session:
+    with dg.open_pipes_session(
+        context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader
+    ) as session:
         command = remote.worker_command(phase, python, session.get_bootstrap_env_vars(), processes)
         if processes > 1:
             context.log.info(f"running {phase} on {remote.host.name} in {processes} processes (torchrun)")
@@ -214,7 +248,10 @@ def run_heavy_phase(
     if compute.kind == "local":
         count = resolve_processes(processes, local_gpu_count() if processes == "auto" else 0)
         if count > 1 or python is not None:
-            return {**_run_local_workers(context, phase, spec, count, python or (sys.executable, "this process")), "compute": "local"}
+            return {
+                **_run_local_workers(context, phase, spec, count, python or (sys.executable, "this process")),
+                "compute": "local",
+            }
         return {**run_local(phase, spec, DagsterReporter(context)), "compute": "local"}
     host = build_host(compute.host)
     if not isinstance(host, SshHost):
@@ -227,7 +264,9 @@ def run_heavy_phase(
             remote.check_python(*python)
         remote.prepare()
         shipped = remote.ship(ship)
-        context.log.info(f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)")
+        context.log.info(
+            f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)"
+        )
         remote_spec = remote.translate(spec)
         extra: dict[str, Any] = {}
         if compute.kind == "command" and phase == COMMAND_PHASE:
@@ -235,8 +274,17 @@ def run_heavy_phase(
             output_dir = str(remote.remote_root / "specforge" / remote.run_dir.name)
             remote.write_spec(remote_spec)
             user = remote.user_command(compute.command, output_dir)
-            context.log.info(f"running compute.command on {host.name}, writing to {output_dir}")  # not its text: it may hold a token
-            fate = _guarded(context, remote, COMMAND, f"mkdir -p {shlex.quote(output_dir)} && {user}", f"{COMMAND}.log", lambda line: context.log.info(f"[command] {line}"))
+            context.log.info(
+                f"running compute.command on {host.name}, writing to {output_dir}"
+            )  # not its text: it may hold a token
+            fate = _guarded(
+                context,
+                remote,
+                COMMAND,
+                f"mkdir -p {shlex.quote(output_dir)} && {user}",
+                f"{COMMAND}.log",
+                lambda line: context.log.info(f"[command] {line}"),
+            )
             _require_success(remote, COMMAND, fate)
             remote_spec = {"extract": remote_spec, "input_dir": output_dir}
             phase = IMPORT_PHASE

@@ -35,7 +35,11 @@ def build_jobs(config: PipelineConfig) -> list[dg.UnresolvedAssetJobDefinition]:
                 description="What the per-dataset phases need first (the embedded model).",
             )
         )
-    jobs.append(dg.define_asset_job(GENERATION_JOB, selection=PER_DATASET, description="Prompts and responses for one dataset partition."))
+    jobs.append(
+        dg.define_asset_job(
+            GENERATION_JOB, selection=PER_DATASET, description="Prompts and responses for one dataset partition."
+        )
+    )
     jobs.append(
         dg.define_asset_job(
             DOWNSTREAM_JOB,
@@ -65,7 +69,9 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
         sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],
         resources={
             "pipeline": pipeline,
-            "inference": InferenceResource(pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})),
+            "inference": InferenceResource(
+                pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})
+            ),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
         executor=build_executor(config),

@@ -31,4 +31,6 @@ def build_executor(config: PipelineConfig) -> dg.ExecutorDefinition | None:
             f"{config.source_file}: deploy.executor: {kind!r} needs {extra} (pip install 'eagle3-pipeline[{kind}]')"
         ) from None
     # The broker URL may carry a password: it comes from the environment, never from a file.
-    return celery_executor.configured({"broker": {"env": CELERY_BROKER_ENV}, "backend": {"env": CELERY_BACKEND_ENV}}, name="celery_executor")
+    return celery_executor.configured(
+        {"broker": {"env": CELERY_BROKER_ENV}, "backend": {"env": CELERY_BACKEND_ENV}}, name="celery_executor"
+    )

@@ -38,7 +38,10 @@ from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 
 # The blocking checks of what the drafter trains on, honoured across runs (defs/gating.py).
-INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage")]
+INPUT_CHECKS = [
+    dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"),
+    dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage"),
+]
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
@@ -80,11 +83,15 @@ def train_rolling(
     extract_ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
 
     def extract(shards: list[str]) -> dict[str, Any]:
-        return run_heavy_phase(context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config))
+        return run_heavy_phase(
+            context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config)
+        )
 
     def train(epoch: int, window: int) -> dict[str, Any]:
         rolling_spec = {**spec, "rolling": {"epoch": epoch, "window": window}}
-        return run_heavy_phase(context, config, "train", rolling_spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node)
+        return run_heavy_phase(
+            context, config, "train", rolling_spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+        )
 
     def delete(shards: list[str]) -> dict[str, Any]:
         return run_heavy_phase(context, config, "extract", {**extract_spec, "delete_shards": shards})
@@ -110,12 +117,19 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         config = pipeline_settings(context)
         require_passing_checks(context.instance, INPUT_CHECKS)
         paths = drafter_paths(config.artifacts_root)
-        fetch = [p.relative_to(config.artifacts_root).as_posix() for p in (paths["export_dir"] / "config.json", paths["run_dir"] / TAU_CURVE_FILE)]
+        fetch = [
+            p.relative_to(config.artifacts_root).as_posix()
+            for p in (paths["export_dir"] / "config.json", paths["run_dir"] / TAU_CURVE_FILE)
+        ]
         try:
             spec = train_spec(config)
-            ship = [str(paths["draft_vocab"])] + ([spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else [])
+            ship = [str(paths["draft_vocab"])] + (
+                [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
+            )
             if config.hidden_states.rolling_window_shards is None:
-                result = run_heavy_phase(context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node)
+                result = run_heavy_phase(
+                    context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+                )
             else:
                 result = train_rolling(context, config, spec, ship, fetch)
         except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:

@@ -35,12 +35,16 @@ def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]
         config = pipeline_settings(context)
         settings = config.drafter_benchmark
         if settings is None:
-            raise dg.Failure(description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location loaded; reload it")
+            raise dg.Failure(
+                description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location loaded; reload it"
+            )
         base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
         prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
         host = build_host(config.health.host)
         try:
-            result = run_benchmark(settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), DagsterReporter(context))
+            result = run_benchmark(
+                settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), DagsterReporter(context)
+            )
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None

@@ -25,7 +25,10 @@ from eagle3_pipeline.layout import ArtifactLayout
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
 # The blocking checks of what drafter_eval reads, honoured across runs (defs/gating.py).
-INPUT_CHECKS = [dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"), dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage")]
+INPUT_CHECKS = [
+    dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"),
+    dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage"),
+]
 
 
 def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
@@ -59,7 +62,11 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _numbers(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, float]:
-    return {key: float(value.value) for key, value in metadata.items() if isinstance(value.value, (int, float)) and not isinstance(value.value, bool)}
+    return {
+        key: float(value.value)
+        for key, value in metadata.items()
+        if isinstance(value.value, (int, float)) and not isinstance(value.value, bool)
+    }
 
 
 def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
@@ -84,7 +91,9 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         config = pipeline_settings(context)
         require_passing_checks(context.instance, INPUT_CHECKS)
         result = run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
-        result["data_scaling"] = dg.MetadataValue.md(data_scaling_markdown(config))  # what more data of each dataset buys
+        result["data_scaling"] = dg.MetadataValue.md(
+            data_scaling_markdown(config)
+        )  # what more data of each dataset buys
         for line in str(result.get(WARNING, "")).splitlines():
             context.log.warning(line)
         return dg.MaterializeResult(metadata=materialization_metadata(result))
@@ -109,9 +118,17 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         taus = {key: value for key, value in current.items() if key.startswith("tau@")}
         if not taus:
             problems.append("no drafter τ in the materialization (was the drafter missing?)")
-        verdict = "; ".join(problems) if problems else (
-            f"{len(taus)} τ figures ≥ {settings.min_tau:g}"
-            + (f" and within {settings.max_tau_drop:g} of the previous run" if previous is not None else " (no previous run)")
+        verdict = (
+            "; ".join(problems)
+            if problems
+            else (
+                f"{len(taus)} τ figures ≥ {settings.min_tau:g}"
+                + (
+                    f" and within {settings.max_tau_drop:g} of the previous run"
+                    if previous is not None
+                    else " (no previous run)"
+                )
+            )
         )
         tau_checked(Alerter(config, context.log.warning), not problems, verdict)
         return dg.AssetCheckResult(

@@ -41,7 +41,15 @@ from eagle3_pipeline.target import TargetError, dimensions, read_config
 
 GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
-PHASE_ERRORS = (ExtractionError, StoreError, TrainingDataError, TargetError, RemoteError, HostError, ServingReferenceError)
+PHASE_ERRORS = (
+    ExtractionError,
+    StoreError,
+    TrainingDataError,
+    TargetError,
+    RemoteError,
+    HostError,
+    ServingReferenceError,
+)
 STORE_FILES = ("index.parquet", "manifest.json")
 # The blocking checks of training_data, honoured across runs (defs/gating.py).
 TRAINING_DATA_CHECKS = [dg.AssetCheckKey(dg.AssetKey("training_data"), "template_mismatch_rate")]
@@ -69,16 +77,25 @@ def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
     reference (or imported the states) reports that it did not validate, as a failing WARN."""
     status = meta.get("serving_validation")
     if status == "passed":
-        near = f"; near-ties apart: {meta['serving_near_ties']}" if meta["serving_near_ties_known"] else "; near-ties unknown (no logprobs)"
+        near = (
+            f"; near-ties apart: {meta['serving_near_ties']}"
+            if meta["serving_near_ties_known"]
+            else "; near-ties unknown (no logprobs)"
+        )
         return dg.AssetCheckResult(
             check_name="serving_agreement",
             passed=True,
             description=f"argmax(lm_head(teacher)) = the serving target's greedy token at {meta['serving_agreement']:.1%} of "
             f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor {meta['serving_min_agreement']:.0%}) "
             f"against {meta['serving_reference']}{near}",
-            metadata={k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")},
+            metadata={
+                k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")
+            },
         )
-    detail = meta.get("serving_validation_detail") or "the states were imported from compute.command's output, not extracted by the phase"
+    detail = (
+        meta.get("serving_validation_detail")
+        or "the states were imported from compute.command's output, not extracted by the phase"
+    )
     return dg.AssetCheckResult(
         check_name="serving_agreement",
         passed=False,
@@ -141,7 +158,9 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
             f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
         )
-        return dg.MaterializeResult(metadata={**result.manifest(), "path": dg.MetadataValue.path(str(layout.draft_vocab))})
+        return dg.MaterializeResult(
+            metadata={**result.manifest(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
+        )
 
     @dg.asset_check(
         asset=draft_vocab,
@@ -175,20 +194,31 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         required_resource_keys={"pipeline"},
         op_tags=step_tags(config, "hidden_states"),
         check_specs=[
-            dg.AssetCheckSpec("spot_check", asset="hidden_states", blocking=True,
-                              description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
-                              "output_hidden_states, no padding; sglang: one request per forward through the same runner; vllm: the same "
-                              "request sent again to the server) "
-                              "match the stored states within hidden_states.spot_check_tolerance."),
-            dg.AssetCheckSpec("serving_agreement", asset="hidden_states", blocking=True,
-                              description="Before the extraction, hidden_states.validation.samples samples re-computed through the "
-                              "state source: every state finite and of the manifest's shape, argmax(lm_head(teacher)) equal to the "
-                              "serving server's greedy token at ≥ hidden_states.validation.min_agreement of the positions (near-ties "
-                              "apart), the server's tokenization of the text equal to ours; the phase refuses to extract otherwise. "
-                              "No reference recorded (no server was up): a failing WARN, not a pass."),
-            dg.AssetCheckSpec("bytes_per_token", asset="hidden_states",
-                              description="Bytes on disk per token within 5 % of the formula for hidden_states.storage_dtype: "
-                              "(3 aux + teacher) × hidden × 2 + 5 in bfloat16, (3 aux + teacher) × (hidden + 4) + 5 in float8_e4m3."),
+            dg.AssetCheckSpec(
+                "spot_check",
+                asset="hidden_states",
+                blocking=True,
+                description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
+                "output_hidden_states, no padding; sglang: one request per forward through the same runner; vllm: the same "
+                "request sent again to the server) "
+                "match the stored states within hidden_states.spot_check_tolerance.",
+            ),
+            dg.AssetCheckSpec(
+                "serving_agreement",
+                asset="hidden_states",
+                blocking=True,
+                description="Before the extraction, hidden_states.validation.samples samples re-computed through the "
+                "state source: every state finite and of the manifest's shape, argmax(lm_head(teacher)) equal to the "
+                "serving server's greedy token at ≥ hidden_states.validation.min_agreement of the positions (near-ties "
+                "apart), the server's tokenization of the text equal to ours; the phase refuses to extract otherwise. "
+                "No reference recorded (no server was up): a failing WARN, not a pass.",
+            ),
+            dg.AssetCheckSpec(
+                "bytes_per_token",
+                asset="hidden_states",
+                description="Bytes on disk per token within 5 % of the formula for hidden_states.storage_dtype: "
+                "(3 aux + teacher) × hidden × 2 + 5 in bfloat16, (3 aux + teacher) × (hidden + 4) + 5 in float8_e4m3.",
+            ),
         ],
         description="The target's hidden states for every train and eval sample: 3 aux layers (output-of-layer ids) "
         "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 with per-token scales: "
@@ -202,11 +232,17 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
         try:
             model = target_weights(config)
-            reference = preflight_reference(config, layout.training_data, tokenizer_name(config), layout.serving_reference)
+            reference = preflight_reference(
+                config, layout.training_data, tokenizer_name(config), layout.serving_reference
+            )
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
             recorded = layout.serving_reference.is_file()
             spec = spec_from_config(
-                config, str(layout.training_data), str(layout.hidden_states), model, str(layout.serving_reference) if recorded else None
+                config,
+                str(layout.training_data),
+                str(layout.hidden_states),
+                model,
+                str(layout.serving_reference) if recorded else None,
             )
             ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
             ship += [model] if under_root(model, layout.root) else []
@@ -214,14 +250,23 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
         passed, text = bytes_per_token_check(
-            meta["bytes_per_token"], meta["target_hidden_size"], len(meta["aux_layer_ids"]), config.hidden_states.storage_dtype, BYTES_PER_TOKEN_TOLERANCE
+            meta["bytes_per_token"],
+            meta["target_hidden_size"],
+            len(meta["aux_layer_ids"]),
+            config.hidden_states.storage_dtype,
+            BYTES_PER_TOKEN_TOLERANCE,
         )
         checks = [
             _spot_check_result(meta),
             _serving_agreement_result(meta),
             dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
         ]
-        metadata = {**meta, **reference, "store": dg.MetadataValue.path(meta["store"]), "aux_layer_ids": str(meta["aux_layer_ids"])}
+        metadata = {
+            **meta,
+            **reference,
+            "store": dg.MetadataValue.path(meta["store"]),
+            "aux_layer_ids": str(meta["aux_layer_ids"]),
+        }
         return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
     return [draft_vocab, draft_vocab_coverage, hidden_states]

@@ -98,7 +98,9 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         events = [health_observation(v.report, v.name) for v in verdicts]
         summary = gate_summary(verdicts)
         if not any(v.report.healthy for v in verdicts):
-            return dg.SensorResult(skip_reason=f"not launching generation: {summary}", cursor=cursor, asset_events=events)
+            return dg.SensorResult(
+                skip_reason=f"not launching generation: {summary}", cursor=cursor, asset_events=events
+            )
         wanted = partitions_to_generate(context.instance, config)
         plan = plan_launches(
             context.instance,
@@ -142,20 +144,36 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
                 dg.AssetObservation(
                     asset_key=RESPONSES,
                     partition=partition,
-                    metadata={"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated},
+                    metadata={
+                        "stalled": True,
+                        "seconds_without_progress": round(quiet),
+                        "run_id": run_id,
+                        "terminated": terminated,
+                    },
                 )
             )
-            stalled.append(f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})")
+            stalled.append(
+                f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
+            )
             stall_detected(alerter, partition, run_id, stalled[-1])
         for record in extracting_runs(context.instance) if config.compute.kind == "local" else []:
-            quiet = extraction_quiet_seconds(ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0)
+            quiet = extraction_quiet_seconds(
+                ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0
+            )
             if quiet is None or quiet <= stall.stall_window_s:
                 continue
             run_id = record.dagster_run.run_id
             terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
-            metadata = {"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated}
+            metadata = {
+                "stalled": True,
+                "seconds_without_progress": round(quiet),
+                "run_id": run_id,
+                "terminated": terminated,
+            }
             events.append(dg.AssetObservation(asset_key=HIDDEN_STATES, metadata=metadata))
-            stalled.append(f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})")
+            stalled.append(
+                f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
+            )
             stall_detected(alerter, "hidden_states", run_id, stalled[-1])
         if stalled:
             return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)

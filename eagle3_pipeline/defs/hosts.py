@@ -140,13 +140,18 @@ def claim_host(
                 part
                 for part in (
                     sick_hosts_line(verdicts),
-                    ", ".join(f"host {name} busy (run {', '.join(r[:8] for r in runs)})" for name, runs in sorted(held.hosts.items())),
+                    ", ".join(
+                        f"host {name} busy (run {', '.join(r[:8] for r in runs)})"
+                        for name, runs in sorted(held.hosts.items())
+                    ),
                     ("yielded " + ", ".join(yielded)) if yielded else "",
                 )
                 if part
             )
             if time.monotonic() >= deadline:
-                raise NoHostFree(f"no healthy inference host was free within launch.host_wait_s = {settings.host_wait_s:g} s: {why}")
+                raise NoHostFree(
+                    f"no healthy inference host was free within launch.host_wait_s = {settings.host_wait_s:g} s: {why}"
+                )
             if why != said:
                 log(f"waiting for a free healthy inference host: {why}")
                 said = why

@@ -159,7 +159,11 @@ def partitions_in_flight(instance: dg.DagsterInstance) -> dict[str, str]:
 def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
     """The first line of why a run failed: its failed step's own words (a `Failure`'s description,
     else the root cause of the error), else the run's message."""
-    for event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED):
+    for event_type in (
+        dg.DagsterEventType.STEP_FAILURE,
+        dg.DagsterEventType.RUN_FAILURE,
+        dg.DagsterEventType.RUN_CANCELED,
+    ):
         records = instance.get_records_for_run(run_id, of_type=event_type, limit=1).records
         if not records:
             continue
@@ -172,7 +176,9 @@ def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
             elif data.error is not None:
                 text = _root_cause(data.error)
         elif event is not None and getattr(event.event_specific_data, "error", None) is not None:
-            text = _root_cause(event.event_specific_data.error)  # the run failed outside a step, e.g. a resource's setup
+            text = _root_cause(
+                event.event_specific_data.error
+            )  # the run failed outside a step, e.g. a resource's setup
         return text.strip().splitlines()[0]
     return "no failure event recorded"
 
@@ -203,7 +209,8 @@ def plan_launches(
             plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
             continue
         records = [
-            r for r in instance.get_run_records(dg.RunsFilter(tags={PARTITION_TAG: partition}), limit=HISTORY)
+            r
+            for r in instance.get_run_records(dg.RunsFilter(tags={PARTITION_TAG: partition}), limit=HISTORY)
             if r.dagster_run.job_name == job_name or PER_DATASET & set(r.dagster_run.asset_selection or ())
         ][: settings.max_attempts + 1]
         failures = []
@@ -217,7 +224,9 @@ def plan_launches(
             break
         if len(failures) >= settings.max_attempts:
             reason = failure_reason(instance, failures[0].dagster_run.run_id)
-            plan.given_up.append(f"{partition} failed {len(failures)} times in a row (last: {reason}); re-execute it to try again")
+            plan.given_up.append(
+                f"{partition} failed {len(failures)} times in a row (last: {reason}); re-execute it to try again"
+            )
             continue
         if failures:
             last = failures[0]

@@ -25,7 +25,9 @@ CODE_VERSION_TAG = "dagster/code_version"
 def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partitions: Sequence[str]) -> dict[str, dg.EventLogRecord]:
     latest: dict[str, dg.EventLogRecord] = {}
     for partition in partitions:
-        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+        ).records
         if records:
             latest[partition] = records[0]
     return latest

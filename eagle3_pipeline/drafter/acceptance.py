@@ -105,18 +105,24 @@ def target_reference(input_ids: Any, next_argmax: Any) -> np.ndarray:
     tokens = _array(input_ids, np.int64)
     argmax = _array(next_argmax, np.int64)
     if tokens.ndim != 1 or argmax.shape != tokens.shape:
-        raise AcceptanceInputError(f"expected input_ids [T] and next_argmax [T]; got {list(tokens.shape)} and {list(argmax.shape)}")
+        raise AcceptanceInputError(
+            f"expected input_ids [T] and next_argmax [T]; got {list(tokens.shape)} and {list(argmax.shape)}"
+        )
     return np.concatenate([tokens[:1], argmax[:-1]])
 
 
 def _checked(tokens: np.ndarray, mask: np.ndarray, reference: Any) -> np.ndarray:
     if tokens.ndim != 1 or mask.shape != tokens.shape:
-        raise AcceptanceInputError(f"expected input_ids [T] and loss_mask [T]; got {list(tokens.shape)} and {list(mask.shape)}")
+        raise AcceptanceInputError(
+            f"expected input_ids [T] and loss_mask [T]; got {list(tokens.shape)} and {list(mask.shape)}"
+        )
     if reference is None:
         return tokens
     ref = _array(reference, np.int64)
     if ref.shape != tokens.shape:
-        raise AcceptanceInputError(f"the reference must be [T] like input_ids {list(tokens.shape)}; got {list(ref.shape)}")
+        raise AcceptanceInputError(
+            f"the reference must be [T] like input_ids {list(tokens.shape)}; got {list(ref.shape)}"
+        )
     return ref
 
 

@@ -75,7 +75,9 @@ class _PairCounter:
             return
         new_keys, new_counts = np.unique(np.concatenate(self._pending), return_counts=True)
         merged_keys, inverse = np.unique(np.concatenate([self.keys, new_keys]), return_inverse=True)
-        self.counts = np.bincount(inverse, weights=np.concatenate([self.counts, new_counts]), minlength=merged_keys.shape[0]).astype(np.int64)
+        self.counts = np.bincount(
+            inverse, weights=np.concatenate([self.counts, new_counts]), minlength=merged_keys.shape[0]
+        ).astype(np.int64)
         self.keys = merged_keys
         self._pending, self._pending_size = [], 0
 
@@ -91,7 +93,9 @@ def fit_bigram(sequences: Iterable[tuple[Any, Any]], t2d: Any) -> BigramDrafter:
         if ids.shape != mask.shape or ids.ndim != 1:
             raise BigramError(f"input_ids {list(ids.shape)} and loss_mask {list(mask.shape)} differ")
         if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise BigramError(f"token id outside the target vocabulary of {vocab_size} (min {ids.min()}, max {ids.max()})")
+            raise BigramError(
+                f"token id outside the target vocabulary of {vocab_size} (min {ids.min()}, max {ids.max()})"
+            )
         prev, nxt = ids[:-1], ids[1:]
         keep = mask[1:] & in_draft[nxt]
         counter.add(prev[keep] * vocab_size + nxt[keep])

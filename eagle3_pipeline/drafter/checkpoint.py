@@ -32,7 +32,9 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], d2t: torch.Tensor, t2d: torch.Tensor, keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, state: dict[str, Any], d2t: torch.Tensor, t2d: torch.Tensor, keep: int
+) -> Path:
     from safetensors.torch import save_file
 
     root = checkpoint_dir(run_dir)

@@ -47,7 +47,12 @@ class Batch:
         return int(self.attention_mask.sum())
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.aux, self.hidden, self.input_ids, self.loss_mask, self.attention_mask)))
+        return Batch(
+            *(
+                t.to(device, non_blocking=True)
+                for t in (self.aux, self.hidden, self.input_ids, self.loss_mask, self.attention_mask)
+            )
+        )
 
 
 def store_rows(store: HiddenStateStore, split: str) -> list[Row]:
@@ -56,7 +61,9 @@ def store_rows(store: HiddenStateStore, split: str) -> list[Row]:
     return [Row(r["shard"], r["offset"], r["length"]) for r in table if r["split"] == split and r["length"] >= 3]
 
 
-def epoch_plan(rows: Sequence[Row], seed: int, epoch: int | str, batch_tokens: int, max_seq_len: int) -> list[list[Row]]:
+def epoch_plan(
+    rows: Sequence[Row], seed: int, epoch: int | str, batch_tokens: int, max_seq_len: int
+) -> list[list[Row]]:
     """The batches of one epoch (deterministic in seed and epoch; a rolling window's ``epoch/window``)."""
     rng = random.Random(f"{seed}:{epoch}")
     by_shard: dict[str, list[Row]] = {}
@@ -135,7 +142,9 @@ class Teacher:
 
 
 @torch.no_grad()
-def teacher(hidden: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, needed: torch.Tensor | None = None) -> Teacher:
+def teacher(
+    hidden: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, needed: torch.Tensor | None = None
+) -> Teacher:
     """Target logits = ``hidden @ lm_head.T`` (computed in chunks of tokens for the full argmax).
 
     ``needed`` [B, T] (bool) limits the work to the indices whose prediction is trained (the rest of
@@ -155,5 +164,7 @@ def teacher(hidden: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, need
     if where is None:
         return Teacher(picked_probs.view(b, t, -1), picked_argmax.view(b, t))
     argmax = torch.zeros(b * t, dtype=torch.long, device=hidden.device).index_copy_(0, where, picked_argmax)
-    probs = torch.zeros(b * t, draft_head.shape[0], dtype=torch.float32, device=hidden.device).index_copy_(0, where, picked_probs)
+    probs = torch.zeros(b * t, draft_head.shape[0], dtype=torch.float32, device=hidden.device).index_copy_(
+        0, where, picked_probs
+    )
     return Teacher(probs.view(b, t, -1), argmax.view(b, t))

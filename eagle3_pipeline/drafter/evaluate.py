@@ -131,7 +131,8 @@ def parse_spec(spec: Mapping[str, Any]) -> EvalSpec:
         raise EvaluateError(f"evaluate spec: min_data_agreement must be in [0, 1], got {floor}")
     held_out = spec.get("held_out")
     if held_out is not None and not (
-        isinstance(held_out, Mapping) and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in held_out.values())
+        isinstance(held_out, Mapping)
+        and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in held_out.values())
     ):
         raise EvaluateError(f"evaluate spec: held_out must map each dataset to a list of sample ids, got {held_out!r}")
     return EvalSpec(
@@ -157,12 +158,16 @@ def held_out_spec(training_data: Path) -> dict[str, Any]:
     manifest.json; ``held_out`` None for a manifest from before the held-out slice."""
     path = Path(training_data) / "manifest.json"
     if not path.is_file():
-        raise EvaluateError(f"{path}: no training_data manifest to read the held-out ids from; materialize training_data first")
+        raise EvaluateError(
+            f"{path}: no training_data manifest to read the held-out ids from; materialize training_data first"
+        )
     manifest = json.loads(path.read_text())
     return {"held_out": manifest.get("held_out"), "held_out_version": manifest.get("version")}
 
 
-def select_rows(store: HiddenStateStore, split: str, cap: int | None = None, always: AbstractSet[str] = frozenset()) -> list[dict[str, Any]]:
+def select_rows(
+    store: HiddenStateStore, split: str, cap: int | None = None, always: AbstractSet[str] = frozenset()
+) -> list[dict[str, Any]]:
     """The index rows of a split in index order, at most ``cap`` per dataset besides the ids in
     ``always`` (each taken)."""
     taken: dict[str, int] = {}
@@ -178,7 +183,9 @@ def select_rows(store: HiddenStateStore, split: str, cap: int | None = None, alw
     return rows
 
 
-def read_rows(store: HiddenStateStore, rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def read_rows(
+    store: HiddenStateStore, rows: Sequence[dict[str, Any]], keys: Sequence[str]
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """``(row, {key: tensor})`` for each row, reading only ``keys`` (states in bf16 whatever the
     storage dtype); one shard open at a time."""
     by_shard: dict[str, list[dict[str, Any]]] = {}
@@ -202,7 +209,10 @@ def fit_store_bigram(store: HiddenStateStore, t2d: Any, training_data: Path | No
     if not rows and training_data is not None and (store.root / ROLLING_LAYOUT_FILE).is_file():
         data = TrainingData.open(training_data)
         columns = ["input_ids", "loss_mask"]
-        return fit_bigram(((r["input_ids"], r["loss_mask"]) for path in data.shard_files("train") for r in iter_rows(path, columns)), t2d)
+        return fit_bigram(
+            ((r["input_ids"], r["loss_mask"]) for path in data.shard_files("train") for r in iter_rows(path, columns)),
+            t2d,
+        )
     if not rows:
         raise EvaluateError(f"{store.index_path}: no train sample to count the bigram baseline on")
     return fit_bigram(((t[IDS_KEY], t[MASK_KEY]) for _, t in read_rows(store, rows, (IDS_KEY, MASK_KEY))), t2d)
@@ -218,7 +228,9 @@ def drafter_predictions(model: Any, aux: Any, input_ids: Any, steps: int, attent
         return torch.stack([model.draft_target_ids(step) for step in logits], dim=1)
 
 
-def add_drafter_batch(stats: AcceptanceStats, model: Any, aux: Any, input_ids: Any, loss_mask: Any, attention_mask: Any = None) -> None:
+def add_drafter_batch(
+    stats: AcceptanceStats, model: Any, aux: Any, input_ids: Any, loss_mask: Any, attention_mask: Any = None
+) -> None:
     """Draft a batch ([B, T, 3Ht], [B, T], [B, T]) ``max(stats.ks)`` deep and add each row to ``stats``.
     Right padding needs no trimming: padded positions have ``loss_mask`` 0. This is the call a training
     loop makes at each checkpoint to follow τ on its eval batches."""
@@ -285,7 +297,11 @@ def target_next_argmax(hidden: Any, lm_head: Any, needed: Any = None) -> Any:
     prompt's positions are never compared with a draft."""
     import torch
 
-    where = torch.arange(hidden.shape[0], device=hidden.device) if needed is None else needed.to(hidden.device).nonzero().squeeze(1)
+    where = (
+        torch.arange(hidden.shape[0], device=hidden.device)
+        if needed is None
+        else needed.to(hidden.device).nonzero().squeeze(1)
+    )
     out = torch.full((hidden.shape[0],), -1, dtype=torch.long, device=hidden.device)
     with torch.inference_mode():
         for start in range(0, where.shape[0], ARGMAX_CHUNK_TOKENS):
@@ -311,13 +327,21 @@ class Tally:
         def stats(wanted: bool) -> AcceptanceStats | None:
             return AcceptanceStats(tuple(ks)) if wanted else None
 
-        return cls(AcceptanceStats(tuple(ks)), stats(drafter), stats(target), stats(drafter and target), Agreement() if target else None)
+        return cls(
+            AcceptanceStats(tuple(ks)),
+            stats(drafter),
+            stats(target),
+            stats(drafter and target),
+            Agreement() if target else None,
+        )
 
     @property
     def samples(self) -> int:
         return self.bigram.samples
 
-    def add(self, input_ids: Any, loss_mask: Any, bigram_pred: Any, drafter_pred: Any = None, reference: Any = None) -> None:
+    def add(
+        self, input_ids: Any, loss_mask: Any, bigram_pred: Any, drafter_pred: Any = None, reference: Any = None
+    ) -> None:
         """One sample: the two drafters' ``pred [K, T]`` (``drafter_pred`` when a drafter is evaluated)
         and the target's reference (:func:`~eagle3_pipeline.drafter.acceptance.target_reference`) when
         its lm_head was read."""
@@ -333,7 +357,11 @@ class Tally:
 
     def merge(self, other: Tally) -> None:
         self.bigram.merge(other.bigram)
-        pairs = ((self.drafter, other.drafter), (self.bigram_vs_target, other.bigram_vs_target), (self.drafter_vs_target, other.drafter_vs_target))
+        pairs = (
+            (self.drafter, other.drafter),
+            (self.bigram_vs_target, other.bigram_vs_target),
+            (self.drafter_vs_target, other.drafter_vs_target),
+        )
         for mine, theirs in pairs:
             if mine is not None and theirs is not None:
                 mine.merge(theirs)
@@ -450,7 +478,9 @@ def _row(metadata: Mapping[str, Any], ks: Sequence[int], label: str, dataset: st
 
     taus = [metadata.get(f"{prefix}tau@{k}/{dataset}") for k in ks]
     agreement = metadata.get(f"{prefix}{AGREEMENT}{dataset}")
-    speedups = {k: metadata[f"speedup_est@{k}/{dataset}"] for k in ks if not prefix and f"speedup_est@{k}/{dataset}" in metadata}
+    speedups = {
+        k: metadata[f"speedup_est@{k}/{dataset}"] for k in ks if not prefix and f"speedup_est@{k}/{dataset}" in metadata
+    }
     best = max(speedups, key=lambda k: speedups[k]) if speedups else None
     cells = [
         label,
@@ -472,7 +502,15 @@ def summary_table(metadata: Mapping[str, Any]) -> str:
     metadata of :func:`results_metadata` (the ``drafter_eval`` materialization's values)."""
     ks = _depths(metadata)
     depths = "/".join(map(str, ks))
-    header = ["dataset", "samples", *[f"τ@{k}" for k in ks], f"τ vs target@{depths}", "agreement", f"bigram τ@{depths}", "est. speedup"]
+    header = [
+        "dataset",
+        "samples",
+        *[f"τ@{k}" for k in ks],
+        f"τ vs target@{depths}",
+        "agreement",
+        f"bigram τ@{depths}",
+        "est. speedup",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     held = False
     for dataset in _datasets(metadata):
@@ -562,7 +600,12 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     model = load_drafter(settings, d2t, manifest.aux_layer_ids, device) if settings.drafter is not None else None
     lm_head = load_target_head(settings, manifest, device)
     depth = max(settings.steps)
-    keys = (IDS_KEY, MASK_KEY, *((AUX_KEY,) if model is not None else ()), *((HIDDEN_KEY,) if lm_head is not None else ()))
+    keys = (
+        IDS_KEY,
+        MASK_KEY,
+        *((AUX_KEY,) if model is not None else ()),
+        *((HIDDEN_KEY,) if lm_head is not None else ()),
+    )
     groups: dict[str, Tally] = {}
     held: dict[str, Tally] = {}
     last_report = time.monotonic()
@@ -592,7 +635,11 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         else f"{NOT_COMPUTED}: the evaluate spec names no target_weights (the target folder whose lm_head gives its argmax)"
     )
     metadata = results_metadata(
-        totals(groups), totals(held), settings.draft_cost_ratio, settings.min_data_agreement, {TARGET_NOTE: reference_note, HELD_OUT_NOTE: held_note}
+        totals(groups),
+        totals(held),
+        settings.draft_cost_ratio,
+        settings.min_data_agreement,
+        {TARGET_NOTE: reference_note, HELD_OUT_NOTE: held_note},
     )
     metadata["eval_seconds"] = round(time.monotonic() - started, 1)
     metadata["drafter"] = str(settings.drafter) if settings.drafter else "none (bigram baseline only)"

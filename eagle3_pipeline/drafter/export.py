@@ -50,7 +50,9 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
     """The drafter's config.json for the target described by ``target_config`` (its language model's
     config, or the checkpoint's with a nested ``text_config``: the family is read from either)."""
     if "vocab_size" in target_config and int(target_config["vocab_size"]) != config.vocab_size:
-        raise DrafterConfigError(f"vocab_size: the drafter has {config.vocab_size}, the target config {target_config['vocab_size']}")
+        raise DrafterConfigError(
+            f"vocab_size: the drafter has {config.vocab_size}, the target config {target_config['vocab_size']}"
+        )
     ids = server_layer_ids(target_family(target_config), config.aux_layer_ids)
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURE],
@@ -67,7 +69,9 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
         "hidden_act": "silu",
         "rope_theta": config.rope_theta,
         "rope_scaling": served_rope_scaling(config),
-        "max_position_embeddings": max(config.max_position_embeddings, int(target_config.get("max_position_embeddings", 0))),
+        "max_position_embeddings": max(
+            config.max_position_embeddings, int(target_config.get("max_position_embeddings", 0))
+        ),
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
@@ -85,7 +89,9 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
 def exported_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
     """The state entries the weights file holds, as they are (no copy: works on a meta-device model)."""
     carry_embedding = model.config.hidden_size != model.config.target_hidden_size
-    return {name: tensor for name, tensor in model.state_dict().items() if carry_embedding or name != "embed_tokens.weight"}
+    return {
+        name: tensor for name, tensor in model.state_dict().items() if carry_embedding or name != "embed_tokens.weight"
+    }
 
 
 def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -95,7 +101,9 @@ def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.
     }
 
 
-def export_for_servers(model: Eagle3Drafter, folder: Path, target_config: dict[str, Any], dtype: str = "bfloat16") -> Path:
+def export_for_servers(
+    model: Eagle3Drafter, folder: Path, target_config: dict[str, Any], dtype: str = "bfloat16"
+) -> Path:
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -150,12 +158,16 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
         model = Eagle3Drafter(config_from_speculators(raw, config_path))
         tensors = our_weight_names(tensors)
     elif raw.get("architectures") != [ARCHITECTURE]:
-        raise DrafterConfigError(f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}]")
+        raise DrafterConfigError(
+            f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}]"
+        )
     else:
         model = Eagle3Drafter(config_from_export(raw))
     if "embed_tokens.weight" not in tensors:
         if target_model_dir is None:
-            raise DrafterConfigError(f"{folder}: the export carries no embed_tokens.weight; pass target_model_dir to take the target's")
+            raise DrafterConfigError(
+                f"{folder}: the export carries no embed_tokens.weight; pass target_model_dir to take the target's"
+            )
         tensors["embed_tokens.weight"] = embedding_tensor(Path(target_model_dir))
     model.load_state_dict({k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}, strict=True)
     model.embed_tokens.weight.requires_grad_(False)

@@ -68,7 +68,9 @@ class DrafterConfig:
             raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
         rope_type = rope_kind(self.rope_scaling)
         if rope_type not in SUPPORTED_ROPE:
-            raise DrafterConfigError(f"rope_scaling.rope_type {rope_type!r} is not supported; expected one of {sorted(SUPPORTED_ROPE)}")
+            raise DrafterConfigError(
+                f"rope_scaling.rope_type {rope_type!r} is not supported; expected one of {sorted(SUPPORTED_ROPE)}"
+            )
         if rope_type == "yarn":
             _check_portable_yarn(self.rope_scaling or {})
 
@@ -90,7 +92,16 @@ PORTABLE_MSCALE = {"mscale": 1.0, "mscale_all_dim": 0.0}
 # Keys some server reads and another ignores (SGLang: attn_factor, extrapolation_factor; vLLM and
 # transformers: attention_factor): no value of them is served alike, so a drafter never carries them.
 UNPORTABLE_YARN_KEYS = ("attn_factor", "attention_factor", "extrapolation_factor")
-YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate", *PORTABLE_MSCALE}
+YARN_KEYS = {
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    *PORTABLE_MSCALE,
+}
 
 
 def rope_kind(scaling: dict[str, Any] | None) -> str:
@@ -219,7 +230,11 @@ def rope_inverse_frequencies(config: DrafterConfig) -> torch.Tensor:
     if kind == "linear":
         inv = inv / float(scaling["factor"])
     elif kind == "llama3":
-        factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        factor, low, high = (
+            float(scaling["factor"]),
+            float(scaling["low_freq_factor"]),
+            float(scaling["high_freq_factor"]),
+        )
         old = float(scaling["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
         smooth = (old / wavelen - low) / (high - low)
@@ -269,7 +284,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, nh, T, hd], k and v [B, nkv, T, hd] (query head h reads KV head h // (nh / nkv)), RoPE
         applied to q and k."""
         b, t, _ = x.shape
@@ -337,7 +354,9 @@ def _key_blocks(q_end: int, width: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, q_end)) for start in range(0, q_end, size)]
 
 
-def _block_scores(q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int, keys_visible: torch.Tensor | None) -> torch.Tensor:
+def _block_scores(
+    q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int, keys_visible: torch.Tensor | None
+) -> torch.Tensor:
     """float32 scores [B, nkv, g, bq, bk] of the scaled queries q [B, nkv, g, bq, hd] at q_start.. against
     keys k [B, nkv, bk, hd] at k_start..; keys after the query, or not visible (padding), get the float32
     minimum (as a full-score pass's masked_fill: zero weight, and a row with no key left averages)."""
@@ -352,7 +371,12 @@ def _block_scores(q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int, 
 
 
 def _softmax_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, keys: tuple[int, int], keys_visible: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_start: int,
+    keys: tuple[int, int],
+    keys_visible: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One key block's softmax pieces for the query block q: row maxima m, Σ exp(s − m), Σ exp(s − m)·v."""
     k_start, k_end = keys
@@ -376,7 +400,9 @@ class _BlockCausalAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_visible: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_visible: torch.Tensor | None, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(q.device.type, enabled=False):
             scaled = q * scale
             out = torch.empty_like(q)
@@ -428,7 +454,9 @@ class _SoftLabelCrossEntropy(torch.autograd.Function):
     and the soft labels are gathered from ``probs`` by row, never copied whole."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int
+    ) -> torch.Tensor:
         with torch.autocast(logits.device.type, enabled=False):
             total = torch.zeros((), dtype=torch.float32, device=logits.device)
             for start in range(0, logits.shape[0], chunk_rows):
@@ -447,15 +475,21 @@ class _SoftLabelCrossEntropy(torch.autograd.Function):
             for start in range(0, logits.shape[0], chunk_rows):
                 labels = probs.index_select(0, rows[start : start + chunk_rows])
                 softmax = torch.softmax(logits[start : start + chunk_rows].float(), dim=-1)
-                grad_logits[start : start + chunk_rows] = (grad * (softmax * labels.sum(-1, keepdim=True) - labels)).to(logits.dtype)
+                grad_logits[start : start + chunk_rows] = (grad * (softmax * labels.sum(-1, keepdim=True) - labels)).to(
+                    logits.dtype
+                )
         return grad_logits, None, None, None
 
 
-def soft_label_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+def soft_label_cross_entropy(
+    logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
     """The summed soft-label cross-entropy of ``logits`` [N, Vd] against the rows ``rows`` [N] of
     ``probs`` [M, Vd] (the teacher's distributions), computed in chunks of ``chunk_rows`` rows
     (default: :data:`LOSS_CHUNK_ELEMENTS` logits a chunk)."""
-    return _SoftLabelCrossEntropy.apply(logits, probs, rows, chunk_rows or max(1, LOSS_CHUNK_ELEMENTS // logits.shape[-1]))
+    return _SoftLabelCrossEntropy.apply(
+        logits, probs, rows, chunk_rows or max(1, LOSS_CHUNK_ELEMENTS // logits.shape[-1])
+    )
 
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -484,7 +518,9 @@ class Eagle3Drafter(nn.Module):
         """Copy the target's input embedding [V, H] and freeze it (EAGLE3.md §2)."""
         expected = (self.config.vocab_size, self.config.hidden_size)
         if tuple(weight.shape) != expected:
-            raise DrafterConfigError(f"target embedding has shape {tuple(weight.shape)}, expected {expected} (vocab_size, hidden_size)")
+            raise DrafterConfigError(
+                f"target embedding has shape {tuple(weight.shape)}, expected {expected} (vocab_size, hidden_size)"
+            )
         with torch.no_grad():
             self.embed_tokens.weight.copy_(weight)
         self.embed_tokens.weight.requires_grad_(False)
@@ -549,7 +585,9 @@ class Eagle3Drafter(nn.Module):
             ids = F.pad(input_ids[:, j + 1 :], (0, j + 1))
             cos, sin = self.rope(positions + j)
             if activation_checkpointing:
-                hidden, k, v = checkpoint(self._ttt_step, ids, hidden, cos, sin, keys_visible, list(keys), use_reentrant=False)
+                hidden, k, v = checkpoint(
+                    self._ttt_step, ids, hidden, cos, sin, keys_visible, list(keys), use_reentrant=False
+                )
             else:
                 hidden, k, v = self._ttt_step(ids, hidden, cos, sin, keys_visible, keys)
             keys.append((k, v))

@@ -83,7 +83,9 @@ def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
         "steps": settings.steps,
         "draft_tokens": settings.steps + 1,
         "speculative_config": shlex.quote(
-            json.dumps({"method": "eagle3", "model": settings.draft_model_path, "num_speculative_tokens": settings.steps})
+            json.dumps(
+                {"method": "eagle3", "model": settings.draft_model_path, "num_speculative_tokens": settings.steps}
+            )
         ),
     }
     extra = (settings.speculative_args or DEFAULT_SPECULATIVE[settings.server]).format(**values) if speculative else ""
@@ -159,11 +161,15 @@ class RemoteServer:
         )
         result = self.host.run(line, HOST_COMMAND_TIMEOUT_S)
         if not result.ok or not result.stdout.strip().isdigit():
-            raise BenchmarkError(f"{self.host.name}: could not start the server ({result.stderr.strip() or result.stdout.strip()})")
+            raise BenchmarkError(
+                f"{self.host.name}: could not start the server ({result.stderr.strip() or result.stdout.strip()})"
+            )
         self.pid = int(result.stdout.strip())
 
     def alive(self) -> bool:
-        return self.pid is not None and self.host.run(quote_args("pgrep", "-g", str(self.pid)), HOST_COMMAND_TIMEOUT_S).ok
+        return (
+            self.pid is not None and self.host.run(quote_args("pgrep", "-g", str(self.pid)), HOST_COMMAND_TIMEOUT_S).ok
+        )
 
     def log_tail(self, lines: int = 20) -> str:
         return self.host.run(quote_args("tail", "-n", str(lines), self.log_path), HOST_COMMAND_TIMEOUT_S).stdout
@@ -234,11 +240,19 @@ def _wait_ready(server: RemoteServer, client: _Client, timeout_s: float) -> None
             return
         except (httpx.HTTPError, KeyError, IndexError, ValueError):
             time.sleep(POLL_S)
-    raise BenchmarkError(f"the server did not answer within {timeout_s:g} s; log {server.log_path}:\n{server.log_tail()}")
+    raise BenchmarkError(
+        f"the server did not answer within {timeout_s:g} s; log {server.log_path}:\n{server.log_tail()}"
+    )
 
 
 def _run_arm(
-    arm: str, settings: DrafterBenchmarkConfig, host: Host, base_url: str, prompts: Sequence[Sequence[int]], gate: Gate, report: Reporter
+    arm: str,
+    settings: DrafterBenchmarkConfig,
+    host: Host,
+    base_url: str,
+    prompts: Sequence[Sequence[int]],
+    gate: Gate,
+    report: Reporter,
 ) -> ArmResult:
     speculative = arm == "speculative"
     gate(None)
@@ -257,14 +271,25 @@ def _run_arm(
         tokens = sum(a["completion_tokens"] for a in answers)
         tau = _tau(settings, client, answers, before) if speculative else None
         result = ArmResult(arm, len(answers), tokens, round(wall, 3), tokens / wall if wall > 0 else 0.0, tau)
-        report.progress({"arm": arm, "tokens_per_s": round(result.tokens_per_s, 2), **({"tau_server": round(tau, 4)} if tau else {})})
+        report.progress(
+            {
+                "arm": arm,
+                "tokens_per_s": round(result.tokens_per_s, 2),
+                **({"tau_server": round(tau, 4)} if tau else {}),
+            }
+        )
         return result
     finally:
         client.close()
         server.stop()
 
 
-def _tau(settings: DrafterBenchmarkConfig, client: _Client, answers: Sequence[dict[str, Any]], before: tuple[float, float] | None) -> float:
+def _tau(
+    settings: DrafterBenchmarkConfig,
+    client: _Client,
+    answers: Sequence[dict[str, Any]],
+    before: tuple[float, float] | None,
+) -> float:
     if settings.server == "sglang":
         steps = [a["verify_steps"] for a in answers]
         if any(s is None for s in steps) or not sum(steps):
@@ -292,7 +317,12 @@ def server_spec(settings: DrafterBenchmarkConfig, base_url: str) -> ServerSpec:
 
 
 def run_benchmark(
-    settings: DrafterBenchmarkConfig, host: Host, base_url: str, prompts: Sequence[Sequence[int]], gate: Gate, report: Reporter
+    settings: DrafterBenchmarkConfig,
+    host: Host,
+    base_url: str,
+    prompts: Sequence[Sequence[int]],
+    gate: Gate,
+    report: Reporter,
 ) -> BenchmarkResult:
     """Both arms, one after the other on the same host and prompts (see the module doc)."""
     baseline = _run_arm("baseline", settings, host, base_url, prompts, gate, report)

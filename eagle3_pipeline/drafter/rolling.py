@@ -71,7 +71,9 @@ def read_state(path: Path) -> dict[str, Any] | None:
             raise ValueError("expected an object with layout, segment and stage")
         return state
     except ValueError as exc:
-        raise RollingError(f"{path}: not a rolling state ({exc}); remove it with the drafter's run folder to train anew") from None
+        raise RollingError(
+            f"{path}: not a rolling state ({exc}); remove it with the drafter's run folder to train anew"
+        ) from None
 
 
 def write_state(path: Path, state: Mapping[str, Any]) -> None:
@@ -91,14 +93,26 @@ def _note_disk(state: dict[str, Any], found: Mapping[str, Any]) -> None:
 
 
 def run_rolling(
-    state_path: Path, windows: list[list[str]], epochs: int, extract: Extract, train: Train, delete: Delete, report: Reporter
+    state_path: Path,
+    windows: list[list[str]],
+    epochs: int,
+    extract: Extract,
+    train: Train,
+    delete: Delete,
+    report: Reporter,
 ) -> dict[str, Any]:
     """Every (epoch, window) in order, from where ``state_path`` says; returns the trainer's last
     result with the rolling figures (``rolling_*``). A state of another layout is refused."""
     if not windows:
         raise RollingError("rolling: the store's layout has no train shard")
     digest = layout_digest(windows, epochs)
-    state = read_state(state_path) or {"layout": digest, "segment": 0, "stage": "extract", "step": 0, "windows_trained": 0}
+    state = read_state(state_path) or {
+        "layout": digest,
+        "segment": 0,
+        "stage": "extract",
+        "step": 0,
+        "windows_trained": 0,
+    }
     if state["layout"] != digest:
         raise RollingError(
             f"{state_path}: made for another rolling layout (windows or drafter.epochs changed); remove it with the drafter's "
@@ -155,7 +169,13 @@ class Tradeoff:
 
 
 def tradeoff(
-    train_tokens: float, eval_tokens: float, bytes_per_token: float, shard_tokens: int, window_shards: int, epochs: int, extract_tokens_per_s: float,
+    train_tokens: float,
+    eval_tokens: float,
+    bytes_per_token: float,
+    shard_tokens: int,
+    window_shards: int,
+    epochs: int,
+    extract_tokens_per_s: float,
     target_load_s: float = 0.0,
 ) -> Tradeoff:
     """The store extracted once (all of it on disk) against rolling windows (eval shards + one window
@@ -166,6 +186,7 @@ def tradeoff(
         store_bytes=(train_tokens + eval_tokens) * bytes_per_token,
         rolling_peak_bytes=(eval_tokens + (window_shards + 1) * shard_tokens) * bytes_per_token,
         extract_once_s=(train_tokens + eval_tokens) / extract_tokens_per_s + target_load_s,
-        rolling_extract_s=(epochs * train_tokens + eval_tokens) / extract_tokens_per_s + (epochs * windows + 1) * target_load_s,
+        rolling_extract_s=(epochs * train_tokens + eval_tokens) / extract_tokens_per_s
+        + (epochs * windows + 1) * target_load_s,
         windows=windows,
     )

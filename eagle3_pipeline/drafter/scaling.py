@@ -90,7 +90,10 @@ def new_curve(k: int, epochs: int, data_tokens: Mapping[str, int]) -> dict[str, 
 
 
 def tokens_seen(
-    plans: Sequence[Sequence[Sequence[Hashable]]], epoch: int, batch_index: int, tokens_of: Mapping[Hashable, tuple[str, int]]
+    plans: Sequence[Sequence[Sequence[Hashable]]],
+    epoch: int,
+    batch_index: int,
+    tokens_of: Mapping[Hashable, tuple[str, int]],
 ) -> dict[str, int]:
     """Training tokens per dataset consumed up to the data position ``(epoch, batch_index)`` (the
     next batch to train): every batch of the earlier epochs and the first ``batch_index`` of this
@@ -103,7 +106,9 @@ def tokens_seen(
     return dict(sorted(seen.items()))
 
 
-def curve_point(step: int, seen: Mapping[str, int], acceptance: Mapping[str, AcceptanceStats], k: int) -> dict[str, Any]:
+def curve_point(
+    step: int, seen: Mapping[str, int], acceptance: Mapping[str, AcceptanceStats], k: int
+) -> dict[str, Any]:
     """One checkpoint's entry: ``acceptance`` holds the per-dataset stats and ``all``."""
     return {
         "step": step,
@@ -234,24 +239,37 @@ def fit_tau(dataset: str, tokens: Sequence[float], taus: Sequence[float], k: int
             "a flat curve cannot tell what new data would add",
         )
     if b >= B_RANGE[1] * 0.99:
-        return NoFit(dataset, f"no improvement yet after the first checkpoint (the curve is a step: exponent b at its bound {B_RANGE[1]:g})")
+        return NoFit(
+            dataset,
+            f"no improvement yet after the first checkpoint (the curve is a step: exponent b at its bound {B_RANGE[1]:g})",
+        )
     if b <= B_RANGE[0] * 1.01:
-        return NoFit(dataset, f"no saturation visible (exponent b at its bound {B_RANGE[0]:g}: a line in log N, its ceiling undetermined)")
+        return NoFit(
+            dataset,
+            f"no saturation visible (exponent b at its bound {B_RANGE[0]:g}: a line in log N, its ceiling undetermined)",
+        )
     if tau_inf > k + 1:
-        return NoFit(dataset, f"no saturation visible (fitted ceiling {tau_inf:.2f} > K+1 = {k + 1}): the data do not say where it levels off")
+        return NoFit(
+            dataset,
+            f"no saturation visible (fitted ceiling {tau_inf:.2f} > K+1 = {k + 1}): the data do not say where it levels off",
+        )
     jacobian = np.stack([np.ones_like(x), -(x ** (-b)), a * x ** (-b) * np.log(x)], axis=1)
     try:
         covariance = sd**2 * np.linalg.inv(jacobian.T @ jacobian)
     except np.linalg.LinAlgError:
         return NoFit(dataset, "degenerate fit (the points do not determine the three parameters)")
-    return PowerFit(dataset, k, tau_inf, a, b, n_last, len(pairs), sd, tuple(map(tuple, covariance.tolist())), eval_steps)
+    return PowerFit(
+        dataset, k, tau_inf, a, b, n_last, len(pairs), sd, tuple(map(tuple, covariance.tolist())), eval_steps
+    )
 
 
 def fit_curve(curve: Mapping[str, Any]) -> dict[str, PowerFit | NoFit]:
     """A fit per eval dataset of the curve, and ``all`` against the tokens of every dataset."""
     k = int(curve["k"])
     points = curve["points"]
-    datasets = sorted({d for p in points for d in p["tau"]} - {ALL}) + ([ALL] if any(ALL in p["tau"] for p in points) else [])
+    datasets = sorted({d for p in points for d in p["tau"]} - {ALL}) + (
+        [ALL] if any(ALL in p["tau"] for p in points) else []
+    )
     fits: dict[str, PowerFit | NoFit] = {}
     for dataset in datasets:
         if dataset != ALL and not curve["data_tokens"].get(dataset):
@@ -309,7 +327,15 @@ class ScalingTable:
 
     def rows(self) -> list[list[str]]:
         k = self.k
-        header = ["dataset", "train tokens", f"τ@{k} now", "data", "+ train tokens", "completion tokens", f"τ@{k} expected [95 %]"]
+        header = [
+            "dataset",
+            "train tokens",
+            f"τ@{k} now",
+            "data",
+            "+ train tokens",
+            "completion tokens",
+            f"τ@{k} expected [95 %]",
+        ]
         header += [f"{b}: {what}" for b in self.backends for what in ("time", "$")]
         lines = [header]
         for p in self.purchases:
@@ -406,7 +432,11 @@ def scaling_table(
     table = ScalingTable(int(curve["k"]), int(curve["epochs"]), [b.name for b in backends], {}, fits)
     parts = [generated.get(d, Generated(None, None)) for d in curve["data_tokens"]]
     every = bool(parts) and all(g.completion for g in parts)  # `all` costs what every dataset's share costs
-    total = Generated(sum(g.completion or 0 for g in parts), sum(g.prompt or 0 for g in parts)) if every else Generated(None, None)
+    total = (
+        Generated(sum(g.completion or 0 for g in parts), sum(g.prompt or 0 for g in parts))
+        if every
+        else Generated(None, None)
+    )
     generated = {**generated, ALL: total}
     for dataset, fit in fits.items():
         if isinstance(fit, NoFit):
@@ -416,7 +446,9 @@ def scaling_table(
         per_token = made.completion / data[dataset] if made.completion else None
         prompt_share = (made.prompt or 0) / made.completion if made.completion else None
         if per_token is None:
-            table.notes.append(f"{dataset}: no generation record in the checkpoints, so its cost per training token is unknown")
+            table.notes.append(
+                f"{dataset}: no generation record in the checkpoints, so its cost per training token is unknown"
+            )
         for m in multiples:
             extra = (m - 1) * int(data[dataset])
             completion = round(extra * per_token) if per_token is not None else None
@@ -424,10 +456,20 @@ def scaling_table(
             costs = []
             for backend in backends:
                 rate = throughput.get(backend.name)
-                eta = completion / rate.tokens_per_s if completion is not None and rate and rate.tokens_per_s > 0 else None
+                eta = (
+                    completion / rate.tokens_per_s
+                    if completion is not None and rate and rate.tokens_per_s > 0
+                    else None
+                )
                 costs.append(BackendCost(backend.name, eta, cost_of(backend.price, prompt, completion)))
-            table.purchases.append(Purchase(dataset, m, extra, completion, prompt, fit.predict(m * fit.n_last), tuple(costs)))
-    ratios = [f"{d} {generated[d].completion / data[d]:.2f}" for d in table.now if generated.get(d) and generated[d].completion]
+            table.purchases.append(
+                Purchase(dataset, m, extra, completion, prompt, fit.predict(m * fit.n_last), tuple(costs))
+            )
+    ratios = [
+        f"{d} {generated[d].completion / data[d]:.2f}"
+        for d in table.now
+        if generated.get(d) and generated[d].completion
+    ]
     if ratios:
         table.notes.append("completion tokens generated per training token: " + ", ".join(ratios))
     if table.purchases:

@@ -46,7 +46,9 @@ def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, An
     """JSON-able spec for ``eagle3_pipeline.drafter.train:run``. Paths are under ``root``, the
     pipeline's own artifacts root by default: ``run_heavy_phase`` maps them onto the host's."""
     drafter = config.drafter
-    settings: dict[str, Any] = drafter.model_dump(exclude={"model", "target_weights", "seed", "max_seq_len", "nproc_per_node"})
+    settings: dict[str, Any] = drafter.model_dump(
+        exclude={"model", "target_weights", "seed", "max_seq_len", "nproc_per_node"}
+    )
     settings["model"] = drafter.model.model_dump(exclude_none=True)
     settings["seed"] = config.seed if drafter.seed is None else drafter.seed
     settings["max_seq_len"] = drafter.max_seq_len or config.target.max_seq_len

@@ -37,7 +37,9 @@ def is_speculators_config(raw: dict[str, Any]) -> bool:
     return raw.get("speculators_model_type") is not None
 
 
-def speculators_config(export: dict[str, Any], verifier: str, verifier_architectures: list[str], speculative_tokens: int) -> dict[str, Any]:
+def speculators_config(
+    export: dict[str, Any], verifier: str, verifier_architectures: list[str], speculative_tokens: int
+) -> dict[str, Any]:
     """The speculators ``config.json`` for our export's ``config.json``."""
     layer_keys = (
         "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -65,9 +67,13 @@ def speculators_config(export: dict[str, Any], verifier: str, verifier_architect
 def config_from_speculators(raw: dict[str, Any], where: Path) -> DrafterConfig:
     """Our model's dimensions from a speculators ``config.json`` (EAGLE-3 with one Llama layer)."""
     if raw.get("speculators_model_type") != SPECULATORS_TYPE:
-        raise DrafterConfigError(f"{where}: speculators_model_type is {raw.get('speculators_model_type')!r}, expected {SPECULATORS_TYPE!r}")
+        raise DrafterConfigError(
+            f"{where}: speculators_model_type is {raw.get('speculators_model_type')!r}, expected {SPECULATORS_TYPE!r}"
+        )
     if raw.get("norm_before_residual", False):
-        raise DrafterConfigError(f"{where}: norm_before_residual is true; this drafter keeps the un-normed residual (false)")
+        raise DrafterConfigError(
+            f"{where}: norm_before_residual is true; this drafter keeps the un-normed residual (false)"
+        )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict) or layer.get("num_hidden_layers", 1) != 1:
         raise DrafterConfigError(f"{where}: transformer_layer_config must be a Llama config with num_hidden_layers 1")
@@ -92,10 +98,14 @@ def config_from_speculators(raw: dict[str, Any], where: Path) -> DrafterConfig:
 
 
 def our_weight_names(tensors: dict[str, Any]) -> dict[str, Any]:
-    return {(OUR_LAYER_PREFIX + k[len(LAYER_PREFIX) :] if k.startswith(LAYER_PREFIX) else k): v for k, v in tensors.items()}
+    return {
+        (OUR_LAYER_PREFIX + k[len(LAYER_PREFIX) :] if k.startswith(LAYER_PREFIX) else k): v for k, v in tensors.items()
+    }
 
 
-def to_speculators(export_dir: Path, out_dir: Path, target_model_dir: Path, verifier: str | None = None, speculative_tokens: int = 3) -> Path:
+def to_speculators(
+    export_dir: Path, out_dir: Path, target_model_dir: Path, verifier: str | None = None, speculative_tokens: int = 3
+) -> Path:
     """Write ``out_dir`` in the speculators layout from our export ``export_dir``. The target model
     folder gives the embedding (when the export does not carry it) and the verifier's
     architectures; ``verifier`` is what vLLM loads as the target (default: that folder)."""
@@ -109,14 +119,21 @@ def to_speculators(export_dir: Path, out_dir: Path, target_model_dir: Path, veri
     export_dir, out_dir, target_model_dir = Path(export_dir), Path(out_dir), Path(target_model_dir)
     export = json.loads((export_dir / CONFIG_FILE).read_text())
     if export.get("architectures") != [ARCHITECTURE]:
-        raise DrafterConfigError(f"{export_dir / CONFIG_FILE}: architectures is {export.get('architectures')}, expected [{ARCHITECTURE!r}]")
+        raise DrafterConfigError(
+            f"{export_dir / CONFIG_FILE}: architectures is {export.get('architectures')}, expected [{ARCHITECTURE!r}]"
+        )
     target = json.loads((target_model_dir / CONFIG_FILE).read_text())
     tensors = load_file(str(export_dir / WEIGHTS_FILE))
     dtype = tensors["fc.weight"].dtype
     if "embed_tokens.weight" not in tensors:
         tensors["embed_tokens.weight"] = embedding_tensor(target_model_dir).to(dtype)
-    renamed = {(LAYER_PREFIX + k[len(OUR_LAYER_PREFIX) :] if k.startswith(OUR_LAYER_PREFIX) else k): v.contiguous() for k, v in tensors.items()}
-    config = speculators_config(export, verifier or str(target_model_dir), list(target.get("architectures") or []), speculative_tokens)
+    renamed = {
+        (LAYER_PREFIX + k[len(OUR_LAYER_PREFIX) :] if k.startswith(OUR_LAYER_PREFIX) else k): v.contiguous()
+        for k, v in tensors.items()
+    }
+    config = speculators_config(
+        export, verifier or str(target_model_dir), list(target.get("architectures") or []), speculative_tokens
+    )
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -40,7 +40,9 @@ def read_target_config(folder: Path) -> dict[str, Any]:
     """The language model's config of the target folder, its dimensions checked."""
     path = Path(folder) / "config.json"
     if not path.is_file():
-        raise TargetWeightsError(f"{path}: no target config.json (drafter.target_weights must be the target model folder)")
+        raise TargetWeightsError(
+            f"{path}: no target config.json (drafter.target_weights must be the target model folder)"
+        )
     raw = read_config(str(folder))
     dimensions(raw, str(path))
     return text_config(raw)
@@ -52,7 +54,9 @@ def embedding_tensor(folder: Path, embedding_key: str | None = None) -> torch.Te
     return read_tensors(Path(folder), [name])[name]
 
 
-def load_target_weights(folder: Path, embedding_key: str | None = None, lm_head_key: str | None = None) -> TargetWeights:
+def load_target_weights(
+    folder: Path, embedding_key: str | None = None, lm_head_key: str | None = None
+) -> TargetWeights:
     """``embedding_key``/``lm_head_key`` None: the names under the detected prefix; ``lm_head`` is
     the embedding when the target ties them and ships no ``lm_head``."""
     folder = Path(folder)
@@ -63,5 +67,7 @@ def load_target_weights(folder: Path, embedding_key: str | None = None, lm_head_
     expected = (int(config["vocab_size"]), int(config["hidden_size"]))
     for name, tensor in (("embedding", embedding), ("lm_head", lm_head)):
         if tuple(tensor.shape) != expected:
-            raise TargetWeightsError(f"{folder}: target {name} has shape {tuple(tensor.shape)}, expected {expected} (vocab_size, hidden_size)")
+            raise TargetWeightsError(
+                f"{folder}: target {name} has shape {tuple(tensor.shape)}, expected {expected} (vocab_size, hidden_size)"
+            )
     return TargetWeights(config, embedding, lm_head)

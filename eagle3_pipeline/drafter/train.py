@@ -66,7 +66,14 @@ from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoin
 from eagle3_pipeline.drafter.data import Batch, BatchReader, Row, epoch_plan, store_rows, teacher
 from eagle3_pipeline.drafter.evaluate import add_drafter_batch, read_rows
 from eagle3_pipeline.drafter.export import export_for_servers
-from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, rope_kind, soft_label_cross_entropy, target_rope, yarn_for_servers
+from eagle3_pipeline.drafter.model import (
+    DrafterConfig,
+    Eagle3Drafter,
+    rope_kind,
+    soft_label_cross_entropy,
+    target_rope,
+    yarn_for_servers,
+)
 from eagle3_pipeline.drafter.scaling import curve_point, new_curve, tokens_seen, write_curve
 from eagle3_pipeline.drafter.target import TargetWeights, load_target_weights
 from eagle3_pipeline.hidden_states.plan import RollingLayout, read_rolling_layout
@@ -121,7 +128,14 @@ class TrainSettings:
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the checkpoint (bookkeeping settings excluded, and
         activation checkpointing: it recomputes the same values, so a run may resume with it switched)."""
-        skip = {"checkpoint_every", "keep_checkpoints", "eval_samples", "log_every", "export_dtype", "activation_checkpointing"}
+        skip = {
+            "checkpoint_every",
+            "keep_checkpoints",
+            "eval_samples",
+            "log_every",
+            "export_dtype",
+            "activation_checkpointing",
+        }
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -140,9 +154,18 @@ def mla_draft_shape(hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]
     """
     head_dim = int(overrides.get("head_dim") or MLA_DRAFT_HEAD_DIM)
     heads = int(overrides.get("num_attention_heads") or max(1, hidden // head_dim))
-    kv_heads = overrides.get("num_key_value_heads") or max(n for n in range(1, min(heads, MLA_DRAFT_KV_HEADS) + 1) if heads % n == 0)
-    intermediate = overrides.get("intermediate_size") or 128 * -(-hidden * MLA_DRAFT_INTERMEDIATE // (MLA_DRAFT_HIDDEN * 128))
-    return {"head_dim": head_dim, "num_attention_heads": heads, "num_key_value_heads": int(kv_heads), "intermediate_size": int(intermediate)}
+    kv_heads = overrides.get("num_key_value_heads") or max(
+        n for n in range(1, min(heads, MLA_DRAFT_KV_HEADS) + 1) if heads % n == 0
+    )
+    intermediate = overrides.get("intermediate_size") or 128 * -(
+        -hidden * MLA_DRAFT_INTERMEDIATE // (MLA_DRAFT_HIDDEN * 128)
+    )
+    return {
+        "head_dim": head_dim,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "intermediate_size": int(intermediate),
+    }
 
 
 def copied_draft_shape(target: Mapping[str, Any], hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]:
@@ -150,7 +173,9 @@ def copied_draft_shape(target: Mapping[str, Any], hidden: int, overrides: Mappin
     heads = int(overrides.get("num_attention_heads") or target["num_attention_heads"])
     default_head_dim = target.get("head_dim") or int(target["hidden_size"]) // int(target["num_attention_heads"])
     return {
-        "head_dim": int(overrides.get("head_dim") or (default_head_dim if hidden == int(target["hidden_size"]) else hidden // heads)),
+        "head_dim": int(
+            overrides.get("head_dim") or (default_head_dim if hidden == int(target["hidden_size"]) else hidden // heads)
+        ),
         "num_attention_heads": heads,
         "num_key_value_heads": int(overrides.get("num_key_value_heads") or target.get("num_key_value_heads", heads)),
         "intermediate_size": int(overrides.get("intermediate_size") or target["intermediate_size"]),
@@ -182,7 +207,9 @@ def drafter_rope(target: Mapping[str, Any], overrides: Mapping[str, Any]) -> tup
     return theta, scaling, positions
 
 
-def drafter_config(target: Mapping[str, Any], draft_vocab_size: int, aux_layer_ids: list[int], overrides: Mapping[str, Any]) -> DrafterConfig:
+def drafter_config(
+    target: Mapping[str, Any], draft_vocab_size: int, aux_layer_ids: list[int], overrides: Mapping[str, Any]
+) -> DrafterConfig:
     """The draft model for ``target``, the language model's config as a flat dict (a nested
     ``text_config`` resolved). Hidden size, vocabulary, norm epsilon, RoPE and context are the
     target's; attention and MLP are the target's too (:func:`copied_draft_shape`) except for an MLA
@@ -211,7 +238,9 @@ def drafter_config(target: Mapping[str, Any], draft_vocab_size: int, aux_layer_i
     )
 
 
-def build_model(config: DrafterConfig, target: TargetWeights, d2t: torch.Tensor, t2d: torch.Tensor, seed: int) -> Eagle3Drafter:
+def build_model(
+    config: DrafterConfig, target: TargetWeights, d2t: torch.Tensor, t2d: torch.Tensor, seed: int
+) -> Eagle3Drafter:
     """Fresh drafter: seeded init, the target's embedding frozen (trained when draft H != target H)."""
     torch.manual_seed(seed)
     model = Eagle3Drafter(config)
@@ -360,22 +389,36 @@ def row_tokens(store: HiddenStateStore, max_seq_len: int) -> dict[Row, tuple[str
     return out
 
 
-def eval_plans(rows: Sequence[Row], tokens_of: Mapping[Row, tuple[str, int]], settings: TrainSettings) -> dict[str, list[list[Row]]]:
+def eval_plans(
+    rows: Sequence[Row], tokens_of: Mapping[Row, tuple[str, int]], settings: TrainSettings
+) -> dict[str, list[list[Row]]]:
     """The batches each checkpoint evaluates, per dataset: at most ``eval_samples`` rows in all, taken
     from the datasets in turn (index order within each), so every eval dataset gets a τ."""
     by_dataset: dict[str, list[Row]] = {}
     for row in rows:
         by_dataset.setdefault(tokens_of[row][0], []).append(row)
     queues = [by_dataset[d] for d in sorted(by_dataset)]
-    chosen = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][: settings.eval_samples]
-    plans = {d: epoch_plan([r for r in chosen if tokens_of[r][0] == d], settings.seed, -1, settings.batch_tokens, settings.max_seq_len) for d in sorted(by_dataset)}
+    chosen = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][
+        : settings.eval_samples
+    ]
+    plans = {
+        d: epoch_plan(
+            [r for r in chosen if tokens_of[r][0] == d], settings.seed, -1, settings.batch_tokens, settings.max_seq_len
+        )
+        for d in sorted(by_dataset)
+    }
     return {d: plan for d, plan in plans.items() if plan}
 
 
 @torch.no_grad()
 def evaluate(
-    model: Eagle3Drafter, reader: BatchReader, plans: Mapping[str, list[list[Row]]], lm_head: torch.Tensor, settings: TrainSettings,
-    device: torch.device, autocast: torch.dtype | None,
+    model: Eagle3Drafter,
+    reader: BatchReader,
+    plans: Mapping[str, list[list[Row]]],
+    lm_head: torch.Tensor,
+    settings: TrainSettings,
+    device: torch.device,
+    autocast: torch.dtype | None,
 ) -> tuple[dict[str, float], dict[str, AcceptanceStats]]:
     """Per-step loss and accuracy on the eval split, weighted by tokens, and the acceptance length τ
     a greedy chain-drafting server would see (``tau@K``): accuracy can look fine while τ collapses.
@@ -393,7 +436,9 @@ def evaluate(
             batch = batch.to(device)
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
-                add_drafter_batch(per_dataset[dataset], model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask)
+                add_drafter_batch(
+                    per_dataset[dataset], model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask
+                )
             weight += tokens
             losses += metrics.step_losses * tokens
             hits += metrics.hits
@@ -461,20 +506,32 @@ class Window:
         n, s = self.count, self.steps
         elapsed = max(time.monotonic() - self.started, 1e-9)
         tokens = int(values[-1])
-        row: dict[str, float] = {"step": step, "loss": values[0] / n, "lr": lr, "tokens_per_s": round(tokens / elapsed, 1)}
+        row: dict[str, float] = {
+            "step": step,
+            "loss": values[0] / n,
+            "lr": lr,
+            "tokens_per_s": round(tokens / elapsed, 1),
+        }
         row.update({f"acc_{j}": values[1 + j] / max(values[1 + s + j], 1.0) for j in range(s)})
         return row, tokens
 
 
-def rolling_plans(layout: RollingLayout, settings: TrainSettings) -> tuple[list[list[list[Row]]], dict[Row, tuple[str, int]]]:
+def rolling_plans(
+    layout: RollingLayout, settings: TrainSettings
+) -> tuple[list[list[list[Row]]], dict[Row, tuple[str, int]]]:
     """The segments of a rolling run, one per (epoch, window), epoch-major, each the window's rows
     (of 3 tokens or more) planned by :func:`epoch_plan` keyed ``epoch/window``; and each train row's
     dataset and loss-masked tokens from the layout (the whole row's, also for a row longer than
     ``max_seq_len``: the τ curve's token counts then include its cut tail)."""
     tokens_of = {Row(r.shard, r.offset, r.length): (r.dataset, r.num_masked) for r in layout.rows}
-    rows = [[Row(r.shard, r.offset, r.length) for r in layout.window_rows(w) if r.length >= 3] for w in range(len(layout.windows))]
+    rows = [
+        [Row(r.shard, r.offset, r.length) for r in layout.window_rows(w) if r.length >= 3]
+        for w in range(len(layout.windows))
+    ]
     plans = [
-        epoch_plan(rows[w], settings.seed, f"{e}/{w}", settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs) for w in range(len(rows))
+        epoch_plan(rows[w], settings.seed, f"{e}/{w}", settings.batch_tokens, settings.max_seq_len)
+        for e in range(settings.epochs)
+        for w in range(len(rows))
     ]
     return plans, tokens_of
 
@@ -525,7 +582,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
             f"{manifest.target.vocab_size}; {paths['target_weights']} has hidden {target.hidden_size}, vocab {target.vocab_size}"
         )
     if t2d.shape[0] != target.vocab_size:
-        raise TrainError(f"{paths['draft_vocab']}: t2d covers {t2d.shape[0]} tokens, the target vocabulary has {target.vocab_size}")
+        raise TrainError(
+            f"{paths['draft_vocab']}: t2d covers {t2d.shape[0]} tokens, the target vocabulary has {target.vocab_size}"
+        )
     config = drafter_config(target.config, int(d2t.shape[0]), list(manifest.aux_layer_ids), settings.model)
     rolling = spec.get("rolling")
     layout = read_rolling_layout(paths["store"]) if rolling is not None else None
@@ -545,7 +604,10 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     tokens_of = row_tokens(store, settings.max_seq_len)
     if layout is None:
         train_rows = store_rows(store, "train")
-        plans = [epoch_plan(train_rows, settings.seed, e, settings.batch_tokens, settings.max_seq_len) for e in range(settings.epochs)]
+        plans = [
+            epoch_plan(train_rows, settings.seed, e, settings.batch_tokens, settings.max_seq_len)
+            for e in range(settings.epochs)
+        ]
         limit = settings.epochs
     else:
         plans, layout_tokens = rolling_plans(layout, settings)
@@ -586,7 +648,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
             )
         differ = sorted(k for k in identity if state["identity"].get(k) != identity[k])
         if differ:
-            raise TrainError(f"{found}: made under other {', '.join(differ)} than this run; remove {paths['run_dir']} to train anew")
+            raise TrainError(
+                f"{found}: made under other {', '.join(differ)} than this run; remove {paths['run_dir']} to train anew"
+            )
         model.load_state_dict(state["model"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -598,10 +662,16 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         written_by = state.get("world_size", 1)
         report.log(
             f"resuming from {found.name}: step {step}/{total_steps}, epoch {epoch}, batch {batch_index}, {processes}"
-            + (f" (the checkpoint was written by a run of {_processes(written_by)})" if written_by != ranks.world else "")
+            + (
+                f" (the checkpoint was written by a run of {_processes(written_by)})"
+                if written_by != ranks.world
+                else ""
+            )
         )
     else:
-        report.log(f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}, {processes}")
+        report.log(
+            f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}, {processes}"
+        )
     if layout is not None and step < total_steps:
         here, start, end = _advance(plans, epoch, batch_index), _advance(plans, limit - 1, 0), _advance(plans, limit, 0)
         if not start <= here <= end:
@@ -611,7 +681,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
                 ": that would train a window twice or skip one. The rolling state and the checkpoints disagree; "
                 f"remove {paths['run_dir']} (with its rolling.json) to train anew"
             )
-        report.log(f"rolling: segment {limit - 1} (epoch × {len(layout.windows)} + window), {len(plans[limit - 1])} batches")
+        report.log(
+            f"rolling: segment {limit - 1} (epoch × {len(layout.windows)} + window), {len(plans[limit - 1])} batches"
+        )
 
     forward: Callable[..., list[torch.Tensor]] = model
     if ranks.world > 1:
@@ -620,13 +692,29 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         )
 
     def checkpoint() -> None:
-        metrics, acceptance = evaluate(model, BatchReader(paths["store"], settings.max_seq_len), eval_by_dataset, lm_head, settings, device, autocast)
+        metrics, acceptance = evaluate(
+            model,
+            BatchReader(paths["store"], settings.max_seq_len),
+            eval_by_dataset,
+            lm_head,
+            settings,
+            device,
+            autocast,
+        )
         evals.append({"step": step, **metrics})
         if acceptance:
-            tau_curve["points"].append(curve_point(step, tokens_seen(plans, epoch, batch_index, tokens_of), acceptance, tau_k))
-        write_curve(paths["run_dir"], tau_curve)  # before the checkpoint: never behind it (a resume recomputes the point)
+            tau_curve["points"].append(
+                curve_point(step, tokens_seen(plans, epoch, batch_index, tokens_of), acceptance, tau_k)
+            )
+        write_curve(
+            paths["run_dir"], tau_curve
+        )  # before the checkpoint: never behind it (a resume recomputes the point)
         state = {
-            "model": {k: v for k, v in model.state_dict().items() if not (k == "embed_tokens.weight" and model.embedding_frozen)},
+            "model": {
+                k: v
+                for k, v in model.state_dict().items()
+                if not (k == "embed_tokens.weight" and model.embedding_frozen)
+            },
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": _rng_state(),
@@ -640,7 +728,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
             "identity": identity,
         }
         where = save_checkpoint(paths["run_dir"], step, state, d2t, t2d, settings.keep_checkpoints)
-        report.log(f"checkpoint {where.name} written; eval {json.dumps({k: round(v, 4) for k, v in evals[-1].items()})}")
+        report.log(
+            f"checkpoint {where.name} written; eval {json.dumps({k: round(v, 4) for k, v in evals[-1].items()})}"
+        )
 
     reader = BatchReader(paths["store"], settings.max_seq_len)
     window = Window(settings.ttt_steps, device)
@@ -659,7 +749,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         tokens = batch.tokens if real else 0
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps, ranks, forward, settings.activation_checkpointing)
+            metrics = ttt_loss(
+                model, batch, lm_head, settings.ttt_steps, ranks, forward, settings.activation_checkpointing
+            )
         optimizer.zero_grad(set_to_none=True)
         (metrics.loss * ranks.world).backward()  # DDP averages the ranks' gradients; their losses add up
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)

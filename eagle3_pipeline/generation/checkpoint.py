@@ -100,7 +100,9 @@ class CheckpointWriter:
     def append(self, record: dict[str, Any]) -> None:
         _write_all(self._fd, _line(record))
         policy = self._checkpoint.fsync
-        if policy == "always" or (policy == "interval" and time.monotonic() - self._synced_at >= self._checkpoint.fsync_interval_s):
+        if policy == "always" or (
+            policy == "interval" and time.monotonic() - self._synced_at >= self._checkpoint.fsync_interval_s
+        ):
             os.fsync(self._fd)
             self._synced_at = time.monotonic()
 

@@ -67,7 +67,12 @@ def request_body(
     """The chat-completions body; ``chat_template_kwargs`` (SGLang's and vLLM's extension, e.g.
     Kimi-K2.5's ``{"thinking": false}``) only when set."""
     wire = [wire_message(m) for m in messages]
-    body: dict[str, Any] = {"model": endpoint.model, "messages": wire, "max_tokens": max_tokens, "temperature": temperature}
+    body: dict[str, Any] = {
+        "model": endpoint.model,
+        "messages": wire,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+    }
     if tools:
         body["tools"] = tools
     if chat_template_kwargs:
@@ -85,18 +90,24 @@ async def attempt_completion(
         return AttemptFailure(f"{type(exc).__name__}: no answer from {endpoint.base_url} in time", retryable=True)
     except httpx.HTTPError as exc:
         detail = f": {exc}" if str(exc) else " (connection dropped)"
-        return AttemptFailure(_excerpt(endpoint, f"{type(exc).__name__} talking to {endpoint.base_url}{detail}"), retryable=True)
+        return AttemptFailure(
+            _excerpt(endpoint, f"{type(exc).__name__} talking to {endpoint.base_url}{detail}"), retryable=True
+        )
     latency = time.perf_counter() - started
     if reply.status_code != 200:
         return _status_failure(endpoint, reply)
     try:
         payload = reply.json()
     except ValueError:
-        return AttemptFailure(f"HTTP 200 from {endpoint.base_url} with a body that is not JSON (truncated?)", retryable=True, status=200)
+        return AttemptFailure(
+            f"HTTP 200 from {endpoint.base_url} with a body that is not JSON (truncated?)", retryable=True, status=200
+        )
     return parse_completion(payload, endpoint, latency, prompt_tokens_est)
 
 
-def parse_completion(payload: Any, endpoint: Endpoint, latency_s: float, prompt_tokens_est: int) -> Completion | AttemptFailure:
+def parse_completion(
+    payload: Any, endpoint: Endpoint, latency_s: float, prompt_tokens_est: int
+) -> Completion | AttemptFailure:
     """An OpenAI chat completion → :class:`Completion`. Usage a server leaves out is estimated from
     the text and flagged; the cost is the response's ``usage.cost`` if present, else the price table's.
     An answer with no content (once the reasoning is split off) and no tool calls is a retryable
@@ -115,7 +126,9 @@ def parse_completion(payload: Any, endpoint: Endpoint, latency_s: float, prompt_
         reason = f"answer from {endpoint.base_url} is not an OpenAI chat completion (no choices[0].message)"
         return AttemptFailure(reason, retryable=False, status=200)
     if content is not None and not isinstance(content, str):
-        return AttemptFailure(f"answer from {endpoint.base_url} has a content that is not text", retryable=False, status=200)
+        return AttemptFailure(
+            f"answer from {endpoint.base_url} has a content that is not text", retryable=False, status=200
+        )
     if not (content or "").strip() and not calls:
         reason = f"empty answer from {endpoint.base_url} (finish_reason {finish_reason or 'none'}, no content and no tool calls)"
         return AttemptFailure(reason, retryable=True, status=200, kind="empty")
@@ -125,7 +138,9 @@ def parse_completion(payload: Any, endpoint: Endpoint, latency_s: float, prompt_
     if prompt_tokens is None:
         prompt_tokens = prompt_tokens_est
     if completion_tokens is None:
-        completion_tokens = math.ceil((len(content or "") + len(tool_calls or "") + len(reasoning or "")) / CHARS_PER_TOKEN)
+        completion_tokens = math.ceil(
+            (len(content or "") + len(tool_calls or "") + len(reasoning or "")) / CHARS_PER_TOKEN
+        )
     cost = _float(usage.get("cost"))
     if cost is None and endpoint.price is not None:
         cost = endpoint.price.cost(prompt_tokens, completion_tokens)
@@ -159,8 +174,13 @@ def _payload_error(endpoint: Endpoint, error: dict[str, Any]) -> AttemptFailure:
     """A 200 answer that carries an ``error`` object instead of choices (hosted routers do this)."""
     code = _int(error.get("code"))
     if code in AUTH_STATUSES:
-        return AttemptFailure(f"error {code} from {endpoint.base_url}: the server refused the credentials", retryable=False, status=code)
-    reason = _excerpt(endpoint, f"error {code if code is not None else '(no code)'} from {endpoint.base_url}: {error.get('message', '')}")
+        return AttemptFailure(
+            f"error {code} from {endpoint.base_url}: the server refused the credentials", retryable=False, status=code
+        )
+    reason = _excerpt(
+        endpoint,
+        f"error {code if code is not None else '(no code)'} from {endpoint.base_url}: {error.get('message', '')}",
+    )
     return AttemptFailure(reason, retryable=code is None or is_retryable_status(code), status=code)
 
 

@@ -20,7 +20,16 @@ RESPONSE_TABLE_SCHEMA = (
 )
 
 ROW_FIELDS = (
-    "response", "finish_reason", "prompt_tokens", "completion_tokens", "latency_s", "model", "endpoint", "finished_at", "reasoning", "cost"
+    "response",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_s",
+    "model",
+    "endpoint",
+    "finished_at",
+    "reasoning",
+    "cost",
 )
 
 

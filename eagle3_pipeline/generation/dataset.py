@@ -72,7 +72,8 @@ class DatasetResult:
             "data_version": self.data_version,
             "previous_answers_kept_in": str(self.kept_aside) if self.kept_aside else "none",
             "skipped_over_length": len(over),
-            "over_length_ids": over[:LISTED_IDS] + ([f"... {len(over) - LISTED_IDS} more"] if len(over) > LISTED_IDS else []),
+            "over_length_ids": over[:LISTED_IDS]
+            + ([f"... {len(over) - LISTED_IDS} more"] if len(over) > LISTED_IDS else []),
             "length_estimator": self.lengths.estimator,
             "length_estimate_fallbacks": self.lengths.fallbacks,
             "longest_prompt_tokens_est": self.lengths.longest,
@@ -112,11 +113,25 @@ def generate_dataset(
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
     decision = settle_fingerprint(config, dataset.id, has_answers=bool(checkpoint.load()))
     lengths = check_lengths(
-        prompts, config.target.max_seq_len, settings.max_tokens, settings.length_estimator, tokenizer_name,
-        config.target.trust_remote_code, settings.chat_template_kwargs,
+        prompts,
+        config.target.max_seq_len,
+        settings.max_tokens,
+        settings.length_estimator,
+        tokenizer_name,
+        config.target.trust_remote_code,
+        settings.chat_template_kwargs,
     )
     failover = FailoverSettings.from_config(config, dataset.id, layout.failover(dataset.id))
-    summary = generate(lengths.fits, resolve_endpoints, settings, checkpoint, layout.errors(dataset.id), dataset.token_budget, sinks, failover)
+    summary = generate(
+        lengths.fits,
+        resolve_endpoints,
+        settings,
+        checkpoint,
+        layout.errors(dataset.id),
+        dataset.token_budget,
+        sinks,
+        failover,
+    )
     allowed = int(settings.max_failed_fraction * len(lengths.fits))
     if summary.failed > allowed:
         raise GenerationFailed(
@@ -134,7 +149,9 @@ def generate_dataset(
     return DatasetResult(summary, rows, state, decision.fingerprint, version, lengths, held_back, decision.kept_aside)
 
 
-def within_budget(rows: list[dict[str, Any]], budget: int | None, settings: GenerationConfig) -> tuple[list[dict[str, Any]], list[str]]:
+def within_budget(
+    rows: list[dict[str, Any]], budget: int | None, settings: GenerationConfig
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows, unless they exceed the budget by more than the requests in flight can explain
     (the budget was lowered after generating): then the answers in id order until the budget is
     reached — an unbiased sample again — and the ids held back (their answers stay checkpointed)."""

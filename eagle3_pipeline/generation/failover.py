@@ -45,15 +45,32 @@ class FailoverSettings:
     probe_timeout_s: float | None = None
 
     @classmethod
-    def from_config(cls, config: PipelineConfig, dataset_id: str, log_path: Path, now: float | None = None) -> FailoverSettings | None:
+    def from_config(
+        cls, config: PipelineConfig, dataset_id: str, log_path: Path, now: float | None = None
+    ) -> FailoverSettings | None:
         failover = config.generation.failover
         if failover is None:
             return None
         start = time.time() if now is None else now
-        deadline = start + failover.deadline_s if failover.deadline_s is not None else failover.deadline.timestamp() if failover.deadline else None
+        deadline = (
+            start + failover.deadline_s
+            if failover.deadline_s is not None
+            else failover.deadline.timestamp()
+            if failover.deadline
+            else None
+        )
         order = config.failover_order()
         names = [endpoint_label(config.inference.endpoints[i]) for i in order]
-        return cls(dataset_id, order, names, deadline, failover.check_every_s, failover.unhealthy_after_errors, log_path, failover.probe_timeout_s)
+        return cls(
+            dataset_id,
+            order,
+            names,
+            deadline,
+            failover.check_every_s,
+            failover.unhealthy_after_errors,
+            log_path,
+            failover.probe_timeout_s,
+        )
 
 
 def _iso(epoch: float) -> str:
@@ -126,7 +143,9 @@ class Failover:
             return False
         return time.time() + work.completion_left / rate > self.settings.deadline_at
 
-    def move(self, reason: str, work: Workload, rate: float | None, eta: float | None, sent: int, moved_in_flight: int) -> dict[str, Any]:
+    def move(
+        self, reason: str, work: Workload, rate: float | None, eta: float | None, sent: int, moved_in_flight: int
+    ) -> dict[str, Any]:
         """Make the next backend current and record why, with the numbers (JSON line + the decision)."""
         old, old_name = self.current, self.name
         self.position += 1
@@ -156,7 +175,13 @@ class Failover:
             "cost_left_on_old_usd": cost(old),
             "cost_left_on_new_usd": cost(self.current),
         }
-        self.since, self.tokens, self.answers, self.failed_in_a_row, self.answers_at_last_check = time.monotonic(), 0, 0, 0, 0
+        self.since, self.tokens, self.answers, self.failed_in_a_row, self.answers_at_last_check = (
+            time.monotonic(),
+            0,
+            0,
+            0,
+            0,
+        )
         self.decisions.append(decision)
         self.settings.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.settings.log_path.open("a", encoding="utf-8") as log:

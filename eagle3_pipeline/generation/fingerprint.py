@@ -87,7 +87,9 @@ def configured_fingerprint(config: PipelineConfig) -> GenerationFingerprint:
         temperature=settings.temperature,
         reasoning=settings.reasoning,
         regenerate_turns=settings.regenerate_turns,
-        chat_template_kwargs=json.dumps(settings.chat_template_kwargs, sort_keys=True) if settings.chat_template_kwargs else "",
+        chat_template_kwargs=json.dumps(settings.chat_template_kwargs, sort_keys=True)
+        if settings.chat_template_kwargs
+        else "",
     )
 
 
@@ -104,7 +106,9 @@ def read_fingerprint(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise FingerprintMismatch(f"{path}: not a readable fingerprint ({exc}); move it aside with the checkpoint") from None
+        raise FingerprintMismatch(
+            f"{path}: not a readable fingerprint ({exc}); move it aside with the checkpoint"
+        ) from None
     if not isinstance(document, dict) or not isinstance(document.get("fingerprint"), dict):
         raise FingerprintMismatch(f"{path}: expected an object with a 'fingerprint' object")
     return document
@@ -174,7 +178,9 @@ def settle_fingerprint(config: PipelineConfig, dataset_id: str, has_answers: boo
     changed = differences(document["fingerprint"] if document else None, configured)
     if not has_answers:
         # Nothing to protect; failures recorded under other settings are kept aside with their fingerprint.
-        folder = keep_aside(layout, dataset_id, str(document.get("digest"))) if document is not None and changed else None
+        folder = (
+            keep_aside(layout, dataset_id, str(document.get("digest"))) if document is not None and changed else None
+        )
         write_fingerprint(path, configured, endpoints)
         return FingerprintDecision(configured, folder)
     if not changed:

@@ -34,7 +34,10 @@ class LengthCheck:
 
 
 def _template_lengths(
-    prompts: Sequence[PromptRecord], tokenizer_name: str, trust_remote_code: bool, chat_template_kwargs: Mapping[str, Any]
+    prompts: Sequence[PromptRecord],
+    tokenizer_name: str,
+    trust_remote_code: bool,
+    chat_template_kwargs: Mapping[str, Any],
 ) -> tuple[list[int], int]:
     from jinja2 import TemplateError
 
@@ -60,8 +63,15 @@ def _template_lengths(
             texts.append(None)  # a template that cannot render this prompt: the character estimate
     rendered_texts = [t for t in texts if t is not None]
     # One call for all: a fast tokenizer encodes the batch in parallel, a slow one text by text.
-    counts = iter(len(ids) for ids in tokenizer(rendered_texts, add_special_tokens=False)["input_ids"]) if rendered_texts else iter(())
-    lengths = [next(counts) if text is not None else estimate_tokens(p.messages, p.tools) for p, text in zip(prompts, texts, strict=True)]
+    counts = (
+        iter(len(ids) for ids in tokenizer(rendered_texts, add_special_tokens=False)["input_ids"])
+        if rendered_texts
+        else iter(())
+    )
+    lengths = [
+        next(counts) if text is not None else estimate_tokens(p.messages, p.tools)
+        for p, text in zip(prompts, texts, strict=True)
+    ]
     return lengths, sum(1 for t in texts if t is None)
 
 
@@ -78,7 +88,9 @@ def check_lengths(
     the rest. ``trust_remote_code`` is ``target.trust_remote_code``; ``chat_template_kwargs`` go to
     every render, as the server gets them (Kimi-K2.5: ``{"thinking": False}``)."""
     if estimator == "tokenizer" and tokenizer_name:
-        lengths, fallbacks = _template_lengths(prompts, tokenizer_name, trust_remote_code, dict(chat_template_kwargs or {}))
+        lengths, fallbacks = _template_lengths(
+            prompts, tokenizer_name, trust_remote_code, dict(chat_template_kwargs or {})
+        )
         name = f"tokenizer:{tokenizer_name}"
     else:
         lengths, fallbacks = [estimate_tokens(p.messages, p.tools) for p in prompts], 0

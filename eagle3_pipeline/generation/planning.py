@@ -81,7 +81,9 @@ class Throughput:
 def observed_throughput(records: Iterable[Mapping[str, Any]]) -> Throughput | None:
     """The rate of the latest unbroken stretch of answers: the completion tokens of every answer
     after the first, over the time from the first to the last. None with fewer than two answers."""
-    recent = sorted((r for r in records if r.get("finished_at") is not None), key=lambda r: float(r["finished_at"]))[-RECENT_ANSWERS:]
+    recent = sorted((r for r in records if r.get("finished_at") is not None), key=lambda r: float(r["finished_at"]))[
+        -RECENT_ANSWERS:
+    ]
     start = len(recent) - 1
     while start > 0 and float(recent[start]["finished_at"]) - float(recent[start - 1]["finished_at"]) <= GAP_S:
         start -= 1
@@ -100,14 +102,20 @@ def checkpoint_records(config: PipelineConfig) -> dict[str, dict[str, dict[str, 
     return {d: ResponseCheckpoint(layout.checkpoint(d)).load() for d in config.dataset_ids}
 
 
-def throughput_evidence(config: PipelineConfig, records: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Throughput | None]:
+def throughput_evidence(
+    config: PipelineConfig, records: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> dict[str, Throughput | None]:
     """Each backend's throughput from the checkpoints' answers (every dataset's), by backend name.
     Answers are matched to a backend by the endpoint they record; the embedded server takes all."""
     backends = configured_backends(config)
     by_url: dict[str, list[Mapping[str, Any]]] = {b.base_url: [] for b in backends}
     for dataset in records.values():
         for record in dataset.values():
-            url = EMBEDDED if config.inference.kind == "embedded" else endpoint_identity(str(record.get("endpoint") or ""))
+            url = (
+                EMBEDDED
+                if config.inference.kind == "embedded"
+                else endpoint_identity(str(record.get("endpoint") or ""))
+            )
             if url in by_url:
                 by_url[url].append(record)
     return {b.name: observed_throughput(by_url[b.base_url]) for b in backends}
@@ -132,7 +140,8 @@ def workload(config: PipelineConfig, dataset_id: str, done: Mapping[str, Mapping
         prompt_done=sum(int(r.get("prompt_tokens") or 0) for r in answers),
         budget_left=None if budget is None else budget - counted,
         counts=settings.budget_counts,
-        bound_per_prompt=settings.max_tokens * (sum(1 + len(turns_to_regenerate(p.messages, settings.regenerate_turns)) for p in todo) / max(1, len(todo))),
+        bound_per_prompt=settings.max_tokens
+        * (sum(1 + len(turns_to_regenerate(p.messages, settings.regenerate_turns)) for p in todo) / max(1, len(todo))),
         prompt_per_prompt=sum(p.prompt_tokens_est for p in todo) / max(1, len(todo)),
     )
 
@@ -153,7 +162,10 @@ class PlanRow:
             "backend": self.backend.name,
             "base_url": self.backend.base_url,
             "model": self.backend.model,
-            "price_per_mtok": {"prompt": self.backend.price.prompt_per_mtok, "completion": self.backend.price.completion_per_mtok}
+            "price_per_mtok": {
+                "prompt": self.backend.price.prompt_per_mtok,
+                "completion": self.backend.price.completion_per_mtok,
+            }
             if self.backend.price
             else UNKNOWN,
             "tokens_per_s": round(t.tokens_per_s, 2) if t else UNKNOWN,
@@ -214,7 +226,10 @@ class Plan:
         out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines]
         ceiling = f"max cost ${self.max_cost:g}" if self.max_cost is not None else "no cost ceiling"
         out += ["", f"best = finishes first within the cost ceiling ({ceiling}); tokens left are completion tokens"]
-        out += [f"{d}: {self.best[d] or 'none'} — {self.why[d]}; tokens left from {w.basis}" for d, w in self.workloads.items()]
+        out += [
+            f"{d}: {self.best[d] or 'none'} — {self.why[d]}; tokens left from {w.basis}"
+            for d, w in self.workloads.items()
+        ]
         return "\n".join(out)
 
     def markdown(self, dataset: str | None = None) -> str:
@@ -224,7 +239,10 @@ class Plan:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
         notes = [d for d in self.workloads if dataset is None or d == dataset]
-        lines += [""] + [f"{d}: best {self.best[d] or 'none'} — {self.why[d]}; tokens left from {self.workloads[d].basis}" for d in notes]
+        lines += [""] + [
+            f"{d}: best {self.best[d] or 'none'} — {self.why[d]}; tokens left from {self.workloads[d].basis}"
+            for d in notes
+        ]
         return "\n".join(lines)
 
 
@@ -245,7 +263,11 @@ def build_plan(
         for backend in backends:
             rate = throughput.get(backend.name)
             left = work.completion_left
-            eta = left / rate.tokens_per_s if rate and left is not None and rate.tokens_per_s > 0 else (0.0 if left == 0 else None)
+            eta = (
+                left / rate.tokens_per_s
+                if rate and left is not None and rate.tokens_per_s > 0
+                else (0.0 if left == 0 else None)
+            )
             rows.append(PlanRow(dataset, backend, rate, left, eta, cost_of(backend.price, work.prompt_left, left)))
         plan.rows += rows
         plan.best[dataset], plan.why[dataset] = _best(rows, work, max_cost)
@@ -281,7 +303,9 @@ def calibration_prompts(config: PipelineConfig, n: int) -> list[list[dict[str, A
     for dataset in config.dataset_ids:
         if layout.prompts(dataset).exists():
             done = ResponseCheckpoint(layout.checkpoint(dataset)).load()
-            per_dataset.append(sorted((p for p in read_prompts(layout.prompts(dataset)) if p.id not in done), key=lambda p: p.id))
+            per_dataset.append(
+                sorted((p for p in read_prompts(layout.prompts(dataset)) if p.id not in done), key=lambda p: p.id)
+            )
     chosen: list[list[dict[str, Any]]] = []
     for index in range(max((len(p) for p in per_dataset), default=0)):
         chosen += [list(p[index].messages) for p in per_dataset if index < len(p)]
@@ -289,7 +313,9 @@ def calibration_prompts(config: PipelineConfig, n: int) -> list[list[dict[str, A
     return chosen + [[{"role": "user", "content": CALIBRATION_PROMPT}]] * (n - len(chosen))
 
 
-async def _calibrate_one(config: PipelineConfig, endpoint: Endpoint, prompts: Sequence[list[dict[str, Any]]]) -> Throughput | str:
+async def _calibrate_one(
+    config: PipelineConfig, endpoint: Endpoint, prompts: Sequence[list[dict[str, Any]]]
+) -> Throughput | str:
     from eagle3_pipeline.generation.runner import _client_factory
 
     settings = config.generation
@@ -303,7 +329,11 @@ async def _calibrate_one(config: PipelineConfig, endpoint: Endpoint, prompts: Se
             client = idle.pop()
             try:
                 body = request_body(
-                    endpoint, [normalized(m) for m in messages], None, settings.max_tokens, settings.temperature,
+                    endpoint,
+                    [normalized(m) for m in messages],
+                    None,
+                    settings.max_tokens,
+                    settings.temperature,
                     settings.chat_template_kwargs,
                 )
                 outcome = await attempt_completion(client, endpoint, body, 0)
@@ -327,7 +357,9 @@ async def _calibrate_one(config: PipelineConfig, endpoint: Endpoint, prompts: Se
     return Throughput(sum(tokens) / seconds, answered, seconds, "calibration")
 
 
-def calibrate(config: PipelineConfig, endpoints: Sequence[Endpoint], n: int) -> tuple[dict[str, Throughput | None], dict[str, str]]:
+def calibrate(
+    config: PipelineConfig, endpoints: Sequence[Endpoint], n: int
+) -> tuple[dict[str, Throughput | None], dict[str, str]]:
     """Send ``n`` real requests to each backend (``endpoints`` in the order of
     :func:`configured_backends`), ``min(n, concurrency.short)`` at a time, with the run's
     ``max_tokens`` and temperature; nothing is written. Returns the throughputs by backend name,

@@ -76,16 +76,22 @@ class PromptAccounting:
     def verdict(self) -> str:
         problems = []
         if self.orphans:
-            problems.append(f"{len(self.orphans)} answers whose id is not among the prompts, e.g. {examples(self.orphans)}")
+            problems.append(
+                f"{len(self.orphans)} answers whose id is not among the prompts, e.g. {examples(self.orphans)}"
+            )
         if self.not_in_checkpoint:
-            problems.append(f"{len(self.not_in_checkpoint)} rows not in the checkpoint, e.g. {examples(self.not_in_checkpoint)}")
+            problems.append(
+                f"{len(self.not_in_checkpoint)} rows not in the checkpoint, e.g. {examples(self.not_in_checkpoint)}"
+            )
         if self.unaccounted:
             problems.append(
                 f"{len(self.unaccounted)} prompts neither answered, failed, over length nor skipped by the budget, "
                 f"e.g. {examples(self.unaccounted)}"
             )
         if problems:
-            return "; ".join(problems) + " (rematerialize responses to rebuild the table from the prompts and checkpoint)"
+            return (
+                "; ".join(problems) + " (rematerialize responses to rebuild the table from the prompts and checkpoint)"
+            )
         return (
             f"{self.prompts} prompts: {self.answered} answered, {len(self.failed)} failed, {self.over_length} over length, "
             f"{'the rest skipped by the reached budget' if self.budget_reached else 'budget not reached'}"
@@ -108,7 +114,9 @@ def _error_ids(path: Path) -> dict[str, str]:
     return kinds
 
 
-def account_for_prompts(layout: ArtifactLayout, dataset_id: str, budget: int | None, settings: GenerationConfig) -> PromptAccounting:
+def account_for_prompts(
+    layout: ArtifactLayout, dataset_id: str, budget: int | None, settings: GenerationConfig
+) -> PromptAccounting:
     """The responses table against the prompts, the checkpoint, the errors file and the accounting."""
     prompt_ids = set(pq.read_table(layout.prompts(dataset_id), columns=["id"]).column("id").to_pylist())
     table = pq.read_table(layout.responses(dataset_id), columns=["id", "prompt_tokens", "completion_tokens", "turns"])

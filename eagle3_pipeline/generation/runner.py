@@ -145,7 +145,11 @@ class _Run:
     ) -> None:
         self.settings = settings
         self.failover = failover
-        self.finished = (len(finished), sum(int(r.get("completion_tokens") or 0) for r in finished), sum(int(r.get("prompt_tokens") or 0) for r in finished))
+        self.finished = (
+            len(finished),
+            sum(int(r.get("completion_tokens") or 0) for r in finished),
+            sum(int(r.get("prompt_tokens") or 0) for r in finished),
+        )
         self.attempts: dict[asyncio.Task[Any], Endpoint] = {}
         self.prompt_tokens_est = 0.0
         self.model = model
@@ -163,7 +167,10 @@ class _Run:
         self.remaining = 0
 
     async def execute(self, todo: Sequence[PromptRecord]) -> None:
-        slots = {"short": asyncio.Semaphore(self.settings.concurrency.short), "long": asyncio.Semaphore(self.settings.concurrency.long)}
+        slots = {
+            "short": asyncio.Semaphore(self.settings.concurrency.short),
+            "long": asyncio.Semaphore(self.settings.concurrency.long),
+        }
         idle: list[httpx.AsyncClient] = []
         self.remaining = len(todo)
         self.prompt_tokens_est = sum(p.prompt_tokens_est for p in todo) / len(todo) if todo else 0.0
@@ -194,7 +201,9 @@ class _Run:
             for sink in self.sinks:
                 sink.emit(snapshot)
 
-    async def _request(self, prompt: PromptRecord, slot: asyncio.Semaphore, client: httpx.AsyncClient, idle: list[httpx.AsyncClient]) -> None:
+    async def _request(
+        self, prompt: PromptRecord, slot: asyncio.Semaphore, client: httpx.AsyncClient, idle: list[httpx.AsyncClient]
+    ) -> None:
         tokens: int | None = None
         try:
             record = await self._answer(client, prompt)
@@ -216,7 +225,7 @@ class _Run:
         for index in [*turns_to_regenerate(history, self.settings.regenerate_turns), len(history)]:
             turn = await self._complete(client, history[:index], tools, prompt.tools)
             self._same_model(prompt, turn)
-            history[index:index + 1] = [generated_message(turn, keep)]
+            history[index : index + 1] = [generated_message(turn, keep)]
             turns.append((index, turn))
         return build_record(prompt, turns, keep)
 
@@ -234,7 +243,11 @@ class _Run:
             )
 
     async def _complete(
-        self, client: httpx.AsyncClient, messages: list[Message], tools: list[dict[str, Any]] | None, tools_text: str | None
+        self,
+        client: httpx.AsyncClient,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        tools_text: str | None,
     ) -> Completion:
         settings = self.settings
         prompt_tokens_est = estimate_tokens(messages, tools_text)
@@ -243,7 +256,9 @@ class _Run:
         while True:
             attempt += 1
             endpoint = self.pool.acquire(avoid)
-            body = request_body(endpoint, messages, tools, settings.max_tokens, settings.temperature, settings.chat_template_kwargs)
+            body = request_body(
+                endpoint, messages, tools, settings.max_tokens, settings.temperature, settings.chat_template_kwargs
+            )
             attempt_task = asyncio.create_task(attempt_completion(client, endpoint, body, prompt_tokens_est))
             self.attempts[attempt_task] = endpoint
             try:
@@ -264,8 +279,15 @@ class _Run:
                 if self.failover:
                     self.failover.answered(endpoint, outcome.completion_tokens)
                 return outcome
-            if self.failover and outcome.retryable and outcome.kind != "empty" and self.failover.attempt_failed(endpoint):
-                self._move(f"unhealthy: {self.failover.failed_in_a_row} failed attempts in a row (last: {self.pool.redact(outcome.reason)})")
+            if (
+                self.failover
+                and outcome.retryable
+                and outcome.kind != "empty"
+                and self.failover.attempt_failed(endpoint)
+            ):
+                self._move(
+                    f"unhealthy: {self.failover.failed_in_a_row} failed attempts in a row (last: {self.pool.redact(outcome.reason)})"
+                )
             if self.failover and endpoint is not self.failover.current:  # failed on a backend the dataset has left
                 attempt, avoid = attempt - 1, None
                 continue
@@ -322,10 +344,17 @@ class _Run:
                 continue
             endpoint = failover.current
             waiting = any(e is endpoint and not t.done() for t, e in self.attempts.items())
-            if failover.silent_since_last_check() and waiting and failover.settings.probe_timeout_s and failover.has_next:
+            if (
+                failover.silent_since_last_check()
+                and waiting
+                and failover.settings.probe_timeout_s
+                and failover.has_next
+            ):
                 failure = await self._probe(endpoint, failover.settings.probe_timeout_s)
                 if failure is not None and failover.attempt_failed(endpoint):
-                    self._move(f"unhealthy: {failover.failed_in_a_row} failed attempts in a row (last: probe: {self.pool.redact(failure)})")
+                    self._move(
+                        f"unhealthy: {failover.failed_in_a_row} failed attempts in a row (last: probe: {self.pool.redact(failure)})"
+                    )
 
     async def _probe(self, endpoint: Endpoint, timeout_s: float) -> str | None:
         """A 1-token request to ``endpoint``: None if it answered within ``timeout_s``, else why not."""
@@ -403,7 +432,11 @@ class _Run:
     def _sample(self, progress: Progress) -> None:
         """One point of the throughput series: rates over the interval since the previous point."""
         series = self.summary.series
-        before = series[-1] if series else {"elapsed_s": 0.0, "done": float(progress.done - progress.generated), "completion_tokens": 0.0}
+        before = (
+            series[-1]
+            if series
+            else {"elapsed_s": 0.0, "done": float(progress.done - progress.generated), "completion_tokens": 0.0}
+        )
         span = progress.elapsed_s - before["elapsed_s"]
         if span <= 0:
             return
@@ -467,7 +500,19 @@ async def generate_async(
         new_client = _client_factory(settings, len(endpoints))
         errors = ErrorLog(errors_path)
         try:
-            run = _Run(settings, new_client, pool, budget, writer, errors, summary, sinks, served_model(writer.done.values()), switcher, finished)
+            run = _Run(
+                settings,
+                new_client,
+                pool,
+                budget,
+                writer,
+                errors,
+                summary,
+                sinks,
+                served_model(writer.done.values()),
+                switcher,
+                finished,
+            )
             await run.execute(todo)
         finally:
             errors.close()
@@ -476,7 +521,9 @@ async def generate_async(
 
 def _client_factory(settings: GenerationConfig, endpoints: int) -> Callable[[], httpx.AsyncClient]:
     """Per-worker HTTP clients: one keep-alive connection per endpoint, a shared TLS context."""
-    timeout = httpx.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=settings.read_timeout_s, pool=None)
+    timeout = httpx.Timeout(
+        connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=settings.read_timeout_s, pool=None
+    )
     limits = httpx.Limits(max_connections=endpoints, max_keepalive_connections=endpoints)
     tls = httpx.create_ssl_context()
     return lambda: httpx.AsyncClient(verify=tls, timeout=timeout, limits=limits)
@@ -503,4 +550,6 @@ def generate(
     sinks: Sequence[ProgressSink] = (),
     failover: FailoverSettings | None = None,
 ) -> GenerationSummary:
-    return asyncio.run(generate_async(prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks, failover))
+    return asyncio.run(
+        generate_async(prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks, failover)
+    )

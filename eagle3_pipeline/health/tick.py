@@ -20,7 +20,12 @@ from typing import Generic, TypeVar
 
 from eagle3_pipeline.health.checks import disk, generation, gpus, host_memory, port, progress, server_process
 from eagle3_pipeline.health.checks.generation import CachedVerdict
-from eagle3_pipeline.health.checks.throughput import MetricsScrape, ThroughputBaseline, evaluate_throughput, fetch_metrics
+from eagle3_pipeline.health.checks.throughput import (
+    MetricsScrape,
+    ThroughputBaseline,
+    evaluate_throughput,
+    fetch_metrics,
+)
 from eagle3_pipeline.health.report import CheckResult, HealthReport, Status, Verdict
 from eagle3_pipeline.health.script import Section, ShellOutcome, run_shell_probes
 from eagle3_pipeline.health.settings import CHECK_NAMES, GenerationTarget, HealthThresholds, ServerSpec

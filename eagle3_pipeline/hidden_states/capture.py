@@ -80,7 +80,9 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_target(model: str, name: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> Target:
+def load_target(
+    model: str, name: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False
+) -> Target:
     """The target through :func:`eagle3_pipeline.target.load_causal_lm` (which refuses what this
     path cannot execute), its identity from the language model's config."""
     where = resolve_device(device)
@@ -138,7 +140,9 @@ def _capture(layers: Sequence[Any], ids: Sequence[int]) -> Iterator[dict[int, An
             handle.remove()
 
 
-def batch_states(target: Target, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
+def batch_states(
+    target: Target, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]
+) -> list[tuple[Any, Any]]:
     """``(aux [T, 3H], hidden [T, H])`` per sequence, from one right-padded forward pass.
 
     Right padding keeps every real token at its own position (0..T-1) and, under the causal mask,

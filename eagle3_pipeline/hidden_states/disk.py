@@ -80,20 +80,36 @@ class DiskPlan:
             "aux_layers": self.aux_layers,
             "tokens": self.tokens,
             "tokens_basis": self.tokens_basis,
-            "bytes_per_token": {dtype: bytes_per_token(self.hidden_size, self.aux_layers, dtype) for dtype in STORAGE_DTYPES},
+            "bytes_per_token": {
+                dtype: bytes_per_token(self.hidden_size, self.aux_layers, dtype) for dtype in STORAGE_DTYPES
+            },
             "free_bytes": self.free_bytes if self.free_bytes is not None else "unknown",
             "free_where": self.free_where,
             "configured": {"backend": self.configured[0], "storage_dtype": self.configured[1]},
             "rows": [
-                {"backend": r.backend, "storage_dtype": r.dtype, "store_bytes": r.store_bytes, "transient_bytes": r.transient_bytes,
-                 "peak_bytes": r.peak_bytes, "fits": self.fits(r), "configured": (r.backend, r.dtype) == self.configured, "note": r.note}
+                {
+                    "backend": r.backend,
+                    "storage_dtype": r.dtype,
+                    "store_bytes": r.store_bytes,
+                    "transient_bytes": r.transient_bytes,
+                    "peak_bytes": r.peak_bytes,
+                    "fits": self.fits(r),
+                    "configured": (r.backend, r.dtype) == self.configured,
+                    "note": r.note,
+                }
                 for r in self.rows
             ],  # fmt: skip
         }
 
     def text(self) -> str:
-        per_token = ", ".join(f"{dtype} {bytes_per_token(self.hidden_size, self.aux_layers, dtype):,} B" for dtype in STORAGE_DTYPES)
-        free = f"{self.free_bytes / GB:,.1f} GB free ({self.free_where})" if self.free_bytes is not None else f"free disk unknown ({self.free_where})"
+        per_token = ", ".join(
+            f"{dtype} {bytes_per_token(self.hidden_size, self.aux_layers, dtype):,} B" for dtype in STORAGE_DTYPES
+        )
+        free = (
+            f"{self.free_bytes / GB:,.1f} GB free ({self.free_where})"
+            if self.free_bytes is not None
+            else f"free disk unknown ({self.free_where})"
+        )
         head = [
             f"hidden-state disk for {self.tokens:,} training tokens ({self.tokens_basis}); hidden {self.hidden_size}, "
             f"{self.aux_layers} aux layers + teacher: {per_token} per token; {free}"
@@ -128,9 +144,25 @@ def disk_plan(
         for dtype in STORAGE_DTYPES:
             store = tokens * bytes_per_token(hidden_size, aux_layers, dtype)
             if backend == "vllm":
-                rows.append(DiskRow(backend, dtype, store, vllm_batch, f"+ one batch ({batch_tokens:,} tokens) of connector files in flight"))
+                rows.append(
+                    DiskRow(
+                        backend,
+                        dtype,
+                        store,
+                        vllm_batch,
+                        f"+ one batch ({batch_tokens:,} tokens) of connector files in flight",
+                    )
+                )
             elif backend == "command":
-                rows.append(DiskRow(backend, dtype, store, specforge, "+ SpecForge's whole output (bf16, int64 ids and mask) until the import finishes"))
+                rows.append(
+                    DiskRow(
+                        backend,
+                        dtype,
+                        store,
+                        specforge,
+                        "+ SpecForge's whole output (bf16, int64 ids and mask) until the import finishes",
+                    )
+                )
             else:
                 rows.append(DiskRow(backend, dtype, store, 0, "the store only"))
     return DiskPlan(hidden_size, aux_layers, tokens, tokens_basis, rows, configured, free_bytes, free_where)
@@ -142,7 +174,11 @@ def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] |
     from eagle3_pipeline.serving import local_model_dir
     from eagle3_pipeline.target import TargetError, read_config
 
-    candidates = [config.hidden_states.model, config.target.tokenizer, str(local_model_dir()) if config.inference.kind == "embedded" else None]
+    candidates = [
+        config.hidden_states.model,
+        config.target.tokenizer,
+        str(local_model_dir()) if config.inference.kind == "embedded" else None,
+    ]
     tried = [c for c in candidates if c]
     for model in tried:
         if (Path(model) / "config.json").is_file():
@@ -153,7 +189,11 @@ def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] |
     return f"unknown: no target config.json on this machine (looked in {', '.join(tried) or 'nothing: set hidden_states.model or target.tokenizer'})"
 
 
-def training_tokens(config: PipelineConfig, records: Mapping[str, Mapping[str, Mapping[str, Any]]], left: Mapping[str, tuple[int | None, int | None]]) -> tuple[int, str] | str:
+def training_tokens(
+    config: PipelineConfig,
+    records: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    left: Mapping[str, tuple[int | None, int | None]],
+) -> tuple[int, str] | str:
     """All ``training_data`` tokens: its manifest's count when it exists, else the answers' prompt
     and completion tokens so far plus the planner's prompt and completion tokens left per dataset
     (``left``: dataset → (prompt, completion) tokens left, None when unknown)."""
@@ -165,13 +205,22 @@ def training_tokens(config: PipelineConfig, records: Mapping[str, Mapping[str, M
     unknown = [dataset for dataset, (prompt, completion) in left.items() if prompt is None or completion is None]
     if unknown:
         return f"unknown: the tokens left of {', '.join(unknown)} are unknown (prompts not materialized)"
-    done = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0) for answers in records.values() for r in answers.values())
+    done = sum(
+        int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0)
+        for answers in records.values()
+        for r in answers.values()
+    )
     ahead = sum((prompt or 0) + (completion or 0) for prompt, completion in left.values())
-    return done + ahead, "estimate: prompt + completion tokens of the answers so far and of those left (no training_data yet)"
+    return (
+        done + ahead,
+        "estimate: prompt + completion tokens of the answers so far and of those left (no training_data yet)",
+    )
 
 
 def config_disk_plan(
-    config: PipelineConfig, records: Mapping[str, Mapping[str, Mapping[str, Any]]], left: Mapping[str, tuple[int | None, int | None]]
+    config: PipelineConfig,
+    records: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    left: Mapping[str, tuple[int | None, int | None]],
 ) -> DiskPlan | str:
     """:func:`disk_plan` for the configured target and training tokens, or the sentence saying what is unknown."""
     from eagle3_pipeline.hidden_states.extract import free_bytes
@@ -190,5 +239,17 @@ def config_disk_plan(
     if config.compute.kind == "local":
         free, free_where = free_bytes(config.artifacts_root), f"under {config.artifacts_root} on this machine"
     else:
-        free, free_where = None, f"the store is on the GPU host (compute.kind {config.compute.kind}): the phase's preflight measures it there"
-    return disk_plan(hidden_size, aux_layers, tokens[0], tokens[1], config.hidden_states.batch_tokens, (backend, config.hidden_states.storage_dtype), free, free_where)
+        free, free_where = (
+            None,
+            f"the store is on the GPU host (compute.kind {config.compute.kind}): the phase's preflight measures it there",
+        )
+    return disk_plan(
+        hidden_size,
+        aux_layers,
+        tokens[0],
+        tokens[1],
+        config.hidden_states.batch_tokens,
+        (backend, config.hidden_states.storage_dtype),
+        free,
+        free_where,
+    )

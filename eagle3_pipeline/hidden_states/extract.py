@@ -168,7 +168,9 @@ def target_weights(config: PipelineConfig) -> str:
     return str(config.target.tokenizer)
 
 
-def spec_from_config(config: PipelineConfig, training_data: str, output: str, model: str, serving_reference: str | None = None) -> dict[str, Any]:
+def spec_from_config(
+    config: PipelineConfig, training_data: str, output: str, model: str, serving_reference: str | None = None
+) -> dict[str, Any]:
     """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
     settings = config.hidden_states.model_dump(exclude={"model"})
     return {
@@ -232,7 +234,9 @@ def _shard_reusable(store: HiddenStateStore, shard: PlannedShard) -> bool:
 
     if not store.shard_complete(shard.name):
         return False
-    ids = pq.read_table(store.root / f"{shard.name}.index.parquet", columns=["sample_id"]).column("sample_id").to_pylist()
+    ids = (
+        pq.read_table(store.root / f"{shard.name}.index.parquet", columns=["sample_id"]).column("sample_id").to_pylist()
+    )
     return tuple(ids) == shard.sample_ids
 
 
@@ -268,7 +272,9 @@ class _Rows:
         self.position += len(taken)
         found = tuple(r["id"] for r in taken)
         if found != shard.sample_ids:
-            raise ExtractionError(f"{self.data.folder / shard.source}: rows changed while extracting {shard.name}; rerun")
+            raise ExtractionError(
+                f"{self.data.folder / shard.source}: rows changed while extracting {shard.name}; rerun"
+            )
         return taken
 
 
@@ -277,14 +283,25 @@ def batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int) -> l
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     for index in order:
-        if groups and len(groups[-1]) < max_batch_size and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
+        if (
+            groups
+            and len(groups[-1]) < max_batch_size
+            and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens
+        ):
             groups[-1].append(index)
         else:
             groups.append([index])
     return groups
 
 
-def extract_shard(store: HiddenStateStore, source: StateSource, spec: ExtractSpec, aux_ids: Sequence[int], shard: PlannedShard, rows: list[dict[str, Any]]) -> int:
+def extract_shard(
+    store: HiddenStateStore,
+    source: StateSource,
+    spec: ExtractSpec,
+    aux_ids: Sequence[int],
+    shard: PlannedShard,
+    rows: list[dict[str, Any]],
+) -> int:
     """Extract one planned shard and write it (the writer only); returns its tensor file's size (0 elsewhere)."""
     import torch
 
@@ -329,7 +346,14 @@ def _stored_slice(store: HiddenStateStore, row: dict[str, Any], key: str) -> Any
     return ShardFile(store.root / f"{row['shard']}.safetensors").read(key, row["offset"], row["offset"] + row["length"])
 
 
-def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[int], count: int, tolerance: float, dtype: str = BF16) -> dict[str, Any]:
+def spot_check(
+    store: HiddenStateStore,
+    source: StateSource,
+    aux_ids: Sequence[int],
+    count: int,
+    tolerance: float,
+    dtype: str = BF16,
+) -> dict[str, Any]:
     """Re-compute ``count`` stored samples alone through the source's ``reference_states`` (every
     rank: the writer shares which); the writer compares them with the store in bf16, the fresh
     states rounded as the store's ``dtype`` rounds them (fp8's own rounding, up to a few % per
@@ -339,7 +363,11 @@ def spot_check(store: HiddenStateStore, source: StateSource, aux_ids: Sequence[i
     if source.writer:
         rows = store.index().to_pylist()
         picked = set(spot_check_ids([r["sample_id"] for r in rows], count))
-        chosen = [{**row, "input_ids": _stored_slice(store, row, IDS_KEY).tolist()} for row in rows if row["sample_id"] in picked]
+        chosen = [
+            {**row, "input_ids": _stored_slice(store, row, IDS_KEY).tolist()}
+            for row in rows
+            if row["sample_id"] in picked
+        ]
     chosen = source.share(chosen)
     worst, worst_id = 0.0, ""
     for row in chosen:
@@ -388,10 +416,14 @@ def _load_lm_head(model: str) -> Any:
     try:
         return load_lm_head(model)
     except TargetError as exc:
-        raise ExtractionError(f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}") from None
+        raise ExtractionError(
+            f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}"
+        ) from None
 
 
-def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter) -> dict[str, Any]:
+def validate_first(
+    source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter
+) -> dict[str, Any]:
     """Before any shard: the reference samples through the source (every rank), their teacher's
     argmax under lm_head against the serving target's greedy tokens (the writer, which shares its
     verdict). Raises :class:`ExtractionError` below ``validation.min_agreement``; without a
@@ -436,7 +468,11 @@ def validate_first(source: StateSource, settings: ExtractSpec, data: TrainingDat
     if meta["serving_validation"] != "passed":
         report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
         return meta
-    near = f"{meta['serving_near_ties']} near-ties apart" if meta["serving_near_ties_known"] else "near-ties unknown: the server gives no logprobs"
+    near = (
+        f"{meta['serving_near_ties']} near-ties apart"
+        if meta["serving_near_ties_known"]
+        else "near-ties unknown: the server gives no logprobs"
+    )
     report.log(
         f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
         f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({near})"
@@ -463,11 +499,21 @@ def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
     elif settings.backend == "vllm":
         from eagle3_pipeline.hidden_states.vllm_capture import open_vllm_target
 
-        assert settings.vllm_base_url is not None and settings.vllm_output_dir is not None  # HiddenStatesConfig requires both
-        with open_vllm_target(settings.model, settings.target_name, settings.vllm_base_url, settings.vllm_output_dir, settings.max_batch_size) as vllm_target:
+        assert (
+            settings.vllm_base_url is not None and settings.vllm_output_dir is not None
+        )  # HiddenStatesConfig requires both
+        with open_vllm_target(
+            settings.model,
+            settings.target_name,
+            settings.vllm_base_url,
+            settings.vllm_output_dir,
+            settings.max_batch_size,
+        ) as vllm_target:
             yield vllm_target
     else:
-        yield load_target(settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code)
+        yield load_target(
+            settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code
+        )
 
 
 def _decided(source: StateSource, decide: Callable[[], T]) -> T:
@@ -496,24 +542,35 @@ def delete_shards(store: HiddenStateStore, names: Sequence[str], report: Reporte
     kept = set(store.manifest().shards) if store.manifest_path.is_file() else set()
     refused = sorted(set(names) & kept)
     if refused:
-        raise ExtractionError(f"{store.root}: refusing to delete {refused}: the store's index holds them (they are not a rolling window's)")
+        raise ExtractionError(
+            f"{store.root}: refusing to delete {refused}: the store's index holds them (they are not a rolling window's)"
+        )
     for name in names:
         for suffix in (".index.parquet", ".safetensors"):
             (store.root / f"{name}{suffix}").unlink(missing_ok=True)
-    report.log(f"extract: deleted {len(names)} trained shard(s) {names[0] if names else ''}…{names[-1] if names else ''}")
+    report.log(
+        f"extract: deleted {len(names)} trained shard(s) {names[0] if names else ''}…{names[-1] if names else ''}"
+    )
     return {"shards_deleted": len(names), **on_disk(store)}
 
 
 def _prepare_store(
-    store: HiddenStateStore, wanted: StoreManifest, planned: list[PlannedShard], selected: list[PlannedShard], data: TrainingData,
-    settings: ExtractSpec, per_token: int,
+    store: HiddenStateStore,
+    wanted: StoreManifest,
+    planned: list[PlannedShard],
+    selected: list[PlannedShard],
+    data: TrainingData,
+    settings: ExtractSpec,
+    per_token: int,
 ) -> tuple[list[str], list[str], dict[str, int]]:
     """The writer's part before extracting ``selected``: identity, reusable shards, disk, manifest,
     leftovers, plan (rolling: the layout, and the disk for one window too; a window: disk only)."""
     state = _store_state(store, wanted, settings.overwrite)
     window = settings.shards is not None
     if window and state != "same":
-        raise ExtractionError(f"{store.root}: no hidden-state store of these settings to extract a rolling window into; materialize hidden_states first")
+        raise ExtractionError(
+            f"{store.root}: no hidden-state store of these settings to extract a rolling window into; materialize hidden_states first"
+        )
     reused = [s for s in selected if state == "same" and _shard_reusable(store, s)]
     todo = [s for s in selected if s not in reused]
     tokens = sum(s.tokens for s in todo)
@@ -549,7 +606,9 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
         raise ExtractionError(f"{data.folder}: training_data has no sample")
     unknown = sorted(set(settings.shards or []) - {s.name for s in planned})
     if unknown:
-        raise ExtractionError(f"extract spec: shards {unknown} are not in the plan of {data.folder} at shard_tokens {settings.shard_tokens}")
+        raise ExtractionError(
+            f"extract spec: shards {unknown} are not in the plan of {data.folder} at shard_tokens {settings.shard_tokens}"
+        )
     if source is not None:
         return _extract(settings, data, planned, source, report)
     with open_source(settings) as opened:
@@ -565,7 +624,9 @@ def _selected(settings: ExtractSpec, planned: list[PlannedShard]) -> list[Planne
     return planned
 
 
-def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard], source: StateSource, report: Reporter) -> dict[str, Any]:
+def _extract(
+    settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard], source: StateSource, report: Reporter
+) -> dict[str, Any]:
     store = HiddenStateStore(Path(settings.output))
     selected = _selected(settings, planned)
     identity = source.identity
@@ -581,7 +642,9 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
     per_token = bytes_per_token(identity.hidden_size, len(aux_ids), settings.storage_dtype)
     # A rolling window extends a store whose hidden_states run already validated the source.
     validated = validate_first(source, settings, data, aux_ids, report) if settings.shards is None else {}
-    reused_names, todo_names, disk = _decided(source, lambda: _prepare_store(store, wanted, planned, selected, data, settings, per_token))
+    reused_names, todo_names, disk = _decided(
+        source, lambda: _prepare_store(store, wanted, planned, selected, data, settings, per_token)
+    )
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
     report.log(
@@ -598,7 +661,9 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
         size = extract_shard(store, source, settings, aux_ids, shard, rows.take(shard))
         tokens_now += shard.tokens
         elapsed = time.monotonic() - started
-        report.log(f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, {shard.tokens} tokens, {size} bytes)")
+        report.log(
+            f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, {shard.tokens} tokens, {size} bytes)"
+        )
         report.progress(
             {
                 "shards_done": len(reused) + number,
@@ -621,10 +686,16 @@ def _extract(settings: ExtractSpec, data: TrainingData, planned: list[PlannedSha
     names = [s.name for s in selected]
     if source.writer:
         index = store.write_index(names)
-        wanted.shards, wanted.samples, wanted.bytes = names, index.num_rows, sum((store.root / f"{n}.safetensors").stat().st_size for n in names)
+        wanted.shards, wanted.samples, wanted.bytes = (
+            names,
+            index.num_rows,
+            sum((store.root / f"{n}.safetensors").stat().st_size for n in names),
+        )
         wanted.tokens = int(sum(index.column("length").to_pylist()))
         store.write_manifest(wanted)
-    checked = spot_check(store, source, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance, settings.storage_dtype)
+    checked = spot_check(
+        store, source, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance, settings.storage_dtype
+    )
     if not source.writer:
         return {"shards_written": len(todo)}
     report.log(

@@ -116,10 +116,14 @@ def load_sample(path: Path) -> dict[str, Any]:
     if hidden.dim() == 3 and hidden.shape[0] == 1:
         hidden = hidden[0]
     if aux.dim() != 2 or hidden.dim() != 2:
-        raise SpecForgeImportError(f"{path}: expected aux_hidden_state [1, T, 3H] and hidden_state [1, T, H], got {list(raw['aux_hidden_state'].shape)} and {list(raw['hidden_state'].shape)}")
+        raise SpecForgeImportError(
+            f"{path}: expected aux_hidden_state [1, T, 3H] and hidden_state [1, T, H], got {list(raw['aux_hidden_state'].shape)} and {list(raw['hidden_state'].shape)}"
+        )
     lengths = {ids.shape[0], mask.shape[0], aux.shape[0], hidden.shape[0]}
     if len(lengths) != 1:
-        raise SpecForgeImportError(f"{path}: token counts differ (input_ids {ids.shape[0]}, loss_mask {mask.shape[0]}, aux {aux.shape[0]}, hidden {hidden.shape[0]})")
+        raise SpecForgeImportError(
+            f"{path}: token counts differ (input_ids {ids.shape[0]}, loss_mask {mask.shape[0]}, aux {aux.shape[0]}, hidden {hidden.shape[0]})"
+        )
     return {"input_ids": ids, "loss_mask": mask, "aux": aux, "hidden": hidden}
 
 
@@ -150,12 +154,16 @@ class _TrainingRows:
         columns = self._loaded[1]
         at = idx - self._starts[number]
         split = "eval" if self._files[number].name.startswith("eval-") else "train"
-        return _Row(columns["id"][at], columns["dataset"][at], split, columns["input_ids"][at], columns["loss_mask"][at])
+        return _Row(
+            columns["id"][at], columns["dataset"][at], split, columns["input_ids"][at], columns["loss_mask"][at]
+        )
 
 
 def _required(spec: Mapping[str, Any], key: str) -> Any:
     if key not in spec:
-        raise SpecForgeImportError(f"spec: missing key {key!r} (the import-specforge phase needs input_dir, output_dir, target, aux_layer_ids, training_data_version)")
+        raise SpecForgeImportError(
+            f"spec: missing key {key!r} (the import-specforge phase needs input_dir, output_dir, target, aux_layer_ids, training_data_version)"
+        )
     return spec[key]
 
 
@@ -164,14 +172,21 @@ def _manifest(spec: Mapping[str, Any]) -> StoreManifest:
     try:
         identity = TargetIdentity(**target)
     except TypeError as exc:
-        raise SpecForgeImportError(f"spec.target: expected name, config_sha256, num_layers, hidden_size, vocab_size ({exc})") from None
+        raise SpecForgeImportError(
+            f"spec.target: expected name, config_sha256, num_layers, hidden_size, vocab_size ({exc})"
+        ) from None
     layers = _required(spec, "aux_layer_ids")
     if not isinstance(layers, list) or not layers or not all(isinstance(i, int) for i in layers):
         raise SpecForgeImportError(f"spec.aux_layer_ids: expected a list of layer ids, got {layers!r}")
     dtype = spec.get("storage_dtype", BF16)
     if dtype not in STORAGE_DTYPES:
         raise SpecForgeImportError(f"spec.storage_dtype: expected one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
-    return StoreManifest(target=identity, aux_layer_ids=layers, training_data_version=str(_required(spec, "training_data_version")), dtype=dtype)
+    return StoreManifest(
+        target=identity,
+        aux_layer_ids=layers,
+        training_data_version=str(_required(spec, "training_data_version")),
+        dtype=dtype,
+    )
 
 
 def spec_from_extract(extract: Mapping[str, Any], input_dir: str) -> dict[str, Any]:
@@ -218,12 +233,16 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     if store.manifest_path.is_file():
         differences = identity_mismatch(store.manifest(), wanted)
         if differences:
-            raise StoreError(f"{store.manifest_path}: the store was made under other settings: " + "; ".join(differences))
+            raise StoreError(
+                f"{store.manifest_path}: the store was made under other settings: " + "; ".join(differences)
+            )
     store.write_manifest(wanted)
     samples = find_samples(input_dir)
     rows = _TrainingRows(spec["training_data"]) if spec.get("training_data") else None
     groups = [samples[i : i + per_shard] for i in range(0, len(samples), per_shard)]
-    report.log(f"importing {len(samples)} SpecForge samples from {input_dir} into {len(groups)} shard(s) under {output_dir}")
+    report.log(
+        f"importing {len(samples)} SpecForge samples from {input_dir} into {len(groups)} shard(s) under {output_dir}"
+    )
     names, skipped, disagreements, tokens, total_bytes = [], 0, 0, 0, 0
     for number, group in enumerate(groups):
         name = shard_name(number)
@@ -235,25 +254,46 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
             for idx, path in group:
                 sample = load_sample(path)
                 if sample["aux"].shape[1] != aux_width or sample["hidden"].shape[1] != hidden:
-                    raise SpecForgeImportError(f"{path}: expected aux width {aux_width} and hidden {hidden} (target.hidden_size × {len(wanted.aux_layer_ids)} layers), got {sample['aux'].shape[1]} and {sample['hidden'].shape[1]}")
+                    raise SpecForgeImportError(
+                        f"{path}: expected aux width {aux_width} and hidden {hidden} (target.hidden_size × {len(wanted.aux_layer_ids)} layers), got {sample['aux'].shape[1]} and {sample['hidden'].shape[1]}"
+                    )
                 mask = sample["loss_mask"]
                 if rows is None:
                     row = _Row(f"specforge-{idx}", "specforge", "train", None, None)
                 else:
                     row = rows.row(idx)
                     if row.input_ids != sample["input_ids"].tolist():
-                        raise SpecForgeImportError(f"{path}: input_ids differ from training_data row {idx} (sample {row.sample_id}); SpecForge was given other data or another tokenizer")
+                        raise SpecForgeImportError(
+                            f"{path}: input_ids differ from training_data row {idx} (sample {row.sample_id}); SpecForge was given other data or another tokenizer"
+                        )
                     ours = torch.tensor(row.loss_mask, dtype=torch.uint8)
                     disagreements += int(not torch.equal(ours, mask.to(torch.uint8)))
                     mask = ours
                 try:
-                    writer.add(row.sample_id, row.dataset, row.split, sample["input_ids"], mask, sample["aux"], sample["hidden"])
+                    writer.add(
+                        row.sample_id,
+                        row.dataset,
+                        row.split,
+                        sample["input_ids"],
+                        mask,
+                        sample["aux"],
+                        sample["hidden"],
+                    )
                 except StoreError as exc:
                     raise SpecForgeImportError(f"{path}: {exc}") from None
             writer.close()
-        tokens += sum(pq.read_table(output_dir / f"{name}.index.parquet", columns=["length"]).column("length").to_pylist())
+        tokens += sum(
+            pq.read_table(output_dir / f"{name}.index.parquet", columns=["length"]).column("length").to_pylist()
+        )
         total_bytes += (output_dir / f"{name}.safetensors").stat().st_size
-        report.progress({"shards_done": number + 1, "shards_total": len(groups), "samples": sum(len(g) for g in groups[: number + 1]), "tokens": tokens})
+        report.progress(
+            {
+                "shards_done": number + 1,
+                "shards_total": len(groups),
+                "samples": sum(len(g) for g in groups[: number + 1]),
+                "tokens": tokens,
+            }
+        )
     index = store.write_index(names)
     final = StoreManifest(
         target=wanted.target,
@@ -270,7 +310,9 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     indices = [idx for idx, _ in samples]
     expected = rows.total if rows is not None else indices[-1] + 1
     missing = expected - len(samples)
-    report.log(f"imported {index.num_rows} samples, {tokens} tokens, {total_bytes} bytes in {len(names)} shard(s) ({skipped} already done); {missing} sample(s) without states")
+    report.log(
+        f"imported {index.num_rows} samples, {tokens} tokens, {total_bytes} bytes in {len(names)} shard(s) ({skipped} already done); {missing} sample(s) without states"
+    )
     return {
         "store": str(output_dir),
         "source": str(input_dir),

@@ -49,7 +49,9 @@ class TrainingData:
     def vocab_size(self) -> int:
         value = self.manifest.get("vocab_size")
         if not isinstance(value, int) or value <= 0:
-            raise TrainingDataError(f"{self.folder / 'manifest.json'}: vocab_size: expected a positive integer, got {value!r}")
+            raise TrainingDataError(
+                f"{self.folder / 'manifest.json'}: vocab_size: expected a positive integer, got {value!r}"
+            )
         return value
 
     def version(self) -> str:
@@ -84,8 +86,7 @@ def iter_rows(path: Path, columns: list[str], start: int = 0) -> Iterator[dict[s
             if row + batch.num_rows <= start:
                 row += batch.num_rows
                 continue
-            for item in batch.slice(max(start - row, 0)).to_pylist():
-                yield item
+            yield from batch.slice(max(start - row, 0)).to_pylist()
             row += batch.num_rows
     except (OSError, KeyError) as exc:
         raise TrainingDataError(f"{path}: cannot read columns {columns} ({type(exc).__name__}: {exc})") from None

@@ -51,7 +51,11 @@ def plan_shards(data: TrainingData, shard_tokens: int) -> list[PlannedShard]:
             for row, length in enumerate(lengths):
                 tokens += int(length)
                 if tokens >= shard_tokens or row == len(lengths) - 1:
-                    planned.append(PlannedShard(shard_name(len(planned)), split, path.name, start, tuple(ids[start : row + 1]), tokens))
+                    planned.append(
+                        PlannedShard(
+                            shard_name(len(planned)), split, path.name, start, tuple(ids[start : row + 1]), tokens
+                        )
+                    )
                     start, tokens = row + 1, 0
     return planned
 
@@ -67,7 +71,9 @@ def write_plan(root: Path, shard_tokens: int, planned: list[PlannedShard], kept:
     """``kept``: in rolling mode, the shards the finished store holds (its eval shards)."""
     document: dict[str, Any] = {
         "shard_tokens": shard_tokens,
-        "shards": [{k: v for k, v in asdict(s).items() if k != "sample_ids"} | {"samples": len(s.sample_ids)} for s in planned],
+        "shards": [
+            {k: v for k, v in asdict(s).items() if k != "sample_ids"} | {"samples": len(s.sample_ids)} for s in planned
+        ],
     }
     if kept is not None:
         document["kept"] = kept
@@ -115,7 +121,9 @@ def rolling_layout(data: TrainingData, planned: list[PlannedShard], window_shard
         for sample_id in shard.sample_ids:
             row = next(reader, None)
             if row is None or row["id"] != sample_id:
-                raise TrainingDataError(f"{data.folder / shard.source}: rows changed while planning {shard.name}; rerun")
+                raise TrainingDataError(
+                    f"{data.folder / shard.source}: rows changed while planning {shard.name}; rerun"
+                )
             length = len(row["loss_mask"])
             rows.append(LayoutRow(shard.name, offset, length, row["dataset"], int(sum(row["loss_mask"]))))
             offset += length
@@ -138,13 +146,17 @@ def write_rolling_layout(root: Path, layout: RollingLayout) -> None:
 def read_rolling_layout(root: Path) -> RollingLayout:
     path = Path(root) / ROLLING_LAYOUT_FILE
     if not path.is_file():
-        raise StoreError(f"{path}: no rolling layout; materialize hidden_states with hidden_states.rolling_window_shards set")
+        raise StoreError(
+            f"{path}: no rolling layout; materialize hidden_states with hidden_states.rolling_window_shards set"
+        )
     try:
         document = json.loads(path.read_text())
         rows = [LayoutRow(str(r[0]), int(r[1]), int(r[2]), str(r[3]), int(r[4])) for r in document["rows"]]
         return RollingLayout(int(document["window_shards"]), document["windows"], document["eval_shards"], rows)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise StoreError(f"{path}: not a rolling layout ({type(exc).__name__}: {exc}); materialize hidden_states again") from None
+        raise StoreError(
+            f"{path}: not a rolling layout ({type(exc).__name__}: {exc}); materialize hidden_states again"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -141,12 +141,29 @@ SGLANG_USES: tuple[SGLangUse, ...] = (
     SGLangUse(f"{_SRT}.mem_cache.allocator.base", "BaseTokenToKVPoolAllocator.clear", "method"),
     SGLangUse(f"{_SRT}.models.llama", "LlamaForCausalLM.set_eagle3_layers_to_capture", "method", positional=1),
     SGLangUse(f"{_SRT}.models.llama", "LlamaModel.layers_to_capture", "attribute"),
-    SGLangUse(f"{_SRT}.models.deepseek_v2", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture", "method", positional=1),
+    SGLangUse(
+        f"{_SRT}.models.deepseek_v2", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture", "method", positional=1
+    ),
     SGLangUse(f"{_SRT}.models.deepseek_v2", "DeepseekV2Model.layers_to_capture", "attribute"),
-    SGLangUse(f"{_SRT}.models.kimi_k25", "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture", "method", positional=1),
+    SGLangUse(
+        f"{_SRT}.models.kimi_k25",
+        "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture",
+        "method",
+        positional=1,
+    ),
     SGLangUse(f"{_SRT}.layers.logits_processor", "LogitsProcessor", "class"),
-    SGLangUse(f"{_SRT}.layers.logits_processor", "LogitsProcessor.forward", "method", keywords=("hidden_states", "aux_hidden_states")),
-    SGLangUse(f"{_SRT}.sampling.sampling_params", "SamplingParams", "class", keywords=("max_new_tokens", "temperature", "top_k")),
+    SGLangUse(
+        f"{_SRT}.layers.logits_processor",
+        "LogitsProcessor.forward",
+        "method",
+        keywords=("hidden_states", "aux_hidden_states"),
+    ),
+    SGLangUse(
+        f"{_SRT}.sampling.sampling_params",
+        "SamplingParams",
+        "class",
+        keywords=("max_new_tokens", "temperature", "top_k"),
+    ),
     SGLangUse(
         f"{_SRT}.managers.schedule_batch",
         "Req",
@@ -160,18 +177,36 @@ SGLANG_USES: tuple[SGLangUse, ...] = (
         f"{_SRT}.managers.schedule_batch",
         "ScheduleBatch.init_new",
         "method",
-        keywords=("reqs", "req_to_token_pool", "token_to_kv_pool_allocator", "tree_cache", "model_config", "enable_overlap", "spec_algorithm"),
+        keywords=(
+            "reqs",
+            "req_to_token_pool",
+            "token_to_kv_pool_allocator",
+            "tree_cache",
+            "model_config",
+            "enable_overlap",
+            "spec_algorithm",
+        ),
     ),
     SGLangUse(f"{_SRT}.managers.schedule_batch", "ScheduleBatch.prepare_for_extend", "method"),
     SGLangUse(f"{_SRT}.managers.schedule_batch", "ScheduleBatch.prefill_input_ids_cpu", "attribute"),
     SGLangUse(f"{_SRT}.managers.schedule_batch", "ScheduleBatch.input_ids", "attribute"),
     SGLangUse(f"{_SRT}.managers.schedule_batch", "ScheduleBatch.device", "attribute"),
-    SGLangUse(f"{_SRT}.mem_cache.cache_init_params", "CacheInitParams", "class", keywords=("disable", "req_to_token_pool", "token_to_kv_pool_allocator", "page_size")),
+    SGLangUse(
+        f"{_SRT}.mem_cache.cache_init_params",
+        "CacheInitParams",
+        "class",
+        keywords=("disable", "req_to_token_pool", "token_to_kv_pool_allocator", "page_size"),
+    ),
     SGLangUse(f"{_SRT}.mem_cache.chunk_cache", "ChunkCache", "class", keywords=("params",)),
     SGLangUse(f"{_SRT}.speculative.spec_info", "SpeculativeAlgorithm", "class"),
     SGLangUse(f"{_SRT}.speculative.spec_info", "SpeculativeAlgorithm.NONE", "attribute"),
     SGLangUse(f"{_SRT}.model_executor.forward_batch_info", "ForwardBatch", "class"),
-    SGLangUse(f"{_SRT}.model_executor.forward_batch_info", "ForwardBatch.init_new", "method", keywords=("batch", "model_runner")),
+    SGLangUse(
+        f"{_SRT}.model_executor.forward_batch_info",
+        "ForwardBatch.init_new",
+        "method",
+        keywords=("batch", "model_runner"),
+    ),
 )
 
 
@@ -202,7 +237,9 @@ class SGLangApi:
     def _use(self, name: str, kind: str) -> SGLangUse:
         use = self._uses.get(name)
         if use is None or use.kind != kind:
-            raise SGLangError(f"{name}: not an SGLang {kind} of SGLANG_USES (the names checked against sglang {SGLANG_VERSION})")
+            raise SGLangError(
+                f"{name}: not an SGLang {kind} of SGLANG_USES (the names checked against sglang {SGLANG_VERSION})"
+            )
         return use
 
     def _member(self, owner: Any, member: str, kind: str) -> SGLangUse:
@@ -320,7 +357,16 @@ class SGLangTarget:
 
     spot_check_method = "alone (one request per forward) through the same SGLang runner"
 
-    def __init__(self, api: SGLangApi, runner: Any, server_args: Any, identity: TargetIdentity, family: str, ranks: Ranks, dtype: str) -> None:
+    def __init__(
+        self,
+        api: SGLangApi,
+        runner: Any,
+        server_args: Any,
+        identity: TargetIdentity,
+        family: str,
+        ranks: Ranks,
+        dtype: str,
+    ) -> None:
         self.api = api
         self.runner = runner
         self.server_args = server_args
@@ -360,7 +406,9 @@ class SGLangTarget:
         self.api.call(model, "set_eagle3_layers_to_capture", written)
         holders = [module for module in model.modules() if hasattr(module, "layers_to_capture")]
         if len(holders) != 1:
-            raise SGLangError(f"SGLang {type(model).__name__}: expected one decoder holding layers_to_capture, found {len(holders)}")
+            raise SGLangError(
+                f"SGLang {type(model).__name__}: expected one decoder holding layers_to_capture, found {len(holders)}"
+            )
         captured = [int(i) for i in self.api.get(holders[0], "layers_to_capture")]
         expected = [i + 1 for i in wanted]
         if captured != expected:
@@ -397,7 +445,9 @@ class SGLangTarget:
                 f"of {pool} tokens: lower hidden_states.batch_tokens or raise hidden_states.mem_fraction_static"
             )
         if len(lengths) > slots:
-            raise SGLangError(f"a batch of {len(lengths)} samples exceeds SGLang's {slots} request slots: lower hidden_states.max_batch_size")
+            raise SGLangError(
+                f"a batch of {len(lengths)} samples exceeds SGLang's {slots} request slots: lower hidden_states.max_batch_size"
+            )
 
     def batch_states(self, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
         """``(aux [T, 3H], hidden [T, H])`` per sequence from one extend pass of the packed batch."""
@@ -445,7 +495,13 @@ class SGLangTarget:
         self._forwards += 1
         reqs = []
         for index, sequence in enumerate(sequences):
-            req = api.new("Req", rid=f"extract-{self._forwards}-{index}", origin_input_text="", origin_input_ids=array("q", sequence), sampling_params=sampling)
+            req = api.new(
+                "Req",
+                rid=f"extract-{self._forwards}-{index}",
+                origin_input_text="",
+                origin_input_ids=array("q", sequence),
+                sampling_params=sampling,
+            )
             api.call(req, "init_next_round_input", tree_cache=cache)
             api.put(req, "fill_len", len(sequence))
             reqs.append(req)

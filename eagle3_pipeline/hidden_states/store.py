@@ -99,7 +99,9 @@ def bytes_per_token(hidden_size: int, aux_layers: int = 3, dtype: str = BF16) ->
     raise StoreError(f"storage dtype {dtype!r}: expected one of {', '.join(STORAGE_DTYPES)}")
 
 
-def bytes_per_token_check(measured: float, hidden_size: int, aux_layers: int, dtype: str, tolerance: float) -> tuple[bool, str]:
+def bytes_per_token_check(
+    measured: float, hidden_size: int, aux_layers: int, dtype: str, tolerance: float
+) -> tuple[bool, str]:
     """Whether a store's measured bytes per token are within ``tolerance`` (relative) of
     :func:`bytes_per_token` for the configured storage ``dtype``, and the sentence that says so
     (a bf16 store where fp8 was asked is twice the formula, an fp8 one where bf16 was asked half)."""
@@ -283,13 +285,17 @@ class ShardWriter:
         self._rows: list[dict[str, Any]] = []
         self.tokens = 0
 
-    def add(self, sample_id: str, dataset: str, split: str, input_ids: Any, loss_mask: Any, aux: Any, hidden: Any) -> None:
+    def add(
+        self, sample_id: str, dataset: str, split: str, input_ids: Any, loss_mask: Any, aux: Any, hidden: Any
+    ) -> None:
         """Tensors on any device/dtype; stored as int32 / uint8 / bf16 on the CPU (fp8 at :meth:`close`)."""
         import torch
 
         length = int(input_ids.shape[0])
         if not (loss_mask.shape[0] == aux.shape[0] == hidden.shape[0] == length):
-            raise StoreError(f"sample {sample_id}: lengths differ (ids {length}, mask {loss_mask.shape[0]}, aux {aux.shape[0]}, hidden {hidden.shape[0]})")
+            raise StoreError(
+                f"sample {sample_id}: lengths differ (ids {length}, mask {loss_mask.shape[0]}, aux {aux.shape[0]}, hidden {hidden.shape[0]})"
+            )
         for key, tensor in ((AUX_KEY, aux), (HIDDEN_KEY, hidden)):
             if not torch.isfinite(tensor).all():
                 raise StoreError(f"sample {sample_id}: {key} holds NaN or Inf")
@@ -332,7 +338,9 @@ class ShardWriter:
             raise StoreError(f"shard {self.name}: NaN or Inf after conversion to bf16")
         if self.dtype == FP8:
             hidden_size = tensors[HIDDEN_KEY].shape[1]
-            tensors[AUX_KEY], tensors[AUX_SCALE_KEY] = quantize_fp8(tensors[AUX_KEY], tensors[AUX_KEY].shape[1] // hidden_size)
+            tensors[AUX_KEY], tensors[AUX_SCALE_KEY] = quantize_fp8(
+                tensors[AUX_KEY], tensors[AUX_KEY].shape[1] // hidden_size
+            )
             tensors[HIDDEN_KEY], tensors[HIDDEN_SCALE_KEY] = quantize_fp8(tensors[HIDDEN_KEY], 1)
         self.root.mkdir(parents=True, exist_ok=True)
         tensor_path = self.root / f"{self.name}.safetensors"
@@ -397,7 +405,9 @@ class HiddenStateStore:
     def iter_samples(self, split: str | None = None, datasets: Sequence[str] | None = None) -> Iterator[HiddenSample]:
         """Samples shard by shard, in index order; only one shard's tensors are open at a time."""
         rows = self.index().to_pylist()
-        wanted = [r for r in rows if (split is None or r["split"] == split) and (datasets is None or r["dataset"] in datasets)]
+        wanted = [
+            r for r in rows if (split is None or r["split"] == split) and (datasets is None or r["dataset"] in datasets)
+        ]
         by_shard: dict[str, list[dict[str, Any]]] = {}
         for row in wanted:
             by_shard.setdefault(row["shard"], []).append(row)

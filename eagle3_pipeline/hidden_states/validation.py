@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
-from eagle3_pipeline.dataprep.agreement import CONTEXT_TOKENS, RemoteTokenizerError, ServerEndpoint, TokenizeRouteMissing, remote_tokenizer
+from eagle3_pipeline.dataprep.agreement import (
+    CONTEXT_TOKENS,
+    RemoteTokenizerError,
+    ServerEndpoint,
+    TokenizeRouteMissing,
+    remote_tokenizer,
+)
 from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError, iter_rows
 
 REFERENCE_FORMAT = 1
@@ -177,7 +183,9 @@ def sglang_predictions(asker: ServerAsker, ids: Sequence[int]) -> list[tuple[int
             best = max(pairs)
             found.append((best[1], _margin([lp for lp, _ in pairs])))
     except (KeyError, TypeError, ValueError, IndexError):
-        raise asker.fail(url, "meta_info.input_top_logprobs: per input token a list of [logprob, token_id, text]", payload) from None
+        raise asker.fail(
+            url, "meta_info.input_top_logprobs: per input token a list of [logprob, token_id, text]", payload
+        ) from None
     if len(found) != len(ids) - 1:
         raise asker.fail(url, f"{len(ids)} entries in meta_info.input_top_logprobs", payload)
     return found
@@ -204,7 +212,9 @@ def vllm_predictions(asker: ServerAsker, ids: Sequence[int]) -> list[tuple[int, 
             top = min(ranked, key=lambda tid: ranked[tid][0])
             found.append((top, _margin([lp for _, lp in ranked.values()])))
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise asker.fail(url, "choices[0].prompt_logprobs: per prompt token {token_id: {logprob, rank}}", payload) from None
+        raise asker.fail(
+            url, "choices[0].prompt_logprobs: per prompt token {token_id: {logprob, rank}}", payload
+        ) from None
     if len(found) != len(ids) - 1:
         raise asker.fail(url, f"{len(ids)} entries in choices[0].prompt_logprobs", payload)
     return found
@@ -227,10 +237,14 @@ def _first_difference(mine: Sequence[int], theirs: Sequence[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
 
 
-def tokenization_check(asker: ServerAsker, text: str, local: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> str:
+def tokenization_check(
+    asker: ServerAsker, text: str, local: Callable[[str], list[int]], decode: Callable[[list[int]], str]
+) -> str:
     """The server's ``/tokenize`` of ``text`` against ours: ``same``, ``not checked: …`` or the first difference."""
     try:
-        with remote_tokenizer(asker.endpoint.base_url, asker.endpoint.model, asker.endpoint.api_key, asker.client.timeout.read or 30.0) as remote:
+        with remote_tokenizer(
+            asker.endpoint.base_url, asker.endpoint.model, asker.endpoint.api_key, asker.client.timeout.read or 30.0
+        ) as remote:
             theirs = remote(text)
     except TokenizeRouteMissing as exc:
         return f"not checked: {exc}"
@@ -293,7 +307,12 @@ def _choose_api(asker: ServerAsker, ids: Sequence[int]) -> tuple[Api, list[tuple
 
 
 def record_reference(
-    training_data: Path, endpoint: ServerEndpoint, tokenizer: Any, tokenizer_name: str, settings: ServingValidationConfig, out: Path
+    training_data: Path,
+    endpoint: ServerEndpoint,
+    tokenizer: Any,
+    tokenizer_name: str,
+    settings: ServingValidationConfig,
+    out: Path,
 ) -> ServingReference:
     """Ask ``endpoint`` about the reference samples of ``training_data`` and write the answers to
     ``out``; ``tokenizer`` is the one the rows were made with.
@@ -313,7 +332,13 @@ def record_reference(
             if api is None:
                 api, found = _choose_api(asker, ids)
             else:
-                found = sglang_predictions(asker, ids) if api == "sglang" else vllm_predictions(asker, ids) if api == "vllm" else None
+                found = (
+                    sglang_predictions(asker, ids)
+                    if api == "sglang"
+                    else vllm_predictions(asker, ids)
+                    if api == "vllm"
+                    else None
+                )
             if api == "text":
                 samples.append(_text_sample(asker, row, tokenizer, settings.text_positions))
                 continue
@@ -321,11 +346,20 @@ def record_reference(
                 raise ServingReferenceError(f"{endpoint.base_url}: stopped answering {api} logprob requests")
             tokenization = tokenization_check(asker, tokenizer.decode(row["input_ids"]), local, tokenizer.decode)
             samples.append(
-                ReferenceSample(row["id"], list(row["input_ids"]), list(range(len(found))), [t for t, _ in found], [m for _, m in found], tokenization)
+                ReferenceSample(
+                    row["id"],
+                    list(row["input_ids"]),
+                    list(range(len(found))),
+                    [t for t, _ in found],
+                    [m for _, m in found],
+                    tokenization,
+                )
             )
     finally:
         asker.close()
-    reference = ServingReference(endpoint.base_url, api or "text", endpoint.model, data.version(), tokenizer_name, samples)
+    reference = ServingReference(
+        endpoint.base_url, api or "text", endpoint.model, data.version(), tokenizer_name, samples
+    )
     reference.save(out)
     return reference
 
@@ -334,7 +368,10 @@ def load_reference(path: Path, version: str) -> tuple[ServingReference | None, s
     """The reference at ``path`` if it was recorded for training_data ``version``, or None and why not."""
     path = Path(path)
     if not path.is_file():
-        return None, f"{path}: no reference recorded (no serving server was reachable at training_data or hidden_states time)"
+        return (
+            None,
+            f"{path}: no reference recorded (no serving server was reachable at training_data or hidden_states time)",
+        )
     try:
         raw = json.loads(path.read_text())
         raw["samples"] = [ReferenceSample(**s) for s in raw["samples"]]
@@ -342,7 +379,10 @@ def load_reference(path: Path, version: str) -> tuple[ServingReference | None, s
     except (ValueError, TypeError, KeyError) as exc:
         raise ServingReferenceError(f"{path}: not a serving reference ({type(exc).__name__}: {exc})") from None
     if reference.training_data_version != version:
-        return None, f"{path}: recorded for training_data version {reference.training_data_version}, the rows are now {version}"
+        return (
+            None,
+            f"{path}: recorded for training_data version {reference.training_data_version}, the rows are now {version}",
+        )
     if not reference.samples:
         return None, f"{path}: no sample in the reference"
     return reference, ""
@@ -362,7 +402,9 @@ def load_lm_head(model: str) -> Any:
         try:
             folder = Path(snapshot_download(model, local_files_only=True))
         except (LocalEntryNotFoundError, ValueError) as exc:
-            raise TargetError(f"{model!r} is neither a folder nor a Hugging Face id in the local cache ({type(exc).__name__})") from None
+            raise TargetError(
+                f"{model!r} is neither a folder nor a Hugging Face id in the local cache ({type(exc).__name__})"
+            ) from None
     return load_target_weights(folder).lm_head
 
 
@@ -400,10 +442,14 @@ def check_states(sample: ReferenceSample, aux: Any, hidden: Any, aux_width: int,
     length = len(sample.input_ids)
     for name, tensor, width in (("aux_hidden_states", aux, aux_width), ("hidden_states", hidden, hidden_size)):
         if tuple(tensor.shape) != (length, width):
-            raise ValidationFailed(f"sample {sample.sample_id!r}: {name} has shape {tuple(tensor.shape)}, the manifest says ({length}, {width})")
+            raise ValidationFailed(
+                f"sample {sample.sample_id!r}: {name} has shape {tuple(tensor.shape)}, the manifest says ({length}, {width})"
+            )
         bad = (~torch.isfinite(tensor.float())).nonzero()
         if len(bad):
-            raise ValidationFailed(f"sample {sample.sample_id!r}: {name} has {len(bad)} non-finite values (first at position {int(bad[0][0])})")
+            raise ValidationFailed(
+                f"sample {sample.sample_id!r}: {name} has {len(bad)} non-finite values (first at position {int(bad[0][0])})"
+            )
 
 
 def compare(sample: ReferenceSample, ours: Sequence[int], margin: float, into: Comparison) -> None:
@@ -457,7 +503,11 @@ def verdict(reference: ServingReference, result: Comparison, settings: ServingVa
 
 
 def tokenization_problems(reference: ServingReference) -> list[str]:
-    return [f"sample {s.sample_id!r}: {s.tokenization}" for s in reference.samples if not s.tokenization.startswith(("same", "not checked"))]
+    return [
+        f"sample {s.sample_id!r}: {s.tokenization}"
+        for s in reference.samples
+        if not s.tokenization.startswith(("same", "not checked"))
+    ]
 
 
 def record_from_first(
@@ -504,7 +554,9 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
         return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
     try:
         data = TrainingData.open(training_data)
-    except TrainingDataError as exc:  # the phase itself fails on it, after its cheaper refusals (busy GPUs, a missing python)
+    except (
+        TrainingDataError
+    ) as exc:  # the phase itself fails on it, after its cheaper refusals (busy GPUs, a missing python)
         return {"serving_reference_status": f"not recorded: {exc}"}
     kept, _ = load_reference(out, data.version())
     if kept is not None:
@@ -523,7 +575,9 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
             endpoints += [ServerEndpoint(e.base_url, e.model, e.api_key) for e in provider.endpoints()]
         except (UnhealthyError, ServerStartError, ModelNotAvailable, ConfigError) as exc:
             reasons.append(f"the inference endpoints: {type(exc).__name__}: {str(exc)[:300]}")
-        done = record_from_first(training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings, out)
+        done = record_from_first(
+            training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings, out
+        )
     finally:
         provider.close()
     if reasons and done["serving_reference_status"].startswith("not recorded"):

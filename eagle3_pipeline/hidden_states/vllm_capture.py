@@ -94,7 +94,19 @@ class VllmTarget:
     writer = True
     spot_check_method = "alone: the same request sent again to the vLLM server"
 
-    def __init__(self, http: Any, base_url: str, served: str, output_dir: Path, identity: TargetIdentity, family: str, norm_name: str, norm: Any, eps: float, parallel: int) -> None:
+    def __init__(
+        self,
+        http: Any,
+        base_url: str,
+        served: str,
+        output_dir: Path,
+        identity: TargetIdentity,
+        family: str,
+        norm_name: str,
+        norm: Any,
+        eps: float,
+        parallel: int,
+    ) -> None:
         self.http = http
         self.base_url = base_url
         self.served = served
@@ -138,13 +150,23 @@ class VllmTarget:
     def _complete(self, index: int, sequence: Sequence[int]) -> dict[str, Any]:
         import httpx
 
-        body = {"model": self.served, "prompt": list(sequence), "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
+        body = {
+            "model": self.served,
+            "prompt": list(sequence),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
         try:
             reply = self.http.post(f"{self.base_url}/completions", json=body)
         except httpx.HTTPError as exc:
-            raise VllmError(f"{URL_SETTING} {self.base_url!r}: POST /completions failed ({type(exc).__name__}: {exc})") from None
+            raise VllmError(
+                f"{URL_SETTING} {self.base_url!r}: POST /completions failed ({type(exc).__name__}: {exc})"
+            ) from None
         if reply.status_code != 200:
-            raise SampleError(index, f"vLLM answered POST /completions with HTTP {reply.status_code}: {reply.text[:300]}")
+            raise SampleError(
+                index, f"vLLM answered POST /completions with HTTP {reply.status_code}: {reply.text[:300]}"
+            )
         payload: dict[str, Any] = reply.json()
         return payload
 
@@ -160,13 +182,15 @@ class VllmTarget:
         choices = payload.get("choices") or [{}]
         prompt_ids = choices[0].get("prompt_token_ids")
         if prompt_ids is None:
-            raise VllmError(f"{URL_SETTING} {self.base_url!r}: the completion has no prompt_token_ids; expected a vLLM server that honours return_token_ids")
+            raise VllmError(
+                f"{URL_SETTING} {self.base_url!r}: the completion has no prompt_token_ids; expected a vLLM server that honours return_token_ids"
+            )
         position = first_difference(prompt_ids, sequence)
         if position is not None:
             raise SampleError(
                 index,
                 f"vLLM's prompt_token_ids differ from our input_ids at position {position} "
-                f"(server {prompt_ids[position:position + 3]}, ours {list(sequence[position:position + 3])}; "
+                f"(server {prompt_ids[position : position + 3]}, ours {list(sequence[position : position + 3])}; "
                 f"{len(prompt_ids)} vs {len(sequence)} tokens): the server must take the ids as given",
             )
         return self._split(aux_layer_ids, index, sequence, tensors)
@@ -203,10 +227,14 @@ class VllmTarget:
                 return load_file(str(path), device="cpu")
             except (SafetensorError, OSError) as exc:
                 if time.monotonic() > deadline:
-                    raise VllmError(f"{DIR_SETTING} {str(self.output_dir)!r}: {path.name} is still unreadable after {FILE_WAIT_S:.0f} s ({exc})") from None
+                    raise VllmError(
+                        f"{DIR_SETTING} {str(self.output_dir)!r}: {path.name} is still unreadable after {FILE_WAIT_S:.0f} s ({exc})"
+                    ) from None
                 time.sleep(0.05)
 
-    def _split(self, aux_layer_ids: Sequence[int], index: int, sequence: Sequence[int], tensors: dict[str, Any]) -> tuple[Any, Any]:
+    def _split(
+        self, aux_layer_ids: Sequence[int], index: int, sequence: Sequence[int], tensors: dict[str, Any]
+    ) -> tuple[Any, Any]:
         import torch
 
         states, ids = tensors.get("hidden_states"), tensors.get("token_ids")
@@ -235,9 +263,13 @@ def _served_model(http: Any, base_url: str) -> str:
         reply.raise_for_status()
         models = [str(m["id"]) for m in reply.json()["data"]]
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-        raise VllmError(f"{URL_SETTING} {base_url!r}: GET /models failed ({type(exc).__name__}: {exc}); expected a running vLLM server's …/v1 URL") from None
+        raise VllmError(
+            f"{URL_SETTING} {base_url!r}: GET /models failed ({type(exc).__name__}: {exc}); expected a running vLLM server's …/v1 URL"
+        ) from None
     if len(models) != 1:
-        raise VllmError(f"{URL_SETTING} {base_url!r}: the server serves {models}; expected exactly one model (the target)")
+        raise VllmError(
+            f"{URL_SETTING} {base_url!r}: the server serves {models}; expected exactly one model (the target)"
+        )
     return models[0]
 
 
@@ -250,12 +282,16 @@ def open_vllm_target(model: str, name: str, base_url: str, output_dir: str, para
     raw = read_config(model)
     eps = text_config(raw).get("rms_norm_eps")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise VllmError(f"hidden_states.model {model!r}: the language model's config has no rms_norm_eps; expected the final RMSNorm's epsilon")
+        raise VllmError(
+            f"hidden_states.model {model!r}: the language model's config has no rms_norm_eps; expected the final RMSNorm's epsilon"
+        )
     norm_name = drafter_tensor_names(Path(model)).norm
     norm = read_tensors(Path(model), [norm_name])[norm_name]
     folder = Path(output_dir)
     if not folder.is_dir():
-        raise VllmError(f"{DIR_SETTING} {output_dir!r}: not a folder here; expected the connector's shared_storage_path as seen on this machine")
+        raise VllmError(
+            f"{DIR_SETTING} {output_dir!r}: not a folder here; expected the connector's shared_storage_path as seen on this machine"
+        )
     url = base_url.rstrip("/")
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
         served = _served_model(http, url)

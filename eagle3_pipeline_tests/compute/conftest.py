@@ -47,7 +47,15 @@ def idle_gpus(fakebin: FakeBin) -> Any:  # noqa: F811 - the imported fixture
     fakebin.reset()
 
 
-def write_pipeline(folder: Path, sshd: Sshd, layout: Layout, port: int | None = None, known_hosts: Path | None = None, sections: dict[str, Any] | None = None, **compute: Any) -> PipelineConfig:  # noqa: F811
+def write_pipeline(
+    folder: Path,
+    sshd: Sshd,
+    layout: Layout,
+    port: int | None = None,
+    known_hosts: Path | None = None,
+    sections: dict[str, Any] | None = None,
+    **compute: Any,
+) -> PipelineConfig:  # noqa: F811
     """``sections``: more top-level sections of the pipeline file (e.g. ``hidden_states``)."""
     write_jsonl(folder / "B1.jsonl", [sharegpt("question")])
     settings = {

@@ -22,7 +22,13 @@ torch = pytest.importorskip("torch")
 
 def pipeline_file(folder: Path, compute: dict[str, Any]) -> Path:
     write_jsonl(folder / "B1.jsonl", [sharegpt("question")])
-    document = {"name": "p", "artifacts_root": str(folder / "artifacts"), "target": {"model": "m"}, "compute": compute, "datasets": [{"id": "B1", "source": "B1.jsonl"}]}
+    document = {
+        "name": "p",
+        "artifacts_root": str(folder / "artifacts"),
+        "target": {"model": "m"},
+        "compute": compute,
+        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+    }
     path = folder / "pipeline.yaml"
     path.write_text(json.dumps(document))
     return path
@@ -51,26 +57,59 @@ def test_worker_by_hand_prints_metadata_and_refuses_a_bad_spec(tmp_path: Path) -
     sf = write_specforge(tmp_path / "sf", make_samples(3))
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(import_spec(sf, tmp_path / "store", None)))
-    done = subprocess.run([sys.executable, "-m", "eagle3_pipeline.worker", "import-specforge", "--spec", str(spec)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.worker", "import-specforge", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["samples"] == 3
     assert "progress: shards_done=1, shards_total=1" in done.stderr
 
     spec.write_text("[1, 2]")
-    bad = subprocess.run([sys.executable, "-m", "eagle3_pipeline.worker", "import-specforge", "--spec", str(spec)], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.worker", "import-specforge", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and f"{spec}: expected a JSON object, got list" in bad.stderr
-    unknown = subprocess.run([sys.executable, "-m", "eagle3_pipeline.worker", "nope", "--spec", str(spec)], capture_output=True, text=True, timeout=120)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.worker", "nope", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert unknown.returncode == 2 and "unknown phase 'nope'" in unknown.stderr
 
 
 @pytest.mark.parametrize(
     ("compute", "message"),
     [
-        ({"kind": "ssh", "host": {"hostname": "gpu-box"}}, "compute: Value error, kind 'ssh' needs compute.workdir and compute.artifacts_root"),
+        (
+            {"kind": "ssh", "host": {"hostname": "gpu-box"}},
+            "compute: Value error, kind 'ssh' needs compute.workdir and compute.artifacts_root",
+        ),
         ({"kind": "ssh", "workdir": "/w", "artifacts_root": "/a"}, "needs compute.host with a hostname"),
-        ({"kind": "command", "host": {"hostname": "h"}, "workdir": "/w", "artifacts_root": "/a"}, "kind 'command' needs compute.command"),
-        ({"kind": "command", "host": {"hostname": "h"}, "workdir": "/w", "artifacts_root": "/a", "command": "run {out}"}, "compute.command: Value error, unknown placeholder(s) ['out']"),
-        ({"kind": "ssh", "host": {"hostname": "h"}, "workdir": "relative", "artifacts_root": "/a"}, "compute.workdir: String should match pattern '^/'"),
+        (
+            {"kind": "command", "host": {"hostname": "h"}, "workdir": "/w", "artifacts_root": "/a"},
+            "kind 'command' needs compute.command",
+        ),
+        (
+            {
+                "kind": "command",
+                "host": {"hostname": "h"},
+                "workdir": "/w",
+                "artifacts_root": "/a",
+                "command": "run {out}",
+            },
+            "compute.command: Value error, unknown placeholder(s) ['out']",
+        ),
+        (
+            {"kind": "ssh", "host": {"hostname": "h"}, "workdir": "relative", "artifacts_root": "/a"},
+            "compute.workdir: String should match pattern '^/'",
+        ),
     ],
 )
 def test_bad_compute_settings_name_the_field(tmp_path: Path, compute: dict[str, Any], message: str) -> None:
@@ -80,19 +119,64 @@ def test_bad_compute_settings_name_the_field(tmp_path: Path, compute: dict[str, 
 
 
 def test_paths_map_onto_the_host_and_command_values_are_quoted(tmp_path: Path) -> None:
-    compute = {"kind": "command", "host": {"hostname": "gpu-box"}, "workdir": "/data/work", "artifacts_root": "/data/eagle3", "command": "prep --out {output_dir} --python {python}", "python": "/opt/py 3/bin/python"}
+    compute = {
+        "kind": "command",
+        "host": {"hostname": "gpu-box"},
+        "workdir": "/data/work",
+        "artifacts_root": "/data/eagle3",
+        "command": "prep --out {output_dir} --python {python}",
+        "python": "/opt/py 3/bin/python",
+    }
     config = load_config(pipeline_file(tmp_path, compute))
     assert config.compute.host.kind == "ssh"
     remote = RemoteRun(SshHost("gpu-box"), config.compute, config.artifacts_root, "run1", "extract")
     root = str(config.artifacts_root)
-    spec = {"output_dir": f"{root}/hidden_states", "shards": [f"{root}/training_data/train-00000.parquet"], "model": "/models/kimi", "n": 3}
-    assert remote.translate(spec) == {"output_dir": "/data/eagle3/hidden_states", "shards": ["/data/eagle3/training_data/train-00000.parquet"], "model": "/models/kimi", "n": 3}
+    spec = {
+        "output_dir": f"{root}/hidden_states",
+        "shards": [f"{root}/training_data/train-00000.parquet"],
+        "model": "/models/kimi",
+        "n": 3,
+    }
+    assert remote.translate(spec) == {
+        "output_dir": "/data/eagle3/hidden_states",
+        "shards": ["/data/eagle3/training_data/train-00000.parquet"],
+        "model": "/models/kimi",
+        "n": 3,
+    }
     command = remote.user_command(config.compute.command or "", "/data/eagle3/specforge/x; rm -rf /")
-    assert shlex.split(command) == ["prep", "--out", "/data/eagle3/specforge/x; rm -rf /", "--python", "/opt/py 3/bin/python"]
+    assert shlex.split(command) == [
+        "prep",
+        "--out",
+        "/data/eagle3/specforge/x; rm -rf /",
+        "--python",
+        "/opt/py 3/bin/python",
+    ]
     env = {"DAGSTER_PIPES_CONTEXT": "abc=", "DAGSTER_PIPES_MESSAGES": "x y"}
-    assert shlex.split(remote.worker_command("extract", "python3", env)) == ["env", "DAGSTER_PIPES_CONTEXT=abc=", "DAGSTER_PIPES_MESSAGES=x y", "python3", "-m", "eagle3_pipeline.worker", "extract", "--spec", "spec.json"]
+    assert shlex.split(remote.worker_command("extract", "python3", env)) == [
+        "env",
+        "DAGSTER_PIPES_CONTEXT=abc=",
+        "DAGSTER_PIPES_MESSAGES=x y",
+        "python3",
+        "-m",
+        "eagle3_pipeline.worker",
+        "extract",
+        "--spec",
+        "spec.json",
+    ]
     torchrun = remote.worker_command("train", "/opt/py 3/bin/python", env, processes=4)
-    assert shlex.split(torchrun)[3:] == ["/opt/py 3/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m", "eagle3_pipeline.worker", "train", "--spec", "spec.json"]
+    assert shlex.split(torchrun)[3:] == [
+        "/opt/py 3/bin/python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "4",
+        "-m",
+        "eagle3_pipeline.worker",
+        "train",
+        "--spec",
+        "spec.json",
+    ]
 
 
 def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
@@ -102,7 +186,12 @@ def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
     from eagle3_pipeline.drafter.spec import DrafterSpecError, train_spec
     from eagle3_pipeline.hidden_states.extract import ExtractionError, target_weights
 
-    compute = {"kind": "ssh", "host": {"hostname": "gpu-box"}, "workdir": "/data/work", "artifacts_root": "/data/eagle3"}
+    compute = {
+        "kind": "ssh",
+        "host": {"hostname": "gpu-box"},
+        "workdir": "/data/work",
+        "artifacts_root": "/data/eagle3",
+    }
     config = load_config(pipeline_file(tmp_path, compute))
     with pytest.raises(ExtractionError, match="hidden_states.model: required with compute.kind 'ssh'"):
         target_weights(config)
@@ -128,7 +217,13 @@ def test_the_follower_waits_for_a_process_that_has_not_made_its_group_yet(tmp_pa
 
     (tmp_path / "messages.jsonl").write_text("")
     late = "sleep 0.6; exec setsid sh -c 'echo late line >> messages.jsonl; echo 0 > worker.status'"
-    subprocess.run(["sh", "-c", f"( sh -c {shlex.quote(late)} </dev/null >/dev/null 2>&1 & echo $! > worker.pid )"], cwd=tmp_path, check=True)
-    followed = subprocess.run(["sh", "-c", _tail("worker", "messages.jsonl", 0)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        ["sh", "-c", f"( sh -c {shlex.quote(late)} </dev/null >/dev/null 2>&1 & echo $! > worker.pid )"],
+        cwd=tmp_path,
+        check=True,
+    )
+    followed = subprocess.run(
+        ["sh", "-c", _tail("worker", "messages.jsonl", 0)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert "late line" in followed.stdout
     assert (tmp_path / "worker.status").read_text().strip() == "0"

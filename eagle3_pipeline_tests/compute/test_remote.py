@@ -25,12 +25,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.config import load_config  # noqa: E402
-from eagle3_pipeline.defs.compute import run_heavy_phase  # noqa: E402
-from eagle3_pipeline.hidden_states.store import ShardWriter  # noqa: E402
-from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline  # noqa: E402
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.specforge_files import (  # noqa: E402
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.compute import run_heavy_phase
+from eagle3_pipeline.hidden_states.store import ShardWriter
+from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
+from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until
+from eagle3_pipeline_tests.hidden_states.specforge_files import (
     LAYERS,
     TARGET,
     import_spec,
@@ -38,14 +38,16 @@ from eagle3_pipeline_tests.hidden_states.specforge_files import (  # noqa: E402
     write_specforge,
     write_training_data,
 )
-from eagle3_pipeline_tests.hidden_states.test_importer import shard_contents  # noqa: E402
+from eagle3_pipeline_tests.hidden_states.test_importer import shard_contents
 
 REPO = Path(__file__).resolve().parents[2]
 INDEX_AND_MANIFEST = ["hidden_states/index.parquet", "hidden_states/manifest.json"]
 BLOCKING_IDX = 99
 
 
-def heavy_asset(config_path: Path, phase: str, spec: dict[str, Any], ship: Sequence[str], fetch: Sequence[str]) -> dg.AssetsDefinition:
+def heavy_asset(
+    config_path: Path, phase: str, spec: dict[str, Any], ship: Sequence[str], fetch: Sequence[str]
+) -> dg.AssetsDefinition:
     """An asset whose body is what a real heavy asset's is: one ``run_heavy_phase`` call."""
 
     @dg.asset(name="hidden_states")
@@ -70,11 +72,15 @@ def messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
 
 def worker_processes() -> list[str]:
     """Live (not zombie) processes of a remote worker or its follower, as `ps` shows them."""
-    listing = subprocess.run(["ps", "-ww", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True, check=True
+    ).stdout
     return [
         line
         for line in listing.splitlines()[1:]
-        if ("eagle3_pipeline.worker" in line or "messages.jsonl" in line) and line.split()[2][0] != "Z" and "ps -eo" not in line
+        if ("eagle3_pipeline.worker" in line or "messages.jsonl" in line)
+        and line.split()[2][0] != "Z"
+        and "ps -eo" not in line
     ]
 
 
@@ -90,18 +96,26 @@ def run_dir_messages(layout: Layout) -> str:
     return "".join(p.read_text() for p in (layout.workdir / "runs").glob("*/messages.jsonl"))
 
 
-def test_phase_over_ssh_reports_into_the_run_and_leaves_outputs_on_the_host(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
+def test_phase_over_ssh_reports_into_the_run_and_leaves_outputs_on_the_host(
+    tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout
+) -> None:
     config = write_pipeline(tmp_path, sshd, layout)
     samples = make_samples(10)
     spec, ship = stage(layout, samples)
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance)
+    result = dg.materialize(
+        [heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance
+    )
     assert result.success
     lines = messages(instance, result.run_id)
     remote_lines = [m for m in lines if "SpecForge samples" in m or m.startswith("progress:") or "imported" in m]
     print("\n-- run log lines from the remote worker:", *remote_lines, sep="\n   ")
     assert any(m.startswith("importing 10 SpecForge samples") for m in lines)
-    assert any(m == "progress: shards_done=3, shards_total=3, samples=10, tokens=" + str(sum(len(s.input_ids) for s in samples)) for m in lines)
+    assert any(
+        m
+        == "progress: shards_done=3, shards_total=3, samples=10, tokens=" + str(sum(len(s.input_ids) for s in samples))
+        for m in lines
+    )
     assert any(m.startswith("GPU check: 8 of 8 GPU(s) free on 127.0.0.1") for m in lines)
     observations = result.asset_observations_for_node("hidden_states")
     assert [o.metadata["shards_done"].value for o in observations] == [1, 2, 3]
@@ -119,9 +133,13 @@ def test_phase_over_ssh_reports_into_the_run_and_leaves_outputs_on_the_host(tmp_
     print("-- local artifacts/hidden_states:", local, "\n-- remote artifacts/hidden_states:", remote)
     assert local == ["index.parquet", "manifest.json"]
     assert "shard-00002.safetensors" in remote and len(remote) == 2 + 2 * 3
-    assert (layout.local / "hidden_states" / "index.parquet").read_bytes() == (layout.remote / "hidden_states" / "index.parquet").read_bytes()
+    assert (layout.local / "hidden_states" / "index.parquet").read_bytes() == (
+        layout.remote / "hidden_states" / "index.parquet"
+    ).read_bytes()
 
-    again = dg.materialize([heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance)
+    again = dg.materialize(
+        [heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance
+    )
     [second] = again.asset_materializations_for_node("hidden_states")
     assert second.metadata["already_there"].value == 12 and second.metadata["shipped_files"].value == 0
     assert second.metadata["shards_skipped"].value == 3
@@ -131,7 +149,9 @@ def test_busy_gpus_refuse_before_anything_starts(tmp_path: Path, sshd: Sshd, fak
     fakebin.reset()  # the scripted nvidia-smi: 8 GPUs with 130000 MiB in use (a server holds them)
     config = write_pipeline(tmp_path, sshd, layout)
     spec, ship = stage(layout, make_samples(2))
-    result = dg.materialize([heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], raise_on_error=False)
+    result = dg.materialize(
+        [heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], raise_on_error=False
+    )
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     error = failure.step_failure_data.error
@@ -152,7 +172,9 @@ def materialize_in_this_process(config_path: str, spec_path: str) -> None:
     )
 
 
-def test_terminated_run_leaves_no_remote_process(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_terminated_run_leaves_no_remote_process(
+    tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "dagster_home"
     home.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
@@ -164,13 +186,17 @@ def test_terminated_run_leaves_no_remote_process(tmp_path: Path, sshd: Sshd, idl
     code = "import sys; from eagle3_pipeline_tests.compute.test_remote import materialize_in_this_process as m; m(sys.argv[1], sys.argv[2])"
     run = subprocess.Popen([sys.executable, "-c", code, str(config.source_file), str(staged)], cwd=REPO)
     try:
-        wait_until(lambda: "shards_done=2" in run_dir_messages(layout), 90, "the remote worker blocked in its third shard")
+        wait_until(
+            lambda: "shards_done=2" in run_dir_messages(layout), 90, "the remote worker blocked in its third shard"
+        )
         before = worker_processes()
         print("\n-- remote processes while the run is in flight:", *before, sep="\n   ")
         assert any("eagle3_pipeline.worker import-specforge" in line for line in before)
         instance = dg.DagsterInstance.get()
         [in_flight] = instance.get_runs()
-        instance.report_run_canceling(in_flight)  # what Dagster's run termination does, then it interrupts the run process
+        instance.report_run_canceling(
+            in_flight
+        )  # what Dagster's run termination does, then it interrupts the run process
         run.send_signal(signal.SIGINT)
         assert run.wait(timeout=60) == 0
     finally:
@@ -191,12 +217,22 @@ def test_terminated_run_leaves_no_remote_process(tmp_path: Path, sshd: Sshd, idl
 def sample_bytes(seed: int) -> bytes:
     [sample] = make_samples(1, seed=seed)
     buffer = io.BytesIO()
-    torch.save({"input_ids": sample.input_ids, "loss_mask": sample.loss_mask, "aux_hidden_state": sample.aux[None], "hidden_state": sample.hidden[None]}, buffer)
+    torch.save(
+        {
+            "input_ids": sample.input_ids,
+            "loss_mask": sample.loss_mask,
+            "aux_hidden_state": sample.aux[None],
+            "hidden_state": sample.hidden[None],
+        },
+        buffer,
+    )
     return buffer.getvalue()
 
 
 @pytest.mark.parametrize("fault", ["cut", "freeze"])
-def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, fault: str) -> None:
+def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(
+    tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, fault: str
+) -> None:
     """``cut``: the link is reset (a dead router, a rebooted NAT). ``freeze``: it goes silent
     without a reset, detected by the follower's missing heartbeat."""
     proxy = TcpProxy(sshd.port)
@@ -208,7 +244,9 @@ def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(t
     fifo = block_on_fifo(layout)
 
     def fault_then_release() -> None:
-        wait_until(lambda: "shards_done=2" in run_dir_messages(layout), 90, "the remote worker blocked in its third shard")
+        wait_until(
+            lambda: "shards_done=2" in run_dir_messages(layout), 90, "the remote worker blocked in its third shard"
+        )
         if fault == "cut":
             proxy.cut()
         else:
@@ -222,7 +260,9 @@ def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(t
     helper.start()
     instance = dg.DagsterInstance.ephemeral()
     try:
-        result = dg.materialize([heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance)
+        result = dg.materialize(
+            [heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance
+        )
     finally:
         proxy.close()
     helper.join(timeout=5)
@@ -230,7 +270,9 @@ def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(t
     dropped = [m for m in lines if m.startswith("connection to 127.0.0.1")]
     print(f"\n-- run log after the {fault}:", *dropped, sep="\n   ")
     assert result.success and dropped
-    assert "reconnected: it is still running (pid" in dropped[0] or "reconnected: it is exited with status 0" in dropped[0]
+    assert (
+        "reconnected: it is still running (pid" in dropped[0] or "reconnected: it is exited with status 0" in dropped[0]
+    )
     [materialization] = result.asset_materializations_for_node("hidden_states")
     assert materialization.metadata["samples"].value == 11
     assert any(m.startswith("progress: shards_done=3") for m in lines)
@@ -240,20 +282,35 @@ def config_only_target(folder: Path) -> Path:
     """A target folder with only its config.json (the shape of specforge_files.TARGET): the
     import's identity is read from it; no weights are needed or loaded."""
     folder.mkdir(parents=True)
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": TARGET["hidden_size"],
-              "num_hidden_layers": TARGET["num_layers"], "vocab_size": TARGET["vocab_size"], "num_attention_heads": 2,
-              "num_key_value_heads": 2, "intermediate_size": 16}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": TARGET["hidden_size"],
+        "num_hidden_layers": TARGET["num_layers"],
+        "vocab_size": TARGET["vocab_size"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "intermediate_size": 16,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
-def test_command_kind_runs_the_users_extractor_then_imports_its_output(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
+def test_command_kind_runs_the_users_extractor_then_imports_its_output(
+    tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout
+) -> None:
     samples = make_samples(10, seed=5)
     prepared = write_specforge(tmp_path / "prepared", samples[:6])
     write_specforge(tmp_path / "prepared", samples[6:], compress=True)
     write_training_data(layout.local / "training_data", samples)
     (layout.local / "training_data" / "manifest.json").write_text(
-        json.dumps({"shards": {"train": ["train-00000.parquet"], "eval": ["eval-00000.parquet"]}, "vocab_size": TARGET["vocab_size"], "version": "td-test"})
+        json.dumps(
+            {
+                "shards": {"train": ["train-00000.parquet"], "eval": ["eval-00000.parquet"]},
+                "vocab_size": TARGET["vocab_size"],
+                "version": "td-test",
+            }
+        )
     )
     target = config_only_target(tmp_path / "target")
     command = f"echo prepare_hidden_states.py --output-path {{output_dir}} && cp -R {prepared}/. {{output_dir}}/ && echo wrote $(ls {{output_dir}}/rows_0-2000 | wc -l) files"
@@ -266,7 +323,10 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(tmp_path:
         "aux_layer_ids": LAYERS,
     }
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([heavy_asset(config.source_file, "extract", spec, [str(layout.local / "training_data")], INDEX_AND_MANIFEST)], instance=instance)
+    result = dg.materialize(
+        [heavy_asset(config.source_file, "extract", spec, [str(layout.local / "training_data")], INDEX_AND_MANIFEST)],
+        instance=instance,
+    )
     assert result.success
     lines = messages(instance, result.run_id)
     command_lines = [m for m in lines if m.startswith("[command]")]
@@ -278,7 +338,10 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(tmp_path:
     assert materialization.metadata["loss_mask_disagreements"].value == 0
     manifest = json.loads((layout.local / "hidden_states" / "manifest.json").read_text())
     assert manifest["training_data_version"] == "td-test" and manifest["aux_layer_ids"] == LAYERS
-    assert manifest["target"] == {**TARGET, "config_sha256": hashlib.sha256((target / "config.json").read_bytes()).hexdigest()}
+    assert manifest["target"] == {
+        **TARGET,
+        "config_sha256": hashlib.sha256((target / "config.json").read_bytes()).hexdigest(),
+    }
 
     ours = tmp_path / "ours"
     writer = ShardWriter(ours, 0)
@@ -295,7 +358,9 @@ def test_command_kind_replaces_only_extraction(tmp_path: Path, sshd: Sshd, idle_
     config = write_pipeline(tmp_path, sshd, layout, kind="command", command="echo the user command ran; exit 3")
     spec, ship = stage(layout, make_samples(4))
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance)
+    result = dg.materialize(
+        [heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], instance=instance
+    )
     assert result.success
     assert not any(m.startswith("[command]") for m in messages(instance, result.run_id))
     [materialization] = result.asset_materializations_for_node("hidden_states")

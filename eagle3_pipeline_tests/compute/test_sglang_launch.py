@@ -20,14 +20,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.config import ConfigError, load_config  # noqa: E402
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets  # noqa: E402
-from eagle3_pipeline.hidden_states.extract import run  # noqa: E402
-from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline  # noqa: E402
-from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data  # noqa: E402
-from eagle3_pipeline_tests.conftest import pipeline_resources  # noqa: E402
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.test_sglang_backend import STANDIN, Recorder, assert_same_store, transformers_spec  # noqa: E402
+from eagle3_pipeline.config import ConfigError, load_config
+from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.hidden_states.extract import run
+from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
+from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data
+from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.health.sshd_fixture import Sshd
+from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
+    STANDIN,
+    Recorder,
+    assert_same_store,
+    transformers_spec,
+)
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the
 # process table take turns with them (root conftest `process_table`).
@@ -46,8 +51,13 @@ def sglang_venv_python(folder: Path) -> Path:
 
 def refusal(config: Any) -> str:
     """The failure of materializing ``hidden_states`` under ``config``."""
-    result = dg.materialize(build_eagle3_assets(config), selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(),
-                            resources=pipeline_resources(config.source_file), raise_on_error=False)
+    result = dg.materialize(
+        build_eagle3_assets(config),
+        selection=["hidden_states"],
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=pipeline_resources(config.source_file),
+        raise_on_error=False,
+    )
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     error = failure.step_failure_data.error
@@ -65,12 +75,18 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
     instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
     lines = run_log(instance, result.run_id)
-    print("\n-- run log:", *[m for m in lines if m.startswith(("GPU check", "running extract", "extract:"))], sep="\n   ")
+    print(
+        "\n-- run log:", *[m for m in lines if m.startswith(("GPU check", "running extract", "extract:"))], sep="\n   "
+    )
     assert any(re.fullmatch(r"GPU check: 8 of 8 GPU\(s\) free on 127\.0\.0\.1:\d+, 2 needed", m) for m in lines)
     assert any(re.fullmatch(r"running extract on 127\.0\.0\.1:\d+ in 2 processes \(torchrun\)", m) for m in lines)
     assert any("with SGLang 0.5.14 ModelRunner, tensor parallelism 2" in m for m in lines)
     # Both ranks computed the reference samples, rank 0 compared them with the embedded server's answers.
-    assert checks(result) == {"spot_check": (True, "ERROR"), "serving_agreement": (True, "ERROR"), "bytes_per_token": (True, "ERROR")}
+    assert checks(result) == {
+        "spot_check": (True, "ERROR"),
+        "serving_agreement": (True, "ERROR"),
+        "bytes_per_token": (True, "ERROR"),
+    }
     metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
     assert metadata["backend"] == "sglang" and metadata["capture"]["tp_size"] == 2 and metadata["compute"] == "ssh"
 
@@ -80,7 +96,17 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
     torch.set_num_threads(1)
     try:
         reference = tmp_path / "transformers"
-        run(transformers_spec(layout.local / "training_data", reference, local_model, config.target.model, shard_tokens=24, spot_check_samples=0), Recorder())
+        run(
+            transformers_spec(
+                layout.local / "training_data",
+                reference,
+                local_model,
+                config.target.model,
+                shard_tokens=24,
+                spot_check_samples=0,
+            ),
+            Recorder(),
+        )
     finally:
         torch.set_num_threads(threads)
     figures = assert_same_store(layout.remote / "hidden_states", reference)
@@ -88,7 +114,9 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
 
 
 @pytest.mark.local_model
-def test_local_compute_starts_the_worker_with_the_sglang_python(tmp_path: Path, sshd: Sshd, layout: Layout, local_model: Path) -> None:
+def test_local_compute_starts_the_worker_with_the_sglang_python(
+    tmp_path: Path, sshd: Sshd, layout: Layout, local_model: Path
+) -> None:
     """``compute: local``: the worker is a local Pipes subprocess of ``sglang_python`` (the Dagster
     process's own venv has no SGLang), even with one rank."""
     python = sglang_venv_python(tmp_path)
@@ -102,7 +130,11 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(tmp_path: Path, 
     print("\n--", launch)
     assert launch.split(": ", 1)[1].startswith(f"{python} -m eagle3_pipeline.worker extract --spec ")
     metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
-    assert metadata["compute"] == "local" and metadata["capture"]["model_class"] == "LlamaForCausalLM" and metadata["samples"] == 4
+    assert (
+        metadata["compute"] == "local"
+        and metadata["capture"]["model_class"] == "LlamaForCausalLM"
+        and metadata["samples"] == 4
+    )
 
 
 def test_busy_gpus_refuse_naming_tp_size(tmp_path: Path, sshd: Sshd, fakebin: Any, layout: Layout) -> None:
@@ -111,24 +143,42 @@ def test_busy_gpus_refuse_naming_tp_size(tmp_path: Path, sshd: Sshd, fakebin: An
     config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
     text = refusal(config)
     print("\n-- the refusal:", text)
-    assert re.search(r"0 of 8 GPU\(s\) on 127\.0\.0\.1:\d+ are free \(< 1024 MiB used, compute\.gpu_free_memory_mib\), 8 needed \(hidden_states\.tp_size\)", text)
+    assert re.search(
+        r"0 of 8 GPU\(s\) on 127\.0\.0\.1:\d+ are free \(< 1024 MiB used, compute\.gpu_free_memory_mib\), 8 needed \(hidden_states\.tp_size\)",
+        text,
+    )
     assert "stop the inference server holding them first" in text
     assert not layout.workdir.exists()
 
 
-def test_a_missing_sglang_python_on_the_host_is_named(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
-    settings = {**SGLANG, "model": "/models/kimi", "sglang_python": str(tmp_path / "no-venv" / "bin" / "python"), "tp_size": 2}
+def test_a_missing_sglang_python_on_the_host_is_named(
+    tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout
+) -> None:
+    settings = {
+        **SGLANG,
+        "model": "/models/kimi",
+        "sglang_python": str(tmp_path / "no-venv" / "bin" / "python"),
+        "tp_size": 2,
+    }
     config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
     text = refusal(config)
     print("\n-- the refusal:", text)
-    assert f"hidden_states.sglang_python: '{tmp_path / 'no-venv' / 'bin' / 'python'}' is not an executable on 127.0.0.1" in text
+    assert (
+        f"hidden_states.sglang_python: '{tmp_path / 'no-venv' / 'bin' / 'python'}' is not an executable on 127.0.0.1"
+        in text
+    )
     assert not (layout.workdir / "runs").exists()
 
 
 def test_backend_sglang_without_its_python_is_a_config_error(tmp_path: Path) -> None:
     def pipeline(hidden_states: dict[str, Any]) -> Path:
         path = tmp_path / "pipeline.yaml"
-        document = {"name": "p", "artifacts_root": str(tmp_path), "target": {"model": "m"}, "datasets": [{"id": "B1", "source": "B1.jsonl"}]}
+        document = {
+            "name": "p",
+            "artifacts_root": str(tmp_path),
+            "target": {"model": "m"},
+            "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+        }
         path.write_text(json.dumps({**document, "hidden_states": hidden_states}))
         return path
 

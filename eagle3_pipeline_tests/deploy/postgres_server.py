@@ -35,7 +35,9 @@ def runuser() -> str:
     for candidate in (shutil.which("runuser"), "/usr/sbin/runuser", "/sbin/runuser"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    raise FileNotFoundError("runuser (util-linux) is needed to run PostgreSQL as the postgres user when the tests run as root")
+    raise FileNotFoundError(
+        "runuser (util-linux) is needed to run PostgreSQL as the postgres user when the tests run as root"
+    )
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,18 @@ def postgres_cluster(bin_dir: Path, db_name: str = "dagster") -> Iterator[Postgr
 
     started = False
     try:
-        run(str(bin_dir / "initdb"), "-D", str(data), "-U", user, f"--pwfile={pwfile}", "--auth-local=trust",
-            "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-sync")
+        run(
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            user,
+            f"--pwfile={pwfile}",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off -c max_connections=200"
         run(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "120", "start")
         started = True

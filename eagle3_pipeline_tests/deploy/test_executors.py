@@ -31,13 +31,26 @@ H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
-def write_pipeline(folder: Path, deploy: dict[str, Any], compute: str = "local", inference: dict[str, Any] | None = None) -> Path:
+def write_pipeline(
+    folder: Path, deploy: dict[str, Any], compute: str = "local", inference: dict[str, Any] | None = None
+) -> Path:
     document = {
         "name": "deployed",
         "artifacts_root": str(folder / "out"),
         "target": {"model": "target", "tokenizer": "unused"},
         "inference": inference or {"kind": "embedded"},
-        "compute": {"kind": compute, **({"host": {"kind": "ssh", "hostname": "gpu-a", "username": "u"}, "workdir": "/w", "artifacts_root": "/data"} if compute == "ssh" else {})},
+        "compute": {
+            "kind": compute,
+            **(
+                {
+                    "host": {"kind": "ssh", "hostname": "gpu-a", "username": "u"},
+                    "workdir": "/w",
+                    "artifacts_root": "/data",
+                }
+                if compute == "ssh"
+                else {}
+            ),
+        },
         "datasets": [{"id": "B1", "source": "B1.jsonl"}],
         "deploy": deploy,
     }
@@ -53,7 +66,9 @@ def op_tags(defs: dg.Definitions, asset: str) -> dict[str, str]:
 def step_job(tags: dict[str, str]) -> Any:
     """The step Job k8s_job_executor would create for a step with these tags, as a validated V1Job."""
     job_config = dagster_k8s_job.DagsterK8sJobConfig(
-        job_image="registry.example/eagle3-pipeline:1", dagster_home="/opt/dagster/home", instance_config_map="dagster-instance"
+        job_image="registry.example/eagle3-pipeline:1",
+        dagster_home="/opt/dagster/home",
+        instance_config_map="dagster-instance",
     )
     built = dagster_k8s_job.construct_dagster_k8s_job(
         job_config,
@@ -78,7 +93,12 @@ def test_k8s_step_jobs_request_gpus_on_each_pools_nodes(tmp_path: Path) -> None:
     defs = build_definitions(config)
     assert defs.resolve_job_def("downstream_job").executor_def.name == "k8s"
 
-    expected = {"responses": (H200, "8"), "hidden_states": (H200, "8"), "eagle3_drafter": (H200, "8"), "drafter_eval": (A100, "2")}
+    expected = {
+        "responses": (H200, "8"),
+        "hidden_states": (H200, "8"),
+        "eagle3_drafter": (H200, "8"),
+        "drafter_eval": (A100, "2"),
+    }
     for asset, (selector, gpus) in expected.items():
         job = step_job(op_tags(defs, asset))
         pod = job.spec.template.spec
@@ -95,24 +115,39 @@ def test_k8s_step_jobs_request_gpus_on_each_pools_nodes(tmp_path: Path) -> None:
 def test_remote_compute_and_endpoints_keep_gpu_requests_off_the_step_pods(tmp_path: Path) -> None:
     """With `compute: ssh` and a remote endpoint the step only drives a GPU host: no GPU for its pod."""
     endpoints = {"kind": "endpoints", "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}]}
-    config = load_config(write_pipeline(tmp_path, {"executor": "k8s", "gpu_pools": {"h200": {"node_selector": H200}}}, "ssh", endpoints),
-                         runtime_checks=False)
+    config = load_config(
+        write_pipeline(tmp_path, {"executor": "k8s", "gpu_pools": {"h200": {"node_selector": H200}}}, "ssh", endpoints),
+        runtime_checks=False,
+    )
     assert gpu_phases(config) == []
     defs = build_definitions(config)
     for asset in ("responses", *GPU_ASSETS):
         assert K8S_CONFIG_TAG not in op_tags(defs, asset), asset
 
 
-def test_celery_executor_loads_and_routes_each_gpu_phase_to_its_hosts_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_celery_executor_loads_and_routes_each_gpu_phase_to_its_hosts_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("dagster_celery")
-    deploy = {"executor": "celery", "gpu_pools": {"gpu-a": {}, "gpu-b": {"queue": "gpu-b-h200"}}, "phase_pools": {"eagle3_drafter": "gpu-b"}}
+    deploy = {
+        "executor": "celery",
+        "gpu_pools": {"gpu-a": {}, "gpu-b": {"queue": "gpu-b-h200"}},
+        "phase_pools": {"eagle3_drafter": "gpu-b"},
+    }
     defs = build_definitions(load_config(write_pipeline(tmp_path, deploy), runtime_checks=False))
     for job in ("generation_job", "downstream_job"):
         assert defs.resolve_job_def(job).executor_def.name == "celery_executor"
-    queues = {asset: op_tags(defs, asset).get(CELERY_QUEUE_TAG) for asset in ("prompts", "responses", "training_data", *GPU_ASSETS)}
+    queues = {
+        asset: op_tags(defs, asset).get(CELERY_QUEUE_TAG)
+        for asset in ("prompts", "responses", "training_data", *GPU_ASSETS)
+    }
     assert queues == {
-        "prompts": None, "training_data": None,  # the default queue
-        "responses": "gpu-a", "hidden_states": "gpu-a", "drafter_eval": "gpu-a", "eagle3_drafter": "gpu-b-h200",
+        "prompts": None,
+        "training_data": None,  # the default queue
+        "responses": "gpu-a",
+        "hidden_states": "gpu-a",
+        "drafter_eval": "gpu-a",
+        "eagle3_drafter": "gpu-b-h200",
     }
     # The tags as the executor reads them: from the steps of a run's execution plan (which resolves
     # the executor's config, so the broker variables must be set; nothing connects to them here).
@@ -125,8 +160,13 @@ def test_celery_executor_loads_and_routes_each_gpu_phase_to_its_hosts_queue(tmp_
 
 def test_default_executor_adds_no_tags_and_unknown_pool_is_a_clear_error(tmp_path: Path) -> None:
     defs = build_definitions(load_config(write_pipeline(tmp_path, {}), runtime_checks=False))
-    assert all(K8S_CONFIG_TAG not in op_tags(defs, a) and CELERY_QUEUE_TAG not in op_tags(defs, a) for a in ("responses", *GPU_ASSETS))
-    with pytest.raises(ConfigError, match=r"deploy: .*phase_pools names pools not in gpu_pools.*'hidden_states': 'nope'"):
+    assert all(
+        K8S_CONFIG_TAG not in op_tags(defs, a) and CELERY_QUEUE_TAG not in op_tags(defs, a)
+        for a in ("responses", *GPU_ASSETS)
+    )
+    with pytest.raises(
+        ConfigError, match=r"deploy: .*phase_pools names pools not in gpu_pools.*'hidden_states': 'nope'"
+    ):
         load_config(write_pipeline(tmp_path, {"phase_pools": {"hidden_states": "nope"}}), runtime_checks=False)
 
 

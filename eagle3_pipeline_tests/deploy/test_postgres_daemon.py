@@ -45,7 +45,9 @@ HOST_TAG = "eagle3/host"
 def process(argv: list[str], log: Path, cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A server process in its own session; it and everything it spawned (run workers) are
     terminated at the end."""
-    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ}, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env={**os.environ}, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         yield proc
     finally:
@@ -57,7 +59,9 @@ def process(argv: list[str], log: Path, cwd: Path) -> Iterator[subprocess.Popen[
             proc.wait(timeout=30)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, logs: list[Path], procs: list[subprocess.Popen[bytes]]) -> None:
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float, logs: list[Path], procs: list[subprocess.Popen[bytes]]
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
@@ -70,7 +74,11 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
     tmp_path: Path, postgres: Postgres, fake_openai: FakeOpenAI, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config_path = write_pipeline(
-        tmp_path, fake_openai, datasets=("B1", "B2", "B3", "B4", "B5"), tokenizer=local_model, schedule={"cron": "* * * * *"}
+        tmp_path,
+        fake_openai,
+        datasets=("B1", "B2", "B3", "B4", "B5"),
+        tokenizer=local_model,
+        schedule={"cron": "* * * * *"},
     )
     home = tmp_path / "home"
     home.mkdir()
@@ -93,8 +101,19 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
     assert defs.resolve_job_def(GENERATION_JOB).execute_in_process(partition_key="B1", instance=instance).success
 
     logs = [tmp_path / "code_server.log", tmp_path / "daemon.log"]
-    code_server_argv = [str(BIN / "dagster"), "code-server", "start", "-m", "eagle3_pipeline.definitions",
-                        "--location-name", "eagle3_pipeline", "-h", "127.0.0.1", "-p", str(code_port)]
+    code_server_argv = [
+        str(BIN / "dagster"),
+        "code-server",
+        "start",
+        "-m",
+        "eagle3_pipeline.definitions",
+        "--location-name",
+        "eagle3_pipeline",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(code_port),
+    ]
     with process(code_server_argv, logs[0], tmp_path) as code_server:
         health = [str(BIN / "dagster"), "api", "grpc-health-check", "--host", "127.0.0.1", "--port", str(code_port)]
         wait_for(lambda: subprocess.run(health, capture_output=True).returncode == 0, 180, logs, [code_server])
@@ -102,8 +121,13 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
         submitted = {}
         for partition in ("B2", "B3"):
             tags = json.dumps({"dagster/partition": partition, HOST_TAG: "gpu-a"})
-            launch = subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", workspace, "-j", GENERATION_JOB, "--tags", tags],
-                                    cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            launch = subprocess.run(
+                [str(BIN / "dagster"), "job", "launch", "-w", workspace, "-j", GENERATION_JOB, "--tags", tags],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert launch.returncode == 0, launch.stdout + launch.stderr
             [run] = instance.get_runs(dg.RunsFilter(job_name=GENERATION_JOB, tags={"dagster/partition": partition}))
             assert run.status == dg.DagsterRunStatus.QUEUED, "no daemon yet: the coordinator must hold the run"
@@ -111,13 +135,17 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
 
         def done() -> bool:
             partitions = {r.asset_materialization.partition for r in materialized(instance, "responses")}
-            return partitions == {"B1", "B2", "B3", "B4", "B5"} and not instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
+            return partitions == {"B1", "B2", "B3", "B4", "B5"} and not instance.get_runs(
+                dg.RunsFilter(statuses=IN_FLIGHT)
+            )
 
         with process([str(BIN / "dagster-daemon"), "run", "-w", workspace], logs[1], tmp_path) as daemon:
             wait_for(done, 600, logs, [code_server, daemon])
 
     responses = materialized(instance, "responses")
-    assert sorted(r.asset_materialization.partition for r in responses) == ["B1", "B2", "B3", "B4", "B5"], "no partition generated twice"
+    assert sorted(r.asset_materialization.partition for r in responses) == ["B1", "B2", "B3", "B4", "B5"], (
+        "no partition generated twice"
+    )
 
     # B4 and B5 came from the daemon's scheduled backfill; B2 and B3 were in flight, so it left them alone.
     [backfill] = instance.get_backfills()
@@ -129,14 +157,21 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
     assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in scheduled)
 
     # The host limit: the two gpu-a runs, dequeued by the same daemon, one after the other.
-    records = {r.dagster_run.tags["dagster/partition"]: r for r in instance.get_run_records(dg.RunsFilter(tags={HOST_TAG: "gpu-a"}))}
+    records = {
+        r.dagster_run.tags["dagster/partition"]: r
+        for r in instance.get_run_records(dg.RunsFilter(tags={HOST_TAG: "gpu-a"}))
+    }
     assert set(records) == {"B2", "B3"} and {r.dagster_run.run_id for r in records.values()} == set(submitted.values())
     assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records.values())
     first, second = sorted(records.values(), key=lambda r: r.start_time or 0.0)
     assert first.end_time is not None and second.start_time is not None
     assert first.end_time <= second.start_time, "two runs of one host were in flight together"
     for record in records.values():
-        enqueued = instance.get_records_for_run(record.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED).records
+        enqueued = instance.get_records_for_run(
+            record.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED
+        ).records
         assert enqueued, "every run went through the queue"
-    print(f"gpu-a runs: {first.dagster_run.tags['dagster/partition']} ended {second.start_time - first.end_time:.1f} s "
-          f"before {second.dagster_run.tags['dagster/partition']} started; B4 and B5 by backfill {backfill.backfill_id}")
+    print(
+        f"gpu-a runs: {first.dagster_run.tags['dagster/partition']} ended {second.start_time - first.end_time:.1f} s "
+        f"before {second.dagster_run.tags['dagster/partition']} started; B4 and B5 by backfill {backfill.backfill_id}"
+    )

@@ -89,10 +89,22 @@ def main() -> None:
             elif self.path == "/v1/completions" and args.kind == "vllm":
                 tokens = int(body["max_tokens"])
                 generate(tokens)
-                self._send({"object": "text_completion", "choices": [{"text": "x" * tokens, "finish_reason": "length"}], "usage": {"completion_tokens": tokens}})
+                self._send(
+                    {
+                        "object": "text_completion",
+                        "choices": [{"text": "x" * tokens, "finish_reason": "length"}],
+                        "usage": {"completion_tokens": tokens},
+                    }
+                )
             elif self.path == "/v1/chat/completions":
                 message = {"role": "assistant", "content": "OK"}
-                self._send({"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}})
+                self._send(
+                    {
+                        "object": "chat.completion",
+                        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                        "usage": {"completion_tokens": 1},
+                    }
+                )
             else:
                 self.send_error(404)
 

@@ -43,7 +43,9 @@ def write_store(
         writer = ShardWriter(root, number // shard_rows)
         for sample_id, dataset, split, ids, mask in samples[number : number + shard_rows]:
             length = ids.shape[0]
-            writer.add(sample_id, dataset, split, ids, mask, torch.randn(length, 3 * HIDDEN), torch.randn(length, HIDDEN))
+            writer.add(
+                sample_id, dataset, split, ids, mask, torch.randn(length, 3 * HIDDEN), torch.randn(length, HIDDEN)
+            )
         writer.close()
         names.append(writer.name)
     table = store.write_index(names)
@@ -63,5 +65,7 @@ def write_vocab(folder: Path, used: Sequence[int]) -> Path:
     ids = torch.tensor(sorted(used))
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[ids] = True
-    save_draft_vocab(folder, ids - torch.arange(ids.shape[0]), t2d, {"draft_vocab_size": len(used), "target_vocab_size": VOCAB})
+    save_draft_vocab(
+        folder, ids - torch.arange(ids.shape[0]), t2d, {"draft_vocab_size": len(used), "target_vocab_size": VOCAB}
+    )
     return folder

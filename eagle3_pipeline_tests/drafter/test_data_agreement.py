@@ -19,28 +19,28 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import dagster as dg  # noqa: E402
+import dagster as dg
 
-from eagle3_pipeline.cli import MainJob  # noqa: E402
-from eagle3_pipeline.config import (  # noqa: E402
+from eagle3_pipeline.cli import MainJob
+from eagle3_pipeline.config import (
     DatasetConfig,
     PromptsConfig,
     load_config,
     local_profile_path,
 )
-from eagle3_pipeline.defs.drafter_eval import build_drafter_eval  # noqa: E402
-from eagle3_pipeline.drafter.acceptance import AcceptanceStats, target_reference  # noqa: E402
-from eagle3_pipeline.drafter.evaluate import (  # noqa: E402
+from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
+from eagle3_pipeline.drafter.acceptance import AcceptanceStats, target_reference
+from eagle3_pipeline.drafter.evaluate import (
     WARNING,
     read_rows,
     select_rows,
     target_next_argmax,
 )
-from eagle3_pipeline.drafter.export import export_for_servers  # noqa: E402
-from eagle3_pipeline.drafter.spec import drafter_paths, target_weights  # noqa: E402
-from eagle3_pipeline.drafter.target import load_target_weights  # noqa: E402
-from eagle3_pipeline.drafter.train import build_model, drafter_config  # noqa: E402
-from eagle3_pipeline.hidden_states.store import (  # noqa: E402
+from eagle3_pipeline.drafter.export import export_for_servers
+from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
+from eagle3_pipeline.drafter.target import load_target_weights
+from eagle3_pipeline.drafter.train import build_model, drafter_config
+from eagle3_pipeline.hidden_states.store import (
     HIDDEN_KEY,
     IDS_KEY,
     MASK_KEY,
@@ -52,9 +52,9 @@ from eagle3_pipeline.hidden_states.store import (  # noqa: E402
     load_draft_vocab,
     save_draft_vocab,
 )
-from eagle3_pipeline.prompts import load_prompts  # noqa: E402
-from eagle3_pipeline_tests.conftest import pipeline_resources  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import make_vocab  # noqa: E402
+from eagle3_pipeline.prompts import load_prompts
+from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.drafter.tiny_store import make_vocab
 
 pytestmark = pytest.mark.local_model
 
@@ -69,7 +69,11 @@ def responses(model: Any, tokenizer: Any, prompts: list[Any], temperature: float
     (no top-k/top-p), in one left-padded batch as a server batches requests."""
     tokenizer.padding_side = "left"
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature
+        else {"do_sample": False}
+    )
     torch.manual_seed(0)
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id, **sampling)
@@ -90,30 +94,52 @@ def generated_store(tmp_path_factory: pytest.TempPathFactory, local_model: Path)
     layers = default_aux_layer_ids(config["num_hidden_layers"])
     rendered = [
         (record, tokenizer.apply_chat_template(record.messages, tokenize=False, add_generation_prompt=True))
-        for record in load_prompts(DatasetConfig(id=GREEDY, source=str(SAMPLES / "chat.jsonl")), PromptsConfig(), seed=0)[0]
+        for record in load_prompts(
+            DatasetConfig(id=GREEDY, source=str(SAMPLES / "chat.jsonl")), PromptsConfig(), seed=0
+        )[0]
     ]
-    short = [(r, text) for r, text in rendered if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= PROMPT_TOKENS][:PROMPTS]
+    short = [
+        (r, text)
+        for r, text in rendered
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= PROMPT_TOKENS
+    ][:PROMPTS]
     records, texts = [r for r, _ in short], [text for _, text in short]  # short prompts: one batch, little padding
     writer = ShardWriter(root / "store", 0)
     counts: Counter[int] = Counter()
     for dataset, temperature in ((GREEDY, 0.0), (SAMPLED, 0.8)):
-        for number, (record, text, response) in enumerate(zip(records, texts, responses(model, tokenizer, texts, temperature), strict=True)):
+        for number, (record, text, response) in enumerate(
+            zip(records, texts, responses(model, tokenizer, texts, temperature), strict=True)
+        ):
             prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
             ids = torch.tensor(prompt + response)
             with torch.no_grad():
                 states = model(ids[None], output_hidden_states=True).hidden_states  # the last one after the final norm
             split = "train" if number < TRAIN else "eval"
             mask = torch.tensor([0] * len(prompt) + [1] * len(response), dtype=torch.uint8)
-            writer.add(f"{dataset}/{record.id}", dataset, split, ids, mask, torch.cat([states[k + 1][0] for k in layers], -1), states[-1][0])
+            writer.add(
+                f"{dataset}/{record.id}",
+                dataset,
+                split,
+                ids,
+                mask,
+                torch.cat([states[k + 1][0] for k in layers], -1),
+                states[-1][0],
+            )
             if split == "train":
                 counts.update(response)
     writer.close()
     store = HiddenStateStore(root / "store")
     index = store.write_index([writer.name])
-    identity = TargetIdentity("SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"])
-    store.write_manifest(StoreManifest(identity, layers, "test", [writer.name], index.num_rows, sum(index.column("length").to_pylist())))
+    identity = TargetIdentity(
+        "SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
+    )
+    store.write_manifest(
+        StoreManifest(identity, layers, "test", [writer.name], index.num_rows, sum(index.column("length").to_pylist()))
+    )
     d2t, t2d = make_vocab(counts, config["vocab_size"], DRAFT_VOCAB)
-    save_draft_vocab(root / "draft_vocab", d2t, t2d, {"draft_vocab_size": DRAFT_VOCAB, "target_vocab_size": config["vocab_size"]})
+    save_draft_vocab(
+        root / "draft_vocab", d2t, t2d, {"draft_vocab_size": DRAFT_VOCAB, "target_vocab_size": config["vocab_size"]}
+    )
     return root / "store", root / "draft_vocab"
 
 
@@ -121,7 +147,9 @@ def untrained_export(folder: Path, store: Path, vocab: Path, target_dir: Path) -
     """A freshly initialised drafter in the served layout: the drafter path of the phase, not a good τ."""
     target = load_target_weights(target_dir)
     d2t, t2d, _ = load_draft_vocab(vocab)
-    config = drafter_config(target.config, int(d2t.shape[0]), list(HiddenStateStore(store).manifest().aux_layer_ids), {})
+    config = drafter_config(
+        target.config, int(d2t.shape[0]), list(HiddenStateStore(store).manifest().aux_layer_ids), {}
+    )
     return export_for_servers(build_model(config, target, d2t, t2d, seed=0), folder, target.config, "float32")
 
 
@@ -137,20 +165,28 @@ def pipeline_file(folder: Path, store: Path, vocab: Path, local_model: Path) -> 
     held_out = {dataset: [f"{dataset}/{first}"] for dataset in (GREEDY, SAMPLED)}  # the same prompt in both
     (artifacts / "training_data").mkdir()
     (artifacts / "training_data" / "manifest.json").write_text(json.dumps({"version": "test", "held_out": held_out}))
-    text = local_profile_path().read_text().replace("../samples/", str(local_profile_path().parent.parent / "samples") + "/")
+    text = (
+        local_profile_path()
+        .read_text()
+        .replace("../samples/", str(local_profile_path().parent.parent / "samples") + "/")
+    )
     config = folder / "pipeline.yaml"
     config.write_text(text + f"artifacts_root: {artifacts}\ndrafter_eval:\n  device: cpu\n  min_data_agreement: 0.9\n")
     return config
 
 
-def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(generated_store: tuple[Path, Path], local_model: Path, tmp_path: Path) -> None:
+def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
+    generated_store: tuple[Path, Path], local_model: Path, tmp_path: Path
+) -> None:
     """The drafter_eval asset materialized for real: the table and the warning first in its metadata, the
     warning in the run log (at WARNING) and in what the CLI prints from the materialization."""
     config_path = pipeline_file(tmp_path, *generated_store, local_model)
     config = load_config(config_path)
     assert target_weights(config) == str(local_model)  # the embedded model's folder: its lm_head gives the argmax
     with dg.DagsterInstance.ephemeral() as instance:
-        outcome = dg.materialize(build_drafter_eval(config), instance=instance, resources=pipeline_resources(config_path))
+        outcome = dg.materialize(
+            build_drafter_eval(config), instance=instance, resources=pipeline_resources(config_path)
+        )
         assert outcome.success
         metadata = outcome.asset_materializations_for_node("drafter_eval")[0].metadata
         logs = instance.all_logs(outcome.run_id)
@@ -183,7 +219,9 @@ def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(generate
         assert abs(result[f"bigram_tau@{k}/{GREEDY}"] - result[f"bigram_tau_vs_target@{k}/{GREEDY}"]) < 0.1
 
 
-def test_a_drafter_that_drafts_the_targets_argmax_loses_tau_only_against_sampled_tokens(generated_store: tuple[Path, Path], local_model: Path) -> None:
+def test_a_drafter_that_drafts_the_targets_argmax_loses_tau_only_against_sampled_tokens(
+    generated_store: tuple[Path, Path], local_model: Path
+) -> None:
     """The best teacher-forced drafter (depth j at t drafts the target's argmax after x_{≤t+1+j}) walked
     both ways: against the target's argmax it reaches the bound on both datasets; against the stored
     tokens it keeps that τ on greedy data and loses it on sampled data — the τ a user would misread."""
@@ -199,7 +237,10 @@ def test_a_drafter_that_drafts_the_targets_argmax_loses_tau_only_against_sampled
         stats[row["dataset"], "stored"].add(oracle, ids, mask)
         stats[row["dataset"], "target"].add(oracle, ids, mask, target_reference(ids, argmax))
     for (dataset, way), tally in stats.items():
-        print(f"\ntarget-argmax drafter on {dataset} against the {way} tokens: " + ", ".join(f"τ@{k} {tally.tau(k):.3f}" for k in STEPS))
+        print(
+            f"\ntarget-argmax drafter on {dataset} against the {way} tokens: "
+            + ", ".join(f"τ@{k} {tally.tau(k):.3f}" for k in STEPS)
+        )
     for k in STEPS:
         greedy_stored, greedy_target = stats[GREEDY, "stored"].tau(k), stats[GREEDY, "target"].tau(k)
         sampled_stored, sampled_target = stats[SAMPLED, "stored"].tau(k), stats[SAMPLED, "target"].tau(k)

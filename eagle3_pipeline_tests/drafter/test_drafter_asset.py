@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-import dagster as dg  # noqa: E402
+import dagster as dg
 
-from eagle3_pipeline.config import load_config  # noqa: E402
-from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
-from eagle3_pipeline.drafter.spec import drafter_paths  # noqa: E402
-from eagle3_pipeline_tests.conftest import pipeline_resources  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.drafter import build_drafter_assets
+from eagle3_pipeline.drafter.spec import drafter_paths
+from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 
@@ -38,8 +38,13 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     result = dg.materialize(assets, instance=instance, resources=pipeline_resources(pipeline))
     assert result.success
     lines = [entry.user_message for entry in instance.all_logs(result.run_id)]
-    assert any(m.startswith("training a new drafter") and m.endswith(f"{processes} process" + ("es" if processes > 1 else "")) for m in lines)
-    assert any(m.startswith("running train in 2 local processes: ") and "torch.distributed.run" in m for m in lines) == (processes > 1)
+    assert any(
+        m.startswith("training a new drafter") and m.endswith(f"{processes} process" + ("es" if processes > 1 else ""))
+        for m in lines
+    )
+    assert any(
+        m.startswith("running train in 2 local processes: ") and "torch.distributed.run" in m for m in lines
+    ) == (processes > 1)
     observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert observations and "acc_1" in observations[0].event_specific_data.asset_observation.metadata
     metadata = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
@@ -51,7 +56,9 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
 
 def test_the_drafter_depends_on_the_vocab_and_the_hidden_states(tmp_path: Path) -> None:
     pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(f"name: t\nartifacts_root: {tmp_path}\ntarget: {{model: m}}\ndatasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n")
+    pipeline.write_text(
+        f"name: t\nartifacts_root: {tmp_path}\ntarget: {{model: m}}\ndatasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
+    )
     (drafter,) = build_drafter_assets(load_config(pipeline))
     assert {k.to_user_string() for k in drafter.dependency_keys} == {"draft_vocab", "hidden_states"}
     assert drafter.group_names_by_key[dg.AssetKey("eagle3_drafter")] == "eagle3"

@@ -82,7 +82,10 @@ def test_held_out_ids_are_evaluated_apart_and_besides_the_cap(store_and_vocab: t
     assert result["held_out_samples/B1"] == 1 and "held_out_samples/B2" not in result
     assert result["held_out_bigram_tau@3/B1"] == 4.0 and result["held_out_samples/all"] == 1
     assert "| B1 held-out | 1 | — | — | — | — | — | 4.00/4.00/8.00 | — |" in result["table"]
-    assert "held-out rows: the ids training_data holds out per dataset (training_data.held_out_per_dataset; B1 1, B2 0)" in result["table"]
+    assert (
+        "held-out rows: the ids training_data holds out per dataset (training_data.held_out_per_dataset; B1 1, B2 0)"
+        in result["table"]
+    )
     stale = run({**spec, "held_out": {"B1": ["eval-1"]}, "held_out_version": "other"}, Recorder())
     assert "held_out_samples/B1" not in stale
     assert stale["held_out"].startswith("not computed: the held-out ids are training_data version other's")
@@ -104,10 +107,14 @@ def test_the_targets_argmax_is_computed_where_a_draft_is_compared() -> None:
     assert torch.equal(part[needed], full[needed]) and bool((part[~needed] == -1).all())
 
 
-def test_a_target_of_another_size_than_the_store_is_refused_by_name(store_and_vocab: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_target_of_another_size_than_the_store_is_refused_by_name(
+    store_and_vocab: tuple[Path, Path], tmp_path: Path
+) -> None:
     store, vocab = store_and_vocab
     target = random_target(tmp_path / "target", hidden=16, vocab=32)
-    with pytest.raises(EvaluateError, match="the target has hidden 16, vocab 32; .* made from one with hidden 8, vocab 32"):
+    with pytest.raises(
+        EvaluateError, match="the target has hidden 16, vocab 32; .* made from one with hidden 8, vocab 32"
+    ):
         run({"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target)}, Recorder())
 
 
@@ -124,7 +131,10 @@ def test_bad_specs_and_missing_inputs_name_what_is_wrong(store_and_vocab: tuple[
     import torch
     from safetensors.torch import save_file
 
-    save_file({"d2t": torch.zeros(2, dtype=torch.int64), "t2d": torch.tensor([True, True, False])}, str(other / "vocab.safetensors"))
+    save_file(
+        {"d2t": torch.zeros(2, dtype=torch.int64), "t2d": torch.tensor([True, True, False])},
+        str(other / "vocab.safetensors"),
+    )
     with pytest.raises(EvaluateError, match="t2d covers 3 target tokens"):
         run({"store": str(store), "draft_vocab": str(other)}, Recorder())
 
@@ -165,17 +175,24 @@ def test_summary_table_has_tau_both_ways_agreement_bigram_and_speedup_estimate()
     assert metadata["speedup_est@7/B1_chat"] == pytest.approx(round(7.0 / (1 + 7 * 0.02), 4))
     assert metadata["held_out_tau@7/B1_chat"] == 7.0 and metadata["held_out_data_agreement/B1_chat"] == 1.0
     assert list(metadata)[:2] == ["table", WARNING]
-    assert metadata[WARNING].startswith("B3_code: the stored next token is the target's argmax at only 85.7% of 7 eval positions")
+    assert metadata[WARNING].startswith(
+        "B3_code: the stored next token is the target's argmax at only 85.7% of 7 eval positions"
+    )
     assert "(τ@7: 7.00 against the stored tokens, 3.50 against the target's argmax)" in metadata[WARNING]
     assert [line.split(":")[0] for line in metadata[WARNING].splitlines()] == ["B3_code"]  # not B1_chat, not all
     table = summary_table(metadata)
     assert table == metadata["table"]
     lines = table.splitlines()
-    assert lines[0] == "| dataset | samples | τ@3 | τ@5 | τ@7 | τ vs target@3/5/7 | agreement | bigram τ@3/5/7 | est. speedup |"
+    assert (
+        lines[0]
+        == "| dataset | samples | τ@3 | τ@5 | τ@7 | τ vs target@3/5/7 | agreement | bigram τ@3/5/7 | est. speedup |"
+    )
     assert "| B1_chat | 1 | 3.50 | 3.50 | 7.00 | 3.50/3.50/7.00 | 100.0% | 1.00/1.00/1.00 | 6.14× (K=7) |" in lines
     assert "| B1_chat held-out | 1 | 3.50 | 3.50 | 7.00 | 3.50/3.50/7.00 | 100.0% | 1.00/1.00/1.00 | — |" in lines
     assert "| B3_code | 1 | 3.50 | 3.50 | 7.00 | 3.50/3.50/3.50 | 85.7% | 3.50/3.50/7.00 | 6.14× (K=7) |" in lines
-    assert any(line.startswith("| all | 2 |") for line in lines) and any(line.startswith("| all held-out | 1 |") for line in lines)
+    assert any(line.startswith("| all | 2 |") for line in lines) and any(
+        line.startswith("| all held-out | 1 |") for line in lines
+    )
     assert "warning: B3_code: the stored next token is the target's argmax at only 85.7%" in table
     assert speedup_estimate(2.0, 3, 0.0) == 2.0
 
@@ -190,29 +207,45 @@ def test_regression_rules() -> None:
     previous = {"tau@3/B1": 2.5, "tau@3/all": 2.4, "bigram_tau@3/B1": 1.4}
     assert tau_regressions({"tau@3/B1": 2.45, "tau@3/all": 2.4}, previous, 1.0, 0.1) == []
     problems = tau_regressions({"tau@3/B1": 2.2, "tau@3/all": 1.9, "bigram_tau@3/B1": 1.0}, previous, 2.0, 0.1)
-    assert problems == ["tau@3/B1 fell from 2.500 to 2.200 (more than 0.1)", "tau@3/all = 1.900 is below the floor 2", "tau@3/all fell from 2.400 to 1.900 (more than 0.1)"]
+    assert problems == [
+        "tau@3/B1 fell from 2.500 to 2.200 (more than 0.1)",
+        "tau@3/all = 1.900 is below the floor 2",
+        "tau@3/all fell from 2.400 to 1.900 (more than 0.1)",
+    ]
     assert tau_regressions({"tau@5/B1": 3.0}, None, 1.0, 0.1) == []
 
 
 def _check_run(instance: dg.DagsterInstance, config_path: Path, metadata: Mapping[str, Any]) -> dg.AssetCheckEvaluation:
     """Record one drafter_eval materialization on the instance, then run only the blocking check."""
-    instance.report_runless_asset_event(dg.AssetMaterialization(DRAFTER_EVAL, metadata=materialization_metadata(metadata)))
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(DRAFTER_EVAL, metadata=materialization_metadata(metadata))
+    )
     recorded = instance.fetch_materializations(DRAFTER_EVAL, limit=1).records[0].asset_materialization
     assert recorded is not None and next(iter(recorded.metadata)) == "table"  # the τ table first, as the UI lists it
     asset, check = build_drafter_eval(load_config(config_path))
     result = dg.materialize(
-        [asset, check], instance=instance, selection=dg.AssetSelection.checks(check), resources=pipeline_resources(config_path), raise_on_error=False
+        [asset, check],
+        instance=instance,
+        selection=dg.AssetSelection.checks(check),
+        resources=pipeline_resources(config_path),
+        raise_on_error=False,
     )
     evaluations = result.get_asset_check_evaluations()
     assert len(evaluations) == 1
     return evaluations[0]
 
 
-def test_blocking_check_fails_on_a_regression_against_the_previous_materialization(tmp_path: Path, dagster_home: Path) -> None:
+def test_blocking_check_fails_on_a_regression_against_the_previous_materialization(
+    tmp_path: Path, dagster_home: Path
+) -> None:
     from eagle3_pipeline.config import local_profile_path
 
     config_path = tmp_path / "pipeline.yaml"
-    text = local_profile_path().read_text().replace("../samples/", str(local_profile_path().parent.parent / "samples") + "/")
+    text = (
+        local_profile_path()
+        .read_text()
+        .replace("../samples/", str(local_profile_path().parent.parent / "samples") + "/")
+    )
     config_path.write_text(text + "drafter_eval:\n  min_tau: 1.5\n  max_tau_drop: 0.2\n")
     good = hand_results()
     with dg.DagsterInstance.get() as instance:
@@ -224,7 +257,11 @@ def test_blocking_check_fails_on_a_regression_against_the_previous_materializati
         assert not second.passed
         assert second.description == "tau@7/B3_code fell from 7.000 to 6.500 (more than 0.2)"
         assert second.severity == dg.AssetCheckSeverity.ERROR
-        bigram_only = {key: value for key, value in good.items() if not key.startswith(("tau@", "tau_position@", "accept_d", "speedup"))}
+        bigram_only = {
+            key: value
+            for key, value in good.items()
+            if not key.startswith(("tau@", "tau_position@", "accept_d", "speedup"))
+        }
         third = _check_run(instance, config_path, bigram_only)
         assert not third.passed
         assert "no drafter τ" in (third.description or "")

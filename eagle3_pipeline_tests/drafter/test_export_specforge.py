@@ -38,10 +38,10 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from eagle3_pipeline.drafter.export import export_for_servers, exported_tensors, server_config  # noqa: E402
-from eagle3_pipeline.drafter.model import Eagle3Drafter  # noqa: E402
-from eagle3_pipeline.drafter.train import drafter_config  # noqa: E402
-from eagle3_pipeline_tests.drafter.test_yarn import KIMI_AUX, kimi_k25_text_config, tiny_kimi_text_config  # noqa: E402
+from eagle3_pipeline.drafter.export import export_for_servers, exported_tensors, server_config
+from eagle3_pipeline.drafter.model import Eagle3Drafter
+from eagle3_pipeline.drafter.train import drafter_config
+from eagle3_pipeline_tests.drafter.test_yarn import KIMI_AUX, kimi_k25_text_config, tiny_kimi_text_config
 
 SPECFORGE = "specforge==0.2.0"
 PACKAGE = "specforge.modeling.draft"
@@ -50,7 +50,18 @@ STEPS = 4
 
 
 def _fetch_wheel(folder: Path) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d", str(folder), SPECFORGE]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(folder),
+        SPECFORGE,
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
         problem = None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-800:]
@@ -121,7 +132,9 @@ def _llama_config(export: dict[str, Any]) -> Any:
     return LlamaConfig.from_dict(export)
 
 
-def test_a_tiny_kimi_like_export_loads_strictly_into_specforge_with_the_same_logits(specforge: types.ModuleType, tmp_path: Path) -> None:
+def test_a_tiny_kimi_like_export_loads_strictly_into_specforge_with_the_same_logits(
+    specforge: types.ModuleType, tmp_path: Path
+) -> None:
     target = tiny_kimi_text_config()
     config = drafter_config(target, 32, [1, 3, 4], {"head_dim": 16})  # 16 heads over 8 KV heads: GQA
     torch.manual_seed(0)
@@ -173,7 +186,13 @@ def test_the_full_size_kimi_export_has_specforges_names_and_shapes(specforge: ty
     with torch.device("meta"):
         ours = exported_tensors(Eagle3Drafter(config))
         theirs = specforge.LlamaForCausalLMEagle3(_llama_config(exported)).state_dict()
-    assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items() if k != "embed_tokens.weight"}
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {
+        k: tuple(v.shape) for k, v in theirs.items() if k != "embed_tokens.weight"
+    }
     assert tuple(theirs["embed_tokens.weight"].shape) == (target["vocab_size"], target["hidden_size"])
-    assert tuple(ours["midlayer.self_attn.k_proj.weight"].shape) == (8 * 128, 2 * 7168) and tuple(ours["lm_head.weight"].shape) == (32000, 7168)
-    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == KIMI_AUX and exported["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
+    assert tuple(ours["midlayer.self_attn.k_proj.weight"].shape) == (8 * 128, 2 * 7168) and tuple(
+        ours["lm_head.weight"].shape
+    ) == (32000, 7168)
+    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == KIMI_AUX and exported[
+        "eagle_aux_hidden_state_layer_ids"
+    ] == [2, 30, 58]

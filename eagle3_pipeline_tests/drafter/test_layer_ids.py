@@ -37,7 +37,9 @@ def vllm_captures(written: list[int]) -> list[int]:
         (DEEPSEEK, [2, 30, 58], [3, 31, 59], [3, 31, 59]),
     ],
 )
-def test_the_written_ids_make_both_servers_capture_the_trained_layers(family: str, trained: list[int], sglang: list[int], vllm: list[int]) -> None:
+def test_the_written_ids_make_both_servers_capture_the_trained_layers(
+    family: str, trained: list[int], sglang: list[int], vllm: list[int]
+) -> None:
     ids = server_layer_ids(family, trained)
     assert (ids.sglang, ids.vllm) == (sglang, vllm)
     entering = [k + 1 for k in trained]
@@ -46,7 +48,9 @@ def test_the_written_ids_make_both_servers_capture_the_trained_layers(family: st
 
 
 def test_the_output_of_layer_0_cannot_be_served_from_a_deepseek_family_target() -> None:
-    with pytest.raises(LayerIdError, match=r"\[0, 29, 57\]: SGLang's DeepSeek/Kimi target .* cannot capture the output of layer 0"):
+    with pytest.raises(
+        LayerIdError, match=r"\[0, 29, 57\]: SGLang's DeepSeek/Kimi target .* cannot capture the output of layer 0"
+    ):
         server_layer_ids(DEEPSEEK, [0, 29, 57])
     for written in ([0, 29, 57], [1, 30, 58]):  # neither value captures the inputs of layers 1, 30, 58
         assert sglang_captures(DEEPSEEK, written) != [1, 30, 58]
@@ -62,7 +66,9 @@ def test_the_family_comes_from_the_language_models_or_the_checkpoints_model_type
     assert target_family({"model_type": "deepseek_v3"}) == DEEPSEEK  # Kimi-K2.5's text_config, as the loader gives it
     assert target_family({"model_type": "kimi_k25", "text_config": {"model_type": "deepseek_v3"}}) == DEEPSEEK
     assert target_family({"model_type": "kimi_k2"}) == target_family({"model_type": "deepseek_v2"}) == DEEPSEEK
-    assert target_family({"model_type": "llama"}) == target_family({"model_type": "qwen3"}) == target_family({}) == LLAMA
+    assert (
+        target_family({"model_type": "llama"}) == target_family({"model_type": "qwen3"}) == target_family({}) == LLAMA
+    )
 
 
 def test_a_kimi_export_writes_the_deepseek_rule_and_reads_back_the_trained_ids(tmp_path: Path) -> None:
@@ -83,9 +89,14 @@ def test_a_kimi_export_writes_the_deepseek_rule_and_reads_back_the_trained_ids(t
         assert raw["eagle_aux_hidden_state_layer_ids"] == [k + 1 for k in trained]
         target_dir = tmp_path / f"target-{trained[0]}"
         target_dir.mkdir()
-        save_file({"model.embed_tokens.weight": model.embed_tokens.weight.detach().clone()}, str(target_dir / "model.safetensors"))
+        save_file(
+            {"model.embed_tokens.weight": model.embed_tokens.weight.detach().clone()},
+            str(target_dir / "model.safetensors"),
+        )
         (target_dir / "config.json").write_text(json.dumps(target))
         reloaded = load_export(folder, target_dir)
         assert reloaded.config.aux_layer_ids == trained and torch.equal(reloaded.fc.weight, model.fc.weight)
     with pytest.raises(LayerIdError, match="cannot capture the output of layer 0"):
-        export_for_servers(Eagle3Drafter(drafter_config(target, 32, [0, 3, 4], {})), tmp_path / "export-0", target, dtype="float32")
+        export_for_servers(
+            Eagle3Drafter(drafter_config(target, 32, [0, 3, 4], {})), tmp_path / "export-0", target, dtype="float32"
+        )

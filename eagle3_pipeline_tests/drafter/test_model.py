@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.export import export_for_servers, load_export  # noqa: E402
-from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter  # noqa: E402
+from eagle3_pipeline.drafter.export import export_for_servers, load_export
+from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter
 
 STEPS = 5
 
@@ -39,7 +39,9 @@ def _model(config: DrafterConfig) -> Eagle3Drafter:
 
 def _inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(0, config.vocab_size, (b, t), generator=g)
+    return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(
+        0, config.vocab_size, (b, t), generator=g
+    )
 
 
 def chain_draft(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
@@ -47,16 +49,32 @@ def chain_draft(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: i
     (one forward, causal), then draft one token at a time against its KV cache. Also run on a GPU
     in bf16 by ``benchmarks/gpu_check.py``."""
     cache: list = []
-    logits, hidden = model.forward_cached(ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1, device=aux.device), cache)
+    logits, hidden = model.forward_cached(
+        ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1, device=aux.device), cache
+    )
     out = [logits[:, -1]]
     hidden = hidden[:, -1:]
     for j in range(1, steps):
-        logits, hidden = model.forward_cached(ids[:, t + 1 + j : t + 2 + j], hidden, torch.tensor([t + j], device=aux.device), cache)
+        logits, hidden = model.forward_cached(
+            ids[:, t + 1 + j : t + 2 + j], hidden, torch.tensor([t + j], device=aux.device), cache
+        )
         out.append(logits[:, -1])
     return out
 
 
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ],
+)
 def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | None) -> None:
     config = _config(rope_scaling=scaling)
     model = _model(config)
@@ -109,7 +127,9 @@ def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
     target_dir.mkdir()
     from safetensors.torch import save_file
 
-    save_file({"model.embed_tokens.weight": model.embed_tokens.weight.detach().clone()}, str(target_dir / "model.safetensors"))
+    save_file(
+        {"model.embed_tokens.weight": model.embed_tokens.weight.detach().clone()}, str(target_dir / "model.safetensors")
+    )
     (target_dir / "config.json").write_text(json.dumps(target_config))
     folder = export_for_servers(model, tmp_path / "export", target_config, dtype="float32")
     raw = json.loads((folder / "config.json").read_text())
@@ -123,7 +143,16 @@ def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         names = set(handle.keys())
     assert "embed_tokens.weight" not in names and "inv_freq" not in " ".join(names)
-    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight"} <= names
+    assert {
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "midlayer.hidden_norm.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.mlp.down_proj.weight",
+    } <= names
     reloaded = load_export(folder, target_model_dir=target_dir)
     aux, ids = _inputs(config)
     with torch.no_grad():

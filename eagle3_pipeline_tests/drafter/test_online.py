@@ -82,7 +82,12 @@ def write_eval_shard(folder: Path) -> Path:
         {"input_ids": [1, 5, 50], "loss_mask": [0, 0, 1]},
         {"input_ids": [1, 6, 7], "loss_mask": [0, 0, 0]},  # no generated turn: skipped
     ]
-    table = pa.table({"input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())), "loss_mask": pa.array([r["loss_mask"] for r in rows], pa.list_(pa.int8()))})
+    table = pa.table(
+        {
+            "input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())),
+            "loss_mask": pa.array([r["loss_mask"] for r in rows], pa.list_(pa.int8())),
+        }
+    )
     pq.write_table(table, folder / "eval-00000.parquet")
     return folder
 
@@ -100,7 +105,7 @@ def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
     )
     vllm = settings.model_copy(update={"server": "vllm"})
     assert launch_command(vllm, speculative=True).endswith(
-        "--speculative-config '{\"method\": \"eagle3\", \"model\": \"/models/drafter\", \"num_speculative_tokens\": 3}'"
+        '--speculative-config \'{"method": "eagle3", "model": "/models/drafter", "num_speculative_tokens": 3}\''
     )
 
 
@@ -148,7 +153,14 @@ def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> Non
     assert settings is not None
     host = LocalHost()
     with pytest.raises(UnhealthyError, match="disk"):
-        run_benchmark(settings, host, f"http://127.0.0.1:{settings.port}", [[1]], make_gate(host, thresholds_for(sick)), Recorder())
+        run_benchmark(
+            settings,
+            host,
+            f"http://127.0.0.1:{settings.port}",
+            [[1]],
+            make_gate(host, thresholds_for(sick)),
+            Recorder(),
+        )
     assert not (tmp_path / "logs").exists()
 
 
@@ -158,7 +170,14 @@ def test_a_server_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
     assert settings is not None
     host = LocalHost()
     with pytest.raises(BenchmarkError, match="(?s)exited during start-up.*model weights not found"):
-        run_benchmark(settings, host, f"http://127.0.0.1:{settings.port}", [[1]], make_gate(host, thresholds_for(config)), Recorder())
+        run_benchmark(
+            settings,
+            host,
+            f"http://127.0.0.1:{settings.port}",
+            [[1]],
+            make_gate(host, thresholds_for(config)),
+            Recorder(),
+        )
 
 
 def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, dagster_home: Path) -> None:
@@ -168,7 +187,12 @@ def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, d
     with dg.DagsterInstance.get() as instance:
         result = dg.materialize(assets, instance=instance, resources=pipeline_resources(config.source_file))
         assert result.success
-        metadata = {k: v.value for k, v in result.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata.items()}
+        metadata = {
+            k: v.value
+            for k, v in result.get_asset_materialization_events()[
+                0
+            ].step_materialization_data.materialization.metadata.items()
+        }
     assert metadata["tau_server"] == round(20 / 7, 4)
     assert metadata["requests"] == 2  # the eval shard has two prompts
     assert metadata["speedup"] > 0

@@ -27,16 +27,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, read_state, run_rolling, tradeoff  # noqa: E402
-from eagle3_pipeline.drafter.train import TrainError, TrainSettings, rolling_plans  # noqa: E402
-from eagle3_pipeline.drafter.train import run as train_run  # noqa: E402
-from eagle3_pipeline.hidden_states.capture import Target, load_target  # noqa: E402
-from eagle3_pipeline.hidden_states.extract import run as extract_run  # noqa: E402
-from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout  # noqa: E402
-from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import make_vocab  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
+from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint
+from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, read_state, run_rolling, tradeoff
+from eagle3_pipeline.drafter.train import TrainError, TrainSettings, rolling_plans
+from eagle3_pipeline.drafter.train import run as train_run
+from eagle3_pipeline.hidden_states.capture import Target, load_target
+from eagle3_pipeline.hidden_states.extract import run as extract_run
+from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout
+from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab
+from eagle3_pipeline_tests.drafter.tiny_store import make_vocab
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
 
@@ -157,15 +157,26 @@ def unbroken(data: Path, local_model: Path, target: Target) -> tuple[Phases, dic
     return phases, stored, phases.roll()
 
 
-def test_hidden_states_in_rolling_mode_holds_the_eval_shards_and_the_layout_of_the_train_shards(unbroken: tuple[Phases, dict[str, Any], dict[str, Any]]) -> None:
+def test_hidden_states_in_rolling_mode_holds_the_eval_shards_and_the_layout_of_the_train_shards(
+    unbroken: tuple[Phases, dict[str, Any], dict[str, Any]],
+) -> None:
     phases, stored, _ = unbroken
     layout = read_rolling_layout(phases.store)
     assert stored["eval_samples"] == 3 and stored["train_samples"] == 0 and stored["spot_check_passed"]
-    assert HiddenStateStore(phases.store).manifest().shards == layout.eval_shards == [f"shard-{n:05d}" for n in range(stored["rolling_train_shards"], stored["rolling_train_shards"] + len(layout.eval_shards))]
+    assert (
+        HiddenStateStore(phases.store).manifest().shards
+        == layout.eval_shards
+        == [
+            f"shard-{n:05d}"
+            for n in range(stored["rolling_train_shards"], stored["rolling_train_shards"] + len(layout.eval_shards))
+        ]
+    )
     assert layout.windows == [["shard-00000"], ["shard-00001"]] and layout.eval_shards == ["shard-00002"]
     assert sum(r.length for r in layout.rows) == stored["rolling_train_tokens"] and len(layout.rows) == 12
     progress = extraction_progress(phases.store)
-    assert progress is not None and progress.finished  # the stall sensor does not wait for train shards that come and go
+    assert (
+        progress is not None and progress.finished
+    )  # the stall sensor does not wait for train shards that come and go
 
 
 def test_an_uninterrupted_rolling_run_trains_every_window_of_every_epoch_once_with_one_window_on_disk(
@@ -177,9 +188,13 @@ def test_an_uninterrupted_rolling_run_trains_every_window_of_every_epoch_once_wi
     windows = len(layout.windows)
     assert result["steps"] == result["total_steps"] == sum(len(p) for p in plans) and result["finished"]
     assert result["rolling_windows_trained"] == EPOCHS * windows
-    assert [c for c in phases.calls if c[0] == "train"] == [("train", (e, w)) for e in range(EPOCHS) for w in range(windows)]
+    assert [c for c in phases.calls if c[0] == "train"] == [
+        ("train", (e, w)) for e in range(EPOCHS) for w in range(windows)
+    ]
     assert result["rolling_peak_shard_files"] <= len(layout.eval_shards) + WINDOW
-    assert sorted(p.name for p in phases.store.glob("shard-*.safetensors")) == [f"{n}.safetensors" for n in layout.eval_shards]
+    assert sorted(p.name for p in phases.store.glob("shard-*.safetensors")) == [
+        f"{n}.safetensors" for n in layout.eval_shards
+    ]
     assert (Path(phases.train_spec["export_dir"]) / "model.safetensors").is_file()
     state = read_state(phases.state)
     assert state is not None and state["segment"] == EPOCHS * windows and state["step"] == result["steps"]
@@ -205,7 +220,10 @@ def test_kills_during_extraction_training_recording_and_deletion_resume_to_the_s
     windows = len(read_rolling_layout(phases.store).windows)
     # Each window is asked for once, plus once again after each of the two kills during and after its
     # training (the trainer finds itself inside or at the end of that window; it never trains one twice).
-    assert sorted(set(trained)) == [(e, w) for e in range(EPOCHS) for w in range(windows)] and len(trained) == EPOCHS * windows + 2
+    assert (
+        sorted(set(trained)) == [(e, w) for e in range(EPOCHS) for w in range(windows)]
+        and len(trained) == EPOCHS * windows + 2
+    )
     assert result["rolling_peak_shard_files"] <= len(read_rolling_layout(phases.store).eval_shards) + WINDOW
     a, b = weights(Path(phases.train_spec["run_dir"])), weights(Path(reference.train_spec["run_dir"]))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -225,7 +243,9 @@ def test_kill_9_of_the_rolling_loop_inside_a_window_resumes_to_the_same_drafter(
     )
     log = (data / "kill9.log").open("w")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    inside = Path(phases.train_spec["run_dir"]) / "checkpoints" / "step-00000005"  # the checkpoint inside the second window
+    inside = (
+        Path(phases.train_spec["run_dir"]) / "checkpoints" / "step-00000005"
+    )  # the checkpoint inside the second window
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and child.poll() is None and not inside.is_dir():
         time.sleep(0.02)
@@ -243,7 +263,9 @@ def test_kill_9_of_the_rolling_loop_inside_a_window_resumes_to_the_same_drafter(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_normal_checkpoint_is_not_continued_as_a_rolling_one(unbroken: tuple[Phases, dict[str, Any], dict[str, Any]], data: Path, local_model: Path, target: Target) -> None:
+def test_a_normal_checkpoint_is_not_continued_as_a_rolling_one(
+    unbroken: tuple[Phases, dict[str, Any], dict[str, Any]], data: Path, local_model: Path, target: Target
+) -> None:
     phases = Phases(data, data / "normal", local_model, target, max_steps=1)
     normal = {k: v for k, v in phases.extract_spec.items() if k != "rolling_window_shards"}
     extract_run(normal, Recorder(), target)
@@ -252,7 +274,11 @@ def test_a_normal_checkpoint_is_not_continued_as_a_rolling_one(unbroken: tuple[P
     with pytest.raises(TrainError, match="made under other rolling"):
         phases.train(0, 0)
     extract_run(normal, Recorder(), target)  # back to a whole store: the rolling layout goes
-    assert not (phases.store / ROLLING_LAYOUT_FILE).exists() and HiddenStateStore(phases.store).manifest().shards == ["shard-00000", "shard-00001", "shard-00002"]
+    assert not (phases.store / ROLLING_LAYOUT_FILE).exists() and HiddenStateStore(phases.store).manifest().shards == [
+        "shard-00000",
+        "shard-00001",
+        "shard-00002",
+    ]
     other = phases.state.parent / "other.json"
     other.write_text('{"layout": "another", "segment": 0, "stage": "extract"}')
     with pytest.raises(RollingError, match="another rolling layout"):
@@ -267,7 +293,9 @@ def test_the_tradeoff_for_kimi() -> None:
     assert figures.extract_ratio == pytest.approx((10 * 0.95 + 0.05) / 1.0)
 
 
-def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tmp_path: Path, local_model: Path) -> None:
+def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(
+    tmp_path: Path, local_model: Path
+) -> None:
     """hidden_states, draft_vocab, eagle3_drafter and drafter_eval on a real ephemeral Dagster
     instance, compute local (the phases in process; the embedded model is the target)."""
     import dagster as dg
@@ -290,20 +318,32 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(tm
     )
     config = load_config(path)
     train = [sample_rows("a", 3, seed=1, max_len=12), sample_rows("b", 3, seed=2, max_len=12)]
-    write_training_data(config.artifacts_root / "training_data", {"train": train, "eval": [sample_rows("e", 1, seed=3, max_len=12)]})
+    write_training_data(
+        config.artifacts_root / "training_data", {"train": train, "eval": [sample_rows("e", 1, seed=3, max_len=12)]}
+    )
     assets = [*build_eagle3_assets(config), *build_drafter_assets(config), *build_drafter_eval(config)]
     result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
     assert result.success
     states = result.asset_materializations_for_node("hidden_states")[0].metadata
-    assert states["train_samples"].value == 0 and states["eval_samples"].value == 1 and states["rolling_train_shards"].value == 2
+    assert (
+        states["train_samples"].value == 0
+        and states["eval_samples"].value == 1
+        and states["rolling_train_shards"].value == 2
+    )
     drafter = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
-    assert drafter["rolling_windows_trained"].value == 2 and drafter["steps"].value == drafter["total_steps"].value and drafter["steps"].value
+    assert (
+        drafter["rolling_windows_trained"].value == 2
+        and drafter["steps"].value == drafter["total_steps"].value
+        and drafter["steps"].value
+    )
     assert drafter["rolling_peak_shard_files"].value == 2  # the eval shard and one window
     paths = drafter_paths(config.artifacts_root)
     assert [p.name for p in paths["store"].glob("shard-*.safetensors")] == ["shard-00002.safetensors"]
     assert (paths["export_dir"] / "model.safetensors").is_file() and (paths["run_dir"] / STATE_FILE).is_file()
     evaluated = result.asset_materializations_for_node("drafter_eval")[0].metadata
-    assert any(key.startswith("tau@") for key in evaluated)  # the eval shards stayed; the bigram counted training_data's train split
+    assert any(
+        key.startswith("tau@") for key in evaluated
+    )  # the eval shards stayed; the bigram counted training_data's train split
 
 
 def test_rolling_with_the_users_extraction_command_is_refused_by_name(tmp_path: Path) -> None:
@@ -314,5 +354,7 @@ def test_rolling_with_the_users_extraction_command_is_refused_by_name(tmp_path: 
         "name: t\nartifacts_root: out\ntarget: {model: m}\ndatasets: [{id: B1, source: a.jsonl}]\nhidden_states: {rolling_window_shards: 4}\n"
         "compute: {kind: command, host: {hostname: h}, workdir: /w, artifacts_root: /a, command: 'extract {spec}'}\n"
     )
-    with pytest.raises(ConfigError, match="hidden_states.rolling_window_shards: not supported with compute.kind 'command'"):
+    with pytest.raises(
+        ConfigError, match="hidden_states.rolling_window_shards: not supported with compute.kind 'command'"
+    ):
         load_config(path)

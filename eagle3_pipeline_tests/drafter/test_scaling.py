@@ -53,7 +53,9 @@ def test_the_fit_recovers_known_parameters_and_its_interval_covers_the_truth() -
     tokens, taus = synthetic()
     fit = fit_tau("B1", tokens, taus, k=3, eval_steps=5000)
     assert isinstance(fit, PowerFit), fit
-    print(f"\n-- fitted τ∞ {fit.tau_inf:.3f} a {fit.a:.3f} b {fit.b:.3f} (true {TRUE}), residual sd {fit.residual_sd:.4f}")
+    print(
+        f"\n-- fitted τ∞ {fit.tau_inf:.3f} a {fit.a:.3f} b {fit.b:.3f} (true {TRUE}), residual sd {fit.residual_sd:.4f}"
+    )
     assert fit.tau_inf == pytest.approx(TRUE["tau_inf"], abs=0.08)
     assert fit.a == pytest.approx(TRUE["a"], abs=0.08)
     assert fit.b == pytest.approx(TRUE["b"], abs=0.08)
@@ -84,11 +86,17 @@ def test_too_few_points_a_flat_curve_and_no_saturation_get_no_figure() -> None:
     assert isinstance(falling, NoFit) and falling.reason.startswith("no improvement yet"), falling
     line = fit_tau("B1", tokens, 1.2 + 0.5 * np.log(tokens / tokens[0]), k=3, eval_steps=1000)  # still a line in log N
     assert isinstance(line, NoFit) and line.reason.startswith("no saturation visible"), line
-    gentle_line = fit_tau("B1", tokens, 1.2 + 0.05 * np.log(tokens / tokens[0]), k=3, eval_steps=1000)  # its ceiling stays under K+1
-    assert isinstance(gentle_line, NoFit) and gentle_line.reason.startswith("no saturation visible (exponent b at its bound"), gentle_line
+    gentle_line = fit_tau(
+        "B1", tokens, 1.2 + 0.05 * np.log(tokens / tokens[0]), k=3, eval_steps=1000
+    )  # its ceiling stays under K+1
+    assert isinstance(gentle_line, NoFit) and gentle_line.reason.startswith(
+        "no saturation visible (exponent b at its bound"
+    ), gentle_line
     step = np.where(tokens > tokens[0], 1.5, 1.0) + np.random.default_rng(2).normal(0, 0.005, len(tokens))
     stepped = fit_tau("B1", tokens, step, k=3, eval_steps=1000)
-    assert isinstance(stepped, NoFit) and stepped.reason.startswith("no improvement yet after the first checkpoint"), stepped
+    assert isinstance(stepped, NoFit) and stepped.reason.startswith("no improvement yet after the first checkpoint"), (
+        stepped
+    )
     # Only the first checkpoint below a noisy plateau (the embedded default's B2_tools): no trend after it.
     jump = np.where(tokens > tokens[0], 1.14, 1.02) + np.random.default_rng(0).normal(0, 0.03, len(tokens))
     jumped = fit_tau("B2", tokens, jump, k=3, eval_steps=100)
@@ -155,11 +163,15 @@ def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_price
     rows = {(p.dataset, p.multiple): p for p in table.purchases}
     assert sorted(rows) == [(d, m) for d in ("B1", "B2", "all") for m in (2, 5, 10)]
     b1 = rows[("B1", 5)]
-    assert b1.extra_tokens == 400 and b1.completion_tokens == 600 and b1.prompt_tokens == 240  # 1.5 completion, 0.4 prompt per
+    assert (
+        b1.extra_tokens == 400 and b1.completion_tokens == 600 and b1.prompt_tokens == 240
+    )  # 1.5 completion, 0.4 prompt per
     box, api = b1.costs
     assert (box.backend, api.backend) == ("box", "api")
     assert box.eta_s == pytest.approx(600 / 50) and api.eta_s == pytest.approx(600 / 200)
-    assert box.cost == pytest.approx((240 * 0.1 + 600 * 0.2) / 1e6) and api.cost == pytest.approx((240 * 1.0 + 600 * 2.0) / 1e6)
+    assert box.cost == pytest.approx((240 * 0.1 + 600 * 0.2) / 1e6) and api.cost == pytest.approx(
+        (240 * 1.0 + 600 * 2.0) / 1e6
+    )
     fit = fits["B1"]
     assert isinstance(fit, PowerFit) and b1.tau == fit.predict(5 * 4 * 100)
     truth = float(power(np.array(5 * 4 * 100.0), 4 * 100, **GENTLE))
@@ -173,8 +185,16 @@ def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_price
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)["data_scaling"]
-    assert [(p["dataset"], p["multiple"], p["completion_tokens"]) for p in printed["purchases"]][:3] == [("B1", 2, 150), ("B1", 5, 600), ("B1", 10, 1350)]
-    assert printed["purchases"][1]["backends"][1] == {"backend": "api", "eta_s": pytest.approx(3.0), "cost_usd": pytest.approx(api.cost)}
+    assert [(p["dataset"], p["multiple"], p["completion_tokens"]) for p in printed["purchases"]][:3] == [
+        ("B1", 2, 150),
+        ("B1", 5, 600),
+        ("B1", 10, 1350),
+    ]
+    assert printed["purchases"][1]["backends"][1] == {
+        "backend": "api",
+        "eta_s": pytest.approx(3.0),
+        "cost_usd": pytest.approx(api.cost),
+    }
 
 
 def test_a_dataset_without_generation_records_or_eval_rows_gets_unknown_or_no_figure(tmp_path: Path) -> None:
@@ -187,7 +207,10 @@ def test_a_dataset_without_generation_records_or_eval_rows_gets_unknown_or_no_fi
     table = data_scaling(config)
     assert not isinstance(table, str)
     assert table.fits["B3"] == NoFit("B3", "no eval sample of this dataset: τ is not measured")
-    assert all(p.completion_tokens is None and all(c.cost is None and c.eta_s is None for c in p.costs) for p in table.purchases)
+    assert all(
+        p.completion_tokens is None and all(c.cost is None and c.eta_s is None for c in p.costs)
+        for p in table.purchases
+    )
     assert "B1: no generation record in the checkpoints, so its cost per training token is unknown" in table.text()
     assert "B3: no figure — no eval sample of this dataset" in table.text()
 
@@ -196,13 +219,13 @@ def test_a_dataset_without_generation_records_or_eval_rows_gets_unknown_or_no_fi
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.checkpoint import checkpoint_dir  # noqa: E402
-from eagle3_pipeline.drafter.data import epoch_plan, store_rows  # noqa: E402
-from eagle3_pipeline.drafter.train import run  # noqa: E402
-from eagle3_pipeline.hidden_states.store import HiddenStateStore  # noqa: E402
-from eagle3_pipeline_tests.drafter.stores import HIDDEN, VOCAB, noisy_sample, periodic_sample, write_store, write_vocab  # noqa: E402
-from eagle3_pipeline_tests.drafter.test_train import ListReporter  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import random_target  # noqa: E402
+from eagle3_pipeline.drafter.checkpoint import checkpoint_dir
+from eagle3_pipeline.drafter.data import epoch_plan, store_rows
+from eagle3_pipeline.drafter.train import run
+from eagle3_pipeline.hidden_states.store import HiddenStateStore
+from eagle3_pipeline_tests.drafter.stores import HIDDEN, VOCAB, noisy_sample, periodic_sample, write_store, write_vocab
+from eagle3_pipeline_tests.drafter.test_train import ListReporter
+from eagle3_pipeline_tests.drafter.tiny_store import random_target
 
 MAX_SEQ_LEN = 16
 SETTINGS = {"ttt_steps": 3, "lr": 3e-3, "epochs": 2, "batch_tokens": 48, "max_seq_len": MAX_SEQ_LEN, "checkpoint_every": 2,
@@ -226,7 +249,11 @@ def two_dataset_store(root: Path) -> tuple[HiddenStateStore, dict[str, tuple[str
 def expected_tokens(store: HiddenStateStore, masked: dict[str, tuple[str, int]], steps: int) -> dict[str, int]:
     """Masked tokens per dataset of the first ``steps`` batches of the epoch plans, from the samples as written."""
     by_row = {(r["shard"], r["offset"]): r["sample_id"] for r in store.index().to_pylist()}
-    batches = [b for e in range(SETTINGS["epochs"]) for b in epoch_plan(store_rows(store, "train"), SETTINGS["seed"], e, SETTINGS["batch_tokens"], MAX_SEQ_LEN)]
+    batches = [
+        b
+        for e in range(SETTINGS["epochs"])
+        for b in epoch_plan(store_rows(store, "train"), SETTINGS["seed"], e, SETTINGS["batch_tokens"], MAX_SEQ_LEN)
+    ]
     seen: dict[str, int] = {}
     for batch in batches[:steps]:
         for row in batch:
@@ -247,7 +274,9 @@ def test_the_tau_curve_is_recorded_at_each_checkpoint_and_survives_a_resume(tmp_
     steps = [p["step"] for p in recorded["points"]]
     assert steps == [e["step"] for e in result["evals"]] and steps[-1] == result["steps"] and steps[:3] == [2, 4, 6]
     assert recorded["k"] == 3 and recorded["epochs"] == 2
-    assert recorded["data_tokens"] == {d: sum(n for sid, (ds, n) in masked.items() if ds == d and not sid.startswith("e")) for d in ("A", "B")}
+    assert recorded["data_tokens"] == {
+        d: sum(n for sid, (ds, n) in masked.items() if ds == d and not sid.startswith("e")) for d in ("A", "B")
+    }
     for point in recorded["points"]:
         assert point["tokens_by_dataset"] == expected_tokens(store, masked, point["step"]), point["step"]
         assert point["tokens"] == sum(point["tokens_by_dataset"].values())

@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.export import export_for_servers, load_export  # noqa: E402
-from eagle3_pipeline.drafter.model import DrafterConfigError  # noqa: E402
-from eagle3_pipeline.drafter.speculators import to_speculators  # noqa: E402
-from eagle3_pipeline_tests.drafter.test_model import _config, _inputs, _model  # noqa: E402
+from eagle3_pipeline.drafter.export import export_for_servers, load_export
+from eagle3_pipeline.drafter.model import DrafterConfigError
+from eagle3_pipeline.drafter.speculators import to_speculators
+from eagle3_pipeline_tests.drafter.test_model import _config, _inputs, _model
 
 
 def _target(folder: Path, embedding: torch.Tensor) -> Path:
@@ -34,7 +34,9 @@ def test_speculators_conversion_round_trips_with_identical_logits(tmp_path: Path
     config = _config(aux_layer_ids=[1, 14, 26])
     model = _model(config)
     target = _target(tmp_path / "target", model.embed_tokens.weight.detach().clone())
-    export = export_for_servers(model, tmp_path / "export", json.loads((target / "config.json").read_text()), dtype="float32")
+    export = export_for_servers(
+        model, tmp_path / "export", json.loads((target / "config.json").read_text()), dtype="float32"
+    )
     out = to_speculators(export, tmp_path / "speculators", target, verifier="org/target-model", speculative_tokens=5)
 
     raw = json.loads((out / "config.json").read_text())
@@ -50,7 +52,14 @@ def test_speculators_conversion_round_trips_with_identical_logits(tmp_path: Path
 
     with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
         names = set(handle.keys())
-    assert {"embed_tokens.weight", "fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight", "d2t", "t2d"} <= names
+    assert {
+        "embed_tokens.weight",
+        "fc.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.hidden_norm.weight",
+        "d2t",
+        "t2d",
+    } <= names
     assert not any(name.startswith("midlayer.") for name in names)
 
     reloaded = load_export(out)
@@ -64,7 +73,9 @@ def test_speculators_conversion_round_trips_with_identical_logits(tmp_path: Path
 def test_a_speculators_drafter_with_norm_before_residual_is_refused(tmp_path: Path) -> None:
     model = _model(_config())
     target = _target(tmp_path / "target", model.embed_tokens.weight.detach().clone())
-    out = to_speculators(export_for_servers(model, tmp_path / "export", {"vocab_size": 80, "hidden_size": 48}), tmp_path / "sp", target)
+    out = to_speculators(
+        export_for_servers(model, tmp_path / "export", {"vocab_size": 80, "hidden_size": 48}), tmp_path / "sp", target
+    )
     raw = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**raw, "norm_before_residual": True}))
     with pytest.raises(DrafterConfigError, match="norm_before_residual"):

@@ -19,11 +19,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from eagle3_pipeline.drafter.export import load_export  # noqa: E402
-from eagle3_pipeline.drafter.train import TrainError, run  # noqa: E402
-from eagle3_pipeline.hidden_states.store import save_draft_vocab  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target  # noqa: E402
+from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint
+from eagle3_pipeline.drafter.export import load_export
+from eagle3_pipeline.drafter.train import TrainError, run
+from eagle3_pipeline.hidden_states.store import save_draft_vocab
+from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,17 @@ def _spec(tmp_path: Path, **settings: Any) -> dict[str, Any]:
     target = random_target(tmp_path / "target")
     if not (tmp_path / "store").exists():
         random_store(tmp_path / "store", tmp_path / "vocab", target, samples=60, draft_vocab_size=40)
-    base = {"ttt_steps": 3, "lr": 3e-3, "epochs": 2, "batch_tokens": 96, "max_seq_len": 32, "checkpoint_every": 4, "log_every": 2, "eval_samples": 8, "seed": 7}
+    base = {
+        "ttt_steps": 3,
+        "lr": 3e-3,
+        "epochs": 2,
+        "batch_tokens": 96,
+        "max_seq_len": 32,
+        "checkpoint_every": 4,
+        "log_every": 2,
+        "eval_samples": 8,
+        "seed": 7,
+    }
     return {
         "store": str(tmp_path / "store"),
         "draft_vocab": str(tmp_path / "vocab"),
@@ -67,13 +77,17 @@ def test_a_run_checkpoints_exports_and_a_rerun_is_a_no_op(tmp_path: Path) -> Non
     assert found is not None and found.name == f"step-{result['steps']:08d}"
     assert len(list((tmp_path / "run" / "checkpoints").iterdir())) == 2  # keep_checkpoints
     state, d2t, _ = load_checkpoint(found)
-    assert "embed_tokens.weight" not in state["model"] and torch.equal(d2t, load_export(tmp_path / "export", tmp_path / "target").d2t)
+    assert "embed_tokens.weight" not in state["model"] and torch.equal(
+        d2t, load_export(tmp_path / "export", tmp_path / "target").d2t
+    )
     again = run(spec, ListReporter())
     assert again["resumed_from_step"] == result["steps"] and again["trained_tokens_this_run"] == 0
     assert again["curve"] == result["curve"]
 
 
-def test_kill_9_mid_training_resumes_from_the_last_checkpoint_and_ends_where_an_unbroken_run_does(tmp_path: Path) -> None:
+def test_kill_9_mid_training_resumes_from_the_last_checkpoint_and_ends_where_an_unbroken_run_does(
+    tmp_path: Path,
+) -> None:
     spec = _spec(tmp_path / "a", epochs=3, checkpoint_every=3, batch_tokens=64)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
@@ -147,7 +161,9 @@ def test_a_spec_with_an_unknown_setting_is_named(tmp_path: Path) -> None:
         run(_spec(tmp_path, learning_rate=1.0), ListReporter())
 
 
-def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The teacher is computed only where the next token is trained; with prompt tokens and padding in
     the batch, loss, per-step losses and hits are those of the teacher computed everywhere."""
     import eagle3_pipeline.drafter.train as train

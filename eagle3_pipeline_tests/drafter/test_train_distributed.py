@@ -25,13 +25,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.compute import worker_argv  # noqa: E402
-from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from eagle3_pipeline.drafter.data import epoch_plan, store_rows  # noqa: E402
-from eagle3_pipeline.drafter.export import load_export  # noqa: E402
-from eagle3_pipeline.drafter.train import run  # noqa: E402
-from eagle3_pipeline.hidden_states.store import HiddenStateStore  # noqa: E402
-from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec  # noqa: E402
+from eagle3_pipeline.compute import worker_argv
+from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint
+from eagle3_pipeline.drafter.data import epoch_plan, store_rows
+from eagle3_pipeline.drafter.export import load_export
+from eagle3_pipeline.drafter.train import run
+from eagle3_pipeline.hidden_states.store import HiddenStateStore
+from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec
 
 REPO = Path(__file__).resolve().parents[2]
 ATOL, RTOL = 1e-5, 1e-4
@@ -52,7 +52,14 @@ def _elsewhere(spec: dict[str, Any], folder: Path) -> dict[str, Any]:
 def _torchrun(spec_file: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:
-        return subprocess.Popen(worker_argv("train", str(spec_file), sys.executable, 2), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            worker_argv("train", str(spec_file), sys.executable, 2),
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _ranks_of(spec_file: Path) -> list[str]:
@@ -94,7 +101,9 @@ def test_two_torchrun_processes_end_with_the_weights_of_one_process(tmp_path: Pa
     process = _torchrun(_write(tmp_path, two_spec, "two"), log)
     assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
     two = _metadata(log)
-    print(f"\n-- 1 process: loss {one['first_loss']:.5f} -> {one['last_loss']:.5f}; 2 processes: {two['first_loss']:.5f} -> {two['last_loss']:.5f}")
+    print(
+        f"\n-- 1 process: loss {one['first_loss']:.5f} -> {one['last_loss']:.5f}; 2 processes: {two['first_loss']:.5f} -> {two['last_loss']:.5f}"
+    )
     assert two["processes"] == 2 and one["processes"] == 1
     assert two["steps"] == one["steps"] == len(plan)
     assert two["trained_tokens_this_run"] == one["trained_tokens_this_run"]
@@ -137,7 +146,9 @@ def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does
     assert f"resuming from step-{last_step:08d}" in (tmp_path / "second.log").read_text()
 
     unbroken = run(_elsewhere(spec, tmp_path / "unbroken"), ListReporter())
-    print(f"\n-- killed after step {killed_after}, resumed from {last_step}; {second['steps']} steps, last loss {second['last_loss']:.5f} (unbroken {unbroken['last_loss']:.5f})")
+    print(
+        f"\n-- killed after step {killed_after}, resumed from {last_step}; {second['steps']} steps, last loss {second['last_loss']:.5f} (unbroken {unbroken['last_loss']:.5f})"
+    )
     assert second["steps"] == unbroken["steps"] > last_step
     assert second["last_loss"] == pytest.approx(unbroken["last_loss"], rel=1e-4)
     _assert_same_weights(_final_state(spec["run_dir"]), _final_state(str(tmp_path / "unbroken" / "run")))

@@ -27,13 +27,13 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint
 
-import eagle3_pipeline.drafter.model as model_module  # noqa: E402
-from eagle3_pipeline.drafter.data import Batch, teacher  # noqa: E402
-from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, soft_label_cross_entropy, yarn_for_servers  # noqa: E402
-from eagle3_pipeline.drafter.train import STEP_DECAY, ttt_loss  # noqa: E402
+import eagle3_pipeline.drafter.model as model_module
+from eagle3_pipeline.drafter.data import Batch, teacher
+from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, soft_label_cross_entropy, yarn_for_servers
+from eagle3_pipeline.drafter.train import STEP_DECAY, ttt_loss
 
 TOLERANCE = 1e-5  # of each tensor's largest magnitude
 STEPS = 4
@@ -54,7 +54,9 @@ def reference_ttt_forward(
     groups = attn_layer.nh // attn_layer.nkv
     hidden = model.fc(aux.to(model.fc.weight.dtype))
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    allowed = causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
+    allowed = (
+        causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
+    )
     scale = 1.0 / math.sqrt(model.config.head_dim)
     positions = torch.arange(t, device=device)
     k0 = v0 = None
@@ -116,8 +118,22 @@ CONFIGS = {
     "gqa": _config(),
     "mha": _config(num_key_value_heads=6),
     "yarn-one-kv-head": _config(
-        num_attention_heads=4, num_key_value_heads=1, head_dim=16, rope_theta=50000.0,
-        rope_scaling=yarn_for_servers({"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}, "test"),
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        rope_theta=50000.0,
+        rope_scaling=yarn_for_servers(
+            {
+                "type": "yarn",
+                "factor": 64.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+            "test",
+        ),
     ),  # fmt: skip
 }
 
@@ -175,7 +191,9 @@ def _differences(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor])
 def _assert_close(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], what: str) -> None:
     differences = _differences(ours, theirs)
     worst = max(differences, key=lambda name: differences[name][1])
-    print(f"-- {what}: largest difference {max(d[0] for d in differences.values()):.2e}; relative to the tensor's scale {differences[worst][1]:.2e} ({worst})")
+    print(
+        f"-- {what}: largest difference {max(d[0] for d in differences.values()):.2e}; relative to the tensor's scale {differences[worst][1]:.2e} ({worst})"
+    )
     bad = {name: d for name, d in differences.items() if d[1] > TOLERANCE}
     assert not bad, f"{what}: differences beyond {TOLERANCE} of the tensor's scale: {bad}"
 
@@ -215,14 +233,20 @@ def test_logits_and_every_gradient_equal_the_full_score_pass(name: str, blocking
     ours_grads = _grads(model, sum((o * c).sum() for o, c in zip(ours, cotangents, strict=True)))
     theirs_grads = _grads(model, sum((o * c).sum() for o, c in zip(theirs, cotangents, strict=True)))
     print()
-    _assert_close({f"logits of step {j}": o for j, o in enumerate(ours)}, {f"logits of step {j}": o for j, o in enumerate(theirs)}, f"{name}, {blocking}, logits")
+    _assert_close(
+        {f"logits of step {j}": o for j, o in enumerate(ours)},
+        {f"logits of step {j}": o for j, o in enumerate(theirs)},
+        f"{name}, {blocking}, logits",
+    )
     assert set(ours_grads) == {n for n, p in model.named_parameters() if p.requires_grad}
     _assert_close(ours_grads, theirs_grads, f"{name}, {blocking}, gradients")
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "activation-checkpointing"])
 @pytest.mark.parametrize("name", ["gqa", "yarn-one-kv-head"])
-def test_the_training_loss_and_its_gradients_equal_the_full_score_loss(name: str, checkpointing: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_training_loss_and_its_gradients_equal_the_full_score_loss(
+    name: str, checkpointing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """train.ttt_loss (blockwise attention, chunked soft-label loss, optionally the decoder layer
     recomputed in the backward) against the loss of before, with the real teacher on a padded batch."""
     monkeypatch.setattr(model_module, "ATTENTION_BLOCK", 8)
@@ -237,7 +261,9 @@ def test_the_training_loss_and_its_gradients_equal_the_full_score_loss(name: str
     ours_grads = _grads(model, ours.loss)
     theirs = reference_ttt_loss(model, batch, lm_head, STEPS)
     theirs_grads = _grads(model, theirs)
-    print(f"\n-- {name}, checkpointing {checkpointing}: loss {float(ours.loss.detach()):.7f}, full-score loss {float(theirs.detach()):.7f}")
+    print(
+        f"\n-- {name}, checkpointing {checkpointing}: loss {float(ours.loss.detach()):.7f}, full-score loss {float(theirs.detach()):.7f}"
+    )
     _assert_close({"loss": ours.loss}, {"loss": theirs}, f"{name}, checkpointing {checkpointing}, loss")
     _assert_close(ours_grads, theirs_grads, f"{name}, checkpointing {checkpointing}, gradients")
 
@@ -254,7 +280,9 @@ def test_the_chunked_soft_label_loss_equals_the_whole_product() -> None:
     for chunk_rows in (1, 4, 23, 100):
         chunked = soft_label_cross_entropy(logits, probs, rows, chunk_rows)
         (grad,) = torch.autograd.grad(chunked, logits)
-        _assert_close({"loss": chunked, "gradient": grad}, {"loss": whole, "gradient": expected}, f"chunks of {chunk_rows} rows")
+        _assert_close(
+            {"loss": chunked, "gradient": grad}, {"loss": whole, "gradient": expected}, f"chunks of {chunk_rows} rows"
+        )
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -286,7 +314,16 @@ def test_no_step_makes_a_tensor_of_sequence_squared_size(monkeypatch: pytest.Mon
     the full-score pass's [B, heads, T, T] scores."""
     monkeypatch.setattr(model_module, "ATTENTION_BLOCK", 16)
     monkeypatch.setattr(model_module, "ATTENTION_SCORE_ELEMENTS", 1)
-    config = _config(hidden_size=16, target_hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=4, vocab_size=40, draft_vocab_size=8)
+    config = _config(
+        hidden_size=16,
+        target_hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=4,
+        vocab_size=40,
+        draft_vocab_size=8,
+    )
     model = _model(config)
     t = 160
     batch = _batch(config, [t, t - 30])
@@ -297,7 +334,9 @@ def test_no_step_makes_a_tensor_of_sequence_squared_size(monkeypatch: pytest.Mon
     assert ours < t * t, ours_shape
 
 
-def test_the_activation_checkpointing_setting_reaches_the_training_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_activation_checkpointing_setting_reaches_the_training_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`drafter.activation_checkpointing` goes through the train spec into TrainSettings, and the
     training loop then runs every TTT step's decoder layer under torch.utils.checkpoint."""
     from eagle3_pipeline.config import load_config
@@ -306,7 +345,13 @@ def test_the_activation_checkpointing_setting_reaches_the_training_steps(tmp_pat
     from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec
 
     pipeline = load_config(None, runtime_checks=False)
-    pipeline = pipeline.model_copy(update={"drafter": pipeline.drafter.model_copy(update={"target_weights": "/models/t", "activation_checkpointing": True})})
+    pipeline = pipeline.model_copy(
+        update={
+            "drafter": pipeline.drafter.model_copy(
+                update={"target_weights": "/models/t", "activation_checkpointing": True}
+            )
+        }
+    )
     settings = train_spec(pipeline)["settings"]
     assert settings["activation_checkpointing"] is True and TrainSettings(**settings).activation_checkpointing
 
@@ -317,5 +362,7 @@ def test_the_activation_checkpointing_setting_reaches_the_training_steps(tmp_pat
         return checkpoint(function, *args, **kwargs)
 
     monkeypatch.setattr(model_module, "checkpoint", counted)
-    result = run(_spec(tmp_path, activation_checkpointing=True, epochs=1, max_steps=2, checkpoint_every=100), ListReporter())
+    result = run(
+        _spec(tmp_path, activation_checkpointing=True, epochs=1, max_steps=2, checkpoint_every=100), ListReporter()
+    )
     assert result["steps"] == 2 and calls == [True] * 2 * 3  # 2 training steps × ttt_steps 3; evaluation runs without

@@ -17,18 +17,26 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.export import server_config  # noqa: E402
-from eagle3_pipeline.drafter.model import (  # noqa: E402
+from eagle3_pipeline.drafter.export import server_config
+from eagle3_pipeline.drafter.model import (
     DrafterConfig,
     DrafterConfigError,
     Eagle3Drafter,
     rope_attention_factor,
     rope_inverse_frequencies,
 )
-from eagle3_pipeline.drafter.train import TrainError, drafter_config  # noqa: E402
+from eagle3_pipeline.drafter.train import TrainError, drafter_config
 
 POSITIONS = 262144  # Kimi-K2.5's max_position_embeddings = original 4096 × factor 64
-KIMI_ROPE = {"type": "yarn", "factor": 64.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}
+KIMI_ROPE = {
+    "type": "yarn",
+    "factor": 64.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+}
 KIMI_AUX = [1, 29, 57]  # the EAGLE-3 default of a 61-layer target, output-of-layer
 
 
@@ -67,7 +75,12 @@ def _deepseek_v3(text: dict[str, Any]) -> Any:
 
 
 def _drafter(text: dict[str, Any], **overrides: Any) -> DrafterConfig:
-    return drafter_config(text, 32000 if text["vocab_size"] > 32000 else 32, KIMI_AUX if text["num_hidden_layers"] == 61 else [1, 3, 4], overrides)
+    return drafter_config(
+        text,
+        32000 if text["vocab_size"] > 32000 else 32,
+        KIMI_AUX if text["num_hidden_layers"] == 61 else [1, 3, 4],
+        overrides,
+    )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -112,9 +125,9 @@ def test_yarn_matches_transformers_deepseek_v3_at_every_position_up_to_262144() 
     query_at = torch.randint(0, POSITIONS, (4096,), generator=g)
     key_at = (query_at - torch.randint(0, POSITIONS, (4096,), generator=g)).clamp(min=0)
     logits = (_rotate(q, cos[query_at], sin[query_at]) * _rotate(k, cos[key_at], sin[key_at])).sum(-1)
-    target_logits = (_rotate(q, target_cos[query_at], target_sin[query_at]) * _rotate(k, target_cos[key_at], target_sin[key_at])).sum(-1) * (
-        attention.scaling * math.sqrt(target.qk_head_dim)
-    )
+    target_logits = (
+        _rotate(q, target_cos[query_at], target_sin[query_at]) * _rotate(k, target_cos[key_at], target_sin[key_at])
+    ).sum(-1) * (attention.scaling * math.sqrt(target.qk_head_dim))
     assert ((logits - target_logits).abs() / target_logits.abs().clamp(min=1.0)).max().item() < 1e-5
 
 
@@ -131,7 +144,9 @@ def test_the_exported_yarn_is_read_back_as_trained_by_transformers_llama() -> No
         "rope_type": "yarn", "type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0,
     }  # fmt: skip
-    assert served["rope_theta"] == 50000.0 and served["max_position_embeddings"] == POSITIONS and served["head_dim"] == 128
+    assert (
+        served["rope_theta"] == 50000.0 and served["max_position_embeddings"] == POSITIONS and served["head_dim"] == 128
+    )
     rotary = LlamaRotaryEmbedding(LlamaConfig.from_dict(served))
     assert torch.equal(rotary.inv_freq, rope_inverse_frequencies(config))
     assert rotary.attention_scaling == rope_attention_factor(config)
@@ -148,36 +163,82 @@ def test_a_kimi_target_gets_the_published_deepseek_v3_drafter_shape_and_the_targ
     legacy = _drafter(kimi_k25_text_config())
     transformers_5 = _drafter(_deepseek_v3(kimi_k25_text_config()).to_dict())
     assert legacy == transformers_5
-    assert (legacy.hidden_size, legacy.num_attention_heads, legacy.num_key_value_heads, legacy.head_dim) == (7168, 56, 8, 128)
+    assert (legacy.hidden_size, legacy.num_attention_heads, legacy.num_key_value_heads, legacy.head_dim) == (
+        7168,
+        56,
+        8,
+        128,
+    )
     assert (legacy.intermediate_size, legacy.vocab_size, legacy.draft_vocab_size) == (40960, 163840, 32000)
     assert legacy.rope_theta == 50000.0 and legacy.max_position_embeddings == POSITIONS and legacy.rms_norm_eps == 1e-6
-    assert legacy.rope_scaling is not None and legacy.rope_scaling["factor"] == 64.0 and legacy.rope_scaling["mscale_all_dim"] == 0.0
+    assert (
+        legacy.rope_scaling is not None
+        and legacy.rope_scaling["factor"] == 64.0
+        and legacy.rope_scaling["mscale_all_dim"] == 0.0
+    )
     tiny = _drafter(tiny_kimi_text_config())
-    assert (tiny.num_attention_heads, tiny.num_key_value_heads, tiny.head_dim, tiny.intermediate_size) == (2, 2, 128, 1536)
+    assert (tiny.num_attention_heads, tiny.num_key_value_heads, tiny.head_dim, tiny.intermediate_size) == (
+        2,
+        2,
+        128,
+        1536,
+    )
     small_heads = _drafter(tiny_kimi_text_config(), head_dim=16)
     assert (small_heads.num_attention_heads, small_heads.num_key_value_heads) == (16, 8)
     # Not MLA: the target's own attention shape, as before.
-    llama = drafter_config({**tiny_kimi_text_config(), "model_type": "llama", "kv_lora_rank": None, "num_key_value_heads": 2, "head_dim": 64}, 32, [1, 3, 4], {})
-    assert (llama.num_attention_heads, llama.num_key_value_heads, llama.head_dim, llama.intermediate_size) == (4, 2, 64, 512)
+    llama = drafter_config(
+        {
+            **tiny_kimi_text_config(),
+            "model_type": "llama",
+            "kv_lora_rank": None,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+        },
+        32,
+        [1, 3, 4],
+        {},
+    )
+    assert (llama.num_attention_heads, llama.num_key_value_heads, llama.head_dim, llama.intermediate_size) == (
+        4,
+        2,
+        64,
+        512,
+    )
 
 
 def test_drafter_model_overrides_replace_the_targets_rope_and_shape() -> None:
     text = kimi_k25_text_config()
     no_scaling = _drafter(text, rope_scaling=None, rope_theta=1e6, num_key_value_heads=4, intermediate_size=18432)
     assert no_scaling.rope_scaling is None and no_scaling.rope_theta == 1e6
-    assert (no_scaling.num_key_value_heads, no_scaling.intermediate_size, no_scaling.num_attention_heads) == (4, 18432, 56)
-    assert _drafter(text, rope_scaling={"rope_type": "default"}).rope_scaling is None  # what `rope_scaling: null` reaches the phase as
-    other = _drafter(text, rope_scaling={"rope_type": "yarn", "factor": 32, "original_max_position_embeddings": 8192}, max_position_embeddings=524288)
+    assert (no_scaling.num_key_value_heads, no_scaling.intermediate_size, no_scaling.num_attention_heads) == (
+        4,
+        18432,
+        56,
+    )
+    assert (
+        _drafter(text, rope_scaling={"rope_type": "default"}).rope_scaling is None
+    )  # what `rope_scaling: null` reaches the phase as
+    other = _drafter(
+        text,
+        rope_scaling={"rope_type": "yarn", "factor": 32, "original_max_position_embeddings": 8192},
+        max_position_embeddings=524288,
+    )
     assert other.rope_scaling == {"rope_type": "yarn", "type": "yarn", "factor": 32.0, "original_max_position_embeddings": 8192,
                                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.0}  # fmt: skip
     assert other.max_position_embeddings == 524288
-    with pytest.raises(TrainError, match=r"drafter.model.max_position_embeddings 131072: expected at least the target's 262144"):
+    with pytest.raises(
+        TrainError, match=r"drafter.model.max_position_embeddings 131072: expected at least the target's 262144"
+    ):
         _drafter(text, max_position_embeddings=131072)
-    with pytest.raises(DrafterConfigError, match=r"drafter.model.rope_scaling: \['attn_factor'\] are read by some servers"):
+    with pytest.raises(
+        DrafterConfigError, match=r"drafter.model.rope_scaling: \['attn_factor'\] are read by some servers"
+    ):
         _drafter(text, rope_scaling={**KIMI_ROPE, "attn_factor": 1.2})
     with pytest.raises(DrafterConfigError, match=r"target config rope_scaling.mscale 0.707"):
         _drafter(kimi_k25_text_config(rope_scaling={**KIMI_ROPE, "mscale": 0.707}))
-    with pytest.raises(DrafterConfigError, match=r"rope_scaling.mscale_all_dim 1.0: servers read mscale/mscale_all_dim differently"):
+    with pytest.raises(
+        DrafterConfigError, match=r"rope_scaling.mscale_all_dim 1.0: servers read mscale/mscale_all_dim differently"
+    ):
         DrafterConfig(**{**_drafter(text).to_dict(), "rope_scaling": dict(KIMI_ROPE)})
 
 
@@ -187,8 +248,12 @@ def test_drafter_model_rope_settings_reach_the_train_spec() -> None:
     from eagle3_pipeline.drafter.spec import train_spec
 
     pipeline = load_config(None, runtime_checks=False)
-    model = DrafterModelConfig.model_validate({"rope_scaling": None, "rope_theta": 1e6, "max_position_embeddings": 300000})
-    pipeline = pipeline.model_copy(update={"drafter": pipeline.drafter.model_copy(update={"target_weights": "/models/kimi", "model": model})})
+    model = DrafterModelConfig.model_validate(
+        {"rope_scaling": None, "rope_theta": 1e6, "max_position_embeddings": 300000}
+    )
+    pipeline = pipeline.model_copy(
+        update={"drafter": pipeline.drafter.model_copy(update={"target_weights": "/models/kimi", "model": model})}
+    )
     overrides = train_spec(pipeline)["settings"]["model"]
     config = _drafter(kimi_k25_text_config(), **overrides)
     assert config.rope_scaling is None and config.rope_theta == 1e6 and config.max_position_embeddings == 300000

@@ -27,7 +27,12 @@ from eagle3_pipeline.hidden_states.store import (
 )
 from eagle3_pipeline.prompts import load_prompts
 
-SAMPLE_SETS = (("B1_chat", "chat.jsonl"), ("B2_tools", "tools.jsonl"), ("B3_code", "code.jsonl"), ("B4_math", "math.jsonl"))
+SAMPLE_SETS = (
+    ("B1_chat", "chat.jsonl"),
+    ("B2_tools", "tools.jsonl"),
+    ("B3_code", "code.jsonl"),
+    ("B4_math", "math.jsonl"),
+)
 EVAL_EVERY = 10
 
 
@@ -42,7 +47,9 @@ def make_vocab(counts: Counter[int], vocab_size: int, draft_vocab_size: int) -> 
     return used - torch.arange(draft_vocab_size), t2d
 
 
-def _finish(root: Path, shards: list[str], manifest: StoreManifest, writer_bytes: int, tokens: int, samples: int) -> HiddenStateStore:
+def _finish(
+    root: Path, shards: list[str], manifest: StoreManifest, writer_bytes: int, tokens: int, samples: int
+) -> HiddenStateStore:
     store = HiddenStateStore(root)
     store.write_index(shards)
     manifest.shards, manifest.tokens, manifest.samples, manifest.bytes = shards, tokens, samples, writer_bytes
@@ -50,7 +57,15 @@ def _finish(root: Path, shards: list[str], manifest: StoreManifest, writer_bytes
     return store
 
 
-def real_store(root: Path, vocab_dir: Path, model_dir: Path, samples: int, draft_vocab_size: int, max_tokens: int = 256, shard_samples: int = 64) -> HiddenStateStore:
+def real_store(
+    root: Path,
+    vocab_dir: Path,
+    model_dir: Path,
+    samples: int,
+    draft_vocab_size: int,
+    max_tokens: int = 256,
+    shard_samples: int = 64,
+) -> HiddenStateStore:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -88,9 +103,13 @@ def real_store(root: Path, vocab_dir: Path, model_dir: Path, samples: int, draft
         total_bytes += writer.close()
         tokens += writer.tokens
         shards.append(writer.name)
-    identity = TargetIdentity("SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"])
+    identity = TargetIdentity(
+        "SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
+    )
     d2t, t2d = make_vocab(counts, config["vocab_size"], draft_vocab_size)
-    save_draft_vocab(vocab_dir, d2t, t2d, {"draft_vocab_size": draft_vocab_size, "target_vocab_size": config["vocab_size"]})
+    save_draft_vocab(
+        vocab_dir, d2t, t2d, {"draft_vocab_size": draft_vocab_size, "target_vocab_size": config["vocab_size"]}
+    )
     return _finish(root, shards, StoreManifest(identity, layers, "test"), total_bytes, tokens, len(records))
 
 
@@ -106,11 +125,16 @@ def random_target(folder: Path, hidden: int = 32, vocab: int = 96, layers: int =
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     generator = torch.Generator().manual_seed(0)
-    save_file({"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=generator)}, str(folder / "model.safetensors"))
+    save_file(
+        {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=generator)},
+        str(folder / "model.safetensors"),
+    )
     return folder
 
 
-def random_store(root: Path, vocab_dir: Path, target_dir: Path, samples: int, draft_vocab_size: int, length: int = 24, seed: int = 0) -> HiddenStateStore:
+def random_store(
+    root: Path, vocab_dir: Path, target_dir: Path, samples: int, draft_vocab_size: int, length: int = 24, seed: int = 0
+) -> HiddenStateStore:
     """Random states whose teacher (the tied embedding applied to ``hidden``) is learnable."""
     config = json.loads((target_dir / "config.json").read_text())
     h, v = config["hidden_size"], config["vocab_size"]
@@ -138,4 +162,11 @@ def random_store(root: Path, vocab_dir: Path, target_dir: Path, samples: int, dr
     d2t, t2d = make_vocab(counts, v, draft_vocab_size)
     save_draft_vocab(vocab_dir, d2t, t2d, {"draft_vocab_size": draft_vocab_size, "target_vocab_size": v})
     identity = TargetIdentity("random", "test", config["num_hidden_layers"], h, v)
-    return _finish(root, shards, StoreManifest(identity, default_aux_layer_ids(config["num_hidden_layers"]), "test"), total_bytes, tokens, samples)
+    return _finish(
+        root,
+        shards,
+        StoreManifest(identity, default_aux_layer_ids(config["num_hidden_layers"]), "test"),
+        total_bytes,
+        tokens,
+        samples,
+    )

@@ -150,7 +150,10 @@ def test_encrypted_key_with_its_passphrase_from_the_environment(
         monkeypatch.delenv("E3_TEST_KEY_PASSPHRASE", raising=False)
         with build_host(settings) as host, pytest.raises(HostAuthError) as unset:
             host.run("true", timeout_s=10)
-        assert str(unset.value) == f"private key {key} is encrypted and its passphrase variable E3_TEST_KEY_PASSPHRASE is not set"
+        assert (
+            str(unset.value)
+            == f"private key {key} is encrypted and its passphrase variable E3_TEST_KEY_PASSPHRASE is not set"
+        )
         monkeypatch.setenv("E3_TEST_KEY_PASSPHRASE", "env-s3cret-phrase")
         with build_host(settings) as host:
             assert host.run("echo unlocked", timeout_s=10).stdout == "unlocked\n"
@@ -162,7 +165,16 @@ def test_a_passphrase_variable_needs_a_key_file(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     (tmp_path / "a.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
     host = {"kind": "ssh", "hostname": "gpu-box", "key_passphrase_env": "GPU_BOX_KEY_PASSPHRASE"}
-    path.write_text(json.dumps({"name": "p", "target": {"model": "m"}, "health": {"host": host}, "datasets": [{"id": "B1", "source": "a.jsonl"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "p",
+                "target": {"model": "m"},
+                "health": {"host": host},
+                "datasets": [{"id": "B1", "source": "a.jsonl"}],
+            }
+        )
+    )
     with pytest.raises(ConfigError, match=r"p\.yaml: health\.host: .*key_passphrase_env needs health\.host\.key_file"):
         load_config(path)
 
@@ -170,7 +182,9 @@ def test_a_passphrase_variable_needs_a_key_file(tmp_path: Path) -> None:
 def test_a_key_file_does_not_turn_the_agent_off(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent's key gets in after the key file's is refused, unless allow_agent is off."""
     socket_path = tmp_path / "agent.sock"
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL, start_new_session=True)
+    agent = subprocess.Popen(
+        ["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         wait_until(socket_path.exists, 10, "ssh-agent")
         monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))

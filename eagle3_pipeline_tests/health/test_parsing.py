@@ -108,7 +108,9 @@ def test_generation_target_names_its_url_without_credentials() -> None:
     assert target.label == "https://router.example:8443/api/v1" and target.hosted
     assert target.probe_url == "https://router.example:8443/api/v1/chat/completions"
     assert "sk-abc123" not in repr(target) and "pw" not in target.label
-    sglang = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000", model="m", generation_probe="health_generate")
+    sglang = ServerSpec(
+        kind="sglang", port=30000, base_url="http://h:30000", model="m", generation_probe="health_generate"
+    )
     assert sglang.target().probe_url == "http://h:30000/health_generate" and not sglang.target().hosted
 
 

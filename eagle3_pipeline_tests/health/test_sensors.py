@@ -21,7 +21,9 @@ from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 def evaluate(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None = None):
     sensor = defs.resolve_sensor_def(name)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=sensor_resources(defs, sensor))
+    context = dg.build_sensor_context(
+        instance=instance, cursor=cursor, definitions=defs, resources=sensor_resources(defs, sensor)
+    )
     return sensor.evaluate_tick(context)
 
 
@@ -81,9 +83,15 @@ def test_blocking_checks_fail_a_run_with_too_many_truncated_responses(
     """The fake server answers every request with finish_reason 'length'."""
     sglang.start()
     defs = build_definitions(write_config(tmp_path, sshd, sglang, max_truncation_rate=0.5))
-    result = defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance, raise_on_error=False)
+    result = defs.resolve_job_def("generation_job").execute_in_process(
+        partition_key="B1", instance=instance, raise_on_error=False
+    )
     assert not result.success
-    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    checks = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
     assert checks["truncation_rate"].passed is False
     assert checks["truncation_rate"].description == "3 of 3 truncated (100%; limit 50%)"
     assert checks["prompts_accounted"].passed and checks["single_model"].passed and checks["empty_answers"].passed
@@ -97,7 +105,9 @@ def test_preflight_fails_fast_on_a_sick_server(
     sglang.set(generate="error")
     defs = build_definitions(write_config(tmp_path, sshd, sglang))
     started = time.monotonic()
-    result = defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance, raise_on_error=False)
+    result = defs.resolve_job_def("generation_job").execute_in_process(
+        partition_key="B1", instance=instance, raise_on_error=False
+    )
     assert not result.success and time.monotonic() - started < 30
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "health gate refused" in failure.step_failure_data.error.message
@@ -132,7 +142,9 @@ def test_sensor_tick_against_a_hung_host_returns_within_20_s(
 def start_stalled_generation(defs: dg.Definitions, instance: dg.DagsterInstance, artifacts_root: Path) -> dg.DagsterRun:
     """A started `generation_job` run of B1 whose runner heartbeat is alive but whose checkpoint has
     not grown for an hour: what `generation_stall` must flag once the stall window (1 s) has passed."""
-    run = instance.create_run_for_job(defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED)
+    run = instance.create_run_for_job(
+        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
+    )
     checkpoint = artifacts_root / "responses" / "B1.checkpoint.jsonl"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_text('{"id": "x"}\n')
@@ -165,7 +177,9 @@ def test_stall_sensor_ignores_runs_that_have_not_started_generating(
     however long it waits, it is not stalled (here: an hour-old heartbeat of an earlier run)."""
     config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
     defs = build_definitions(config)
-    instance.create_run_for_job(defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED)
+    instance.create_run_for_job(
+        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
+    )
     earlier = HeartbeatWriter(heartbeat_path(config.artifacts_root, "B1"), "an-earlier-run")
     earlier.start()
     os.utime(heartbeat_path(config.artifacts_root, "B1"), (time.time() - 3600, time.time() - 3600))

@@ -24,11 +24,16 @@ def status(config_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DAGSTER_HOME": str(config_path.parent / "no_home")}
     return subprocess.run(
         [sys.executable, "-m", "eagle3_pipeline.cli", "status", "--config", str(config_path), *extra],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
 
 
-def test_json_shape_progress_and_exit_code_when_healthy(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin) -> None:
+def test_json_shape_progress_and_exit_code_when_healthy(
+    tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin
+) -> None:
     sglang.start()
     config = write_config(tmp_path, sshd, sglang)
     checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
@@ -42,7 +47,14 @@ def test_json_shape_progress_and_exit_code_when_healthy(tmp_path: Path, sshd: Ss
     assert set(document) == {"overall", "checks", "datasets"}
     assert document["overall"] in ("ok", "warn")
     assert all(set(c) == {"name", "status", "detail", "host", "required"} for c in document["checks"])
-    assert {c["name"] for c in document["checks"]} >= {"server_process", "port", "generation", "throughput", "gpus", "disk"}
+    assert {c["name"] for c in document["checks"]} >= {
+        "server_process",
+        "port",
+        "generation",
+        "throughput",
+        "gpus",
+        "disk",
+    }
     b1, b2 = document["datasets"]
     assert set(b1) == {"id", "prompts", "responses", "completion_tokens", "token_budget", "last_write_age_s"}
     assert (b1["id"], b1["responses"], b1["completion_tokens"]) == ("B1", 2, 12)
@@ -84,7 +96,13 @@ def endpoint_pipeline(tmp_path: Path, base_url: str, **health: object) -> Path:
         "artifacts_root": str(tmp_path / "out"),
         "target": {"model": "fake", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": base_url}]},
-        "health": {"expected_gpus": 0, "min_disk_free_gb": 0, "min_mem_free_gb": 0, "generation_timeout_s": 3, **health},
+        "health": {
+            "expected_gpus": 0,
+            "min_disk_free_gb": 0,
+            "min_mem_free_gb": 0,
+            "generation_timeout_s": 3,
+            **health,
+        },
         "datasets": [{"id": "B1", "source": "B1.jsonl"}],
     }
     path = tmp_path / "pipeline.yaml"
@@ -127,7 +145,9 @@ def test_status_exit_code_and_sensor_agree(tmp_path: Path, fake_openai: FakeOpen
         with dg.instance_for_test() as instance:
             defs = build_definitions(load_config(path))
             sensor = defs.resolve_sensor_def("inference_health")
-            context = dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
+            context = dg.build_sensor_context(
+                instance=instance, definitions=defs, resources=sensor_resources(defs, sensor)
+            )
             launched = bool(sensor.evaluate_tick(context).run_requests)
         assert (exit_code == 0) is launched, name
         assert launched is (name != "dead"), name

@@ -427,7 +427,9 @@ def test_retired_pages_reported_need_no_remap_rows(ssh_host: SshHost, sglang: Fa
 
 def test_restricted_dmesg_falls_back_to_journalctl(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin) -> None:
     gpus.set_dmesg([], restricted=True)
-    gpus.set_journal(["Dec 02 10:00:00 gpu-box kernel: NVRM: Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus."])
+    gpus.set_journal(
+        ["Dec 02 10:00:00 gpu-box kernel: NVRM: Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus."]
+    )
     sglang.start()
     report, _ = run_health_tick(ssh_host, spec_for(sglang), thresholds_for())
     check = report.check("gpus")
@@ -447,7 +449,9 @@ def test_unreadable_kernel_log_is_unknown(ssh_host: SshHost, sglang: FakeSglang,
     assert not report.healthy
 
 
-def test_kernel_log_file_is_the_last_fallback(ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin, tmp_path: Path) -> None:
+def test_kernel_log_file_is_the_last_fallback(
+    ssh_host: SshHost, sglang: FakeSglang, gpus: FakeBin, tmp_path: Path
+) -> None:
     gpus.set_dmesg([], restricted=True)
     kern_log = tmp_path / "kern.log"
     kern_log.write_text(
@@ -511,7 +515,9 @@ def test_hosted_endpoint_is_asked_once_per_interval_and_its_key_never_shows(
     assert fake_openai.headers_seen[0]["Authorization"] == "Bearer sk-live-123456"
     check = second.check("generation")
     assert check.status is Status.CRITICAL and check.data["endpoints"][0]["cached"] is True
-    assert check.detail.startswith(f"HTTP 401 from {fake_openai.base_url}/chat/completions (check the API key) (probed ")
+    assert check.detail.startswith(
+        f"HTTP 401 from {fake_openai.base_url}/chat/completions (check the API key) (probed "
+    )
     for text in (cursor, state.to_json(), repr(first), repr(second), str(second.to_dict()), repr(hosted)):
         assert "sk-live" not in text
     expired, _ = run_health_tick(

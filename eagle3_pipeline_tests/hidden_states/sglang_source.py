@@ -100,7 +100,11 @@ def _self_assignments(cls: ast.ClassDef) -> set[str]:
             targets = [node.target]
         for target in targets:
             for element in target.elts if isinstance(target, ast.Tuple) else [target]:
-                if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and element.value.id == "self":
+                if (
+                    isinstance(element, ast.Attribute)
+                    and isinstance(element.value, ast.Name)
+                    and element.value.id == "self"
+                ):
                     names.add(element.attr)
     return names
 
@@ -128,7 +132,14 @@ def _module_names(module: ast.Module) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             names.update(alias.asname or alias.name for alias in node.names)
         elif isinstance(node, (ast.Try, ast.If)):
-            todo.extend([*node.body, *node.orelse, *getattr(node, "finalbody", []), *(s for h in getattr(node, "handlers", []) for s in h.body)])
+            todo.extend(
+                [
+                    *node.body,
+                    *node.orelse,
+                    *getattr(node, "finalbody", []),
+                    *(s for h in getattr(node, "handlers", []) for s in h.body),
+                ]
+            )
     return names
 
 
@@ -186,7 +197,10 @@ def check_use(tree: SourceTree, use: SGLangUse) -> list[str]:
         if function is None:
             return [f"{where}: no method {member} in {[f.node.name for f in lineage]}"]
         return [f"{where}(): {p}" for p in _accepts(function, use.keywords, use.positional)]
-    if any(member in _body_names(f.node) or member in _self_assignments(f.node) or _method(lineage, member) for f in lineage):
+    if any(
+        member in _body_names(f.node) or member in _self_assignments(f.node) or _method(lineage, member)
+        for f in lineage
+    ):
         return []
     return [f"{where}: no attribute {member} in {[f.node.name for f in lineage]}"]
 

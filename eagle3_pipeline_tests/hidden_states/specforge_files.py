@@ -98,7 +98,9 @@ def write_training_data(folder: Path, samples: list[Sample]) -> list[str]:
     return paths
 
 
-def import_spec(input_dir: Path, output_dir: Path, training_data: list[str] | None, per_shard: int = 4) -> dict[str, Any]:
+def import_spec(
+    input_dir: Path, output_dir: Path, training_data: list[str] | None, per_shard: int = 4
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "input_dir": str(input_dir),
         "output_dir": str(output_dir),

@@ -11,14 +11,22 @@ import pytest
 
 from eagle3_pipeline.cli import main
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.hidden_states.disk import config_disk_plan, disk_plan, specforge_bytes_per_token, training_tokens, vllm_file_bytes_per_token
+from eagle3_pipeline.hidden_states.disk import (
+    config_disk_plan,
+    disk_plan,
+    specforge_bytes_per_token,
+    training_tokens,
+    vllm_file_bytes_per_token,
+)
 
 KIMI_HIDDEN = 7168
 KIMI_TOKENS = 88_000 * 1_250  # 88K prompts × 1.25K tokens each
 
 
 def test_kimi_88k_prompts_per_backend_and_dtype() -> None:
-    plan = disk_plan(KIMI_HIDDEN, 3, KIMI_TOKENS, "88K × 1.25K", batch_tokens=8192, configured=("sglang", "float8_e4m3"))
+    plan = disk_plan(
+        KIMI_HIDDEN, 3, KIMI_TOKENS, "88K × 1.25K", batch_tokens=8192, configured=("sglang", "float8_e4m3")
+    )
     rows = {(r.backend, r.dtype): (r.store_bytes, r.transient_bytes, r.peak_bytes) for r in plan.rows}
     bf16, fp8 = 110_000_000 * 57_349, 110_000_000 * 28_693
     specforge = 110_000_000 * (4 * 7168 * 2 + 16)
@@ -42,8 +50,14 @@ def test_kimi_88k_prompts_per_backend_and_dtype() -> None:
     assert "command       float8_e4m3    3,156.2   6,309.6       9,465.8   unknown" in text
     data = plan.as_dict()
     assert data["free_bytes"] == "unknown" and sum(r["configured"] for r in data["rows"]) == 1
-    small = disk_plan(KIMI_HIDDEN, 3, KIMI_TOKENS, "x", 8192, ("vllm", "bfloat16"), free_bytes=5 * 10**12, free_where="here")
-    assert {(r.backend, r.dtype) for r in small.rows if small.fits(r)} == {("transformers", "float8_e4m3"), ("sglang", "float8_e4m3"), ("vllm", "float8_e4m3")}
+    small = disk_plan(
+        KIMI_HIDDEN, 3, KIMI_TOKENS, "x", 8192, ("vllm", "bfloat16"), free_bytes=5 * 10**12, free_where="here"
+    )
+    assert {(r.backend, r.dtype) for r in small.rows if small.fits(r)} == {
+        ("transformers", "float8_e4m3"),
+        ("sglang", "float8_e4m3"),
+        ("vllm", "float8_e4m3"),
+    }
 
 
 def _pipeline(tmp_path: Path, training_tokens: int | None, extra: str = "") -> Path:
@@ -65,31 +79,49 @@ def _pipeline(tmp_path: Path, training_tokens: int | None, extra: str = "") -> P
 
 def test_tokens_come_from_training_data_else_the_planners_estimate(tmp_path: Path) -> None:
     config = load_config(_pipeline(tmp_path / "with", KIMI_TOKENS))
-    assert training_tokens(config, {}, {"B1": (None, None)}) == (KIMI_TOKENS, str(config.artifacts_root / "training_data" / "manifest.json"))
+    assert training_tokens(config, {}, {"B1": (None, None)}) == (
+        KIMI_TOKENS,
+        str(config.artifacts_root / "training_data" / "manifest.json"),
+    )
     config = load_config(_pipeline(tmp_path / "without", None))
     records = {"B1": {"p1": {"prompt_tokens": 100, "completion_tokens": 400}}}
     tokens, basis = training_tokens(config, records, {"B1": (1_000, 3_000)})  # type: ignore[misc]
     assert tokens == 4_500 and basis.startswith("estimate")
-    assert training_tokens(config, records, {"B1": (None, 3_000)}) == "unknown: the tokens left of B1 are unknown (prompts not materialized)"
+    assert (
+        training_tokens(config, records, {"B1": (None, 3_000)})
+        == "unknown: the tokens left of B1 are unknown (prompts not materialized)"
+    )
 
 
 def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path: Path) -> None:
-    local = config_disk_plan(load_config(_pipeline(tmp_path / "local", KIMI_TOKENS, "hidden_states: {storage_dtype: float8_e4m3}\n")), {}, {})
+    local = config_disk_plan(
+        load_config(_pipeline(tmp_path / "local", KIMI_TOKENS, "hidden_states: {storage_dtype: float8_e4m3}\n")), {}, {}
+    )
     assert not isinstance(local, str)
-    assert local.hidden_size == KIMI_HIDDEN and local.tokens == KIMI_TOKENS and local.configured == ("transformers", "float8_e4m3")
+    assert (
+        local.hidden_size == KIMI_HIDDEN
+        and local.tokens == KIMI_TOKENS
+        and local.configured == ("transformers", "float8_e4m3")
+    )
     assert local.free_bytes is not None and "on this machine" in local.free_where
-    extra = ("compute: {kind: command, command: 'echo {output_dir}', host: {hostname: gpu, username: u}, workdir: /w, artifacts_root: /a}\n"
-             "hidden_states: {model: /models/Kimi-K2.5}\n")
+    extra = (
+        "compute: {kind: command, command: 'echo {output_dir}', host: {hostname: gpu, username: u}, workdir: /w, artifacts_root: /a}\n"
+        "hidden_states: {model: /models/Kimi-K2.5}\n"
+    )
     remote = config_disk_plan(load_config(_pipeline(tmp_path / "remote", KIMI_TOKENS, extra)), {}, {})
     assert not isinstance(remote, str)
-    assert remote.configured == ("command", "bfloat16") and remote.free_bytes is None and "GPU host" in remote.free_where
+    assert (
+        remote.configured == ("command", "bfloat16") and remote.free_bytes is None and "GPU host" in remote.free_where
+    )
     missing = tmp_path / "missing"
     missing.mkdir()
     (missing / "a.jsonl").write_text("")
     (missing / "p.yaml").write_text(f"name: t\nartifacts_root: {missing / 'out'}\ntarget: {{model: kimi, tokenizer: {missing / 'nowhere'}}}\n"
                                     "inference: {kind: endpoints, endpoints: [{name: a, base_url: 'http://127.0.0.1:1/v1'}]}\n"
                                     "datasets:\n  - {id: B1, source: a.jsonl}\n")  # fmt: skip
-    assert config_disk_plan(load_config(missing / "p.yaml"), {}, {}).startswith("hidden-state disk: unknown: no target config.json on this machine")
+    assert config_disk_plan(load_config(missing / "p.yaml"), {}, {}).startswith(
+        "hidden-state disk: unknown: no target config.json on this machine"
+    )
 
 
 def test_plan_prints_the_disk_section_in_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,6 +129,8 @@ def test_plan_prints_the_disk_section_in_text_and_json(tmp_path: Path, capsys: p
     assert main(["plan", "--config", str(path), "--json"]) == 0
     disk = json.loads(capsys.readouterr().out)["hidden_state_disk"]
     assert disk["tokens"] == KIMI_TOKENS and disk["bytes_per_token"] == {"bfloat16": 57_349, "float8_e4m3": 28_693}
-    assert {(r["backend"], r["storage_dtype"]): r["store_bytes"] for r in disk["rows"]}[("sglang", "float8_e4m3")] == 3_156_230_000_000
+    assert {(r["backend"], r["storage_dtype"]): r["store_bytes"] for r in disk["rows"]}[
+        ("sglang", "float8_e4m3")
+    ] == 3_156_230_000_000
     assert main(["plan", "--config", str(path)]) == 0
     assert "hidden-state disk for 110,000,000 training tokens" in capsys.readouterr().out

@@ -36,10 +36,19 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_model: Path) -> None:
     # Random ids: no serving server could be compared with (test_validation.py does that), so the
     # validation is off and its check says so, as a failing WARN that does not stop the run.
-    assets = pipeline(tmp_path, "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, validation: {samples: 0}}\n")
-    result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(tmp_path / "pipeline.yaml"))
+    assets = pipeline(
+        tmp_path, "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, validation: {samples: 0}}\n"
+    )
+    result = dg.materialize(
+        assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(tmp_path / "pipeline.yaml")
+    )
     assert result.success
-    assert evaluations(result) == {"coverage": True, "spot_check": True, "serving_agreement": False, "bytes_per_token": True}
+    assert evaluations(result) == {
+        "coverage": True,
+        "spot_check": True,
+        "serving_agreement": False,
+        "bytes_per_token": True,
+    }
     [unvalidated] = [e for e in result.get_asset_check_evaluations() if e.check_name == "serving_agreement"]
     assert unvalidated.severity == dg.AssetCheckSeverity.WARN and "not validated" in (unvalidated.description or "")
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
@@ -55,7 +64,19 @@ def test_failed_checks_block_the_run(tmp_path: Path, local_model: Path) -> None:
     extra = "draft_vocab: {size: 2}\nhidden_states: {shard_tokens: 100, spot_check_samples: 1, spot_check_tolerance: 1.0e-12, device: cpu, validation: {samples: 0}}\n"
     assets = pipeline(tmp_path, extra)
     resources = pipeline_resources(tmp_path / "pipeline.yaml")
-    vocab = dg.materialize(assets, selection=["draft_vocab"], instance=dg.DagsterInstance.ephemeral(), resources=resources, raise_on_error=False)
+    vocab = dg.materialize(
+        assets,
+        selection=["draft_vocab"],
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=resources,
+        raise_on_error=False,
+    )
     assert not vocab.success and evaluations(vocab) == {"coverage": False}
-    states = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), resources=resources, raise_on_error=False)
+    states = dg.materialize(
+        assets,
+        selection=["hidden_states"],
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=resources,
+        raise_on_error=False,
+    )
     assert not states.success and evaluations(states)["spot_check"] is False

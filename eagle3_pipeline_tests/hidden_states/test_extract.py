@@ -17,12 +17,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_layers, load_target, reference_states  # noqa: E402
-from eagle3_pipeline.hidden_states.extract import ExtractionError, extract_shard, parse_spec, run, spot_check  # noqa: E402
-from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
-from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards  # noqa: E402
-from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
+from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_layers, load_target, reference_states
+from eagle3_pipeline.hidden_states.extract import ExtractionError, extract_shard, parse_spec, run, spot_check
+from eagle3_pipeline.hidden_states.inputs import TrainingData
+from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards
+from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
 
@@ -53,12 +53,22 @@ def target(local_model: Path) -> Target:
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     train = [sample_rows("a", 4, seed=1, max_len=14), sample_rows("b", 2, seed=2, max_len=14)]
-    return write_training_data(tmp_path / "training_data", {"train": train, "eval": [sample_rows("e", 2, seed=3, max_len=14)]})
+    return write_training_data(
+        tmp_path / "training_data", {"train": train, "eval": [sample_rows("e", 2, seed=3, max_len=14)]}
+    )
 
 
 def spec(data: Path, output: Path, model: Path, **settings: Any) -> dict[str, Any]:
-    return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": "SmolLM2-135M-Instruct",
-            "device": "cpu", "shard_tokens": 30, "spot_check_samples": 1, **settings}
+    return {
+        "training_data": str(data),
+        "output": str(output),
+        "model": str(model),
+        "target_name": "SmolLM2-135M-Instruct",
+        "device": "cpu",
+        "shard_tokens": 30,
+        "spot_check_samples": 1,
+        **settings,
+    }
 
 
 def stored(root: Path) -> dict[str, tuple[Any, Any]]:
@@ -96,7 +106,9 @@ def test_teacher_is_the_final_norms_output_and_aux_ids_are_layer_outputs(target:
     assert torch.allclose(batch_aux, aux, atol=1e-5) and torch.allclose(batch_hidden, hidden, atol=1e-5)
 
 
-def test_spot_check_fails_when_stored_states_differ(data: Path, tmp_path: Path, local_model: Path, target: Target) -> None:
+def test_spot_check_fails_when_stored_states_differ(
+    data: Path, tmp_path: Path, local_model: Path, target: Target
+) -> None:
     out = tmp_path / "store"
     meta = run(spec(data, out, local_model, spot_check_samples=3), Recorder())
     assert meta["spot_check_passed"] and meta["spot_check_samples"] == 3 and meta["spot_check_max_rel_error"] < 0.01
@@ -114,17 +126,25 @@ def test_spot_check_fails_when_stored_states_differ(data: Path, tmp_path: Path, 
 
 
 def test_refuses_when_the_disk_is_too_small_naming_both_numbers(data: Path, tmp_path: Path, local_model: Path) -> None:
-    with pytest.raises(ExtractionError, match=r"bytes \(.* GB\) free, the phase will write about \d+ bytes .* × 4613 bytes/token"):
+    with pytest.raises(
+        ExtractionError, match=r"bytes \(.* GB\) free, the phase will write about \d+ bytes .* × 4613 bytes/token"
+    ):
         run(spec(data, tmp_path / "store", local_model, disk_margin=1e12), Recorder())
     assert not list((tmp_path / "store").glob("shard-*"))
 
 
-def test_a_store_made_under_other_settings_is_refused_or_replaced(data: Path, tmp_path: Path, local_model: Path) -> None:
+def test_a_store_made_under_other_settings_is_refused_or_replaced(
+    data: Path, tmp_path: Path, local_model: Path
+) -> None:
     out = tmp_path / "store"
     run(spec(data, out, local_model, spot_check_samples=0), Recorder())
-    with pytest.raises(ExtractionError, match=r"aux_layer_ids: store has \[1, 14, 26\], expected \[2, 14, 26\].*overwrite"):
+    with pytest.raises(
+        ExtractionError, match=r"aux_layer_ids: store has \[1, 14, 26\], expected \[2, 14, 26\].*overwrite"
+    ):
         run(spec(data, out, local_model, aux_layer_ids=[2, 14, 26], spot_check_samples=0), Recorder())
-    meta = run(spec(data, out, local_model, aux_layer_ids=[2, 14, 26], spot_check_samples=0, overwrite=True), Recorder())
+    meta = run(
+        spec(data, out, local_model, aux_layer_ids=[2, 14, 26], spot_check_samples=0, overwrite=True), Recorder()
+    )
     assert meta["shards_reused"] == 0 and HiddenStateStore(out).manifest().aux_layer_ids == [2, 14, 26]
     with pytest.raises(ExtractionError, match=r"extract spec: aux_layer_ids: .*expected 3 increasing"):
         parse_spec(spec(data, out, local_model, aux_layer_ids=[5, 3, 9]))
@@ -140,8 +160,18 @@ def test_nan_states_name_the_shard_and_sample(data: Path, tmp_path: Path, target
     with torch.no_grad():
         weight[0, 0] = float("nan")
     try:
-        with pytest.raises(ExtractionError, match=rf"shard-00000 \(train, train-00000.parquet row 0\): sample {rows[0]['id']}: aux_hidden_states holds NaN"):
-            extract_shard(HiddenStateStore(tmp_path / "store"), target, parse_spec(spec(data, tmp_path, Path("m"))), AUX, shard, rows)
+        with pytest.raises(
+            ExtractionError,
+            match=rf"shard-00000 \(train, train-00000.parquet row 0\): sample {rows[0]['id']}: aux_hidden_states holds NaN",
+        ):
+            extract_shard(
+                HiddenStateStore(tmp_path / "store"),
+                target,
+                parse_spec(spec(data, tmp_path, Path("m"))),
+                AUX,
+                shard,
+                rows,
+            )
     finally:
         with torch.no_grad():
             weight[0, 0] = saved

@@ -13,17 +13,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import dagster as dg  # noqa: E402
+import dagster as dg
 
-from eagle3_pipeline.config import load_config  # noqa: E402
-from eagle3_pipeline.defs.drafter import build_drafter_assets  # noqa: E402
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets  # noqa: E402
-from eagle3_pipeline.hidden_states.capture import load_target  # noqa: E402
-from eagle3_pipeline.hidden_states.extract import ExtractionError, run, spot_check  # noqa: E402
-from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile  # noqa: E402
-from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.test_extract import Recorder, spec  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs.drafter import build_drafter_assets
+from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.hidden_states.capture import load_target
+from eagle3_pipeline.hidden_states.extract import ExtractionError, run, spot_check
+from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile
+from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+from eagle3_pipeline_tests.hidden_states.test_extract import Recorder, spec
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
 
@@ -31,10 +31,14 @@ pytestmark = pytest.mark.local_model
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     train = [sample_rows("a", 4, seed=1, max_len=14), sample_rows("b", 2, seed=2, max_len=14)]
-    return write_training_data(tmp_path / "training_data", {"train": train, "eval": [sample_rows("e", 2, seed=3, max_len=14)]})
+    return write_training_data(
+        tmp_path / "training_data", {"train": train, "eval": [sample_rows("e", 2, seed=3, max_len=14)]}
+    )
 
 
-def test_fp8_store_refuses_a_bf16_store_and_its_spot_check_still_catches_shifted_states(data: Path, tmp_path: Path, local_model: Path) -> None:
+def test_fp8_store_refuses_a_bf16_store_and_its_spot_check_still_catches_shifted_states(
+    data: Path, tmp_path: Path, local_model: Path
+) -> None:
     out = tmp_path / "store"
     run(spec(data, out, local_model, spot_check_samples=0), Recorder())
     with pytest.raises(ExtractionError, match=r"dtype: store has 'bfloat16', expected 'float8_e4m3'.*overwrite"):
@@ -82,8 +86,15 @@ def test_hidden_states_then_the_drafter_from_an_fp8_store(tmp_path: Path, local_
     result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
     assert result.success
     # Random ids, so no serving server to compare with: the validation is off and says so (a failing WARN).
-    assert _evaluations(result) == {"coverage": True, "spot_check": True, "serving_agreement": False, "bytes_per_token": True}
-    states: dict[str, Any] = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
+    assert _evaluations(result) == {
+        "coverage": True,
+        "spot_check": True,
+        "serving_agreement": False,
+        "bytes_per_token": True,
+    }
+    states: dict[str, Any] = {
+        k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()
+    }
     assert states["storage_dtype"] == FP8 and states["bytes_per_token_formula"] == 2325
     assert HiddenStateStore(config.artifacts_root / "hidden_states").manifest().dtype == FP8
     drafter = result.asset_materializations_for_node("eagle3_drafter")[0].metadata

@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.hidden_states.importer import SpecForgeImportError, run  # noqa: E402
-from eagle3_pipeline.hidden_states.store import HiddenStateStore, ShardWriter, StoreError  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.specforge_files import (  # noqa: E402
+from eagle3_pipeline.hidden_states.importer import SpecForgeImportError, run
+from eagle3_pipeline.hidden_states.store import HiddenStateStore, ShardWriter, StoreError
+from eagle3_pipeline_tests.hidden_states.specforge_files import (
     import_spec,
     make_samples,
     write_specforge,
@@ -50,7 +50,11 @@ def shard_contents(folder: Path) -> dict[str, object]:
             tensors = {}
             for key in sorted(handle.keys()):
                 tensor = handle.get_tensor(key)
-                tensors[key] = (str(tensor.dtype), tuple(tensor.shape), tensor.contiguous().view(torch.uint8).numpy().tobytes())
+                tensors[key] = (
+                    str(tensor.dtype),
+                    tuple(tensor.shape),
+                    tensor.contiguous().view(torch.uint8).numpy().tobytes(),
+                )
             contents[path.name] = (tensors, handle.metadata())
         index = path.with_name(path.name.replace(".safetensors", ".index.parquet"))
         contents[index.name] = index.read_bytes()
@@ -73,7 +77,11 @@ def test_imported_shards_are_byte_identical_to_our_writer(tmp_path: Path) -> Non
         writer.close()
 
     imported = files_of(tmp_path / "store")
-    assert sorted(imported) == sorted(files_of(ours)) == [f"shard-0000{i}.{ext}" for i in range(3) for ext in ("index.parquet", "safetensors")]
+    assert (
+        sorted(imported)
+        == sorted(files_of(ours))
+        == [f"shard-0000{i}.{ext}" for i in range(3) for ext in ("index.parquet", "safetensors")]
+    )
     assert shard_contents(tmp_path / "store") == shard_contents(ours), "tensors or index differ from ShardWriter's"
     store = HiddenStateStore(tmp_path / "store")
     for s, read in zip(samples, store.iter_samples(), strict=True):
@@ -148,9 +156,14 @@ def test_an_fp8_import_writes_what_our_fp8_writer_writes(tmp_path: Path) -> None
             writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
         writer.close()
     assert shard_contents(tmp_path / "store") == shard_contents(ours), "tensors or index differ from ShardWriter's"
-    assert HiddenStateStore(tmp_path / "store").manifest().dtype == "float8_e4m3" and metadata["storage_dtype"] == "float8_e4m3"
+    assert (
+        HiddenStateStore(tmp_path / "store").manifest().dtype == "float8_e4m3"
+        and metadata["storage_dtype"] == "float8_e4m3"
+    )
     assert metadata["bytes_per_token_formula"] == 4 * (8 + 4) + 5
     with pytest.raises(StoreError, match="dtype: store has 'float8_e4m3', expected 'bfloat16'"):
         run(import_spec(sf, tmp_path / "store", training, per_shard=3), Recorder())
-    with pytest.raises(SpecForgeImportError, match=r"spec.storage_dtype: expected one of bfloat16, float8_e4m3, got 'int8'"):
+    with pytest.raises(
+        SpecForgeImportError, match=r"spec.storage_dtype: expected one of bfloat16, float8_e4m3, got 'int8'"
+    ):
         run({**spec, "storage_dtype": "int8"}, Recorder())

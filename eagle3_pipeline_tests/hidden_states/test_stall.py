@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from eagle3_pipeline.hidden_states.plan import (  # noqa: E402
+from eagle3_pipeline.hidden_states.plan import (
     PlannedShard,
     extraction_quiet_seconds,
     write_plan,
 )
-from eagle3_pipeline.hidden_states.store import ShardWriter  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.test_store import _sample  # noqa: E402
+from eagle3_pipeline.hidden_states.store import ShardWriter
+from eagle3_pipeline_tests.hidden_states.test_store import _sample
 
 PLANNED = [PlannedShard(f"shard-0000{i}", "train", "train-00000.parquet", 0, ("a",), 6) for i in range(2)]
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.hidden_states.store import (  # noqa: E402
+from eagle3_pipeline.hidden_states.store import (
     HiddenStateStore,
     ShardWriter,
     StoreError,

@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.data import BatchReader, Row  # noqa: E402
-from eagle3_pipeline.drafter.evaluate import read_rows  # noqa: E402
-from eagle3_pipeline.hidden_states.extract import _stored_slice  # noqa: E402
-from eagle3_pipeline.hidden_states.store import (  # noqa: E402
+from eagle3_pipeline.drafter.data import BatchReader, Row
+from eagle3_pipeline.drafter.evaluate import read_rows
+from eagle3_pipeline.hidden_states.extract import _stored_slice
+from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
     AUX_SCALE_KEY,
     BF16,
@@ -53,7 +53,18 @@ def _write(root: Path, dtype: str, samples: dict[str, tuple]) -> HiddenStateStor
     store = HiddenStateStore(root)
     index = store.write_index(["shard-00000"])
     target = TargetIdentity("tiny", "abc", 8, H, 100)
-    store.write_manifest(StoreManifest(target, [1, 3, 4], "v1", dtype=dtype, shards=["shard-00000"], samples=index.num_rows, tokens=writer.tokens, bytes=size))
+    store.write_manifest(
+        StoreManifest(
+            target,
+            [1, 3, 4],
+            "v1",
+            dtype=dtype,
+            shards=["shard-00000"],
+            samples=index.num_rows,
+            tokens=writer.tokens,
+            bytes=size,
+        )
+    )
     return store
 
 
@@ -73,7 +84,9 @@ def _within_fp8(found: torch.Tensor, original: torch.Tensor, layers: int) -> Non
     expected = original.to(torch.bfloat16).float().reshape(original.shape[0], layers, -1)
     scale = expected.abs().amax(-1, keepdim=True) / 448
     error = (found.float().reshape(expected.shape) - expected).abs()
-    assert bool((error <= ELEMENT_RELATIVE * expected.abs() + scale * 2**-10 + 1e-30).all()), float((error - ELEMENT_RELATIVE * expected.abs()).max())
+    assert bool((error <= ELEMENT_RELATIVE * expected.abs() + scale * 2**-10 + 1e-30).all()), float(
+        (error - ELEMENT_RELATIVE * expected.abs()).max()
+    )
 
 
 def test_every_reader_hands_back_the_fp8_states_dequantized(tmp_path: Path) -> None:
@@ -85,7 +98,14 @@ def test_every_reader_hands_back_the_fp8_states_dequantized(tmp_path: Path) -> N
 
     with safe_open(str(tmp_path / "shard-00000.safetensors"), framework="pt") as handle:
         raw = {key: handle.get_slice(key).get_dtype() for key in handle.keys()}
-    assert raw == {AUX_KEY: "F8_E4M3", HIDDEN_KEY: "F8_E4M3", AUX_SCALE_KEY: "F32", HIDDEN_SCALE_KEY: "F32", IDS_KEY: "I32", MASK_KEY: "U8"}
+    assert raw == {
+        AUX_KEY: "F8_E4M3",
+        HIDDEN_KEY: "F8_E4M3",
+        AUX_SCALE_KEY: "F32",
+        HIDDEN_SCALE_KEY: "F32",
+        IDS_KEY: "I32",
+        MASK_KEY: "U8",
+    }
 
     for sample in store.iter_samples():  # HiddenStateStore.iter_samples
         ids, mask, aux, hidden = samples[sample.sample_id]
@@ -100,7 +120,9 @@ def test_every_reader_hands_back_the_fp8_states_dequantized(tmp_path: Path) -> N
         _within_fp8(tensors[HIDDEN_KEY], hidden, 1)
         _within_fp8(_stored_slice(store, row, HIDDEN_KEY), hidden, 1)  # the extract phase's spot check
 
-    batch = BatchReader(tmp_path, max_seq_len=64).read([Row(r["shard"], r["offset"], r["length"]) for r in rows])  # training
+    batch = BatchReader(tmp_path, max_seq_len=64).read(
+        [Row(r["shard"], r["offset"], r["length"]) for r in rows]
+    )  # training
     for i, row in enumerate(rows):
         _ids, _mask, aux, hidden = samples[row["sample_id"]]
         n = row["length"]

@@ -21,16 +21,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.config import ServingValidationConfig  # noqa: E402
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint  # noqa: E402
-from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target  # noqa: E402
-from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, parse_spec, run  # noqa: E402
-from eagle3_pipeline.hidden_states.inputs import TrainingData  # noqa: E402
-from eagle3_pipeline.hidden_states.plan import plan_shards  # noqa: E402
-from eagle3_pipeline.hidden_states.validation import record_from_first, record_reference  # noqa: E402
-from eagle3_pipeline.target import decoder, language_model, load_tokenizer  # noqa: E402
-from eagle3_pipeline_tests.hidden_states.training_data import write_training_data  # noqa: E402
-from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: E402, F401
+from eagle3_pipeline.config import ServingValidationConfig
+from eagle3_pipeline.dataprep.agreement import ServerEndpoint
+from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target
+from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, parse_spec, run
+from eagle3_pipeline.hidden_states.inputs import TrainingData
+from eagle3_pipeline.hidden_states.plan import plan_shards
+from eagle3_pipeline.hidden_states.validation import record_from_first, record_reference
+from eagle3_pipeline.target import decoder, language_model, load_tokenizer
+from eagle3_pipeline_tests.hidden_states.training_data import write_training_data
+from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401
 
 pytestmark = pytest.mark.local_model
 
@@ -76,12 +76,20 @@ class LogprobServer:
         if path == "/generate" and self.kind == "sglang":
             ids = body["input_ids"]
             top = self.top2(ids)
-            rows = [[[float(top.values[t, k]), int(top.indices[t, k]), None] for k in range(2)] for t in range(len(ids))]
-            return 200, {"text": "", "meta_info": {"input_top_logprobs": [None, *rows[:-1]], "output_top_logprobs": [rows[-1]]}}
+            rows = [
+                [[float(top.values[t, k]), int(top.indices[t, k]), None] for k in range(2)] for t in range(len(ids))
+            ]
+            return 200, {
+                "text": "",
+                "meta_info": {"input_top_logprobs": [None, *rows[:-1]], "output_top_logprobs": [rows[-1]]},
+            }
         if path == "/v1/completions" and self.kind == "vllm":
             ids = body["prompt"]
             top = self.top2(ids)
-            rows = [{str(int(top.indices[t, k])): {"logprob": float(top.values[t, k]), "rank": k + 1} for k in range(2)} for t in range(len(ids) - 1)]
+            rows = [
+                {str(int(top.indices[t, k])): {"logprob": float(top.values[t, k]), "rank": k + 1} for k in range(2)}
+                for t in range(len(ids) - 1)
+            ]
             return 200, {"choices": [{"text": "", "prompt_logprobs": [None, *rows]}]}
         return 404, {"error": "not found"}
 
@@ -145,7 +153,9 @@ class BrokenTeacher:
         with torch.inference_mode():
             states = base(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
             caught: dict[str, Any] = {}
-            handle = layers[-1].register_forward_hook(lambda _m, _i, out: caught.__setitem__("last", out[0] if isinstance(out, tuple) else out))
+            handle = layers[-1].register_forward_hook(
+                lambda _m, _i, out: caught.__setitem__("last", out[0] if isinstance(out, tuple) else out)
+            )
             base(input_ids=ids, use_cache=False)
             handle.remove()
         if self.how == "layer_early":
@@ -170,7 +180,16 @@ def rows_of(tokenizer: Any) -> list[dict[str, Any]]:
     for i, text in enumerate(TEXTS):
         ids = tokenizer.encode(text, add_special_tokens=False)
         mask = [0] * 4 + [1] * (len(ids) - 4)
-        rows.append({"id": f"s{i:03d}", "dataset": "B1", "input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "num_masked": sum(mask)})
+        rows.append(
+            {
+                "id": f"s{i:03d}",
+                "dataset": "B1",
+                "input_ids": ids,
+                "loss_mask": mask,
+                "num_tokens": len(ids),
+                "num_masked": sum(mask),
+            }
+        )
     return rows
 
 
@@ -185,8 +204,16 @@ def reference_of(data: Path) -> Path:
 
 
 def spec(data: Path, output: Path, model: Path) -> dict[str, Any]:
-    return {"training_data": str(data), "output": str(output), "model": str(model), "target_name": NAME, "device": "cpu",
-            "spot_check_samples": 1, "validation": SETTINGS.model_dump(), "serving_reference": str(reference_of(data))}
+    return {
+        "training_data": str(data),
+        "output": str(output),
+        "model": str(model),
+        "target_name": NAME,
+        "device": "cpu",
+        "spot_check_samples": 1,
+        "validation": SETTINGS.model_dump(),
+        "serving_reference": str(reference_of(data)),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +221,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, target: Target, tokenizer
     """training_data with a reference recorded from the SGLang-like server."""
     data = training_data(tmp_path_factory.mktemp("validated") / "training_data", tokenizer)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS, reference_of(data))
+        reference = record_reference(
+            data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS, reference_of(data)
+        )
     assert reference.api == "sglang" and len(reference.samples) == 4
     assert all(s.tokenization == "same" for s in reference.samples)
     yield data
@@ -206,9 +235,13 @@ def test_correct_states_pass_and_the_metadata_says_how_well(recorded: Path, tmp_
     assert meta["serving_validation"] == "passed", meta
     assert meta["serving_samples"] == 4 and meta["serving_positions"] > 60
     assert meta["serving_agreement"] >= 0.95
-    assert meta["serving_positions"] + meta["serving_near_ties"] == sum(len(r["input_ids"]) - 1 for r in rows_of_folder(recorded))
+    assert meta["serving_positions"] + meta["serving_near_ties"] == sum(
+        len(r["input_ids"]) - 1 for r in rows_of_folder(recorded)
+    )
     assert any("validated against http://127.0.0.1" in line for line in report.lines)
-    print(f"correct states: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties")
+    print(
+        f"correct states: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties"
+    )
 
 
 def rows_of_folder(folder: Path) -> list[dict[str, Any]]:
@@ -219,7 +252,9 @@ def rows_of_folder(folder: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("how", ["layer_early", "shifted", "no_final_norm"])
-def test_a_wrong_teacher_stops_the_phase_before_any_shard(how: str, recorded: Path, tmp_path: Path, local_model: Path, target: Target) -> None:
+def test_a_wrong_teacher_stops_the_phase_before_any_shard(
+    how: str, recorded: Path, tmp_path: Path, local_model: Path, target: Target
+) -> None:
     settings = parse_spec(spec(recorded, tmp_path / "store", local_model))
     data = TrainingData.open(recorded)
     with pytest.raises(ExtractionError) as caught:
@@ -236,11 +271,18 @@ def test_vllm_prompt_logprobs_give_the_same_reference_from_the_first_server_that
 ) -> None:
     data = training_data(tmp_path / "training_data", tokenizer)
     dead = ServerEndpoint("http://127.0.0.1:9/v1", NAME, "sk-not-to-be-logged")
-    unreachable = record_from_first(data, [dead], str(local_model), False, SETTINGS, reference_of(data))["serving_reference_status"]
-    assert unreachable.startswith("not recorded: http://127.0.0.1:9/generate: ConnectError") and "sk-not-to-be-logged" not in unreachable
+    unreachable = record_from_first(data, [dead], str(local_model), False, SETTINGS, reference_of(data))[
+        "serving_reference_status"
+    ]
+    assert (
+        unreachable.startswith("not recorded: http://127.0.0.1:9/generate: ConnectError")
+        and "sk-not-to-be-logged" not in unreachable
+    )
     assert not reference_of(data).exists()
     with LogprobServer(target.model, tokenizer, "vllm") as server:
-        status = record_from_first(data, [dead, ServerEndpoint(server.base_url, NAME)], str(local_model), False, SETTINGS, reference_of(data))
+        status = record_from_first(
+            data, [dead, ServerEndpoint(server.base_url, NAME)], str(local_model), False, SETTINGS, reference_of(data)
+        )
     assert status["serving_reference_status"].startswith(f"recorded from {server.base_url} (vllm): 4 samples")
     assert "sk-not-to-be-logged" not in json.dumps(status) + reference_of(data).read_text()
     vllm = json.loads(reference_of(data).read_text())
@@ -267,18 +309,25 @@ def test_rows_of_another_tokenizer_stop_the_phase_with_the_first_differing_token
     wrong = other_tokenizer(local_model, tmp_path / "other-tokenizer")
     data = training_data(tmp_path / "training_data", wrong)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, NAME), wrong, "other-tokenizer", SETTINGS, reference_of(data))
+        reference = record_reference(
+            data, ServerEndpoint(server.base_url, NAME), wrong, "other-tokenizer", SETTINGS, reference_of(data)
+        )
     assert all("tokenizes the sample's text differently" in s.tokenization for s in reference.samples)
     with pytest.raises(ExtractionError) as caught:
         run(spec(data, tmp_path / "store", local_model), Recorder())
     message = str(caught.value)
     print(f"wrong tokenizer: {message}")
-    assert "training_data was tokenized by a tokenizer other than the served model's (other-tokenizer vs http://127.0.0.1" in message
+    assert (
+        "training_data was tokenized by a tokenizer other than the served model's (other-tokenizer vs http://127.0.0.1"
+        in message
+    )
     assert "sample 's00" in message and "from token " in message
     assert not (tmp_path / "store").exists() or not list((tmp_path / "store").glob("shard-*"))
 
 
-def test_without_a_reference_the_phase_says_it_did_not_validate(tmp_path: Path, local_model: Path, tokenizer: Any) -> None:
+def test_without_a_reference_the_phase_says_it_did_not_validate(
+    tmp_path: Path, local_model: Path, tokenizer: Any
+) -> None:
     data = training_data(tmp_path / "training_data", tokenizer)
     report = Recorder()
     meta = run(spec(data, tmp_path / "store", local_model), report)
@@ -287,7 +336,9 @@ def test_without_a_reference_the_phase_says_it_did_not_validate(tmp_path: Path, 
     assert any("NOT validated against the serving target" in line for line in report.lines)
 
 
-def test_against_the_embedded_transformers_serve_the_same_way(tmp_path: Path, local_model: Path, target: Target, tokenizer: Any) -> None:
+def test_against_the_embedded_transformers_serve_the_same_way(
+    tmp_path: Path, local_model: Path, target: Target, tokenizer: Any
+) -> None:
     """The real embedded server (``transformers serve``, no logprobs, text prompts only): one greedy
     1-token completion per checked prefix; correct states pass, a teacher without the final norm fails."""
     from eagle3_pipeline.serving import EmbeddedServer
@@ -295,20 +346,36 @@ def test_against_the_embedded_transformers_serve_the_same_way(tmp_path: Path, lo
     data = training_data(tmp_path / "training_data", tokenizer)
     settings = SETTINGS.model_copy(update={"text_positions": 6})
     with EmbeddedServer(local_model, tmp_path / "server.log") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, server.model), tokenizer, NAME, settings, reference_of(data))
+        reference = record_reference(
+            data, ServerEndpoint(server.base_url, server.model), tokenizer, NAME, settings, reference_of(data)
+        )
     assert reference.api == "text" and len(reference.samples) == 4
-    assert all(s.tokenization.startswith("same") and len(s.positions) == 6 and s.margin == [None] * 6 for s in reference.samples)
+    assert all(
+        s.tokenization.startswith("same") and len(s.positions) == 6 and s.margin == [None] * 6
+        for s in reference.samples
+    )
     meta = run({**spec(data, tmp_path / "store", local_model), "validation": settings.model_dump()}, Recorder())
     assert meta["serving_validation"] == "passed" and meta["serving_agreement"] >= 0.9, meta
-    assert meta["serving_near_ties_known"] is False and meta["serving_positions"] + meta["serving_unknown_positions"] == 24
-    print(f"embedded: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_unknown_positions']} not one token")
+    assert (
+        meta["serving_near_ties_known"] is False and meta["serving_positions"] + meta["serving_unknown_positions"] == 24
+    )
+    print(
+        f"embedded: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_unknown_positions']} not one token"
+    )
     parsed = parse_spec({**spec(data, tmp_path / "broken", local_model), "validation": settings.model_dump()})
     opened = TrainingData.open(data)
-    with pytest.raises(ExtractionError, match=r"validation against the serving target, before extraction: .*\(http://127\.0\.0\.1:\d+/v1, text\)"):
-        _extract(parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(target, "no_final_norm"), Recorder())
+    with pytest.raises(
+        ExtractionError,
+        match=r"validation against the serving target, before extraction: .*\(http://127\.0\.0\.1:\d+/v1, text\)",
+    ):
+        _extract(
+            parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(target, "no_final_norm"), Recorder()
+        )
 
 
-def test_the_hidden_states_asset_reports_the_agreement_as_its_check(tmp_path: Path, local_model: Path, target: Target, tokenizer: Any) -> None:
+def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
+    tmp_path: Path, local_model: Path, target: Target, tokenizer: Any
+) -> None:
     """The asset on a real Dagster instance: the reference recorded while the (SGLang-like) server was
     up is kept by the preflight, the phase validates first, the check reports the agreement."""
     import dagster as dg
@@ -326,12 +393,25 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(tmp_path: Pa
     config = load_config(path)
     data = training_data(config.artifacts_root / "training_data", tokenizer)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
-        record_reference(data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, config.hidden_states.validation, reference_of(data))
+        record_reference(
+            data,
+            ServerEndpoint(server.base_url, NAME),
+            tokenizer,
+            NAME,
+            config.hidden_states.validation,
+            reference_of(data),
+        )
     assets = build_eagle3_assets(config)
-    result = dg.materialize(assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path))
+    result = dg.materialize(
+        assets, selection=["hidden_states"], instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(path)
+    )
     assert result.success
     [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "serving_agreement"]
-    assert check.passed and "against http://127.0.0.1" in (check.description or "") and "(sglang, SmolLM2-135M-Instruct)" in (check.description or "")
+    assert (
+        check.passed
+        and "against http://127.0.0.1" in (check.description or "")
+        and "(sglang, SmolLM2-135M-Instruct)" in (check.description or "")
+    )
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
     assert meta["serving_reference_status"].value.startswith("kept: recorded earlier for these rows")
     assert meta["serving_samples"].value == 2 and meta["serving_agreement"].value >= 0.95
@@ -346,14 +426,33 @@ def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: 
     data = training_data(tmp_path / "training_data", tokenizer)
     settings = SETTINGS.model_copy(update={"near_tie_logprob_margin": 0.001})
     with LogprobServer(language_model(kimi.model), tokenizer, "sglang") as server:
-        reference = record_reference(data, ServerEndpoint(server.base_url, "kimi-k2.5"), tokenizer, str(kimi_checkpoint), settings, reference_of(data))
+        reference = record_reference(
+            data,
+            ServerEndpoint(server.base_url, "kimi-k2.5"),
+            tokenizer,
+            str(kimi_checkpoint),
+            settings,
+            reference_of(data),
+        )
     assert all(s.tokenization == "same" for s in reference.samples)
-    kimi_spec = {**spec(data, tmp_path / "store", kimi_checkpoint), "target_name": "kimi-k2.5", "trust_remote_code": True,
-                 "aux_layer_ids": [1, 2, 3], "validation": settings.model_dump()}
+    kimi_spec = {
+        **spec(data, tmp_path / "store", kimi_checkpoint),
+        "target_name": "kimi-k2.5",
+        "trust_remote_code": True,
+        "aux_layer_ids": [1, 2, 3],
+        "validation": settings.model_dump(),
+    }
     meta = run(kimi_spec, Recorder())
-    assert meta["serving_validation"] == "passed" and meta["serving_agreement"] >= 0.95 and meta["serving_positions"] > 50, meta
-    print(f"kimi: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties")
+    assert (
+        meta["serving_validation"] == "passed" and meta["serving_agreement"] >= 0.95 and meta["serving_positions"] > 50
+    ), meta
+    print(
+        f"kimi: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties"
+    )
     parsed = parse_spec({**kimi_spec, "output": str(tmp_path / "broken")})
     opened = TrainingData.open(data)
-    with pytest.raises(ExtractionError, match=r"before extraction: argmax\(lm_head\(teacher\)\) agrees .* below hidden_states.validation.min_agreement"):
+    with pytest.raises(
+        ExtractionError,
+        match=r"before extraction: argmax\(lm_head\(teacher\)\) agrees .* below hidden_states.validation.min_agreement",
+    ):
         _extract(parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(kimi, "shifted"), Recorder())

@@ -36,7 +36,14 @@ from eagle3_pipeline.target import decoder
 
 
 class VllmStandin:
-    def __init__(self, model: Any, served: str, layer_ids: Sequence[int], storage: Path, rewrite_prompt: Callable[[list[int]], list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        served: str,
+        layer_ids: Sequence[int],
+        storage: Path,
+        rewrite_prompt: Callable[[list[int]], list[int]] | None = None,
+    ) -> None:
         self.model = model
         self.served = served
         self.layer_ids = list(layer_ids)
@@ -75,7 +82,12 @@ class VllmStandin:
         tokens = torch.tensor([ids], dtype=torch.long)
         try:
             with self._lock, torch.inference_mode():
-                out = stack(input_ids=tokens, attention_mask=torch.ones_like(tokens), position_ids=torch.arange(len(ids)).unsqueeze(0), use_cache=False)
+                out = stack(
+                    input_ids=tokens,
+                    attention_mask=torch.ones_like(tokens),
+                    position_ids=torch.arange(len(ids)).unsqueeze(0),
+                    use_cache=False,
+                )
                 next_token = int(self.model.lm_head(out.last_hidden_state[:, -1]).argmax(-1))
         finally:
             for handle in handles:

@@ -230,14 +230,28 @@ def _tokenizer_config(split_think: bool) -> dict[str, Any]:
     if split_think:
         names = {i: n for i, n in names.items() if n not in THINK_TOKENS}
     decoder = {
-        str(i): {"content": names.get(i, f"<|reserved_token_{i}|>"), "lstrip": False, "normalized": False,
-                 "rstrip": False, "single_word": False, "special": True}
+        str(i): {
+            "content": names.get(i, f"<|reserved_token_{i}|>"),
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for i in range(BASE_VOCAB, VOCAB_SIZE)
     }
     return {
         "added_tokens_decoder": decoder,
-        "additional_special_tokens": ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|start_header_id|>",
-                                      "<|end_header_id|>", "[EOT]", "<|im_system|>", "<|im_middle|>"],
+        "additional_special_tokens": [
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "[EOT]",
+            "<|im_system|>",
+            "<|im_middle|>",
+        ],
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
         "bos_token": "[BOS]",
         "eos_token": "[EOS]",
@@ -333,8 +347,10 @@ def weight_shapes() -> dict[str, tuple[int, ...]]:
                 p + "mlp.down_proj.weight": (hidden, d["intermediate_size"]),
             }
             continue
-        shapes |= {p + "mlp.gate.weight": (d["n_routed_experts"], hidden),
-                   p + "mlp.gate.e_score_correction_bias": (d["n_routed_experts"],)}
+        shapes |= {
+            p + "mlp.gate.weight": (d["n_routed_experts"], hidden),
+            p + "mlp.gate.e_score_correction_bias": (d["n_routed_experts"],),
+        }
         for e in range(d["n_routed_experts"]):
             shapes |= {
                 p + f"mlp.experts.{e}.gate_proj.weight": (expert, hidden),
@@ -412,8 +428,7 @@ def build_kimi_checkpoint(folder: Path, *, int4: bool = False, split_think: bool
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder / "config.json", _config(int4))
-    _write_json(folder / "generation_config.json",
-                {"eos_token_id": SPECIAL_TOKEN_IDS["<|im_end|>"]})
+    _write_json(folder / "generation_config.json", {"eos_token_id": SPECIAL_TOKEN_IDS["<|im_end|>"]})
     for name in REMOTE_CODE:
         shutil.copyfile(_HERE / name, folder / name)
     shutil.copyfile(CHAT_TEMPLATE, folder / "chat_template.jinja")

@@ -23,8 +23,12 @@ from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 KEY = "sk-agreement-secret"
 CONVERSATIONS = [
     [{"role": "user", "content": "Name a prime."}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
-     {"role": "user", "content": "说一个质数。"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "说一个质数。"},
+    ],
 ]
 
 
@@ -86,7 +90,10 @@ def test_a_tokenizer_that_splits_think_fails_at_the_first_differing_token(
 
 def test_a_server_without_the_route_is_named_not_checked(fake_openai: FakeOpenAI, kimi: Any) -> None:
     root = fake_openai.base_url.removesuffix("/v1")
-    with remote_tokenizer(fake_openai.base_url, "kimi-k2.5", api_key=KEY) as remote, pytest.raises(TokenizeRouteMissing) as missing:
+    with (
+        remote_tokenizer(fake_openai.base_url, "kimi-k2.5", api_key=KEY) as remote,
+        pytest.raises(TokenizeRouteMissing) as missing,
+    ):
         check_agreement(["Hi"], encoder(kimi), remote)
     assert str(missing.value).startswith(f"{root}/tokenize: HTTP 404, the server has no tokenize route")
     assert KEY not in str(missing.value)

@@ -144,7 +144,9 @@ def test_weights_are_sharded_bf16_with_the_real_prefixes(kimi_checkpoint: Path) 
     assert index["metadata"]["total_size"] == total
 
 
-def test_model_loads_without_missing_keys_and_gives_finite_logits(model: Any, kimi_checkpoint: Path, tokenizer: Any) -> None:
+def test_model_loads_without_missing_keys_and_gives_finite_logits(
+    model: Any, kimi_checkpoint: Path, tokenizer: Any
+) -> None:
     from safetensors import safe_open
 
     assert type(model).__name__ == "KimiK25ForConditionalGeneration"
@@ -156,8 +158,12 @@ def test_model_loads_without_missing_keys_and_gives_finite_logits(model: Any, ki
 
     ids = tokenizer.encode("<|im_user|>user<|im_middle|>What is the weather like today?<|im_end|>")
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                    output_hidden_states=True, use_cache=False)
+        out = model(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            output_hidden_states=True,
+            use_cache=False,
+        )
         last = model(input_ids=torch.tensor([ids]), logits_to_keep=1, use_cache=False)
     assert out.logits.shape == (1, len(ids), VOCAB_SIZE)
     assert torch.isfinite(out.logits).all()
@@ -168,7 +174,10 @@ def test_model_loads_without_missing_keys_and_gives_finite_logits(model: Any, ki
     # transformers fuses the per-expert tensors of the files into [E, 2I, H] / [E, H, I] on load.
     experts = model.language_model.model.layers[3].mlp.experts
     inter = TEXT_DIMS["moe_intermediate_size"]
-    file = kimi_checkpoint / _index(kimi_checkpoint)["weight_map"]["language_model.model.layers.3.mlp.experts.5.up_proj.weight"]
+    file = (
+        kimi_checkpoint
+        / _index(kimi_checkpoint)["weight_map"]["language_model.model.layers.3.mlp.experts.5.up_proj.weight"]
+    )
     with safe_open(str(file), framework="pt") as f:
         prefix = "language_model.model.layers.3.mlp.experts.5."
         assert torch.equal(experts.gate_up_proj[5, :inter], f.get_tensor(prefix + "gate_proj.weight").float())
@@ -194,8 +203,9 @@ def test_weights_follow_the_seed(tmp_path: Path, kimi_checkpoint: Path) -> None:
     assert (again / "tiktoken.model").read_bytes() == (kimi_checkpoint / "tiktoken.model").read_bytes()
 
 
-def test_int4_variant_declares_compressed_tensors_on_routed_experts_only(kimi_checkpoint_int4: Path,
-                                                                        kimi_checkpoint: Path) -> None:
+def test_int4_variant_declares_compressed_tensors_on_routed_experts_only(
+    kimi_checkpoint_int4: Path, kimi_checkpoint: Path
+) -> None:
     raw = json.loads((kimi_checkpoint_int4 / "config.json").read_text())
     quant = raw.pop("quantization_config")
     assert raw == json.loads((kimi_checkpoint / "config.json").read_text())
@@ -206,11 +216,15 @@ def test_int4_variant_declares_compressed_tensors_on_routed_experts_only(kimi_ch
     assert quant["config_groups"]["group_0"]["targets"] == ["Linear"]
 
     def ignored(module: str) -> bool:
-        return any(re.fullmatch(rule[3:], module) if rule.startswith("re:") else module == rule
-                   for rule in quant["ignore"])
+        return any(
+            re.fullmatch(rule[3:], module) if rule.startswith("re:") else module == rule for rule in quant["ignore"]
+        )
 
-    linears = {n.removesuffix(".weight") for n, shape in weight_shapes().items() if len(shape) == 2
-               and not n.endswith(("embed_tokens.weight", "mlp.gate.weight"))}
+    linears = {
+        n.removesuffix(".weight")
+        for n, shape in weight_shapes().items()
+        if len(shape) == 2 and not n.endswith(("embed_tokens.weight", "mlp.gate.weight"))
+    }
     quantized = {m for m in linears if not ignored(m)}
     assert quantized and all(re.search(r"\.mlp\.experts\.\d+\.", m) for m in quantized)
     assert quantized == {m for m in linears if ".mlp.experts." in m}
@@ -253,17 +267,27 @@ def test_every_special_token_is_one_id(tokenizer: Any) -> None:
     assert len(tokenizer.added_tokens_decoder) == VOCAB_SIZE - BASE_VOCAB
     assert tokenizer.added_tokens_decoder[BASE_VOCAB + 5].content == f"<|reserved_token_{BASE_VOCAB + 5}|>"
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token, tokenizer.pad_token) == (
-        "[BOS]", "[EOS]", "[UNK]", "[PAD]")
+        "[BOS]",
+        "[EOS]",
+        "[UNK]",
+        "[PAD]",
+    )
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id, tokenizer.pad_token_id) == (
-        768, 769, 1022, 1023)
+        768,
+        769,
+        1022,
+        1023,
+    )
     assert {"[BOS]", "[EOS]", "[UNK]", "[PAD]", "<|im_end|>", "<|im_middle|>"} <= set(tokenizer.all_special_tokens)
     assert (SPECIAL_TOKEN_IDS["<think>"], SPECIAL_TOKEN_IDS["</think>"]) == (790, 791)
 
 
 def test_encode_decode_round_trip(tokenizer: Any) -> None:
-    text = ("<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Café naïve 你好, "
-            "what's 12345?\n\n  Tabs\tand spaces<|im_end|><|im_assistant|>assistant<|im_middle|>"
-            "<think>Just add.</think>It is <|tool_calls_section_begin|>[EOS]")
+    text = (
+        "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Café naïve 你好, "
+        "what's 12345?\n\n  Tabs\tand spaces<|im_end|><|im_assistant|>assistant<|im_middle|>"
+        "<think>Just add.</think>It is <|tool_calls_section_begin|>[EOS]"
+    )
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == text
     assert tokenizer.decode(ids, skip_special_tokens=False) == text
@@ -306,8 +330,12 @@ WEATHER_TOOL: dict[str, Any] = {
         "parameters": {
             "type": "object",
             "properties": {
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "description": "Temperature unit",
-                         "default": "celsius"},
+                "unit": {
+                    "type": "string",
+                    "enum": ["celsius", "fahrenheit"],
+                    "description": "Temperature unit",
+                    "default": "celsius",
+                },
                 "city": {"type": "string", "description": "City name"},
                 "days": {"type": "integer", "minimum": 1, "maximum": 7},
             },
@@ -329,13 +357,21 @@ WEATHER_TS = (
     "}) => any;\n"
     "}\n"
 )
-CALL = {"id": "functions.get_weather:0", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+CALL = {
+    "id": "functions.get_weather:0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
 TOOL_LOOP: list[dict[str, Any]] = [
     {"role": "user", "content": "What is 2+2?"},
     {"role": "assistant", "reasoning_content": "Simple sum.", "content": "4"},
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "reasoning_content": "I should call the weather tool.", "content": None, "tool_calls": [CALL]},
+    {
+        "role": "assistant",
+        "reasoning_content": "I should call the weather tool.",
+        "content": None,
+        "tool_calls": [CALL],
+    },
     {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "Sunny, 21 C"},
 ]
 TOOL_LOOP_TEXT = (
@@ -368,9 +404,11 @@ def test_generation_prompt_thinking_on_by_default_and_off(tokenizer: Any) -> Non
     # Kimi's apply_chat_template defaults: tokenize=False, add_generation_prompt=True.
     assert tokenizer.apply_chat_template(messages) == user + "<|im_assistant|>assistant<|im_middle|><think>"
     assert tokenizer.apply_chat_template(messages, thinking=True) == (
-        user + "<|im_assistant|>assistant<|im_middle|><think>")
+        user + "<|im_assistant|>assistant<|im_middle|><think>"
+    )
     assert tokenizer.apply_chat_template(messages, thinking=False) == (
-        user + "<|im_assistant|>assistant<|im_middle|><think></think>")
+        user + "<|im_assistant|>assistant<|im_middle|><think></think>"
+    )
     assert tokenizer.apply_chat_template(messages, add_generation_prompt=False) == user
 
     encoded = tokenizer.apply_chat_template(messages, tokenize=True)
@@ -388,17 +426,26 @@ def test_tool_loop_in_progress_keeps_its_reasoning(tokenizer: Any) -> None:
 
     off = tokenizer.apply_chat_template(TOOL_LOOP, thinking=False)
     assert off == TOOL_LOOP_TEXT.replace("<think>I should call the weather tool.</think>", "<think></think>") + (
-        "<|im_assistant|>assistant<|im_middle|><think></think>")
+        "<|im_assistant|>assistant<|im_middle|><think></think>"
+    )
 
     finished = [*TOOL_LOOP, {"role": "assistant", "reasoning_content": "Report it.", "content": "It is sunny."}]
     text = tokenizer.apply_chat_template(finished, add_generation_prompt=False)
     assert text == TOOL_LOOP_TEXT.replace("<think>I should call the weather tool.</think>", "<think></think>") + (
-        "<|im_assistant|>assistant<|im_middle|><think></think>It is sunny.<|im_end|>")
+        "<|im_assistant|>assistant<|im_middle|><think></think>It is sunny.<|im_end|>"
+    )
     assert text.count("<think></think>") == 3 and "Report it." not in text
 
     ids = tokenizer.encode(TOOL_LOOP_TEXT)
-    for name in ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-                 "<|tool_call_end|>", "<|tool_calls_section_end|>", "<think>", "</think>"):
+    for name in (
+        "<|tool_calls_section_begin|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+        "<|tool_calls_section_end|>",
+        "<think>",
+        "</think>",
+    ):
         assert ids.count(SPECIAL_TOKEN_IDS[name]) == (2 if "think" in name else 1), name
 
 
@@ -421,5 +468,7 @@ def test_tools_are_declared_in_a_tool_declare_turn(tokenizer: Any) -> None:
         return [sort(v) for v in value] if isinstance(value, list) else value
 
     declared = json.dumps(sort([ref_tool]), separators=(",", ":"), ensure_ascii=False)
-    assert text == ("<|im_system|>tool_declare<|im_middle|>" + declared + "<|im_end|>"
-                    "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>")
+    assert text == (
+        "<|im_system|>tool_declare<|im_middle|>" + declared + "<|im_end|>"
+        "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>"
+    )

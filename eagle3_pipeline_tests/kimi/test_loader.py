@@ -17,7 +17,9 @@ torch = pytest.importorskip("torch")
 
 
 def test_without_trust_remote_code_every_load_names_the_setting(kimi_checkpoint: Path) -> None:
-    with pytest.raises(TargetError, match=r"ships its own code \(auto_map in config.json\); set target.trust_remote_code: true"):
+    with pytest.raises(
+        TargetError, match=r"ships its own code \(auto_map in config.json\); set target.trust_remote_code: true"
+    ):
         load_target(str(kimi_checkpoint), "kimi", "cpu", "float32", trust_remote_code=False)
     with pytest.raises(TargetError, match=r"tokenizer ships its own code .*set target.trust_remote_code: true"):
         load_tokenizer(str(kimi_checkpoint), trust_remote_code=False)
@@ -27,7 +29,10 @@ def test_extraction_loads_the_wrapped_language_model(kimi_checkpoint: Path) -> N
     target = load_target(str(kimi_checkpoint), "kimi", "cpu", "float32", trust_remote_code=True)
     identity = target.identity
     assert (identity.num_layers, identity.hidden_size, identity.vocab_size) == (
-        TEXT_DIMS["num_hidden_layers"], TEXT_DIMS["hidden_size"], VOCAB_SIZE)
+        TEXT_DIMS["num_hidden_layers"],
+        TEXT_DIMS["hidden_size"],
+        VOCAB_SIZE,
+    )
     sequences = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
     batched = batch_states(target, [1, 3, 4], sequences)
     alone_aux, alone_hidden = reference_states(target, [1, 3, 4], sequences[1])

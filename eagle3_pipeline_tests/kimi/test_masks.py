@@ -34,8 +34,16 @@ WEATHER_TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-PARIS = {"id": "functions.get_weather:0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-ROME = {"id": "functions.get_weather:1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+PARIS = {
+    "id": "functions.get_weather:0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+ROME = {
+    "id": "functions.get_weather:1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+}
 SECTION = (
     "<|tool_calls_section_begin|>"
     '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
@@ -68,46 +76,107 @@ def cases(thinking: bool) -> list[Case]:
     def think(reasoning: str) -> str:
         return f"{reasoning}</think>" if thinking else ""
 
-    def answer(content: str | None, finish: str = "stop", reasoning: str | None = None, **fields: Any) -> dict[str, Any]:
+    def answer(
+        content: str | None, finish: str = "stop", reasoning: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
         return generated(content, finish, reasoning_content=reasoning if thinking else None, **fields)
 
     user = message("user", "Name a prime.")
     out = [
-        Case("system, user, answer", [message("system", "You are terse."), user, answer("Seven.", reasoning="Small primes: 2, 3, 5, 7.")],
-             think("Small primes: 2, 3, 5, 7.") + "Seven." + END),
-        Case("earlier turn's reasoning blanked",
-             [user, answer("Seven.", reasoning="Seven is prime."), message("user", "Another one?"),
-              answer("Eleven is prime.", reasoning="11 has no divisor but 1 and 11.")],
-             think("11 has no divisor but 1 and 11.") + "Eleven is prime." + END, earlier=["Seven." + END]),
-        Case("source assistant turn not trained on",
-             [user, message("assistant", "Seven."), message("user", "And the next?"), answer("Eleven.", reasoning="After 7: 11.")],
-             think("After 7: 11.") + "Eleven." + END),
-        Case("multi-turn, three generated", [
-            user, answer("Two.", reasoning="The smallest."), message("user", "Bigger?"), answer("Three.", reasoning="Next."),
-            message("user", "Biggest below ten?"), answer("Seven.", reasoning="Below 10: 7.")],
-             think("Below 10: 7.") + "Seven." + END, earlier=["Two." + END, "Three." + END]),
-        Case("han script", [message("user", "说一个质数。"), answer("七是质数。", reasoning="七只能被一和七整除。")],
-             think("七只能被一和七整除。") + "七是质数。" + END),
-        Case("tool call",
-             [message("user", "Weather in Paris?"), answer(None, "tool_calls", "The user wants the weather.", tool_calls=[PARIS])],
-             think("The user wants the weather.") + SECTION + END, tools=[WEATHER_TOOL]),
-        Case("two tool calls after content",
-             [message("user", "Paris and Rome?"),
-              answer("Checking both.", "tool_calls", "Two cities, two calls.", tool_calls=[PARIS, ROME])],
-             think("Two cities, two calls.") + "Checking both." + TWO_CALLS + END, tools=[WEATHER_TOOL]),
-        Case("tool result as <|im_system|>tool, then the answer", [
-            message("user", "Weather in Paris?"), answer(None, "tool_calls", "Ask the tool.", tool_calls=[PARIS]),
-            message("tool", "18 C, sunny", tool_call_id="functions.get_weather:0"),
-            answer("It is 18 C and sunny in Paris.", reasoning="The tool says 18 C.")],
-             think("The tool says 18 C.") + "It is 18 C and sunny in Paris." + END, earlier=[SECTION + END], tools=[WEATHER_TOOL]),
-        Case("length-truncated answer", [user, answer("Two, three, fi", "length", "List a few.")],
-             think("List a few.") + "Two, three, fi", after=END),
+        Case(
+            "system, user, answer",
+            [message("system", "You are terse."), user, answer("Seven.", reasoning="Small primes: 2, 3, 5, 7.")],
+            think("Small primes: 2, 3, 5, 7.") + "Seven." + END,
+        ),
+        Case(
+            "earlier turn's reasoning blanked",
+            [
+                user,
+                answer("Seven.", reasoning="Seven is prime."),
+                message("user", "Another one?"),
+                answer("Eleven is prime.", reasoning="11 has no divisor but 1 and 11."),
+            ],
+            think("11 has no divisor but 1 and 11.") + "Eleven is prime." + END,
+            earlier=["Seven." + END],
+        ),
+        Case(
+            "source assistant turn not trained on",
+            [
+                user,
+                message("assistant", "Seven."),
+                message("user", "And the next?"),
+                answer("Eleven.", reasoning="After 7: 11."),
+            ],
+            think("After 7: 11.") + "Eleven." + END,
+        ),
+        Case(
+            "multi-turn, three generated",
+            [
+                user,
+                answer("Two.", reasoning="The smallest."),
+                message("user", "Bigger?"),
+                answer("Three.", reasoning="Next."),
+                message("user", "Biggest below ten?"),
+                answer("Seven.", reasoning="Below 10: 7."),
+            ],
+            think("Below 10: 7.") + "Seven." + END,
+            earlier=["Two." + END, "Three." + END],
+        ),
+        Case(
+            "han script",
+            [message("user", "说一个质数。"), answer("七是质数。", reasoning="七只能被一和七整除。")],
+            think("七只能被一和七整除。") + "七是质数。" + END,
+        ),
+        Case(
+            "tool call",
+            [
+                message("user", "Weather in Paris?"),
+                answer(None, "tool_calls", "The user wants the weather.", tool_calls=[PARIS]),
+            ],
+            think("The user wants the weather.") + SECTION + END,
+            tools=[WEATHER_TOOL],
+        ),
+        Case(
+            "two tool calls after content",
+            [
+                message("user", "Paris and Rome?"),
+                answer("Checking both.", "tool_calls", "Two cities, two calls.", tool_calls=[PARIS, ROME]),
+            ],
+            think("Two cities, two calls.") + "Checking both." + TWO_CALLS + END,
+            tools=[WEATHER_TOOL],
+        ),
+        Case(
+            "tool result as <|im_system|>tool, then the answer",
+            [
+                message("user", "Weather in Paris?"),
+                answer(None, "tool_calls", "Ask the tool.", tool_calls=[PARIS]),
+                message("tool", "18 C, sunny", tool_call_id="functions.get_weather:0"),
+                answer("It is 18 C and sunny in Paris.", reasoning="The tool says 18 C."),
+            ],
+            think("The tool says 18 C.") + "It is 18 C and sunny in Paris." + END,
+            earlier=[SECTION + END],
+            tools=[WEATHER_TOOL],
+        ),
+        Case(
+            "length-truncated answer",
+            [user, answer("Two, three, fi", "length", "List a few.")],
+            think("List a few.") + "Two, three, fi",
+            after=END,
+        ),
     ]
     if thinking:
         out += [
-            Case("reasoning, empty content", [user, answer("", reasoning="Nothing more to add.")], "Nothing more to add.</think>" + END),
-            Case("cut inside the reasoning", [user, answer(None, "length", "Let me count: one, two")],
-                 "Let me count: one, two", after="</think>" + END),
+            Case(
+                "reasoning, empty content",
+                [user, answer("", reasoning="Nothing more to add.")],
+                "Nothing more to add.</think>" + END,
+            ),
+            Case(
+                "cut inside the reasoning",
+                [user, answer(None, "length", "Let me count: one, two")],
+                "Let me count: one, two",
+                after="</think>" + END,
+            ),
             Case("thinking on, no reasoning returned", [user, generated("Seven.")], "</think>Seven." + END),
         ]
     return out
@@ -137,8 +206,12 @@ def problems(tokenizer: Any, case: Case, kwargs: dict[str, Any], markup: tuple[s
     except TemplateMismatch as exc:
         return [f"mismatch: {exc}"]
     history = [wire_message(m) for m in case.messages[:-1]]
-    prompt = tokenizer.apply_chat_template(history, tools=case.tools, tokenize=False, add_generation_prompt=True, **kwargs)
-    header = "<|im_assistant|>assistant<|im_middle|>" + ("<think></think>" if kwargs.get("thinking") is False else "<think>")
+    prompt = tokenizer.apply_chat_template(
+        history, tools=case.tools, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+    header = "<|im_assistant|>assistant<|im_middle|>" + (
+        "<think></think>" if kwargs.get("thinking") is False else "<think>"
+    )
     found = []
     if not prompt.endswith(header):
         found.append(f"the generation prompt does not end with {header!r}")
@@ -165,7 +238,9 @@ def problems(tokenizer: Any, case: Case, kwargs: dict[str, Any], markup: tuple[s
 
 
 @pytest.fixture(scope="module")
-def tokenizers(kimi_checkpoint: Path, kimi_checkpoint_split_think: Path) -> dict[str, tuple[Any, tuple[str, str] | None]]:
+def tokenizers(
+    kimi_checkpoint: Path, kimi_checkpoint_split_think: Path
+) -> dict[str, tuple[Any, tuple[str, str] | None]]:
     split = load_tokenizer(str(kimi_checkpoint_split_think), trust_remote_code=True)
     assert "<think>" not in split.get_added_vocab()
     return {
@@ -183,7 +258,10 @@ def test_emit_masks_are_exact_for_every_kimi_template_and_conversation(
         for kwargs in ({}, {"thinking": False}):
             for case in cases(thinking=kwargs.get("thinking", True)):
                 checked += 1
-                failures += [f"{name} {kwargs or 'thinking on'} / {case.name}: {p}" for p in problems(tokenizer, case, kwargs, markup)]
+                failures += [
+                    f"{name} {kwargs or 'thinking on'} / {case.name}: {p}"
+                    for p in problems(tokenizer, case, kwargs, markup)
+                ]
     print(f"\n{checked} template × conversation cases checked, {len(failures)} mismatches")
     assert checked == 2 * (12 + 9)
     assert not failures, f"{len(failures)} of {checked} cases wrong:\n" + "\n".join(failures)
@@ -199,11 +277,18 @@ def test_the_checker_sees_a_wrong_mask(tokenizers: dict[str, tuple[Any, tuple[st
     assert any("earlier turns masked" in p for p in problems(tokenizer, blanked, {}, None))
 
 
-def test_reasoning_with_thinking_off_or_without_markup_is_a_mismatch(tokenizers: dict[str, tuple[Any, tuple[str, str] | None]]) -> None:
+def test_reasoning_with_thinking_off_or_without_markup_is_a_mismatch(
+    tokenizers: dict[str, tuple[Any, tuple[str, str] | None]],
+) -> None:
     tokenizer, _ = tokenizers["Kimi-K2.5"]
-    row = response_row("r", "K", [message("user", "Name a prime."), generated("Seven.", reasoning_content="Seven is prime.")])
-    with pytest.raises(TemplateMismatch, match=r"message 1: the turn has reasoning, but the chat template renders neither it nor an "
-                                               r"empty thinking block \(<think></think>\)"):
+    row = response_row(
+        "r", "K", [message("user", "Name a prime."), generated("Seven.", reasoning_content="Seven is prime.")]
+    )
+    with pytest.raises(
+        TemplateMismatch,
+        match=r"message 1: the turn has reasoning, but the chat template renders neither it nor an "
+        r"empty thinking block \(<think></think>\)",
+    ):
         tokenize_conversation(ChatRenderer(tokenizer, "emit", {"thinking": False}), stored_conversation(row, "emit"))
     split, _ = tokenizers["Kimi-K2.5, <think> in byte tokens"]
     no_markup = r"message 1: .* the tokenizer has no <think>/</think> added tokens .*set the thinking markup"
@@ -215,7 +300,9 @@ def test_render_mode_trains_on_the_blanked_render_and_emit_on_the_reasoning(
     tokenizers: dict[str, tuple[Any, tuple[str, str] | None]],
 ) -> None:
     tokenizer, _ = tokenizers["Kimi-K2.5"]
-    row = response_row("r", "K", [message("user", "Name a prime."), generated("Seven.", reasoning_content="Seven is prime.")])
+    row = response_row(
+        "r", "K", [message("user", "Name a prime."), generated("Seven.", reasoning_content="Seven is prime.")]
+    )
 
     def masked(reasoning: str) -> str:
         ids, mask = tokenize_conversation(ChatRenderer(tokenizer, reasoning), stored_conversation(row, reasoning))  # type: ignore[arg-type]

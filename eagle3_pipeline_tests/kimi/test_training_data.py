@@ -39,7 +39,9 @@ def masked_text(tokenizer: Any, row: dict[str, Any]) -> str:
     return str(tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]))
 
 
-def test_training_data_on_the_slow_kimi_tokenizer_trains_on_what_the_target_emitted(tmp_path: Path, kimi_checkpoint: Path) -> None:
+def test_training_data_on_the_slow_kimi_tokenizer_trains_on_what_the_target_emitted(
+    tmp_path: Path, kimi_checkpoint: Path
+) -> None:
     files = [write_responses(tmp_path / "K.parquet", rows(6))]
     stats = build_training_data(files, str(kimi_checkpoint), tmp_path / "td", trust_remote_code=True, **SETTINGS)
     assert stats.template_mismatch == 0 and stats.train_rows == 7
@@ -50,15 +52,23 @@ def test_training_data_on_the_slow_kimi_tokenizer_trains_on_what_the_target_emit
     built = shard_rows(tmp_path / "td")
     assert masked_text(tokenizer, built["id004"]) == "Thinking about 4.</think>Answer 4.<|im_end|>"
     assert masked_text(tokenizer, built["cut"]) == "Count slowly.</think>Counting: one, two"
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Question number 4?"}], tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Question number 4?"}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    assert built["id004"]["input_ids"][: len(prompt_ids)] == prompt_ids and not any(built["id004"]["loss_mask"][: len(prompt_ids)])
+    assert built["id004"]["input_ids"][: len(prompt_ids)] == prompt_ids and not any(
+        built["id004"]["loss_mask"][: len(prompt_ids)]
+    )
 
 
-def test_thinking_off_is_passed_to_the_template_and_reasoning_then_cannot_be_placed(tmp_path: Path, kimi_checkpoint: Path) -> None:
+def test_thinking_off_is_passed_to_the_template_and_reasoning_then_cannot_be_placed(
+    tmp_path: Path, kimi_checkpoint: Path
+) -> None:
     off = {"thinking": False}
     files = [write_responses(tmp_path / "plain.parquet", rows(3, reasoning=False))]
-    build_training_data(files, str(kimi_checkpoint), tmp_path / "td", trust_remote_code=True, chat_template_kwargs=off, **SETTINGS)
+    build_training_data(
+        files, str(kimi_checkpoint), tmp_path / "td", trust_remote_code=True, chat_template_kwargs=off, **SETTINGS
+    )
     assert read_manifest(tmp_path / "td")["chat_template_kwargs"] == off
     tokenizer = load_tokenizer(str(kimi_checkpoint), trust_remote_code=True)
     row = shard_rows(tmp_path / "td")["id001"]
@@ -70,12 +80,16 @@ def test_thinking_off_is_passed_to_the_template_and_reasoning_then_cannot_be_pla
         thoughtful, str(kimi_checkpoint), tmp_path / "td2", trust_remote_code=True, chat_template_kwargs=off, **SETTINGS
     )
     assert stats.template_mismatch == 4 and stats.train_rows == 0
-    assert stats.mismatch_examples[0].startswith("K/id000: message 1: the turn has reasoning, but the chat template renders neither")
+    assert stats.mismatch_examples[0].startswith(
+        "K/id000: message 1: the turn has reasoning, but the chat template renders neither"
+    )
 
 
 def test_a_remote_code_tokenizer_needs_trust_remote_code(tmp_path: Path, kimi_checkpoint: Path) -> None:
     files = [write_responses(tmp_path / "K.parquet", rows(1))]
-    with pytest.raises(TargetError, match=r"target.tokenizer .*ships its own code .*set target.trust_remote_code: true"):
+    with pytest.raises(
+        TargetError, match=r"target.tokenizer .*ships its own code .*set target.trust_remote_code: true"
+    ):
         build_training_data(files, str(kimi_checkpoint), tmp_path / "td", **SETTINGS)
     assert not (tmp_path / "td").exists()
 
@@ -100,7 +114,9 @@ def test_slow_tokenization_across_a_span_edge_is_counted_as_a_mismatch(tmp_path:
     answers = [response_row("the", "K", [message("user", "Which article?"), generated("the one")])]
     files = [write_responses(tmp_path / "K.parquet", answers)]
 
-    stats = build_training_data(files, str(folder), tmp_path / "render", trust_remote_code=True, reasoning="render", **SETTINGS)
+    stats = build_training_data(
+        files, str(folder), tmp_path / "render", trust_remote_code=True, reasoning="render", **SETTINGS
+    )
     assert stats.template_mismatch == 1 and stats.train_rows == 0
     edge = "user: Which article?<|im_end|>assistant: the one<|im_end|>".index("the one")
     assert stats.mismatch_examples == [
@@ -132,8 +148,15 @@ def test_prompt_lengths_with_the_slow_kimi_tokenizer(kimi_checkpoint: Path) -> N
     assert fit.estimator == f"tokenizer:{kimi_checkpoint}" and fit.fallbacks == 0
     assert fit.fits == prompts[:1] and fit.over_length == prompts[1:] and fit.longest == long
     # Thinking off: the generation prompt ends with <think></think>, one token more.
-    off = check_lengths(prompts, short + budget, budget, "tokenizer", str(kimi_checkpoint), trust_remote_code=True,
-                        chat_template_kwargs={"thinking": False})
+    off = check_lengths(
+        prompts,
+        short + budget,
+        budget,
+        "tokenizer",
+        str(kimi_checkpoint),
+        trust_remote_code=True,
+        chat_template_kwargs={"thinking": False},
+    )
     assert off.longest == long + 1 == tokens(prompts[1], thinking=False) and off.over_length == prompts
     with pytest.raises(ValueError, match=r"set target.trust_remote_code: true.*generation.length_estimator: chars"):
         check_lengths(prompts, 4096, budget, "tokenizer", str(kimi_checkpoint))

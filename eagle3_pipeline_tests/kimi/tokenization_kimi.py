@@ -106,8 +106,16 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         if not os.path.isfile(vocab_file):
             raise FileNotFoundError(vocab_file)
         if additional_special_tokens is None:
-            additional_special_tokens = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|start_header_id|>",
-                                         "<|end_header_id|>", "[EOT]", "<|im_system|>", "<|im_middle|>"]
+            additional_special_tokens = [
+                "<|im_end|>",
+                "<|im_user|>",
+                "<|im_assistant|>",
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "[EOT]",
+                "<|im_system|>",
+                "<|im_middle|>",
+            ]
         names = {int(i): str(getattr(t, "content", t)) for i, t in (added_tokens_decoder or {}).items()}
         self.vocab_file = vocab_file
         data = Path(vocab_file).read_bytes()

@@ -46,8 +46,15 @@ _CONSTRAINT_KEYS: dict[str, tuple[str, ...]] = {
     "integer": ("maximum", "minimum"),
     "array": ("maxItems", "minItems"),
 }
-_UNION_NAMES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean",
-                "null": "null", "object": "{}", "array": "Array<any>"}
+_UNION_NAMES = {
+    "string": "string",
+    "number": "number",
+    "integer": "number",
+    "boolean": "boolean",
+    "null": "null",
+    "object": "{}",
+    "array": "Array<any>",
+}
 
 
 def _kind(schema: dict[str, Any] | bool) -> str:

@@ -29,7 +29,15 @@ class Req:
 class ScheduleBatch:
     """A batch of requests prepared for one extend (prefill) pass on the CPU."""
 
-    def __init__(self, reqs: list[Req], req_to_token_pool: Any, token_to_kv_pool_allocator: Any, tree_cache: Any, model_config: Any, spec_algorithm: Any) -> None:
+    def __init__(
+        self,
+        reqs: list[Req],
+        req_to_token_pool: Any,
+        token_to_kv_pool_allocator: Any,
+        tree_cache: Any,
+        model_config: Any,
+        spec_algorithm: Any,
+    ) -> None:
         self.reqs = reqs
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
@@ -62,7 +70,9 @@ class ScheduleBatch:
 
         for req in self.reqs:
             if req.fill_len - len(req.prefix_indices) != req.extend_input_len:
-                raise AssertionError(f"request {req.rid}: fill_len {req.fill_len} != prefix {len(req.prefix_indices)} + extend {req.extend_input_len}")
+                raise AssertionError(
+                    f"request {req.rid}: fill_len {req.fill_len} != prefix {len(req.prefix_indices)} + extend {req.extend_input_len}"
+                )
         self.req_to_token_pool.alloc(len(self.reqs))
         self.token_to_kv_pool_allocator.alloc(sum(req.extend_input_len for req in self.reqs))
         self.prefix_lens = [len(req.prefix_indices) for req in self.reqs]

@@ -23,7 +23,11 @@ def _model(model_config: Any) -> Any:
     from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
     from sglang.srt.models.llama import LlamaForCausalLM
 
-    classes = {"LlamaForCausalLM": LlamaForCausalLM, "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM, "KimiK25ForConditionalGeneration": KimiK25ForConditionalGeneration}
+    classes = {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+        "KimiK25ForConditionalGeneration": KimiK25ForConditionalGeneration,
+    }
     [architecture] = model_config.hf_config.architectures
     if architecture not in classes:
         raise ValueError(f"stand-in: no model class for {architecture} (it has {sorted(classes)})")
@@ -51,9 +55,13 @@ class ModelRunner:
         import torch.distributed as dist
 
         if not dist.is_initialized() or dist.get_world_size() != tp_size or dist.get_rank() != tp_rank:
-            raise RuntimeError(f"stand-in ModelRunner: torch.distributed must be joined by {tp_size} ranks (this is rank {tp_rank})")
+            raise RuntimeError(
+                f"stand-in ModelRunner: torch.distributed must be joined by {tp_size} ranks (this is rank {tp_rank})"
+            )
         if not server_args.disable_radix_cache or server_args.chunked_prefill_size != -1:
-            raise RuntimeError("stand-in ModelRunner: the radix cache and chunked prefill split a prompt's rows; turn both off")
+            raise RuntimeError(
+                "stand-in ModelRunner: the radix cache and chunked prefill split a prompt's rows; turn both off"
+            )
         self.model_config = model_config
         self.server_args = server_args
         self.mem_fraction_static = mem_fraction_static

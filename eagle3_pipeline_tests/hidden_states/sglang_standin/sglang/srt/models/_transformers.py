@@ -18,7 +18,9 @@ def _entering(caught: dict[int, Any], index: int) -> Any:
     return hook
 
 
-def run_requests(stack: Any, layers_to_capture: list[int], input_ids: Any, positions: Any, forward_batch: Any) -> tuple[Any, list[Any]]:
+def run_requests(
+    stack: Any, layers_to_capture: list[int], input_ids: Any, positions: Any, forward_batch: Any
+) -> tuple[Any, list[Any]]:
     """The final norm's output [N, H] and, per captured layer, its input [N, H]; N = the packed tokens."""
     finals: list[Any] = []
     captured: list[list[Any]] = [[] for _ in layers_to_capture]
@@ -26,9 +28,16 @@ def run_requests(stack: Any, layers_to_capture: list[int], input_ids: Any, posit
     for length in forward_batch.extend_seq_lens:
         ids = input_ids[start : start + length].unsqueeze(0)
         caught: dict[int, Any] = {}
-        handles = [stack.layers[k].register_forward_pre_hook(_entering(caught, k), with_kwargs=True) for k in layers_to_capture]
+        handles = [
+            stack.layers[k].register_forward_pre_hook(_entering(caught, k), with_kwargs=True) for k in layers_to_capture
+        ]
         try:
-            out = stack(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions[start : start + length].unsqueeze(0), use_cache=False)
+            out = stack(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                position_ids=positions[start : start + length].unsqueeze(0),
+                use_cache=False,
+            )
         finally:
             for handle in handles:
                 handle.remove()
@@ -58,4 +67,6 @@ class CausalLM(torch.nn.Module):
 
     def forward(self, input_ids: Any, positions: Any, forward_batch: Any) -> Any:
         hidden, aux = self.model(input_ids, positions, forward_batch)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux if self.capture_aux_hidden_states else None)
+        return self.logits_processor(
+            input_ids, hidden, self.lm_head, forward_batch, aux if self.capture_aux_hidden_states else None
+        )
