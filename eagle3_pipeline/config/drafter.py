@@ -1,0 +1,275 @@
+"""`drafter:`, `drafter_eval:` and `drafter_benchmark:` training the EAGLE-3 drafter and measuring its τ."""
+
+from __future__ import annotations
+
+import string
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from eagle3_pipeline.config.base import ConfigModel
+
+
+class DrafterModelConfig(ConfigModel):
+    """Draft model dimensions and RoPE; each left out takes its default: the target's value, except the
+    attention/MLP shape for an MLA target (Kimi, DeepSeek-V3), which follows the published DeepSeek-V3
+    drafter (`eagle3_pipeline.drafter.train.drafter_config`)."""
+
+    hidden_size: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Draft hidden size; default the target's."
+    )
+    intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size."
+    )
+    num_attention_heads: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
+    )
+    num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
+    )
+    head_dim: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Per-head size; default the target's, for an MLA target 128."
+    )
+    rope_theta: Annotated[float, Field(gt=0)] | None = Field(None, description="RoPE base; default the target's.")
+    rope_scaling: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "RoPE scaling in the Hugging Face form (rope_type default, linear, llama3 or yarn and its keys); "
+            "left out: the target's; null: no scaling. YaRN is written so SGLang and vLLM serve it as trained "
+            "(attention factor 0.1·ln(factor) + 1; mscale other than 1 and attn_factor/attention_factor are refused)."
+        ),
+    )
+    max_position_embeddings: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Context the drafter's config.json declares; default the target's, never less."
+    )
+
+    @field_validator("rope_scaling", mode="before")
+    @classmethod
+    def _null_means_no_scaling(cls, value: Any) -> Any:
+        # An explicit null must survive `model_dump(exclude_none=True)` (the train spec): it becomes the
+        # scaling that means none, where a left-out key stays unset and takes the target's.
+        return {"rope_type": "default"} if value is None else value
+
+
+class DrafterConfig(ConfigModel):
+    """Training of the EAGLE-3 drafter (the `eagle3_drafter` asset)."""
+
+    model: DrafterModelConfig = Field(
+        default=DrafterModelConfig(), description="The draft model's dimensions and RoPE (see its fields)."
+    )
+    ttt_steps: Annotated[int, Field(gt=0, le=16)] = Field(
+        default=7,
+        description=(
+            "Training-time-test steps unrolled per batch (soft labels over the draft vocabulary, weights 0.8^j)."
+        ),
+    )
+    lr: Annotated[float, Field(gt=0)] = Field(
+        1e-4,
+        description=(
+            "Peak AdamW learning rate (linear warmup, then cosine). 1e-4: SpecForge's EAGLE-3 recipes for "
+            "Llama-3.1-8B, "
+            "Llama-3.3-70B and Kimi-K2 (sgl-project/SpecForge examples/configs/llama3.1-8b-eagle3-online.yaml @ "
+            "1d62d19, "
+            "llama3.3-70b-eagle3-online.yaml @ 2a17d42, examples/run_kimi_k2_eagle3_online.sh @ 03ebe2c: batch 1 per "
+            "GPU on 8 "
+            "GPUs at max_length 2048-4096, about this pipeline's batch_tokens a step); its DeepSeek-V3 recipe takes "
+            "5e-5 "
+            "(examples/configs/deepseek-v3-671b-eagle3-online.yaml @ ae91f5b), as does EAGLE's own EAGLE-3 training "
+            "(SafeAILab/EAGLE eagle/traineagle3/ds_config.json @ 9666a81: WarmupDecayLR to 5e-5)."
+        ),
+    )
+    weight_decay: Annotated[float, Field(ge=0)] = Field(default=0.0, description="AdamW weight decay.")
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.02, description="Share of the total steps spent in the linear learning-rate warmup."
+    )
+    epochs: Annotated[int, Field(gt=0)] = Field(
+        10,
+        description=(
+            "Passes over the train split. 10: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, Llama-3.3-70B, "
+            "DeepSeek-V3 671B "
+            "and Kimi-K2 all train num_epochs 10 (the files named under lr); EAGLE's own EAGLE-3 training runs 40 "
+            "(SafeAILab/EAGLE eagle/traineagle3/main.py @ 82bd2df, num_epochs). A small CPU profile sets its own "
+            "(profiles/local.yaml)."
+        ),
+    )
+    max_steps: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="Stop after this many optimizer steps; default: as many as the epochs take."
+    )
+    batch_tokens: Annotated[int, Field(gt=0)] = Field(default=16384, description="Padded tokens per batch.")
+    max_seq_len: Annotated[int, Field(gt=2)] | None = Field(
+        default=None, description="Longest training sequence in tokens; default: target.max_seq_len."
+    )
+    grad_clip: Annotated[float, Field(gt=0)] = Field(default=0.5, description="Gradient norm clipping threshold.")
+    checkpoint_every: Annotated[int, Field(gt=0)] = Field(
+        default=500,
+        description=(
+            "Steps between complete checkpoints (a killed run resumes from the last); each also evaluates on the "
+            "eval split and adds a point to the tau_curve."
+        ),
+    )
+    keep_checkpoints: Annotated[int, Field(gt=0)] = Field(
+        default=2, description="Complete checkpoints kept; older ones are deleted."
+    )
+    eval_samples: Annotated[int, Field(ge=0)] = Field(
+        default=256,
+        description="Eval rows each checkpoint evaluates at most (taken from the eval datasets in turn).",
+    )
+    log_every: Annotated[int, Field(gt=0)] = Field(
+        default=10, description="Steps between loss and accuracy log lines and observations."
+    )
+    seed: int | None = Field(default=None, description="The training seed; default: the pipeline seed.")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        default="auto", description="Training precision; auto: bf16 autocast on CUDA, fp32 on the CPU."
+    )
+    export_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="The dtype of the exported model.safetensors."
+    )
+    target_weights: str | None = Field(
+        default=None,
+        description=(
+            "The target model folder (config.json + safetensors) on the machine where training runs; default: "
+            "the embedded model."
+        ),
+    )
+    embedding_key: str | None = Field(
+        default=None,
+        description=(
+            "The checkpoint name of the target's input embedding; default: found under the prefix the "
+            "checkpoint's index shows (model.embed_tokens.weight, or language_model.… for Kimi-K2.5)."
+        ),
+    )
+    lm_head_key: str | None = Field(
+        default=None,
+        description=(
+            "The checkpoint name of the target's lm_head; default: found under the same prefix, falling back to "
+            "the embedding when the target ties them."
+        ),
+    )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description=(
+            "Recompute each training-time-test step's decoder layer (norms, q/k/v, attention, MLP) in the backward "
+            "pass "
+            "instead of keeping its activations: about a third more compute for the layer, and per token and step only "
+            "its hidden state, keys and values (and the logits at counted positions) stay in memory. For long "
+            "sequences "
+            "or a wide drafter (the MLP's activations dominate otherwise). Results are the same; a run may resume "
+            "with it switched."
+        ),
+    )
+    nproc_per_node: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+        default="auto",
+        description=(
+            "Training processes (torchrun, DistributedDataParallel) where training runs; auto: one per GPU that "
+            "machine reports (torch's CUDA devices locally, nvidia-smi on the compute host), 1 with none."
+        ),
+    )
+
+
+class DrafterEvalConfig(ConfigModel):
+    """τ on the eval split (`drafter_eval`) and its blocking check `tau_regression`."""
+
+    steps: Annotated[list[Annotated[int, Field(ge=1, le=16)]], Field(min_length=1)] = Field(
+        default=[3, 5, 7], description="The draft depths K τ is measured at."
+    )
+    min_tau: Annotated[float, Field(ge=1)] = Field(
+        default=1.0,
+        description="tau_regression fails when any τ (every dataset, every K) is below this floor, e.g. 2.4 for chat.",
+    )
+    max_tau_drop: Annotated[float, Field(ge=0)] = Field(
+        default=0.1,
+        description="tau_regression also fails when a τ is more than this below the previous materialization's.",
+    )
+    draft_cost_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=round(1 / 61, 4),
+        description=(
+            "c in the speedup estimate τ / (1 + K·c): a draft forward over a target forward (1/61: one draft layer "
+            "against a 61-layer target)."
+        ),
+    )
+    max_samples_per_dataset: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description="Eval samples per dataset at most (the held-out ones are evaluated besides); default: all.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where the evaluation runs; auto: CUDA when torch sees a GPU, else the CPU."
+    )
+    min_data_agreement: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.9,
+        description=(
+            "A dataset whose stored next tokens are the target's argmax at fewer than this share of the eval positions "
+            "gets a warning (materialization metadata, run log, the CLI's table): its responses are not the target's "
+            "greedy output (temperature > 0, imported samples, re-tokenised text), so τ against them is not the "
+            "server's τ."
+        ),
+    )
+
+
+BENCHMARK_PLACEHOLDERS = frozenset(
+    {"target", "drafter", "port", "tp", "steps", "draft_tokens", "speculative", "speculative_config"}
+)
+
+
+class DrafterBenchmarkConfig(ConfigModel):
+    """The online benchmark on the GPU host of `health.host`: the target served without and with the
+    drafter by `launch_command` (`{speculative}` is empty for the baseline, `speculative_args` for the
+    drafter); None for the server's default command line."""
+
+    server: Literal["sglang", "vllm"] = Field(default="sglang", description="The serving stack benchmarked.")
+    target_model_path: Annotated[str, Field(min_length=1)] = Field(
+        description="The target's folder on the GPU host ({target} in the launch command)."
+    )
+    draft_model_path: Annotated[str, Field(min_length=1)] = Field(
+        description="The exported drafter's folder on the GPU host ({drafter})."
+    )
+    port: Annotated[int, Field(gt=0, le=65535)] = Field(default=30100, description="The port the server is started on.")
+    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        default=None, description="Where the server is reached; default: http://<health.host.hostname>:<port>."
+    )
+    tp_size: Annotated[int, Field(gt=0)] = Field(default=1, description="Tensor-parallel ranks of the server ({tp}).")
+    steps: Annotated[int, Field(ge=1, le=16)] = Field(
+        default=3,
+        description=(
+            "The draft depth K (SGLang: --speculative-num-steps K, --speculative-num-draft-tokens K+1, top-k 1)."
+        ),
+    )
+    launch_command: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "The server's command line, a template with {target}, {drafter}, {port}, {tp}, {steps}, {draft_tokens}, "
+            "{speculative} and {speculative_config}; default: the server's own."
+        ),
+    )
+    speculative_args: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "What {speculative} becomes for the drafter's run (the same placeholders); default: the server's own."
+        ),
+    )
+    process_pattern: str = Field(
+        default="", description="The health gate's server_process pattern; empty: the server's default."
+    )
+    log_dir: Annotated[str, Field(pattern=r"^/")] = Field(
+        default="/tmp/eagle3_benchmark", description="Absolute folder on the GPU host for the servers' logs."
+    )
+    prompts: Annotated[int, Field(gt=0)] = Field(
+        default=32, description="Eval prompts sent (token ids from the eval shards)."
+    )
+    max_tokens: Annotated[int, Field(gt=0)] = Field(default=256, description="Tokens generated per prompt, greedy.")
+    concurrency: Annotated[int, Field(gt=0)] = Field(default=1, description="Requests in flight at once.")
+    startup_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=1800.0, description="Seconds each server may take to answer."
+    )
+    request_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=600.0, description="Timeout of each request in seconds."
+    )
+
+    @field_validator("launch_command", "speculative_args")
+    @classmethod
+    def _known_placeholders(cls, template: str | None) -> str | None:
+        if template is not None:
+            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+            unknown = fields - BENCHMARK_PLACEHOLDERS
+            if unknown:
+                raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(BENCHMARK_PLACEHOLDERS)}")
+        return template

@@ -1,0 +1,317 @@
+"""`training_data:`, `draft_vocab:` and `hidden_states:` the rows, the draft vocabulary and the target's states."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from eagle3_pipeline.config.base import ConfigModel
+
+
+class TrainingDataConfig(ConfigModel):
+    """How responses become training shards (see eagle3_pipeline.dataprep).
+
+    ``reasoning``: see its field description. ``max_template_mismatch_rate``: the share
+    of conversations whose generated turns the template cannot render faithfully (the blocking check
+    ``training_data:template_mismatch_rate`` fails above it). ``buffer_rows``: conversations tokenized
+    per batch and held per sort bucket, which bounds memory whatever the number of rows."""
+
+    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.05,
+        description="The eval share, by a hash of the id (independent of the prompt sample's).",
+    )
+    shard_rows: Annotated[int, Field(gt=0)] = Field(default=10_000, description="Rows per shard.")
+    reasoning: Literal["emit", "render", "drop"] = Field(
+        default="emit",
+        description=(
+            "emit: the response is the prompt as the server rendered it for generation followed by what the target "
+            "emitted (its reasoning in its own thinking markup, content, tool calls, end of turn), masked; render: the "
+            "template's history render of the turn (Kimi-K2.5's blanks the reasoning); drop: reasoning left out."
+        ),
+    )
+    max_template_mismatch_rate: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.01,
+        description=(
+            "The share of conversations whose generated turns the template cannot render faithfully (they are left "
+            "out and counted); the blocking check training_data:template_mismatch_rate fails above it."
+        ),
+    )
+    tokenizer_check_samples: Annotated[int, Field(ge=0)] = Field(
+        default=8,
+        description=(
+            "Before the rows are built, this many rendered conversations are tokenized locally and by the first "
+            "serving endpoint with a tokenize route (SGLang and vLLM: POST /tokenize); a disagreement fails the phase "
+            "with the first differing token. No endpoint to ask: recorded as not checked. 0: off."
+        ),
+    )
+    buffer_rows: Annotated[int, Field(gt=0)] = Field(
+        default=4096,
+        description=(
+            "Conversations tokenized per batch and held per sort bucket: memory is bounded by this and shard_rows, "
+            "whatever the number of rows."
+        ),
+    )
+    held_out_per_dataset: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description=(
+            "Per dataset, this many samples (the smallest sha256('held_out:{seed}:{id}'), at most half the dataset's "
+            "rows) are "
+            "forced into the eval split, never trained on, and recorded in training_data's manifest.json (held_out); "
+            "drafter_eval reports τ on them apart. The same ids every run for the same prompts and seed. 0: none."
+        ),
+    )
+
+
+class DraftVocabConfig(ConfigModel):
+    """`draft_vocab:` the target ids the drafter predicts, chosen by masked-token frequency."""
+
+    size: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "Target ids the drafter predicts (the most frequent loss-masked ones of the train split); default: a "
+            "quarter of the target vocabulary, at least 1024 (draft_vocab.default_draft_vocab_size)."
+        ),
+    )
+    target_vocab_size: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "Rows of the target's lm_head; default: training_data's vocab_size (the tokenizer's length). Set it "
+            "when the target pads its embedding matrix beyond the tokenizer."
+        ),
+    )
+    min_coverage: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.9,
+        description="The blocking check draft_vocab:coverage fails below this share of masked train tokens covered.",
+    )
+
+
+class ServingValidationConfig(ConfigModel):
+    """`hidden_states.validation:` the states checked against the serving target before a large extraction."""
+
+    samples: Annotated[int, Field(ge=0)] = Field(
+        default=8,
+        description=(
+            "How many training_data samples (the ones with the smallest SHA-256 of their id) the serving server is "
+            "asked "
+            "about while it is up (training_data time, or the hidden_states preflight): per position its greedy next "
+            "token "
+            "and, where it gives logprobs, the top-2 margin; plus its own tokenization of the sample's text. The "
+            "extract "
+            "phase computes the same samples through its state source first and compares argmax(lm_head(teacher)) with "
+            "the server's token before the large extraction starts. 0: off (the serving_agreement check then reports "
+            "'not validated')."
+        ),
+    )
+    min_agreement: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.9,
+        description=(
+            "Share of the compared positions (near-ties left out) where argmax(lm_head(teacher)) must equal the "
+            "server's "
+            "greedy token; below it the extract phase refuses to start and names the samples and positions."
+        ),
+    )
+    near_tie_logprob_margin: Annotated[float, Field(ge=0)] = Field(
+        default=0.2,
+        description=(
+            "A position whose server top-1 and top-2 logprobs differ by less than this (nats) is a near-tie: numerics "
+            "(bf16 states, the server's kernels and quantization) may flip it, so it is reported apart and not "
+            "counted in "
+            "the agreement. Unknown where the server gives no logprobs (the embedded server)."
+        ),
+    )
+    max_positions: Annotated[int, Field(gt=0)] = Field(
+        default=256,
+        description=(
+            "Positions compared per sample (the first ones) where the server answers every position in one request "
+            "(SGLang, vLLM)."
+        ),
+    )
+    text_positions: Annotated[int, Field(gt=0)] = Field(
+        default=16,
+        description=(
+            "Positions compared per sample against a server that only completes text (the embedded transformers "
+            "serve): one greedy 1-token completion of the decoded prefix each, so fewer."
+        ),
+    )
+    timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=120.0, description="Timeout of each request to the serving server."
+    )
+
+
+class HiddenStatesConfig(ConfigModel):
+    """`hidden_states:` how the target's states are extracted (the `extract` phase's settings)."""
+
+    model: str | None = Field(
+        default=None,
+        description=(
+            "The target's weights as transformers loads them (a folder or a Hugging Face id, on the machine where "
+            "extraction runs). Default: the embedded model, or target.tokenizer for endpoints."
+        ),
+    )
+    aux_layer_ids: list[int] | None = Field(
+        default=None,
+        description=(
+            "Three increasing output-of-layer ids of the aux layers (id i: the output of layer i); default "
+            "[1, N/2-1, N-4] for an N-layer target, the layers SGLang and vLLM capture by default as [2, N/2, N-3]."
+        ),
+    )
+    shard_tokens: Annotated[int, Field(gt=0)] = Field(
+        default=32768,
+        description="Tokens per store shard (never spanning two training_data shards); memory: this × bytes per token.",
+    )
+    batch_tokens: Annotated[int, Field(gt=0)] = Field(
+        default=8192, description="Padded tokens per forward pass (right-padded batches of length-sorted samples)."
+    )
+    max_batch_size: Annotated[int, Field(gt=0)] = Field(default=32, description="Rows per forward pass.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="auto: CUDA (device_map auto) when torch sees a GPU, else the CPU."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="The compute dtype; auto: bfloat16 on CUDA, float32 on the CPU."
+    )
+    disk_margin: Annotated[float, Field(gt=0)] = Field(
+        default=1.2, description="Refuse to start when free disk < estimated bytes still to write × disk_margin."
+    )
+    overwrite: bool = Field(
+        default=False, description="Replace a store made under other settings instead of refusing it."
+    )
+    spot_check_samples: Annotated[int, Field(ge=0)] = Field(
+        default=4,
+        description=(
+            "Stored samples (the ids with the smallest SHA-256) re-computed alone after extraction and compared "
+            "(the blocking check hidden_states:spot_check)."
+        ),
+    )
+    spot_check_tolerance: Annotated[float, Field(gt=0)] = Field(
+        default=0.01,
+        description="Largest relative L2 error (per sample and tensor, bf16) between stored and re-computed states.",
+    )
+    storage_dtype: Literal["bfloat16", "float8_e4m3"] = Field(
+        default="bfloat16",
+        description=(
+            "How the store holds the aux layers and the teacher. bfloat16: 2 bytes per value ((3+1)·H·2 + 5 bytes per "
+            "token; "
+            "Kimi-K2.5: 57,349). float8_e4m3: 1 byte per value plus a float32 scale per token and layer ((3+1)·(H+4) "
+            "+ 5; "
+            "Kimi-K2.5: 28,693), about half the disk; every reader dequantizes to bf16 "
+            "(eagle3_pipeline.hidden_states.store). "
+            "Part of the store's identity: a store of the other dtype is refused (or replaced with overwrite), never "
+            "reused. "
+            "The spot check compares the stored states with the re-computed ones rounded the same way."
+        ),
+    )
+    backend: Literal["transformers", "sglang", "vllm"] = Field(
+        default="transformers",
+        description=(
+            "What computes the states. transformers: the target in this process (or in the worker on the GPU host) "
+            "with "
+            "transformers, device_map across the visible GPUs. sglang: SGLang's own model runner in process, with "
+            "tensor "
+            "parallelism (tp_size ranks under torchrun, started with sglang_python), fed our input_ids, aux layers "
+            "captured "
+            "through SGLang's EAGLE-3 switch (set_eagle3_layers_to_capture): for a target only SGLang can hold "
+            "(Kimi-K2.5 "
+            "INT4 at tp 8). The worker is written against sglang 0.5.14 (eagle3_pipeline.hidden_states.sglang_capture) "
+            "and refuses another version. Stop the inference server first: the phase needs the GPUs it holds. vllm: a "
+            "vLLM "
+            "server already started with the extract_hidden_states speculative method and its "
+            "ExampleHiddenStatesConnector "
+            "(vllm_base_url, vllm_output_dir; eagle3_pipeline.hidden_states.vllm_capture); the phase sends it our "
+            "input_ids."
+        ),
+    )
+    vllm_base_url: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "backend vllm: the OpenAI-compatible base URL (…/v1) of a vLLM server already started with "
+            "--speculative-config method extract_hidden_states (the aux layers' ids + 1 and num_hidden_layers), the "
+            "ExampleHiddenStatesConnector as --kv-transfer-config and --no-enable-chunked-prefill, as reachable from "
+            "where "
+            "extraction runs. Required with backend vllm."
+        ),
+    )
+    vllm_output_dir: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "backend vllm: the folder the connector writes to (its shared_storage_path), as seen on the machine where "
+            "extraction runs; each request's file is read there and deleted once read. Required with backend vllm."
+        ),
+    )
+    sglang_python: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "backend sglang: the python of the SGLang venv where extraction runs (the GPU host for compute "
+            "ssh/command, "
+            "this machine for compute local), with sglang==0.5.14 and this package installed (e.g. "
+            "/opt/sglang/.venv/bin/python). "
+            "Required with backend sglang."
+        ),
+    )
+    tp_size: Annotated[int, Field(ge=1)] = Field(
+        default=8,
+        description=(
+            "backend sglang: tensor-parallel ranks (GPUs, one torchrun process each); 8 as the target is served "
+            "(Kimi-K2.5: --tp-size 8). With compute ssh/command that many GPUs must be free on the host."
+        ),
+    )
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.75,
+        description=(
+            "backend sglang: share of each GPU's memory for weights and the KV pool (SGLang's --mem-fraction-static); "
+            "0.75 as SpecForge's DeepSeek-V3 hidden-state recipe. The KV pool bounds batch_tokens."
+        ),
+    )
+    rolling_window_shards: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "Rolling mode, for a store larger than the disk (null: off, the whole store is extracted once). With N, "
+            "hidden_states extracts only the eval shards (drafter_eval reads them) and records the train shards' "
+            "layout; "
+            "eagle3_drafter then, per epoch and per window of N train shards (shard_tokens each): extracts the window, "
+            "trains on its rows, checkpoints, records the window done (<drafter run>/rolling.json) and deletes it. "
+            "Disk "
+            "peak: the eval shards + one window. Each epoch re-extracts every train token: extraction time × "
+            "drafter.epochs "
+            "and one target load per window: pick the largest N the disk holds (benchmarks/rolling_tradeoff.py prints "
+            "the figures). "
+            "compute.kind command is not supported."
+        ),
+    )
+    validation: ServingValidationConfig = Field(
+        default_factory=ServingValidationConfig,
+        description="The check of the states against the serving target before a large extraction (see its fields).",
+    )
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _three_increasing_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and (len(ids) != 3 or ids != sorted(set(ids)) or ids[0] < 0):
+            raise ValueError(f"expected 3 increasing non-negative layer ids, got {ids}")
+        return ids
+
+    @model_validator(mode="after")
+    def _vllm_settings(self) -> HiddenStatesConfig:
+        if self.backend == "vllm" and (self.vllm_base_url is None or self.vllm_output_dir is None):
+            raise ValueError(
+                "backend 'vllm' needs hidden_states.vllm_base_url (the …/v1 URL of a vLLM server started with "
+                "extract_hidden_states) and hidden_states.vllm_output_dir (its connector's shared_storage_path, as "
+                "seen here)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sglang_settings(self) -> HiddenStatesConfig:
+        if self.backend != "sglang":
+            return self
+        if self.sglang_python is None:
+            raise ValueError(
+                "backend 'sglang' needs hidden_states.sglang_python: the python of the venv with sglang==0.5.14 and "
+                "this "
+                "package, on the machine where extraction runs"
+            )
+        if self.device == "cpu":
+            raise ValueError(
+                "device 'cpu' is for backend 'transformers'; backend 'sglang' runs on the GPUs (device: auto or cuda)"
+            )
+        return self

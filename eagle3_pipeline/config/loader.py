@@ -1,0 +1,138 @@
+"""A pipeline file (YAML) → a validated :class:`PipelineConfig`.
+
+Every problem with a pipeline file is reported as one :class:`ConfigError` that names the file,
+the field path, the bad value and what was expected. Secrets are never echoed: a field that names
+an environment variable holding an API key is reported by the variable's *name* only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from eagle3_pipeline.config.base import ConfigError
+from eagle3_pipeline.config.pipeline import PipelineConfig, check_runtime
+
+CONFIG_ENV_VAR = "EAGLE3_CONFIG"
+ARTIFACTS_ENV_VAR = "EAGLE3_ARTIFACTS_ROOT"
+LOCAL_PROFILE = "local"
+
+
+def local_profile_path() -> Path:
+    return Path(str(resources.files("eagle3_pipeline") / "profiles" / f"{LOCAL_PROFILE}.yaml"))
+
+
+def default_config_path() -> Path:
+    """The pipeline file in force: ``$EAGLE3_CONFIG`` if set, else the shipped local profile."""
+    env = os.environ.get(CONFIG_ENV_VAR)
+    return Path(env) if env else local_profile_path()
+
+
+def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
+    """`('datasets', 1, 'token_budget')` → `datasets[1].token_budget` (with the dataset id)."""
+    parts: list[str] = []
+    node = raw
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if isinstance(node, list) and item < len(node):
+                node = node[item]
+                named = next(
+                    (key for key in ("id", "name") if isinstance(node, dict) and isinstance(node.get(key), str)), None
+                )
+                if named is not None:
+                    label = f"[{item}] ({named} {node[named]!r})"
+            parts.append(label)
+        else:
+            parts.append(f".{item}" if parts else str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "<top level>"
+
+
+def _describe(error: dict[str, Any], raw: Any) -> str:
+    where = _field_path(tuple(error["loc"]), raw)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key (check the spelling; allowed keys are documented in README)"
+    if kind == "missing":
+        return f"{where}: required field is missing"
+    shown = error.get("input")
+    value = "" if isinstance(shown, (dict, list)) else f" (got {shown!r})"
+    return f"{where}: {error['msg']}{value}"
+
+
+def _resolve(path_text: str, base: Path) -> Path:
+    path = Path(os.path.expanduser(path_text))
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def load_config(path: str | os.PathLike[str] | None = None, runtime_checks: bool = True) -> PipelineConfig:
+    """Read and validate a pipeline file; relative paths resolve against the file's folder.
+
+    ``runtime_checks=False`` (the code location) validates only the file itself: source files and
+    API-key variables are checked when a run needs them, with the same errors, so the webserver and
+    daemon load the definitions in any environment.
+
+    ``artifacts_root`` may be omitted: then it is ``<name>`` under ``$EAGLE3_ARTIFACTS_ROOT`` or
+    under ``./artifacts`` in the current working directory, so the shipped profile never writes
+    inside the package and two pipelines never share files.
+    """
+    file = Path(path) if path is not None else default_config_path()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: pipeline file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: cannot read pipeline file ({exc.__class__.__name__}: {exc})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{file}: invalid YAML{where}: {problem}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a mapping at the top level, got {type(raw).__name__}")
+    if "source_file" in raw:
+        raise ConfigError(f"{file}: source_file: unknown key (it is set by the loader)")
+
+    base = file.resolve().parent
+    data = dict(raw)
+    if data.get("artifacts_root") is None:
+        parent = Path(os.environ.get(ARTIFACTS_ENV_VAR) or Path.cwd() / "artifacts")
+        name = data.get("name")
+        data["artifacts_root"] = str(parent / name if isinstance(name, str) else parent)
+    if isinstance(data.get("artifacts_root"), str):
+        data["artifacts_root"] = str(_resolve(data["artifacts_root"], base))
+    datasets = data.get("datasets")
+    if isinstance(datasets, list):
+        data["datasets"] = [_with_resolved_source(item, base) for item in datasets]
+    target = data.get("target")
+    if isinstance(target, dict) and isinstance(target.get("tokenizer"), str):
+        tok = target["tokenizer"]
+        if tok.startswith((".", "/", "~")):
+            data["target"] = {**target, "tokenizer": str(_resolve(tok, base))}
+    data["source_file"] = file.resolve()
+
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(err, raw) for err in exc.errors()]
+        raise ConfigError(f"{file}: " + "; ".join(lines)) from None
+    if runtime_checks:
+        check_runtime(config)
+    return config
+
+
+def _with_resolved_source(item: Any, base: Path) -> Any:
+    if isinstance(item, dict) and isinstance(item.get("source"), str):
+        source = item["source"]
+        if source and not source.startswith("hf:") and not re.match(r"^[a-z]+://", source):
+            return {**item, "source": str(_resolve(source, base))}
+    return item
