@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 import eagle3_pipeline.config as config_package
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import GenerationConfig, PipelineConfig
 from eagle3_pipeline.config.reference import NOT_SETTINGS, REGENERATE, render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def _config_models() -> list[type[BaseModel]]:
         for info in model.model_fields.values():
             for inner in re.findall(r"\b(\w+Config)\b", repr(info.annotation)):
                 candidate = getattr(config_package, inner, None)
-                if inspect.isclass(candidate) and candidate.__qualname__ not in found:
+                if inspect.isclass(candidate) and issubclass(candidate, BaseModel) and inner not in found:
                     pending.append(candidate)
     return list(found.values())
 
@@ -71,7 +71,7 @@ def test_the_reference_lists_every_setting_with_its_default_and_description() ->
                 continue
             assert re.search(rf"^\| `[^`]*\b{name}` \|", text, re.MULTILINE), f"no row for {name!r}"
     row = next(line for line in text.splitlines() if line.startswith("| `generation.max_tokens` |"))
-    description = PipelineConfig.model_fields["generation"].annotation.model_fields["max_tokens"].description
+    description = GenerationConfig.model_fields["max_tokens"].description
     assert row.split(" | ")[2:] == ["`256`", f"{description} |"]
     hosts = next(line for line in text.splitlines() if line.startswith("| `inference.hosts[].health` |"))
     assert "section `health`" in hosts, "a section met twice should point to where it is documented"

@@ -16,23 +16,26 @@ class DrafterModelConfig(ConfigModel):
     drafter (`eagle3_pipeline.drafter.train.drafter_config`)."""
 
     hidden_size: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Draft hidden size; default the target's."
+        default=None, description="Draft hidden size; default the target's."
     )
     intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size."
+        default=None,
+        description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size.",
     )
     num_attention_heads: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
+        default=None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
     )
     num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
+        default=None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
     )
     head_dim: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Per-head size; default the target's, for an MLA target 128."
+        default=None, description="Per-head size; default the target's, for an MLA target 128."
     )
-    rope_theta: Annotated[float, Field(gt=0)] | None = Field(None, description="RoPE base; default the target's.")
+    rope_theta: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="RoPE base; default the target's."
+    )
     rope_scaling: dict[str, Any] | None = Field(
-        None,
+        default=None,
         description=(
             "RoPE scaling in the Hugging Face form (rope_type default, linear, llama3 or yarn and its keys); "
             "left out: the target's; null: no scaling. YaRN is written so SGLang and vLLM serve it as trained "
@@ -40,7 +43,7 @@ class DrafterModelConfig(ConfigModel):
         ),
     )
     max_position_embeddings: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Context the drafter's config.json declares; default the target's, never less."
+        default=None, description="Context the drafter's config.json declares; default the target's, never less."
     )
 
     @field_validator("rope_scaling", mode="before")
@@ -64,7 +67,7 @@ class DrafterConfig(ConfigModel):
         ),
     )
     lr: Annotated[float, Field(gt=0)] = Field(
-        1e-4,
+        default=1e-4,
         description=(
             "Peak AdamW learning rate (linear warmup, then cosine). 1e-4: SpecForge's EAGLE-3 recipes for "
             "Llama-3.1-8B, "
@@ -83,7 +86,7 @@ class DrafterConfig(ConfigModel):
         default=0.02, description="Share of the total steps spent in the linear learning-rate warmup."
     )
     epochs: Annotated[int, Field(gt=0)] = Field(
-        10,
+        default=10,
         description=(
             "Passes over the train split. 10: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, Llama-3.3-70B, "
             "DeepSeek-V3 671B "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
     return "".join(parts) or "<top level>"
 
 
-def _describe(error: dict[str, Any], raw: Any) -> str:
+def _describe(error: Mapping[str, Any], raw: Any) -> str:
     where = _field_path(tuple(error["loc"]), raw)
     kind = error["type"]
     if kind == "extra_forbidden":
