@@ -366,14 +366,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         monitor.close()
     try:
-        progress = dataset_progress(config)
+        progress = dataset_progress(config.artifacts_root, config.datasets)
     except CheckpointError as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(status_document(report, progress), indent=2))
     else:
-        print(render_status(report, progress, runs_in_flight(), extraction_status(config)))
+        print(render_status(report, progress, runs_in_flight(), extraction_status(config.artifacts_root)))
     return exit_code(report)
 
 

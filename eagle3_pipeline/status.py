@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import DatasetConfig
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.hidden_states.plan import ExtractionProgress, extraction_progress
@@ -36,11 +37,14 @@ class DatasetProgress:
         }
 
 
-def dataset_progress(config: PipelineConfig, now: float | None = None) -> list[DatasetProgress]:
-    layout = ArtifactLayout(config.artifacts_root)
+def dataset_progress(
+    artifacts_root: Path, datasets: Sequence[DatasetConfig], now: float | None = None
+) -> list[DatasetProgress]:
+    """Each dataset's prompts, answers, completion tokens and checkpoint age, read from its files."""
+    layout = ArtifactLayout(artifacts_root)
     now = time.time() if now is None else now
     rows = []
-    for ds in config.datasets:
+    for ds in datasets:
         prompts_path, checkpoint = layout.prompts(ds.id), layout.checkpoint(ds.id)
         prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else None
         records = ResponseCheckpoint(checkpoint).load().values()
@@ -81,9 +85,9 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
-def extraction_status(config: PipelineConfig) -> ExtractionProgress | None:
+def extraction_status(artifacts_root: Path) -> ExtractionProgress | None:
     """Hidden-state extraction into the local store (compute: local), None before it starts."""
-    return extraction_progress(ArtifactLayout(config.artifacts_root).hidden_states)
+    return extraction_progress(ArtifactLayout(artifacts_root).hidden_states)
 
 
 def render_status(
@@ -103,7 +107,8 @@ def render_status(
         prompts = "-" if p.prompts is None else str(p.prompts)
         budget = "-" if p.token_budget is None else str(p.token_budget)
         lines.append(
-            f"  {p.id:<16}{prompts:>9}{p.responses:>11}{p.completion_tokens:>10}{budget:>10}{_age(p.last_write_age_s):>12}"
+            f"  {p.id:<16}{prompts:>9}{p.responses:>11}{p.completion_tokens:>10}{budget:>10}"
+            f"{_age(p.last_write_age_s):>12}"
         )
     if extraction is not None:
         lines += ["", f"  {extraction.line()}, last shard written {_age(extraction.last_write_age_s)} ago"]

@@ -14,7 +14,7 @@ import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint, configured_fingerprint, partition_is_stale
-from eagle3_pipeline.generation.fingerprint import endpoint_identity
+from eagle3_pipeline.generation.fingerprint import GenerationFingerprint, endpoint_identity
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_generation_dagster import materialize
@@ -32,6 +32,14 @@ def pipeline(
         f"generation:\n{lines}datasets:\n  - {{id: B1, source: p.jsonl}}\n"
     )
     return load_config(folder / "pipeline.yaml")
+
+
+def fingerprint(config: PipelineConfig) -> GenerationFingerprint:
+    return configured_fingerprint(config.generation, config.target, config.inference)
+
+
+def stale(config: PipelineConfig, dataset_id: str) -> str | None:
+    return partition_is_stale(config.artifacts_root, fingerprint(config), dataset_id)
 
 
 def failure_text(result: dg.ExecuteInJobResult) -> str:
@@ -73,12 +81,12 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
     first_config = pipeline(tmp_path, fake_openai)
     first = materialize(first_config, instance)
     assert first.success
-    old_version = configured_fingerprint(first_config).digest
+    old_version = fingerprint(first_config).digest
     old_answers = (tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").read_text()
 
     before = generation_requests(fake_openai)
     second_config = pipeline(tmp_path, fake_openai, model="org/target-b", on_fingerprint_change="new_version")
-    assert partition_is_stale(second_config, "B1") == (
+    assert stale(second_config, "B1") == (
         "stale: generation settings changed: model: checkpoint 'org/target-a', configured 'org/target-b'"
     )
     second = materialize(second_config, instance)
@@ -96,7 +104,7 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
         r["model"] for r in ResponseCheckpoint(tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").load().values()
     }
     assert models == {"org/target-b"}
-    assert partition_is_stale(second_config, "B1") is None
+    assert stale(second_config, "B1") is None
 
     versions = [
         m.tags.get("dagster/code_version")
@@ -105,7 +113,7 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
             second.asset_materializations_for_node("responses")[0],
         )
     ]
-    assert versions == [old_version, configured_fingerprint(second_config).digest]
+    assert versions == [old_version, fingerprint(second_config).digest]
     first_data, second_data = (
         r.asset_materializations_for_node("responses")[0].tags["dagster/data_version"] for r in (first, second)
     )
@@ -118,14 +126,12 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
 
 def test_partition_is_stale_says_why(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     config = pipeline(tmp_path, fake_openai)
-    assert partition_is_stale(config, "B1") == "missing: no responses table yet"
+    assert stale(config, "B1") == "missing: no responses table yet"
     assert materialize(config, dg.DagsterInstance.ephemeral()).success
-    assert partition_is_stale(config, "B1") is None
-    assert "max_tokens: checkpoint 8, configured 9" in str(
-        partition_is_stale(pipeline(tmp_path, fake_openai, max_tokens=9), "B1")
-    )
+    assert stale(config, "B1") is None
+    assert "max_tokens: checkpoint 8, configured 9" in str(stale(pipeline(tmp_path, fake_openai, max_tokens=9), "B1"))
     (tmp_path / "out" / "responses" / "B1.fingerprint.json").unlink()
-    assert "written before fingerprints were recorded" in str(partition_is_stale(config, "B1"))
+    assert "written before fingerprints were recorded" in str(stale(config, "B1"))
 
 
 def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_recorded(tmp_path: Path) -> None:

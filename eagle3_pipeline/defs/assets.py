@@ -169,7 +169,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         required_resource_keys={"pipeline", "inference"},
         automation_condition=backfill,
         op_tags=step_tags(config, "responses"),
-        code_version=configured_fingerprint(config).digest,
+        code_version=configured_fingerprint(config.generation, config.target, config.inference).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
         "checkpointed at once; a rerun resumes by id with no duplicates. The code version is the digest of "
         "the generation fingerprint (model, max_tokens, temperature, reasoning, regenerate_turns); each "
@@ -204,9 +204,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
             result = generate_dataset(on_host, dataset.id, prompt_records, endpoints, sinks, tokenizer)
         except FingerprintMismatch as exc:
-            raise dg.Failure(
-                description=str(exc), metadata={"fingerprint": configured_fingerprint(config).fields()}
-            ) from None
+            fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
+            raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report, host))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None

@@ -56,7 +56,8 @@ def partitions_to_generate(instance: dg.DagsterInstance, config: PipelineConfig)
     """partition → why it needs a run (missing or stale), in the pipeline file's dataset order."""
     partitions = config.dataset_ids
     done = instance.get_materialized_partitions(RESPONSES)
-    stale = stale_partitions(instance, [p for p in partitions if p in done], configured_fingerprint(config).digest)
+    configured = configured_fingerprint(config.generation, config.target, config.inference)
+    stale = stale_partitions(instance, [p for p in partitions if p in done], configured.digest)
     wanted = {}
     for partition in partitions:
         if partition not in done:
@@ -64,7 +65,7 @@ def partitions_to_generate(instance: dg.DagsterInstance, config: PipelineConfig)
         elif partition in stale:
             wanted[partition] = f"stale: {stale[partition]}"
         else:
-            on_disk = partition_is_stale(config, partition)
+            on_disk = partition_is_stale(config.artifacts_root, configured, partition)
             if on_disk is not None:
                 wanted[partition] = on_disk
     return wanted

@@ -23,6 +23,8 @@ from eagle3_pipeline.generation.fingerprint import (
     DIGEST_CHARS,
     GenerationFingerprint,
     actual_digest,
+    configured_endpoints,
+    configured_fingerprint,
     read_fingerprint,
     settle_fingerprint,
 )
@@ -111,7 +113,14 @@ def generate_dataset(
     dataset = config.dataset(dataset_id)
     layout = ArtifactLayout(config.artifacts_root)
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
-    decision = settle_fingerprint(config, dataset.id, has_answers=bool(checkpoint.load()))
+    decision = settle_fingerprint(
+        layout,
+        configured_fingerprint(settings, config.target, config.inference),
+        configured_endpoints(config.inference),
+        settings.on_fingerprint_change,
+        dataset.id,
+        has_answers=bool(checkpoint.load()),
+    )
     lengths = check_lengths(
         prompts,
         config.target.max_seq_len,
@@ -136,7 +145,8 @@ def generate_dataset(
     if summary.failed > allowed:
         raise GenerationFailed(
             f"{dataset.id}: {summary.failed} of {len(lengths.fits)} requests failed (allowed: {allowed}); the finished "
-            f"answers are checkpointed and a rerun retries only the rest. First errors: {'; '.join(summary.error_examples)}. "
+            f"answers are checkpointed and a rerun retries only the rest. "
+            f"First errors: {'; '.join(summary.error_examples)}. "
             f"All of them: {layout.errors(dataset.id)}",
             summary,
         )

@@ -24,10 +24,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import GenerationConfig, InferenceConfig, TargetConfig
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import atomic_path
 
@@ -71,18 +71,20 @@ def endpoint_identity(base_url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
-def requested_model(config: PipelineConfig) -> str:
+def requested_model(target: TargetConfig, inference: InferenceConfig) -> str:
     """The model name(s) the requests carry: ``target.model``, or each endpoint's own ``model``
     (with several inference hosts, every host requests the same ones: the config refuses otherwise)."""
-    if config.inference.kind == "embedded":
-        return config.target.model
-    return ", ".join(sorted({e.model or config.target.model for e in config.inference.all_endpoints}))
+    if inference.kind == "embedded":
+        return target.model
+    return ", ".join(sorted({e.model or target.model for e in inference.all_endpoints}))
 
 
-def configured_fingerprint(config: PipelineConfig) -> GenerationFingerprint:
-    settings = config.generation
+def configured_fingerprint(
+    settings: GenerationConfig, target: TargetConfig, inference: InferenceConfig
+) -> GenerationFingerprint:
+    """The fingerprint the pipeline file's generation settings give the answers."""
     return GenerationFingerprint(
-        model=requested_model(config),
+        model=requested_model(target, inference),
         max_tokens=settings.max_tokens,
         temperature=settings.temperature,
         reasoning=settings.reasoning,
@@ -93,10 +95,11 @@ def configured_fingerprint(config: PipelineConfig) -> GenerationFingerprint:
     )
 
 
-def configured_endpoints(config: PipelineConfig) -> list[str]:
-    if config.inference.kind == "embedded":
+def configured_endpoints(inference: InferenceConfig) -> list[str]:
+    """The endpoints the requests go to, as recorded beside the fingerprint (no credentials)."""
+    if inference.kind == "embedded":
         return ["embedded"]
-    return [endpoint_identity(e.base_url) for e in config.inference.all_endpoints]
+    return [endpoint_identity(e.base_url) for e in inference.all_endpoints]
 
 
 def read_fingerprint(path: Path) -> dict[str, Any] | None:
@@ -163,18 +166,23 @@ class FingerprintDecision:
     kept_aside: Path | None
 
 
-def settle_fingerprint(config: PipelineConfig, dataset_id: str, has_answers: bool) -> FingerprintDecision:
+def settle_fingerprint(
+    layout: ArtifactLayout,
+    configured: GenerationFingerprint,
+    endpoints: list[str],
+    on_change: Literal["refuse", "new_version"],
+    dataset_id: str,
+    has_answers: bool,
+) -> FingerprintDecision:
     """Make the dataset's stored fingerprint the configured one before anything is sent.
 
     No answers yet: write the fingerprint (an earlier one's errors file is kept aside with it).
     Answers under the same fingerprint: nothing to do.
     Answers under another one: refuse (:class:`FingerprintMismatch` naming every differing field),
-    or with ``on_fingerprint_change: new_version`` keep the old files aside and start over."""
-    layout = ArtifactLayout(config.artifacts_root)
-    configured = configured_fingerprint(config)
+    or with ``on_change`` (``generation.on_fingerprint_change``) ``new_version`` keep the old files aside
+    and start over. ``endpoints`` (:func:`configured_endpoints`) are recorded beside the fingerprint."""
     path = layout.fingerprint(dataset_id)
     document = read_fingerprint(path)
-    endpoints = configured_endpoints(config)
     changed = differences(document["fingerprint"] if document else None, configured)
     if not has_answers:
         # Nothing to protect; failures recorded under other settings are kept aside with their fingerprint.
@@ -187,11 +195,12 @@ def settle_fingerprint(config: PipelineConfig, dataset_id: str, has_answers: boo
         if document is not None and not set(endpoints) <= set(document.get("endpoints", [])):
             write_fingerprint(path, configured, [*document.get("endpoints", []), *endpoints])
         return FingerprintDecision(configured, None)
-    if config.generation.on_fingerprint_change == "refuse":
+    if on_change == "refuse":
         raise FingerprintMismatch(
             f"{dataset_id}: the checkpoint {layout.checkpoint(dataset_id)} holds answers made under other generation "
             f"settings, so nothing was sent: {'; '.join(changed)}. Restore the old settings, point artifacts_root "
-            "elsewhere, or set generation.on_fingerprint_change: new_version to keep the old answers aside and regenerate."
+            "elsewhere, or set generation.on_fingerprint_change: new_version to keep the old answers aside and "
+            "regenerate."
         )
     old = str(document.get("digest")) if document else "unversioned"
     folder = keep_aside(layout, dataset_id, old)
@@ -199,12 +208,12 @@ def settle_fingerprint(config: PipelineConfig, dataset_id: str, has_answers: boo
     return FingerprintDecision(configured, folder)
 
 
-def partition_is_stale(config: PipelineConfig, dataset_id: str) -> str | None:
+def partition_is_stale(artifacts_root: Path, configured: GenerationFingerprint, dataset_id: str) -> str | None:
     """Why the dataset's responses need a (re)materialization, or None when they are current.
 
-    Missing table, no fingerprint, a fingerprint other than the configured one, or prompts rewritten
-    after the table. Reads only small files and file times; never contacts a server."""
-    layout = ArtifactLayout(config.artifacts_root)
+    Missing table, no fingerprint, a fingerprint other than ``configured`` (:func:`configured_fingerprint`),
+    or prompts rewritten after the table. Reads only small files and file times; never contacts a server."""
+    layout = ArtifactLayout(artifacts_root)
     table = layout.responses(dataset_id)
     if not table.exists():
         return "missing: no responses table yet"
@@ -212,7 +221,7 @@ def partition_is_stale(config: PipelineConfig, dataset_id: str) -> str | None:
         document = read_fingerprint(layout.fingerprint(dataset_id))
     except FingerprintMismatch as exc:
         return f"stale: {exc}"
-    changed = differences(document["fingerprint"] if document else None, configured_fingerprint(config))
+    changed = differences(document["fingerprint"] if document else None, configured)
     if changed:
         return "stale: generation settings changed: " + "; ".join(changed)
     prompts = layout.prompts(dataset_id)
