@@ -20,14 +20,14 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import AlertsConfig, PipelineConfig
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.monitor import report_markdown
 
@@ -44,15 +44,20 @@ class Alert:
     report: str
 
 
-def secret_values(config: PipelineConfig) -> list[str]:
-    """The values of every environment variable the pipeline file names as holding a secret."""
+def secret_variables(config: PipelineConfig) -> list[str]:
+    """Every environment variable the pipeline file names as holding a secret."""
     names = [e.api_key_env for e in config.inference.all_endpoints]
     names += [
         config.health.host.key_passphrase_env,
         config.compute.host.key_passphrase_env,
         config.alerts.webhook_url_env,
     ]
-    values = [os.environ.get(n) or "" for n in names if n]
+    return [n for n in names if n]
+
+
+def secret_values(variables: Iterable[str]) -> list[str]:
+    """The variables' values as they are now, longest first (so a secret inside another is masked whole)."""
+    values = [os.environ.get(n) or "" for n in variables]
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
 
@@ -62,13 +67,13 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-def message_body(config: PipelineConfig, alert: Alert) -> dict[str, object]:
+def message_body(pipeline: str, settings: AlertsConfig, alert: Alert) -> dict[str, object]:
     report = alert.report if len(alert.report) <= MAX_REPORT_CHARS else alert.report[:MAX_REPORT_CHARS] + "\n…"
-    headline = f"[eagle3 {config.name}] {alert.title}"
-    if config.alerts.format == "slack":
+    headline = f"[eagle3 {pipeline}] {alert.title}"
+    if settings.format == "slack":
         return {"text": f"*{headline}*\n```\n{report}\n```"}
     return {
-        "pipeline": config.name,
+        "pipeline": pipeline,
         "kind": alert.kind,
         "subject": alert.subject,
         "state": alert.state,
@@ -102,16 +107,36 @@ class AlertLedger:
 
 
 class Alerter:
-    """Sends alerts for one pipeline file; `warn` receives one line when an alert is not delivered."""
+    """Sends the alerts of one pipeline (its name and `alerts` section); the last states live in `ledger`,
+    the values of `secret_variables` are masked in every message, `host` names the health gate's host, and
+    `warn` receives one line when an alert is not delivered."""
 
-    def __init__(self, config: PipelineConfig, warn: Callable[[str], None]) -> None:
-        self.config = config
+    def __init__(
+        self,
+        pipeline: str,
+        settings: AlertsConfig,
+        ledger: AlertLedger,
+        secret_variables: Sequence[str],
+        host: str,
+        warn: Callable[[str], None],
+    ) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.ledger = ledger
+        self.secret_variables = list(secret_variables)
+        self.host = host
         self.warn = warn
-        self.ledger = AlertLedger(Path(config.artifacts_root) / "alerts")
+
+    @classmethod
+    def for_pipeline(cls, config: PipelineConfig, warn: Callable[[str], None]) -> Alerter:
+        """The alerts of a pipeline file: its ledger under ``<artifacts_root>/alerts``, every secret it names."""
+        ledger = AlertLedger(Path(config.artifacts_root) / "alerts")
+        host = config.health.host.hostname or "localhost"
+        return cls(config.name, config.alerts, ledger, secret_variables(config), host, warn)
 
     @property
     def configured(self) -> bool:
-        return self.config.alerts.webhook_url_env is not None
+        return self.settings.webhook_url_env is not None
 
     def observe(self, subject: str, state: str, alerting: bool, make_alert: Callable[[], Alert]) -> bool:
         """Record `state` for `subject`; if it changed and `alerting`, send the alert. True if sent."""
@@ -121,14 +146,14 @@ class Alerter:
         return alerting and self.send(make_alert())
 
     def send(self, alert: Alert) -> bool:
-        settings = self.config.alerts
+        settings = self.settings
         var = settings.webhook_url_env
         url = os.environ.get(var or "")
         if not url:
             self.warn(f"alert not sent ({alert.title}): alerts are off because environment variable {var} is not set")
             return False
-        secrets = secret_values(self.config)
-        body = json.loads(redact(json.dumps(message_body(self.config, alert)), [json.dumps(s)[1:-1] for s in secrets]))
+        secrets = [json.dumps(s)[1:-1] for s in secret_values(self.secret_variables)]
+        body = json.loads(redact(json.dumps(message_body(self.pipeline, settings, alert)), secrets))
         try:
             response = httpx.post(url, json=body, timeout=settings.timeout_s)
         except httpx.HTTPError as exc:
@@ -148,7 +173,7 @@ HEALTH_ALERTING = ("critical", "unknown")
 def health_changed(alerter: Alerter, report: HealthReport, name: str | None = None) -> bool:
     """The gate's verdict on the inference host (the scheduled backfill and `inference_health` both call this);
     `name`: which of several inference hosts (default: the health section's host name)."""
-    host = name or alerter.config.health.host.hostname or "localhost"
+    host = name or alerter.host
     overall = report.overall.value
     return alerter.observe(
         f"health:{host}",

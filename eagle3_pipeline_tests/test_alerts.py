@@ -151,7 +151,7 @@ def test_secrets_in_a_report_are_masked_before_sending(
         pipeline(tmp_path, fake_openai, disk_floor_gb=0.01, alert_format="slack"), runtime_checks=False
     )
     leaky = f"probe failed: curl -H 'Authorization: Bearer {API_KEY}' {receiver.url} (passphrase {PASSPHRASE})"
-    assert Alerter(config, pytest.fail).send(Alert("stall", "stall:B1:r", "stalled", "stall: B1", leaky))
+    assert Alerter.for_pipeline(config, pytest.fail).send(Alert("stall", "stall:B1:r", "stalled", "stall: B1", leaky))
     [body] = receiver.bodies
     assert (
         set(body) == {"text"} and "probe failed: curl -H 'Authorization: Bearer [redacted]' [redacted]" in body["text"]
@@ -168,8 +168,8 @@ def test_unset_webhook_variable_turns_alerts_off_with_one_warning(
     from eagle3_pipeline.monitor import HealthMonitor
 
     report, _ = HealthMonitor(config).tick()
-    assert not health_changed(Alerter(config, warnings.append), report)
-    assert not health_changed(Alerter(config, warnings.append), report)
+    assert not health_changed(Alerter.for_pipeline(config, warnings.append), report)
+    assert not health_changed(Alerter.for_pipeline(config, warnings.append), report)
     assert warnings == [
         f"alert not sent (health gate CRITICAL on localhost: {report.summary()}): alerts are off because "
         f"environment variable {URL_VAR} is not set"

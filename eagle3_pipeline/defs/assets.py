@@ -213,7 +213,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
             context.log_event(health_observation(inference.preflight_report, host))
-        budget_reached(Alerter(config, context.log.warning), dataset.id, result.as_metadata())
+        budget_reached(Alerter.for_pipeline(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
             context.log.warning(
                 f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"

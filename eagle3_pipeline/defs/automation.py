@@ -79,7 +79,9 @@ class GenerationDue(dg.AutomationCondition):
         finally:
             hosts.close()
         for verdict in verdicts:
-            health_changed(Alerter(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name)
+            health_changed(
+                Alerter.for_pipeline(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name
+            )
         due: frozenset[str] = frozenset()
         if not any(v.report.healthy for v in verdicts):
             context.log.warning(f"not backfilling responses: {gate_summary(verdicts)}")

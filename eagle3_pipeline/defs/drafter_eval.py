@@ -130,7 +130,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
                 )
             )
         )
-        tau_checked(Alerter(config, context.log.warning), not problems, verdict)
+        tau_checked(Alerter.for_pipeline(config, context.log.warning), not problems, verdict)
         return dg.AssetCheckResult(
             passed=not problems,
             severity=dg.AssetCheckSeverity.ERROR,

@@ -94,7 +94,9 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         finally:
             hosts.close()
         for verdict in verdicts:
-            health_changed(Alerter(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name)
+            health_changed(
+                Alerter.for_pipeline(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name
+            )
         events = [health_observation(v.report, v.name) for v in verdicts]
         summary = gate_summary(verdicts)
         if not any(v.report.healthy for v in verdicts):
@@ -132,7 +134,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         config = pipeline.config()
         stall = config.health
         stalled, events = [], []
-        alerter = Alerter(config, context.log.warning)
+        alerter = Alerter.for_pipeline(config, context.log.warning)
         for partition, run_id in partitions_in_flight(context.instance).items():
             if partition not in config.dataset_ids:
                 continue
