@@ -60,7 +60,7 @@ def _describe(error: Mapping[str, Any], raw: Any) -> str:
     where = _field_path(tuple(error["loc"]), raw)
     kind = error["type"]
     if kind == "extra_forbidden":
-        return f"{where}: unknown key (check the spelling; allowed keys are documented in README)"
+        return f"{where}: unknown key (check the spelling; every allowed key is listed in docs/settings.md)"
     if kind == "missing":
         return f"{where}: required field is missing"
     shown = error.get("input")

@@ -37,8 +37,8 @@ the model's: it does not cover the model being wrong. An in-run curve counts rep
 tokens seen and mixes them with a learning rate still decaying; where a run over-fits its data (τ
 flat on the eval rows while training accuracy climbs) it flattens for want of new data, and more
 data is worth more than the curve says. ``benchmarks/tau_scaling.py`` checks the prediction against
-a run on twice the data (README, "τ against training data": on the embedded default the half-data
-curve was flat, and twice the data still raised τ).
+a run on twice the data (docs/measurements.md, "τ against training data": on the embedded default
+the half-data curve was flat, and twice the data still raised τ).
 
 **No figure** (a reason instead): fewer than :data:`MIN_POINTS` checkpoints (3 parameters and 2
 degrees of freedom left for the residual); no improvement (a ≤ 0, the fitted rise from the second

@@ -15,7 +15,7 @@ A store is a folder (on the orchestrator for ``compute: local``, on the GPU host
   model (benchmarks/store_dtype_tau.py) its argmax flips at 2.5 % of tokens, nearly all where the
   target's top two are within 0.05 of each other, KL(bf16 ‖ fp8) is 0.0056 nats per token, and τ
   of a drafter trained on it is 0.5 % (6 epochs) and 1.2 % (12 epochs) below the bf16 store's, within
-  the noise of its 12 eval samples (README, "What an fp8 store costs in τ").
+  the noise of its 12 eval samples (docs/measurements.md, "fp8 store and τ").
 - ``shard-NNNNN.index.parquet``: that shard's rows of the index, written after the tensors. A shard
   is finished only when both files exist and agree (:meth:`HiddenStateStore.shard_complete`), so a
   shard torn by a kill is detected and redone.
