@@ -22,7 +22,6 @@ from eagle3_pipeline.dataprep import build_training_data, read_manifest
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement, tokenizer_agreement
 from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
 from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
-from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.defs.health import health_observation, report_metadata
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
@@ -33,6 +32,7 @@ from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.hidden_states.validation import record_from_first
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
+from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline.serving import tokenizer_name
@@ -164,7 +164,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
         # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
-        # tags (see defs/hosts.py): Dagster fixes an op's pool in its definition, not per run.
+        # tags (see orchestration/hosts.py): Dagster fixes an op's pool in its definition, not per run.
         pool=None if config.inference.hosts else "gpu",
         required_resource_keys={"pipeline", "inference"},
         automation_condition=backfill,

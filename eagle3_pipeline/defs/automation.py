@@ -2,17 +2,16 @@
 Both are automation conditions, evaluated by one sensor, `pipeline_automation` (running by default).
 
 - The scheduled backfill (only when the pipeline file sets `schedule.cron`; setting the cron is the
-  opt-in). `responses` declares :func:`scheduled_backfill`: at the first evaluation after each cron
-  tick, the partitions that are not in a run or backfill already and that :class:`GenerationDue`
-  accepts — missing or stale, the health gate passing, and neither backing off nor given up after
-  failures (:mod:`eagle3_pipeline.defs.launching`) — are requested; their `prompts` partitions
-  declare the same condition. The sensor emits one Dagster backfill for all of them (one run when
-  a single partition is due). With several inference hosts, the gate passes while one host is
-  healthy (the sick ones' reasons go to the tick's log), at most as many partitions as there are
-  free healthy hosts are requested (the others wait for the next cron tick, so no run of the
-  backfill just waits), and each run claims its host when it starts (:mod:`eagle3_pipeline.defs.hosts`). When the gate is closed, the tick's log says why and nothing is
-  requested until the next cron tick. Partitions are the file's dataset ids, so a dataset added to
-  the file is a new partition the next tick backfills.
+  opt-in). `responses` and `prompts` declare :func:`scheduled_backfill`: at the first evaluation
+  after each cron tick, the partitions that are not in a run or backfill already and that the
+  launch decision (:func:`eagle3_pipeline.orchestration.launch.decide_generation`, the one the
+  `inference_health` sensor asks too) takes — missing or stale, the health gate passing, neither
+  backing off nor given up after failures, at most one per free healthy host — are requested. The
+  sensor emits one Dagster backfill for all of them (one run when a single partition is due); with
+  several inference hosts each run claims its host when it starts
+  (:mod:`eagle3_pipeline.orchestration.hosts`). When the gate is closed, the tick's log says why and
+  nothing is requested until the next cron tick. Partitions are the file's dataset ids, so a dataset
+  added to the file is a new partition the next tick backfills.
 - Everything downstream of `responses` follows: each phase declares :data:`FOLLOW_UPSTREAM`. A
   downstream phase reads *all* partitions of its input, so it waits until none is missing or in
   progress, then runs once per change upstream — what a sensor would have to hand-code with cursors.
@@ -26,29 +25,33 @@ location loads.
 from __future__ import annotations
 
 import datetime
+import warnings
 
 import dagster as dg
 
-from eagle3_pipeline.alerts import Alerter, health_changed
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.hosts import InferenceHosts, gate_summary, sick_hosts_line
-from eagle3_pipeline.defs.launching import GENERATION_JOB, plan_launches
 from eagle3_pipeline.defs.resources import PipelineResource
-from eagle3_pipeline.defs.staleness import partitions_to_generate
+from eagle3_pipeline.orchestration.hosts import sick_hosts_line
+from eagle3_pipeline.orchestration.launch import ALL_CURRENT, decide_generation
 
 AUTOMATION_SENSOR = "pipeline_automation"
 AUTOMATION_INTERVAL_S = 30
 
 # The condition every phase downstream of `responses` declares: run when an input changed (or the
-# phase was never materialized), once no input partition is missing or being materialized.
+# phase was never materialized), once no input partition is missing or being materialized. Not with
+# `all_deps_blocking_checks_passed()`: it waits on every blocking check of every input, WARN ones
+# included (hidden_states' serving_agreement fails as WARN when nothing was validated); each phase
+# names the checks it refuses on itself (eagle3_pipeline.orchestration.gating).
 FOLLOW_UPSTREAM = dg.AutomationCondition.eager()
 
 
 class GenerationDue(dg.AutomationCondition):
     """True for the dataset partitions to (re)generate now: `responses` is missing or stale, every
     required health check passes (on at least one host, and then no more partitions than free
-    healthy hosts), and the partition is neither backing off nor given up after failed runs. Decided once per evaluation (shared by `prompts` and `responses`), with the
-    settings of the `pipeline` resource at that moment; the reasons go to the sensor tick's log."""
+    healthy hosts), and the partition is neither backing off nor given up after failed runs
+    (:func:`eagle3_pipeline.orchestration.launch.decide_generation`). Decided once per evaluation
+    (shared by `prompts` and `responses`), with the settings of the `pipeline` resource at that
+    moment; the reasons go to the sensor tick's log."""
 
     def __init__(self, pipeline: PipelineResource) -> None:
         self.pipeline = pipeline
@@ -72,30 +75,22 @@ class GenerationDue(dg.AutomationCondition):
     def _due(self, context: dg.AutomationContext) -> frozenset[str]:
         if self._decided is not None and self._decided[0] == context.evaluation_time:
             return self._decided[1]
-        config = self.pipeline.config()
-        hosts = InferenceHosts(config)
-        try:
-            verdicts, _ = hosts.tick()
-        finally:
-            hosts.close()
-        for verdict in verdicts:
-            health_changed(Alerter(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name)
-        due: frozenset[str] = frozenset()
-        if not any(v.report.healthy for v in verdicts):
-            context.log.warning(f"not backfilling responses: {gate_summary(verdicts)}")
+        decision = decide_generation(context.asset_graph_view.instance, self.pipeline.config(), context.log.warning)
+        due = decision.due
+        if not decision.gate_open:
+            context.log.warning(f"not backfilling responses: {decision.gate}")
         else:
-            if sick_hosts_line(verdicts):
-                context.log.warning(sick_hosts_line(verdicts))
-            instance = context.asset_graph_view.instance
-            wanted = partitions_to_generate(instance, config)
-            plan = plan_launches(instance, GENERATION_JOB, list(wanted), config.launch, hosts=hosts.choice(verdicts))
-            due = frozenset(r.partition_key for r in plan.requests if r.partition_key)
+            sick = sick_hosts_line(decision.verdicts)
+            if sick:
+                context.log.warning(sick)
             if due:
-                context.log.info("backfilling responses: " + ", ".join(f"{p} ({wanted[p]})" for p in sorted(due)))
-            if plan.reasons():
-                context.log.warning(f"not backfilling: {plan.reasons()}")
+                context.log.info(
+                    "backfilling responses: " + ", ".join(f"{p} ({decision.wanted[p]})" for p in sorted(due))
+                )
+            if decision.plan is not None and decision.plan.reasons():
+                context.log.warning(f"not backfilling: {decision.plan.reasons()}")
             elif not due:
-                context.log.info("every responses partition is materialized and current")
+                context.log.info(ALL_CURRENT)
         self._decided = (context.evaluation_time, due)
         return due
 
@@ -113,13 +108,17 @@ def scheduled_backfill(config: PipelineConfig, pipeline: PipelineResource) -> dg
 
 
 def build_automation_sensor() -> dg.AutomationConditionSensorDefinition:
-    return dg.AutomationConditionSensorDefinition(
-        AUTOMATION_SENSOR,
-        target=dg.AssetSelection.all(),
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=AUTOMATION_INTERVAL_S,
-        emit_backfills=True,
-        use_user_code_server=True,
-        description="Evaluates the automation conditions: the scheduled backfill of `responses` (when the "
-        "pipeline file sets schedule.cron) and the phases that follow it.",
-    )
+    # `use_user_code_server` is a Beta parameter, and a condition written in Python (GenerationDue)
+    # needs it: its BetaWarning is expected here, so it is silenced for this one call only.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*use_user_code_server.*", category=dg.BetaWarning)
+        return dg.AutomationConditionSensorDefinition(
+            AUTOMATION_SENSOR,
+            target=dg.AssetSelection.all(),
+            default_status=dg.DefaultSensorStatus.RUNNING,
+            minimum_interval_seconds=AUTOMATION_INTERVAL_S,
+            emit_backfills=True,
+            use_user_code_server=True,
+            description="Evaluates the automation conditions: the scheduled backfill of `responses` (when the "
+            "pipeline file sets schedule.cron) and the phases that follow it.",
+        )

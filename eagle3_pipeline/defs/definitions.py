@@ -13,8 +13,8 @@ from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
 from eagle3_pipeline.defs.health import build_health_sensors, inference_server_specs
-from eagle3_pipeline.defs.launching import GENERATION_JOB
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
+from eagle3_pipeline.orchestration.launching import GENERATION_JOB
 
 SETUP_JOB = "setup_job"
 DOWNSTREAM_JOB = "downstream_job"

@@ -27,7 +27,7 @@ import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
-from eagle3_pipeline.defs.launching import IN_FLIGHT
+from eagle3_pipeline.orchestration.launching import IN_FLIGHT
 from eagle3_pipeline_tests.deploy.postgres_server import Postgres
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.sshd_fixture import free_port

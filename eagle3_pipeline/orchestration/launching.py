@@ -31,7 +31,7 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.config import LaunchConfig
-from eagle3_pipeline.defs.staleness import RESPONSES
+from eagle3_pipeline.orchestration.staleness import RESPONSES
 
 GENERATION_JOB = "generation_job"
 PARTITION_TAG = "dagster/partition"
