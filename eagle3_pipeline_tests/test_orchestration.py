@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion

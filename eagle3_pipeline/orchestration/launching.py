@@ -1,7 +1,7 @@
 """Which `responses` partitions to launch now, with which run key — the state is Dagster's run history.
 
 Shared by the `inference_health` sensor (run requests) and the scheduled backfill's condition
-(:class:`eagle3_pipeline.defs.automation.GenerationDue`, which takes the partitions), so neither
+(:class:`eagle3_pipeline.defs.generation.automation.GenerationDue`, which takes the partitions), so neither
 thrashes. A partition's runs are those tagged with it that ran `generation_job` or selected `prompts`
 or `responses` (a backfill's runs):
 - a partition with a run QUEUED, NOT_STARTED, STARTING, STARTED or CANCELING is in flight (a

@@ -1,72 +1,24 @@
-"""Health in the UI: the inference server as an observed asset, the health sensor that gates
-generation runs on it, and the stall sensor that watches running generations.
+"""Health in the UI: the health sensor that gates generation runs on the inference servers (observed
+on them, :mod:`.observations`), and the stall sensor that watches running generations.
 
 Default states: `inference_health` starts stopped (it launches work continuously; the scheduled
 backfill is the default way to launch, turn the sensor on instead of or beside it); `generation_stall`
 starts running (it only observes, and terminates only with `health.terminate_stalled_runs`)."""
 
-from typing import Any
-
 import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, stall_detected
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.health.observations import health_observation
 from eagle3_pipeline.defs.resources import PipelineResource
-from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.monitor import report_markdown, tokens_per_second
 from eagle3_pipeline.orchestration.launch import decide_generation
 from eagle3_pipeline.orchestration.launching import partitions_in_flight
 from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
 
-INFERENCE_SERVER = dg.AssetKey("inference_server")
 RESPONSES = dg.AssetKey("responses")
 HIDDEN_STATES = dg.AssetKey("hidden_states")
-
-inference_server = dg.AssetSpec(
-    INFERENCE_SERVER,
-    group_name="target",
-    description="The inference host and server. Not materialized: each health tick records an "
-    "observation carrying the report (per-check status, GPU table, tokens/s).",
-)
-
-
-def report_metadata(report: HealthReport) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "overall": report.overall.value,
-        "healthy": report.healthy,
-        "summary": report.summary(),
-        "report": dg.MetadataValue.md(report_markdown(report)),
-    }
-    metadata.update({f"check/{c.name}": c.status.value for c in report.checks})
-    rate = tokens_per_second(report)
-    if rate is not None:
-        metadata["tokens_per_s"] = round(rate, 1)
-    return metadata
-
-
-def server_key(host: str | None = None) -> dg.AssetKey:
-    """`inference_server`, or `inference_server/<host>` for one of several inference hosts."""
-    return INFERENCE_SERVER if host is None else dg.AssetKey([*INFERENCE_SERVER.path, host])
-
-
-def inference_server_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
-    """`inference_server`, and one observed asset per host of `inference.hosts`."""
-    return [inference_server] + [
-        dg.AssetSpec(
-            server_key(host.name),
-            group_name="target",
-            description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an observation "
-            "carrying its report; while it is not healthy it receives no new `responses` partition.",
-        )
-        for host in config.inference.hosts
-    ]
-
-
-def health_observation(report: HealthReport, host: str | None = None) -> dg.AssetObservation:
-    metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
-    return dg.AssetObservation(asset_key=server_key(host), metadata=metadata)
 
 
 def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg.SensorDefinition]:

@@ -3,7 +3,7 @@
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
   prompts       → eagle3_pipeline.prompts.load_prompts
-  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/checks.py)
+  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.build_training_data
 """
 
@@ -20,9 +20,10 @@ from eagle3_pipeline.alerts import Alerter, budget_reached
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement, tokenizer_agreement
-from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
-from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
-from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.defs.generation.automation import scheduled_backfill
+from eagle3_pipeline.defs.generation.checks import build_response_checks, build_training_data_checks
+from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
+from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
@@ -113,7 +114,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
     def target_model(
         context: dg.AssetExecutionContext, pipes_subprocess_client: dg.PipesSubprocessClient
     ) -> dg.MaterializeResult:
-        command = [sys.executable, "-m", "eagle3_pipeline.defs.prepare_model_step"]
+        command = [sys.executable, "-m", "eagle3_pipeline.defs.generation.prepare_model_step"]
         quiet = {**os.environ, "TQDM_DISABLE": "1"}
         return pipes_subprocess_client.run(command=command, context=context, env=quiet).get_materialize_result()
 

@@ -22,7 +22,7 @@ import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.eagle3 import extract_launch
+from eagle3_pipeline.defs.eagle3.hidden_states import extract_launch
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
