@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +200,19 @@ def test_the_code_location_is_the_defs_folder_with_the_local_profile() -> None:
     from eagle3_pipeline import definitions
 
     assert definitions.defs.resources["pipeline"].config_path == str(local_profile_path())
+
+
+def test_dg_lists_the_pipeline_component(tmp_path: Path) -> None:
+    """`[tool.dg.project] registry_modules` registers the component type, so `dg list components`
+    (and `dg scaffold defs`) know it."""
+    dg_cli = Path(sys.executable).parent / "dg"
+    out = subprocess.run(
+        [str(dg_cli), "list", "components", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    keys = {item["key"] for item in json.loads(out.stdout)["items"]}
+    assert "eagle3_pipeline.defs.pipeline.Eagle3Pipeline" in keys
