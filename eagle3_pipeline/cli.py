@@ -215,7 +215,7 @@ class MainJob:
 
     def plan(self) -> list[tuple[str, str | None]]:
         """(job, partition) in execution order, from the code location's own jobs."""
-        from eagle3_pipeline.defs.definitions import MAIN_PATH
+        from eagle3_pipeline.defs.pipeline import MAIN_PATH
 
         repository = self.repository.get_definition()
         steps: list[tuple[str, str | None]] = []

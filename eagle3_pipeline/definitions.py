@@ -1,10 +1,13 @@
-"""The code location: definitions for the pipeline file in `$EAGLE3_CONFIG` (default: the
-shipped `local` profile). `dagster dev`, `dg` and `eagle3-pipeline` all load this module.
+"""The code location: everything under `eagle3_pipeline/defs/`, loaded by `dg.load_from_defs_folder`.
 
-Loading reads only the pipeline file: missing source files and unset API-key variables are
-reported by the run that needs them, so the webserver and the daemon load in any environment."""
+The pipeline is the `Eagle3Pipeline` component instanced by `defs/local/defs.yaml` (the shipped
+`local` profile); `dagster dev`, `dg` and `eagle3-pipeline` all load this module. To load another
+pipeline file, point that defs.yaml's `config_file` at it, or build its definitions in a file of your
+own: `defs = build_definitions(load_config(path, runtime_checks=False))`
+(:func:`eagle3_pipeline.defs.build_definitions`)."""
 
-from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.definitions import build_definitions
+from pathlib import Path
 
-defs = build_definitions(load_config(runtime_checks=False))
+import dagster as dg
+
+defs = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,8 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline_tests.locations import location_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,9 +115,10 @@ def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path)
         "datasets:\n  - {id: B1, source: /nonexistent/prompts.jsonl}\n"
     )
     dagster = Path(sys.executable).parent / "dagster"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "EAGLE3_CONFIG": str(pipeline)}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     out = subprocess.run(
-        [str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"],
+        # -d: the location file imports this checkout's package, as a deployment's imports its install
+        [str(dagster), "definitions", "validate", "-f", str(location_file(tmp_path, pipeline)), "-d", str(REPO)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -153,3 +157,62 @@ def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkey
         ConfigError, match="inference.endpoints\\[0\\].api_key_env: environment variable EAGLE3_UNSET_KEY is not set"
     ):
         config.api_key(config.inference.endpoints[0])
+
+
+def dg_project(root: Path, instances: dict[str, str]) -> Path:
+    """A `dg` project `pipelines` in `root` whose defs folder holds one `Eagle3Pipeline` instance per
+    item: folder name → the attributes' YAML (besides each, a pipeline file with dataset id `D<name>`)."""
+    (root / "pyproject.toml").write_text(
+        '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "pipelines"\n'
+    )
+    defs = root / "pipelines" / "defs"
+    defs.mkdir(parents=True)
+    (root / "pipelines" / "__init__.py").write_text("")
+    (defs / "__init__.py").write_text("")
+    for name, attributes in instances.items():
+        (defs / name).mkdir()
+        (defs / name / "pipeline.yaml").write_text(
+            f"name: {name}\nartifacts_root: out\ntarget: {{model: m, tokenizer: t}}\n"
+            "inference: {kind: endpoints, endpoints: [{base_url: 'http://127.0.0.1:9/v1'}]}\n"
+            f"datasets:\n  - {{id: D{name}, source: prompts.jsonl}}\n"
+        )
+        (defs / name / "defs.yaml").write_text(
+            f"type: eagle3_pipeline.defs.pipeline.Eagle3Pipeline\nattributes:\n{attributes}"
+        )
+    return root
+
+
+def test_the_pipeline_component_loads_its_file_from_a_defs_folder(tmp_path: Path, monkeypatch) -> None:
+    """A defs.yaml instances the pipeline with a file beside it; `artifacts_root` replaces the file's."""
+    project = dg_project(tmp_path, {"a": "  config_file: pipeline.yaml\n  artifacts_root: /srv/eagle3\n"})
+    monkeypatch.syspath_prepend(str(project))
+    defs = dg.load_from_defs_folder(path_within_project=project)
+    responses = defs.resolve_asset_graph().get(dg.AssetKey("responses"))
+    assert responses.partitions_def.get_partition_keys() == ["Da"]
+    pipeline = defs.resources["pipeline"]
+    assert pipeline.config_path == str(project / "pipelines" / "defs" / "a" / "pipeline.yaml")
+    assert str(pipeline.config().artifacts_root) == "/srv/eagle3"
+
+
+def test_the_code_location_is_the_defs_folder_with_the_local_profile() -> None:
+    """`eagle3_pipeline.definitions` is `load_from_defs_folder`: the component of defs/local/defs.yaml,
+    built from the shipped local profile."""
+    from eagle3_pipeline import definitions
+
+    assert definitions.defs.resources["pipeline"].config_path == str(local_profile_path())
+
+
+def test_dg_lists_the_pipeline_component(tmp_path: Path) -> None:
+    """`[tool.dg.project] registry_modules` registers the component type, so `dg list components`
+    (and `dg scaffold defs`) know it."""
+    dg_cli = Path(sys.executable).parent / "dg"
+    out = subprocess.run(
+        [str(dg_cli), "list", "components", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    keys = {item["key"] for item in json.loads(out.stdout)["items"]}
+    assert "eagle3_pipeline.defs.pipeline.Eagle3Pipeline" in keys

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.serving import InferenceProvider
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl

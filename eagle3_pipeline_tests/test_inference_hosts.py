@@ -29,11 +29,11 @@ import pytest
 
 from eagle3_pipeline.cli import main
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
-from eagle3_pipeline.defs.hosts import claim_host
-from eagle3_pipeline.defs.launching import LaunchHost, claim, failure_reason
+from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.hosts import claim_host
+from eagle3_pipeline.orchestration.launching import LaunchHost, claim, failure_reason
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, Script

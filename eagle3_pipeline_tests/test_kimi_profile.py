@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline_tests.locations import location_file
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "eagle3_pipeline" / "profiles" / "kimi-k25.yaml"
@@ -37,9 +38,9 @@ def test_the_profile_describes_the_kimi_box() -> None:
 
 def test_dagster_definitions_validate_with_the_profile(tmp_path: Path) -> None:
     dagster = Path(sys.executable).parent / "dagster"
-    env = {"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path), "EAGLE3_CONFIG": str(PROFILE)}
+    env = {"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)}
     out = subprocess.run(
-        [str(dagster), "definitions", "validate", "-m", "eagle3_pipeline.definitions"],
+        [str(dagster), "definitions", "validate", "-f", str(location_file(tmp_path, PROFILE))],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -17,8 +17,9 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.definitions import build_definitions
-from eagle3_pipeline.defs.launching import backoff_s, plan_launches
+from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.orchestration.launch import decide_generation
+from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
@@ -289,3 +290,37 @@ def test_the_scheduled_backfill_waits_for_the_health_gate(
     result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
     assert result.total_requested == 0
     assert "not backfilling responses: " in caplog.text
+
+
+def test_the_sensor_and_the_scheduled_backfill_take_the_one_launch_decision(
+    tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
+) -> None:
+    """B1 is materialized, B2 failed (its source file is missing) and backs off, B3 is missing: the
+    decision, the sensor's run requests and the scheduled backfill's requests all name B3 alone."""
+    config = pipeline(
+        tmp_path,
+        fake_openai,
+        datasets=("B1", "B2", "B3"),
+        without_source=("B2",),
+        schedule={"cron": "* * * * *"},
+        launch={"backoff_initial_s": 600},
+    )
+    defs = build_definitions(config)
+    job = defs.resolve_job_def("generation_job")
+    assert job.execute_in_process(partition_key="B1", instance=instance).success
+    assert not job.execute_in_process(partition_key="B2", instance=instance, raise_on_error=False).success
+
+    alerts: list[str] = []
+    decision = decide_generation(instance, config, alerts.append)
+    assert decision.gate_open and decision.due == {"B3"}
+    assert dict(decision.wanted) == {"B2": "missing", "B3": "missing"}
+    assert "backing off: B2 attempt 2 in" in decision.notes
+
+    sensor = Daemonless(defs, instance).sensor
+    context = dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
+    assert [r.partition_key for r in sensor.evaluate_tick(context).run_requests] == ["B3"]
+
+    start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
+    result = evaluate_at(defs, instance, start)
+    result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
+    assert requested(result, "responses") == ["B3"]

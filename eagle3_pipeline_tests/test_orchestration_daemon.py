@@ -20,8 +20,9 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.locations import workspace_file
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.daemon]
@@ -43,14 +44,13 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
     home.mkdir()
     shutil.copyfile(REPO / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("EAGLE3_CONFIG", str(config_path))
 
     instance = dg.DagsterInstance.get()
     defs = build_definitions(load_config(config_path))
     assert defs.resolve_job_def("generation_job").execute_in_process(partition_key="B1", instance=instance).success
 
     daemon = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(workspace_file(tmp_path, config_path))],
         cwd=tmp_path,
         env={**os.environ},
         stdout=(tmp_path / "daemon.log").open("wb"),

@@ -35,11 +35,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.health import health_observation
+from eagle3_pipeline.defs.health.observations import health_observation
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.sshd_fixture import free_port
+from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.local_model]
 
@@ -90,11 +91,12 @@ def _stop_group(pgid: int, grace_s: float) -> None:
 
 
 @contextlib.contextmanager
-def dagster_dev(env: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
-    """`dagster dev` on loopback (webserver, daemon, code server); yields the UI's base URL."""
+def dagster_dev(env: dict[str, str], cwd: Path, log: Path, location: Path) -> Iterator[str]:
+    """`dagster dev` on loopback (webserver, daemon, code server) for the code location in file
+    `location`; yields the UI's base URL."""
     port = free_port()
     dagster = Path(sys.executable).parent / "dagster"
-    argv = [str(dagster), "dev", "-m", "eagle3_pipeline.definitions", "-h", "127.0.0.1", "-p", str(port)]
+    argv = [str(dagster), "dev", "-f", str(location), "-h", "127.0.0.1", "-p", str(port)]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -228,7 +230,7 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
         pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
     config = reduced_pipeline(tmp_path, fake_openai.base_url, local_model)
     home = tmp_path / "dagster_home"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "EAGLE3_CONFIG": str(config)}
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
 
     run = subprocess.run(
         [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)],
@@ -250,7 +252,11 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
     with dg.DagsterInstance.get() as instance:
         instance.report_runless_asset_event(health_observation(report))  # as each sensor tick does
 
-    with dagster_dev(env, tmp_path, tmp_path / "dagster_dev.log") as base, chromium(tmp_path / "chromium") as driver:
+    location = location_file(tmp_path, config)
+    with (
+        dagster_dev(env, tmp_path, tmp_path / "dagster_dev.log", location) as base,
+        chromium(tmp_path / "chromium") as driver,
+    ):
         _open(driver, f"{base}/assets/responses?view=lineage", "prompts", "responses", "training_data")
         edges = _lineage_edges(driver)
         assert {("prompts", "responses"), ("responses", "training_data")} <= edges, edges

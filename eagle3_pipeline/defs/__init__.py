@@ -1,1 +1,18 @@
-"""The Dagster layer: assets, resources and the Definitions factory. Thin over the domain."""
+"""The Dagster layer, in the `dg` layout: one folder per area, each holding its assets, checks,
+sensors and automation as thin factories over the domain packages and `eagle3_pipeline.orchestration`:
+
+- `generation/`: target_model, prompts, responses (+ checks), training_data, the scheduled backfill;
+- `eagle3/`: draft_vocab, hidden_states, eagle3_drafter, drafter_eval, drafter_benchmark;
+- `health/`: the inference servers as observed assets, the health and stall sensors;
+- `ops/`: the automation sensor, the executor;
+- `resources.py`: the pipeline's settings and the inference endpoint;
+- `pipeline.py`: :func:`build_definitions` (one pipeline file → Definitions) and the `Eagle3Pipeline`
+  component, instanced by `local/defs.yaml`.
+
+The area modules define nothing at module level, so `load_from_defs_folder` finds the definitions only
+through the component instances.
+"""
+
+from eagle3_pipeline.defs.pipeline import Eagle3Pipeline, build_definitions
+
+__all__ = ["Eagle3Pipeline", "build_definitions"]

@@ -17,10 +17,10 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.hosts import claim_host
-from eagle3_pipeline.defs.launching import HOST_TAG
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.orchestration.hosts import claim_host
+from eagle3_pipeline.orchestration.launching import HOST_TAG
 from eagle3_pipeline.serving import InferenceProvider
 
 
@@ -74,7 +74,7 @@ class InferenceResource(dg.ConfigurableResource):
 
     With several inference hosts (`inference.hosts`), a run uses the host its tag `eagle3/host`
     names — its endpoints, and its health section for the preflight; a run without the tag (a
-    backfill's) claims a free healthy host first (:func:`eagle3_pipeline.defs.hosts.claim_host`)."""
+    backfill's) claims a free healthy host first (:func:`eagle3_pipeline.orchestration.hosts.claim_host`)."""
 
     pipeline: PipelineResource
     base_url: str | None = None

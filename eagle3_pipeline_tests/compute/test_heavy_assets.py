@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch")
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.hidden_states.store import StoreManifest
 from eagle3_pipeline_tests.compute.conftest import Layout, idle_gpu_rows, write_pipeline

@@ -12,8 +12,8 @@ import pytest
 
 from eagle3_pipeline.compute.remote import RemoteRun
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.hosts import SshHost
+from eagle3_pipeline.orchestration.compute import run_heavy_phase
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.specforge_files import import_spec, make_samples, write_specforge
 

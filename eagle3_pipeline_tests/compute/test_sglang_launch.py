@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
 from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data

@@ -1,5 +1,6 @@
 """deploy/ for real: a PostgreSQL-backed instance (deploy/dagster.yaml, unchanged), the code location
-in its own `dagster code-server` (deploy/workspace.yaml, unchanged), and the real `dagster-daemon`.
+in its own `dagster code-server` (deploy/workspace.yaml, unchanged; started on a location file of
+the test's pipeline file), and the real `dagster-daemon`.
 
 The scenario of test_orchestration_daemon.py on five datasets: B1 is materialized before the daemon
 starts; B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued
@@ -26,11 +27,12 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.definitions import GENERATION_JOB, build_definitions
-from eagle3_pipeline.defs.launching import IN_FLIGHT
+from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
+from eagle3_pipeline.orchestration.launching import IN_FLIGHT
 from eagle3_pipeline_tests.deploy.postgres_server import Postgres
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.sshd_fixture import free_port
+from eagle3_pipeline_tests.locations import location_file
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 from eagle3_pipeline_tests.test_orchestration_daemon import materialized
 
@@ -87,7 +89,6 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
     for name, value in {
         **postgres.env(),
         "DAGSTER_HOME": str(home),
-        "EAGLE3_CONFIG": str(config_path),
         "EAGLE3_CODE_SERVER_HOST": "127.0.0.1",
         "EAGLE3_CODE_SERVER_PORT": str(code_port),
     }.items():
@@ -105,8 +106,8 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
         str(BIN / "dagster"),
         "code-server",
         "start",
-        "-m",
-        "eagle3_pipeline.definitions",
+        "-f",
+        str(location_file(tmp_path, config_path)),
         "--location-name",
         "eagle3_pipeline",
         "-h",

@@ -28,7 +28,7 @@ from eagle3_pipeline.config import (
     load_config,
     local_profile_path,
 )
-from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
+from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.drafter.acceptance import AcceptanceStats, target_reference
 from eagle3_pipeline.drafter.evaluate import (
     WARNING,

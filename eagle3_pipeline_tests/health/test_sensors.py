@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
 from eagle3_pipeline_tests.health.pipeline_files import write_config

@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.pipeline_files import write_config

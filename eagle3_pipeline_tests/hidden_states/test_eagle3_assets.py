@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 import dagster as dg
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import ExtractionError, run, spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile

@@ -7,6 +7,7 @@ materialization. The blocking check on ``training_data`` (its template mismatch 
 :func:`build_training_data_checks`.
 """
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,15 @@ from eagle3_pipeline.layout import ArtifactLayout
 
 def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
     """`config` (the file at load) words the descriptions; each check reads its settings from the
-    `pipeline` resource when it runs."""
+    `pipeline` resource when it runs. The checks are partitioned like `responses` (one verdict per
+    dataset), a Preview feature of Dagster: its PreviewWarning is expected here, so it is silenced
+    while these checks are defined only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*", category=dg.PreviewWarning)
+        return _response_checks(config, responses)
+
+
+def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(
         asset=responses,

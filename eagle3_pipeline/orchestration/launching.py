@@ -1,9 +1,9 @@
 """Which `responses` partitions to launch now, with which run key — the state is Dagster's run history.
 
-Shared by the `inference_health` sensor (run requests) and the scheduled backfill's condition
-(:class:`eagle3_pipeline.defs.automation.GenerationDue`, which takes the partitions), so neither
-thrashes. A partition's runs are those tagged with it that ran `generation_job` or selected `prompts`
-or `responses` (a backfill's runs):
+The last step of the one launch decision (:func:`eagle3_pipeline.orchestration.launch.decide_generation`)
+that the `inference_health` sensor and the scheduled backfill's condition share, so neither thrashes.
+A partition's runs are those tagged with it that ran `generation_job` or selected `prompts` or
+`responses` (a backfill's runs):
 - a partition with a run QUEUED, NOT_STARTED, STARTING, STARTED or CANCELING is in flight (a
   canceling run still holds the checkpoint lock);
 - after k consecutive failed runs (FAILURE or CANCELED since its last success) the next attempt
@@ -31,7 +31,7 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.config import LaunchConfig
-from eagle3_pipeline.defs.staleness import RESPONSES
+from eagle3_pipeline.orchestration.staleness import RESPONSES
 
 GENERATION_JOB = "generation_job"
 PARTITION_TAG = "dagster/partition"

@@ -24,8 +24,6 @@ import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.compute import run_heavy_phase, under_root
-from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
@@ -36,6 +34,8 @@ from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_chec
 from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.compute import run_heavy_phase, under_root
+from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.serving import tokenizer_name
 from eagle3_pipeline.target import TargetError, dimensions, read_config
 
@@ -51,7 +51,7 @@ PHASE_ERRORS = (
     ServingReferenceError,
 )
 STORE_FILES = ("index.parquet", "manifest.json")
-# The blocking checks of training_data, honoured across runs (defs/gating.py).
+# The blocking checks of training_data, honoured across runs (orchestration/gating.py).
 TRAINING_DATA_CHECKS = [dg.AssetCheckKey(dg.AssetKey("training_data"), "template_mismatch_rate")]
 
 

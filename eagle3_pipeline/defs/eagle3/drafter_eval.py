@@ -13,18 +13,18 @@ import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, tau_checked
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.compute import run_heavy_phase
-from eagle3_pipeline.defs.gating import require_passing_checks
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.evaluate import WARNING, held_out_spec, tau_regressions
 from eagle3_pipeline.drafter.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.compute import run_heavy_phase
+from eagle3_pipeline.orchestration.gating import require_passing_checks
 
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
-# The blocking checks of what drafter_eval reads, honoured across runs (defs/gating.py).
+# The blocking checks of what drafter_eval reads, honoured across runs (orchestration/gating.py).
 INPUT_CHECKS = [
     dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"),
     dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage"),

@@ -22,9 +22,7 @@ import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.compute import DagsterReporter, run_heavy_phase, under_root
-from eagle3_pipeline.defs.eagle3 import extract_launch
-from eagle3_pipeline.defs.gating import require_passing_checks
+from eagle3_pipeline.defs.eagle3.hidden_states import extract_launch
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
@@ -36,8 +34,10 @@ from eagle3_pipeline.hidden_states.plan import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import StoreError
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.compute import DagsterReporter, run_heavy_phase, under_root
+from eagle3_pipeline.orchestration.gating import require_passing_checks
 
-# The blocking checks of what the drafter trains on, honoured across runs (defs/gating.py).
+# The blocking checks of what the drafter trains on, honoured across runs (orchestration/gating.py).
 INPUT_CHECKS = [
     dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"),
     dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage"),

@@ -3,7 +3,7 @@
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
   prompts       → eagle3_pipeline.prompts.load_prompts
-  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/checks.py)
+  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.build_training_data
 """
 
@@ -20,10 +20,10 @@ from eagle3_pipeline.alerts import Alerter, budget_reached
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep import build_training_data, read_manifest
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement, tokenizer_agreement
-from eagle3_pipeline.defs.automation import FOLLOW_UPSTREAM, scheduled_backfill
-from eagle3_pipeline.defs.checks import build_response_checks, build_training_data_checks
-from eagle3_pipeline.defs.gating import blocking_check_keys, require_passing_checks
-from eagle3_pipeline.defs.health import health_observation, report_metadata
+from eagle3_pipeline.defs.generation.automation import scheduled_backfill
+from eagle3_pipeline.defs.generation.checks import build_response_checks, build_training_data_checks
+from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
+from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
@@ -33,6 +33,7 @@ from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.hidden_states.validation import record_from_first
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
+from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline.serving import tokenizer_name
@@ -113,7 +114,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
     def target_model(
         context: dg.AssetExecutionContext, pipes_subprocess_client: dg.PipesSubprocessClient
     ) -> dg.MaterializeResult:
-        command = [sys.executable, "-m", "eagle3_pipeline.defs.prepare_model_step"]
+        command = [sys.executable, "-m", "eagle3_pipeline.defs.generation.prepare_model_step"]
         quiet = {**os.environ, "TQDM_DISABLE": "1"}
         return pipes_subprocess_client.run(command=command, context=context, env=quiet).get_materialize_result()
 
@@ -164,7 +165,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
         # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
-        # tags (see defs/hosts.py): Dagster fixes an op's pool in its definition, not per run.
+        # tags (see orchestration/hosts.py): Dagster fixes an op's pool in its definition, not per run.
         pool=None if config.inference.hosts else "gpu",
         required_resource_keys={"pipeline", "inference"},
         automation_condition=backfill,

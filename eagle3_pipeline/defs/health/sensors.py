@@ -1,74 +1,24 @@
-"""Health in the UI: the inference server as an observed asset, the health sensor that gates
-generation runs on it, and the stall sensor that watches running generations.
+"""Health in the UI: the health sensor that gates generation runs on the inference servers (observed
+on them, :mod:`.observations`), and the stall sensor that watches running generations.
 
 Default states: `inference_health` starts stopped (it launches work continuously; the scheduled
 backfill is the default way to launch, turn the sensor on instead of or beside it); `generation_stall`
 starts running (it only observes, and terminates only with `health.terminate_stalled_runs`)."""
 
-import time
-from typing import Any
-
 import dagster as dg
 
-from eagle3_pipeline.alerts import Alerter, health_changed, stall_detected
+from eagle3_pipeline.alerts import Alerter, stall_detected
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.hosts import InferenceHosts, gate_summary, sick_hosts_line
-from eagle3_pipeline.defs.launching import partitions_in_flight, plan_launches
+from eagle3_pipeline.defs.health.observations import health_observation
 from eagle3_pipeline.defs.resources import PipelineResource
-from eagle3_pipeline.defs.staleness import partitions_to_generate
-from eagle3_pipeline.health import HealthReport
-from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
 from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.monitor import report_markdown, tokens_per_second
+from eagle3_pipeline.orchestration.launch import decide_generation
+from eagle3_pipeline.orchestration.launching import partitions_in_flight
+from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
 
-INFERENCE_SERVER = dg.AssetKey("inference_server")
 RESPONSES = dg.AssetKey("responses")
 HIDDEN_STATES = dg.AssetKey("hidden_states")
-
-inference_server = dg.AssetSpec(
-    INFERENCE_SERVER,
-    group_name="target",
-    description="The inference host and server. Not materialized: each health tick records an "
-    "observation carrying the report (per-check status, GPU table, tokens/s).",
-)
-
-
-def report_metadata(report: HealthReport) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "overall": report.overall.value,
-        "healthy": report.healthy,
-        "summary": report.summary(),
-        "report": dg.MetadataValue.md(report_markdown(report)),
-    }
-    metadata.update({f"check/{c.name}": c.status.value for c in report.checks})
-    rate = tokens_per_second(report)
-    if rate is not None:
-        metadata["tokens_per_s"] = round(rate, 1)
-    return metadata
-
-
-def server_key(host: str | None = None) -> dg.AssetKey:
-    """`inference_server`, or `inference_server/<host>` for one of several inference hosts."""
-    return INFERENCE_SERVER if host is None else dg.AssetKey([*INFERENCE_SERVER.path, host])
-
-
-def inference_server_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
-    """`inference_server`, and one observed asset per host of `inference.hosts`."""
-    return [inference_server] + [
-        dg.AssetSpec(
-            server_key(host.name),
-            group_name="target",
-            description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an observation "
-            "carrying its report; while it is not healthy it receives no new `responses` partition.",
-        )
-        for host in config.inference.hosts
-    ]
-
-
-def health_observation(report: HealthReport, host: str | None = None) -> dg.AssetObservation:
-    metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
-    return dg.AssetObservation(asset_key=server_key(host), metadata=metadata)
 
 
 def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg.SensorDefinition]:
@@ -87,38 +37,25 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         "healthy host, one run per host); failed partitions are retried with backoff, then left alone.",
     )
     def inference_health(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
-        config = pipeline.config()
-        hosts = InferenceHosts(config)
-        try:
-            verdicts, cursor = hosts.tick(context.cursor)
-        finally:
-            hosts.close()
-        for verdict in verdicts:
-            health_changed(
-                Alerter.for_pipeline(config.for_host(verdict.name), context.log.warning), verdict.report, verdict.name
-            )
-        events = [health_observation(v.report, v.name) for v in verdicts]
-        summary = gate_summary(verdicts)
-        if not any(v.report.healthy for v in verdicts):
-            return dg.SensorResult(
-                skip_reason=f"not launching generation: {summary}", cursor=cursor, asset_events=events
-            )
-        wanted = partitions_to_generate(context.instance, config)
-        plan = plan_launches(
+        decision = decide_generation(
             context.instance,
-            generation_job,
-            list(wanted),
-            config.launch,
+            pipeline.config(),
+            context.log.warning,
+            cursor=context.cursor,
             tags={"eagle3/launched_by": "inference_health"},
-            hosts=hosts.choice(verdicts),
         )
-        notes = "; ".join(line for line in (sick_hosts_line(verdicts), plan.reasons()) if line)
-        if notes:
-            context.log.info(notes)
-        if not plan.requests:
-            why = plan.reasons() or "every responses partition is materialized and current"
-            return dg.SensorResult(skip_reason=f"{summary}; {why}", cursor=cursor, asset_events=events)
-        return dg.SensorResult(run_requests=plan.requests, cursor=cursor, asset_events=events)
+        events = [health_observation(v.report, v.name) for v in decision.verdicts]
+        if not decision.gate_open:
+            return dg.SensorResult(
+                skip_reason=f"not launching generation: {decision.gate}", cursor=decision.cursor, asset_events=events
+            )
+        if decision.notes:
+            context.log.info(decision.notes)
+        if decision.plan is None or not decision.plan.requests:
+            return dg.SensorResult(
+                skip_reason=f"{decision.gate}; {decision.why_nothing}", cursor=decision.cursor, asset_events=events
+            )
+        return dg.SensorResult(run_requests=decision.plan.requests, cursor=decision.cursor, asset_events=events)
 
     @dg.sensor(
         name="generation_stall",
@@ -182,23 +119,3 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         return dg.SensorResult(skip_reason="every generating or extracting run made progress within the stall window")
 
     return [inference_health, generation_stall]
-
-
-def extracting_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
-    """Started runs whose selection includes `hidden_states`."""
-    records = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-    return [r for r in records if HIDDEN_STATES in (r.dagster_run.asset_selection or set())]
-
-
-def quiet_seconds(config: PipelineConfig, partition: str, run_id: str, now: float | None = None) -> float | None:
-    """Seconds since `run_id` last showed progress on `partition`: since it started generating (its
-    heartbeat) or its checkpoint last grew, whichever is later; None while it is not generating."""
-    beat = read_heartbeat(heartbeat_path(config.artifacts_root, partition))
-    if beat is None or beat.run_id != run_id:
-        return None
-    checkpoint = ArtifactLayout(config.artifacts_root).checkpoint(partition)
-    try:
-        written = checkpoint.stat().st_mtime
-    except FileNotFoundError:
-        written = 0.0
-    return (time.time() if now is None else now) - max(beat.started_at, written)

@@ -15,10 +15,14 @@ e.g. in `training_data`:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+# The statuses of a finished evaluation (`AssetCheckExecutionRecordStatus` values; the enum is not
+# exported by `dagster`, so the records are compared by value).
+COMPLETED = {"SUCCEEDED", "FAILED"}
+PAGE = 100
 
 
 def blocking_check_keys(checks: Sequence[dg.AssetChecksDefinition]) -> list[dg.AssetCheckKey]:
@@ -26,20 +30,36 @@ def blocking_check_keys(checks: Sequence[dg.AssetChecksDefinition]) -> list[dg.A
     return sorted((spec.key for c in checks for spec in c.check_specs if spec.blocking), key=lambda key: key.name)
 
 
+def latest_evaluations(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, partitions: Sequence[str | None]
+) -> dict[str | None, Any]:
+    """partition → the latest finished execution record of check `key` on it (absent: none yet),
+    paging back through the check's history until every partition has one or the history ends."""
+    latest: dict[str | None, Any] = {}
+    wanted = set(partitions)
+    cursor: int | None = None
+    while wanted - set(latest):
+        page = instance.event_log_storage.get_asset_check_execution_history(key, limit=PAGE, cursor=cursor)
+        for record in page:
+            if record.partition in wanted and record.partition not in latest and record.status.value in COMPLETED:
+                latest[record.partition] = record
+        if len(page) < PAGE:
+            break
+        cursor = page[-1].id
+    return latest
+
+
 def failed_blocking_checks(
     instance: dg.DagsterInstance, check_keys: Sequence[dg.AssetCheckKey], partitions: Sequence[str | None]
 ) -> list[str]:
     """`asset[partition]: check (its verdict)` for every latest evaluation that failed."""
     refused = []
-    completed = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
+    latest = {key: latest_evaluations(instance, key, partitions) for key in check_keys}
     for partition in partitions:
         for key in check_keys:
-            history = instance.event_log_storage.get_asset_check_execution_history(
-                key, limit=1, status=completed, partition_filter=PartitionKeyFilter(key=partition)
-            )
-            if not history or history[0].status != AssetCheckExecutionRecordStatus.FAILED:
+            record = latest[key].get(partition)
+            if record is None or record.status.value != "FAILED":
                 continue
-            record = history[0]
             evaluation = record.evaluation
             verdict = f" ({evaluation.description})" if evaluation is not None and evaluation.description else ""
             where = f"[{partition}]" if partition is not None else ""

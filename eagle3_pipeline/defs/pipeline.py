@@ -1,20 +1,26 @@
-"""Compose the Dagster definitions for one pipeline file."""
+"""One pipeline as Dagster definitions: :func:`build_definitions` composes the areas' factories for one
+pipeline file, and :class:`Eagle3Pipeline` is the `dg` component that a `defs.yaml` instances with
+that file (the code location's pipeline is `defs/local/defs.yaml`, the shipped local profile)."""
 
 from __future__ import annotations
 
-import dagster as dg
+from pathlib import Path
 
-from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.assets import build_assets
-from eagle3_pipeline.defs.automation import build_automation_sensor
-from eagle3_pipeline.defs.deploy import build_executor
-from eagle3_pipeline.defs.drafter import build_drafter_assets
-from eagle3_pipeline.defs.drafter_benchmark import build_drafter_benchmark
-from eagle3_pipeline.defs.drafter_eval import build_drafter_eval
-from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
-from eagle3_pipeline.defs.health import build_health_sensors, inference_server_specs
-from eagle3_pipeline.defs.launching import GENERATION_JOB
+import dagster as dg
+from pydantic import Field
+
+from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.defs.eagle3.drafter_benchmark import build_drafter_benchmark
+from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
+from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.defs.generation.assets import build_assets
+from eagle3_pipeline.defs.health.observations import inference_server_specs
+from eagle3_pipeline.defs.health.sensors import build_health_sensors
+from eagle3_pipeline.defs.ops.automation import build_automation_sensor
+from eagle3_pipeline.defs.ops.deploy import build_executor
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
+from eagle3_pipeline.orchestration.launching import GENERATION_JOB
 
 SETUP_JOB = "setup_job"
 DOWNSTREAM_JOB = "downstream_job"
@@ -76,3 +82,29 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
         },
         executor=build_executor(config),
     )
+
+
+class Eagle3Pipeline(dg.Component, dg.Resolvable, dg.Model):
+    """An EAGLE-3 pipeline (prompts → responses → training_data → draft_vocab → hidden_states →
+    eagle3_drafter → drafter_eval) built from one pipeline file. Loading reads only the file: missing
+    source files and unset API-key variables are reported by the run that needs them, so the
+    webserver and the daemon load in any environment."""
+
+    config_file: str = Field(
+        description="The pipeline YAML file (e.g. a profile of eagle3_pipeline/profiles); a relative path "
+        "is read from the folder of this defs.yaml. Its settings are read again by each run and tick."
+    )
+    artifacts_root: str | None = Field(
+        default=None,
+        description="Replaces the file's artifacts_root for every phase (absolute, or relative to the "
+        "working directory of the run); empty: the file's.",
+    )
+
+    def config_path(self, folder: Path) -> Path:
+        path = Path(self.config_file).expanduser()
+        return path if path.is_absolute() else (folder / path).resolve()
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        path = self.config_path(context.path)
+        config = load_config(path, runtime_checks=False)
+        return build_definitions(config, PipelineResource(config_path=str(path), artifacts_root=self.artifacts_root))

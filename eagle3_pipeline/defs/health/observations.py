@@ -1,0 +1,55 @@
+"""The inference servers as observed assets: `inference_server` (or one per host of
+`inference.hosts`), and the observation each health tick or preflight records on it."""
+
+from typing import Any
+
+import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.monitor import report_markdown, tokens_per_second
+
+INFERENCE_SERVER = dg.AssetKey("inference_server")
+
+
+def report_metadata(report: HealthReport) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "overall": report.overall.value,
+        "healthy": report.healthy,
+        "summary": report.summary(),
+        "report": dg.MetadataValue.md(report_markdown(report)),
+    }
+    metadata.update({f"check/{c.name}": c.status.value for c in report.checks})
+    rate = tokens_per_second(report)
+    if rate is not None:
+        metadata["tokens_per_s"] = round(rate, 1)
+    return metadata
+
+
+def server_key(host: str | None = None) -> dg.AssetKey:
+    """`inference_server`, or `inference_server/<host>` for one of several inference hosts."""
+    return INFERENCE_SERVER if host is None else dg.AssetKey([*INFERENCE_SERVER.path, host])
+
+
+def inference_server_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
+    """`inference_server`, and one observed asset per host of `inference.hosts`."""
+    inference_server = dg.AssetSpec(
+        INFERENCE_SERVER,
+        group_name="target",
+        description="The inference host and server. Not materialized: each health tick records an "
+        "observation carrying the report (per-check status, GPU table, tokens/s).",
+    )
+    return [inference_server] + [
+        dg.AssetSpec(
+            server_key(host.name),
+            group_name="target",
+            description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an "
+            "observation carrying its report; while it is not healthy it receives no new `responses` partition.",
+        )
+        for host in config.inference.hosts
+    ]
+
+
+def health_observation(report: HealthReport, host: str | None = None) -> dg.AssetObservation:
+    metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
+    return dg.AssetObservation(asset_key=server_key(host), metadata=metadata)

@@ -1,0 +1,8 @@
+"""Orchestration policy: plain typed Python that the Dagster layer (`eagle3_pipeline.defs`) calls.
+
+It decides, from Dagster's run and event records (read through the public `dagster` API), which
+`responses` partitions to launch and where (:mod:`.launch`, :mod:`.launching`, :mod:`.hosts`,
+:mod:`.staleness`), refuses inputs whose blocking checks failed in an earlier run (:mod:`.gating`)
+and runs a heavy phase where ``compute:`` says (:mod:`.compute`). No asset, check or sensor is
+defined here.
+"""

@@ -1,0 +1,88 @@
+"""The one launch decision for generation: which `responses` partitions start now, and on which host.
+
+Both ways generation launches by itself ask :func:`decide_generation`: the `inference_health`
+sensor (it turns the plan's run requests into runs) and the scheduled backfill's condition
+(:class:`eagle3_pipeline.defs.generation.automation.GenerationDue`, which takes their partitions).
+One decision is: every host's health tick → an alert on each change of a host's verdict → the
+gate (at least one healthy host) → the partitions to generate (missing or stale,
+:mod:`.staleness`) → :func:`.launching.plan_launches` (in flight, backoff, given up, free hosts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import dagster as dg
+
+from eagle3_pipeline.alerts import Alerter, health_changed
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.orchestration.hosts import HostVerdict, InferenceHosts, gate_summary, sick_hosts_line
+from eagle3_pipeline.orchestration.launching import GENERATION_JOB, LaunchPlan, plan_launches
+from eagle3_pipeline.orchestration.staleness import partitions_to_generate
+
+ALL_CURRENT = "every responses partition is materialized and current"
+
+
+@dataclass(frozen=True)
+class GenerationDecision:
+    """One tick's decision: the hosts' verdicts and the cursor for the next tick; with the gate
+    open, the partitions wanted (partition → why) and the launch plan for them."""
+
+    verdicts: list[HostVerdict]
+    cursor: str
+    wanted: Mapping[str, str]
+    plan: LaunchPlan | None
+
+    @property
+    def gate_open(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def gate(self) -> str:
+        """Every host's health summary."""
+        return gate_summary(self.verdicts)
+
+    @property
+    def due(self) -> frozenset[str]:
+        """The partitions to launch now."""
+        if self.plan is None:
+            return frozenset()
+        return frozenset(r.partition_key for r in self.plan.requests if r.partition_key)
+
+    @property
+    def notes(self) -> str:
+        """Why the sick hosts get nothing and why the other wanted partitions wait ("" if none)."""
+        reasons = self.plan.reasons() if self.plan is not None else ""
+        return "; ".join(line for line in (sick_hosts_line(self.verdicts), reasons) if line)
+
+    @property
+    def why_nothing(self) -> str:
+        """Why no partition is launched (meaningful when :attr:`due` is empty)."""
+        if self.plan is None:
+            return f"the health gate is closed: {self.gate}"
+        return self.plan.reasons() or ALL_CURRENT
+
+
+def decide_generation(
+    instance: dg.DagsterInstance,
+    config: PipelineConfig,
+    warn: Callable[[str], None],
+    cursor: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> GenerationDecision:
+    """Run every host's health tick from `cursor` (alerts on verdict changes go through `warn`),
+    then, if one host is healthy, plan the launches of the partitions to generate (their run
+    requests carry `tags`)."""
+    hosts = InferenceHosts(config)
+    try:
+        verdicts, next_cursor = hosts.tick(cursor)
+    finally:
+        hosts.close()
+    for verdict in verdicts:
+        health_changed(Alerter.for_pipeline(config.for_host(verdict.name), warn), verdict.report, verdict.name)
+    if not any(v.report.healthy for v in verdicts):
+        return GenerationDecision(verdicts, next_cursor, {}, None)
+    wanted = partitions_to_generate(instance, config)
+    plan = plan_launches(instance, GENERATION_JOB, list(wanted), config.launch, tags=tags, hosts=hosts.choice(verdicts))
+    return GenerationDecision(verdicts, next_cursor, wanted, plan)

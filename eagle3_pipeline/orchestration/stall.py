@@ -1,0 +1,35 @@
+"""When a running generation or hidden-state extraction counts as stalled: the seconds since it last
+showed progress (its heartbeat, its checkpoint, the shards it writes), read by the
+`generation_stall` sensor."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
+from eagle3_pipeline.layout import ArtifactLayout
+
+HIDDEN_STATES = dg.AssetKey("hidden_states")
+
+
+def extracting_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
+    """Started runs whose selection includes `hidden_states`."""
+    records = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    return [r for r in records if HIDDEN_STATES in (r.dagster_run.asset_selection or set())]
+
+
+def quiet_seconds(config: PipelineConfig, partition: str, run_id: str, now: float | None = None) -> float | None:
+    """Seconds since `run_id` last showed progress on `partition`: since it started generating (its
+    heartbeat) or its checkpoint last grew, whichever is later; None while it is not generating."""
+    beat = read_heartbeat(heartbeat_path(config.artifacts_root, partition))
+    if beat is None or beat.run_id != run_id:
+        return None
+    checkpoint = ArtifactLayout(config.artifacts_root).checkpoint(partition)
+    try:
+        written = checkpoint.stat().st_mtime
+    except FileNotFoundError:
+        written = 0.0
+    return (time.time() if now is None else now) - max(beat.started_at, written)
