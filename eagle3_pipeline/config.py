@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -645,23 +646,26 @@ class DrafterModelConfig(_Model):
     drafter (`eagle3_pipeline.drafter.train.drafter_config`)."""
 
     hidden_size: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Draft hidden size; default the target's."
+        default=None, description="Draft hidden size; default the target's."
     )
     intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size."
+        default=None,
+        description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size.",
     )
     num_attention_heads: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
+        default=None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
     )
     num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
+        default=None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
     )
     head_dim: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Per-head size; default the target's, for an MLA target 128."
+        default=None, description="Per-head size; default the target's, for an MLA target 128."
     )
-    rope_theta: Annotated[float, Field(gt=0)] | None = Field(None, description="RoPE base; default the target's.")
+    rope_theta: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="RoPE base; default the target's."
+    )
     rope_scaling: dict[str, Any] | None = Field(
-        None,
+        default=None,
         description=(
             "RoPE scaling in the Hugging Face form (rope_type default, linear, llama3 or yarn and its keys); "
             "left out: the target's; null: no scaling. YaRN is written so SGLang and vLLM serve it as trained "
@@ -669,7 +673,7 @@ class DrafterModelConfig(_Model):
         ),
     )
     max_position_embeddings: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Context the drafter's config.json declares; default the target's, never less."
+        default=None, description="Context the drafter's config.json declares; default the target's, never less."
     )
 
     @field_validator("rope_scaling", mode="before")
@@ -686,7 +690,7 @@ class DrafterConfig(_Model):
     model: DrafterModelConfig = DrafterModelConfig()
     ttt_steps: Annotated[int, Field(gt=0, le=16)] = 7
     lr: Annotated[float, Field(gt=0)] = Field(
-        1e-4,
+        default=1e-4,
         description=(
             "Peak AdamW learning rate (linear warmup, then cosine). 1e-4: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, "
             "Llama-3.3-70B and Kimi-K2 (sgl-project/SpecForge examples/configs/llama3.1-8b-eagle3-online.yaml @ 1d62d19, "
@@ -699,7 +703,7 @@ class DrafterConfig(_Model):
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.02
     epochs: Annotated[int, Field(gt=0)] = Field(
-        10,
+        default=10,
         description=(
             "Passes over the train split. 10: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, Llama-3.3-70B, DeepSeek-V3 671B "
             "and Kimi-K2 all train num_epochs 10 (the files named under lr); EAGLE's own EAGLE-3 training runs 40 "
@@ -1024,7 +1028,7 @@ def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
     return "".join(parts) or "<top level>"
 
 
-def _describe(error: dict[str, Any], raw: Any) -> str:
+def _describe(error: ErrorDetails, raw: Any) -> str:
     where = _field_path(tuple(error["loc"]), raw)
     kind = error["type"]
     if kind == "extra_forbidden":

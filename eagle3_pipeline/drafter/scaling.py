@@ -64,7 +64,7 @@ import os
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -89,11 +89,14 @@ def new_curve(k: int, epochs: int, data_tokens: Mapping[str, int]) -> dict[str, 
     return {"k": k, "epochs": epochs, "data_tokens": dict(sorted(data_tokens.items())), "points": []}
 
 
+_RowKey = TypeVar("_RowKey", bound=Hashable)
+
+
 def tokens_seen(
-    plans: Sequence[Sequence[Sequence[Hashable]]],
+    plans: Sequence[Sequence[Sequence[_RowKey]]],
     epoch: int,
     batch_index: int,
-    tokens_of: Mapping[Hashable, tuple[str, int]],
+    tokens_of: Mapping[_RowKey, tuple[str, int]],
 ) -> dict[str, int]:
     """Training tokens per dataset consumed up to the data position ``(epoch, batch_index)`` (the
     next batch to train): every batch of the earlier epochs and the first ``batch_index`` of this
