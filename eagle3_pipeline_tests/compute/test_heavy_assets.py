@@ -121,7 +121,7 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(
         and metadata["serving_samples"] == 4
     )
     observed = [
-        e.event_specific_data.asset_observation.metadata
+        e.asset_observation_data.asset_observation.metadata
         for e in result.all_events
         if e.event_type_value == "ASSET_OBSERVATION"
     ]

@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 F = torch.nn.functional
 
 from torch.utils._python_dispatch import TorchDispatchMode

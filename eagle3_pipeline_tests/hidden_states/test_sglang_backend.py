@@ -11,7 +11,7 @@ each request of a batch alone, as the extractor does, so any difference is the w
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ class Recorder:
     def log(self, message: str) -> None:
         self.lines.append(message)
 
-    def progress(self, metrics: dict[str, Any]) -> None:
+    def progress(self, metrics: Mapping[str, Any]) -> None:
         return None
 
 

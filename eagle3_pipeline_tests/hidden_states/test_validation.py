@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ class Recorder:
     def log(self, message: str) -> None:
         self.lines.append(message)
 
-    def progress(self, metrics: dict[str, Any]) -> None:
+    def progress(self, metrics: Mapping[str, Any]) -> None:
         pass
 
 
