@@ -61,6 +61,7 @@ def refusal(config: Any) -> str:
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     error = failure.step_failure_data.error
+    assert error is not None
     return error.cause.message if error.cause else error.message
 
 

@@ -49,7 +49,8 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     assert observations and "acc_1" in observations[0].asset_observation_data.asset_observation.metadata
     metadata = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
     assert {"first_loss", "last_loss", "training_curve", "eval_at_checkpoints", "export_dir"} <= set(metadata)
-    assert len(metadata["training_curve"].value.records) == len(observations)
+    curve = metadata["training_curve"]
+    assert isinstance(curve, dg.TableMetadataValue) and len(curve.records) == len(observations)
     assert metadata["processes"].value == processes
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 

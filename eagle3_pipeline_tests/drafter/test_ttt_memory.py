@@ -306,7 +306,7 @@ class _LargestTensor(TorchDispatchMode):
 def _largest_tensor_of_a_training_step(forward: Any, model: Eagle3Drafter, batch: Batch) -> tuple[int, tuple[int, ...]]:
     with _LargestTensor() as seen:
         logits = forward(model, batch.aux, batch.input_ids, STEPS, batch.attention_mask)
-        sum(step.sum() for step in logits).backward()
+        torch.stack([step.sum() for step in logits]).sum().backward()
     return seen.largest, seen.shape
 
 
