@@ -61,7 +61,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -212,7 +212,7 @@ def _linear(x: np.ndarray, y: np.ndarray, b: float) -> tuple[float, float, float
     return float(c), float(a), float(residual @ residual)
 
 
-def fit_tau(dataset: str, tokens: Sequence[float], taus: Sequence[float], k: int, eval_steps: int) -> PowerFit | NoFit:
+def fit_tau(dataset: str, tokens: Iterable[float], taus: Iterable[float], k: int, eval_steps: int) -> PowerFit | NoFit:
     """The power-law fit of τ@k against the training tokens of ``dataset`` (module doc), or why not."""
     pairs = sorted((float(n), float(t)) for n, t in zip(tokens, taus, strict=True) if n > 0)
     if len(pairs) < MIN_POINTS:

@@ -16,7 +16,7 @@ from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write
 pytestmark = pytest.mark.local_model
 
 
-def pipeline(tmp_path: Path, extra: str) -> dg.Definitions:
+def pipeline(tmp_path: Path, extra: str) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"
     path.write_text(

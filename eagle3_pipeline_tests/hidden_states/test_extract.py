@@ -210,7 +210,8 @@ def test_kill_9_then_rerun_redoes_only_unfinished_shards(data: Path, tmp_path: P
     assert "extract: reusing shard-00000" in report.lines
     written = [line.split()[2] for line in report.lines if line.startswith("extract: wrote")]
     assert written == [f"shard-{n:05d}" for n in range(1, planned)]
-    assert meta["samples"] == 8 and extraction_progress(out).finished
+    progress = extraction_progress(out)
+    assert meta["samples"] == 8 and progress is not None and progress.finished
 
 
 def test_progress_reports_shards_tokens_and_bytes(data: Path, tmp_path: Path, local_model: Path) -> None:
