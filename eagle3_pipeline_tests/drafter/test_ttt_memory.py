@@ -232,8 +232,8 @@ def test_logits_and_every_gradient_equal_the_full_score_pass(name: str, blocking
 
     ours = model.ttt_forward(batch.aux, batch.input_ids, STEPS, batch.attention_mask)
     theirs = reference_ttt_forward(model, batch.aux, batch.input_ids, STEPS, batch.attention_mask)
-    ours_grads = _grads(model, sum((o * c).sum() for o, c in zip(ours, cotangents, strict=True)))
-    theirs_grads = _grads(model, sum((o * c).sum() for o, c in zip(theirs, cotangents, strict=True)))
+    ours_grads = _grads(model, torch.stack([(o * c).sum() for o, c in zip(ours, cotangents, strict=True)]).sum())
+    theirs_grads = _grads(model, torch.stack([(o * c).sum() for o, c in zip(theirs, cotangents, strict=True)]).sum())
     print()
     _assert_close(
         {f"logits of step {j}": o for j, o in enumerate(ours)},
