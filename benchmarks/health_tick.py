@@ -38,7 +38,7 @@ def _timed(call: Callable[[], object]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--repetitions", type=int, default=30)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:

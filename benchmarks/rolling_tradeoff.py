@@ -22,7 +22,7 @@ TB, GB, HOUR = 1e12, 1e9, 3600.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--prompts", type=int, default=88_000)
     parser.add_argument("--tokens-per-prompt", type=float, default=1_250)
     parser.add_argument("--bytes-per-token", type=float, default=57_349)

@@ -109,7 +109,7 @@ def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _iter_hub(source: str, split: str) -> Iterator[tuple[str, Any]]:
     try:
-        import datasets
+        import datasets  # pyright: ignore[reportMissingImports]  # optional: not a dependency of the project
     except ImportError:
         raise PromptSourceError(
             f"{source}: Hugging Face datasets need the 'datasets' package (pip install datasets)"

@@ -257,7 +257,7 @@ def endpoints_from_config(config: PipelineConfig, api_keys: Mapping[str, str] | 
     for entry in config.inference.all_endpoints:
         price = Price(entry.price.prompt_per_mtok, entry.price.completion_per_mtok) if entry.price else None
         var = entry.api_key_env
-        key = keys[var] if var in keys else config.api_key(entry)
+        key = keys[var] if var is not None and var in keys else config.api_key(entry)
         endpoints.append(Endpoint(entry.base_url, entry.model or config.target.model, key, price))
     return endpoints
 

@@ -76,7 +76,7 @@ def config_path(model: str) -> Path:
         if not path.is_file():
             raise TargetError(f"{path}: no config.json; the target must be a model folder with its config.json")
         return path
-    from transformers.utils import cached_file
+    from transformers.utils.hub import cached_file
 
     try:
         found = cached_file(model, "config.json")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -52,7 +52,7 @@ def local_model() -> Path:
     return model_dir
 
 
-def write_jsonl(path: Path, records: list[object]) -> Path:
+def write_jsonl(path: Path, records: Sequence[object]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 

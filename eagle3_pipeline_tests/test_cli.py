@@ -88,7 +88,8 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
     assert runs["generation_job"].tags["dagster/partition"] == "B1"
     assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs.values())
     [evaluated] = instance.fetch_materializations(dg.AssetKey("drafter_eval"), limit=1).records
-    scaling = evaluated.asset_materialization.metadata["data_scaling"].value  # type: ignore[union-attr]
+    assert evaluated.asset_materialization is not None
+    scaling = str(evaluated.asset_materialization.metadata["data_scaling"].value)
     assert scaling.startswith("τ@3 against the training tokens seen") and "too few points" in scaling, scaling
 
     repository = ReconstructableRepository.for_module(

@@ -72,6 +72,7 @@ def test_mismatch_rate_within_the_ceiling_passes_and_metadata_is_per_dataset(tmp
     assert metadata["rows"].value == 3 and metadata["template_mismatch_rate"].value == 0.25
     table = cast(dg.TableMetadataValue, metadata["per_dataset"])
     [record] = table.records
-    assert record.data["dataset"] == "B1" and record.data["rows"] == 3 and record.data["masked_tokens"] > 0
+    masked = record.data["masked_tokens"]
+    assert record.data["dataset"] == "B1" and record.data["rows"] == 3 and isinstance(masked, int) and masked > 0
     assert record.data["template_mismatch"] == 1
     assert len(str(metadata["version"].value)) == 16

@@ -14,6 +14,7 @@ the answer).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ WEATHER_TOOL = {
 }
 
 
-def family(local_model: Path, template: str | None, special: list[str], added: list[str] = ()) -> Any:
+def family(local_model: Path, template: str | None, special: list[str], added: Sequence[str] = ()) -> Any:
     tokenizer = load_tokenizer(str(local_model))
     tokenizer.add_tokens(special, special_tokens=True)
     tokenizer.add_tokens(list(added))

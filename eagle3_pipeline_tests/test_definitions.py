@@ -64,7 +64,7 @@ def test_asset_graph_partitions_and_lineage(tmp_path: Path, monkeypatch) -> None
     assert {p.to_user_string() for p in drafter_eval.parent_keys} == {"eagle3_drafter", "hidden_states", "draft_vocab"}
     assert graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("drafter_eval"), "tau_regression")).blocking
     responses = graph.get(dg.AssetKey("responses"))
-    assert responses.partitions_def.get_partition_keys() == config.dataset_ids
+    assert responses.partitions_def is not None and responses.partitions_def.get_partition_keys() == config.dataset_ids
     assert {p.to_user_string() for p in responses.parent_keys} == {"prompts", "target_model"}
     assert responses.pools == {"gpu"}
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("training_data")).parent_keys} == {"responses"}
@@ -150,7 +150,8 @@ def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkey
         .execute_in_process(partition_key="B1", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     )
     failure = next(e for e in result.all_events if e.is_step_failure)
-    assert failure.step_failure_data.user_failure_data.description == str(at_load.value)
+    refused = failure.step_failure_data.user_failure_data
+    assert refused is not None and refused.description == str(at_load.value)
     (tmp_path / "prompts.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
     monkeypatch.delenv("EAGLE3_UNSET_KEY")
     with pytest.raises(

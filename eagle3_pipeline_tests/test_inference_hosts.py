@@ -20,6 +20,7 @@ import multiprocessing
 import sys
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,12 @@ from eagle3_pipeline_tests.test_generation_planning import plan_cli
 from eagle3_pipeline_tests.test_orchestration import Daemonless, evaluate_at, requested, sensor_resources
 
 HOST = "eagle3/host"
+
+
+def run_tags(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, str]:
+    run = instance.get_run_by_id(run_id)
+    assert run is not None, f"no run {run_id}"
+    return run.tags
 
 
 def sick_after(requests: int, sick: threading.Event) -> Script:
@@ -157,11 +164,11 @@ def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path:
         )
         assert finished.tags[HOST] == "b" and finished.tags["eagle3/pool"] == "gpu-b"
         [materialized] = [
-            r.event_log_entry.asset_materialization
+            m
             for r in instance.get_records_for_run(
                 finished.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
             ).records
-            if r.event_log_entry.asset_materialization.asset_key == dg.AssetKey("responses")
+            if (m := r.event_log_entry.asset_materialization) is not None and m.asset_key == dg.AssetKey("responses")
         ]
         assert materialized.metadata["host"] == dg.TextMetadataValue("b")
         assert materialized.metadata["already_done"] == dg.IntMetadataValue(5)
@@ -292,7 +299,8 @@ def test_a_run_placed_on_a_host_that_just_turned_sick_is_refused_by_its_prefligh
             "health gate refused: unhealthy: generation critical"
         )
         [observed] = instance.get_records_for_run(refused.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
-        assert observed.event_log_entry.asset_observation.asset_key == dg.AssetKey(["inference_server", "a"])
+        observation = observed.event_log_entry.asset_observation
+        assert observation is not None and observation.asset_key == dg.AssetKey(["inference_server", "a"])
         assert not [text for text in a.contents if text.startswith("D1")], "nothing was sent to the sick host"
         assert [(r.partition_key, r.tags[HOST]) for r in loop.tick().run_requests] == [("D1", "b")]
         [done] = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
@@ -378,12 +386,12 @@ def test_an_untagged_run_never_lands_on_a_sick_host_and_waits_for_a_healthy_one_
     job = defs.resolve_job_def(GENERATION_JOB)
     with dg.instance_for_test() as instance:
         done = job.execute_in_process(partition_key="D1", instance=instance)
-        assert done.success and instance.get_run_by_id(done.run_id).tags[HOST] == "b"
+        assert done.success and run_tags(instance, done.run_id)[HOST] == "b"
         assert not [text for text in a.contents if text != PROBE], "nothing but health probes was sent to the sick host"
 
         b.script = sick_after(0, threading.Event())
         refused = job.execute_in_process(partition_key="D1", instance=instance, raise_on_error=False)
-        assert not refused.success and HOST not in instance.get_run_by_id(refused.run_id).tags
+        assert not refused.success and HOST not in run_tags(instance, refused.run_id)
         reason = failure_reason(instance, refused.run_id)
         assert (
             "NoHostFree: no healthy inference host was free within launch.host_wait_s = 0 s: no new partitions for host a: unhealthy"
@@ -418,7 +426,7 @@ def test_a_run_without_a_host_tag_waits_while_the_only_healthy_host_is_busy(tmp_
         run = instance.create_run_for_job(job, tags={"dagster/partition": "D1"}, status=dg.DagsterRunStatus.STARTED)
         said: list[str] = []
         assert claim_host(instance, run.run_id, config, said.append, sleep=polled) == "a"
-        assert len(waited) == 3 and instance.get_run_by_id(run.run_id).tags[HOST] == "a"
+        assert len(waited) == 3 and run_tags(instance, run.run_id)[HOST] == "a"
         assert len(said) == 2, f"what it waits for, said once: {said}"
         assert said[0].startswith("waiting for a free healthy inference host: no new partitions for host b: unhealthy")
         assert f"host a busy (run {holder.run_id[:8]})" in said[0]

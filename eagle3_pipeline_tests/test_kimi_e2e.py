@@ -118,7 +118,9 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
     tool_rows = [i for i in texts if responses[i]["finish_reason"] == "tool_calls"]
     assert tool_rows and all("<|tool_calls_section_begin|>" in texts[i] for i in tool_rows)
 
-    first, last = (float(v) for v in re.search(r"loss ([0-9.]+) → ([0-9.]+)", run.stdout).groups())
+    losses = re.search(r"loss ([0-9.]+) → ([0-9.]+)", run.stdout)
+    assert losses, run.stdout
+    first, last = (float(v) for v in losses.groups())
     assert last < first, "the drafter learns"
 
     # The export the pipeline wrote loads strictly into SpecForge's own class (the target's embedding

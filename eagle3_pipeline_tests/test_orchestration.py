@@ -89,12 +89,14 @@ class Daemonless:
         result = self.sensor.evaluate_tick(context)
         self.cursor = result.cursor
         for request in result.run_requests or []:
-            assert request.run_key not in self.launched, "a run key is launched once"
-            self.launched.append(request.run_key)
-            self.defs.resolve_job_def(self.sensor.job_name).execute_in_process(
+            run_key, job_name = request.run_key, self.sensor.job_name
+            assert run_key is not None and job_name is not None, "the sensor names its job and each run's key"
+            assert run_key not in self.launched, "a run key is launched once"
+            self.launched.append(run_key)
+            self.defs.resolve_job_def(job_name).execute_in_process(
                 partition_key=request.partition_key,
                 instance=self.instance,
-                tags={**request.tags, "dagster/run_key": request.run_key, "dagster/sensor_name": self.sensor.name},
+                tags={**request.tags, "dagster/run_key": run_key, "dagster/sensor_name": self.sensor.name},
                 raise_on_error=False,
             )
         return result
@@ -107,11 +109,12 @@ def test_a_failed_partition_waits_for_its_backoff(
     config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"backoff_initial_s": 600})
     loop = Daemonless(build_definitions(config), instance)
     first = loop.tick()
-    assert sorted(r.partition_key for r in first.run_requests) == ["B1", "B2"]
+    assert sorted(str(r.partition_key) for r in first.run_requests or []) == ["B1", "B2"]
     assert len(first.asset_events) == 1 and first.asset_events[0].asset_key == dg.AssetKey("inference_server")
     second = loop.tick()
-    assert "backing off: B2 attempt 2 in" in second.skip_message and not second.run_requests
+    assert "backing off: B2 attempt 2 in" in (second.skip_message or "") and not second.run_requests
     [failed] = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": "B2"}))
+    assert failed.end_time is not None
     assert not plan_launches(instance, "generation_job", ["B2"], config.launch, now=failed.end_time + 599).requests
     [request] = plan_launches(instance, "generation_job", ["B2"], config.launch, now=failed.end_time + 600).requests
     assert request.run_key == "B2:first:attempt-2"
@@ -188,7 +191,8 @@ def test_a_dataset_added_to_the_file_is_a_new_partition(tmp_path: Path, fake_ope
     write_pipeline(tmp_path, fake_openai, datasets=("B1", "B2", "B9"))
     config = load_config(tmp_path / "pipeline.yaml", runtime_checks=False)
     graph = build_definitions(config).resolve_asset_graph()
-    assert graph.get(dg.AssetKey("responses")).partitions_def.get_partition_keys() == ["B1", "B2", "B9"]
+    partitions = graph.get(dg.AssetKey("responses")).partitions_def
+    assert partitions is not None and partitions.get_partition_keys() == ["B1", "B2", "B9"]
 
 
 @pytest.mark.local_model
@@ -217,8 +221,8 @@ def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
         )
         assert not refused.success
         failure = next(e for e in refused.all_events if e.is_step_failure)
-        assert failure.step_failure_data.user_failure_data is not None, failure.step_failure_data.error.to_string()
-        message = failure.step_failure_data.user_failure_data.description
+        assert failure.step_failure_data.user_failure_data is not None, str(failure.step_failure_data.error)
+        message = failure.step_failure_data.user_failure_data.description or ""
         assert "responses[B2]: check truncation_rate failed (3 of 3 truncated (100%; limit 50%))" in message
         assert "B1" not in message
         assert not (tmp_path / "out" / "training_data" / "manifest.json").exists()

@@ -62,7 +62,8 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
 
         def automated_run_finished() -> bool:
             records = materialized(instance, "training_data")
-            return bool(records) and instance.get_run_by_id(records[0].run_id).is_finished
+            run = instance.get_run_by_id(records[0].run_id) if records else None
+            return run is not None and run.is_finished
 
         while not automated_run_finished():
             assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
@@ -74,16 +75,18 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
 
     [backfill] = instance.get_backfills()
     assert backfill.tags.get("dagster/sensor_name") == "pipeline_automation"
+    assert backfill.asset_backfill_data is not None
     target = backfill.asset_backfill_data.target_subset
     assert sorted(target.get_partitions_subset(dg.AssetKey("responses")).get_partition_keys()) == ["B2", "B3"]
     assert sorted(target.get_partitions_subset(dg.AssetKey("prompts")).get_partition_keys()) == ["B2", "B3"]
     scheduled = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))
     assert sorted(run.tags["dagster/partition"] for run in scheduled) == ["B2", "B3"]
     assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in scheduled)
-    partitions = [r.asset_materialization.partition for r in materialized(instance, "responses")]
+    partitions = [str(r.partition_key) for r in materialized(instance, "responses")]
     assert sorted(partitions) == ["B1", "B2", "B3"], "B1 was not generated again"
     [training] = materialized(instance, "training_data")
     automated = instance.get_run_by_id(training.run_id)
+    assert automated is not None and training.asset_materialization is not None
     assert automated.tags.get("dagster/sensor_name") == "pipeline_automation"
     assert automated.status == dg.DagsterRunStatus.SUCCESS, "training_data and its blocking check passed"
     assert training.asset_materialization.metadata["rows"].value == 9

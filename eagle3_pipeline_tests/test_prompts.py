@@ -18,7 +18,7 @@ SETTINGS = PromptsConfig(long_threshold_tokens=50)
 
 
 def load(path: Path, fmt: str = "auto", sample_size: int | None = None, seed: int = 0):
-    ds = DatasetConfig(id="B1", source=str(path), format=fmt, sample_size=sample_size)
+    ds = DatasetConfig.model_validate({"id": "B1", "source": str(path), "format": fmt, "sample_size": sample_size})
     return load_prompts(ds, SETTINGS, seed)
 
 

@@ -85,11 +85,7 @@ def test_an_unset_key_fails_only_the_runs_that_send_requests(
         partition_key="B1", instance=instance, raise_on_error=False
     )
     assert not failed.success
-    errors = [
-        e.event_specific_data.error.to_string()
-        for e in failed.all_events
-        if getattr(e.event_specific_data, "error", None)
-    ]
+    errors = [error.to_string() for e in failed.all_events if (error := getattr(e.event_specific_data, "error", None))]
     assert any(f'environment variable "{KEY_VAR}" which is not set' in text for text in errors), errors
     assert not any(SECRET in text for text in errors)
 

@@ -27,7 +27,8 @@ from eagle3_pipeline.target import (
     weight_prefix,
 )
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 HIDDEN, VOCAB = 64, 512
 TEXT_CONFIG = {

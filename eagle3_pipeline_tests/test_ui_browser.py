@@ -169,11 +169,11 @@ def _lineage_edges(driver: WebDriver) -> set[tuple[str, str]]:
     nodes = []
     for node in driver.find_elements(By.CSS_SELECTOR, "foreignObject"):
         name = node.text.split("\n", 1)[0]
-        x, y, w, h = (float(node.get_attribute(a)) for a in ("x", "y", "width", "height"))
+        x, y, w, h = (float(node.get_attribute(a) or "nan") for a in ("x", "y", "width", "height"))
         nodes.append((name, x, y, w, h))
     edges = set()
     for path in driver.find_elements(By.CSS_SELECTOR, "path[stroke^='var(--color-lineage-edge']"):
-        numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", path.get_attribute("d"))]
+        numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", path.get_attribute("d") or "")]
         (x0, y0), (x1, y1) = numbers[:2], numbers[-2:]
         upstream = [n for n, x, y, w, h in nodes if abs(x + w - x0) < 1 and y <= y0 <= y + h]
         downstream = [n for n, x, y, w, h in nodes if 0 <= x - x1 < 20 and y <= y1 <= y + h]

@@ -325,7 +325,8 @@ class RemoteRun:
             f'if [ -n "$pid" ] && {_alive("$pid")}; then echo running; else echo stopped; fi'
         )
         result = self.host.run(script, timeout_s=30.0)
-        fields = dict(line.partition(" ")[::2] for line in result.stdout.splitlines() if " " in line)
+        pairs = (line.partition(" ") for line in result.stdout.splitlines() if " " in line)
+        fields = {key: value for key, _, value in pairs}
         pid_text, status_text = fields.get("pid", "").strip(), fields.get("status", "").strip()
         return Fate(
             pid=int(pid_text) if pid_text.isdigit() else None,

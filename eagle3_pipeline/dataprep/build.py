@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.compute as pyarrow_compute
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.dataprep.masks import (
@@ -48,6 +48,9 @@ from eagle3_pipeline.dataprep.masks import (
 )
 from eagle3_pipeline.records import atomic_directory
 from eagle3_pipeline.target import load_tokenizer as load_target_tokenizer
+
+# pyarrow.compute defines its kernels (list_flatten, is_in, ...) at import time, out of a type checker's sight.
+pc: Any = pyarrow_compute
 
 SHARD_SCHEMA = pa.schema(
     [

@@ -88,7 +88,13 @@ class InferenceResource(dg.ConfigurableResource):
         if config.inference.hosts and not self.base_url:
             self._host = run_host(context.run)
             if self._host is None:
-                self._host = claim_host(context.instance, context.run_id, config, context.log.info)
+                instance, run_id, log = context.instance, context.run_id, context.log
+                if instance is None or run_id is None or log is None:
+                    raise RuntimeError(
+                        "inference.hosts: a host is claimed for a run, and this resource was set up outside one "
+                        "(no instance, run id or log); give it a base_url instead"
+                    )
+                self._host = claim_host(instance, run_id, config, log.info)
             config = config.for_host(self._host)
         override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
         self._provider = InferenceProvider(config, override, api_keys=self.api_keys.values)

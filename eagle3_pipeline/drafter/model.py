@@ -496,6 +496,11 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class Eagle3Drafter(nn.Module):
+    # The buffers registered in __init__ (nn.Module's attribute lookup does not type them).
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    inv_freq: torch.Tensor
+
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.config = config

@@ -61,10 +61,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -89,11 +89,14 @@ def new_curve(k: int, epochs: int, data_tokens: Mapping[str, int]) -> dict[str, 
     return {"k": k, "epochs": epochs, "data_tokens": dict(sorted(data_tokens.items())), "points": []}
 
 
+_RowKey = TypeVar("_RowKey", bound=Hashable)
+
+
 def tokens_seen(
-    plans: Sequence[Sequence[Sequence[Hashable]]],
+    plans: Sequence[Sequence[Sequence[_RowKey]]],
     epoch: int,
     batch_index: int,
-    tokens_of: Mapping[Hashable, tuple[str, int]],
+    tokens_of: Mapping[_RowKey, tuple[str, int]],
 ) -> dict[str, int]:
     """Training tokens per dataset consumed up to the data position ``(epoch, batch_index)`` (the
     next batch to train): every batch of the earlier epochs and the first ``batch_index`` of this
@@ -209,7 +212,7 @@ def _linear(x: np.ndarray, y: np.ndarray, b: float) -> tuple[float, float, float
     return float(c), float(a), float(residual @ residual)
 
 
-def fit_tau(dataset: str, tokens: Sequence[float], taus: Sequence[float], k: int, eval_steps: int) -> PowerFit | NoFit:
+def fit_tau(dataset: str, tokens: Iterable[float], taus: Iterable[float], k: int, eval_steps: int) -> PowerFit | NoFit:
     """The power-law fit of τ@k against the training tokens of ``dataset`` (module doc), or why not."""
     pairs = sorted((float(n), float(t)) for n, t in zip(tokens, taus, strict=True) if n > 0)
     if len(pairs) < MIN_POINTS:

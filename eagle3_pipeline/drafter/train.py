@@ -762,7 +762,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         metrics.loss = metrics.loss.detach()
         window.add(metrics, tokens)
         if step % settings.log_every == 0 or step == total_steps:
-            row, window_tokens = window.row(step, scheduler.get_last_lr()[0], ranks)
+            row, window_tokens = window.row(step, float(scheduler.get_last_lr()[0]), ranks)
             trained_tokens += window_tokens
             curve.append(row)
             report.progress({**row, "total_steps": total_steps, "epoch": epoch})

@@ -120,7 +120,8 @@ def parse_completion(
         content = message.get("content")
         calls = message.get("tool_calls") or None
         reasoning = message.get("reasoning_content") or message.get("reasoning") or None
-        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        raw_usage = payload.get("usage")
+        usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
         finish_reason = str(choice.get("finish_reason") or "")
     except (KeyError, IndexError, TypeError, AttributeError):
         reason = f"answer from {endpoint.base_url} is not an OpenAI chat completion (no choices[0].message)"

@@ -324,7 +324,9 @@ def _join(tp_size: int) -> Ranks:
     if world > 1:
         dist.init_process_group(backend)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        # torch.distributed documents HashStore but imports it from torch._C without re-exporting it.
+        store = dist.HashStore()  # pyright: ignore[reportPrivateImportUsage]
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
     return Ranks(rank, world, local_rank, joined_here=True)
 
 

@@ -175,10 +175,8 @@ def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
                 text = data.user_failure_data.description
             elif data.error is not None:
                 text = _root_cause(data.error)
-        elif event is not None and getattr(event.event_specific_data, "error", None) is not None:
-            text = _root_cause(
-                event.event_specific_data.error
-            )  # the run failed outside a step, e.g. a resource's setup
+        elif event is not None and (error := getattr(event.event_specific_data, "error", None)) is not None:
+            text = _root_cause(error)  # the run failed outside a step, e.g. a resource's setup
         return text.strip().splitlines()[0]
     return "no failure event recorded"
 

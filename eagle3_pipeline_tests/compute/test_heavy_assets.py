@@ -111,7 +111,9 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(
     }
     assert any(m.startswith("extract: validated against http://127.0.0.1") for m in lines)
 
-    metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
+    metadata: dict[str, Any] = {
+        k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()
+    }
     assert metadata["compute"] == "ssh" and metadata["store"] == str(layout.remote / "hidden_states")
     assert (
         metadata["samples"] == 4 and metadata["shipped_files"] == 4
@@ -121,7 +123,7 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(
         and metadata["serving_samples"] == 4
     )
     observed = [
-        e.event_specific_data.asset_observation.metadata
+        e.asset_observation_data.asset_observation.metadata
         for e in result.all_events
         if e.event_type_value == "ASSET_OBSERVATION"
     ]
@@ -148,7 +150,7 @@ def test_hidden_states_from_a_command_carry_the_identity_extraction_records(
     lines = run_log(instance, result.run_id)
     assert [m for m in lines if m.startswith("[command]")] == [
         f"[command] wrote 4 samples to {layout.remote / 'specforge'}/"
-        + Path(result.asset_materializations_for_node("hidden_states")[0].metadata["command_output"].value).name
+        + Path(str(result.asset_materializations_for_node("hidden_states")[0].metadata["command_output"].value)).name
     ]
     evaluated = checks(result)
     print("\n-- checks:", evaluated)

@@ -155,6 +155,7 @@ def test_busy_gpus_refuse_before_anything_starts(tmp_path: Path, sshd: Sshd, fak
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     error = failure.step_failure_data.error
+    assert error is not None
     text = error.cause.message if error.cause else error.message
     print("\n-- the refusal:", text)
     assert "0 of 8 GPU(s) on 127.0.0.1" in text and "2 needed" in text and "GPU 0: 130000.0 MiB used" in text
@@ -334,7 +335,7 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(
     assert command_lines[-1] == "[command] wrote 10 files"
     assert any(m.startswith("importing 10 SpecForge samples") for m in lines)
     [materialization] = result.asset_materializations_for_node("hidden_states")
-    assert materialization.metadata["command_output"].value.startswith(str(layout.remote / "specforge"))
+    assert str(materialization.metadata["command_output"].value).startswith(str(layout.remote / "specforge"))
     assert materialization.metadata["loss_mask_disagreements"].value == 0
     manifest = json.loads((layout.local / "hidden_states" / "manifest.json").read_text())
     assert manifest["training_data_version"] == "td-test" and manifest["aux_layer_ids"] == LAYERS

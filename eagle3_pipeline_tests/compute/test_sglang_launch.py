@@ -61,6 +61,7 @@ def refusal(config: Any) -> str:
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     error = failure.step_failure_data.error
+    assert error is not None
     return error.cause.message if error.cause else error.message
 
 
@@ -87,7 +88,9 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
         "serving_agreement": (True, "ERROR"),
         "bytes_per_token": (True, "ERROR"),
     }
-    metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
+    metadata: dict[str, Any] = {
+        k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()
+    }
     assert metadata["backend"] == "sglang" and metadata["capture"]["tp_size"] == 2 and metadata["compute"] == "ssh"
 
     # torchrun starts its ranks with OMP_NUM_THREADS=1; CPU matmuls reduce in another order with
@@ -129,7 +132,9 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(
     [launch] = [m for m in lines if m.startswith("running extract in 1 local process: ")]
     print("\n--", launch)
     assert launch.split(": ", 1)[1].startswith(f"{python} -m eagle3_pipeline.worker extract --spec ")
-    metadata = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
+    metadata: dict[str, Any] = {
+        k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()
+    }
     assert (
         metadata["compute"] == "local"
         and metadata["capture"]["model_class"] == "LlamaForCausalLM"

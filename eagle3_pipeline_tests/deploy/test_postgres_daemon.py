@@ -135,7 +135,7 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
             submitted[partition] = run.run_id
 
         def done() -> bool:
-            partitions = {r.asset_materialization.partition for r in materialized(instance, "responses")}
+            partitions = {r.partition_key for r in materialized(instance, "responses")}
             return partitions == {"B1", "B2", "B3", "B4", "B5"} and not instance.get_runs(
                 dg.RunsFilter(statuses=IN_FLIGHT)
             )
@@ -144,13 +144,14 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
             wait_for(done, 600, logs, [code_server, daemon])
 
     responses = materialized(instance, "responses")
-    assert sorted(r.asset_materialization.partition for r in responses) == ["B1", "B2", "B3", "B4", "B5"], (
+    assert sorted(str(r.partition_key) for r in responses) == ["B1", "B2", "B3", "B4", "B5"], (
         "no partition generated twice"
     )
 
     # B4 and B5 came from the daemon's scheduled backfill; B2 and B3 were in flight, so it left them alone.
     [backfill] = instance.get_backfills()
     assert backfill.tags.get("dagster/sensor_name") == "pipeline_automation"
+    assert backfill.asset_backfill_data is not None
     target = backfill.asset_backfill_data.target_subset
     assert sorted(target.get_partitions_subset(dg.AssetKey("responses")).get_partition_keys()) == ["B4", "B5"]
     scheduled = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))

@@ -134,7 +134,14 @@ def generated_store(tmp_path_factory: pytest.TempPathFactory, local_model: Path)
         "SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
     )
     store.write_manifest(
-        StoreManifest(identity, layers, "test", [writer.name], index.num_rows, sum(index.column("length").to_pylist()))
+        StoreManifest(
+            identity,
+            layers,
+            "test",
+            shards=[writer.name],
+            samples=index.num_rows,
+            tokens=sum(index.column("length").to_pylist()),
+        )
     )
     d2t, t2d = make_vocab(counts, config["vocab_size"], DRAFT_VOCAB)
     save_draft_vocab(
@@ -190,7 +197,7 @@ def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
         assert outcome.success
         metadata = outcome.asset_materializations_for_node("drafter_eval")[0].metadata
         logs = instance.all_logs(outcome.run_id)
-    result = {key: value.value for key, value in metadata.items()}
+    result: dict[str, Any] = {key: value.value for key, value in metadata.items()}
     print("\n" + result["table"])
     for dataset in (GREEDY, SAMPLED, "all"):
         print(

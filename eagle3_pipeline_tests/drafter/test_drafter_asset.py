@@ -46,10 +46,11 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
         m.startswith("running train in 2 local processes: ") and "torch.distributed.run" in m for m in lines
     ) == (processes > 1)
     observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    assert observations and "acc_1" in observations[0].event_specific_data.asset_observation.metadata
+    assert observations and "acc_1" in observations[0].asset_observation_data.asset_observation.metadata
     metadata = result.asset_materializations_for_node("eagle3_drafter")[0].metadata
     assert {"first_loss", "last_loss", "training_curve", "eval_at_checkpoints", "export_dir"} <= set(metadata)
-    assert len(metadata["training_curve"].value.records) == len(observations)
+    curve = metadata["training_curve"]
+    assert isinstance(curve, dg.TableMetadataValue) and len(curve.records) == len(observations)
     assert metadata["processes"].value == processes
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 

@@ -35,7 +35,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 F = torch.nn.functional
 
 from eagle3_pipeline.drafter.export import export_for_servers, exported_tensors, server_config

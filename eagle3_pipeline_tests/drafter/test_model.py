@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
 from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter
@@ -16,7 +18,7 @@ STEPS = 5
 
 
 def _config(**overrides: object) -> DrafterConfig:
-    base = dict(
+    base: dict[str, Any] = dict(
         hidden_size=48, target_hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
         head_dim=8, vocab_size=80, draft_vocab_size=24, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
         max_position_embeddings=128, aux_layer_ids=[1, 3, 4],

@@ -187,7 +187,7 @@ def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, d
     with dg.DagsterInstance.get() as instance:
         result = dg.materialize(assets, instance=instance, resources=pipeline_resources(config.source_file))
         assert result.success
-        metadata = {
+        metadata: dict[str, Any] = {
             k: v.value
             for k, v in result.get_asset_materialization_events()[
                 0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
 from eagle3_pipeline.drafter.model import DrafterConfigError

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 from eagle3_pipeline.compute import worker_argv
 from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint

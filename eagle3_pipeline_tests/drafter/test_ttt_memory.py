@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 F = torch.nn.functional
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -230,8 +232,8 @@ def test_logits_and_every_gradient_equal_the_full_score_pass(name: str, blocking
 
     ours = model.ttt_forward(batch.aux, batch.input_ids, STEPS, batch.attention_mask)
     theirs = reference_ttt_forward(model, batch.aux, batch.input_ids, STEPS, batch.attention_mask)
-    ours_grads = _grads(model, sum((o * c).sum() for o, c in zip(ours, cotangents, strict=True)))
-    theirs_grads = _grads(model, sum((o * c).sum() for o, c in zip(theirs, cotangents, strict=True)))
+    ours_grads = _grads(model, torch.stack([(o * c).sum() for o, c in zip(ours, cotangents, strict=True)]).sum())
+    theirs_grads = _grads(model, torch.stack([(o * c).sum() for o, c in zip(theirs, cotangents, strict=True)]).sum())
     print()
     _assert_close(
         {f"logits of step {j}": o for j, o in enumerate(ours)},
@@ -304,7 +306,7 @@ class _LargestTensor(TorchDispatchMode):
 def _largest_tensor_of_a_training_step(forward: Any, model: Eagle3Drafter, batch: Batch) -> tuple[int, tuple[int, ...]]:
     with _LargestTensor() as seen:
         logits = forward(model, batch.aux, batch.input_ids, STEPS, batch.attention_mask)
-        sum(step.sum() for step in logits).backward()
+        torch.stack([step.sum() for step in logits]).sum().backward()
     return seen.largest, seen.shape
 
 

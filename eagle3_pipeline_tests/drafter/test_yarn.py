@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 from eagle3_pipeline.drafter.export import server_config
 from eagle3_pipeline.drafter.model import (
@@ -71,7 +72,8 @@ def _deepseek_v3(text: dict[str, Any]) -> Any:
     from transformers import DeepseekV3Config
 
     keys = set(DeepseekV3Config().to_dict()) | {"rope_theta", "rope_scaling"}  # the legacy keys it converts
-    return DeepseekV3Config(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in text.items() if k in keys})
+    kwargs: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in text.items() if k in keys}
+    return DeepseekV3Config(**kwargs)
 
 
 def _drafter(text: dict[str, Any], **overrides: Any) -> DrafterConfig:

@@ -4,6 +4,7 @@ as ``scripts/prepare_hidden_states.py`` does, plus the matching ``training_data`
 from __future__ import annotations
 
 import gzip
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,9 @@ def write_specforge(out: Path, samples: list[Sample], compress: bool = False) ->
             "hidden_state": sample.hidden[None],
         }
         if compress:
-            with gzip.open(folder / f"data_{sample.idx}.ckpt.gz", "wb") as handle:
-                torch.save(record, handle)
+            buffer = io.BytesIO()
+            torch.save(record, buffer)
+            (folder / f"data_{sample.idx}.ckpt.gz").write_bytes(gzip.compress(buffer.getvalue()))
         else:
             torch.save(record, folder / f"data_{sample.idx}.ckpt")
     return out

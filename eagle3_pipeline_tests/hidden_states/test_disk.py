@@ -119,7 +119,8 @@ def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path
     (missing / "p.yaml").write_text(f"name: t\nartifacts_root: {missing / 'out'}\ntarget: {{model: kimi, tokenizer: {missing / 'nowhere'}}}\n"
                                     "inference: {kind: endpoints, endpoints: [{name: a, base_url: 'http://127.0.0.1:1/v1'}]}\n"
                                     "datasets:\n  - {id: B1, source: a.jsonl}\n")  # fmt: skip
-    assert config_disk_plan(load_config(missing / "p.yaml"), {}, {}).startswith(
+    unknown = config_disk_plan(load_config(missing / "p.yaml"), {}, {})
+    assert isinstance(unknown, str) and unknown.startswith(
         "hidden-state disk: unknown: no target config.json on this machine"
     )
 

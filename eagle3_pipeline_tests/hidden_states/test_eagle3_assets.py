@@ -16,7 +16,7 @@ from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write
 pytestmark = pytest.mark.local_model
 
 
-def pipeline(tmp_path: Path, extra: str) -> dg.Definitions:
+def pipeline(tmp_path: Path, extra: str) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"
     path.write_text(
@@ -53,11 +53,13 @@ def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_mod
     assert unvalidated.severity == dg.AssetCheckSeverity.WARN and "not validated" in (unvalidated.description or "")
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
     assert meta["samples"].value == 4 and meta["layer_convention"].value == "output_of_layer"
-    assert meta["training_data_version"].value.startswith("sha256:") and meta["aux_layer_ids"].value == "[1, 14, 26]"
+    assert (
+        str(meta["training_data_version"].value).startswith("sha256:") and meta["aux_layer_ids"].value == "[1, 14, 26]"
+    )
     vocab = result.asset_materializations_for_node("draft_vocab")[0].metadata
     assert vocab["draft_vocab_size"].value == 12288 and vocab["coverage"].value == 1.0
     observed = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    assert observed and "shards_done" in observed[-1].event_specific_data.asset_observation.metadata
+    assert observed and "shards_done" in observed[-1].asset_observation_data.asset_observation.metadata
 
 
 def test_failed_checks_block_the_run(tmp_path: Path, local_model: Path) -> None:

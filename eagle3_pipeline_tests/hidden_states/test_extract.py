@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ class Recorder:
     def log(self, message: str) -> None:
         self.lines.append(message)
 
-    def progress(self, metrics: dict[str, Any]) -> None:
+    def progress(self, metrics: Mapping[str, Any]) -> None:
         self.points.append(dict(metrics))
 
 
@@ -209,7 +210,8 @@ def test_kill_9_then_rerun_redoes_only_unfinished_shards(data: Path, tmp_path: P
     assert "extract: reusing shard-00000" in report.lines
     written = [line.split()[2] for line in report.lines if line.startswith("extract: wrote")]
     assert written == [f"shard-{n:05d}" for n in range(1, planned)]
-    assert meta["samples"] == 8 and extraction_progress(out).finished
+    progress = extraction_progress(out)
+    assert meta["samples"] == 8 and progress is not None and progress.finished
 
 
 def test_progress_reports_shards_tokens_and_bytes(data: Path, tmp_path: Path, local_model: Path) -> None:

@@ -11,7 +11,7 @@ each request of a batch alone, as the extractor does, so any difference is the w
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ class Recorder:
     def log(self, message: str) -> None:
         self.lines.append(message)
 
-    def progress(self, metrics: dict[str, Any]) -> None:
+    def progress(self, metrics: Mapping[str, Any]) -> None:
         return None
 
 
@@ -225,7 +225,7 @@ def test_another_sglang_version_a_name_not_listed_and_a_wrong_launch_are_refused
         api.new("ServerArgs", model_path="m", port=30000)
     with pytest.raises(SGLangError, match=r"Scheduler: not an SGLang class of SGLANG_USES"):
         api.new("Scheduler")
-    import sglang.version
+    import sglang.version  # pyright: ignore[reportMissingImports]  # the stand-in's, on sys.path by the fixture
 
     monkeypatch.setattr(sglang.version, "__version__", "0.5.23")
     with pytest.raises(

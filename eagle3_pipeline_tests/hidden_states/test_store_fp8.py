@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 from eagle3_pipeline.drafter.data import BatchReader, Row
 from eagle3_pipeline.drafter.evaluate import read_rows

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ class Recorder:
     def log(self, message: str) -> None:
         self.lines.append(message)
 
-    def progress(self, metrics: dict[str, Any]) -> None:
+    def progress(self, metrics: Mapping[str, Any]) -> None:
         pass
 
 
@@ -412,9 +412,11 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
         and "against http://127.0.0.1" in (check.description or "")
         and "(sglang, SmolLM2-135M-Instruct)" in (check.description or "")
     )
-    meta = result.asset_materializations_for_node("hidden_states")[0].metadata
-    assert meta["serving_reference_status"].value.startswith("kept: recorded earlier for these rows")
-    assert meta["serving_samples"].value == 2 and meta["serving_agreement"].value >= 0.95
+    meta: dict[str, Any] = {
+        k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()
+    }
+    assert meta["serving_reference_status"].startswith("kept: recorded earlier for these rows")
+    assert meta["serving_samples"] == 2 and meta["serving_agreement"] >= 0.95
 
 
 def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: Path, kimi_checkpoint: Path) -> None:  # noqa: F811

@@ -48,7 +48,7 @@ class KimiK25ForConditionalGeneration(KimiK25PreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.language_model.set_input_embeddings(value)
 
-    def get_output_embeddings(self) -> nn.Module:
+    def get_output_embeddings(self) -> nn.Module | None:
         return self.language_model.get_output_embeddings()
 
     def set_output_embeddings(self, value: nn.Module) -> None:

@@ -175,7 +175,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
                 ids.extend(self.model.encode(piece, **special))
         return ids
 
-    def decode(self, token_ids: Any, **kwargs: Any) -> str:  # type: ignore[override]
+    def decode(self, token_ids: Any, **kwargs: Any) -> str | list[str]:  # type: ignore[override]
         """Text of ``token_ids`` (special tokens included); with keyword arguments the generic path."""
         if kwargs:
             return super().decode(token_ids, **kwargs)
@@ -221,7 +221,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
     def apply_chat_template(  # type: ignore[override]
         self,
         conversation: Any,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[Any] | None = None,
         tokenize: bool = False,
         add_generation_prompt: bool = True,
         **kwargs: Any,

@@ -20,6 +20,9 @@ from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
 
+# A blocking check's judgement of one dataset's responses: (passed, description, metadata).
+Verdict = Callable[[PipelineConfig, ArtifactLayout, str], tuple[bool, str, dict[str, Any]]]
+
 
 def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
     """`config` (the file at load) words the descriptions; each check reads its settings from the
@@ -65,8 +68,6 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
             description=verdict,
             metadata=state.as_metadata(),
         )
-
-    Verdict = Callable[[PipelineConfig, ArtifactLayout, str], tuple[bool, str, dict[str, Any]]]
 
     def blocking_check(name: str, description: str, verdict: Verdict) -> dg.AssetChecksDefinition:
         @dg.asset_check(

@@ -163,7 +163,7 @@ def _parse_row(cells: list[str]) -> GpuInfo:
         raise GpuParseError(
             f"expected {len(GPU_QUERY_FIELDS)} nvidia-smi fields, got {len(cells)}: {','.join(cells)[:120]}"
         )
-    values = dict(zip(GPU_QUERY_FIELDS, cells, strict=True))
+    values: dict[str, str] = dict(zip(GPU_QUERY_FIELDS, cells, strict=True))
     try:
         index = int(values["index"])
     except ValueError:
@@ -194,7 +194,7 @@ def parse_remap_csv(text: str) -> dict[str, RowRemap]:
             raise GpuParseError(
                 f"expected {len(REMAP_QUERY_FIELDS)} remapped-rows fields, got {len(cells)}: {','.join(cells)[:120]}"
             )
-        values = dict(zip(REMAP_QUERY_FIELDS, cells, strict=True))
+        values: dict[str, str] = dict(zip(REMAP_QUERY_FIELDS, cells, strict=True))
         bus_id = _bus_id(values["gpu_bus_id"])
         where = f"GPU {bus_id}"
         remaps[bus_id] = RowRemap(

@@ -48,12 +48,18 @@ def run_requests(
     return torch.cat(finals), [torch.cat(parts) for parts in captured]
 
 
+class Decoder(torch.nn.Module):
+    """A model class's decoder: ``layers_to_capture`` is what ``set_eagle3_layers_to_capture`` sets."""
+
+    layers_to_capture: list[int]
+
+
 class CausalLM(torch.nn.Module):
     """A transformers causal LM as SGLang's model classes present one: ``model`` (the decoder, which
     holds ``layers_to_capture``), ``lm_head``, ``logits_processor``, ``forward(input_ids, positions,
     forward_batch)``."""
 
-    decoder_class: type[torch.nn.Module]
+    decoder_class: type[Decoder]
 
     def __init__(self, language_model: Any) -> None:
         super().__init__()

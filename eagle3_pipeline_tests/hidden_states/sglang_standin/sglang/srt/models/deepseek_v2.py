@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from sglang.srt.models._transformers import CausalLM, run_requests
+from sglang.srt.models._transformers import CausalLM, Decoder, run_requests
 
 
-class DeepseekV2Model(torch.nn.Module):
+class DeepseekV2Model(Decoder):
     def __init__(self, stack: Any) -> None:
         super().__init__()
         self.stack = stack
