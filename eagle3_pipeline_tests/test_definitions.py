@@ -188,9 +188,11 @@ def test_the_pipeline_component_loads_its_file_from_a_defs_folder(tmp_path: Path
     project = dg_project(tmp_path, {"a": "  config_file: pipeline.yaml\n  artifacts_root: /srv/eagle3\n"})
     monkeypatch.syspath_prepend(str(project))
     defs = dg.load_from_defs_folder(path_within_project=project)
-    responses = defs.resolve_asset_graph().get(dg.AssetKey("responses"))
-    assert responses.partitions_def.get_partition_keys() == ["Da"]
-    pipeline = defs.resources["pipeline"]
+    partitions = defs.resolve_asset_graph().get(dg.AssetKey("responses")).partitions_def
+    assert partitions is not None and partitions.get_partition_keys() == ["Da"]
+    resources = defs.resources
+    assert resources is not None
+    pipeline = resources["pipeline"]
     assert pipeline.config_path == str(project / "pipelines" / "defs" / "a" / "pipeline.yaml")
     assert str(pipeline.config().artifacts_root) == "/srv/eagle3"
 
@@ -200,7 +202,8 @@ def test_the_code_location_is_the_defs_folder_with_the_local_profile() -> None:
     built from the shipped local profile."""
     from eagle3_pipeline import definitions
 
-    assert definitions.defs.resources["pipeline"].config_path == str(local_profile_path())
+    resources = definitions.defs.resources
+    assert resources is not None and resources["pipeline"].config_path == str(local_profile_path())
 
 
 def test_dg_lists_the_pipeline_component(tmp_path: Path) -> None:

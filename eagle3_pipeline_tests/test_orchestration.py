@@ -322,7 +322,8 @@ def test_the_sensor_and_the_scheduled_backfill_take_the_one_launch_decision(
 
     sensor = Daemonless(defs, instance).sensor
     context = dg.build_sensor_context(instance=instance, definitions=defs, resources=sensor_resources(defs, sensor))
-    assert [r.partition_key for r in sensor.evaluate_tick(context).run_requests] == ["B3"]
+    requests = sensor.evaluate_tick(context).run_requests
+    assert requests is not None and [r.partition_key for r in requests] == ["B3"]
 
     start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
     result = evaluate_at(defs, instance, start)
