@@ -260,7 +260,7 @@ class MainJob:
         v = self.listener.require("draft_vocab", DraftVocabResult)
         h = self.listener.require("hidden_states", HiddenStatesResult)
         shards = (
-            f"{h.extra.get('shards', '?')} shards imported"
+            f"{h.shards} shards imported"
             if h.shards_written is None or h.shards_reused is None
             else f"{h.shards_written} shards written / {h.shards_reused} reused"
         )
@@ -280,11 +280,8 @@ class MainJob:
         e = self.listener.get("drafter_eval", DrafterEvalResult)
         lines = []
         if d is not None:
-            loss = (
-                "no step trained"
-                if d.first_loss is None or d.last_loss is None
-                else (f"loss {d.first_loss:.3f} → {d.last_loss:.3f}")
-            )
+            trained = d.first_loss is not None and d.last_loss is not None
+            loss = f"loss {d.first_loss:.3f} → {d.last_loss:.3f}" if trained else "no step trained in this run"
             lines.append(f"eagle3_drafter: {d.steps} steps, {loss}, exported to {d.export_dir}")
         if e is not None:
             lines += [

@@ -153,6 +153,7 @@ class HiddenStatesResult(MetadataResult):
     bytes_per_token_formula: int
     target_hidden_size: int
     aux_layer_ids: list
+    shards: int
     shards_written: int | None = None
     shards_reused: int | None = None
 

@@ -25,7 +25,8 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 from eagle3_pipeline.cli import MainJob
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.definitions import build_definitions
-from eagle3_pipeline.results import PromptsResult, ResponsesResult, ResultError
+from eagle3_pipeline.draft_vocab import DraftVocabResult
+from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 
@@ -180,3 +181,22 @@ def test_the_summary_fails_loudly_on_a_result_that_lacks_a_field() -> None:
     job.listener.result("responses", first, prompts)
     with pytest.raises(TypeError, match=rf"the result of responses\[{first}\] is a PromptsResult, not a Responses"):
         job.summary(1.0)
+
+
+def test_the_summary_says_what_an_imported_store_and_a_resumed_drafter_do_not_report() -> None:
+    """The importer writes every shard it finds (no written/reused split) and a drafter resumed at its
+    last step trained none (no loss): the summary says so instead of printing zeros."""
+    job = MainJob(load_config(runtime_checks=False), None, dg.DagsterInstance.ephemeral(), io.StringIO())
+    figures = {"store": "/s", "samples": 6, "tokens": 60, "bytes": 6000, "bytes_per_token": 100.0}
+    shape = {"bytes_per_token_formula": 100, "target_hidden_size": 8, "aux_layer_ids": [1, 2, 3], "shards": 2}
+    job.listener.result("hidden_states", None, HiddenStatesResult.from_metadata({**figures, **shape}))
+    job.listener.result(
+        "draft_vocab",
+        None,
+        DraftVocabResult(4, 16, 0.9, 0.8, train_masked_tokens=50, distinct_masked_ids=5, training_data_version="v"),
+    )
+    drafter = {"steps": 5, "total_steps": 5, "first_loss": None, "last_loss": None, "export_dir": "/e"}
+    job.listener.result("eagle3_drafter", None, DrafterResult.from_metadata(drafter))
+    lines = job.eagle3_summary()
+    assert "2 shards imported, in /s" in lines[1] and "written" not in lines[1]
+    assert lines[2] == "eagle3_drafter: 5 steps, no step trained in this run, exported to /e"
