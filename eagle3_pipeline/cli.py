@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
 import socket
 import sys
-import threading
 import time
-import uuid
-import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from eagle3_pipeline.config import CONFIG_ENV_VAR, ConfigError, PipelineConfig, load_config
+from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import CheckpointError, Progress
 from eagle3_pipeline.monitor import HealthMonitor
+from eagle3_pipeline.results import (
+    DrafterEvalResult,
+    DrafterResult,
+    HiddenStatesResult,
+    PhaseResult,
+    PromptsResult,
+    ResponsesResult,
+    TrainingDataResult,
+)
 from eagle3_pipeline.status import (
     RunInFlight,
     dataset_progress,
@@ -32,12 +37,11 @@ from eagle3_pipeline.status import (
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
-RUN_TAG_STEP = "eagle3/cli_step"
 DEFAULT_DAGSTER_HOME = ".dagster_home"
-CODE_LOCATION_MODULE = "eagle3_pipeline.definitions"
-# Steps run inside the CLI's process (no per-step interpreter start-up); the UI re-executes the
-# same jobs with their default executor.
-RUN_CONFIG = {"execution": {"config": {"in_process": {}}}, "loggers": {"console": {"config": {"log_level": "INFO"}}}}
+R = TypeVar("R")
+# Steps run inside the CLI's process (`execute_in_process`: no per-step interpreter start-up, the
+# listener is an object of this process); the UI re-executes the same jobs with their default executor.
+RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
 def ensure_dagster_home() -> Path:
@@ -115,56 +119,6 @@ class ProgressBar:
             self.open = False
 
 
-def progress_from_observation(partition: str, metadata: dict[str, Any]) -> Progress | None:
-    """The snapshot a `responses` progress observation carries (None for other observations)."""
-    names = [f.name for f in dataclasses.fields(Progress) if f.name != "dataset"]
-    if not all(name in metadata for name in names):
-        return None
-    return Progress(partition, **{name: metadata[name] for name in names})
-
-
-class RunFollower(threading.Thread):
-    """Follows the run tagged `eagle3/cli_step=<step>` through the event log and feeds the
-    progress bar from its `responses` progress observations — the same events the UI plots."""
-
-    def __init__(self, instance: Any, step: str, bar: ProgressBar, poll_s: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.instance = instance
-        self.step = step
-        self.bar = bar
-        self.poll_s = poll_s
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        from dagster import DagsterEventType, RunsFilter
-
-        run_id, cursor = None, None
-        finished = False
-        while not finished:
-            # One last read after the run ends: its final snapshot may have landed after the last poll.
-            finished = self.done.wait(self.poll_s)
-            if run_id is None:
-                runs = self.instance.get_runs(RunsFilter(tags={RUN_TAG_STEP: self.step}), limit=1)
-                if not runs:
-                    continue
-                run_id = runs[0].run_id
-            page = self.instance.get_records_for_run(run_id, cursor=cursor, of_type=DagsterEventType.ASSET_OBSERVATION)
-            cursor = page.cursor
-            for record in page.records:
-                observation = record.asset_observation
-                if observation is None or observation.partition is None:
-                    continue
-                progress = progress_from_observation(
-                    observation.partition, {k: v.value for k, v in observation.metadata.items()}
-                )
-                if progress is not None:
-                    self.bar(progress)
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join()
-
-
 def failure_detail(events: Sequence[Any]) -> str:
     """Why a run failed, in a line or two: the failed checks' verdicts, else the step's own words
     (a `Failure`'s description, else the root cause of its error)."""
@@ -190,23 +144,49 @@ def failure_detail(events: Sequence[Any]) -> str:
     return error.message.strip()
 
 
+class CliListener:
+    """What `eagle3-pipeline run` hears from its runs in its own process: generation progress
+    (drawn on the bar when there is a terminal) and each phase's typed result, by asset key."""
+
+    def __init__(self, bar: ProgressBar | None) -> None:
+        self.bar = bar
+        self.results: dict[str, PhaseResult] = {}
+
+    def progress(self, snapshot: Progress) -> None:
+        if self.bar is not None:
+            self.bar(snapshot)
+
+    def result(self, asset: str, partition: str | None, result: PhaseResult) -> None:
+        self.results[asset + (f"[{partition}]" if partition else "")] = result
+
+    def get(self, key: str, kind: type[R]) -> R | None:
+        """The result recorded under ``key``, of type ``kind``; another type is an error, not a guess."""
+        result = self.results.get(key)
+        if result is not None and not isinstance(result, kind):
+            raise TypeError(f"the result of {key} is a {type(result).__name__}, not a {kind.__name__}")
+        return result
+
+    def require(self, key: str, kind: type[R]) -> R:
+        result = self.get(key, kind)
+        if result is None:
+            raise RuntimeError(f"no {key} result reached the summary (its run reported none)")
+        return result
+
+
 class MainJob:
     """The main job: the code location's own jobs (`MAIN_PATH`) executed in turn on the instance,
-    the partitioned one once per partition. Each is an ordinary run of a named job, with the
-    Definitions' resources — the UI shows it and can re-execute it."""
+    the partitioned one once per partition, in this process. Each is an ordinary run of a named job
+    with the Definitions' resources — the UI shows it and can re-execute it — plus this process's
+    listener, through which progress and phase results reach the summary."""
 
-    def __init__(self, config: PipelineConfig, instance: Any, out: Any = sys.stdout) -> None:
-        from dagster._core.definitions.reconstruct import ReconstructableRepository
-
+    def __init__(self, config: PipelineConfig, defs: Any, instance: Any, out: Any = sys.stdout) -> None:
         self.config = config
+        self.defs = defs
         self.instance = instance
         self.out = out
-        self.repository = ReconstructableRepository.for_module(
-            CODE_LOCATION_MODULE, "defs", working_directory=os.getcwd()
-        )
         self.bar = ProgressBar(out) if out.isatty() else None
+        self.listener = CliListener(self.bar)
         self.tags = {RUN_TAG_PID: str(os.getpid()), RUN_TAG_HOST: socket.gethostname(), "eagle3/entry": "cli"}
-        self.results: dict[str, dict[str, Any]] = {}
 
     def say(self, text: str) -> None:
         if self.bar is not None:
@@ -217,12 +197,12 @@ class MainJob:
         """(job, partition) in execution order, from the code location's own jobs."""
         from eagle3_pipeline.defs.pipeline import MAIN_PATH
 
-        repository = self.repository.get_definition()
+        jobs = {job.name: job for job in self.defs.resolve_all_job_defs()}
         steps: list[tuple[str, str | None]] = []
         for name in MAIN_PATH:
-            if not repository.has_job(name):
+            if name not in jobs:
                 continue
-            partitions = repository.get_job(name).partitions_def
+            partitions = jobs[name].partitions_def
             if partitions is None:
                 steps.append((name, None))
             else:
@@ -231,56 +211,42 @@ class MainJob:
                 )
         return steps
 
-    def _execute(self, job_name: str, partition: str | None) -> None:
-        import dagster as dg
-
-        step = uuid.uuid4().hex
-        tags = {**self.tags, RUN_TAG_STEP: step, **({"dagster/partition": partition} if partition else {})}
-        follower = RunFollower(self.instance, step, self.bar) if self.bar is not None else None
-        if follower is not None:
-            follower.start()
-        try:
-            result = dg.execute_job(
-                self.repository.get_reconstructable_job(job_name),
-                instance=self.instance,
-                tags=tags,
-                run_config=RUN_CONFIG,
-                raise_on_error=False,
-            )
-        finally:
-            if follower is not None:
-                follower.stop()
+    def execute(self, job_name: str, partition: str | None) -> None:
+        """One run of the named job (one partition of it), on the instance, heard by the listener."""
+        result = self.defs.resolve_job_def(job_name).execute_in_process(
+            instance=self.instance,
+            partition_key=partition,
+            tags=self.tags,
+            run_config=RUN_CONFIG,
+            resources={"phase_listener": self.listener},
+            raise_on_error=False,
+        )
         if not result.success:
             raise RuntimeError(f"run {result.run_id} of {job_name} failed: {failure_detail(result.all_events)}")
-        for event in result.all_events:
-            if event.is_step_materialization:
-                mat = event.step_materialization_data.materialization
-                key = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
-                self.results[key] = {k: v.value for k, v in mat.metadata.items()}
 
     def run(self) -> None:
         started = time.monotonic()
         for job_name, partition in self.plan():
             self.say(f"» {job_name}" + (f" [{partition}]" if partition else ""))
-            self._execute(job_name, partition)
+            self.execute(job_name, partition)
         self.say(self.summary(time.monotonic() - started))
 
     def summary(self, elapsed_s: float) -> str:
         header = f"{'dataset':<16}{'prompts':>9}{'responses':>11}{'new':>6}{'tokens':>9}{'truncated':>11}"
         lines = ["", header, "-" * len(header)]
         for dataset_id in self.config.dataset_ids:
-            p = self.results.get(f"prompts[{dataset_id}]", {})
-            r = self.results.get(f"responses[{dataset_id}]", {})
+            p = self.listener.require(f"prompts[{dataset_id}]", PromptsResult)
+            r = self.listener.require(f"responses[{dataset_id}]", ResponsesResult)
             lines.append(
-                f"{dataset_id:<16}{p.get('prompts', 0):>9}{r.get('rows', 0):>11}{r.get('generated_now', 0):>6}"
-                f"{r.get('completion_tokens', 0):>9}{r.get('truncated', 0):>11}"
+                f"{dataset_id:<16}{p.prompts:>9}{r.rows:>11}{r.generated_now:>6}"
+                f"{r.completion_tokens:>9}{r.truncated:>11}"
             )
-        t = self.results.get("training_data", {})
+        t = self.listener.require("training_data", TrainingDataResult)
         lines.append("")
         lines.append(
-            f"training_data: {t.get('rows', 0)} rows ({t.get('train_rows', 0)} train / {t.get('eval_rows', 0)} eval), "
-            f"{t.get('tokens', 0)} tokens, {t.get('masked_tokens', 0)} masked; "
-            f"dropped {t.get('over_length_dropped', 0)} over-length"
+            f"training_data: {t.rows} rows ({t.train_rows} train / {t.eval_rows} eval), "
+            f"{t.tokens} tokens, {t.masked_tokens} masked; "
+            f"dropped {t.over_length_dropped} over-length"
         )
         lines += self.eagle3_summary()
         lines.append(f"artifacts: {self.config.artifacts_root}   dagster home: {os.environ['DAGSTER_HOME']}")
@@ -288,13 +254,20 @@ class MainJob:
         return "\n".join(lines)
 
     def eagle3_summary(self) -> list[str]:
-        v, h = self.results.get("draft_vocab", {}), self.results.get("hidden_states", {})
+        from eagle3_pipeline.draft_vocab import DraftVocabResult
+
+        v = self.listener.require("draft_vocab", DraftVocabResult)
+        h = self.listener.require("hidden_states", HiddenStatesResult)
+        shards = (
+            f"{h.shards} shards imported"
+            if h.shards_written is None or h.shards_reused is None
+            else f"{h.shards_written} shards written / {h.shards_reused} reused"
+        )
         return [
-            f"draft_vocab: {v.get('draft_vocab_size', 0)} of {v.get('target_vocab_size', 0)} ids, "
-            f"coverage {v.get('coverage', 0):.1%} of masked train tokens ({v.get('eval_coverage', 0):.1%} eval)",
-            f"hidden_states: {h.get('samples', 0)} samples, {h.get('tokens', 0)} tokens, {h.get('bytes', 0) / 1e6:.1f} MB, "
-            f"{h.get('bytes_per_token', 0)} bytes/token (formula {h.get('bytes_per_token_formula', 0)}), "
-            f"{h.get('shards_written', 0)} shards written / {h.get('shards_reused', 0)} reused, in {h.get('store', '-')}",
+            f"draft_vocab: {v.draft_vocab_size} of {v.target_vocab_size} ids, "
+            f"coverage {v.coverage:.1%} of masked train tokens ({v.eval_coverage:.1%} eval)",
+            f"hidden_states: {h.samples} samples, {h.tokens} tokens, {h.bytes / 1e6:.1f} MB, "
+            f"{h.bytes_per_token} bytes/token (formula {h.bytes_per_token_formula}), {shards}, in {h.store}",
             *self.drafter_summary(),
         ]
 
@@ -302,25 +275,23 @@ class MainJob:
         """The drafter's training figures, then the closing table: τ per dataset against the bigram."""
         from eagle3_pipeline.drafter.evaluate import summary_table
 
-        d, e = self.results.get("eagle3_drafter"), self.results.get("drafter_eval")
+        d = self.listener.get("eagle3_drafter", DrafterResult)
+        e = self.listener.get("drafter_eval", DrafterEvalResult)
         lines = []
         if d is not None:
-            lines.append(
-                f"eagle3_drafter: {d.get('steps', 0)} steps, loss {d.get('first_loss', 0):.3f} → {d.get('last_loss', 0):.3f}, "
-                f"exported to {d.get('export_dir', '-')}"
-            )
+            trained = d.first_loss is not None and d.last_loss is not None
+            loss = f"loss {d.first_loss:.3f} → {d.last_loss:.3f}" if trained else "no step trained in this run"
+            lines.append(f"eagle3_drafter: {d.steps} steps, {loss}, exported to {d.export_dir}")
         if e is not None:
             lines += [
                 "",
                 "acceptance length τ on the eval split (greedy chain drafting; bigram drafter for scale):",
-                summary_table(e),
+                summary_table(e.as_metadata()),
             ]
         return lines
 
 
 def _load(args: argparse.Namespace) -> PipelineConfig | None:
-    if args.config:
-        os.environ[CONFIG_ENV_VAR] = str(Path(args.config).resolve())
     try:
         return load_config(args.config)
     except ConfigError as exc:
@@ -382,14 +353,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     ensure_dagster_home()
-    from dagster import DagsterInstance, PreviewWarning
+    from dagster import DagsterInstance
 
-    warnings.filterwarnings("ignore", category=PreviewWarning)
+    from eagle3_pipeline.defs import build_definitions
 
+    defs = build_definitions(config)
     instance = DagsterInstance.get()
     for run_id in recover_orphaned_runs(instance):
         print(f"marked run {run_id} failed: its eagle3-pipeline process had died", flush=True)
-    job = MainJob(config, instance)
+    job = MainJob(config, defs, instance)
     try:
         job.run()
     except RuntimeError as exc:
@@ -456,10 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-pipeline", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="materialize every asset and partition (the main job)")
-    run.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
+    run.add_argument(
+        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
+    )
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="health checks, per-dataset progress and runs in flight")
-    status.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
+    status.add_argument(
+        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
+    )
     status.add_argument("--json", action="store_true", help="print {overall, checks, datasets} as JSON")
     status.add_argument("--host", help="with several inference hosts: the one to check (default: the first listed)")
     status.set_defaults(func=cmd_status)
@@ -468,7 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset; "
         "then the hidden states' disk per backend and storage dtype",
     )
-    plan.add_argument("--config", help=f"pipeline file (default: ${CONFIG_ENV_VAR} or the shipped local profile)")
+    plan.add_argument(
+        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument(
         "--calibrate", type=int, metavar="N", default=0, help="measure each backend with N real requests first"

@@ -89,6 +89,10 @@ class DraftVocabResult:
             "training_data_version": self.training_data_version,
         }
 
+    def as_metadata(self) -> dict[str, Any]:
+        """What the `draft_vocab` asset records: the manifest's figures."""
+        return self.manifest()
+
 
 def build_draft_vocab(
     training_data: Path, output: Path, size: int | None, target_vocab_size: int | None

@@ -65,7 +65,8 @@ def sharegpt(text: str, answer: str | None = None) -> dict[str, object]:
 
 
 def pipeline_resources(config_path: Path) -> dict[str, object]:
-    """The `pipeline` resource, for assets materialized outside their Definitions."""
+    """The `pipeline` resource (and no phase listener), for assets materialized outside their Definitions."""
     from eagle3_pipeline.defs.resources import PipelineResource
+    from eagle3_pipeline.results import NO_LISTENER
 
-    return {"pipeline": PipelineResource(config_path=str(config_path))}
+    return {"pipeline": PipelineResource(config_path=str(config_path)), "phase_listener": NO_LISTENER}

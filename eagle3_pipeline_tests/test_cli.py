@@ -1,25 +1,35 @@
-"""`eagle3-pipeline run` executes the code location's own jobs as ordinary runs, and draws its
-progress bar on a terminal from the run's progress observations in the event log.
+"""`eagle3-pipeline run` executes the code location's own jobs as ordinary runs in its own process,
+hears their progress and typed phase results through its listener, draws its progress bar on a
+terminal from that progress and prints its summary from those results.
 
-The CLI runs as a real process on a pseudo-terminal against the scripted OpenAI-compatible server
-on loopback (slow enough for several progress snapshots); the tokenizer is the tiny real model's.
+The CLI runs against the scripted OpenAI-compatible server on loopback (a stand-in for the target's
+server, slow enough for several progress snapshots): as a real process on a pseudo-terminal, and in
+the test process; the tokenizer is the tiny real model's.
 """
 
 from __future__ import annotations
 
+import importlib
+import io
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.reconstruct import ReconstructableRepository
 
+from eagle3_pipeline.cli import MainJob
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.defs import build_definitions
+from eagle3_pipeline.draft_vocab import DraftVocabResult
+from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.local_model]
 
@@ -43,7 +53,7 @@ def run_on_a_terminal(command: list[str], cwd: Path, env: dict[str, str], timeou
     return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
 
 
-def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
+def test_run_executes_the_named_jobs_and_draws_progress_from_its_listener(
     tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = FakeOpenAI(delay_s=0.1).start()
@@ -78,9 +88,10 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
     assert "/30  " in bars[0] and "tok/s" in bars[0] and "ETA" in bars[0]
     assert any(frame.startswith("B1 [" + "#" * 28 + "] 30/30") for frame in bars), "the final snapshot fills the bar"
     assert "» generation_job [B1]" in screen and "» downstream_job" in screen and "training_data: 30 rows" in screen
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert not re.findall(r"\w+Warning: .*", stderr), "a normal run prints no Python warning"
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("EAGLE3_CONFIG", str(config))
     monkeypatch.chdir(tmp_path)
     instance = dg.DagsterInstance.get()
     runs = {run.job_name: run for run in instance.get_runs()}
@@ -92,12 +103,106 @@ def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
     scaling = str(evaluated.asset_materialization.metadata["data_scaling"].value)
     assert scaling.startswith("τ@3 against the training tokens seen") and "too few points" in scaling, scaling
 
-    repository = ReconstructableRepository.for_module(
-        "eagle3_pipeline.definitions", "defs", working_directory=str(tmp_path)
+    # As the UI would: the job rebuilt from a code location of the same pipeline file, re-executing
+    # the recorded run.
+    location_file(tmp_path, config).write_text(
+        location_file(tmp_path, config).read_text()
+        + "\n\ndef downstream_job():\n    return defs.resolve_job_def('downstream_job')\n"
     )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    location = importlib.import_module("location")
     again = dg.execute_job(
-        repository.get_reconstructable_job("downstream_job"),
+        dg.reconstructable(location.downstream_job),
         instance=instance,
         reexecution_options=dg.ReexecutionOptions(parent_run_id=runs["downstream_job"].run_id),
     )
     assert again.success, "re-executable as the UI would, from the recorded run"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_and_results_reach_the_cli_listener_in_process(tmp_path: Path) -> None:
+    """One run of generation_job through `MainJob.execute`: the progress snapshots the asset body
+    reports reach the bar, and the phases' typed results reach the listener, in this process."""
+    server = FakeOpenAI(delay_s=0.05).start()
+    try:
+        write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"Prompt number {i}") for i in range(20)])
+        path = tmp_path / "pipeline.yaml"
+        path.write_text(
+            json.dumps(
+                {
+                    "name": "listener",
+                    "artifacts_root": str(tmp_path / "out"),
+                    "target": {"model": "fake", "tokenizer": "unused"},
+                    "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+                    "generation": {
+                        "max_tokens": 8,
+                        "concurrency": 2,
+                        "progress_interval_s": 0.1,
+                        "length_estimator": "chars",
+                    },
+                    "datasets": [{"id": "B1", "source": str(tmp_path / "p.jsonl")}],
+                }
+            )
+        )
+        config = load_config(path)
+        out = Terminal()
+        with dg.DagsterInstance.ephemeral() as instance:
+            job = MainJob(config, build_definitions(config), instance, out)
+            job.execute("generation_job", "B1")
+            [run] = instance.get_runs()
+    finally:
+        server.stop()
+    assert (run.job_name, run.tags["dagster/partition"], run.tags["eagle3/entry"]) == ("generation_job", "B1", "cli")
+    bars = [frame for frame in out.getvalue().split("\r") if frame.startswith("B1 [")]
+    assert len(bars) >= 2 and "/20  " in bars[0], out.getvalue()
+    assert bars[-1].startswith("B1 [" + "#" * 28 + "] 20/20"), "the final snapshot fills the bar"
+    prompts = job.listener.require("prompts[B1]", PromptsResult)
+    responses = job.listener.require("responses[B1]", ResponsesResult)
+    assert (prompts.prompts, responses.rows, responses.generated_now) == (20, 20, 20)
+    assert set(job.listener.results) == {"prompts[B1]", "responses[B1]"}
+
+
+def test_the_summary_fails_loudly_on_a_result_that_lacks_a_field() -> None:
+    """A result without a field its readers rely on is refused where it is made, naming the field;
+    the summary reads typed fields, so a result of another type or none at all is an error, not a 0."""
+    metadata = {"rows": 3, "generated_now": 3, "completion_tokens": 24, "data_version": "v"}
+    with pytest.raises(ResultError, match=r"ResponsesResult: the phase's result lacks truncated"):
+        ResponsesResult.from_metadata(metadata)
+    with pytest.raises(ResultError, match=r"rows = '3' \(expected <class 'int'>\)"):
+        ResponsesResult.from_metadata({**metadata, "truncated": 0, "rows": "3"})
+
+    config = load_config(runtime_checks=False)
+    first = config.dataset_ids[0]
+    job = MainJob(config, None, dg.DagsterInstance.ephemeral(), io.StringIO())
+    with pytest.raises(RuntimeError, match=rf"no prompts\[{first}\] result reached the summary"):
+        job.summary(1.0)
+    prompts = PromptsResult.from_metadata(
+        {"prompts": 3, "records_read": 3, "short": 3, "long": 0, "estimated_prompt_tokens": 30}
+    )
+    job.listener.result("prompts", first, prompts)
+    job.listener.result("responses", first, prompts)
+    with pytest.raises(TypeError, match=rf"the result of responses\[{first}\] is a PromptsResult, not a Responses"):
+        job.summary(1.0)
+
+
+def test_the_summary_says_what_an_imported_store_and_a_resumed_drafter_do_not_report() -> None:
+    """The importer writes every shard it finds (no written/reused split) and a drafter resumed at its
+    last step trained none (no loss): the summary says so instead of printing zeros."""
+    job = MainJob(load_config(runtime_checks=False), None, dg.DagsterInstance.ephemeral(), io.StringIO())
+    figures = {"store": "/s", "samples": 6, "tokens": 60, "bytes": 6000, "bytes_per_token": 100.0}
+    shape = {"bytes_per_token_formula": 100, "target_hidden_size": 8, "aux_layer_ids": [1, 2, 3], "shards": 2}
+    job.listener.result("hidden_states", None, HiddenStatesResult.from_metadata({**figures, **shape}))
+    job.listener.result(
+        "draft_vocab",
+        None,
+        DraftVocabResult(4, 16, 0.9, 0.8, train_masked_tokens=50, distinct_masked_ids=5, training_data_version="v"),
+    )
+    drafter = {"steps": 5, "total_steps": 5, "first_loss": None, "last_loss": None, "export_dir": "/e"}
+    job.listener.result("eagle3_drafter", None, DrafterResult.from_metadata(drafter))
+    lines = job.eagle3_summary()
+    assert "2 shards imported, in /s" in lines[1] and "written" not in lines[1]
+    assert lines[2] == "eagle3_drafter: 5 steps, no step trained in this run, exported to /e"

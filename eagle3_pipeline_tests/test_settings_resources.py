@@ -14,6 +14,7 @@ import pytest
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.defs.resources import PipelineResource
+from eagle3_pipeline.results import NO_LISTENER
 from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 
@@ -32,7 +33,10 @@ def test_an_artifacts_root_set_on_the_resource_moves_the_outputs(tmp_path: Path,
     assert not (tmp_path / "out").exists(), "nothing is written under the file's artifacts_root"
 
     elsewhere = tmp_path / "elsewhere"
-    overridden = {"pipeline": PipelineResource(config_path=str(path), artifacts_root=str(elsewhere))}
+    overridden = {
+        "pipeline": PipelineResource(config_path=str(path), artifacts_root=str(elsewhere)),
+        "phase_listener": NO_LISTENER,
+    }
     [prompts] = [
         a for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition) and a.keys == {dg.AssetKey("prompts")}
     ]

@@ -47,9 +47,7 @@ from eagle3_pipeline.config.inference import (
 )
 from eagle3_pipeline.config.loader import (
     ARTIFACTS_ENV_VAR,
-    CONFIG_ENV_VAR,
     LOCAL_PROFILE,
-    default_config_path,
     load_config,
     local_profile_path,
 )
@@ -69,7 +67,6 @@ __all__ = [
     "ARTIFACTS_ENV_VAR",
     "BENCHMARK_PLACEHOLDERS",
     "COMMAND_PLACEHOLDERS",
-    "CONFIG_ENV_VAR",
     "CRON_PATTERN",
     "DATASET_ID_PATTERN",
     "ENV_VAR_PATTERN",
@@ -114,7 +111,6 @@ __all__ = [
     "check_runtime",
     "check_secrets",
     "check_sources",
-    "default_config_path",
     "load_config",
     "local_profile_path",
 ]

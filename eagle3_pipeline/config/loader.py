@@ -20,19 +20,12 @@ from pydantic import ValidationError
 from eagle3_pipeline.config.base import ConfigError
 from eagle3_pipeline.config.pipeline import PipelineConfig, check_runtime
 
-CONFIG_ENV_VAR = "EAGLE3_CONFIG"
 ARTIFACTS_ENV_VAR = "EAGLE3_ARTIFACTS_ROOT"
 LOCAL_PROFILE = "local"
 
 
 def local_profile_path() -> Path:
     return Path(str(resources.files("eagle3_pipeline") / "profiles" / f"{LOCAL_PROFILE}.yaml"))
-
-
-def default_config_path() -> Path:
-    """The pipeline file in force: ``$EAGLE3_CONFIG`` if set, else the shipped local profile."""
-    env = os.environ.get(CONFIG_ENV_VAR)
-    return Path(env) if env else local_profile_path()
 
 
 def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
@@ -84,7 +77,7 @@ def load_config(path: str | os.PathLike[str] | None = None, runtime_checks: bool
     under ``./artifacts`` in the current working directory, so the shipped profile never writes
     inside the package and two pipelines never share files.
     """
-    file = Path(path) if path is not None else default_config_path()
+    file = Path(path) if path is not None else local_profile_path()
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -21,6 +21,7 @@ from eagle3_pipeline.defs.ops.automation import build_automation_sensor
 from eagle3_pipeline.defs.ops.deploy import build_executor
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.orchestration.launching import GENERATION_JOB
+from eagle3_pipeline.results import NO_LISTENER
 
 SETUP_JOB = "setup_job"
 DOWNSTREAM_JOB = "downstream_job"
@@ -79,6 +80,8 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
                 pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})
             ),
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
+            # `eagle3-pipeline run` passes its own, which hears progress and results in process.
+            "phase_listener": NO_LISTENER,
         },
         executor=build_executor(config),
     )

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 import dagster as dg
 
-from eagle3_pipeline.cli import MainJob
+from eagle3_pipeline.cli import CliListener, MainJob
 from eagle3_pipeline.config import (
     DatasetConfig,
     PromptsConfig,
@@ -186,13 +186,16 @@ def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
     generated_store: tuple[Path, Path], local_model: Path, tmp_path: Path
 ) -> None:
     """The drafter_eval asset materialized for real: the table and the warning first in its metadata, the
-    warning in the run log (at WARNING) and in what the CLI prints from the materialization."""
+    warning in the run log (at WARNING) and in what the CLI prints from the result it hears in process."""
     config_path = pipeline_file(tmp_path, *generated_store, local_model)
     config = load_config(config_path)
     assert target_weights(config) == str(local_model)  # the embedded model's folder: its lm_head gives the argmax
+    listener = CliListener(None)
     with dg.DagsterInstance.ephemeral() as instance:
         outcome = dg.materialize(
-            build_drafter_eval(config), instance=instance, resources=pipeline_resources(config_path)
+            build_drafter_eval(config),
+            instance=instance,
+            resources={**pipeline_resources(config_path), "phase_listener": listener},
         )
         assert outcome.success
         metadata = outcome.asset_materializations_for_node("drafter_eval")[0].metadata
@@ -216,8 +219,8 @@ def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
     assert "generated at temperature > 0, imported samples, or text re-tokenised since generation" in warnings[0]
     assert any(entry.level == logging.WARNING and entry.user_message == warnings[0] for entry in logs)  # the run log
     with dg.DagsterInstance.ephemeral() as instance:
-        job = MainJob(config, instance, io.StringIO())
-        job.results["drafter_eval"] = result  # what the CLI keeps of the materialization
+        job = MainJob(config, None, instance, io.StringIO())
+        job.listener = listener  # what the CLI heard from the run
         assert f"warning: {warnings[0]}" in "\n".join(job.drafter_summary())
     for dataset in (GREEDY, SAMPLED):
         assert result[f"held_out_samples/{dataset}"] == 1 and f"| {dataset} held-out | 1 |" in result["table"]

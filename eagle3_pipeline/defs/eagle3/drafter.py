@@ -36,6 +36,7 @@ from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.compute import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.results import DrafterResult
 
 # The blocking checks of what the drafter trains on, honoured across runs (orchestration/gating.py).
 INPUT_CHECKS = [
@@ -107,7 +108,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         kinds={"pytorch", "safetensors"},
         deps=[dg.AssetKey("draft_vocab"), dg.AssetKey("hidden_states")],
         pool="gpu",
-        required_resource_keys={"pipeline"},
+        required_resource_keys={"pipeline", "phase_listener"},
         op_tags=step_tags(config, "eagle3_drafter"),
         description="The EAGLE-3 draft model trained on the target's hidden states (training-time test "
         "over drafter.ttt_steps, soft labels over the draft vocabulary), checkpointed and resumable, "
@@ -134,8 +135,10 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
                 result = train_rolling(context, config, spec, ship, fetch)
         except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
             raise dg.Failure(description=str(exc)) from None
+        typed = DrafterResult.from_metadata(result)
+        context.resources.phase_listener.result("eagle3_drafter", None, typed)
         where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
         rolling = {k: v for k, v in result.items() if k.startswith("rolling_")}
-        return dg.MaterializeResult(metadata={**materialization_metadata(result), **where, **rolling})
+        return dg.MaterializeResult(metadata={**materialization_metadata(typed.as_metadata()), **where, **rolling})
 
     return [eagle3_drafter]

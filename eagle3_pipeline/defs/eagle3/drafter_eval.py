@@ -21,6 +21,7 @@ from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.compute import run_heavy_phase
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.results import DrafterEvalResult
 
 DRAFTER_EVAL = dg.AssetKey("drafter_eval")
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
@@ -78,7 +79,7 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
         kinds={"pytorch"},
         deps=UPSTREAM,
         pool="gpu",
-        required_resource_keys={"pipeline"},
+        required_resource_keys={"pipeline", "phase_listener"},
         op_tags=step_tags(config, "drafter_eval"),
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
         f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens, against the stored "
@@ -90,13 +91,13 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         config = pipeline_settings(context)
         require_passing_checks(context.instance, INPUT_CHECKS)
-        result = run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
-        result["data_scaling"] = dg.MetadataValue.md(
-            data_scaling_markdown(config)
-        )  # what more data of each dataset buys
-        for line in str(result.get(WARNING, "")).splitlines():
+        result = DrafterEvalResult.from_metadata(run_heavy_phase(context, config, "evaluate", evaluate_spec(config)))
+        context.resources.phase_listener.result("drafter_eval", None, result)
+        for line in str(result.extra.get(WARNING, "")).splitlines():
             context.log.warning(line)
-        return dg.MaterializeResult(metadata=materialization_metadata(result))
+        # data_scaling: what more data of each dataset buys
+        scaling = {"data_scaling": dg.MetadataValue.md(data_scaling_markdown(config))}
+        return dg.MaterializeResult(metadata=materialization_metadata({**result.as_metadata(), **scaling}))
 
     @dg.asset_check(
         asset=drafter_eval,

@@ -36,6 +36,7 @@ from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.compute import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.results import HiddenStatesResult
 from eagle3_pipeline.serving import tokenizer_name
 from eagle3_pipeline.target import TargetError, dimensions, read_config
 
@@ -140,7 +141,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         group_name=GROUP,
         kinds={"safetensors"},
         deps=[training_data],
-        required_resource_keys={"pipeline"},
+        required_resource_keys={"pipeline", "phase_listener"},
         description="The draft vocabulary: the draft_vocab.size most frequent target ids among the masked tokens "
         "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
     )
@@ -158,8 +159,9 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
             f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
         )
+        context.resources.phase_listener.result("draft_vocab", None, result)
         return dg.MaterializeResult(
-            metadata={**result.manifest(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
+            metadata={**result.as_metadata(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
         )
 
     @dg.asset_check(
@@ -191,7 +193,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         kinds={"safetensors", "parquet"},
         deps=[training_data],
         pool="gpu",
-        required_resource_keys={"pipeline"},
+        required_resource_keys={"pipeline", "phase_listener"},
         op_tags=step_tags(config, "hidden_states"),
         check_specs=[
             dg.AssetCheckSpec(
@@ -261,11 +263,12 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             _serving_agreement_result(meta),
             dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
         ]
+        result = HiddenStatesResult.from_metadata({**meta, **reference})
+        context.resources.phase_listener.result("hidden_states", None, result)
         metadata = {
-            **meta,
-            **reference,
-            "store": dg.MetadataValue.path(meta["store"]),
-            "aux_layer_ids": str(meta["aux_layer_ids"]),
+            **result.as_metadata(),
+            "store": dg.MetadataValue.path(result.store),
+            "aux_layer_ids": str(result.aux_layer_ids),
         }
         return dg.MaterializeResult(metadata=metadata, check_results=checks)
 

@@ -36,6 +36,7 @@ from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
+from eagle3_pipeline.results import PromptsResult, ResponsesResult, TrainingDataResult
 from eagle3_pipeline.serving import tokenizer_name
 
 PREVIEW_ROWS = 5
@@ -78,7 +79,7 @@ def _per_dataset_table(per_dataset: dict[str, dict[str, Any]]) -> dg.MetadataVal
 
 def _observation(context: dg.AssetExecutionContext, p: Progress) -> dg.AssetObservation:
     """One point of the live throughput series, plotted by the UI across observations; it carries
-    every field of the snapshot, so `eagle3-pipeline run` draws its progress bar from the event log."""
+    every field of the snapshot (`eagle3-pipeline run` hears the same snapshot through its listener)."""
     metadata: dict[str, Any] = {k: v for k, v in asdict(p).items() if k != "dataset"}
     metadata["tokens_per_s"] = round(p.tokens_per_s, 2)
     return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata=metadata)
@@ -122,7 +123,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         partitions_def=partitions,
         group_name="data",
         kinds={"parquet"},
-        required_resource_keys={"pipeline"},
+        required_resource_keys={"pipeline", "phase_listener"},
         automation_condition=backfill,
         description="Normalized prompts of one source dataset: stable content-hash ids, messages, "
         "tools, length class, estimated prompt tokens.",
@@ -140,15 +141,21 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         write_parquet(prompt_rows(records), PROMPT_SCHEMA, path)
         classes = Counter(r.length_class for r in records)
         context.log.info(f"{dataset.id}: {stats.kept} prompts from {stats.read} records ({stats.malformed} malformed)")
-        return dg.MaterializeResult(
-            metadata={
+        result = PromptsResult.from_metadata(
+            {
                 **stats.as_metadata(),
                 "short": classes["short"],
                 "long": classes["long"],
                 "estimated_prompt_tokens": sum(r.prompt_tokens_est for r in records),
-                "path": dg.MetadataValue.path(str(path)),
                 "source": dataset.source,
                 "sampling": "smallest sha256(seed:id) first" if dataset.sample_size else "all records",
+            }
+        )
+        context.resources.phase_listener.result("prompts", dataset.id, result)
+        return dg.MaterializeResult(
+            metadata={
+                **result.as_metadata(),
+                "path": dg.MetadataValue.path(str(path)),
                 "preview": _preview(
                     [
                         {"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]}
@@ -167,7 +174,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
         # tags (see orchestration/hosts.py): Dagster fixes an op's pool in its definition, not per run.
         pool=None if config.inference.hosts else "gpu",
-        required_resource_keys={"pipeline", "inference"},
+        required_resource_keys={"pipeline", "inference", "phase_listener"},
         automation_condition=backfill,
         op_tags=step_tags(config, "responses"),
         code_version=configured_fingerprint(config.generation, config.target, config.inference).digest,
@@ -188,6 +195,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         def report(p: Progress) -> None:
             context.log.info(p.line())
             context.log_event(_observation(context, p))
+            context.resources.phase_listener.progress(p)
 
         heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
 
@@ -219,11 +227,12 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             context.log.warning(
                 f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
             )
+        typed = ResponsesResult.from_metadata({**result.as_metadata(), **({"host": host} if host is not None else {})})
+        context.resources.phase_listener.result("responses", dataset.id, typed)
         return dg.MaterializeResult(
             data_version=dg.DataVersion(result.data_version),
             metadata={
-                **result.as_metadata(),
-                **({"host": host} if host is not None else {}),
+                **typed.as_metadata(),
                 "throughput_series": _series_table(result.summary.series),
                 "path": dg.MetadataValue.path(str(layout.responses(dataset.id))),
                 "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset.id))),
@@ -239,7 +248,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         group_name="data",
         kinds={"parquet"},
         deps=[responses],
-        required_resource_keys={"pipeline"},
+        required_resource_keys={"pipeline", "phase_listener"},
         automation_condition=FOLLOW_UPSTREAM,
         description="All datasets merged and deduplicated, chat-templated with the target's tokenizer, "
         "loss-masked to generated assistant tokens, shuffled with the config seed, split train/eval by "
@@ -297,14 +306,14 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         )
         context.log.info(f"serving reference for hidden_states' validation: {reference['serving_reference_status']}")
         manifest = read_manifest(layout.training_data)
+        result = TrainingDataResult.from_metadata(
+            {**stats.as_metadata(), **agreement, **reference, "version": manifest["version"], "tokenizer": tokenizer}
+        )
+        context.resources.phase_listener.result("training_data", None, result)
         return dg.MaterializeResult(
             metadata={
-                **stats.as_metadata(),
-                **agreement,
-                **reference,
+                **result.as_metadata(),
                 "per_dataset": _per_dataset_table(stats.as_metadata()["per_dataset"]),
-                "version": manifest["version"],
-                "tokenizer": tokenizer,
                 "path": dg.MetadataValue.path(str(layout.training_data)),
             },
             data_version=dg.DataVersion(manifest["version"]),
