@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import dagster as dg
 import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 
 pytestmark = [pytest.mark.local_model]
 

@@ -33,7 +33,7 @@ from eagle3_pipeline.records import (
     write_parquet,
 )
 from eagle3_pipeline.serving import endpoints_from_config
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline_tests.test_generation import lines, make_prompts
 from eagle3_pipeline_tests.test_generation_dagster import materialize
 

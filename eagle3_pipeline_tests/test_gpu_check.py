@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.py``, the script a session with a lent GPU runs, kept runnable: its
+"""``benchmarks/gpu_check.py`` (``python -m benchmarks.gpu_check``), the script a session with a lent GPU runs, kept runnable: its
 ``--smoke`` mode on this CPU (toy sizes; random-weight models built from configs, the stand-ins for
 the target and the drafter, as the script builds them on the GPU), and its time guard."""
 
@@ -17,13 +17,17 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
 def run_script(*args: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, REPO)), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "benchmarks.gpu_check", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

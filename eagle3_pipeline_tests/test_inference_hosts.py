@@ -35,8 +35,8 @@ from eagle3_pipeline.defs.launching import LaunchHost, claim, failure_reason
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline_tests.test_generation import make_prompts
 from eagle3_pipeline_tests.test_generation_planning import plan_cli
 from eagle3_pipeline_tests.test_orchestration import Daemonless, evaluate_at, requested, sensor_resources

@@ -19,8 +19,8 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.definitions import build_definitions
 from eagle3_pipeline.defs.launching import backoff_s, plan_launches
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 
 def write_pipeline(

@@ -28,8 +28,8 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.compute import run_heavy_phase
 from eagle3_pipeline.hidden_states.store import ShardWriter
+from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until
 from eagle3_pipeline_tests.hidden_states.specforge_files import (
     LAYERS,
     TARGET,

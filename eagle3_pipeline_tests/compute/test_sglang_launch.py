@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
 from eagle3_pipeline.hidden_states.extract import run
+from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
 from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd
 from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
     STANDIN,
     Recorder,

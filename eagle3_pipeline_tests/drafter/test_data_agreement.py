@@ -53,8 +53,8 @@ from eagle3_pipeline.hidden_states.store import (
     save_draft_vocab,
 )
 from eagle3_pipeline.prompts import load_prompts
+from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.drafter.tiny_store import make_vocab
 
 pytestmark = pytest.mark.local_model
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline_tests.health.sshd_fixture import SSHD, FakeBin, FakeSglang, Sshd, Watched, make_watched
+from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, FakeSglang, Sshd, Watched, make_watched
 
 
 def pytest_configure(config: pytest.Config) -> None:

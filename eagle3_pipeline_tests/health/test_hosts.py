@@ -28,7 +28,7 @@ from eagle3_pipeline.hosts import (
     quote_args,
 )
 from eagle3_pipeline.monitor import build_host
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until
+from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
 
 HOSTILE = [
     "'; touch {pwned} #",

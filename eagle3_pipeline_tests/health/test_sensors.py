@@ -14,8 +14,8 @@ import pytest
 from eagle3_pipeline.defs.definitions import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
 from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 

@@ -13,10 +13,10 @@ import dagster as dg
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.definitions import build_definitions
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
 from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3 import build_eagle3_assets
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
 

@@ -22,7 +22,7 @@ from eagle3_pipeline.hidden_states.extract import ExtractionError, extract_shard
 from eagle3_pipeline.hidden_states.inputs import TrainingData
 from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards
 from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
 
