@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError
 from eagle3_pipeline.layer_ids import output_layer_ids
 
@@ -111,7 +112,6 @@ def to_speculators(
     architectures; ``verifier`` is what vLLM loads as the target (default: that folder)."""
     from safetensors.torch import load_file, save_file
 
-    from eagle3_pipeline.drafter.export import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
     from eagle3_pipeline.drafter.target import embedding_tensor
 
     if speculative_tokens < 1:
