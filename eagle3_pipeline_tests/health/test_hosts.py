@@ -24,10 +24,10 @@ from eagle3_pipeline.hosts import (
     HostKeyError,
     LocalHost,
     SshHost,
+    build_host,
     host_key_fingerprint,
     quote_args,
 )
-from eagle3_pipeline.monitor import build_host
 from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
 
 HOSTILE = [
