@@ -31,7 +31,8 @@ intermediate 5120, draft vocabulary 32000, Kimi's 163840 vocabulary and YaRN), a
 memory). From the fitted per-token (and, old pass, per-T²) step memory of kimi-like it predicts the
 longest sequence one 96 GB GPU trains for the full Kimi draft (see ``_kimi_prediction``).
 
-    .venv/bin/python -m benchmarks.drafter_train --memory [--lengths 512,2048,4096,8192,16384] [--old-lengths ...] [--dtype bfloat16] [--limit-gib 10]
+    .venv/bin/python -m benchmarks.drafter_train --memory [--lengths 512,2048,4096,8192,16384] \
+        [--old-lengths ...] [--dtype bfloat16] [--limit-gib 10]
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ need: carry its wheels. Once, on a machine with pip and network, in the reposito
 
 then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 540`` and the command::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check 2>&1 | tee $OUT/gpu_check.log
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && \
+        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check 2>&1 | tee $OUT/gpu_check.log
 
 (``$OUT/gpu_check.log`` comes back whole; the reply's ``output_tail`` holds only the last 12,000 characters.)
 

@@ -1,4 +1,5 @@
-"""``benchmarks/gpu_check.py`` (``python -m benchmarks.gpu_check``), the script a session with a lent GPU runs, kept runnable: its
+"""``benchmarks/gpu_check.py`` (``python -m benchmarks.gpu_check``), the script a session with a lent GPU
+runs, kept runnable: its
 ``--smoke`` mode on this CPU (toy sizes; random-weight models built from configs, the stand-ins for
 the target and the drafter, as the script builds them on the GPU), and its time guard."""
 

@@ -1,4 +1,4 @@
-"""The served drafter directory, loaded as-is by SGLang and vLLM (EAGLE3.md §7).
+"""The served drafter directory, loaded as-is by SGLang and vLLM (SpecForge's export layout).
 
 ``config.json``: a Llama config with ``architectures: ["LlamaForCausalLMEagle3"]``, one hidden layer,
 the target's vocabulary size, ``draft_vocab_size``, untied embeddings, the RoPE the drafter was

@@ -2,7 +2,7 @@
 vLLM users who prefer it (vllm serve DIR reads the target and the number of drafted tokens from it).
 
 Layout as read from vllm-project/speculators (``models/eagle3/config.py``, the EAGLE-3 converter)
-and vLLM's ``transformers_utils/configs/speculators/{base,algos}.py`` (EAGLE3.md, SP and VL-x):
+and vLLM's ``transformers_utils/configs/speculators/{base,algos}.py``:
 
 - ``config.json``: ``architectures: ["Eagle3Speculator"]``, ``speculators_model_type: "eagle3"``,
   ``transformer_layer_config`` (the Llama config of the one decoder layer: target vocabulary,

@@ -35,7 +35,7 @@ KIMI_AUX = [1, 29, 57]  # the EAGLE-3 default of a 61-layer target, output-of-la
 
 
 def kimi_k25_text_config(**overrides: Any) -> dict[str, Any]:
-    """Kimi-K2.5's language model config (its checkpoint's nested ``text_config``, EAGLE3.md §9)."""
+    """Kimi-K2.5's language model config (moonshotai/Kimi-K2.5's config.json, its nested ``text_config``)."""
     config: dict[str, Any] = {
         "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168,
         "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 163840,

@@ -2,7 +2,7 @@
 
 ``real_store`` runs the embedded model (SmolLM2-135M-Instruct, the stand-in for the target) over
 the shipped prompt sets and writes its aux/final hidden states with the real ``ShardWriter``, plus
-a draft vocabulary built as EAGLE3.md §6 says (most frequent masked tokens, sorted). The prompts
+a draft vocabulary built as SpecForge builds one (most frequent masked tokens, sorted). The prompts
 have no target responses yet at this stage, so every token of the chat-templated prompt is a
 trained token: the teacher is the target's own distribution, which is what matters for training.
 ``random_store`` writes random tensors for a small made-up target, for shape and resume tests.

@@ -1,5 +1,5 @@
-"""Our export loads into SpecForge's own ``LlamaForCausalLMEagle3`` (``specforge==0.2.0``, EAGLE3.md
-§7: SpecForge's export names are ours), strictly, at toy size with matching logits and at Kimi-K2.5's
+"""Our export loads into SpecForge's own ``LlamaForCausalLMEagle3`` (``specforge==0.2.0``, whose
+export names are ours), strictly, at toy size with matching logits and at Kimi-K2.5's
 full size on the meta device.
 
 The wheel is fetched with ``pip download --no-deps`` once per test session (a failure fails the test

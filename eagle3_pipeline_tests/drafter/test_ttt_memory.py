@@ -1,7 +1,8 @@
 """The memory-bounded training-time test equals the full-score pass it replaced.
 
 ``reference_ttt_forward`` and ``reference_ttt_loss`` (:mod:`eagle3_pipeline.testing.drafter_reference`) are
-the drafter's TTT pass and loss as they were before the blockwise attention (model.py and train.py at commit 04fe7eb), over the same modules:
+the drafter's TTT pass and loss as they were before the blockwise attention (model.py and train.py at
+commit 04fe7eb), over the same modules:
 per step a [B, heads, T, T] score tensor against the step-0 keys, the diagonal scores concatenated
 to it, one softmax; the loss's log-softmax and soft labels as whole [N, Vd] float32 tensors.
 ``benchmarks/drafter_train.py --memory`` measures them as the old pass.
@@ -78,7 +79,7 @@ def _model(config: DrafterConfig) -> Eagle3Drafter:
     model = Eagle3Drafter(config)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    model.embed_tokens.weight.requires_grad_(False)  # the target's, frozen (EAGLE3.md §2)
+    model.embed_tokens.weight.requires_grad_(False)  # the target's, frozen, as SpecForge freezes it
     used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
     t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
     t2d[used] = True
