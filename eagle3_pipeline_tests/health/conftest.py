@@ -17,10 +17,6 @@ from eagle3_pipeline.hosts import SshHost
 from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, FakeSglang, Sshd, Watched, make_watched
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds (a hung-host tick)")
-
-
 @pytest.fixture(scope="session")
 def fakebin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeBin]:
     fake = FakeBin(tmp_path_factory.mktemp("fakebin"))
