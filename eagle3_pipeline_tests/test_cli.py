@@ -43,6 +43,7 @@ def run_on_a_terminal(command: list[str], cwd: Path, env: dict[str, str], timeou
     return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_run_executes_the_named_jobs_and_draws_progress_from_the_event_log(
     tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

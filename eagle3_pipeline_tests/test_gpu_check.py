@@ -37,6 +37,7 @@ def sections(stdout: str) -> dict[str, dict[str, Any]]:
     return {f.pop("section"): f for f in found}
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_section_and_prints_its_figures() -> None:
     done = run_script("--smoke")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

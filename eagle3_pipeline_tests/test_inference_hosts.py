@@ -343,6 +343,7 @@ def start_side_by_side(
     return [worker.exitcode for worker in workers]
 
 
+@pytest.mark.slow
 def test_runs_of_one_backfill_claim_different_hosts_when_they_start(tmp_path: Path, servers: Any) -> None:
     """Two runs of one backfill (same tags, no host tag), started at the same time on two healthy
     hosts: each claims its own host, tags its run with it, and generates there."""

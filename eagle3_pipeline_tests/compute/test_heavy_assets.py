@@ -28,6 +28,8 @@ from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.compute.conftest import Layout, idle_gpu_rows, write_pipeline
 from eagle3_pipeline_tests.conftest import pipeline_resources
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 STORE_FILES = ["index.parquet", "manifest.json"]
 TEXTS = [

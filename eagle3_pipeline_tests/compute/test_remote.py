@@ -172,6 +172,7 @@ def materialize_in_this_process(config_path: str, spec_path: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_terminated_run_leaves_no_remote_process(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,6 +231,7 @@ def sample_bytes(seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("fault", ["cut", "freeze"])
+@pytest.mark.slow
 def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, fault: str
 ) -> None:

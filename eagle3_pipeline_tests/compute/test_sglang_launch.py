@@ -36,7 +36,7 @@ from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the
 # process table take turns with them (root conftest `process_table`).
-pytestmark = pytest.mark.usefixtures("process_table")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
 SGLANG = {"backend": "sglang", "shard_tokens": 24, "spot_check_samples": 1, "batch_tokens": 64, "max_batch_size": 4}
 
 

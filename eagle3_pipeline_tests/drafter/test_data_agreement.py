@@ -175,6 +175,7 @@ def pipeline_file(folder: Path, store: Path, vocab: Path, local_model: Path) -> 
     return config
 
 
+@pytest.mark.slow
 def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
     generated_store: tuple[Path, Path], local_model: Path, tmp_path: Path
 ) -> None:

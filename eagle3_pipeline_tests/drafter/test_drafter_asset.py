@@ -22,6 +22,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 
 
 @pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.slow
 def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, processes: int) -> None:
     target = random_target(tmp_path / "target")
     pipeline = tmp_path / "pipeline.yaml"

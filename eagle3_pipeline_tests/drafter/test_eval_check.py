@@ -235,6 +235,7 @@ def _check_run(instance: dg.DagsterInstance, config_path: Path, metadata: Mappin
     return evaluations[0]
 
 
+@pytest.mark.slow
 def test_blocking_check_fails_on_a_regression_against_the_previous_materialization(
     tmp_path: Path, dagster_home: Path
 ) -> None:

@@ -38,7 +38,7 @@ from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_voc
 from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 REPO = Path(__file__).resolve().parents[2]
 WINDOW = 1

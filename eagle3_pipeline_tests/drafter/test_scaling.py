@@ -262,6 +262,7 @@ def expected_tokens(store: HiddenStateStore, masked: dict[str, tuple[str, int]],
     return seen
 
 
+@pytest.mark.slow
 def test_the_tau_curve_is_recorded_at_each_checkpoint_and_survives_a_resume(tmp_path: Path) -> None:
     store, masked = two_dataset_store(tmp_path / "store")
     target = random_target(tmp_path / "target", hidden=HIDDEN, vocab=VOCAB)

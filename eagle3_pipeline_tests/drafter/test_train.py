@@ -25,6 +25,8 @@ from eagle3_pipeline.drafter.train import TrainError, run
 from eagle3_pipeline.hidden_states.store import save_draft_vocab
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -61,6 +61,7 @@ def test_sensor_launches_nothing_while_a_check_is_unknown(
     assert not result.run_requests and "gpus unknown" in result.skip_message
 
 
+@pytest.mark.slow
 def test_sensor_launches_missing_partitions_once_healthy(
     tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
 ) -> None:

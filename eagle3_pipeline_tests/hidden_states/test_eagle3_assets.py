@@ -33,6 +33,7 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
+@pytest.mark.slow
 def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_model: Path) -> None:
     # Random ids: no serving server could be compared with (test_validation.py does that), so the
     # validation is off and its check says so, as a failing WARN that does not stop the run.

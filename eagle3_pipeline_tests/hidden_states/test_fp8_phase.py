@@ -25,7 +25,7 @@ from eagle3_pipeline.testing.training_data import sample_rows, write_training_da
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.test_extract import Recorder, spec
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ from eagle3_pipeline.testing.training_data import sample_rows, write_training_da
 from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_uses
 from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401 - the shared session fixture
 
+pytestmark = pytest.mark.slow
+
 STANDIN = Path(__file__).parent / "sglang_standin"
 
 
