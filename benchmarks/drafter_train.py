@@ -13,12 +13,12 @@ steps (here 5).
 The store comes from the embedded model's hidden states over the shipped prompts (built once into
 --work, reused on later runs).
 
-    .venv/bin/python benchmarks/drafter_train.py [--samples 200] [--steps 12] [--rounds 2] [--work DIR]
+    .venv/bin/python -m benchmarks.drafter_train [--samples 200] [--steps 12] [--rounds 2] [--work DIR]
 
 ``--memory``: peak memory and time of one training step (teacher, ``ttt_loss`` forward and backward,
 7 TTT steps, one sequence of T tokens, random data whose target argmax always falls in the draft
 vocabulary so every position counts) for the full-score pass of before (``old``,
-``eagle3_pipeline_tests/drafter/test_ttt_memory.py``'s reference), the blockwise pass (``new``) and
+``eagle3_pipeline.testing.drafter_reference``), the blockwise pass (``new``) and
 the blockwise pass with ``drafter.activation_checkpointing`` (``new+ckpt``), each configuration in a
 fresh subprocess. CPU: peak = the subprocess's RSS high-water (glibc's mmap threshold pinned at 1 MiB
 so freed tensors leave RSS), step memory = peak − RSS before the batch exists; CUDA:
@@ -31,7 +31,8 @@ intermediate 5120, draft vocabulary 32000, Kimi's 163840 vocabulary and YaRN), a
 memory). From the fitted per-token (and, old pass, per-T²) step memory of kimi-like it predicts the
 longest sequence one 96 GB GPU trains for the full Kimi draft (see ``_kimi_prediction``).
 
-    .venv/bin/python benchmarks/drafter_train.py --memory [--lengths 512,2048,4096,8192,16384] [--old-lengths ...] [--dtype bfloat16] [--limit-gib 10]
+    .venv/bin/python -m benchmarks.drafter_train --memory [--lengths 512,2048,4096,8192,16384] \
+        [--old-lengths ...] [--dtype bfloat16] [--limit-gib 10]
 """
 
 from __future__ import annotations
@@ -52,17 +53,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from eagle3_pipeline.drafter.data import TEACHER_CHUNK_TOKENS, Batch, BatchReader, epoch_plan, store_rows, teacher  # noqa: E402
-from eagle3_pipeline.drafter.model import ATTENTION_BLOCK, DrafterConfig, Eagle3Drafter  # noqa: E402
-from eagle3_pipeline.drafter.target import load_target_weights  # noqa: E402
-from eagle3_pipeline.drafter.train import ADAM_BETAS, build_model, drafter_config, run, ttt_loss  # noqa: E402
-from eagle3_pipeline.hidden_states.store import HiddenStateStore, default_aux_layer_ids, load_draft_vocab  # noqa: E402
-from eagle3_pipeline.serving import local_model_dir  # noqa: E402
-from eagle3_pipeline_tests.drafter.test_ttt_memory import reference_ttt_loss  # noqa: E402
-from eagle3_pipeline_tests.drafter.test_yarn import KIMI_AUX, kimi_k25_text_config  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import real_store  # noqa: E402
+from eagle3_pipeline.drafter.data import TEACHER_CHUNK_TOKENS, Batch, BatchReader, epoch_plan, store_rows, teacher
+from eagle3_pipeline.drafter.model import ATTENTION_BLOCK, DrafterConfig, Eagle3Drafter
+from eagle3_pipeline.drafter.target import load_target_weights
+from eagle3_pipeline.drafter.train import ADAM_BETAS, build_model, drafter_config, run, ttt_loss
+from eagle3_pipeline.hidden_states.store import HiddenStateStore, default_aux_layer_ids, load_draft_vocab
+from eagle3_pipeline.serving import local_model_dir
+from eagle3_pipeline.testing.drafter_reference import KIMI_AUX, kimi_k25_text_config, reference_ttt_loss
+from eagle3_pipeline.testing.tiny_store import real_store
 
 
 class Quiet:
@@ -312,7 +310,7 @@ def _run_child(job: MemoryJob, limit_gib: float) -> dict[str, float]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(
-            [sys.executable, __file__, "--memory-child", json.dumps(job.__dict__)],
+            [sys.executable, "-m", "benchmarks.drafter_train", "--memory-child", json.dumps(job.__dict__)],
             stdout=out,
             stderr=err,
             env=env,

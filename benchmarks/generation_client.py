@@ -9,7 +9,7 @@ Measured in the same run and printed as ratios:
   * a generation process killed with SIGKILL at ~50 % and resumed: duplicates (0), finished
     responses lost (0), requests sent again (≤ concurrency).
 
-    .venv/bin/python benchmarks/generation_client.py [--requests 20000] [--concurrency 150]
+    .venv/bin/python -m benchmarks.generation_client [--requests 20000] [--concurrency 150]
 """
 
 from __future__ import annotations
@@ -101,10 +101,10 @@ def bare(loop: BareLoop, url: str, items: list[PromptRecord], c: int) -> Callabl
 
 
 class Server:
-    """The zero-work server (eagle3_pipeline_tests.fake_openai) as a separate process."""
+    """The zero-work server (eagle3_pipeline.testing.fake_openai) as a separate process."""
 
     def __init__(self) -> None:
-        command = [sys.executable, "-m", "eagle3_pipeline_tests.fake_openai"]
+        command = [sys.executable, "-m", "eagle3_pipeline.testing.fake_openai"]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         self.url = self.process.stdout.readline().strip()
@@ -125,7 +125,8 @@ def finished_ids(path: Path) -> list[str]:
 def worker_command(url: str, checkpoint: Path, n: int, c: int) -> list[str]:
     return [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        "benchmarks.generation_client",
         "--worker",
         url,
         str(checkpoint),

@@ -11,7 +11,7 @@ by the time guard still leaves the sections before:
 2. ``extract``: the ``extract`` phase (``eagle3_pipeline.hidden_states.extract.run``, transformers
    backend, ``device: cuda``, ``dtype: bfloat16``, spot check of 4 samples) on a random-weight Llama of
    the embedded model's shape (SmolLM2-135M: 30 layers, hidden 576) over seeded random token ids, then
-   on the tiny Kimi-K2.5 fixture (``eagle3_pipeline_tests/kimi/fixture.py``: remote code, MLA, MoE):
+   on the tiny Kimi-K2.5 fixture (``eagle3_pipeline/testing/kimi/fixture.py``: remote code, MLA, MoE):
    tokens/s, the spot check's largest relative error against its tolerance, peak GPU memory.
 3. ``train-16K``, ``train-32K``: 50 optimizer steps of the training phase
    (``eagle3_pipeline.drafter.train.run``: store reads, teacher, 7 TTT steps, AdamW, bf16 autocast,
@@ -37,14 +37,15 @@ need: carry its wheels. Once, on a machine with pip and network, in the reposito
 
 then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 540`` and the command::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && \
+        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check 2>&1 | tee $OUT/gpu_check.log
 
 (``$OUT/gpu_check.log`` comes back whole; the reply's ``output_tail`` holds only the last 12,000 characters.)
 
 On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/test_gpu_check.py``
 runs it, so the script cannot rot)::
 
-    .venv/bin/python benchmarks/gpu_check.py --smoke
+    .venv/bin/python -m benchmarks.gpu_check --smoke
 """
 
 from __future__ import annotations
@@ -61,9 +62,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 SEED = 0
 KIMI_HIDDEN = 7168
@@ -191,7 +189,7 @@ def peak_gib(device: str) -> dict[str, float | None]:
 
 def kimi_like_target(sizes: Sizes) -> dict[str, Any]:
     """Kimi-K2.5's language model config at the width of ``sizes.draft_hidden`` (vocabulary ``target_vocab``)."""
-    from eagle3_pipeline_tests.drafter.test_yarn import kimi_k25_text_config
+    from eagle3_pipeline.testing.drafter_reference import kimi_k25_text_config
 
     return kimi_k25_text_config(hidden_size=sizes.draft_hidden, vocab_size=sizes.target_vocab)
 
@@ -210,7 +208,7 @@ def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
     from eagle3_pipeline.drafter.model import Eagle3Drafter
     from eagle3_pipeline.drafter.train import drafter_config
     from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
-    from eagle3_pipeline_tests.drafter.test_model import chain_draft
+    from eagle3_pipeline.testing.drafter_reference import chain_draft
 
     target = kimi_like_target(sizes)
     config = drafter_config(
@@ -294,8 +292,8 @@ def llama_target(folder: Path, shape: dict[str, Any]) -> Path:
 
 
 def extract_section(sizes: Sizes, device: str, work: Path) -> dict[str, Any]:
-    from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
-    from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE, build_kimi_checkpoint
+    from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE, build_kimi_checkpoint
+    from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
     shape = sizes.target_shape or EMBEDDED_SHAPE
     rows = sample_rows(
@@ -330,7 +328,7 @@ def train_inputs(sizes: Sizes, work: Path) -> tuple[Path, Path, Path]:
     from safetensors.torch import save_file
 
     from eagle3_pipeline.hidden_states.store import load_draft_vocab
-    from eagle3_pipeline_tests.drafter.tiny_store import random_store
+    from eagle3_pipeline.testing.tiny_store import random_store
 
     target_dir, store, vocab = work / "kimi-like", work / "train-store", work / "train-vocab"
     target_dir.mkdir(parents=True)

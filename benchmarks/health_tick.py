@@ -2,26 +2,23 @@
 
 Both run on the same reused connection to a real sshd on loopback, against the health tests'
 stand-ins (a fake SGLang process tree, scripted nvidia-smi/dmesg; see
-eagle3_pipeline_tests/health/sshd_fixture.py). The two are measured alternately and the medians
+eagle3_pipeline/testing/sshd_fixture.py). The two are measured alternately and the medians
 of N repetitions compared; the target is a ratio of at most 3. Needs root and openssh-server.
 
-    .venv/bin/python benchmarks/health_tick.py [--repetitions 30]
+    .venv/bin/python -m benchmarks.health_tick [--repetitions 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: eagle3_pipeline_tests
-
 from eagle3_pipeline.health import TickState, run_health_tick
-from eagle3_pipeline_tests.health.sshd_fixture import (
+from eagle3_pipeline.testing.sshd_fixture import (
     FakeBin,
     FakeSglang,
     Sshd,

@@ -1,6 +1,6 @@
 """Extraction against a bare transformers loop, memory at 1× and 4× the data, bytes per token.
 
-    .venv/bin/python benchmarks/hidden_states.py [--samples 8] [--min-len 32] [--max-len 96]
+    .venv/bin/python -m benchmarks.hidden_states [--samples 8] [--min-len 32] [--max-len 96]
 
 Each scale runs in a fresh process on the embedded target (SmolLM2-135M-Instruct, CPU float32):
 the `extract` phase over a synthetic training_data folder (seeded random token ids), then, in the
@@ -120,7 +120,8 @@ def main() -> None:
     for scale in (1, 4):
         command = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.hidden_states",
             "--child",
             "--samples",
             str(args.samples * scale),

@@ -9,7 +9,8 @@ rates are assumptions, given as a range (``--rates``), and so is the time to loa
 each window's extraction (``--load-s``, default 600 s); at 57,349 B/token, 10K tokens/s is also
 ~0.57 GB/s written to disk.
 
-    .venv/bin/python benchmarks/rolling_tradeoff.py [--prompts 88000] [--tokens-per-prompt 1250] [--window-shards 16] [--rates 5000,10000,20000,50000] [--load-s 600]
+    .venv/bin/python -m benchmarks.rolling_tradeoff [--prompts 88000] [--tokens-per-prompt 1250] [--window-shards 16] \
+        [--rates 5000,10000,20000,50000] [--load-s 600]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What an fp8 hidden-state store costs in τ on the embedded default: bf16 store against fp8 store.
 
 One bf16 store is built from the embedded model (SmolLM2-135M-Instruct) over the shipped prompt sets
-(``eagle3_pipeline_tests/drafter/tiny_store.py:real_store``: ``--samples`` prompts, at most
+(``eagle3_pipeline/testing/tiny_store.py:real_store``: ``--samples`` prompts, at most
 ``--max-tokens`` tokens each, every 10th sample in the eval split); the fp8 store holds the same
 samples in the same shards, written by ``ShardWriter(dtype="float8_e4m3")`` from the bf16 states (as
 the phase does: the target's states arrive in bf16 and are quantized when the shard is written).
@@ -19,13 +19,12 @@ the bf16 ones for the aux layers and the teacher, how often the teacher's full-v
 from fp8 states equals the one from bf16 states (and the bf16 top-1/top-2 margin where it does
 not), KL and total variation between the two teacher distributions, both τ tables, and τ(fp8) / τ(bf16) per dataset and K.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/store_dtype_tau.py [--samples 120] [--max-tokens 128] [--epochs 6] [--work DIR]
+    .venv/bin/python -m benchmarks.store_dtype_tau [--samples 120] [--max-tokens 128] [--epochs 6] [--work DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,16 +32,14 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.tau_scaling import Log  # noqa: E402  (the same quiet reporter as the τ-scaling benchmark)
-from eagle3_pipeline.config import load_config, local_profile_path  # noqa: E402
-from eagle3_pipeline.drafter import evaluate, train  # noqa: E402
-from eagle3_pipeline.drafter.spec import train_spec  # noqa: E402
-from eagle3_pipeline.drafter.target import load_target_weights  # noqa: E402
-from eagle3_pipeline.hidden_states.store import BF16, FP8, HiddenStateStore, ShardWriter, bytes_per_token  # noqa: E402
-from eagle3_pipeline.serving import prepare_local_model  # noqa: E402
-from eagle3_pipeline_tests.drafter.tiny_store import real_store  # noqa: E402
+from benchmarks.tau_scaling import Log  # the same quiet reporter as the τ-scaling benchmark
+from eagle3_pipeline.config import load_config, local_profile_path
+from eagle3_pipeline.drafter import evaluate, train
+from eagle3_pipeline.drafter.spec import train_spec
+from eagle3_pipeline.drafter.target import load_target_weights
+from eagle3_pipeline.hidden_states.store import BF16, FP8, HiddenStateStore, ShardWriter, bytes_per_token
+from eagle3_pipeline.serving import prepare_local_model
+from eagle3_pipeline.testing.tiny_store import real_store
 
 
 def convert(source: HiddenStateStore, root: Path, dtype: str) -> HiddenStateStore:

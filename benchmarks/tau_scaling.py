@@ -17,7 +17,7 @@ The store is the embedded default's (``eagle3-pipeline run`` writes it under ``.
 (symlinks) under ``--work``, where both runs' checkpoints go too (a rerun with the same --work
 resumes them: nothing is trained again).
 
-    .venv/bin/python benchmarks/tau_scaling.py [--artifacts DIR] [--work DIR] [--checkpoint-every 10]
+    .venv/bin/python -m benchmarks.tau_scaling [--artifacts DIR] [--work DIR] [--checkpoint-every 10]
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from eagle3_pipeline.config import load_config, local_profile_path  # noqa: E402
-from eagle3_pipeline.drafter.acceptance import ALL  # noqa: E402
-from eagle3_pipeline.drafter.scaling import NoFit, fit_curve  # noqa: E402
-from eagle3_pipeline.drafter.spec import train_spec  # noqa: E402
-from eagle3_pipeline.drafter.train import run  # noqa: E402
+from eagle3_pipeline.config import load_config, local_profile_path
+from eagle3_pipeline.drafter.acceptance import ALL
+from eagle3_pipeline.drafter.scaling import NoFit, fit_curve
+from eagle3_pipeline.drafter.spec import train_spec
+from eagle3_pipeline.drafter.train import run
 
 
 class Log:

@@ -12,7 +12,7 @@ Measured in the same run and printed:
   * peak RSS of the phase, each in a fresh process, at 1× and 4× the rows (target ≤ 1.2×), beside
     the RSS of a process that only loaded the tokenizer.
 
-    .venv/bin/python benchmarks/training_data.py [--rows 4000] [--buffer-rows 1024] [--repeat 2]
+    .venv/bin/python -m benchmarks.training_data [--rows 4000] [--buffer-rows 1024] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from eagle3_pipeline.prompts import parse_record
 from eagle3_pipeline.records import content_id
 from eagle3_pipeline.serving import prepare_local_model
 
+# The tables are written with the tests' copy of contract C1.
+from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
+
 REPO = Path(__file__).resolve().parents[1]
-# The tables are written with the tests' copy of contract C1 (eagle3_pipeline_tests/c1_records.py).
-sys.path.insert(0, str(REPO))
-from eagle3_pipeline_tests.c1_records import generated, message, response_row, write_responses  # noqa: E402
 
 SAMPLES = REPO / "eagle3_pipeline" / "samples"
 DATASETS = {"chat": "sharegpt", "code": "openai", "math": "sharegpt", "tools": "openai"}
@@ -125,7 +125,8 @@ def child(mode: str, files: list[Path], model: str, out: Path, buffer_rows: int)
 def run_child(mode: str, files: list[Path], model: str, out: Path, buffer_rows: int) -> dict[str, Any]:
     command = [
         sys.executable,
-        __file__,
+        "-m",
+        "benchmarks.training_data",
         "--child",
         mode,
         "--model",
@@ -136,7 +137,7 @@ def run_child(mode: str, files: list[Path], model: str, out: Path, buffer_rows: 
         str(buffer_rows),
         *map(str, files),
     ]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO)
     parsed: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return parsed
 

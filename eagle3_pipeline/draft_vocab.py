@@ -1,6 +1,6 @@
 """The draft vocabulary: the target ids the drafter predicts, chosen by masked-token frequency.
 
-EAGLE-3 drafters predict over a sub-vocabulary of the target's (``shared/EAGLE3.md`` §6): the
+EAGLE-3 drafters predict over a sub-vocabulary of the target's (SpecForge's ``generate_vocab_mapping_file``): the
 ``size`` ids that occur most often among the tokens the drafter is trained on (the loss-masked
 tokens of the train split), sorted ascending, as ``d2t`` (draft id → offset to the target id) and
 ``t2d`` (a bool mask over the target vocabulary). Ties are broken by the lower id; when fewer

@@ -35,9 +35,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import paramiko
 from paramiko.pkey import UnknownKeyType
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.config import HostConfig
 
 __all__ = [
     "CommandResult",
@@ -49,6 +53,7 @@ __all__ = [
     "HostKeyError",
     "LocalHost",
     "SshHost",
+    "build_host",
     "host_key_fingerprint",
     "kill_process_group",
     "quote_args",
@@ -635,3 +640,21 @@ def kill_process_group(host: Host, pgid: int, grace_s: float) -> bool:
     )
     result = host.run(script, timeout_s=grace_s + 30.0)
     return result.stdout.strip().endswith("gone")
+
+
+def build_host(settings: HostConfig) -> Host:
+    """The host a ``HostConfig`` section names: this machine (``kind: local``) or an SSH host."""
+    if settings.kind == "local":
+        return LocalHost()
+    assert settings.hostname is not None
+    return SshHost(
+        settings.hostname,
+        port=settings.port,
+        username=settings.username,
+        key_filename=settings.key_file,
+        passphrase_env=settings.key_passphrase_env,
+        use_agent=settings.allow_agent,
+        known_hosts=settings.known_hosts,
+        trust_on_first_use=settings.trust_on_first_use,
+        connect_timeout_s=settings.connect_timeout_s,
+    )

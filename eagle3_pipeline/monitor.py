@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from eagle3_pipeline.config import HostConfig, PipelineConfig
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import (
     GenerationTarget,
@@ -21,7 +21,7 @@ from eagle3_pipeline.health import (
     run_health_tick,
     server_root,
 )
-from eagle3_pipeline.hosts import Host, LocalHost, SshHost
+from eagle3_pipeline.hosts import Host, build_host
 
 EMBEDDED_NOT_RUNNING = (
     "no embedded server to ask: each run starts its own and probes it (this gate, as the run's "
@@ -35,23 +35,6 @@ class UnhealthyError(RuntimeError):
     def __init__(self, report: HealthReport) -> None:
         super().__init__(f"health gate refused: {report.summary()}")
         self.report = report
-
-
-def build_host(settings: HostConfig) -> Host:
-    if settings.kind == "local":
-        return LocalHost()
-    assert settings.hostname is not None
-    return SshHost(
-        settings.hostname,
-        port=settings.port,
-        username=settings.username,
-        key_filename=settings.key_file,
-        passphrase_env=settings.key_passphrase_env,
-        use_agent=settings.allow_agent,
-        known_hosts=settings.known_hosts,
-        trust_on_first_use=settings.trust_on_first_use,
-        connect_timeout_s=settings.connect_timeout_s,
-    )
 
 
 def thresholds_for(config: PipelineConfig) -> HealthThresholds:

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+
+# Tests with these markers are slow by nature (the main job, the daemon, a browser, a PostgreSQL server).
+SLOW_KINDS = ("e2e", "browser", "daemon", "postgres")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks the tests of :data:`SLOW_KINDS` ``slow``, so the fast tier (``-m "not slow"``) leaves them out."""
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

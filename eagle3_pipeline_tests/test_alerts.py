@@ -24,7 +24,7 @@ from eagle3_pipeline.alerts import Alert, Alerter, health_changed
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3.drafter_eval import DRAFTER_EVAL
 from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.test_sensors import start_stalled_generation
 from eagle3_pipeline_tests.test_orchestration import sensor_resources, write_pipeline
 

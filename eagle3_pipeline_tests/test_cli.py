@@ -27,8 +27,8 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs import build_definitions
 from eagle3_pipeline.draft_vocab import DraftVocabResult
 from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.local_model]
@@ -53,6 +53,7 @@ def run_on_a_terminal(command: list[str], cwd: Path, env: dict[str, str], timeou
     return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_run_executes_the_named_jobs_and_draws_progress_from_its_listener(
     tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline_tests.c1_records import generated, message, response_row, write_responses
+from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
 
 pytestmark = pytest.mark.local_model
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.draft_vocab import build_draft_vocab, default_draft_vocab_size
 from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError
 from eagle3_pipeline.hidden_states.store import load_draft_vocab
-from eagle3_pipeline_tests.hidden_states.training_data import write_training_data
+from eagle3_pipeline.testing.training_data import write_training_data
 
 
 def row(sample_id: str, ids: list[int], mask: list[int]) -> dict:

@@ -15,8 +15,8 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint, configured_fingerprint, partition_is_stale
 from eagle3_pipeline.generation.fingerprint import GenerationFingerprint, endpoint_identity
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_generation_dagster import materialize
 
 
@@ -162,7 +162,7 @@ def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_re
 def test_without_answers_new_settings_just_start_and_old_failures_are_kept_aside(
     tmp_path: Path, fake_openai: FakeOpenAI
 ) -> None:
-    from eagle3_pipeline_tests.fake_openai import Reply
+    from eagle3_pipeline.testing.fake_openai import Reply
 
     fake_openai.script = lambda body, n: Reply(status=400) if body["max_tokens"] == 8 else Reply()
     instance = dg.DagsterInstance.ephemeral()

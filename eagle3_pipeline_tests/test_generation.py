@@ -21,7 +21,7 @@ from eagle3_pipeline.generation import (
     response_rows,
 )
 from eagle3_pipeline.records import PromptRecord, content_id, message
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 
 
 def settings(**overrides: Any) -> GenerationConfig:

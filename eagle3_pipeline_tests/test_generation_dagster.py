@@ -16,8 +16,8 @@ from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.serving import InferenceProvider
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 SECRET = "sk-or-v1-test-0123456789abcdef-SECRET"
 KEY_VAR = "EAGLE3_TEST_ROUTER_KEY"

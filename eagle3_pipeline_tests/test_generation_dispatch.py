@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.generation import budget_state
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
 
 

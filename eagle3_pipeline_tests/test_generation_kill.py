@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from eagle3_pipeline.generation import Endpoint, ResponseCheckpoint, generate
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_generation import make_prompts, settings
 
 REPO = Path(__file__).resolve().parents[1]

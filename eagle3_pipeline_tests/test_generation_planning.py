@@ -33,7 +33,7 @@ from eagle3_pipeline.records import (
     write_parquet,
 )
 from eagle3_pipeline.serving import endpoints_from_config
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline_tests.test_generation import lines, make_prompts
 from eagle3_pipeline_tests.test_generation_dagster import materialize
 
@@ -121,6 +121,7 @@ def by_backend(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {row["backend"]: row for row in dataset["backends"]}
 
 
+@pytest.mark.slow
 def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
     unpriced = FakeOpenAI(token_delay_s=0.001).start()

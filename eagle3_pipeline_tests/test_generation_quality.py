@@ -17,8 +17,8 @@ from eagle3_pipeline.generation.length import check_lengths
 from eagle3_pipeline.generation.quality import account_for_prompts
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, content_id, message
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
 
 

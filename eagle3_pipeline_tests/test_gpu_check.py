@@ -1,4 +1,5 @@
-"""``benchmarks/gpu_check.py``, the script a session with a lent GPU runs, kept runnable: its
+"""``benchmarks/gpu_check.py`` (``python -m benchmarks.gpu_check``), the script a session with a lent GPU
+runs, kept runnable: its
 ``--smoke`` mode on this CPU (toy sizes; random-weight models built from configs, the stand-ins for
 the target and the drafter, as the script builds them on the GPU), and its time guard."""
 
@@ -17,13 +18,17 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
 def run_script(*args: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, REPO)), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "benchmarks.gpu_check", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -32,6 +37,7 @@ def sections(stdout: str) -> dict[str, dict[str, Any]]:
     return {f.pop("section"): f for f in found}
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_section_and_prints_its_figures() -> None:
     done = run_script("--smoke")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

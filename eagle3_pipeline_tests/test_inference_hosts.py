@@ -36,8 +36,8 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launching import LaunchHost, claim, failure_reason
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline_tests.test_generation import make_prompts
 from eagle3_pipeline_tests.test_generation_planning import plan_cli
 from eagle3_pipeline_tests.test_orchestration import Daemonless, evaluate_at, requested, sensor_resources
@@ -351,6 +351,7 @@ def start_side_by_side(
     return [worker.exitcode for worker in workers]
 
 
+@pytest.mark.slow
 def test_runs_of_one_backfill_claim_different_hosts_when_they_start(tmp_path: Path, servers: Any) -> None:
     """Two runs of one backfill (same tags, no host tag), started at the same time on two healthy
     hosts: each claims its own host, tags its run with it, and generates there."""

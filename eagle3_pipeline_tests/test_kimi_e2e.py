@@ -3,7 +3,7 @@ on a real Dagster instance, prompts → responses → training_data → draft_vo
 (transformers, `trust_remote_code`) → eagle3_drafter (YaRN) → export → drafter_eval.
 
 Stand-ins: the 1T target is the tiny random-weight Kimi-like checkpoint of
-`eagle3_pipeline_tests/kimi/fixture.py` (remote-code `kimi_k25` config over a nested DeepSeek-V3
+`eagle3_pipeline/testing/kimi/fixture.py` (remote-code `kimi_k25` config over a nested DeepSeek-V3
 `text_config`, `language_model.` weights in shards, the slow TikToken tokenizer and K2.5 template);
 the SGLang server is a loopback OpenAI-compatible server that answers as SGLang does with
 `--reasoning-parser kimi_k2 --tool-call-parser kimi_k2`: `reasoning_content` apart from `content`,
@@ -23,9 +23,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
+from eagle3_pipeline.testing.kimi.fixture import build_kimi_checkpoint
 from eagle3_pipeline_tests.drafter.test_export_specforge import specforge  # noqa: F401 (fixture)
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.kimi.fixture import build_kimi_checkpoint
 
 pytestmark = [pytest.mark.e2e]
 

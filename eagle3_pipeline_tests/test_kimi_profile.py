@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline_tests.locations import location_file
@@ -36,6 +38,7 @@ def test_the_profile_describes_the_kimi_box() -> None:
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} >= {"responses", "hidden_states", "eagle3_drafter"}
 
 
+@pytest.mark.slow
 def test_dagster_definitions_validate_with_the_profile(tmp_path: Path) -> None:
     dagster = Path(sys.executable).parent / "dagster"
     env = {"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)}

@@ -20,8 +20,8 @@ from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.orchestration.launch import decide_generation
 from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply, echo_completion
 
 
 def write_pipeline(
@@ -176,6 +176,7 @@ def test_queued_started_and_canceling_runs_are_in_flight(
     assert instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "B1"})) == [instance.get_run_by_id(run.run_id)]
 
 
+@pytest.mark.slow
 def test_a_rematerialized_prompts_partition_makes_its_responses_stale(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
 ) -> None:
@@ -196,6 +197,7 @@ def test_a_dataset_added_to_the_file_is_a_new_partition(tmp_path: Path, fake_ope
 
 
 @pytest.mark.local_model
+@pytest.mark.slow
 def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
     tmp_path: Path, local_model: Path, instance: dg.DagsterInstance
 ) -> None:
@@ -246,6 +248,7 @@ def requested(result: Any, key: str) -> list[str]:
     return sorted(result.get_requested_partitions(dg.AssetKey(key)))
 
 
+@pytest.mark.slow
 def test_the_scheduled_backfill_requests_what_is_due_at_each_cron_tick_and_leaves_a_failing_partition_alone(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance, caplog: pytest.LogCaptureFixture
 ) -> None:

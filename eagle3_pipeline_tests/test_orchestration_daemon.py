@@ -21,7 +21,7 @@ import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.locations import workspace_file
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 

@@ -15,7 +15,7 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.results import NO_LISTENER
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 
 KEY_VAR = "EAGLE3_TEST_SETTINGS_KEY"

@@ -161,6 +161,7 @@ def _peak_rss_growth(folder: Path, mode: str) -> tuple[int, int, list]:
     return measured["before_kib"] * 1024, measured["after_kib"] * 1024, measured["shapes"]
 
 
+@pytest.mark.slow
 def test_peak_rss_reading_the_drafters_tensors_is_far_below_the_checkpoint(tmp_path: Path) -> None:
     """Peak RSS of a fresh process that reads embed_tokens + lm_head from a 400 MB sharded checkpoint
     (4 expert shards of 100 MB the reader must not touch) grows by about those two tensors; the

@@ -1,6 +1,6 @@
 """Acceptance length τ of a chain drafter, computed the way a greedy speculative server accepts.
 
-Alignment (``shared/EAGLE3.md`` §4, §5, §8). Tokens of one sample are ``x_0 … x_{T-1}``; ``pred``
+Alignment (the indices of SpecForge's training-time test). Tokens of one sample are ``x_0 … x_{T-1}``; ``pred``
 is ``[K, T]``: ``pred[j, t]`` is the TARGET token id the drafter proposes at depth ``j`` when it
 drafts from position ``t``, i.e. after the target has produced ``x_{t+1}`` from its hidden state at
 ``t``. Depth 0 guesses ``x_{t+2}``, depth ``j`` guesses ``x_{t+2+j}``. This is exactly TTT step
@@ -12,7 +12,7 @@ response themselves, ``r_i = x_i``: for responses generated greedily by the targ
 ``temperature: 0``) ``x_{t+2+j}`` is the target's argmax at ``t+1+j``, which is what a greedy verifier
 compares the draft with. :func:`target_reference` gives the other reference, the target's argmax
 ``r_i = g_i = argmax(lm_head(h_{i-1}))`` over the stored prefix ``x_{<i}`` (``h`` the target's final,
-post-norm states the store holds, EAGLE3.md §4). Only target-generated text counts: a response is a
+post-norm states the store holds). Only target-generated text counts: a response is a
 maximal run of ``loss_mask == 1`` positions ``[s, e)`` (each generated assistant turn is one run).
 
 - ``c_j(t) = [pred[j, t] == r_{t+2+j}]`` and ``t+2+j < e`` (a draft past the response end is rejected).

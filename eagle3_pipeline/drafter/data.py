@@ -6,7 +6,7 @@ shard, then packed greedily into batches of at most ``batch_tokens`` padded toke
 read to plan; tensors are read batch by batch with at most one shard file open, so a resumed run
 recomputes the plan and continues at ``(epoch, batch)`` without touching the data it skips.
 
-Teacher signal (EAGLE3.md §4/§5): the target's logits at index t are ``lm_head(hidden_states[t])``
+Teacher signal (as in SpecForge's training): the target's logits at index t are ``lm_head(hidden_states[t])``
 (final hidden after the final norm); :func:`teacher` turns them into the target's distribution over
 the draft vocabulary and its full-vocabulary argmax.
 """

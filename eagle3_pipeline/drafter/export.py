@@ -1,4 +1,4 @@
-"""The served drafter directory, loaded as-is by SGLang and vLLM (EAGLE3.md §7).
+"""The served drafter directory, loaded as-is by SGLang and vLLM (SpecForge's export layout).
 
 ``config.json``: a Llama config with ``architectures: ["LlamaForCausalLMEagle3"]``, one hidden layer,
 the target's vocabulary size, ``draft_vocab_size``, untied embeddings, the RoPE the drafter was
@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 
+from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter, rope_kind, yarn_for_servers
+from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
 from eagle3_pipeline.layer_ids import output_layer_ids, server_layer_ids, target_family
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TARGET_FIELDS_KEPT = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -145,7 +144,6 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     speculators layout (:mod:`eagle3_pipeline.drafter.speculators`) loads too."""
     from safetensors.torch import load_file
 
-    from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
     from eagle3_pipeline.drafter.target import embedding_tensor
 
     folder = Path(folder)

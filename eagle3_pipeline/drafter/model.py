@@ -1,4 +1,5 @@
-"""The EAGLE-3 draft model (``LlamaForCausalLMEagle3``), written from ``shared/EAGLE3.md`` §1 and §5.
+"""The EAGLE-3 draft model (``LlamaForCausalLMEagle3``) as SGLang serves it (``srt/models/llama_eagle3.py``)
+and SpecForge trains it (``specforge/modeling/draft/llama3_eagle.py``; EAGLE-3 paper, arXiv:2503.01840).
 
 One step of the drafter::
 
@@ -520,7 +521,7 @@ class Eagle3Drafter(nn.Module):
         return not self.embed_tokens.weight.requires_grad
 
     def set_target_embedding(self, weight: torch.Tensor) -> None:
-        """Copy the target's input embedding [V, H] and freeze it (EAGLE3.md §2)."""
+        """Copy the target's input embedding [V, H] and freeze it (as SpecForge's ``freeze_embedding`` does)."""
         expected = (self.config.vocab_size, self.config.hidden_size)
         if tuple(weight.shape) != expected:
             raise DrafterConfigError(
@@ -563,9 +564,9 @@ class Eagle3Drafter(nn.Module):
         keep: list[torch.Tensor] | None = None,
         activation_checkpointing: bool = False,
     ) -> list[torch.Tensor]:
-        """The unrolled training-time test (EAGLE3.md §5): ``steps`` logits tensors [B, T, Vd], or with
-        ``keep`` (one bool mask [B, T] per step) only the kept indices' logits [N_j, Vd], in row-major
-        order: training needs the draft head only where the loss counts.
+        """The unrolled training-time test (SpecForge's ``OnlineEagle3Model``): ``steps`` logits tensors
+        [B, T, Vd], or with ``keep`` (one bool mask [B, T] per step) only the kept indices' logits [N_j, Vd],
+        in row-major order: training needs the draft head only where the loss counts.
 
         Step j at index t consumes token ``input_ids[t + 1 + j]`` (teacher forced; 0 past the end)
         and the draft's own pre-norm hidden state of step j-1 at t (``fc(aux[t])`` for step 0), sits

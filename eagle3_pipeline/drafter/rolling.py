@@ -23,7 +23,7 @@ being written) instead of the whole store, and every epoch re-extracts every tra
 extraction costs about ``epochs`` times the extraction of a normal store, plus one target load per
 window (each window's extraction is a phase of its own: fewer, larger windows load it less often).
 For Kimi-K2.5 (88K prompts × ~1.25K tokens, 57,349 B/token bf16, eval_fraction 0.05, 10 epochs)
-``python benchmarks/rolling_tradeoff.py`` prints 6.31 TB for the whole store against a 347 GB
+``python -m benchmarks.rolling_tradeoff`` prints 6.31 TB for the whole store against a 347 GB
 peak with 16-shard windows (315 GB of it the eval shards), and ×9.55 the extraction time: 29.2 h
 instead of 3.1 h at an assumed 10K tokens/s, before the target loads: 200 windows an epoch, 2,001
 loads of an assumed 600 s add 333 h (128-shard windows: 25 an epoch, 558 GB peak, 42 h of loads).

@@ -2,7 +2,7 @@
 vLLM users who prefer it (vllm serve DIR reads the target and the number of drafted tokens from it).
 
 Layout as read from vllm-project/speculators (``models/eagle3/config.py``, the EAGLE-3 converter)
-and vLLM's ``transformers_utils/configs/speculators/{base,algos}.py`` (EAGLE3.md, SP and VL-x):
+and vLLM's ``transformers_utils/configs/speculators/{base,algos}.py``:
 
 - ``config.json``: ``architectures: ["Eagle3Speculator"]``, ``speculators_model_type: "eagle3"``,
   ``transformer_layer_config`` (the Llama config of the one decoder layer: target vocabulary,
@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError
 from eagle3_pipeline.layer_ids import output_layer_ids
 
@@ -111,7 +112,6 @@ def to_speculators(
     architectures; ``verifier`` is what vLLM loads as the target (default: that folder)."""
     from safetensors.torch import load_file, save_file
 
-    from eagle3_pipeline.drafter.export import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
     from eagle3_pipeline.drafter.target import embedding_tensor
 
     if speculative_tokens < 1:

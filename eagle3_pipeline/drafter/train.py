@@ -9,7 +9,7 @@ Spec (paths on the machine where the phase runs)::
     export_dir       the served directory written at the end (export.export_for_servers)
     settings         :class:`TrainSettings` fields (``model``: the ``drafter.model`` overrides of the draft shape and RoPE)
 
-Loss (EAGLE3.md §5): at TTT step j and index t the drafter predicts token t+2+j; the teacher is the
+Loss (SpecForge's ``OnlineEagle3Model``): at TTT step j and index t the drafter predicts token t+2+j; the teacher is the
 target's distribution at index t+1+j renormalised over the draft vocabulary; positions count when
 the predicted token is a trained (loss-masked) token and the target's argmax is in the draft
 vocabulary. Step losses are averaged over counted positions and weighted 0.8**j. Accuracy of step j

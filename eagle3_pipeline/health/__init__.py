@@ -1,4 +1,4 @@
-"""Health checks of an inference host and the servers work is sent to (DESIGN §3): probes →
+"""Health checks of an inference host and the servers work is sent to: probes →
 `HealthReport`.
 
 Call `run_health_tick(host, spec, thresholds, state, targets)` once per tick; keep the returned

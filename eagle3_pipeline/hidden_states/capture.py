@@ -37,6 +37,17 @@ class TargetLoadError(TargetError):
     """The target model cannot be loaded, or its layout is not one this capture understands."""
 
 
+class SampleError(RuntimeError):
+    """A source's refusal of one sequence of a batch (``index``: its place in the batch); the loop
+    (:mod:`eagle3_pipeline.hidden_states.extract`) re-raises it as an ``ExtractionError`` naming
+    the sample."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.message = message
+
+
 @dataclass
 class Target:
     """The target in this process: a state source of the `extract` loop

@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
-from eagle3_pipeline.hidden_states.capture import check_layer_ids, load_target
+from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids, load_target
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import (
     PLAN_FILE,
@@ -122,16 +122,6 @@ class StateSource(Protocol):
 
 class ExtractionError(RuntimeError):
     """The phase cannot (or must not) go on; the message says why and what to change."""
-
-
-class SampleError(RuntimeError):
-    """A source's refusal of one sequence of a batch (``index``: its place in the batch); the loop
-    re-raises it as an :class:`ExtractionError` naming the sample."""
-
-    def __init__(self, index: int, message: str) -> None:
-        super().__init__(message)
-        self.index = index
-        self.message = message
 
 
 class ExtractSpec(HiddenStatesConfig):

@@ -3,7 +3,7 @@
 SpecForge's ``scripts/prepare_hidden_states.py`` writes one ``torch.save`` dict per sample at
 ``OUT/rows_{g}-{g+2000}/data_{idx}.ckpt`` (``.ckpt.gz`` with ``--compress``) with ``input_ids``
 [T], ``loss_mask`` [T], ``aux_hidden_state`` [1, T, 3·H] and ``hidden_state`` [1, T, H] (the
-target's final hidden state after its final norm: our teacher signal, see ``shared/EAGLE3.md`` §4).
+target's final hidden state after its final norm: our teacher signal, as SpecForge's).
 ``idx`` is the sample's row in the data SpecForge was given; records with NaN are skipped there,
 so gaps are expected and counted.
 

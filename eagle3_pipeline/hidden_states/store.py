@@ -438,7 +438,7 @@ def save_draft_vocab(folder: Path, d2t: Any, t2d: Any, manifest: dict[str, Any])
 
 
 def load_draft_vocab(folder: Path) -> tuple[Any, Any, dict[str, Any]]:
-    """``(d2t, t2d, manifest)``; checks the invariants of EAGLE3.md §6."""
+    """``(d2t, t2d, manifest)``; checks SpecForge's vocabulary-mapping invariants."""
     import torch
     from safetensors.torch import load_file
 

@@ -53,8 +53,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.hidden_states.capture import TargetLoadError, target_identity
-from eagle3_pipeline.hidden_states.extract import SampleError
+from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, target_identity
 from eagle3_pipeline.hidden_states.store import TargetIdentity
 from eagle3_pipeline.layer_ids import server_layer_ids, target_family
 from eagle3_pipeline.target import drafter_tensor_names, read_config, read_tensors, text_config

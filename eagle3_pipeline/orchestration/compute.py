@@ -41,8 +41,7 @@ from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD
 from eagle3_pipeline.compute import local_gpu_count, resolve_processes, run_local, worker_argv
 from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, SPEC, WORKER, Fate, RemoteError, RemoteRun
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.hosts import HostError, SshHost
-from eagle3_pipeline.monitor import build_host
+from eagle3_pipeline.hosts import HostError, SshHost, build_host
 from eagle3_pipeline.worker import PROGRESS_MESSAGE
 
 IMPORT_PHASE = "import-specforge"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, bus_id
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, Sshd, bus_id
 
 __all__ = ["fakebin", "sshd"]
 

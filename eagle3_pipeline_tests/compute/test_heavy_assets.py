@@ -22,11 +22,13 @@ from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.hidden_states.store import StoreManifest
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
+from eagle3_pipeline.testing.tiny_store import random_store, random_target
+from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.compute.conftest import Layout, idle_gpu_rows, write_pipeline
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, Sshd
-from eagle3_pipeline_tests.hidden_states.training_data import write_training_data
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 STORE_FILES = ["index.parquet", "manifest.json"]

@@ -53,6 +53,7 @@ def test_local_kind_runs_in_process_with_logs_and_observations(tmp_path: Path) -
     assert materialization.metadata["compute"].value == "local" and materialization.metadata["samples"].value == 6
 
 
+@pytest.mark.slow
 def test_worker_by_hand_prints_metadata_and_refuses_a_bad_spec(tmp_path: Path) -> None:
     sf = write_specforge(tmp_path / "sf", make_samples(3))
     spec = tmp_path / "spec.json"
@@ -209,6 +210,7 @@ def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_the_follower_waits_for_a_process_that_has_not_made_its_group_yet(tmp_path: Path) -> None:
     """The remote follower (run by `sh` here, as the host runs it) follows a process until its group
     is gone. A process just started may not have made its own group yet; the follower must not take

@@ -28,8 +28,8 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.store import ShardWriter
 from eagle3_pipeline.orchestration.compute import run_heavy_phase
+from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until
 from eagle3_pipeline_tests.hidden_states.specforge_files import (
     LAYERS,
     TARGET,
@@ -173,6 +173,7 @@ def materialize_in_this_process(config_path: str, spec_path: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_terminated_run_leaves_no_remote_process(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +232,7 @@ def sample_bytes(seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("fault", ["cut", "freeze"])
+@pytest.mark.slow
 def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, fault: str
 ) -> None:

@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.extract import run
+from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
 from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd
 from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
     STANDIN,
     Recorder,
@@ -36,7 +36,7 @@ from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the
 # process table take turns with them (root conftest `process_table`).
-pytestmark = pytest.mark.usefixtures("process_table")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
 SGLANG = {"backend": "sglang", "shard_tokens": 24, "spot_check_samples": 1, "batch_tokens": 64, "max_batch_size": 4}
 
 

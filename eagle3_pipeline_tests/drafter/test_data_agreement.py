@@ -53,8 +53,8 @@ from eagle3_pipeline.hidden_states.store import (
     save_draft_vocab,
 )
 from eagle3_pipeline.prompts import load_prompts
+from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.drafter.tiny_store import make_vocab
 
 pytestmark = pytest.mark.local_model
 
@@ -182,6 +182,7 @@ def pipeline_file(folder: Path, store: Path, vocab: Path, local_model: Path) -> 
     return config
 
 
+@pytest.mark.slow
 def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
     generated_store: tuple[Path, Path], local_model: Path, tmp_path: Path
 ) -> None:

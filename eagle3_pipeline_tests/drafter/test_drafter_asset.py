@@ -15,13 +15,14 @@ import dagster as dg
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
+from eagle3_pipeline.testing.tiny_store import random_store, random_target
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 
 
 @pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.slow
 def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, processes: int) -> None:
     target = random_target(tmp_path / "target")
     pipeline = tmp_path / "pipeline.yaml"

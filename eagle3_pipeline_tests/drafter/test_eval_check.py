@@ -26,9 +26,9 @@ from eagle3_pipeline.drafter.evaluate import (
     tau_regressions,
     totals,
 )
+from eagle3_pipeline.testing.stores import noisy_sample, periodic_sample, write_store, write_vocab
+from eagle3_pipeline.testing.tiny_store import random_target
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.drafter.stores import noisy_sample, periodic_sample, write_store, write_vocab
-from eagle3_pipeline_tests.drafter.tiny_store import random_target
 
 
 class Recorder:
@@ -235,6 +235,7 @@ def _check_run(instance: dg.DagsterInstance, config_path: Path, metadata: Mappin
     return evaluations[0]
 
 
+@pytest.mark.slow
 def test_blocking_check_fails_on_a_regression_against_the_previous_materialization(
     tmp_path: Path, dagster_home: Path
 ) -> None:

@@ -1,5 +1,5 @@
-"""Our export loads into SpecForge's own ``LlamaForCausalLMEagle3`` (``specforge==0.2.0``, EAGLE3.md
-§7: SpecForge's export names are ours), strictly, at toy size with matching logits and at Kimi-K2.5's
+"""Our export loads into SpecForge's own ``LlamaForCausalLMEagle3`` (``specforge==0.2.0``, whose
+export names are ours), strictly, at toy size with matching logits and at Kimi-K2.5's
 full size on the meta device.
 
 The wheel is fetched with ``pip download --no-deps`` once per test session (a failure fails the test
@@ -43,7 +43,7 @@ F = torch.nn.functional
 from eagle3_pipeline.drafter.export import export_for_servers, exported_tensors, server_config
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.train import drafter_config
-from eagle3_pipeline_tests.drafter.test_yarn import KIMI_AUX, kimi_k25_text_config, tiny_kimi_text_config
+from eagle3_pipeline.testing.drafter_reference import KIMI_AUX, kimi_k25_text_config, tiny_kimi_text_config
 
 SPECFORGE = "specforge==0.2.0"
 PACKAGE = "specforge.modeling.draft"

@@ -13,6 +13,7 @@ import torch
 
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
 from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter
+from eagle3_pipeline.testing.drafter_reference import chain_draft
 
 STEPS = 5
 
@@ -44,24 +45,6 @@ def _inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tenso
     return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(
         0, config.vocab_size, (b, t), generator=g
     )
-
-
-def chain_draft(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
-    """What a server does after the target produced token t+1: extend the draft over the prefix
-    (one forward, causal), then draft one token at a time against its KV cache. Also run on a GPU
-    in bf16 by ``benchmarks/gpu_check.py``."""
-    cache: list = []
-    logits, hidden = model.forward_cached(
-        ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1, device=aux.device), cache
-    )
-    out = [logits[:, -1]]
-    hidden = hidden[:, -1:]
-    for j in range(1, steps):
-        logits, hidden = model.forward_cached(
-            ids[:, t + 1 + j : t + 2 + j], hidden, torch.tensor([t + j], device=aux.device), cache
-        )
-        out.append(logits[:, -1])
-    return out
 
 
 @pytest.mark.parametrize(

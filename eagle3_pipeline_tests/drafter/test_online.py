@@ -25,7 +25,7 @@ from eagle3_pipeline.serving import free_port
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 
 # Its scripted servers run as `python -m sglang.launch_server …`: the health tests would see them.
-pytestmark = pytest.mark.usefixtures("process_table")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m eagle3_pipeline_tests.drafter.fake_spec_server"

@@ -35,10 +35,10 @@ from eagle3_pipeline.hidden_states.capture import Target, load_target
 from eagle3_pipeline.hidden_states.extract import run as extract_run
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab
-from eagle3_pipeline_tests.drafter.tiny_store import make_vocab
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
+from eagle3_pipeline.testing.tiny_store import make_vocab
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 REPO = Path(__file__).resolve().parents[2]
 WINDOW = 1

@@ -223,9 +223,9 @@ from eagle3_pipeline.drafter.checkpoint import checkpoint_dir
 from eagle3_pipeline.drafter.data import epoch_plan, store_rows
 from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
-from eagle3_pipeline_tests.drafter.stores import HIDDEN, VOCAB, noisy_sample, periodic_sample, write_store, write_vocab
+from eagle3_pipeline.testing.stores import HIDDEN, VOCAB, noisy_sample, periodic_sample, write_store, write_vocab
+from eagle3_pipeline.testing.tiny_store import random_target
 from eagle3_pipeline_tests.drafter.test_train import ListReporter
-from eagle3_pipeline_tests.drafter.tiny_store import random_target
 
 MAX_SEQ_LEN = 16
 SETTINGS = {"ttt_steps": 3, "lr": 3e-3, "epochs": 2, "batch_tokens": 48, "max_seq_len": MAX_SEQ_LEN, "checkpoint_every": 2,
@@ -262,6 +262,7 @@ def expected_tokens(store: HiddenStateStore, masked: dict[str, tuple[str, int]],
     return seen
 
 
+@pytest.mark.slow
 def test_the_tau_curve_is_recorded_at_each_checkpoint_and_survives_a_resume(tmp_path: Path) -> None:
     store, masked = two_dataset_store(tmp_path / "store")
     target = random_target(tmp_path / "target", hidden=HIDDEN, vocab=VOCAB)

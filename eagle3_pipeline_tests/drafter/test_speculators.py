@@ -1,5 +1,6 @@
 """Conversion of our export to the vLLM speculators layout, and back into our model class with
-identical logits. The fields asserted are those vLLM's speculators adapter reads (EAGLE3.md VL-x:
+identical logits. The fields asserted are those vLLM's speculators adapter reads
+(``transformers_utils/configs/speculators/algos.py``:
 ``speculators_model_type``, ``transformer_layer_config``, the first proposal method's
 ``speculative_tokens``, ``verifier.name_or_path``, ``norm_before_residual``, the layer ids)."""
 

@@ -23,7 +23,9 @@ from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoin
 from eagle3_pipeline.drafter.export import load_export
 from eagle3_pipeline.drafter.train import TrainError, run
 from eagle3_pipeline.hidden_states.store import save_draft_vocab
-from eagle3_pipeline_tests.drafter.tiny_store import random_store, random_target
+from eagle3_pipeline.testing.tiny_store import random_store, random_target
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 

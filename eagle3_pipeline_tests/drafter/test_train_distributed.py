@@ -34,6 +34,8 @@ from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ATOL, RTOL = 1e-5, 1e-4
 # Batches of one or two samples (lengths 20..24): a rank splits some and stands in for others.

@@ -1,7 +1,8 @@
 """The memory-bounded training-time test equals the full-score pass it replaced.
 
-``reference_ttt_forward`` and ``reference_ttt_loss`` are the drafter's TTT pass and loss as they were
-before the blockwise attention (model.py and train.py at commit 04fe7eb), over the same modules:
+``reference_ttt_forward`` and ``reference_ttt_loss`` (:mod:`eagle3_pipeline.testing.drafter_reference`) are
+the drafter's TTT pass and loss as they were before the blockwise attention (model.py and train.py at
+commit 04fe7eb), over the same modules:
 per step a [B, heads, T, T] score tensor against the step-0 keys, the diagonal scores concatenated
 to it, one softmax; the loss's log-softmax and soft labels as whole [N, Vd] float32 tensors.
 ``benchmarks/drafter_train.py --memory`` measures them as the old pass.
@@ -18,7 +19,6 @@ dropped, the causal edge moved) fails these tests (each was tried).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -33,77 +33,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 import eagle3_pipeline.drafter.model as model_module
-from eagle3_pipeline.drafter.data import Batch, teacher
+from eagle3_pipeline.drafter.data import Batch
 from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, soft_label_cross_entropy, yarn_for_servers
-from eagle3_pipeline.drafter.train import STEP_DECAY, ttt_loss
+from eagle3_pipeline.drafter.train import ttt_loss
+from eagle3_pipeline.testing.drafter_reference import reference_ttt_forward, reference_ttt_loss
 
 TOLERANCE = 1e-5  # of each tensor's largest magnitude
 STEPS = 4
-
-
-def reference_ttt_forward(
-    model: Eagle3Drafter,
-    aux: torch.Tensor,
-    input_ids: torch.Tensor,
-    steps: int,
-    attention_mask: torch.Tensor | None = None,
-    keep: list[torch.Tensor] | None = None,
-) -> list[torch.Tensor]:
-    """The full-score TTT pass (``Eagle3Drafter.ttt_forward`` before the blockwise attention)."""
-    b, t = input_ids.shape
-    device = aux.device
-    layer, attn_layer = model.midlayer, model.midlayer.self_attn
-    groups = attn_layer.nh // attn_layer.nkv
-    hidden = model.fc(aux.to(model.fc.weight.dtype))
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    allowed = (
-        causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
-    )
-    scale = 1.0 / math.sqrt(model.config.head_dim)
-    positions = torch.arange(t, device=device)
-    k0 = v0 = None
-    diag_k: list[torch.Tensor] = []
-    diag_v: list[torch.Tensor] = []
-    outputs: list[torch.Tensor] = []
-    for j in range(steps):
-        ids = F.pad(input_ids[:, j + 1 :], (0, j + 1))
-        x = layer.attention_input(model.embed_tokens(ids), hidden)
-        cos, sin = model.rope(positions + j)
-        q, k, v = attn_layer.qkv(x, cos, sin)
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        if j == 0:
-            k0, v0 = k, v
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
-        assert k0 is not None and v0 is not None
-        scores = torch.matmul(q, k0.transpose(-1, -2)) * scale
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]
-        probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-        attn = torch.matmul(probs[..., :t], v0)
-        for i, dv in enumerate(diag_v):
-            attn = attn + probs[..., t + i : t + i + 1] * dv
-        hidden = layer.finish(hidden, attn_layer.out(attn))
-        outputs.append(model.logits(hidden if keep is None else hidden[keep[j]]))
-    return outputs
-
-
-def reference_ttt_loss(model: Eagle3Drafter, batch: Batch, lm_head: torch.Tensor, steps: int) -> torch.Tensor:
-    """The weighted TTT loss of ``train.ttt_loss`` before the chunked loss, over the full-score pass."""
-    target = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
-    argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]
-    trained = [F.pad(batch.loss_mask[:, j + 2 :], (0, j + 2)).float() for j in range(steps)]
-    counted = [t * model.t2d[a].float() for t, a in zip(trained, argmaxes, strict=True)]
-    counts = torch.stack([c.sum() for c in counted]).clamp(min=1.0)
-    keep = [c.bool() for c in counted]
-    logits = reference_ttt_forward(model, batch.aux, batch.input_ids, steps, batch.attention_mask, keep)
-    total = torch.zeros((), device=batch.aux.device)
-    for j, step_logits in enumerate(logits):
-        probs = F.pad(target.probs[:, j + 1 :], (0, 0, 0, j + 1))[keep[j]]
-        log_p = torch.log_softmax(step_logits.float(), dim=-1)
-        total = total + (STEP_DECAY**j) * (-(probs * log_p).sum() / counts[j])
-    return total
 
 
 def _config(**overrides: Any) -> DrafterConfig:
@@ -145,7 +81,7 @@ def _model(config: DrafterConfig) -> Eagle3Drafter:
     model = Eagle3Drafter(config)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    model.embed_tokens.weight.requires_grad_(False)  # the target's, frozen (EAGLE3.md §2)
+    model.embed_tokens.weight.requires_grad_(False)  # the target's, frozen, as SpecForge freezes it
     used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
     t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
     t2d[used] = True

@@ -27,45 +27,15 @@ from eagle3_pipeline.drafter.model import (
     rope_inverse_frequencies,
 )
 from eagle3_pipeline.drafter.train import TrainError, drafter_config
-
-POSITIONS = 262144  # Kimi-K2.5's max_position_embeddings = original 4096 × factor 64
-KIMI_ROPE = {
-    "type": "yarn",
-    "factor": 64.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-    "original_max_position_embeddings": 4096,
-}
-KIMI_AUX = [1, 29, 57]  # the EAGLE-3 default of a 61-layer target, output-of-layer
-
-
-def kimi_k25_text_config(**overrides: Any) -> dict[str, Any]:
-    """Kimi-K2.5's language model config (its checkpoint's nested ``text_config``, EAGLE3.md §9)."""
-    config: dict[str, Any] = {
-        "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168,
-        "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 163840,
-        "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384, "num_experts_per_tok": 8,
-        "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rope_theta": 50000.0,
-        "rope_scaling": dict(KIMI_ROPE), "max_position_embeddings": POSITIONS, "rms_norm_eps": 1e-6,
-        "bos_token_id": 163584, "eos_token_id": 163585, "tie_word_embeddings": False,
-    }  # fmt: skip
-    config.update(overrides)
-    return config
-
-
-def tiny_kimi_text_config(**overrides: Any) -> dict[str, Any]:
-    """A Kimi-like language model config at toy size (MLA, YaRN ×4 over 64 original positions)."""
-    tiny = {
-        "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
-        "intermediate_size": 512, "moe_intermediate_size": 64, "n_routed_experts": 4, "num_experts_per_tok": 2,
-        "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-        "rope_scaling": {**KIMI_ROPE, "factor": 4.0, "original_max_position_embeddings": 64}, "max_position_embeddings": 256,
-        "bos_token_id": 1, "eos_token_id": 2,
-    }  # fmt: skip
-    return kimi_k25_text_config(**{**tiny, **overrides})
+from eagle3_pipeline.testing.drafter_reference import (
+    KIMI_AUX,
+    KIMI_ROPE,
+    kimi_k25_text_config,
+    tiny_kimi_text_config,
+)
+from eagle3_pipeline.testing.drafter_reference import (
+    KIMI_POSITIONS as POSITIONS,
+)
 
 
 def _deepseek_v3(text: dict[str, Any]) -> Any:

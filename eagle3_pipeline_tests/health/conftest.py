@@ -14,11 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline_tests.health.sshd_fixture import SSHD, FakeBin, FakeSglang, Sshd, Watched, make_watched
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds (a hung-host tick)")
+from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, FakeSglang, Sshd, Watched, make_watched
 
 
 @pytest.fixture(scope="session")

@@ -24,11 +24,11 @@ from eagle3_pipeline.hosts import (
     HostKeyError,
     LocalHost,
     SshHost,
+    build_host,
     host_key_fingerprint,
     quote_args,
 )
-from eagle3_pipeline.monitor import build_host
-from eagle3_pipeline_tests.health.sshd_fixture import Sshd, TcpProxy, wait_until
+from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
 
 HOSTILE = [
     "'; touch {pwned} #",

@@ -14,8 +14,8 @@ import pytest
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
 from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 
@@ -62,6 +62,7 @@ def test_sensor_launches_nothing_while_a_check_is_unknown(
     assert not result.run_requests and "gpus unknown" in (result.skip_message or "")
 
 
+@pytest.mark.slow
 def test_sensor_launches_missing_partitions_once_healthy(
     tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
 ) -> None:

@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-from eagle3_pipeline_tests.health.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
 from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 
@@ -132,6 +133,7 @@ def test_live_endpoint_without_a_server_section_is_ok(tmp_path: Path, fake_opena
     assert [r["max_tokens"] for r in fake_openai.requests] == [1]
 
 
+@pytest.mark.slow
 def test_status_exit_code_and_sensor_agree(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     """One rule decides both; an optional check that fails gates neither."""
     dead = f"http://127.0.0.1:{free_port()}/v1"

@@ -30,8 +30,8 @@ from eagle3_pipeline.health import (
 )
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
 from eagle3_pipeline.hosts import LocalHost, SshHost
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI, Reply
-from eagle3_pipeline_tests.health.sshd_fixture import (
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
+from eagle3_pipeline.testing.sshd_fixture import (
     FakeBin,
     FakeSglang,
     Sshd,

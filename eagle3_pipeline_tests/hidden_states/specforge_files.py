@@ -1,4 +1,4 @@
-"""Fixture data in SpecForge's offline format (``shared/EAGLE3.md`` §4), written with ``torch.save``
+"""Fixture data in SpecForge's offline format (``scripts/prepare_hidden_states.py``), written with ``torch.save``
 as ``scripts/prepare_hidden_states.py`` does, plus the matching ``training_data`` shards (C2)."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
 pytestmark = pytest.mark.local_model
 
@@ -33,6 +33,7 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
+@pytest.mark.slow
 def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_model: Path) -> None:
     # Random ids: no serving server could be compared with (test_validation.py does that), so the
     # validation is off and its check says so, as a failing WARN that does not stop the run.

@@ -23,9 +23,9 @@ from eagle3_pipeline.hidden_states.extract import ExtractionError, extract_shard
 from eagle3_pipeline.hidden_states.inputs import TrainingData
 from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards
 from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 AUX = [1, 14, 26]
 # Batching tolerance: CPU float32 compute, bf16 storage. The only difference between batchings is

@@ -21,11 +21,11 @@ from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import ExtractionError, run, spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.test_extract import Recorder, spec
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 
 @pytest.fixture

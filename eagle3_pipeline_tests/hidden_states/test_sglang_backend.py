@@ -24,10 +24,12 @@ from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.hidden_states.sglang_capture import SGLANG_USES, SGLANG_VERSION, SGLangApi, SGLangError
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
+from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB
+from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_uses
-from eagle3_pipeline_tests.hidden_states.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401 - the shared session fixture
-from eagle3_pipeline_tests.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB
+
+pytestmark = pytest.mark.slow
 
 STANDIN = Path(__file__).parent / "sglang_standin"
 

@@ -29,10 +29,10 @@ from eagle3_pipeline.hidden_states.inputs import TrainingData
 from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.hidden_states.validation import record_from_first, record_reference
 from eagle3_pipeline.target import decoder, language_model, load_tokenizer
-from eagle3_pipeline_tests.hidden_states.training_data import write_training_data
+from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 NAME = "SmolLM2-135M-Instruct"
 TEXTS = [

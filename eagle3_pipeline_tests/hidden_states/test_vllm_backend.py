@@ -68,6 +68,7 @@ def vllm_spec(
 
 
 @pytest.mark.local_model
+@pytest.mark.slow
 def test_the_vllm_backend_writes_the_transformers_extractors_bytes(
     tmp_path: Path, local_model: Path, served: tuple[VllmStandin, Path]
 ) -> None:

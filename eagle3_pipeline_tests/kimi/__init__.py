@@ -1,2 +1,2 @@
-"""A tiny random-weight stand-in for Kimi-K2.5 (remote code, slow tiktoken tokenizer, K2.5 chat
-template), built by the tests: see :mod:`eagle3_pipeline_tests.kimi.fixture`."""
+"""Tests of the tiny Kimi-K2.5 stand-in (:mod:`eagle3_pipeline.testing.kimi.fixture`) and of the pipeline
+loading, tokenizing and capturing through it."""

@@ -1,5 +1,5 @@
 """Fixtures for tests that need a Kimi-K2.5-shaped checkpoint: the tiny stand-in built by
-:func:`eagle3_pipeline_tests.kimi.fixture.build_kimi_checkpoint`, once per test session (per
+:func:`eagle3_pipeline.testing.kimi.fixture.build_kimi_checkpoint`, once per test session (per
 xdist worker). Tests elsewhere can import them (``from eagle3_pipeline_tests.kimi.conftest import
 kimi_checkpoint  # noqa: F401``)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline_tests.kimi.fixture import build_kimi_checkpoint
+from eagle3_pipeline.testing.kimi.fixture import build_kimi_checkpoint
 
 
 @pytest.fixture(scope="session")

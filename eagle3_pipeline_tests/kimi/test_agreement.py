@@ -18,7 +18,7 @@ from eagle3_pipeline.dataprep.agreement import (
     remote_tokenizer,
 )
 from eagle3_pipeline.target import load_tokenizer
-from eagle3_pipeline_tests.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 
 KEY = "sk-agreement-secret"
 CONVERSATIONS = [

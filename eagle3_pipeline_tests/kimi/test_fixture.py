@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tiktoken")
 
-from eagle3_pipeline_tests.kimi.fixture import (
+from eagle3_pipeline.testing.kimi.fixture import (
     BASE_VOCAB,
     INT4_QUANTIZATION_CONFIG,
     SPECIAL_TOKEN_IDS,
@@ -26,7 +26,7 @@ from eagle3_pipeline_tests.kimi.fixture import (
     build_kimi_checkpoint,
     weight_shapes,
 )
-from eagle3_pipeline_tests.kimi.tool_declaration_ts import (
+from eagle3_pipeline.testing.kimi.tool_declaration_ts import (
     encode_tools_to_typescript_style,
 )
 

@@ -10,8 +10,9 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, make_gate, run_benchmark
+from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.monitor import UnhealthyError, build_host, thresholds_for
+from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline.orchestration.compute import DagsterReporter
 
 UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("training_data")]

@@ -2,7 +2,7 @@
 
 ``real_store`` runs the embedded model (SmolLM2-135M-Instruct, the stand-in for the target) over
 the shipped prompt sets and writes its aux/final hidden states with the real ``ShardWriter``, plus
-a draft vocabulary built as EAGLE3.md §6 says (most frequent masked tokens, sorted). The prompts
+a draft vocabulary built as SpecForge builds one (most frequent masked tokens, sorted). The prompts
 have no target responses yet at this stage, so every token of the chat-templated prompt is a
 trained token: the teacher is the target's own distribution, which is what matters for training.
 ``random_store`` writes random tensors for a small made-up target, for shape and resume tests.
@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig
 from eagle3_pipeline.hidden_states.store import (
@@ -27,6 +26,9 @@ from eagle3_pipeline.hidden_states.store import (
 )
 from eagle3_pipeline.prompts import load_prompts
 
+if TYPE_CHECKING:
+    import torch
+
 SAMPLE_SETS = (
     ("B1_chat", "chat.jsonl"),
     ("B2_tools", "tools.jsonl"),
@@ -37,6 +39,8 @@ EVAL_EVERY = 10
 
 
 def make_vocab(counts: Counter[int], vocab_size: int, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     for pad in range(draft_vocab_size):
         if len(counts) >= draft_vocab_size:
             break
@@ -66,13 +70,14 @@ def real_store(
     max_tokens: int = 256,
     shard_samples: int = 64,
 ) -> HiddenStateStore:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     config = json.loads((model_dir / "config.json").read_text())
     layers = default_aux_layer_ids(config["num_hidden_layers"])
-    samples_dir = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
+    samples_dir = Path(__file__).resolve().parent.parent / "samples"
     records = []
     for dataset_id, name in SAMPLE_SETS:
         ds = DatasetConfig(id=dataset_id, source=str(samples_dir / name))
@@ -115,12 +120,14 @@ def real_store(
 
 def random_target(folder: Path, hidden: int = 32, vocab: int = 96, layers: int = 8) -> Path:
     """A made-up target folder (config + tied embedding) for shape and resume tests."""
+    import torch
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     config = {
-        "hidden_size": hidden, "vocab_size": vocab, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": hidden // 4,
-        "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
+        "hidden_size": hidden, "vocab_size": vocab, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": hidden // 4, "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 256,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": True,
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
@@ -136,6 +143,8 @@ def random_store(
     root: Path, vocab_dir: Path, target_dir: Path, samples: int, draft_vocab_size: int, length: int = 24, seed: int = 0
 ) -> HiddenStateStore:
     """Random states whose teacher (the tied embedding applied to ``hidden``) is learnable."""
+    import torch
+
     config = json.loads((target_dir / "config.json").read_text())
     h, v = config["hidden_size"], config["vocab_size"]
     generator = torch.Generator().manual_seed(seed)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from eagle3_pipeline.hidden_states.store import (
     HiddenStateStore,
@@ -15,12 +14,17 @@ from eagle3_pipeline.hidden_states.store import (
     save_draft_vocab,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 HIDDEN = 8
 VOCAB = 32
 PERIOD = [5, 6, 7, 8]  # responses repeat this, so the bigram drafter learns it exactly
 
 
 def periodic_sample(length: int, prompt: Sequence[int] = (1, 2, 3)) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     response = [PERIOD[i % len(PERIOD)] for i in range(length)]
     ids = torch.tensor([*prompt, *response])
     mask = torch.tensor([0] * len(prompt) + [1] * length)
@@ -28,6 +32,8 @@ def periodic_sample(length: int, prompt: Sequence[int] = (1, 2, 3)) -> tuple[tor
 
 
 def noisy_sample(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     ids = torch.cat([torch.tensor([1, 2, 3]), torch.randint(10, VOCAB, (length,), generator=generator)])
     return ids, torch.tensor([0, 0, 0] + [1] * length)
@@ -37,6 +43,8 @@ def write_store(
     root: Path, samples: Sequence[tuple[str, str, str, torch.Tensor, torch.Tensor]], shard_rows: int = 3
 ) -> HiddenStateStore:
     """``samples``: (sample_id, dataset, split, input_ids, loss_mask); aux/hidden states are random."""
+    import torch
+
     store = HiddenStateStore(root)
     names = []
     for number in range(0, len(samples), shard_rows):
@@ -62,6 +70,8 @@ def write_store(
 
 
 def write_vocab(folder: Path, used: Sequence[int]) -> Path:
+    import torch
+
     ids = torch.tensor(sorted(used))
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[ids] = True

@@ -126,7 +126,7 @@ INIT_STD = 0.02
 LAYERS_PER_SHARD = 2
 
 _HERE = Path(__file__).resolve().parent
-_SAMPLES = _HERE.parent.parent / "eagle3_pipeline" / "samples"
+_SAMPLES = _HERE.parent.parent / "samples"
 REMOTE_CODE = ("configuration_kimi_k25.py", "modeling_kimi_k25.py", "tokenization_kimi.py", "tool_declaration_ts.py")
 CHAT_TEMPLATE = _HERE / "chat_template.jinja"
 
@@ -198,7 +198,7 @@ def learn_ranks() -> tuple[bytes, ...]:
     """
     import regex
 
-    from eagle3_pipeline_tests.kimi.tokenization_kimi import PAT_STR
+    from eagle3_pipeline.testing.kimi.tokenization_kimi import PAT_STR
 
     words = Counter(regex.findall("(?V1)" + PAT_STR, _sample_text()))
     pieces: list[tuple[list[bytes], int]] = [([bytes([b]) for b in w.encode("utf-8")], n) for w, n in words.items()]

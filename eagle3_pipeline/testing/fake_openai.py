@@ -12,7 +12,7 @@ or 404 like a server without the route when none is set; those requests are kept
 ``tokenize_requests``.
 
 As a separate process (the benchmark and the kill tests):
-``python -m eagle3_pipeline_tests.fake_openai [--port N] [--delay-s S]`` prints its base URL on the
+``python -m eagle3_pipeline.testing.fake_openai [--port N] [--delay-s S]`` prints its base URL on the
 first line of stdout and serves until terminated; ``GET /stats`` answers
 ``{"requests": …, "distinct": …, "connections": …}`` (``distinct``: different last user turns).
 """
