@@ -170,21 +170,24 @@ def main() -> None:
         started = time.monotonic()
         real_store(store, vocab, target_dir, args.samples, args.draft_vocab)
         print(f"built a store of {args.samples} samples from the embedded model in {time.monotonic() - started:.1f} s")
-    settings = {"ttt_steps": 7, "lr": 1e-3, "batch_tokens": args.batch_tokens, "max_seq_len": 256, "grad_clip": 0.5, "seed": 0, "epochs": 1,
-                "max_steps": args.steps, "checkpoint_every": 10**9, "log_every": 5, "eval_samples": 8}  # fmt: skip
+    settings = {"ttt_steps": 7, "lr": 1e-3, "batch_tokens": args.batch_tokens, "max_seq_len": 256, "grad_clip": 0.5,
+                "seed": 0, "epochs": 1, "max_steps": args.steps, "checkpoint_every": 10**9, "log_every": 5,
+                "eval_samples": 8}  # fmt: skip
     load_before = os.getloadavg()[0]
     bare_rates, our_rates = [], []
     for round_number in range(1, args.rounds + 1):  # alternate the loops: load from other processes hits both alike
         bare_tokens, bare_s = bare_loop(store, vocab, target_dir, settings, args.steps)
         run_dir = Path(tempfile.mkdtemp(prefix="drafter-bench-run-"))
-        spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir), "run_dir": str(run_dir / "run"),
-                "export_dir": str(run_dir / "export"), "settings": settings}  # fmt: skip
+        spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir),
+                "run_dir": str(run_dir / "run"), "export_dir": str(run_dir / "export"),
+                "settings": settings}  # fmt: skip
         ours = run(spec, Quiet())
         assert ours["trained_tokens_this_run"] == bare_tokens, "the loops trained on different tokens"
         bare_rates.append(bare_tokens / bare_s)
         our_rates.append(ours["tokens_per_s"])
-        print(f"round {round_number}: {ours['steps']} steps, {bare_tokens} tokens; bare {bare_rates[-1]:.1f} tokens/s ({bare_s:.1f} s), "
-              f"ours {our_rates[-1]:.1f} tokens/s ({ours['train_loop_s']:.1f} s; checkpoint+eval {ours['checkpoint_s']:.1f} s apart)")  # fmt: skip
+        print(f"round {round_number}: {ours['steps']} steps, {bare_tokens} tokens; bare {bare_rates[-1]:.1f} tokens/s "
+              f"({bare_s:.1f} s), ours {our_rates[-1]:.1f} tokens/s ({ours['train_loop_s']:.1f} s; checkpoint+eval "
+              f"{ours['checkpoint_s']:.1f} s apart)")  # fmt: skip
     print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"bare PyTorch loop : {max(bare_rates):10.1f} tokens/s (best of {args.rounds})")
     print(f"our training loop : {max(our_rates):10.1f} tokens/s (best of {args.rounds})")
@@ -378,9 +381,11 @@ def _kimi_fixed_bytes() -> tuple[float, str]:
     block = 4 * config.num_attention_heads * ATTENTION_BLOCK**2 * 4
     teacher_chunk = TEACHER_CHUNK_TOKENS * config.vocab_size * 2
     fixed = trained * (16 + 2) + embed * 4 + lm_head * 2 + block + GPU_RESERVED
-    text = (f"{trained / 1e9:.3f}B trained parameters × (4 weight + 4 grad + 8 AdamW + 2 autocast copy) B = {trained * 18 / GIB:.1f} GiB, "
-            f"frozen embedding {embed * 4 / GIB:.1f} GiB, target lm_head bf16 {lm_head * 2 / GIB:.1f} GiB, attention blocks {block / GIB:.2f} GiB, "
-            f"CUDA context/slack {GPU_RESERVED / GIB:.0f} GiB (the teacher's {teacher_chunk / GIB:.2f} GiB logits chunk is freed before the forward)")  # fmt: skip
+    text = (f"{trained / 1e9:.3f}B trained parameters × (4 weight + 4 grad + 8 AdamW + 2 autocast copy) B "
+            f"= {trained * 18 / GIB:.1f} GiB, frozen embedding {embed * 4 / GIB:.1f} GiB, target lm_head "
+            f"bf16 {lm_head * 2 / GIB:.1f} GiB, attention blocks {block / GIB:.2f} GiB, CUDA "
+            f"context/slack {GPU_RESERVED / GIB:.0f} GiB (the teacher's {teacher_chunk / GIB:.2f} GiB "
+            "logits chunk is freed before the forward)")  # fmt: skip
     return fixed, text
 
 
@@ -391,13 +396,15 @@ def memory_main(args: argparse.Namespace) -> None:
     shapes = args.shapes.split(",")
     load_before = os.getloadavg()[0]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"training-step memory ({'max_memory_allocated' if device == 'cuda' else 'peak RSS of a fresh process'}) and time; {device}, "
-          f"autocast {args.dtype}, {MEMORY_TTT_STEPS} TTT steps, batch of one sequence of T tokens, limit {args.limit_gib} GiB")  # fmt: skip
+    print(f"training-step memory ({'max_memory_allocated' if device == 'cuda' else 'peak RSS of a fresh process'}) "
+          f"and time; {device}, autocast {args.dtype}, {MEMORY_TTT_STEPS} TTT steps, batch of one sequence of T "
+          f"tokens, limit {args.limit_gib} GiB")  # fmt: skip
     results: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
     for shape in shapes:
         c = MEMORY_SHAPES[shape]()
-        print(f"\n== {shape}: hidden {c.hidden_size}, {c.num_attention_heads} heads × {c.head_dim}, {c.num_key_value_heads} KV heads, "
-              f"intermediate {c.intermediate_size}, draft vocab {c.draft_vocab_size}, vocab {c.vocab_size}, target hidden {c.target_hidden_size}")  # fmt: skip
+        print(f"\n== {shape}: hidden {c.hidden_size}, {c.num_attention_heads} heads × {c.head_dim}, "
+              f"{c.num_key_value_heads} KV heads, intermediate {c.intermediate_size}, draft vocab "
+              f"{c.draft_vocab_size}, vocab {c.vocab_size}, target hidden {c.target_hidden_size}")  # fmt: skip
         for pass_name in PASSES:
             measured = results.setdefault((shape, pass_name), {})
             for t in vocab_lengths if shape == "kimi-like-16k" else old_lengths if pass_name == "old" else lengths:
@@ -406,7 +413,8 @@ def memory_main(args: argparse.Namespace) -> None:
                     predicted = _extrapolated_peak_gib(measured, t, quadratic=pass_name == "old")
                     if predicted > args.limit_gib:
                         print(
-                            f"{key}: did not fit (extrapolated {predicted:.1f} GiB > {args.limit_gib} GiB from T={', '.join(map(str, sorted(measured)))}; not run)",
+                            f"{key}: did not fit (extrapolated {predicted:.1f} GiB > {args.limit_gib} GiB from "
+                            f"T={', '.join(map(str, sorted(measured)))}; not run)",
                             flush=True,
                         )
                         continue
@@ -416,11 +424,13 @@ def memory_main(args: argparse.Namespace) -> None:
                     continue
                 measured[t] = out
                 print(
-                    f"{key}: peak {out['peak_gib']:6.2f} GiB, step memory {out['step_gib']:6.2f} GiB, {out['step_s']:7.2f} s/step ({out['cpu_s']:.1f} CPU s)",
+                    f"{key}: peak {out['peak_gib']:6.2f} GiB, step memory {out['step_gib']:6.2f} GiB, "
+                    f"{out['step_s']:7.2f} s/step ({out['cpu_s']:.1f} CPU s)",
                     flush=True,
                 )
     print(
-        f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} (other processes share the CPU: times are indicative, ratios taken in one run)"
+        f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} (other processes share the CPU: times are "
+        "indicative, ratios taken in one run)"
     )
     _memory_table(results, shapes, sorted(set(lengths) | set(old_lengths) | set(vocab_lengths)))
     _kimi_prediction(results)
@@ -433,7 +443,8 @@ def _memory_table(
     (wall time on a GPU): on a CPU shared with other processes the CPU time is the steadier measure."""
     clock = "cpu_s" if not torch.cuda.is_available() else "step_s"
     print(
-        f"\nstep memory GiB (peak GiB), s/step wall / CPU; ratios new/old of step memory and {'CPU' if clock == 'cpu_s' else 'wall'} time, same run; '—' did not fit"
+        "\nstep memory GiB (peak GiB), s/step wall / CPU; ratios new/old of step memory and "
+        f"{'CPU' if clock == 'cpu_s' else 'wall'} time, same run; '—' did not fit"
     )
     head = (
         f"{'shape':14s} {'T':>6s} | "
@@ -482,8 +493,9 @@ def _kimi_prediction(results: dict[tuple[str, str], dict[int, dict[str, float]]]
         return
     fixed, fixed_text = _kimi_fixed_bytes()
     budget = GPU_BYTES * (1 - GPU_MARGIN) - fixed
-    print(f"\n== full Kimi draft (hidden 7168, 56 heads × 128, 8 KV heads, intermediate 40960, draft vocab 32000, target hidden 7168, "
-          f"{MEMORY_TTT_STEPS} steps), bf16 autocast, one {GPU_BYTES / 1e9:.0f} GB GPU")  # fmt: skip
+    print("\n== full Kimi draft (hidden 7168, 56 heads × 128, 8 KV heads, intermediate 40960, "
+          f"draft vocab 32000, target hidden 7168, {MEMORY_TTT_STEPS} steps), bf16 autocast, "
+          f"one {GPU_BYTES / 1e9:.0f} GB GPU")  # fmt: skip
     print(
         f"fixed: {fixed / GIB:.1f} GiB = {fixed_text}; {GPU_MARGIN:.0%} margin; activations get {budget / GIB:.1f} GiB"
     )
@@ -501,13 +513,17 @@ def _kimi_prediction(results: dict[tuple[str, str], dict[int, dict[str, float]]]
         common = sorted(set(small) & set(measured))
         if common:
             t = common[-1]
-            check = (f"; check at T={t}: 32000 − 16000 draft vocab measured {(measured[t]['step_gib'] - small[t]['step_gib']) * GIB / t / 1024:.0f} KiB/token, "
-                     f"modelled {(vocab_part - _vocab_bytes_per_token(pass_name, 16000)) / 1024:.0f} KiB/token + the 16000 extra lm_head rows' gradient and bf16 copies")  # fmt: skip
+            check = (f"; check at T={t}: 32000 − 16000 draft vocab measured "
+                     f"{(measured[t]['step_gib'] - small[t]['step_gib']) * GIB / t / 1024:.0f} KiB/token, modelled "
+                     f"{(vocab_part - _vocab_bytes_per_token(pass_name, 16000)) / 1024:.0f} KiB/token + the 16000 "
+                     "extra lm_head rows' gradient and bf16 copies")  # fmt: skip
         formula = f"{per_token / 1024:.0f} KiB·T" + (f" + {per_t2:.0f} B·T²" if quadratic else "")
         print(f"  {pass_name:9s}: kimi-like step memory ≈ {a / GIB:.2f} GiB + {per_token_like / 1024:.1f} KiB·T"
               + (f" + {per_t2_like:.1f} B·T²" if quadratic else "")
-              + f" (draft-vocabulary part {vocab_part / 1024:.0f} KiB/token, width part {width_part / 1024:.0f} KiB/token{check})\n"
-              f"             full Kimi ≈ {formula} → longest T per batch ≈ {_longest(per_token, per_t2, budget):,} tokens")  # fmt: skip
+              + f" (draft-vocabulary part {vocab_part / 1024:.0f} KiB/token, "
+              f"width part {width_part / 1024:.0f} KiB/token{check})\n"
+              f"             full Kimi ≈ {formula} → longest T per batch ≈ "
+              f"{_longest(per_token, per_t2, budget):,} tokens")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -196,7 +196,8 @@ def main() -> None:
             print(f"  ours: generate(), checkpoint on (fsync every 1 s):            {mine:8.0f} req/s")
             print(f"  ratio ours / bare loop (shared client):     {mine / shared:6.2f}   (target >= 0.8)")
             print(
-                f"  ratio ours / bare loop (client per worker): {mine / lanes:6.2f}   (cost of checkpoint, retries, budget, progress)"
+                f"  ratio ours / bare loop (client per worker): {mine / lanes:6.2f}   (cost of "
+                "checkpoint, retries, budget, progress)"
             )
             print(f"  server: {server.stats()}")
             kill_and_resume(n, c, folder)

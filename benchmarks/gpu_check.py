@@ -68,9 +68,9 @@ KIMI_HIDDEN = 7168
 KIMI_DRAFT_KV_HEADS = 8
 # SmolLM2-135M-Instruct's shape (the embedded target), as its config.json gives it.
 EMBEDDED_SHAPE: dict[str, Any] = {
-    "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-    "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
-    "tie_word_embeddings": True,
+    "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}, "tie_word_embeddings": True,
 }  # fmt: skip
 GIB = 1024**3
 
@@ -98,9 +98,10 @@ class Sizes:
 
 SMOKE = Sizes(
     chain_length=24, chain_prefixes=4, chain_steps=3, extract_samples=6, extract_min_len=8, extract_max_len=32,
-    target_shape={**EMBEDDED_SHAPE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
-                  "num_key_value_heads": 2, "vocab_size": 512},
-    fixture_samples=4, draft_hidden=128, target_vocab=1024, draft_vocab=256, seq_len=32, store_samples=12, batch_tokens=(64, 128), train_steps=2,
+    target_shape={**EMBEDDED_SHAPE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512},
+    fixture_samples=4, draft_hidden=128, target_vocab=1024, draft_vocab=256, seq_len=32, store_samples=12,
+    batch_tokens=(64, 128), train_steps=2,
 )  # fmt: skip
 
 
@@ -143,7 +144,8 @@ class Printer:
     def progress(self, metrics: Any) -> None:
         if "step" in metrics:
             say(
-                f"  [{self.prefix}] step {metrics['step']}: loss {metrics['loss']:.4f}, {metrics['tokens_per_s']:.0f} tokens/s (window)"
+                f"  [{self.prefix}] step {metrics['step']}: loss {metrics['loss']:.4f}, "
+                f"{metrics['tokens_per_s']:.0f} tokens/s (window)"
             )
 
 
@@ -152,13 +154,18 @@ def describe_machine(device: str) -> dict[str, Any]:
     import transformers
 
     info: dict[str, Any] = {
-        "device": device, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "dtype": "bfloat16 (extraction weights; training and chain under bf16 autocast)" if device == "cuda" else "bfloat16 extraction; float32 training (CPU)",
+        "device": device, "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "dtype": (
+            "bfloat16 (extraction weights; training and chain under bf16 autocast)" if device == "cuda"
+            else "bfloat16 extraction; float32 training (CPU)"
+        ),
     }  # fmt: skip
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        info.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / GIB, 1), "cuda": torch.version.cuda,
-                     "sm": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count})  # fmt: skip
+        info.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / GIB, 1),
+                     "cuda": torch.version.cuda, "sm": f"{props.major}.{props.minor}",
+                     "multiprocessors": props.multi_processor_count})  # fmt: skip
     else:
         info["cpu"] = platform.processor() or platform.machine()
     return info
@@ -246,10 +253,12 @@ def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
                     errors[j] = max(errors[j], float((got - ref).abs().max() / ref.abs().max()))
                     equal[j] += int((got.argmax(-1) == ref.argmax(-1)).sum())
         seconds = time.perf_counter() - started
-        result[name] = {"max_rel_error_per_depth": [float(f"{e:.3g}") for e in errors], "same_draft_token_share_per_depth": [e / len(prefixes) for e in equal],
+        result[name] = {"max_rel_error_per_depth": [float(f"{e:.3g}") for e in errors],
+                        "same_draft_token_share_per_depth": [e / len(prefixes) for e in equal],
                         "seconds": round(seconds, 2)}  # fmt: skip
-        say(f"  {name}: largest |chain − unrolled| / largest |logit| per depth {result[name]['max_rel_error_per_depth']}; "
-            f"same greedy draft token {sum(equal)}/{steps * len(prefixes)} ({seconds:.2f} s)")  # fmt: skip
+        say(f"  {name}: largest |chain − unrolled| / largest |logit| per depth "
+            f"{result[name]['max_rel_error_per_depth']}; same greedy draft token "
+            f"{sum(equal)}/{steps * len(prefixes)} ({seconds:.2f} s)")  # fmt: skip
     return result
 
 
@@ -261,22 +270,26 @@ def extract_once(
 ) -> dict[str, Any]:
     from eagle3_pipeline.hidden_states.extract import run
 
-    spec = {"training_data": str(data), "output": str(output), "model": str(model_dir), "target_name": name, "device": device,
-            "dtype": "bfloat16", "spot_check_samples": 4, "trust_remote_code": trust_remote_code}  # fmt: skip
+    spec = {"training_data": str(data), "output": str(output), "model": str(model_dir), "target_name": name,
+            "device": device, "dtype": "bfloat16", "spot_check_samples": 4,
+            "trust_remote_code": trust_remote_code}  # fmt: skip
     reset_peak(device)
     started = time.perf_counter()
     meta = run(spec, Printer(f"extract {name}"))
     out = {
         "target": name, "samples": meta["samples"], "tokens": meta["tokens"], "tokens_per_s": meta["tokens_per_s"],
         "extract_seconds": meta["extract_seconds"], "wall_s": round(time.perf_counter() - started, 1),
-        "spot_check_samples": meta["spot_check_samples"], "spot_check_max_rel_error": float(f"{meta['spot_check_max_rel_error']:.3g}"),
+        "spot_check_samples": meta["spot_check_samples"],
+        "spot_check_max_rel_error": float(f"{meta['spot_check_max_rel_error']:.3g}"),
         "spot_check_tolerance": meta["spot_check_tolerance"], "spot_check_passed": meta["spot_check_passed"],
         "bytes_per_token": meta["bytes_per_token"], "bytes_per_token_formula": meta["bytes_per_token_formula"],
         "capture_device": meta["device"], "capture_dtype": meta["dtype"], **peak_gib(device),
     }  # fmt: skip
-    say(f"  {name}: {out['samples']} samples, {out['tokens']} tokens at {out['tokens_per_s']:.0f} tokens/s on {out['capture_device']}/{out['capture_dtype']}; "
-        f"spot check max relative error {out['spot_check_max_rel_error']} (tolerance {out['spot_check_tolerance']}, "
-        f"{'passed' if out['spot_check_passed'] else 'FAILED'}); peak GPU memory {out['peak_allocated_gib']} GiB")  # fmt: skip
+    say(f"  {name}: {out['samples']} samples, {out['tokens']} tokens at {out['tokens_per_s']:.0f} tokens/s "
+        f"on {out['capture_device']}/{out['capture_dtype']}; spot check max relative error "
+        f"{out['spot_check_max_rel_error']} (tolerance {out['spot_check_tolerance']}, "
+        f"{'passed' if out['spot_check_passed'] else 'FAILED'}); peak GPU memory "
+        f"{out['peak_allocated_gib']} GiB")  # fmt: skip
     return out
 
 
@@ -355,28 +368,32 @@ def train_section(
     train_per_epoch = sizes.store_samples - sizes.store_samples // 10
     batches_per_epoch = -(-train_per_epoch // (batch_tokens // sizes.seq_len))
     settings = {
-        "max_steps": sizes.train_steps, "epochs": -(-sizes.train_steps // batches_per_epoch), "batch_tokens": batch_tokens,
-        "max_seq_len": sizes.seq_len, "seed": SEED, "log_every": 10 if sizes.train_steps >= 10 else 1, "checkpoint_every": 10**9,
-        "keep_checkpoints": 1, "eval_samples": 4, "model": draft_overrides(sizes),
+        "max_steps": sizes.train_steps, "epochs": -(-sizes.train_steps // batches_per_epoch),
+        "batch_tokens": batch_tokens, "max_seq_len": sizes.seq_len, "seed": SEED,
+        "log_every": 10 if sizes.train_steps >= 10 else 1, "checkpoint_every": 10**9, "keep_checkpoints": 1,
+        "eval_samples": 4, "model": draft_overrides(sizes),
     }  # fmt: skip
     run_dir = work / f"run-{batch_tokens}"
-    spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir), "run_dir": str(run_dir / "run"),
-            "export_dir": str(run_dir / "export"), "settings": settings}  # fmt: skip
+    spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir),
+            "run_dir": str(run_dir / "run"), "export_dir": str(run_dir / "export"), "settings": settings}  # fmt: skip
     reset_peak(device)
     started = time.perf_counter()
     meta = run(spec, Printer(f"train {batch_tokens}"))
     drafter = meta["drafter"]
     warm = meta["curve"][-1]["tokens_per_s"] if meta["curve"] else None
     out = {
-        "batch_tokens": batch_tokens, "steps": meta["steps"], "trained_tokens": meta["trained_tokens_this_run"], "tokens_per_s": meta["tokens_per_s"],
-        "last_window_tokens_per_s": warm, "train_loop_s": meta["train_loop_s"], "checkpoint_eval_export_s": meta["checkpoint_s"],
-        "wall_s": round(time.perf_counter() - started, 1), "autocast": meta["autocast"], "first_loss": meta["first_loss"], "last_loss": meta["last_loss"],
-        "draft": {k: drafter[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "draft_vocab_size", "vocab_size")},
+        "batch_tokens": batch_tokens, "steps": meta["steps"], "trained_tokens": meta["trained_tokens_this_run"],
+        "tokens_per_s": meta["tokens_per_s"], "last_window_tokens_per_s": warm, "train_loop_s": meta["train_loop_s"],
+        "checkpoint_eval_export_s": meta["checkpoint_s"], "wall_s": round(time.perf_counter() - started, 1),
+        "autocast": meta["autocast"], "first_loss": meta["first_loss"], "last_loss": meta["last_loss"],
+        "draft": {k: drafter[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                          "num_key_value_heads", "head_dim", "draft_vocab_size", "vocab_size")},
         **peak_gib(device),
     }  # fmt: skip
-    say(f"  batch_tokens {batch_tokens}: {out['steps']} steps, {out['trained_tokens']} tokens, {out['tokens_per_s']} tokens/s "
-        f"(last window {warm}), loop {out['train_loop_s']} s + checkpoint/eval/export {out['checkpoint_eval_export_s']} s; "
-        f"peak GPU memory allocated {out['peak_allocated_gib']} GiB, reserved {out['peak_reserved_gib']} GiB; draft {out['draft']}")  # fmt: skip
+    say(f"  batch_tokens {batch_tokens}: {out['steps']} steps, {out['trained_tokens']} tokens, {out['tokens_per_s']} "
+        f"tokens/s (last window {warm}), loop {out['train_loop_s']} s + checkpoint/eval/export "
+        f"{out['checkpoint_eval_export_s']} s; peak GPU memory allocated {out['peak_allocated_gib']} GiB, reserved "
+        f"{out['peak_reserved_gib']} GiB; draft {out['draft']}")  # fmt: skip
     return out
 
 
@@ -420,7 +437,8 @@ def main() -> int:
         import pydantic  # noqa: F401
     except ImportError:
         say(
-            "pydantic is missing (the phases' settings need it): carry its wheels, see this script's docstring (benchmarks/gpu_check.py)"
+            "pydantic is missing (the phases' settings need it): carry its wheels, see this script's "
+            "docstring (benchmarks/gpu_check.py)"
         )
         return 2
     import torch

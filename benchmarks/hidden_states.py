@@ -137,9 +137,10 @@ def main() -> None:
     for scale, r in zip((1, 4), results, strict=True):
         ratio = r["extract_tokens_per_s"] / r["bare_tokens_per_s"]
         print(
-            f"{scale}x: {r['samples']} samples, {r['tokens']} tokens, {r['shards']} shards | extraction {r['extract_tokens_per_s']:.1f} tok/s, "
-            f"bare loop {r['bare_tokens_per_s']:.1f} tok/s, ratio {ratio:.2f} | peak RSS {r['peak_rss'] / 2**20:.0f} MiB | "
-            f"bytes/token {r['bytes_per_token']} vs formula {r['bytes_per_token_formula']} ({r['bytes_per_token'] / r['bytes_per_token_formula'] - 1:+.2%})"
+            f"{scale}x: {r['samples']} samples, {r['tokens']} tokens, {r['shards']} shards | extraction "
+            f"{r['extract_tokens_per_s']:.1f} tok/s, bare loop {r['bare_tokens_per_s']:.1f} tok/s, ratio {ratio:.2f} | "
+            f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB | bytes/token {r['bytes_per_token']} vs formula "
+            f"{r['bytes_per_token_formula']} ({r['bytes_per_token'] / r['bytes_per_token_formula'] - 1:+.2%})"
         )
     one, four = results
     print(f"peak RSS 4x / 1x = {four['peak_rss'] / one['peak_rss']:.3f} (target ≤ 1.2)")

@@ -41,7 +41,8 @@ def main() -> None:
     tokens = args.prompts * args.tokens_per_prompt
     train, eval_ = tokens * (1 - args.eval_fraction), tokens * args.eval_fraction
     print(
-        f"{tokens / 1e6:,.1f}M tokens ({train / 1e6:,.1f}M train, {eval_ / 1e6:,.1f}M eval), {args.bytes_per_token:,.0f} B/token, {args.epochs} epochs"
+        f"{tokens / 1e6:,.1f}M tokens ({train / 1e6:,.1f}M train, {eval_ / 1e6:,.1f}M eval), "
+        f"{args.bytes_per_token:,.0f} B/token, {args.epochs} epochs"
     )
     for rate in (float(r) for r in args.rates.split(",")):
         bare = tradeoff(train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate)
@@ -49,10 +50,12 @@ def main() -> None:
             train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate, args.load_s
         )
         print(
-            f"extraction at {rate:,.0f} tok/s (assumed): whole store {f.store_bytes / TB:.2f} TB on disk, extracted once in "
-            f"{f.extract_once_s / HOUR:.1f} h | rolling ({args.window_shards} shards a window): peak {f.rolling_peak_bytes / GB:,.0f} GB "
-            f"({f.rolling_peak_bytes / f.store_bytes:.1%} of the store), extraction {bare.rolling_extract_s / HOUR:.1f} h (×{bare.extract_ratio:.2f}), "
-            f"{f.rolling_extract_s / HOUR:.1f} h (×{f.extract_ratio:.2f}) with {args.epochs} × {f.windows} + 1 target loads of {args.load_s:.0f} s"
+            f"extraction at {rate:,.0f} tok/s (assumed): whole store {f.store_bytes / TB:.2f} TB on disk, extracted "
+            f"once in {f.extract_once_s / HOUR:.1f} h | rolling ({args.window_shards} shards a window): peak "
+            f"{f.rolling_peak_bytes / GB:,.0f} GB ({f.rolling_peak_bytes / f.store_bytes:.1%} of the store), "
+            f"extraction {bare.rolling_extract_s / HOUR:.1f} h (×{bare.extract_ratio:.2f}), "
+            f"{f.rolling_extract_s / HOUR:.1f} h (×{f.extract_ratio:.2f}) with {args.epochs} × {f.windows} + 1 "
+            f"target loads of {args.load_s:.0f} s"
         )
 
 

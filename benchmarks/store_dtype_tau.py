@@ -17,7 +17,8 @@ Prints: bytes/token of each store (measured and by formula), the largest relativ
 sample and tensor, as the phase's spot check computes it) of the dequantized fp8 states against
 the bf16 ones for the aux layers and the teacher, how often the teacher's full-vocabulary argmax
 from fp8 states equals the one from bf16 states (and the bf16 top-1/top-2 margin where it does
-not), KL and total variation between the two teacher distributions, both τ tables, and τ(fp8) / τ(bf16) per dataset and K.
+not), KL and total variation between the two teacher distributions, both τ tables, and τ(fp8) / τ(bf16) per
+dataset and K.
 
     .venv/bin/python -m benchmarks.store_dtype_tau [--samples 120] [--max-tokens 128] [--epochs 6] [--work DIR]
 """
@@ -93,10 +94,12 @@ def compare(bf16: HiddenStateStore, fp8: HiddenStateStore, lm_head: torch.Tensor
         kls.append((p_a * (log_a - log_b)).sum(-1))
         tvs.append(0.5 * (p_a - log_b.exp()).abs().sum(-1))
     margin, flip, kl, tv = torch.cat(margins), torch.cat(flips), torch.cat(kls), torch.cat(tvs)
-    return {"aux": worst_aux, "hidden": worst_hidden, "argmax_same": 1 - float(flip.float().mean()), "tokens": flip.numel(),
-            "margin_all": float(margin.median()), "margin_flips": float(margin[flip].median()) if flip.any() else float("nan"),
+    return {"aux": worst_aux, "hidden": worst_hidden, "argmax_same": 1 - float(flip.float().mean()),
+            "tokens": flip.numel(), "margin_all": float(margin.median()),
+            "margin_flips": float(margin[flip].median()) if flip.any() else float("nan"),
             "flips_close": float((margin[flip] < 0.05).float().mean()) if flip.any() else float("nan"),
-            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "tv_mean": float(tv.mean()), "tv_max": float(tv.max())}  # fmt: skip
+            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "tv_mean": float(tv.mean()),
+            "tv_max": float(tv.max())}  # fmt: skip
 
 
 def main() -> None:
@@ -124,25 +127,31 @@ def main() -> None:
     for dtype, store in stores.items():
         m = store.manifest()
         print(
-            f"  {dtype:<12} {m.samples} samples, {m.tokens} tokens, {m.bytes:,} B: {m.bytes_per_token:,.1f} B/token (formula {bytes_per_token(hidden, 3, dtype):,})"
+            f"  {dtype:<12} {m.samples} samples, {m.tokens} tokens, {m.bytes:,} B: {m.bytes_per_token:,.1f} B/token "
+            f"(formula {bytes_per_token(hidden, 3, dtype):,})"
         )
     print(f"  fp8 / bf16 bytes: {stores[FP8].manifest().bytes / stores[BF16].manifest().bytes:.4f}")
     errors = compare(stores[BF16], stores[FP8], target.lm_head.float())
     print(
-        f"\nfp8 dequantized vs bf16 (max relative L2 error per sample and tensor): aux {errors['aux']:.4f}, teacher {errors['hidden']:.4f}"
+        f"\nfp8 dequantized vs bf16 (max relative L2 error per sample and tensor): aux {errors['aux']:.4f}, "
+        f"teacher {errors['hidden']:.4f}"
     )
     print(
-        f"teacher's full-vocabulary argmax from fp8 states equals the bf16 one at {errors['argmax_same']:.4%} of {errors['tokens']} tokens"
+        "teacher's full-vocabulary argmax from fp8 states equals the bf16 one at "
+        f"{errors['argmax_same']:.4%} of {errors['tokens']} tokens"
     )
-    print(f"  where it flips, the bf16 teacher's top-1 − top-2 probability margin has median {errors['margin_flips']:.4f} (all tokens: {errors['margin_all']:.4f}); "
-          f"{errors['flips_close']:.1%} of the flips have a margin below 0.05")  # fmt: skip
-    print(f"  KL(bf16 ‖ fp8) of the teacher's distribution: mean {errors['kl_mean']:.5f} nats, max {errors['kl_max']:.4f}; "
-          f"total variation mean {errors['tv_mean']:.4f}, max {errors['tv_max']:.4f}")  # fmt: skip
+    print("  where it flips, the bf16 teacher's top-1 − top-2 probability margin has median "
+          f"{errors['margin_flips']:.4f} (all tokens: {errors['margin_all']:.4f}); {errors['flips_close']:.1%} of the "
+          "flips have a margin below 0.05")  # fmt: skip
+    print(f"  KL(bf16 ‖ fp8) of the teacher's distribution: mean {errors['kl_mean']:.5f} "
+          f"nats, max {errors['kl_max']:.4f}; total variation mean "
+          f"{errors['tv_mean']:.4f}, max {errors['tv_max']:.4f}")  # fmt: skip
 
     base = train_spec(config, args.work)
     settings = {**base["settings"], "epochs": args.epochs}
-    print(f"\ndrafter: {settings['epochs']} epochs, lr {settings['lr']}, batch_tokens {settings['batch_tokens']}, max_seq_len {settings['max_seq_len']}, "
-          f"ttt_steps {settings['ttt_steps']}, seed {settings['seed']} (same for both stores)")  # fmt: skip
+    print(f"\ndrafter: {settings['epochs']} epochs, lr {settings['lr']}, batch_tokens "
+          f"{settings['batch_tokens']}, max_seq_len {settings['max_seq_len']}, ttt_steps "
+          f"{settings['ttt_steps']}, seed {settings['seed']} (same for both stores)")  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
     for dtype, store in stores.items():
         out = args.work / f"run-{dtype}"
@@ -151,11 +160,13 @@ def main() -> None:
         t0 = time.monotonic()
         trained = train.run(spec, Log(dtype))
         t1 = time.monotonic()
-        eval_spec = {"store": str(store.root), "draft_vocab": str(vocab), "drafter": str(out / "export"), "target_weights": str(target_dir),
-                     "steps": list(config.drafter_eval.steps), "device": "cpu"}  # fmt: skip
+        eval_spec = {"store": str(store.root), "draft_vocab": str(vocab), "drafter": str(out / "export"),
+                     "target_weights": str(target_dir), "steps": list(config.drafter_eval.steps),
+                     "device": "cpu"}  # fmt: skip
         results[dtype] = evaluate.run(eval_spec, Log(dtype))
         print(
-            f"  [{dtype}] trained {trained['steps']} steps in {t1 - t0:.0f} s (loss {trained['first_loss']:.3f} → {trained['last_loss']:.3f}), evaluated in {time.monotonic() - t1:.0f} s",
+            f"  [{dtype}] trained {trained['steps']} steps in {t1 - t0:.0f} s (loss {trained['first_loss']:.3f} → "
+            f"{trained['last_loss']:.3f}), evaluated in {time.monotonic() - t1:.0f} s",
             flush=True,
         )
 

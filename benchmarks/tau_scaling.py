@@ -100,12 +100,14 @@ def main() -> None:
             "export_dir": str(args.work / name / "export"),
             "settings": settings,
         }
-    print(f"local profile drafter: {settings['epochs']} epochs, lr {settings['lr']}, batch_tokens {settings['batch_tokens']}, "
-          f"max_seq_len {settings['max_seq_len']}, ttt_steps {settings['ttt_steps']}; checkpoint every {args.checkpoint_every} steps")  # fmt: skip
+    print(f"local profile drafter: {settings['epochs']} epochs, lr {settings['lr']}, batch_tokens "
+          f"{settings['batch_tokens']}, max_seq_len {settings['max_seq_len']}, ttt_steps {settings['ttt_steps']}; "
+          f"checkpoint every {args.checkpoint_every} steps")  # fmt: skip
     half, half_s = train(specs["half"], "half")
     full, full_s = train(specs["full"], "full")
     print(
-        f"half run: {half['points'][-1]['step']} steps in {half_s:.0f} s; full run: {full['points'][-1]['step']} steps in {full_s:.0f} s"
+        f"half run: {half['points'][-1]['step']} steps in {half_s:.0f} s; full run: "
+        f"{full['points'][-1]['step']} steps in {full_s:.0f} s"
     )
 
     k = half["k"]
@@ -134,7 +136,8 @@ def main() -> None:
     for dataset, fit in fits.items():
         last = half["points"][-1]
         measured = full["points"][-1]["tau"].get(dataset)
-        cells = [dataset, f"{data_half[dataset]:,}", str(sum(dataset in p["tau"] for p in half["points"])), f"{last['tau'][dataset]:.3f}" if dataset in last["tau"] else "—",
+        cells = [dataset, f"{data_half[dataset]:,}", str(sum(dataset in p["tau"] for p in half["points"])),
+                 f"{last['tau'][dataset]:.3f}" if dataset in last["tau"] else "—",
                  f"{data_full.get(dataset, 0):,}"]  # fmt: skip
         if isinstance(fit, NoFit):
             cells += ["no figure", "—" if measured is None else f"{measured:.3f}", ""]
@@ -145,7 +148,8 @@ def main() -> None:
             inside = measured is not None and predicted.low <= measured <= predicted.high
             cells += [predicted.text(), "—" if measured is None else f"{measured:.3f}", "yes" if inside else "no"]
             notes.append(
-                f"{dataset}: half-run fit τ∞ {fit.tau_inf:.3f}, a {fit.a:.3f}, b {fit.b:.2f}, residual sd {fit.residual_sd:.4f}, {fit.eval_steps} eval verify steps"
+                f"{dataset}: half-run fit τ∞ {fit.tau_inf:.3f}, a {fit.a:.3f}, b {fit.b:.2f}, residual sd "
+                f"{fit.residual_sd:.4f}, {fit.eval_steps} eval verify steps"
             )
         lines.append(cells)
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]

@@ -182,15 +182,16 @@ def main() -> None:
         f"tokens: {ours['tokens']} at 1x; template mismatches: {ours['mismatch']} / {ours4['mismatch']}"
     )
     print(
-        f"bare apply_chat_template + tokenize: {bare_rate:,.0f} tokens/s ({bare['tokens']} tokens, {bare['seconds']:.1f} s; "
-        f"runs {runs(bares)} s)"
+        f"bare apply_chat_template + tokenize: {bare_rate:,.0f} tokens/s ({bare['tokens']} tokens, "
+        f"{bare['seconds']:.1f} s; runs {runs(bares)} s)"
     )
     print(
         f"build_training_data (whole phase):   {our_rate:,.0f} tokens/s ({ours['seconds']:.1f} s; "
         f"runs {runs(builds)} s)   ratio {our_rate / bare_rate:.2f} (target >= 0.8)"
     )
     print(
-        f"build_training_data at 4x rows:      {ours4['tokens'] / ours4['seconds']:,.0f} tokens/s ({ours4['seconds']:.1f} s)"
+        f"build_training_data at 4x rows:      {ours4['tokens'] / ours4['seconds']:,.0f} "
+        f"tokens/s ({ours4['seconds']:.1f} s)"
     )
     print(
         f"peak RSS: tokenizer only {floor['rss_mb']:.0f} MB; 1x {ours['rss_mb']:.0f} MB; 4x {ours4['rss_mb']:.0f} MB   "

@@ -506,7 +506,8 @@ class SshHost(Host):
                 if idle_timeout_s is not None and time.monotonic() - heard > idle_timeout_s:
                     transport.close()
                     raise HostDisconnectedError(
-                        f"nothing from {self._where} for {idle_timeout_s:g} s while streaming a command (a frozen link?)"
+                        f"nothing from {self._where} for {idle_timeout_s:g} s while "
+                        "streaming a command (a frozen link?)"
                     )
                 select.select([channel], [], [], _POLL_S)
             out.flush()

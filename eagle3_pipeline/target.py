@@ -164,8 +164,8 @@ def needs_remote_code(raw: Mapping[str, Any]) -> bool:
 def check_remote_code(model: str, raw: Mapping[str, Any], trust_remote_code: bool) -> None:
     if needs_remote_code(raw) and not trust_remote_code:
         raise TargetError(
-            f"target model {model!r} (model_type {raw.get('model_type')!r}) ships its own code (auto_map in config.json); "
-            f"set {TRUST_SETTING}: true to run that code"
+            f"target model {model!r} (model_type {raw.get('model_type')!r}) ships its own code (auto_map in "
+            f"config.json); set {TRUST_SETTING}: true to run that code"
         )
 
 

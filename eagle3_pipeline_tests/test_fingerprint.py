@@ -94,7 +94,8 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
     regenerated = generation_requests(fake_openai) - before
     [kept] = list((tmp_path / "out" / "responses" / "previous").iterdir())
     print(
-        f"\nnew_version: {regenerated} answers regenerated; old answers kept in {kept}: {sorted(p.name for p in kept.iterdir())}"
+        f"\nnew_version: {regenerated} answers regenerated; "
+        f"old answers kept in {kept}: {sorted(p.name for p in kept.iterdir())}"
     )
     assert regenerated == 6
     assert kept.name.startswith(f"B1.{old_version}-")
@@ -146,7 +147,8 @@ def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_re
         (tmp_path / "pipeline.yaml").write_text(
             "name: two\nartifacts_root: out\ntarget: {model: org/target-a, tokenizer: unused}\n"
             f"inference:\n  kind: endpoints\n  endpoints:\n{endpoints}"
-            "generation: {max_tokens: 8, concurrency: 4, length_estimator: chars}\ndatasets:\n  - {id: B1, source: p.jsonl}\n"
+            "generation: {max_tokens: 8, concurrency: 4, length_estimator: chars}\ndatasets:\n"
+            "  - {id: B1, source: p.jsonl}\n"
         )
         result = materialize(load_config(tmp_path / "pipeline.yaml"), dg.DagsterInstance.ephemeral())
         assert result.success

@@ -395,8 +395,8 @@ def test_an_untagged_run_never_lands_on_a_sick_host_and_waits_for_a_healthy_one_
         assert not refused.success and HOST not in run_tags(instance, refused.run_id)
         reason = failure_reason(instance, refused.run_id)
         assert (
-            "NoHostFree: no healthy inference host was free within launch.host_wait_s = 0 s: no new partitions for host a: unhealthy"
-            in reason
+            "NoHostFree: no healthy inference host was free within launch.host_wait_s = 0 s: no new "
+            "partitions for host a: unhealthy" in reason
         )
         assert "; host b: unhealthy" in reason
 

@@ -171,8 +171,9 @@ def test_peak_rss_reading_the_drafters_tensors_is_far_below_the_checkpoint(tmp_p
     before, after, shapes = _peak_rss_growth(folder, "ours")
     control_before, control_after, _ = _peak_rss_growth(folder, "all")
     print(
-        f"checkpoint {total / 1e6:.1f} MB; reading embed_tokens + lm_head ({2 * VOCAB * HIDDEN * 2 / 1e6:.3f} MB): peak RSS "
-        f"{before / 1e6:.1f} -> {after / 1e6:.1f} MB; reading every shard: {control_before / 1e6:.1f} -> {control_after / 1e6:.1f} MB"
+        f"checkpoint {total / 1e6:.1f} MB; reading embed_tokens + lm_head ({2 * VOCAB * HIDDEN * 2 / 1e6:.3f} "
+        f"MB): peak RSS {before / 1e6:.1f} -> {after / 1e6:.1f} MB; reading every shard: "
+        f"{control_before / 1e6:.1f} -> {control_after / 1e6:.1f} MB"
     )
     assert shapes == [[VOCAB, HIDDEN], [VOCAB, HIDDEN]]
     assert total > 400e6 and after - before < 0.05 * total

@@ -167,7 +167,8 @@ class RemoteRun:
         result = self.host.run(quote_args(*nvidia_smi_argv()), timeout_s=30.0)
         if not result.ok:
             raise GpusBusy(
-                f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: nvidia-smi exited with {result.exit_code}: {result.stderr.strip()[:200]}"
+                f"cannot verify that {need} GPU(s) ({setting}) are free on {self.host.name}: nvidia-smi exited with "
+                f"{result.exit_code}: {result.stderr.strip()[:200]}"
             )
         try:
             gpus = parse_gpu_csv(result.stdout)
@@ -180,8 +181,9 @@ class RemoteRun:
         table = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB used" for g in gpus)
         if len(free) < need:
             raise GpusBusy(
-                f"{len(free)} of {len(gpus)} GPU(s) on {self.host.name} are free (< {limit:g} MiB used, compute.gpu_free_memory_mib), "
-                f"{need} needed ({setting}); stop the inference server holding them first ({table})"
+                f"{len(free)} of {len(gpus)} GPU(s) on {self.host.name} are free (< {limit:g} MiB "
+                f"used, compute.gpu_free_memory_mib), {need} needed ({setting}); stop the inference "
+                f"server holding them first ({table})"
             )
         return f"{len(free)} of {len(gpus)} GPU(s) free on {self.host.name}, {need} needed"
 
@@ -190,7 +192,8 @@ class RemoteRun:
         result = self.host.run(f"command -v {shlex.quote(python)}", timeout_s=30.0)
         if not result.ok:
             raise RemoteError(
-                f"{setting}: {python!r} is not an executable on {self.host.name} (expected the python of the venv to run the phase with)"
+                f"{setting}: {python!r} is not an executable on {self.host.name} (expected the python of "
+                "the venv to run the phase with)"
             )
 
     # -- files -------------------------------------------------------------------------------
@@ -273,8 +276,8 @@ class RemoteRun:
         the run folder) line by line until the process exits; returns its fate."""
         script = (
             f"cd {quote_args(self.run_dir)} || exit 97; : >> {shlex.quote(follow)}; "
-            f"( setsid sh -c {shlex.quote(_with_status(command, name))} </dev/null >{name}.log 2>&1 & echo $! > {name}.pid ); "
-            + _tail(name, follow, 0)
+            f"( setsid sh -c {shlex.quote(_with_status(command, name))} </dev/null >{name}.log 2>&1 "
+            f"& echo $! > {name}.pid ); " + _tail(name, follow, 0)
         )
         return self._follow(name, follow, script, on_line)
 
@@ -312,8 +315,9 @@ class RemoteRun:
             except HostError:
                 if time.monotonic() >= deadline:
                     raise RemoteError(
-                        f"connection to {self.host.name} lost ({error}) and not back within {self.compute.reconnect_timeout_s:g} s: "
-                        f"the {name} process of {self.run_dir} may still be running (its pid is in {name}.pid there); its fate is unknown"
+                        f"connection to {self.host.name} lost ({error}) and not back within "
+                        f"{self.compute.reconnect_timeout_s:g} s: the {name} process of {self.run_dir} may still be "
+                        f"running (its pid is in {name}.pid there); its fate is unknown"
                     ) from None
                 time.sleep(_RECONNECT_PAUSE_S)
 
@@ -372,7 +376,8 @@ def _tail(name: str, follow: str, offset: int) -> str:
     the first ``_STARTUP_POLLS`` polls unless the process already wrote its status."""
     return (
         f"tail -c +{int(offset) + 1} -s {_FOLLOW_POLL_S} -F {shlex.quote(follow)} 2>/dev/null & t=$!; "
-        f"g=$(cat {name}.pid); i=0; while {_alive('$g')} || {{ [ ! -e {name}.status ] && [ $i -lt {_STARTUP_POLLS} ]; }}; "
+        f"g=$(cat {name}.pid); i=0; "
+        f"while {_alive('$g')} || {{ [ ! -e {name}.status ] && [ $i -lt {_STARTUP_POLLS} ]; }}; "
         f"do sleep {_FOLLOW_POLL_S}; i=$((i + 1)); "
         f"[ $((i % {_HEARTBEAT_EVERY})) -eq 0 ] && echo heartbeat >&2; done; kill $t"
     )

@@ -147,7 +147,8 @@ class RemoteTokenizer:
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise RemoteTokenizerError(
                 self._safe(
-                    f"{self.url}: expected a JSON object with 'tokens', a list of token ids; got {response.text[:200]!r}"
+                    f"{self.url}: expected a JSON object with 'tokens', a list of token "
+                    f"ids; got {response.text[:200]!r}"
                 )
             )
         return tokens
@@ -227,7 +228,10 @@ def agreement_with_servers(
             continue
         return {
             "tokenizer_agreement": "ok",
-            "tokenizer_agreement_detail": f"{result.samples} rendered samples, {result.tokens} tokens: the same ids locally and from {tokenize_url(endpoint.base_url)}",
+            "tokenizer_agreement_detail": (
+                f"{result.samples} rendered samples, {result.tokens} tokens: "
+                f"the same ids locally and from {tokenize_url(endpoint.base_url)}"
+            ),
         }
     detail = "; ".join(reasons) if reasons else "no serving endpoint to ask (the embedded server is not running)"
     return {"tokenizer_agreement": "not checked", "tokenizer_agreement_detail": detail}

@@ -5,21 +5,21 @@ A row is made in one of three ways (``training_data.reasoning``):
 - ``emit`` (the default) trains on what the target saw and produced for its response, the last
   generated turn ``i``: the prompt exactly as the server rendered it for generation —
   ``apply_chat_template(messages[:i], tools, add_generation_prompt=True, **chat_template_kwargs)``,
-  with the history as the generation client sent it (``records.wire_message``: no reasoning) — followed by the turn the target
-  emitted, masked: its reasoning in the target's own thinking markup, its content, its tool calls as
-  the template renders them, and the end-of-turn token when it finished (``stop``/``tool_calls``,
-  never after ``length``; a ``length`` stop with reasoning only was cut inside it, before the
-  closing tag). That output is the template's render of ``messages[:i+1]`` past the
-  generation prompt's render, which must be a prefix of it. Where the template leaves the turn's
-  reasoning out (Kimi-K2.5 blanks it once a conversation ends in a final answer) it is put back
-  into the template's empty thinking block (``<think></think>``, the markup taken from the
-  tokenizer's added tokens ``<think>``/``</think>`` unless set), which must start the turn's output
-  (or straddle the prompt's end: Kimi's generation prompt ends with ``<think>``); a template that
-  renders none is a mismatch. The template's own text after the output (ChatML's newline; the
-  end-of-turn token of a cut turn) follows unmasked, so that a template that renders the response
-  as the target emitted it gives the same text in ``emit`` and ``render`` — and the same tokens
-  where the prompt's last token does not depend on what follows it (SmolLM2's ChatML). Earlier
-  generated turns are masked inside the prompt as ``render`` masks them.
+  with the history as the generation client sent it (``records.wire_message``: no reasoning) —
+  followed by the turn the target emitted, masked: its reasoning in the target's own thinking
+  markup, its content, its tool calls as the template renders them, and the end-of-turn token when
+  it finished (``stop``/``tool_calls``, never after ``length``; a ``length`` stop with reasoning
+  only was cut inside it, before the closing tag). That output is the template's render of
+  ``messages[:i+1]`` past the generation prompt's render, which must be a prefix of it. Where the
+  template leaves the turn's reasoning out (Kimi-K2.5 blanks it once a conversation ends in a final
+  answer) it is put back into the template's empty thinking block (``<think></think>``, the markup
+  taken from the tokenizer's added tokens ``<think>``/``</think>`` unless set), which must start
+  the turn's output (or straddle the prompt's end: Kimi's generation prompt ends with ``<think>``);
+  a template that renders none is a mismatch. The template's own text after the output (ChatML's
+  newline; the end-of-turn token of a cut turn) follows unmasked, so that a template that renders
+  the response as the target emitted it gives the same text in ``emit`` and ``render`` — and the
+  same tokens where the prompt's last token does not depend on what follows it (SmolLM2's ChatML).
+  Earlier generated turns are masked inside the prompt as ``render`` masks them.
 - ``render`` renders the whole conversation once (no prefix rendering, so templates that rewrite
   earlier turns — Qwen3 drops the reasoning of turns before the last user message — work) and
   masks each generated turn where it renders, its reasoning where the template renders it.
@@ -261,8 +261,8 @@ class ChatRenderer:
         turn = self.render([*history, message], tools)
         if not turn.startswith(prompt):
             raise TemplateMismatch(
-                f"message {index}: the template's render of the turn does not start with the generation prompt's render "
-                "(it renders the history differently once the turn is added)"
+                f"message {index}: the template's render of the turn does not start with the generation prompt's "
+                "render (it renders the history differently once the turn is added)"
             )
         start = len(prompt)
         reasoning = message.get("reasoning_content") or ""

@@ -262,12 +262,14 @@ def load_drafter(spec: EvalSpec, d2t: Any, aux_layer_ids: Sequence[int], device:
     model = load_export(spec.drafter, spec.target_weights)
     if model.d2t.shape != d2t.shape or not torch.equal(model.d2t.cpu(), d2t.to(torch.int64)):
         raise EvaluateError(
-            f"{spec.drafter}: the drafter's d2t differs from {spec.draft_vocab} (draft vocab {tuple(model.d2t.shape)} vs "
-            f"{tuple(d2t.shape)}); it was trained with another draft vocabulary, so the bigram comparison would be unfair"
+            f"{spec.drafter}: the drafter's d2t differs from {spec.draft_vocab} (draft vocab "
+            f"{tuple(model.d2t.shape)} vs {tuple(d2t.shape)}); it was trained with another draft vocabulary, so the "
+            "bigram comparison would be unfair"
         )
     if list(model.config.aux_layer_ids) != list(aux_layer_ids):
         raise EvaluateError(
-            f"{spec.drafter}: trained on aux layers {list(model.config.aux_layer_ids)}, but {spec.store} holds layers {list(aux_layer_ids)}"
+            f"{spec.drafter}: trained on aux layers {list(model.config.aux_layer_ids)}, but {spec.store} "
+            f"holds layers {list(aux_layer_ids)}"
         )
     return model.to(device).eval()
 
@@ -284,8 +286,9 @@ def load_target_head(spec: EvalSpec, manifest: StoreManifest, device: Any) -> An
     target = load_target_weights(spec.target_weights, spec.embedding_key, spec.lm_head_key)
     if (target.hidden_size, target.vocab_size) != (manifest.target.hidden_size, manifest.target.vocab_size):
         raise EvaluateError(
-            f"{spec.target_weights}: the target has hidden {target.hidden_size}, vocab {target.vocab_size}; {spec.store} was made "
-            f"from one with hidden {manifest.target.hidden_size}, vocab {manifest.target.vocab_size} (drafter.target_weights names another model)"
+            f"{spec.target_weights}: the target has hidden {target.hidden_size}, vocab {target.vocab_size}; "
+            f"{spec.store} was made from one with hidden {manifest.target.hidden_size}, vocab "
+            f"{manifest.target.vocab_size} (drafter.target_weights names another model)"
         )
     return target.lm_head.to(device, torch.float32)
 
@@ -406,12 +409,16 @@ def agreement_warnings(groups: Mapping[str, Tally], floor: float) -> list[str]:
         figures = ""
         if tally.drafter is not None and tally.drafter_vs_target is not None:
             k = tally.drafter.max_k
-            figures = f" (τ@{k}: {tally.drafter.tau(k):.2f} against the stored tokens, {tally.drafter_vs_target.tau(k):.2f} against the target's argmax)"
+            figures = (
+                f" (τ@{k}: {tally.drafter.tau(k):.2f} against the stored tokens, "
+                f"{tally.drafter_vs_target.tau(k):.2f} against the target's argmax)"
+            )
         lines.append(
-            f"{dataset}: the stored next token is the target's argmax at only {rate:.1%} of {tally.agreement.positions} eval positions "
-            f"(drafter_eval.min_data_agreement {floor:g}). Its responses are likely not the target's greedy output: generated at "
-            "temperature > 0, imported samples, or text re-tokenised since generation. τ against the stored tokens is then not the "
-            f"τ a server measures; τ against the target's argmax is what a greedy verifier would accept on these contexts{figures}."
+            f"{dataset}: the stored next token is the target's argmax at only {rate:.1%} of "
+            f"{tally.agreement.positions} eval positions (drafter_eval.min_data_agreement {floor:g}). Its responses "
+            "are likely not the target's greedy output: generated at temperature > 0, imported samples, or text "
+            "re-tokenised since generation. τ against the stored tokens is then not the τ a server measures; τ "
+            f"against the target's argmax is what a greedy verifier would accept on these contexts{figures}."
         )
     return lines
 
@@ -557,21 +564,22 @@ def held_out_rows(store: HiddenStateStore, spec: EvalSpec, manifest: StoreManife
         return set(), "none (training_data.held_out_per_dataset is 0)"
     if spec.held_out_version is not None and spec.held_out_version != manifest.training_data_version:
         return set(), (
-            f"{NOT_COMPUTED}: the held-out ids are training_data version {spec.held_out_version}'s, {spec.store} holds version "
-            f"{manifest.training_data_version}'s (materialize hidden_states again)"
+            f"{NOT_COMPUTED}: the held-out ids are training_data version {spec.held_out_version}'s, {spec.store} holds "
+            f"version {manifest.training_data_version}'s (materialize hidden_states again)"
         )
     splits = {row["sample_id"]: row["split"] for row in store.index().to_pylist() if row["sample_id"] in wanted}
     trained = sorted(sample_id for sample_id, split in splits.items() if split != "eval")
     if trained:
         raise EvaluateError(
-            f"{store.index_path}: held-out id(s) {', '.join(trained[:5])} are in the {splits[trained[0]]} split; training_data "
-            "forces them into eval, so the store was not made from that training_data (materialize hidden_states again)"
+            f"{store.index_path}: held-out id(s) {', '.join(trained[:5])} are in the {splits[trained[0]]} split; "
+            "training_data forces them into eval, so the store was not made from that training_data "
+            "(materialize hidden_states again)"
         )
     missing = len(wanted) - len(splits)
     counts = ", ".join(f"{dataset} {len(ids)}" for dataset, ids in sorted(spec.held_out.items()))
     return set(splits), (
-        f"the ids training_data holds out per dataset (training_data.held_out_per_dataset; {counts}): the same every run for the "
-        "same prompts and seed, always in the eval split, never trained on"
+        f"the ids training_data holds out per dataset (training_data.held_out_per_dataset; {counts}): the same every "
+        "run for the same prompts and seed, always in the eval split, never trained on"
         + (f"; {missing} of them not in {spec.store}" if missing else "")
     )
 
@@ -632,7 +640,10 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     reference_note = (
         f"the argmax of {settings.target_weights}'s lm_head over the store's final states"
         if settings.target_weights is not None
-        else f"{NOT_COMPUTED}: the evaluate spec names no target_weights (the target folder whose lm_head gives its argmax)"
+        else (
+            f"{NOT_COMPUTED}: the evaluate spec names no target_weights "
+            "(the target folder whose lm_head gives its argmax)"
+        )
     )
     metadata = results_metadata(
         totals(groups),

@@ -63,7 +63,8 @@ class DrafterConfig:
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise DrafterConfigError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})"
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if len(self.aux_layer_ids) != 3:
             raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
@@ -130,8 +131,9 @@ def _check_portable_yarn(scaling: dict[str, Any], where: str = "rope_scaling") -
     for key, portable in PORTABLE_MSCALE.items():
         if key in scaling and float(scaling[key]) != portable:
             raise DrafterConfigError(
-                f"{where}.{key} {scaling[key]}: servers read mscale/mscale_all_dim differently (SGLang 0.5.14 ignores "
-                f"them, SGLang 0.5.23 and vLLM take a ratio); expected {portable} or none (yarn_for_servers writes the pair)"
+                f"{where}.{key} {scaling[key]}: servers read mscale/mscale_all_dim differently (SGLang 0.5.14 "
+                f"ignores them, SGLang 0.5.23 and vLLM take a ratio); expected {portable} or none "
+                "(yarn_for_servers writes the pair)"
             )
 
 
@@ -146,22 +148,23 @@ def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
     ``original_max_position_embeddings`` (both required by vLLM), ``beta_fast``/``beta_slow`` (default
     32/1) and ``truncate`` (default true); cos and sin are multiplied by an attention factor ``m``, so q·k
     is multiplied by ``m²``. ``m`` is where the readers differ: SGLang 0.5.14 reads only ``attn_factor``
-    (``m = (0.1·ln f + 1)·attn_factor``; it also reads ``extrapolation_factor``, vLLM does not); SGLang 0.5.23 uses ``yarn_get_mscale(f, mscale) /
-    yarn_get_mscale(f, mscale_all_dim)`` when both are given; vLLM 0.34 and transformers use
-    ``attention_factor`` if given, else that ratio when both are truthy, else ``0.1·ln f + 1``; SpecForge
-    always takes the ratio and fails without both keys. The one setting they agree on is
-    ``mscale: 1, mscale_all_dim: 0`` (:data:`PORTABLE_MSCALE`) and no attn_factor/attention_factor: every
-    one of them then applies ``m = 0.1·ln(factor) + 1``.
+    (``m = (0.1·ln f + 1)·attn_factor``; it also reads ``extrapolation_factor``, vLLM does not); SGLang
+    0.5.23 uses ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` when both are given;
+    vLLM 0.34 and transformers use ``attention_factor`` if given, else that ratio when both are truthy,
+    else ``0.1·ln f + 1``; SpecForge always takes the ratio and fails without both keys. The one setting
+    they agree on is ``mscale: 1, mscale_all_dim: 0`` (:data:`PORTABLE_MSCALE`) and no
+    attn_factor/attention_factor: every one of them then applies ``m = 0.1·ln(factor) + 1``.
 
     Why that keeps a DeepSeek-V3/Kimi target's attention temperature: transformers' DeepSeek-V3 multiplies
     cos/sin by ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` and its softmax scale by
     ``yarn_get_mscale(f, mscale_all_dim)²`` (MLA scales the non-rotary dims too), so its q·k carries
     ``yarn_get_mscale(f, mscale)²`` whatever ``mscale_all_dim`` is; the drafter's ``m²`` equals it exactly
-    when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047; eagle3_pipeline_tests/drafter/test_yarn.py). So
-    ``mscale_all_dim`` is dropped, and an ``mscale`` other than 1, which no portable key can express,
-    is refused. The frequencies are computed over the drafter's ``head_dim`` (128 for an MLA target's
-    draft, :func:`eagle3_pipeline.drafter.train.drafter_config`) where the target rotates
-    ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension, as the servers do.
+    when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047;
+    eagle3_pipeline_tests/drafter/test_yarn.py). So ``mscale_all_dim`` is dropped, and an ``mscale`` other
+    than 1, which no portable key can express, is refused. The frequencies are computed over the drafter's
+    ``head_dim`` (128 for an MLA target's draft, :func:`eagle3_pipeline.drafter.train.drafter_config`)
+    where the target rotates ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension,
+    as the servers do.
     """
     raw = dict(scaling)
     if float(raw.pop("mscale", 1.0)) != 1.0:

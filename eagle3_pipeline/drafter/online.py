@@ -38,7 +38,9 @@ from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.monitor import UnhealthyError
 
 DEFAULT_LAUNCH = {
-    "sglang": "python -m sglang.launch_server --model-path {target} --host 0.0.0.0 --port {port} --tp-size {tp} {speculative}",
+    "sglang": (
+        "python -m sglang.launch_server --model-path {target} --host 0.0.0.0 --port {port} --tp-size {tp} {speculative}"
+    ),
     "vllm": "vllm serve {target} --host 0.0.0.0 --port {port} --tensor-parallel-size {tp} {speculative}",
 }
 DEFAULT_SPECULATIVE = {

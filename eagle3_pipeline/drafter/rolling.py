@@ -115,8 +115,8 @@ def run_rolling(
     }
     if state["layout"] != digest:
         raise RollingError(
-            f"{state_path}: made for another rolling layout (windows or drafter.epochs changed); remove it with the drafter's "
-            "run folder to train anew"
+            f"{state_path}: made for another rolling layout (windows or drafter.epochs changed); remove it with the "
+            "drafter's run folder to train anew"
         )
     segments = [(e, w) for e in range(epochs) for w in range(len(windows))]
     result: Mapping[str, Any] | None = None

@@ -68,6 +68,7 @@ def load_target_weights(
     for name, tensor in (("embedding", embedding), ("lm_head", lm_head)):
         if tuple(tensor.shape) != expected:
             raise TargetWeightsError(
-                f"{folder}: target {name} has shape {tuple(tensor.shape)}, expected {expected} (vocab_size, hidden_size)"
+                f"{folder}: target {name} has shape {tuple(tensor.shape)}, expected "
+                f"{expected} (vocab_size, hidden_size)"
             )
     return TargetWeights(config, embedding, lm_head)

@@ -7,7 +7,8 @@ Spec (paths on the machine where the phase runs)::
     target_weights   the target model folder (config.json + safetensors: embedding, lm_head)
     run_dir          checkpoints and the metric curve of this drafter
     export_dir       the served directory written at the end (export.export_for_servers)
-    settings         :class:`TrainSettings` fields (``model``: the ``drafter.model`` overrides of the draft shape and RoPE)
+    settings         :class:`TrainSettings` fields (``model``: the ``drafter.model`` overrides of
+                     the draft shape and RoPE)
 
 Loss (SpecForge's ``OnlineEagle3Model``): at TTT step j and index t the drafter predicts token t+2+j; the teacher is the
 target's distribution at index t+1+j renormalised over the draft vocabulary; positions count when
@@ -578,8 +579,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     target = load_target_weights(paths["target_weights"], settings.embedding_key, settings.lm_head_key)
     if manifest.target.hidden_size != target.hidden_size or manifest.target.vocab_size != target.vocab_size:
         raise TrainError(
-            f"{paths['store']}: the store was made from a target with hidden {manifest.target.hidden_size}, vocab "
-            f"{manifest.target.vocab_size}; {paths['target_weights']} has hidden {target.hidden_size}, vocab {target.vocab_size}"
+            f"{paths['store']}: the store was made from a target with hidden {manifest.target.hidden_size}, "
+            f"vocab {manifest.target.vocab_size}; {paths['target_weights']} has hidden "
+            f"{target.hidden_size}, vocab {target.vocab_size}"
         )
     if t2d.shape[0] != target.vocab_size:
         raise TrainError(
@@ -641,8 +643,8 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         state, ck_d2t, ck_t2d = load_checkpoint(found)
         if not (torch.equal(ck_d2t, d2t) and torch.equal(ck_t2d, t2d)):
             raise TrainError(
-                f"{found}: this drafter was trained with another draft vocabulary than {paths['draft_vocab']} "
-                f"(vocab sha256 {state['identity']['draft_vocab_sha256'][:12]} vs {identity['draft_vocab_sha256'][:12]}); "
+                f"{found}: this drafter was trained with another draft vocabulary than {paths['draft_vocab']} (vocab "
+                f"sha256 {state['identity']['draft_vocab_sha256'][:12]} vs {identity['draft_vocab_sha256'][:12]}); "
                 "continuing would silently remap its lm_head. Restore the vocabulary it was trained with, or remove "
                 f"{paths['run_dir']} to train a new drafter"
             )
@@ -670,16 +672,17 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         )
     else:
         report.log(
-            f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} epoch(s), device {device}, {processes}"
+            f"training a new drafter: {total_steps} steps over {len(train_rows)} samples, {settings.epochs} "
+            f"epoch(s), device {device}, {processes}"
         )
     if layout is not None and step < total_steps:
         here, start, end = _advance(plans, epoch, batch_index), _advance(plans, limit - 1, 0), _advance(plans, limit, 0)
         if not start <= here <= end:
             raise TrainError(
-                f"{found or paths['run_dir']}: the drafter's data position is segment {here[0]} batch {here[1]} of the rolling plan "
-                f"({len(layout.windows)} windows per epoch); asked to train segment {limit - 1} (epoch × {len(layout.windows)} + window)"
-                ": that would train a window twice or skip one. The rolling state and the checkpoints disagree; "
-                f"remove {paths['run_dir']} (with its rolling.json) to train anew"
+                f"{found or paths['run_dir']}: the drafter's data position is segment {here[0]} batch {here[1]} of the "
+                f"rolling plan ({len(layout.windows)} windows per epoch); asked to train segment {limit - 1} (epoch × "
+                f"{len(layout.windows)} + window): that would train a window twice or skip one. The rolling state and "
+                f"the checkpoints disagree; remove {paths['run_dir']} (with its rolling.json) to train anew"
             )
         report.log(
             f"rolling: segment {limit - 1} (epoch × {len(layout.windows)} + window), {len(plans[limit - 1])} batches"

@@ -117,12 +117,14 @@ def load_sample(path: Path) -> dict[str, Any]:
         hidden = hidden[0]
     if aux.dim() != 2 or hidden.dim() != 2:
         raise SpecForgeImportError(
-            f"{path}: expected aux_hidden_state [1, T, 3H] and hidden_state [1, T, H], got {list(raw['aux_hidden_state'].shape)} and {list(raw['hidden_state'].shape)}"
+            f"{path}: expected aux_hidden_state [1, T, 3H] and hidden_state [1, T, H], got "
+            f"{list(raw['aux_hidden_state'].shape)} and {list(raw['hidden_state'].shape)}"
         )
     lengths = {ids.shape[0], mask.shape[0], aux.shape[0], hidden.shape[0]}
     if len(lengths) != 1:
         raise SpecForgeImportError(
-            f"{path}: token counts differ (input_ids {ids.shape[0]}, loss_mask {mask.shape[0]}, aux {aux.shape[0]}, hidden {hidden.shape[0]})"
+            f"{path}: token counts differ (input_ids {ids.shape[0]}, loss_mask {mask.shape[0]}, aux "
+            f"{aux.shape[0]}, hidden {hidden.shape[0]})"
         )
     return {"input_ids": ids, "loss_mask": mask, "aux": aux, "hidden": hidden}
 
@@ -162,7 +164,8 @@ class _TrainingRows:
 def _required(spec: Mapping[str, Any], key: str) -> Any:
     if key not in spec:
         raise SpecForgeImportError(
-            f"spec: missing key {key!r} (the import-specforge phase needs input_dir, output_dir, target, aux_layer_ids, training_data_version)"
+            f"spec: missing key {key!r} (the import-specforge phase needs input_dir, output_dir, target, "
+            "aux_layer_ids, training_data_version)"
         )
     return spec[key]
 
@@ -255,7 +258,9 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
                 sample = load_sample(path)
                 if sample["aux"].shape[1] != aux_width or sample["hidden"].shape[1] != hidden:
                     raise SpecForgeImportError(
-                        f"{path}: expected aux width {aux_width} and hidden {hidden} (target.hidden_size × {len(wanted.aux_layer_ids)} layers), got {sample['aux'].shape[1]} and {sample['hidden'].shape[1]}"
+                        f"{path}: expected aux width {aux_width} and hidden {hidden} "
+                        f"(target.hidden_size × {len(wanted.aux_layer_ids)} layers), got "
+                        f"{sample['aux'].shape[1]} and {sample['hidden'].shape[1]}"
                     )
                 mask = sample["loss_mask"]
                 if rows is None:
@@ -264,7 +269,8 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
                     row = rows.row(idx)
                     if row.input_ids != sample["input_ids"].tolist():
                         raise SpecForgeImportError(
-                            f"{path}: input_ids differ from training_data row {idx} (sample {row.sample_id}); SpecForge was given other data or another tokenizer"
+                            f"{path}: input_ids differ from training_data row {idx} (sample {row.sample_id}); "
+                            "SpecForge was given other data or another tokenizer"
                         )
                     ours = torch.tensor(row.loss_mask, dtype=torch.uint8)
                     disagreements += int(not torch.equal(ours, mask.to(torch.uint8)))
@@ -311,7 +317,8 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     expected = rows.total if rows is not None else indices[-1] + 1
     missing = expected - len(samples)
     report.log(
-        f"imported {index.num_rows} samples, {tokens} tokens, {total_bytes} bytes in {len(names)} shard(s) ({skipped} already done); {missing} sample(s) without states"
+        f"imported {index.num_rows} samples, {tokens} tokens, {total_bytes} bytes in {len(names)} shard(s) ({skipped} "
+        f"already done); {missing} sample(s) without states"
     )
     return {
         "store": str(output_dir),

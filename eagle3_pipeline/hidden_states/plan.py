@@ -179,8 +179,8 @@ class ExtractionProgress:
     def line(self) -> str:
         state = "finished" if self.finished else "in progress"
         return (
-            f"hidden_states: {self.shards_done}/{self.shards_planned} shards, {self.tokens_done}/{self.tokens_planned} tokens, "
-            f"{self.bytes_per_token:,.0f} B/token, {state}"
+            f"hidden_states: {self.shards_done}/{self.shards_planned} shards, {self.tokens_done}/{self.tokens_planned} "
+            f"tokens, {self.bytes_per_token:,.0f} B/token, {state}"
         )
 
 

@@ -230,8 +230,9 @@ class SGLangApi:
             ) from None
         if found != SGLANG_VERSION:
             raise SGLangError(
-                f"{PYTHON_SETTING}: this python has sglang {found}; the worker is written against sglang=={SGLANG_VERSION} "
-                f"(eagle3_pipeline.hidden_states.sglang_capture): install that version in the venv"
+                f"{PYTHON_SETTING}: this python has sglang {found}; the worker is written against "
+                f"sglang=={SGLANG_VERSION} (eagle3_pipeline.hidden_states.sglang_capture): "
+                "install that version in the venv"
             )
 
     def _use(self, name: str, kind: str) -> SGLangUse:
@@ -251,7 +252,8 @@ class SGLangApi:
                 return use
         listed = sorted(name for name, use in self._uses.items() if use.kind == kind and name.endswith(f".{member}"))
         raise SGLangError(
-            f"SGLang {classes[0].__name__}.{member}: not in SGLANG_USES (checked against sglang {SGLANG_VERSION}: {', '.join(listed) or 'none'})"
+            f"SGLang {classes[0].__name__}.{member}: not in SGLANG_USES (checked against sglang {SGLANG_VERSION}: "
+            f"{', '.join(listed) or 'none'})"
         )
 
     @staticmethod
@@ -259,8 +261,8 @@ class SGLangApi:
         unknown = sorted(set(kwargs) - set(use.keywords))
         if unknown or len(args) != use.positional:
             raise SGLangError(
-                f"{use.module}.{use.name}: called with {len(args)} positional argument(s) and keyword(s) {sorted(kwargs)}; "
-                f"SGLANG_USES lists {use.positional} and {list(use.keywords)}"
+                f"{use.module}.{use.name}: called with {len(args)} positional argument(s) and keyword(s) "
+                f"{sorted(kwargs)}; SGLANG_USES lists {use.positional} and {list(use.keywords)}"
             )
 
     def value(self, name: str) -> Any:
@@ -415,9 +417,10 @@ class SGLangTarget:
         expected = [i + 1 for i in wanted]
         if captured != expected:
             raise SGLangError(
-                f"SGLang {type(model).__name__}.set_eagle3_layers_to_capture({written}) captures the inputs of layers {captured}; "
-                f"hidden_states.aux_layer_ids {wanted} (outputs of those layers) need the inputs of {expected}: the "
-                f"{self.family!r} family rule of eagle3_pipeline.layer_ids does not hold for this model class"
+                f"SGLang {type(model).__name__}.set_eagle3_layers_to_capture({written}) captures the inputs "
+                f"of layers {captured}; hidden_states.aux_layer_ids {wanted} (outputs of those layers) need "
+                f"the inputs of {expected}: the {self.family!r} family rule of eagle3_pipeline.layer_ids "
+                "does not hold for this model class"
             )
         self._layers = wanted
         self._record = {
@@ -443,12 +446,14 @@ class SGLangTarget:
         slots = int(self.api.get(self.runner, "max_running_requests"))
         if sum(lengths) > pool:
             raise SGLangError(
-                f"a batch of {sum(lengths)} tokens ({len(lengths)} samples, the longest {max(lengths)}) does not fit SGLang's KV pool "
-                f"of {pool} tokens: lower hidden_states.batch_tokens or raise hidden_states.mem_fraction_static"
+                f"a batch of {sum(lengths)} tokens ({len(lengths)} samples, the longest {max(lengths)}) does not fit "
+                f"SGLang's KV pool of {pool} tokens: lower hidden_states.batch_tokens or raise "
+                "hidden_states.mem_fraction_static"
             )
         if len(lengths) > slots:
             raise SGLangError(
-                f"a batch of {len(lengths)} samples exceeds SGLang's {slots} request slots: lower hidden_states.max_batch_size"
+                f"a batch of {len(lengths)} samples exceeds SGLang's {slots} request slots: "
+                "lower hidden_states.max_batch_size"
             )
 
     def batch_states(self, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
@@ -462,7 +467,8 @@ class SGLangTarget:
         hidden, aux = caught["hidden_states"], caught["aux_hidden_states"]
         if aux is None or len(aux) != len(aux_layer_ids):
             raise SGLangError(
-                f"SGLang handed its LogitsProcessor {0 if aux is None else len(aux)} captured layer(s), expected {len(aux_layer_ids)}"
+                f"SGLang handed its LogitsProcessor {0 if aux is None else len(aux)} captured "
+                f"layer(s), expected {len(aux_layer_ids)}"
             )
         total = sum(lengths)
         shapes = [tuple(t.shape) for t in (hidden, *aux)]

@@ -108,7 +108,10 @@ def bytes_per_token_check(
     formula = bytes_per_token(hidden_size, aux_layers, dtype)
     ratio = measured / formula
     passed = abs(ratio - 1) <= tolerance
-    text = f"{measured} bytes/token, formula for {dtype} {formula} ({aux_layers} aux + teacher, hidden {hidden_size}; ratio {ratio:.4f})"
+    text = (
+        f"{measured} bytes/token, formula for {dtype} {formula} "
+        f"({aux_layers} aux + teacher, hidden {hidden_size}; ratio {ratio:.4f})"
+    )
     return passed, text if passed else f"{text}: more than {tolerance:.0%} off; is the store of another storage dtype?"
 
 
@@ -294,7 +297,8 @@ class ShardWriter:
         length = int(input_ids.shape[0])
         if not (loss_mask.shape[0] == aux.shape[0] == hidden.shape[0] == length):
             raise StoreError(
-                f"sample {sample_id}: lengths differ (ids {length}, mask {loss_mask.shape[0]}, aux {aux.shape[0]}, hidden {hidden.shape[0]})"
+                f"sample {sample_id}: lengths differ (ids {length}, mask {loss_mask.shape[0]}, aux "
+                f"{aux.shape[0]}, hidden {hidden.shape[0]})"
             )
         for key, tensor in ((AUX_KEY, aux), (HIDDEN_KEY, hidden)):
             if not torch.isfinite(tensor).all():

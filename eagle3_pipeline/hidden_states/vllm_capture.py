@@ -14,15 +14,16 @@ speculators PR #353)::
 
 (the store's manifest records the four ids the server must have,
 ``capture.eagle_aux_hidden_state_layer_ids``; a server started with another number of layers is
-refused by the file's shape, other ids of the same count cannot be seen from here). The ids are vLLM's input-of-layer indices: ``a+1`` is the residual stream entering layer ``a+1``, the output
-of our layer ``a`` (:func:`eagle3_pipeline.layer_ids.server_layer_ids`, ``.vllm``), and ``N``
-(``num_hidden_layers``) is the last layer's output **without** the final norm (the doc's note).
+refused by the file's shape, other ids of the same count cannot be seen from here). The ids are vLLM's
+input-of-layer indices: ``a+1`` is the residual stream entering layer ``a+1``, the output of our layer ``a``
+(:func:`eagle3_pipeline.layer_ids.server_layer_ids`, ``.vllm``), and ``N`` (``num_hidden_layers``) is the
+last layer's output **without** the final norm (the doc's note).
 
 Per sample, one ``POST /v1/completions`` with ``prompt`` = our token ids, ``max_tokens`` 1 and
 ``return_token_ids: true`` (vLLM's ``CompletionRequest`` flag; the choice then carries
 ``prompt_token_ids``, and the response ``kv_transfer_params``: vllm
-``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionResponseChoice`` / ``CompletionResponse``). Those must equal ours, or
-the sample is refused at the first differing position. The response's top-level
+``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionResponseChoice`` / ``CompletionResponse``).
+Those must equal ours, or the sample is refused at the first differing position. The response's top-level
 ``kv_transfer_params["hidden_states_path"]`` names the file the connector writes for the request
 (``{request_id}.safetensors`` under ``shared_storage_path``; vllm
 ``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``); it is read
@@ -30,8 +31,8 @@ under ``hidden_states.vllm_output_dir`` by its name, after a shared ``flock`` on
 companion when the connector writes one (the connector's ``load_hidden_states``: newer versions
 write asynchronously and hold an exclusive lock until done; an older connector without the lock
 saves in place, so its file is retried until it parses), and deleted with its lock once read (a
-refused request's file too). The file holds ``hidden_states`` [T, 4, H] (the layers in the order configured) and ``token_ids``
-[T], which must also equal ours.
+refused request's file too). The file holds ``hidden_states`` [T, 4, H] (the layers in the order configured)
+and ``token_ids`` [T], which must also equal ours.
 
 The teacher is the target's final RMSNorm applied here to layer ``N``'s state, as the target's
 ``RMSNorm`` computes it (float32, ``x · rsqrt(mean(x²) + eps)``, then ``weight ·`` in the input
@@ -174,15 +175,16 @@ class VllmTarget:
         path = (payload.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
             raise VllmError(
-                f"{URL_SETTING} {self.base_url!r}: the completion has no kv_transfer_params.hidden_states_path; expected a server "
-                "started with --kv-transfer-config naming ExampleHiddenStatesConnector"
+                f"{URL_SETTING} {self.base_url!r}: the completion has no kv_transfer_params.hidden_states_path; "
+                "expected a server started with --kv-transfer-config naming ExampleHiddenStatesConnector"
             )
         tensors = self._read(self.output_dir / Path(str(path)).name)
         choices = payload.get("choices") or [{}]
         prompt_ids = choices[0].get("prompt_token_ids")
         if prompt_ids is None:
             raise VllmError(
-                f"{URL_SETTING} {self.base_url!r}: the completion has no prompt_token_ids; expected a vLLM server that honours return_token_ids"
+                f"{URL_SETTING} {self.base_url!r}: the completion has no prompt_token_ids; expected a vLLM "
+                "server that honours return_token_ids"
             )
         position = first_difference(prompt_ids, sequence)
         if position is not None:
@@ -202,8 +204,8 @@ class VllmTarget:
         while not (path.is_file() or lock.is_file()):
             if time.monotonic() > deadline:
                 raise VllmError(
-                    f"{DIR_SETTING} {str(self.output_dir)!r}: no {path.name} after {FILE_WAIT_S:.0f} s; expected the folder the "
-                    "server's connector writes to (its shared_storage_path), as seen on this machine"
+                    f"{DIR_SETTING} {str(self.output_dir)!r}: no {path.name} after {FILE_WAIT_S:.0f} s; expected the "
+                    "folder the server's connector writes to (its shared_storage_path), as seen on this machine"
                 )
             time.sleep(0.05)
         if lock.is_file():
@@ -227,7 +229,8 @@ class VllmTarget:
             except (SafetensorError, OSError) as exc:
                 if time.monotonic() > deadline:
                     raise VllmError(
-                        f"{DIR_SETTING} {str(self.output_dir)!r}: {path.name} is still unreadable after {FILE_WAIT_S:.0f} s ({exc})"
+                        f"{DIR_SETTING} {str(self.output_dir)!r}: {path.name} is still unreadable "
+                        f"after {FILE_WAIT_S:.0f} s ({exc})"
                     ) from None
                 time.sleep(0.05)
 
@@ -243,8 +246,9 @@ class VllmTarget:
         expected = (len(sequence), layers, self.identity.hidden_size)
         if tuple(states.shape) != expected:
             raise VllmError(
-                f"{URL_SETTING}: the connector wrote hidden_states of shape {list(states.shape)}, expected {list(expected)} "
-                f"(tokens, layers, hidden): start the server with eagle_aux_hidden_state_layer_ids {self.server_layers(aux_layer_ids)}"
+                f"{URL_SETTING}: the connector wrote hidden_states of shape {list(states.shape)}, expected "
+                f"{list(expected)} (tokens, layers, hidden): start the server with eagle_aux_hidden_state_layer_ids "
+                f"{self.server_layers(aux_layer_ids)}"
             )
         position = first_difference([int(i) for i in ids.tolist()], sequence)
         if position is not None:
@@ -263,7 +267,8 @@ def _served_model(http: Any, base_url: str) -> str:
         models = [str(m["id"]) for m in reply.json()["data"]]
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
         raise VllmError(
-            f"{URL_SETTING} {base_url!r}: GET /models failed ({type(exc).__name__}: {exc}); expected a running vLLM server's …/v1 URL"
+            f"{URL_SETTING} {base_url!r}: GET /models failed ({type(exc).__name__}: {exc}); expected a "
+            "running vLLM server's …/v1 URL"
         ) from None
     if len(models) != 1:
         raise VllmError(
@@ -282,14 +287,16 @@ def open_vllm_target(model: str, name: str, base_url: str, output_dir: str, para
     eps = text_config(raw).get("rms_norm_eps")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise VllmError(
-            f"hidden_states.model {model!r}: the language model's config has no rms_norm_eps; expected the final RMSNorm's epsilon"
+            f"hidden_states.model {model!r}: the language model's config has no rms_norm_eps; "
+            "expected the final RMSNorm's epsilon"
         )
     norm_name = drafter_tensor_names(Path(model)).norm
     norm = read_tensors(Path(model), [norm_name])[norm_name]
     folder = Path(output_dir)
     if not folder.is_dir():
         raise VllmError(
-            f"{DIR_SETTING} {output_dir!r}: not a folder here; expected the connector's shared_storage_path as seen on this machine"
+            f"{DIR_SETTING} {output_dir!r}: not a folder here; expected the connector's "
+            "shared_storage_path as seen on this machine"
         )
     url = base_url.rstrip("/")
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:

@@ -145,7 +145,10 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(
 def test_hidden_states_from_a_command_carry_the_identity_extraction_records(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, local_model: Path
 ) -> None:
-    command = f"PYTHONPATH={shlex.quote(str(REPO))} {{python}} -m eagle3_pipeline_tests.compute.specforge_command {{spec}} {{output_dir}}"
+    command = (
+        f"PYTHONPATH={shlex.quote(str(REPO))} "
+        "{python} -m eagle3_pipeline_tests.compute.specforge_command {spec} {output_dir}"
+    )
     config = states_config(tmp_path, sshd, layout, local_model, kind="command", command=command)
     instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success

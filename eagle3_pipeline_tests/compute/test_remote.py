@@ -185,7 +185,10 @@ def test_terminated_run_leaves_no_remote_process(
     block_on_fifo(layout)
     staged = tmp_path / "staged.json"
     staged.write_text(json.dumps({"spec": spec, "ship": ship}))
-    code = "import sys; from eagle3_pipeline_tests.compute.test_remote import materialize_in_this_process as m; m(sys.argv[1], sys.argv[2])"
+    code = (
+        "import sys; from eagle3_pipeline_tests.compute.test_remote import materialize_in_this_process as m; "
+        "m(sys.argv[1], sys.argv[2])"
+    )
     run = subprocess.Popen([sys.executable, "-c", code, str(config.source_file), str(staged)], cwd=REPO)
     try:
         wait_until(
@@ -316,7 +319,11 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(
         )
     )
     target = config_only_target(tmp_path / "target")
-    command = f"echo prepare_hidden_states.py --output-path {{output_dir}} && cp -R {prepared}/. {{output_dir}}/ && echo wrote $(ls {{output_dir}}/rows_0-2000 | wc -l) files"
+    command = (
+        "echo prepare_hidden_states.py --output-path {output_dir} "
+        f"&& cp -R {prepared}/. {{output_dir}}/ "
+        "&& echo wrote $(ls {output_dir}/rows_0-2000 | wc -l) files"
+    )
     config = write_pipeline(tmp_path, sshd, layout, kind="command", command=command)
     spec = {  # what extract.spec_from_config gives: the phase's settings and where things are
         "training_data": str(layout.local / "training_data"),

@@ -149,7 +149,8 @@ def test_busy_gpus_refuse_naming_tp_size(tmp_path: Path, sshd: Sshd, fakebin: An
     text = refusal(config)
     print("\n-- the refusal:", text)
     assert re.search(
-        r"0 of 8 GPU\(s\) on 127\.0\.0\.1:\d+ are free \(< 1024 MiB used, compute\.gpu_free_memory_mib\), 8 needed \(hidden_states\.tp_size\)",
+        r"0 of 8 GPU\(s\) on 127\.0\.0\.1:\d+ are free \(< 1024 MiB used, compute\.gpu_free_memory_mib\), 8 "
+        r"needed \(hidden_states\.tp_size\)",
         text,
     )
     assert "stop the inference server holding them first" in text

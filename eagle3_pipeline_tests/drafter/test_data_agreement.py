@@ -205,9 +205,11 @@ def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
     print("\n" + result["table"])
     for dataset in (GREEDY, SAMPLED, "all"):
         print(
-            f"{dataset}: agreement {result[f'data_agreement/{dataset}']:.4f} over {result[f'eval_positions/{dataset}']} positions; "
+            f"{dataset}: agreement {result[f'data_agreement/{dataset}']:.4f} over "
+            f"{result[f'eval_positions/{dataset}']} positions; "
             + "; ".join(
-                f"{who} τ@{k} {result[f'{prefix}tau@{k}/{dataset}']:.3f} stored / {result[f'{prefix}tau_vs_target@{k}/{dataset}']:.3f} target"
+                f"{who} τ@{k} {result[f'{prefix}tau@{k}/{dataset}']:.3f} stored / "
+                f"{result[f'{prefix}tau_vs_target@{k}/{dataset}']:.3f} target"
                 for who, prefix in (("bigram", "bigram_"), ("untrained drafter", ""))
                 for k in STEPS
             )

@@ -29,7 +29,8 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     pipeline.write_text(
         f"name: t\nartifacts_root: {tmp_path / 'artifacts'}\ntarget: {{model: m}}\n"
         f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
-        f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}}}\n"
+        f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, "
+        f"log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}}}\n"
     )
     config = load_config(pipeline)
     paths = drafter_paths(config.artifacts_root)
@@ -59,7 +60,8 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
 def test_the_drafter_depends_on_the_vocab_and_the_hidden_states(tmp_path: Path) -> None:
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(
-        f"name: t\nartifacts_root: {tmp_path}\ntarget: {{model: m}}\ndatasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
+        f"name: t\nartifacts_root: {tmp_path}\ntarget: {{model: m}}\n"
+        f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
     )
     (drafter,) = build_drafter_assets(load_config(pipeline))
     assert {k.to_user_string() for k in drafter.dependency_keys} == {"draft_vocab", "hidden_states"}

@@ -101,7 +101,8 @@ def specforge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.Module
         "specforge": _stub("specforge"),
         "specforge.modeling": _stub("specforge.modeling"),
         PACKAGE: _stub(PACKAGE),
-        "specforge.modeling._mask_utils": _stub("specforge.modeling._mask_utils", _expand_mask=_unused("_expand_mask"), _make_causal_mask=_unused("_make_causal_mask")),
+        "specforge.modeling._mask_utils": _stub("specforge.modeling._mask_utils", _expand_mask=_unused("_expand_mask"),
+                                                _make_causal_mask=_unused("_make_causal_mask")),
         f"{PACKAGE}.flex_attention": _stub(
             f"{PACKAGE}.flex_attention",
             compile_friendly_create_block_mask=_unused("flex attention"),
@@ -110,7 +111,8 @@ def specforge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.Module
         ),
         f"{PACKAGE}.registry": _stub(f"{PACKAGE}.registry", register_draft=lambda cls: cls),
         "specforge.utils": _stub("specforge.utils", print_with_rank=lambda message: None),
-        "specforge.distributed": _stub("specforge.distributed", get_sp_ring_group=_unused("sequence parallelism"), get_sp_ulysses_group=_unused("sequence parallelism")),
+        "specforge.distributed": _stub("specforge.distributed", get_sp_ring_group=_unused("sequence parallelism"),
+                                       get_sp_ulysses_group=_unused("sequence parallelism")),
     }  # fmt: skip
     with pytest.MonkeyPatch.context() as patch, zipfile.ZipFile(wheel) as archive:
         for name, module in stubs.items():

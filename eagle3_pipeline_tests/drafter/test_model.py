@@ -106,7 +106,8 @@ def test_kept_indices_get_the_logits_of_the_full_pass() -> None:
 def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
     config = _config(aux_layer_ids=[1, 14, 26], max_position_embeddings=64)
     model = _model(config)
-    target_config = {"vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "eos_token_id": 2,
+    target_config = {"vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192,
+                     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "eos_token_id": 2,
                      "num_attention_heads": 6, "intermediate_size": 96, "num_hidden_layers": 30}  # fmt: skip
     target_dir = tmp_path / "target"
     target_dir.mkdir()

@@ -97,7 +97,8 @@ def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
     settings = config.drafter_benchmark
     assert settings is not None
     assert launch_command(settings, speculative=False) == (
-        f"python -m sglang.launch_server --model-path '/models/target with space' --host 0.0.0.0 --port {settings.port} --tp-size 1"
+        "python -m sglang.launch_server --model-path '/models/target with space' --host 0.0.0.0 "
+        f"--port {settings.port} --tp-size 1"
     )
     assert launch_command(settings, speculative=True).endswith(
         "--speculative-algorithm EAGLE3 --speculative-draft-model-path /models/drafter --speculative-num-steps 3 "

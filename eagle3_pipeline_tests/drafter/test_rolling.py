@@ -45,8 +45,8 @@ WINDOW = 1
 EPOCHS = 2
 # Two train shards (one per training_data file), two windows, three batches a window; checkpoints at
 # every window's end and at step 5, inside the second window.
-TRAIN = {"ttt_steps": 2, "lr": 1e-3, "epochs": EPOCHS, "batch_tokens": 30, "max_seq_len": 32, "checkpoint_every": 5, "log_every": 1,
-         "eval_samples": 1, "seed": 3, "dtype": "float32", "keep_checkpoints": 3,
+TRAIN = {"ttt_steps": 2, "lr": 1e-3, "epochs": EPOCHS, "batch_tokens": 30, "max_seq_len": 32, "checkpoint_every": 5,
+         "log_every": 1, "eval_samples": 1, "seed": 3, "dtype": "float32", "keep_checkpoints": 3,
          "model": {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128}}  # fmt: skip
 
 
@@ -239,7 +239,8 @@ def test_kill_9_of_the_rolling_loop_inside_a_window_resumes_to_the_same_drafter(
         "import sys; from pathlib import Path\n"
         "from eagle3_pipeline_tests.drafter.test_rolling import Phases, load_target\n"
         f"model = Path({str(local_model)!r})\n"
-        f"Phases(Path({str(data)!r}), Path({str(data / 'kill9')!r}), model, load_target(str(model), 'SmolLM2-135M-Instruct', device='cpu')).roll()\n"
+        f"Phases(Path({str(data)!r}), Path({str(data / 'kill9')!r}), model, load_target(str(model), "
+        "'SmolLM2-135M-Instruct', device='cpu')).roll()\n"
     )
     log = (data / "kill9.log").open("w")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -310,11 +311,12 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"
     path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n  - {id: B1, source: a.jsonl}\n"
+        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
+        "  - {id: B1, source: a.jsonl}\n"
         "hidden_states: {shard_tokens: 200, spot_check_samples: 1, device: cpu, rolling_window_shards: 1}\n"
         "draft_vocab: {size: 256}\n"
-        "drafter: {ttt_steps: 2, epochs: 1, batch_tokens: 30, max_seq_len: 32, checkpoint_every: 50, log_every: 1, eval_samples: 1, "
-        "model: {num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 128}}\n"
+        "drafter: {ttt_steps: 2, epochs: 1, batch_tokens: 30, max_seq_len: 32, checkpoint_every: 50, log_every: 1, "
+        "eval_samples: 1, model: {num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 128}}\n"
     )
     config = load_config(path)
     train = [sample_rows("a", 3, seed=1, max_len=12), sample_rows("b", 3, seed=2, max_len=12)]
@@ -351,7 +353,8 @@ def test_rolling_with_the_users_extraction_command_is_refused_by_name(tmp_path: 
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: m}\ndatasets: [{id: B1, source: a.jsonl}]\nhidden_states: {rolling_window_shards: 4}\n"
+        "name: t\nartifacts_root: out\ntarget: {model: m}\ndatasets: [{id: B1, source: a.jsonl}]\n"
+        "hidden_states: {rolling_window_shards: 4}\n"
         "compute: {kind: command, host: {hostname: h}, workdir: /w, artifacts_root: /a, command: 'extract {spec}'}\n"
     )
     with pytest.raises(

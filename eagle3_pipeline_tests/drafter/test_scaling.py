@@ -125,8 +125,10 @@ def two_backend_pipeline(folder: Path) -> Path:
         "artifacts_root": "out",
         "target": {"model": "vendor/model", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [
-            {"name": "box", "base_url": "http://127.0.0.1:9/v1", "price": {"prompt_per_mtok": 0.1, "completion_per_mtok": 0.2}},
-            {"name": "api", "base_url": "http://127.0.0.2:9/v1", "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0}},
+            {"name": "box", "base_url": "http://127.0.0.1:9/v1",
+             "price": {"prompt_per_mtok": 0.1, "completion_per_mtok": 0.2}},
+            {"name": "api", "base_url": "http://127.0.0.2:9/v1",
+             "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0}},
         ]},
         "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
         "datasets": [{"id": "B1", "source": "p.jsonl"}, {"id": "B2", "source": "p.jsonl"}],
@@ -145,7 +147,8 @@ def write_answers(config: Any, dataset: str, endpoint: str, times: list[float], 
 def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_prices(tmp_path: Path) -> None:
     config = load_config(two_backend_pipeline(tmp_path))
     assert data_scaling(config).startswith("τ against training data: no curve under")  # type: ignore[union-attr]
-    # box: 3 answers of 50 tokens over 2 s -> 50 tok/s; api: 3 of 100 over 1 s -> 200 tok/s (planning.observed_throughput).
+    # box: 3 answers of 50 tokens over 2 s -> 50 tok/s; api: 3 of 100 over 1 s -> 200 tok/s
+    # (planning.observed_throughput).
     write_answers(config, "B1", "http://127.0.0.1:9/v1", [1000.0, 1001.0, 1002.0], completion=50, prompt=20)
     write_answers(config, "B2", "http://127.0.0.2:9/v1", [1000.0, 1000.5, 1001.0], completion=100, prompt=10)
     measured = throughput_evidence(config, checkpoint_records(config))
@@ -228,8 +231,8 @@ from eagle3_pipeline.testing.tiny_store import random_target
 from eagle3_pipeline_tests.drafter.test_train import ListReporter
 
 MAX_SEQ_LEN = 16
-SETTINGS = {"ttt_steps": 3, "lr": 3e-3, "epochs": 2, "batch_tokens": 48, "max_seq_len": MAX_SEQ_LEN, "checkpoint_every": 2,
-            "keep_checkpoints": 3, "log_every": 1, "eval_samples": 3, "seed": 1}  # fmt: skip
+SETTINGS = {"ttt_steps": 3, "lr": 3e-3, "epochs": 2, "batch_tokens": 48, "max_seq_len": MAX_SEQ_LEN,
+            "checkpoint_every": 2, "keep_checkpoints": 3, "log_every": 1, "eval_samples": 3, "seed": 1}  # fmt: skip
 
 
 def two_dataset_store(root: Path) -> tuple[HiddenStateStore, dict[str, tuple[str, int]]]:

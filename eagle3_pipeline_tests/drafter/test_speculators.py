@@ -24,8 +24,8 @@ def _target(folder: Path, embedding: torch.Tensor) -> Path:
     from safetensors.torch import save_file
 
     folder.mkdir()
-    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192,
-              "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 80, "hidden_size": 48,
+              "max_position_embeddings": 8192, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
               "num_attention_heads": 6, "intermediate_size": 96, "num_hidden_layers": 30}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     save_file({"model.embed_tokens.weight": embedding}, str(folder / "model.safetensors"))

@@ -105,7 +105,8 @@ def test_two_torchrun_processes_end_with_the_weights_of_one_process(tmp_path: Pa
     assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
     two = _metadata(log)
     print(
-        f"\n-- 1 process: loss {one['first_loss']:.5f} -> {one['last_loss']:.5f}; 2 processes: {two['first_loss']:.5f} -> {two['last_loss']:.5f}"
+        f"\n-- 1 process: loss {one['first_loss']:.5f} -> {one['last_loss']:.5f}; "
+        f"2 processes: {two['first_loss']:.5f} -> {two['last_loss']:.5f}"
     )
     assert two["processes"] == 2 and one["processes"] == 1
     assert two["steps"] == one["steps"] == len(plan)
@@ -150,7 +151,8 @@ def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does
 
     unbroken = run(_elsewhere(spec, tmp_path / "unbroken"), ListReporter())
     print(
-        f"\n-- killed after step {killed_after}, resumed from {last_step}; {second['steps']} steps, last loss {second['last_loss']:.5f} (unbroken {unbroken['last_loss']:.5f})"
+        f"\n-- killed after step {killed_after}, resumed from {last_step}; {second['steps']} steps, "
+        f"last loss {second['last_loss']:.5f} (unbroken {unbroken['last_loss']:.5f})"
     )
     assert second["steps"] == unbroken["steps"] > last_step
     assert second["last_loss"] == pytest.approx(unbroken["last_loss"], rel=1e-4)

@@ -130,7 +130,8 @@ def _assert_close(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]
     differences = _differences(ours, theirs)
     worst = max(differences, key=lambda name: differences[name][1])
     print(
-        f"-- {what}: largest difference {max(d[0] for d in differences.values()):.2e}; relative to the tensor's scale {differences[worst][1]:.2e} ({worst})"
+        f"-- {what}: largest difference {max(d[0] for d in differences.values()):.2e}; relative to the tensor's scale "
+        f"{differences[worst][1]:.2e} ({worst})"
     )
     bad = {name: d for name, d in differences.items() if d[1] > TOLERANCE}
     assert not bad, f"{what}: differences beyond {TOLERANCE} of the tensor's scale: {bad}"
@@ -200,7 +201,8 @@ def test_the_training_loss_and_its_gradients_equal_the_full_score_loss(
     theirs = reference_ttt_loss(model, batch, lm_head, STEPS)
     theirs_grads = _grads(model, theirs)
     print(
-        f"\n-- {name}, checkpointing {checkpointing}: loss {float(ours.loss.detach()):.7f}, full-score loss {float(theirs.detach()):.7f}"
+        f"\n-- {name}, checkpointing {checkpointing}: loss {float(ours.loss.detach()):.7f}, "
+        f"full-score loss {float(theirs.detach()):.7f}"
     )
     _assert_close({"loss": ours.loss}, {"loss": theirs}, f"{name}, checkpointing {checkpointing}, loss")
     _assert_close(ours_grads, theirs_grads, f"{name}, checkpointing {checkpointing}, gradients")

@@ -73,8 +73,10 @@ def test_yarn_matches_transformers_deepseek_v3_at_every_position_up_to_262144() 
     rotary = DeepseekV3RotaryEmbedding(target)
     with torch.device("meta"):
         attention = DeepseekV3Attention(target, layer_idx=0)
-    ours = DrafterConfig(**{**_drafter(text).to_dict(), "head_dim": target.qk_rope_head_dim, "num_attention_heads": 1, "num_key_value_heads": 1,
-                            "hidden_size": 16, "target_hidden_size": 16, "intermediate_size": 16, "vocab_size": 64, "draft_vocab_size": 8})  # fmt: skip
+    ours = DrafterConfig(**{**_drafter(text).to_dict(), "head_dim": target.qk_rope_head_dim,
+                            "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 16,
+                            "target_hidden_size": 16, "intermediate_size": 16, "vocab_size": 64,
+                            "draft_vocab_size": 8})  # fmt: skip
     assert torch.equal(rope_inverse_frequencies(ours), rotary.inv_freq)  # largest difference 0: bitwise equal
 
     positions = torch.arange(POSITIONS)
@@ -123,8 +125,9 @@ def test_the_exported_yarn_is_read_back_as_trained_by_transformers_llama() -> No
     assert torch.equal(rotary.inv_freq, rope_inverse_frequencies(config))
     assert rotary.attention_scaling == rope_attention_factor(config)
     positions = torch.arange(0, POSITIONS, 7)
-    tiny = DrafterConfig(**{**config.to_dict(), "hidden_size": 16, "target_hidden_size": 16, "intermediate_size": 16, "num_attention_heads": 1,
-                            "num_key_value_heads": 1, "vocab_size": 64, "draft_vocab_size": 8})  # fmt: skip
+    tiny = DrafterConfig(**{**config.to_dict(), "hidden_size": 16, "target_hidden_size": 16, "intermediate_size": 16,
+                            "num_attention_heads": 1, "num_key_value_heads": 1, "vocab_size": 64,
+                            "draft_vocab_size": 8})  # fmt: skip
     with torch.no_grad():
         cos, sin = Eagle3Drafter(tiny).rope(positions)
         llama_cos, llama_sin = (t[0] for t in rotary(torch.zeros(1, 1, 1), positions[None]))
@@ -195,8 +198,9 @@ def test_drafter_model_overrides_replace_the_targets_rope_and_shape() -> None:
         rope_scaling={"rope_type": "yarn", "factor": 32, "original_max_position_embeddings": 8192},
         max_position_embeddings=524288,
     )
-    assert other.rope_scaling == {"rope_type": "yarn", "type": "yarn", "factor": 32.0, "original_max_position_embeddings": 8192,
-                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.0}  # fmt: skip
+    assert other.rope_scaling == {"rope_type": "yarn", "type": "yarn", "factor": 32.0,
+                                  "original_max_position_embeddings": 8192, "beta_fast": 32, "beta_slow": 1,
+                                  "mscale": 1.0, "mscale_all_dim": 0.0}  # fmt: skip
     assert other.max_position_embeddings == 524288
     with pytest.raises(
         TrainError, match=r"drafter.model.max_position_embeddings 131072: expected at least the target's 262144"

@@ -40,7 +40,8 @@ def test_json_shape_progress_and_exit_code_when_healthy(
     checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_text(
-        '{"id": "a", "completion_tokens": 7}\n{"id": "b", "completion_tokens": 5}\n{"id": "a", "completion_tokens": 7}\n{"id": "c", "compl'
+        '{"id": "a", "completion_tokens": 7}\n{"id": "b", "completion_tokens": 5}\n'
+        '{"id": "a", "completion_tokens": 7}\n{"id": "c", "compl'
     )
     result = status(config.source_file, "--json")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -64,7 +64,8 @@ def _pipeline(tmp_path: Path, training_tokens: int | None, extra: str = "") -> P
     target = tmp_path / "kimi"
     target.mkdir(parents=True)
     (target / "config.json").write_text(json.dumps({"text_config": {
-        "num_hidden_layers": 61, "hidden_size": KIMI_HIDDEN, "vocab_size": 163840, "num_attention_heads": 64, "intermediate_size": 18432}}))  # fmt: skip
+        "num_hidden_layers": 61, "hidden_size": KIMI_HIDDEN, "vocab_size": 163840, "num_attention_heads": 64,
+        "intermediate_size": 18432}}))  # fmt: skip
     (tmp_path / "a.jsonl").write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"}]}) + "\n")
     if training_tokens is not None:
         (tmp_path / "out" / "training_data").mkdir(parents=True)
@@ -105,7 +106,8 @@ def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path
     )
     assert local.free_bytes is not None and "on this machine" in local.free_where
     extra = (
-        "compute: {kind: command, command: 'echo {output_dir}', host: {hostname: gpu, username: u}, workdir: /w, artifacts_root: /a}\n"
+        "compute: {kind: command, command: 'echo {output_dir}', host: {hostname: gpu, username: u}, workdir: /w, "
+        "artifacts_root: /a}\n"
         "hidden_states: {model: /models/Kimi-K2.5}\n"
     )
     remote = config_disk_plan(load_config(_pipeline(tmp_path / "remote", KIMI_TOKENS, extra)), {}, {})
@@ -116,8 +118,10 @@ def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path
     missing = tmp_path / "missing"
     missing.mkdir()
     (missing / "a.jsonl").write_text("")
-    (missing / "p.yaml").write_text(f"name: t\nartifacts_root: {missing / 'out'}\ntarget: {{model: kimi, tokenizer: {missing / 'nowhere'}}}\n"
-                                    "inference: {kind: endpoints, endpoints: [{name: a, base_url: 'http://127.0.0.1:1/v1'}]}\n"
+    (missing / "p.yaml").write_text(f"name: t\nartifacts_root: {missing / 'out'}\n"
+                                    f"target: {{model: kimi, tokenizer: {missing / 'nowhere'}}}\n"
+                                    "inference: {kind: endpoints, endpoints: [{name: a, "
+                                    "base_url: 'http://127.0.0.1:1/v1'}]}\n"
                                     "datasets:\n  - {id: B1, source: a.jsonl}\n")  # fmt: skip
     unknown = config_disk_plan(load_config(missing / "p.yaml"), {}, {})
     assert isinstance(unknown, str) and unknown.startswith(

@@ -64,7 +64,11 @@ def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_mod
 
 
 def test_failed_checks_block_the_run(tmp_path: Path, local_model: Path) -> None:
-    extra = "draft_vocab: {size: 2}\nhidden_states: {shard_tokens: 100, spot_check_samples: 1, spot_check_tolerance: 1.0e-12, device: cpu, validation: {samples: 0}}\n"
+    extra = (
+        "draft_vocab: {size: 2}\n"
+        "hidden_states: {shard_tokens: 100, spot_check_samples: 1, spot_check_tolerance: 1.0e-12, device: cpu, "
+        "validation: {samples: 0}}\n"
+    )
     assets = pipeline(tmp_path, extra)
     resources = pipeline_resources(tmp_path / "pipeline.yaml")
     vocab = dg.materialize(

@@ -163,7 +163,10 @@ def test_nan_states_name_the_shard_and_sample(data: Path, tmp_path: Path, target
     try:
         with pytest.raises(
             ExtractionError,
-            match=rf"shard-00000 \(train, train-00000.parquet row 0\): sample {rows[0]['id']}: aux_hidden_states holds NaN",
+            match=(
+                r"shard-00000 \(train, train-00000.parquet row 0\): sample "
+                rf"{rows[0]['id']}: aux_hidden_states holds NaN"
+            ),
         ):
             extract_shard(
                 HiddenStateStore(tmp_path / "store"),

@@ -74,10 +74,13 @@ def test_hidden_states_then_the_drafter_from_an_fp8_store(tmp_path: Path, local_
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"
     path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n  - {id: B1, source: a.jsonl}\n"
+        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
+        "  - {id: B1, source: a.jsonl}\n"
         "draft_vocab: {size: 64}\n"
-        "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, storage_dtype: float8_e4m3, validation: {samples: 0}}\n"
-        "drafter: {ttt_steps: 2, epochs: 2, batch_tokens: 64, max_seq_len: 16, log_every: 1, checkpoint_every: 100, lr: 0.003, nproc_per_node: 1}\n"
+        "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, storage_dtype: float8_e4m3, "
+        "validation: {samples: 0}}\n"
+        "drafter: {ttt_steps: 2, epochs: 2, batch_tokens: 64, max_seq_len: 16, log_every: 1, checkpoint_every: 100, "
+        "lr: 0.003, nproc_per_node: 1}\n"
     )
     config = load_config(path)
     train, evals = [sample_rows("a", 4, seed=1, max_len=12)], [sample_rows("e", 1, seed=2, max_len=12)]

@@ -151,7 +151,8 @@ def test_the_worker_writes_the_transformers_extractors_bytes(standin: None, tmp_
     theirs = run(transformers_spec(data, tmp_path / "transformers", local_model, name), Recorder())
     figures = assert_same_store(tmp_path / "sglang", tmp_path / "transformers")
     print(
-        f"\n-- byte-identical stores (SmolLM2, Llama family): {figures}, {ours['samples']} samples, {ours['tokens']} tokens, "
+        f"\n-- byte-identical stores (SmolLM2, Llama family): {figures}, {ours['samples']} samples, "
+        f"{ours['tokens']} tokens, "
         f"{ours['shards']} shards; aux {ours['aux_layer_ids']}"
     )
     print("-- capture record:", ours["capture"])
@@ -232,7 +233,10 @@ def test_another_sglang_version_a_name_not_listed_and_a_wrong_launch_are_refused
     monkeypatch.setattr(sglang.version, "__version__", "0.5.23")
     with pytest.raises(
         SGLangError,
-        match=r"hidden_states.sglang_python: this python has sglang 0.5.23; the worker is written against sglang==0.5.14",
+        match=(
+            r"hidden_states.sglang_python: this python has sglang 0.5.23; the worker is "
+            r"written against sglang==0.5.14"
+        ),
     ):
         SGLangApi()
     monkeypatch.setattr(sglang.version, "__version__", SGLANG_VERSION)

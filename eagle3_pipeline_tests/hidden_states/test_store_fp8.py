@@ -172,7 +172,8 @@ def test_bytes_per_token_formula_matches_a_real_store_within_one_percent(tmp_pat
     writer = ShardWriter(tmp_path, 0, dtype)
     for i in range(4):
         writer.add(f"s{i}", "B1", "train", torch.arange(n // 4), torch.ones(n // 4, dtype=torch.uint8),
-                   torch.randn(n // 4, 3 * hidden_size, generator=g), torch.randn(n // 4, hidden_size, generator=g))  # fmt: skip
+                   torch.randn(n // 4, 3 * hidden_size, generator=g),
+                   torch.randn(n // 4, hidden_size, generator=g))  # fmt: skip
     measured = writer.close() / n
     formula = bytes_per_token(hidden_size, 3, dtype)
     assert abs(measured / formula - 1) < 0.01, (measured, formula)

@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 NAME = "SmolLM2-135M-Instruct"
 TEXTS = [
-    "The capital of France is Paris. It is known for the Eiffel Tower and its museums, and many people visit it every year.",
+    "The capital of France is Paris. It is known for the Eiffel Tower and its museums, and "
+    "many people visit it every year.",
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # prints the sum of two numbers",
     "Water boils at one hundred degrees Celsius at sea level, and it freezes at zero degrees.",
     "Once upon a time there was a little girl who lived in a village near the forest with her grandmother.",
@@ -240,7 +241,8 @@ def test_correct_states_pass_and_the_metadata_says_how_well(recorded: Path, tmp_
     )
     assert any("validated against http://127.0.0.1" in line for line in report.lines)
     print(
-        f"correct states: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties"
+        f"correct states: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, "
+        f"{meta['serving_near_ties']} near-ties"
     )
 
 
@@ -360,7 +362,8 @@ def test_against_the_embedded_transformers_serve_the_same_way(
         meta["serving_near_ties_known"] is False and meta["serving_positions"] + meta["serving_unknown_positions"] == 24
     )
     print(
-        f"embedded: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_unknown_positions']} not one token"
+        f"embedded: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, "
+        f"{meta['serving_unknown_positions']} not one token"
     )
     parsed = parse_spec({**spec(data, tmp_path / "broken", local_model), "validation": settings.model_dump()})
     opened = TrainingData.open(data)
@@ -387,7 +390,8 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"
     path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n  - {id: B1, source: a.jsonl}\n"
+        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
+        "  - {id: B1, source: a.jsonl}\n"
         "hidden_states: {shard_tokens: 200, spot_check_samples: 1, device: cpu, validation: {samples: 2}}\n"
     )
     config = load_config(path)
@@ -449,7 +453,8 @@ def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: 
         meta["serving_validation"] == "passed" and meta["serving_agreement"] >= 0.95 and meta["serving_positions"] > 50
     ), meta
     print(
-        f"kimi: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, {meta['serving_near_ties']} near-ties"
+        f"kimi: {meta['serving_agreement']:.2%} of {meta['serving_positions']} positions, "
+        f"{meta['serving_near_ties']} near-ties"
     )
     parsed = parse_spec({**kimi_spec, "output": str(tmp_path / "broken")})
     opened = TrainingData.open(data)

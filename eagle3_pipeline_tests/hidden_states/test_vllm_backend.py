@@ -120,7 +120,10 @@ def test_a_server_that_runs_other_ids_or_layers_is_refused(
     standin.rewrite_prompt, standin.layer_ids = None, SERVED_LAYERS[:3]
     with pytest.raises(
         VllmError,
-        match=r"hidden_states of shape \[\d+, 3, 576\], expected \[\d+, 4, 576\] .*eagle_aux_hidden_state_layer_ids \[2, 15, 27, 30\]",
+        match=(
+            r"hidden_states of shape \[\d+, 3, 576\], expected \[\d+, 4, 576\] "
+            r".*eagle_aux_hidden_state_layer_ids \[2, 15, 27, 30\]"
+        ),
     ):
         run(vllm_spec(data, tmp_path / "vllm", local_model, standin, folder, overwrite=True), Recorder())
 

@@ -71,7 +71,8 @@ class ScheduleBatch:
         for req in self.reqs:
             if req.fill_len - len(req.prefix_indices) != req.extend_input_len:
                 raise AssertionError(
-                    f"request {req.rid}: fill_len {req.fill_len} != prefix {len(req.prefix_indices)} + extend {req.extend_input_len}"
+                    f"request {req.rid}: fill_len {req.fill_len} != prefix {len(req.prefix_indices)} "
+                    f"+ extend {req.extend_input_len}"
                 )
         self.req_to_token_pool.alloc(len(self.reqs))
         self.token_to_kv_pool_allocator.alloc(sum(req.extend_input_len for req in self.reqs))
