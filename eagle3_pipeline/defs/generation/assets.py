@@ -2,14 +2,13 @@
 
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
-  prompts       → eagle3_pipeline.prompts.load_prompts
+  prompts       → eagle3_pipeline.prompts.write_prompts
   responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.build_training_data
 """
 
 import os
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -34,9 +33,9 @@ from eagle3_pipeline.hidden_states.validation import record_from_first
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
-from eagle3_pipeline.prompts import load_prompts
-from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
-from eagle3_pipeline.results import PromptsResult, ResponsesResult, TrainingDataResult
+from eagle3_pipeline.prompts import write_prompts
+from eagle3_pipeline.records import read_prompts
+from eagle3_pipeline.results import TrainingDataResult
 from eagle3_pipeline.serving import tokenizer_name
 
 PREVIEW_ROWS = 5
@@ -136,30 +135,19 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             check_sources(config, only=[dataset])
         except ConfigError as exc:
             raise dg.Failure(description=str(exc)) from None
-        records, stats = load_prompts(dataset, config.prompts, config.seed)
         path = layout.prompts(dataset.id)
-        write_parquet(prompt_rows(records), PROMPT_SCHEMA, path)
-        classes = Counter(r.length_class for r in records)
+        phase = write_prompts(dataset, config.prompts, config.seed, path)
+        stats = phase.stats
         context.log.info(f"{dataset.id}: {stats.kept} prompts from {stats.read} records ({stats.malformed} malformed)")
-        result = PromptsResult.from_metadata(
-            {
-                **stats.as_metadata(),
-                "short": classes["short"],
-                "long": classes["long"],
-                "estimated_prompt_tokens": sum(r.prompt_tokens_est for r in records),
-                "source": dataset.source,
-                "sampling": "smallest sha256(seed:id) first" if dataset.sample_size else "all records",
-            }
-        )
-        context.resources.phase_listener.result("prompts", dataset.id, result)
+        context.resources.phase_listener.result("prompts", dataset.id, phase.result)
         return dg.MaterializeResult(
             metadata={
-                **result.as_metadata(),
+                **phase.result.as_metadata(),
                 "path": dg.MetadataValue.path(str(path)),
                 "preview": _preview(
                     [
                         {"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]}
-                        for r in records
+                        for r in phase.records
                     ],
                     ["id", "class", "last user turn"],
                 ),
@@ -211,7 +199,18 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
-            result = generate_dataset(on_host, dataset.id, prompt_records, endpoints, sinks, tokenizer)
+            result = generate_dataset(
+                dataset,
+                config.generation,
+                config.target,
+                on_host.inference,
+                layout,
+                prompt_records,
+                endpoints,
+                sinks,
+                tokenizer,
+                host,
+            )
         except FingerprintMismatch as exc:
             fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
             raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
@@ -227,7 +226,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             context.log.warning(
                 f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
             )
-        typed = ResponsesResult.from_metadata({**result.as_metadata(), **({"host": host} if host is not None else {})})
+        typed = result.result
         context.resources.phase_listener.result("responses", dataset.id, typed)
         return dg.MaterializeResult(
             data_version=dg.DataVersion(result.data_version),
@@ -276,8 +275,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 )
             except TokenizerDisagreement as exc:
                 raise dg.Failure(
-                    description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would not hold "
-                    f"the ids the server sees: {exc}"
+                    description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would "
+                    f"not hold the ids the server sees: {exc}"
                 ) from None
             context.log.info(
                 f"tokenizer agreement: {agreement['tokenizer_agreement']} ({agreement['tokenizer_agreement_detail']})"
