@@ -190,14 +190,14 @@ def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] |
 
 
 def training_tokens(
-    config: PipelineConfig,
+    training_data: Path,
     records: Mapping[str, Mapping[str, Mapping[str, Any]]],
     left: Mapping[str, tuple[int | None, int | None]],
 ) -> tuple[int, str] | str:
-    """All ``training_data`` tokens: its manifest's count when it exists, else the answers' prompt
-    and completion tokens so far plus the planner's prompt and completion tokens left per dataset
-    (``left``: dataset → (prompt, completion) tokens left, None when unknown)."""
-    manifest = ArtifactLayout(config.artifacts_root).training_data / "manifest.json"
+    """All tokens of the ``training_data`` folder: its manifest's count when it exists, else the
+    answers' prompt and completion tokens so far plus the planner's prompt and completion tokens
+    left per dataset (``left``: dataset → (prompt, completion) tokens left, None when unknown)."""
+    manifest = training_data / "manifest.json"
     if manifest.is_file():
         tokens = json.loads(manifest.read_text()).get("tokens")
         if isinstance(tokens, int):
@@ -230,7 +230,7 @@ def config_disk_plan(
     if isinstance(found, str):
         return f"hidden-state disk: {found}"
     raw, where = found
-    tokens = training_tokens(config, records, left)
+    tokens = training_tokens(ArtifactLayout(config.artifacts_root).training_data, records, left)
     if isinstance(tokens, str):
         return f"hidden-state disk: {tokens}"
     aux_layers = len(config.hidden_states.aux_layer_ids or (0, 0, 0))

@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import ValidationError
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
+from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetConfig
 from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids, load_target
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import (
@@ -161,17 +161,23 @@ def target_weights(config: PipelineConfig) -> str:
 
 
 def spec_from_config(
-    config: PipelineConfig, training_data: str, output: str, model: str, serving_reference: str | None = None
+    hidden_states: HiddenStatesConfig,
+    target: TargetConfig,
+    training_data: str,
+    output: str,
+    model: str,
+    serving_reference: str | None = None,
 ) -> dict[str, Any]:
-    """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
-    settings = config.hidden_states.model_dump(exclude={"model"})
+    """The phase's spec from the pipeline file's `hidden_states` and `target` sections, with paths as
+    seen where the phase will run."""
+    settings = hidden_states.model_dump(exclude={"model"})
     return {
         **settings,
         "training_data": training_data,
         "output": output,
         "model": model,
-        "target_name": config.target.model,
-        "trust_remote_code": config.target.trust_remote_code,
+        "target_name": target.model,
+        "trust_remote_code": target.trust_remote_code,
         "serving_reference": serving_reference,
     }
 
