@@ -509,8 +509,10 @@ def data_scaling(
     if curve is None or not curve["points"]:
         return f"τ against training data: no curve under {run_dir} (eagle3_drafter writes it at each checkpoint)"
     records = checkpoint_records(config) if records is None else records
-    throughput = throughput_evidence(config, records) if throughput is None else throughput
-    return scaling_table(curve, configured_backends(config), throughput, generated_tokens(records))
+    if throughput is None:
+        throughput = throughput_evidence(config.inference, config.target.model, records)
+    backends = configured_backends(config.inference, config.target.model)
+    return scaling_table(curve, backends, throughput, generated_tokens(records))
 
 
 def data_scaling_markdown(config: PipelineConfig) -> str:
