@@ -117,8 +117,10 @@ class DiskPlan:
         table = [["backend", "storage dtype", "store GB", "transient GB", "peak GB", "fits", ""]]
         for r in self.rows:
             fits = self.fits(r)
-            table.append([r.backend, r.dtype, f"{r.store_bytes / GB:,.1f}", f"{r.transient_bytes / GB:,.1f}", f"{r.peak_bytes / GB:,.1f}",
-                          "unknown" if fits is None else ("yes" if fits else "NO"), "<- configured" if (r.backend, r.dtype) == self.configured else ""])  # fmt: skip
+            fits_text = "unknown" if fits is None else ("yes" if fits else "NO")
+            marker = "<- configured" if (r.backend, r.dtype) == self.configured else ""
+            sizes = [f"{r.store_bytes / GB:,.1f}", f"{r.transient_bytes / GB:,.1f}", f"{r.peak_bytes / GB:,.1f}"]
+            table.append([r.backend, r.dtype, *sizes, fits_text, marker])
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
         notes = sorted({f"{r.backend}: {r.note}" for r in self.rows})
@@ -186,7 +188,8 @@ def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] |
                 return read_config(model), model
             except TargetError as exc:
                 return f"unknown: {exc}"
-    return f"unknown: no target config.json on this machine (looked in {', '.join(tried) or 'nothing: set hidden_states.model or target.tokenizer'})"
+    looked = ", ".join(tried) or "nothing: set hidden_states.model or target.tokenizer"
+    return f"unknown: no target config.json on this machine (looked in {looked})"
 
 
 def training_tokens(
@@ -241,7 +244,8 @@ def config_disk_plan(
     else:
         free, free_where = (
             None,
-            f"the store is on the GPU host (compute.kind {config.compute.kind}): the phase's preflight measures it there",
+            f"the store is on the GPU host (compute.kind {config.compute.kind}): "
+            "the phase's preflight measures it there",
         )
     return disk_plan(
         hidden_size,
