@@ -383,7 +383,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
         return 1
-    throughput = throughput_evidence(config, records)
+    throughput = throughput_evidence(config.inference, config.target.model, records)
     failed: dict[str, str] = {}
     if args.calibrate:
         from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config

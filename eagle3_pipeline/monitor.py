@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import HealthConfig, InferenceConfig, PipelineConfig
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import (
     GenerationTarget,
@@ -37,10 +38,11 @@ class UnhealthyError(RuntimeError):
         self.report = report
 
 
-def thresholds_for(config: PipelineConfig) -> HealthThresholds:
-    health = config.health
+def thresholds_for(health: HealthConfig, artifacts_root: Path) -> HealthThresholds:
+    """The tick's thresholds from the `health` section; a local host watches `artifacts_root`
+    for progress unless `health.watch_dir` names another folder."""
     local = health.host.kind == "local"
-    watch = health.watch_dir or (str(config.artifacts_root) if local else None)
+    watch = health.watch_dir or (str(artifacts_root) if local else None)
     return HealthThresholds(
         expected_gpus=health.expected_gpus,
         min_disk_free_gb=health.min_disk_free_gb,
@@ -62,21 +64,24 @@ def _key(variable: str | None) -> str | None:
     return os.environ.get(variable) if variable else None
 
 
-def generation_targets(config: PipelineConfig, sending_to: Sequence[Endpoint] | None = None) -> list[GenerationTarget]:
+def generation_targets(
+    inference: InferenceConfig, target_model: str, sending_to: Sequence[Endpoint] | None = None
+) -> list[GenerationTarget]:
     """Every server work is sent to: `sending_to` when the caller knows (the endpoints a run has
-    resolved: the embedded server once up, or an override), else each configured endpoint."""
+    resolved: the embedded server once up, or an override), else each configured endpoint (whose
+    model defaults to `target_model`)."""
     if sending_to is not None:
         return [GenerationTarget(base_url=e.base_url, model=e.model, api_key=e.api_key) for e in sending_to]
-    if config.inference.kind != "endpoints":
+    if inference.kind != "endpoints":
         return []
     return [
         GenerationTarget(
             base_url=entry.base_url,
-            model=entry.model or config.target.model,
+            model=entry.model or target_model,
             api_key=_key(entry.api_key_env),
             api_key_env=entry.api_key_env,
         )
-        for entry in config.inference.endpoints
+        for entry in inference.endpoints
     ]
 
 
@@ -122,7 +127,7 @@ class HealthMonitor:
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
-        self.thresholds = thresholds_for(config)
+        self.thresholds = thresholds_for(config.health, config.artifacts_root)
         self._host: Host | None = None
 
     @property
@@ -141,7 +146,7 @@ class HealthMonitor:
         generation are checked); `sending_to` the endpoints work is about to go to, when a run has
         resolved them (default: the configured ones). With the embedded profile and no server up,
         `generation` is UNKNOWN and optional: the run that starts the server probes it first."""
-        targets = generation_targets(self.config, sending_to)
+        targets = generation_targets(self.config.inference, self.config.target.model, sending_to)
         deferred = EMBEDDED_NOT_RUNNING if self.config.inference.kind == "embedded" and running is None else None
         spec = server_spec_for(self.config, running)
         return run_health_tick(self.host, spec, self.thresholds, state, targets=targets, deferred=deferred)
@@ -169,7 +174,8 @@ def report_markdown(report: HealthReport) -> str:
     if gpus:
         lines += [
             "",
-            "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. | pages pending | remap pending | remap failed |",
+            "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. | pages pending | remap pending "
+            "| remap failed |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [

@@ -11,13 +11,23 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig
-from eagle3_pipeline.records import Message, PromptRecord, content_id, message
+from eagle3_pipeline.records import (
+    PROMPT_SCHEMA,
+    Message,
+    PromptRecord,
+    content_id,
+    message,
+    prompt_rows,
+    write_parquet,
+)
+from eagle3_pipeline.results import PromptsResult
 
 SHAREGPT_ROLES = {
     "system": "system",
@@ -289,6 +299,33 @@ def load_prompts(ds: DatasetConfig, settings: PromptsConfig, seed: int) -> tuple
         records = [r for r in records if r.id in kept_ids]
     stats.kept = len(records)
     return records, stats
+
+
+@dataclass(frozen=True)
+class PromptsPhase:
+    """The prompts phase of one dataset: the records written, how they were read, the typed result."""
+
+    records: list[PromptRecord]
+    stats: LoadStats
+    result: PromptsResult
+
+
+def write_prompts(ds: DatasetConfig, settings: PromptsConfig, seed: int, path: Path) -> PromptsPhase:
+    """The prompts phase of one dataset: :func:`load_prompts`, then the table at ``path``."""
+    records, stats = load_prompts(ds, settings, seed)
+    write_parquet(prompt_rows(records), PROMPT_SCHEMA, path)
+    classes = Counter(r.length_class for r in records)
+    result = PromptsResult.from_metadata(
+        {
+            **stats.as_metadata(),
+            "short": classes["short"],
+            "long": classes["long"],
+            "estimated_prompt_tokens": sum(r.prompt_tokens_est for r in records),
+            "source": ds.source,
+            "sampling": "smallest sha256(seed:id) first" if ds.sample_size else "all records",
+        }
+    )
+    return PromptsPhase(records, stats, result)
 
 
 def sample_key(seed: int, record_id: str) -> str:

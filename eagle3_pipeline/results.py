@@ -24,9 +24,11 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from eagle3_pipeline.generation.progress import Progress
+if TYPE_CHECKING:
+    # Only in annotations: the domain modules import this one (and generation's __init__ imports them).
+    from eagle3_pipeline.generation.progress import Progress
 
 
 class ResultError(ValueError):

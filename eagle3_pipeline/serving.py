@@ -198,7 +198,8 @@ class EmbeddedServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerStartError(
-                    f"transformers serve exited with code {self.process.returncode}; log {self.log_path}:\n{self.log_tail()}"
+                    f"transformers serve exited with code {self.process.returncode}; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
                 probe_completion(self.base_url, self.model, timeout_s=60)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
-from eagle3_pipeline.generation import Price, ResponseCheckpoint, generate_dataset
+from eagle3_pipeline.generation import DatasetResult, Endpoint, Price, ResponseCheckpoint, generate_dataset
 from eagle3_pipeline.generation.estimate import cost_of, estimate_left
 from eagle3_pipeline.generation.failover import FailoverSettings
 from eagle3_pipeline.layout import ArtifactLayout
@@ -165,7 +166,7 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         assert "unknown" in next(line for line in text.splitlines() if "no-price" in line and line.startswith("B1"))
 
         # After a run, the checkpoint is the evidence: no calibration needed.
-        generate_dataset(config, "B1", prompts[:20], lambda: endpoints_from_config(config)[1:2])
+        run_dataset(config, prompts[:20], lambda: endpoints_from_config(config)[1:2])
         evidence = by_backend(json.loads(plan_cli(path, "--json")))
         assert evidence["fast-api"]["throughput_source"].startswith("checkpoint: 20 answers")
         assert evidence["slow-box"]["tokens_per_s"] == "unknown"
@@ -174,12 +175,21 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         unpriced.stop()
 
 
+def run_dataset(
+    config: PipelineConfig, prompts: list[PromptRecord], endpoints: Callable[[], Sequence[Endpoint]]
+) -> DatasetResult:
+    """`generate_dataset` of B1, given the slices of `config` it reads."""
+    layout = ArtifactLayout(config.artifacts_root)
+    dataset = config.dataset("B1")
+    return generate_dataset(dataset, config.generation, config.target, config.inference, layout, prompts, endpoints)
+
+
 def failover_run(
     tmp_path: Path, slow: FakeOpenAI, fast: FakeOpenAI, failover: dict[str, Any], n: int = 60, **generation: Any
 ) -> tuple[PipelineConfig, Any]:
     config = load_config(write_pipeline(tmp_path, slow, fast, failover, **generation))
     prompts = materialize_prompts(config, n)
-    result = generate_dataset(config, "B1", prompts, lambda: endpoints_from_config(config))
+    result = run_dataset(config, prompts, lambda: endpoints_from_config(config))
     return config, result
 
 
@@ -288,7 +298,8 @@ def test_failover_refuses_backends_of_different_models(tmp_path: Path, servers: 
         load_config(path)
     document["generation"]["failover"] = {"backends": [1, 0], "deadline": "2030-01-02T03:04:05+00:00"}
     path.write_text(json.dumps(document))
-    settings = FailoverSettings.from_config(load_config(path), "B1", tmp_path / "f.jsonl")
+    loaded = load_config(path)
+    settings = FailoverSettings.from_config(loaded.generation, loaded.inference, "B1", tmp_path / "f.jsonl")
     assert settings is not None and settings.names == ["fast-api", "slow-box"]
     assert settings.deadline_at == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
     document["generation"]["failover"]["deadline_s"] = 60

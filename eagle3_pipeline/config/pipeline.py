@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,7 @@ from eagle3_pipeline.config.base import DATASET_ID_PATTERN, ConfigError, ConfigM
 from eagle3_pipeline.config.compute import ComputeConfig
 from eagle3_pipeline.config.drafter import DrafterBenchmarkConfig, DrafterConfig, DrafterEvalConfig
 from eagle3_pipeline.config.eagle3 import DraftVocabConfig, HiddenStatesConfig, TrainingDataConfig
-from eagle3_pipeline.config.generation import DatasetConfig, GenerationConfig, PromptsConfig
+from eagle3_pipeline.config.generation import DatasetConfig, FailoverConfig, GenerationConfig, PromptsConfig
 from eagle3_pipeline.config.health import HealthConfig
 from eagle3_pipeline.config.inference import EndpointConfig, InferenceConfig, TargetConfig
 from eagle3_pipeline.config.ops import AlertsConfig, DeployConfig, LaunchConfig, ScheduleConfig
@@ -120,31 +121,7 @@ class PipelineConfig(ConfigModel):
 
     def failover_order(self) -> list[int]:
         """The indices into ``inference.endpoints`` of ``generation.failover.backends``, in order."""
-        failover = self.generation.failover
-        if failover is None:
-            return []
-        endpoints = self.inference.endpoints
-        names = {e.name: i for i, e in enumerate(endpoints) if e.name}
-        order: list[int] = []
-        for ref in failover.backends:
-            if isinstance(ref, int):
-                if not 0 <= ref < len(endpoints):
-                    raise ValueError(
-                        f"generation.failover.backends: index {ref} is not in inference.endpoints "
-                        f"(0..{len(endpoints) - 1})"
-                    )
-                index = ref
-            elif ref in names:
-                index = names[ref]
-            else:
-                raise ValueError(
-                    f"generation.failover.backends: {ref!r} names no entry of inference.endpoints (known names: "
-                    f"{sorted(names)})"
-                )
-            if index in order:
-                raise ValueError(f"generation.failover.backends: {ref!r} is listed twice")
-            order.append(index)
-        return order
+        return failover_order(self.generation.failover, self.inference.endpoints)
 
     @model_validator(mode="after")
     def _rolling_extracts_with_our_phase(self) -> PipelineConfig:
@@ -247,3 +224,29 @@ def check_runtime(config: PipelineConfig) -> None:
     """What a run needs from its environment: readable source files and set API-key variables."""
     check_sources(config)
     check_secrets(config)
+
+
+def failover_order(failover: FailoverConfig | None, endpoints: Sequence[EndpointConfig]) -> list[int]:
+    """The indices into ``endpoints`` (``inference.endpoints``) of ``failover.backends``, in order."""
+    if failover is None:
+        return []
+    names = {e.name: i for i, e in enumerate(endpoints) if e.name}
+    order: list[int] = []
+    for ref in failover.backends:
+        if isinstance(ref, int):
+            if not 0 <= ref < len(endpoints):
+                raise ValueError(
+                    f"generation.failover.backends: index {ref} is not in inference.endpoints (0..{len(endpoints) - 1})"
+                )
+            index = ref
+        elif ref in names:
+            index = names[ref]
+        else:
+            raise ValueError(
+                f"generation.failover.backends: {ref!r} names no entry of inference.endpoints (known names: "
+                f"{sorted(names)})"
+            )
+        if index in order:
+            raise ValueError(f"generation.failover.backends: {ref!r} is listed twice")
+        order.append(index)
+    return order

@@ -238,23 +238,27 @@ def fit_tau(dataset: str, tokens: Iterable[float], taus: Iterable[float], k: int
     if a <= 0 or rise <= 2 * sd:
         return NoFit(
             dataset,
-            f"no improvement yet (fitted rise {rise:+.3f} from the second checkpoint to the last, residual sd {sd:.3f}): "
+            f"no improvement yet (fitted rise {rise:+.3f} from the second checkpoint to the last, "
+            f"residual sd {sd:.3f}): "
             "a flat curve cannot tell what new data would add",
         )
     if b >= B_RANGE[1] * 0.99:
         return NoFit(
             dataset,
-            f"no improvement yet after the first checkpoint (the curve is a step: exponent b at its bound {B_RANGE[1]:g})",
+            "no improvement yet after the first checkpoint "
+            f"(the curve is a step: exponent b at its bound {B_RANGE[1]:g})",
         )
     if b <= B_RANGE[0] * 1.01:
         return NoFit(
             dataset,
-            f"no saturation visible (exponent b at its bound {B_RANGE[0]:g}: a line in log N, its ceiling undetermined)",
+            f"no saturation visible (exponent b at its bound {B_RANGE[0]:g}: "
+            "a line in log N, its ceiling undetermined)",
         )
     if tau_inf > k + 1:
         return NoFit(
             dataset,
-            f"no saturation visible (fitted ceiling {tau_inf:.2f} > K+1 = {k + 1}): the data do not say where it levels off",
+            f"no saturation visible (fitted ceiling {tau_inf:.2f} > K+1 = {k + 1}): "
+            "the data do not say where it levels off",
         )
     jacobian = np.stack([np.ones_like(x), -(x ** (-b)), a * x ** (-b) * np.log(x)], axis=1)
     try:
@@ -361,7 +365,8 @@ class ScalingTable:
 
     def fitted(self) -> list[str]:
         return [
-            f"{d}: τ∞ {f.tau_inf:.2f}, a {f.a:.3f}, b {f.b:.2f} over {f.points} checkpoints (residual sd {f.residual_sd:.3f}, "
+            f"{d}: τ∞ {f.tau_inf:.2f}, a {f.a:.3f}, b {f.b:.2f} over {f.points} checkpoints "
+            f"(residual sd {f.residual_sd:.3f}, "
             f"{f.eval_steps} eval verify steps)"
             for d, f in self.fits.items()
             if isinstance(f, PowerFit)
@@ -477,8 +482,9 @@ def scaling_table(
         table.notes.append("completion tokens generated per training token: " + ", ".join(ratios))
     if table.purchases:
         table.notes.append(
-            "interval: t(n−3) × √(SE_fit² + SE_eval²); SE_eval bounds the eval set's sampling error ((τ−1)(K+1−τ) per verify step, "
-            "steps taken as independent); it assumes the model: the curve counts repeated epochs as tokens seen, and a curve "
+            "interval: t(n−3) × √(SE_fit² + SE_eval²); SE_eval bounds the eval set's sampling error "
+            "((τ−1)(K+1−τ) per verify step, steps taken as independent); it assumes the model: "
+            "the curve counts repeated epochs as tokens seen, and a curve "
             "flattened by over-fitting understates what new data adds"
         )
     return table
@@ -509,8 +515,10 @@ def data_scaling(
     if curve is None or not curve["points"]:
         return f"τ against training data: no curve under {run_dir} (eagle3_drafter writes it at each checkpoint)"
     records = checkpoint_records(config) if records is None else records
-    throughput = throughput_evidence(config, records) if throughput is None else throughput
-    return scaling_table(curve, configured_backends(config), throughput, generated_tokens(records))
+    if throughput is None:
+        throughput = throughput_evidence(config.inference, config.target.model, records)
+    backends = configured_backends(config.inference, config.target.model)
+    return scaling_table(curve, backends, throughput, generated_tokens(records))
 
 
 def data_scaling_markdown(config: PipelineConfig) -> str:

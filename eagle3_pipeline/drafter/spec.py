@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import ComputeConfig, DrafterConfig, PipelineConfig
 
 DRAFT_VOCAB_DIR = "draft_vocab"
 HIDDEN_STATES_DIR = "hidden_states"
@@ -26,15 +26,15 @@ class DrafterSpecError(ValueError):
     """The pipeline file does not say enough to build the ``train`` spec; the message names the key."""
 
 
-def target_weights(config: PipelineConfig) -> str:
+def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
     """The target model folder the drafter reads its embedding and lm_head from: `drafter.target_weights`,
     else the embedded model's folder. On a GPU host (`compute.kind` ssh or command) the phase reads
     it there, so the key is then required and names the folder on the host."""
-    if config.drafter.target_weights:
-        return config.drafter.target_weights
-    if config.compute.kind != "local":
+    if drafter.target_weights:
+        return drafter.target_weights
+    if compute.kind != "local":
         raise DrafterSpecError(
-            f"drafter.target_weights: required with compute.kind {config.compute.kind!r}: the target model's folder "
+            f"drafter.target_weights: required with compute.kind {compute.kind!r}: the target model's folder "
             "(config.json + safetensors) on the GPU host; the embedded model's folder is a path on this machine"
         )
     from eagle3_pipeline.serving import local_model_dir
@@ -55,6 +55,6 @@ def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, An
     paths = drafter_paths(root or config.artifacts_root)
     return {
         **{k: str(v) for k, v in paths.items()},
-        "target_weights": target_weights(config),
+        "target_weights": target_weights(drafter, config.compute),
         "settings": settings,
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.config import GenerationConfig, PipelineConfig
+from eagle3_pipeline.config import DatasetConfig, GenerationConfig, InferenceConfig, TargetConfig
 from eagle3_pipeline.generation.budget import BudgetState, budget_state, counted_tokens
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA, response_rows
@@ -33,6 +33,7 @@ from eagle3_pipeline.generation.progress import ProgressSink
 from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, atomic_path, write_parquet
+from eagle3_pipeline.results import ResponsesResult
 
 LISTED_IDS = 50
 
@@ -47,6 +48,12 @@ class DatasetResult:
     lengths: LengthCheck
     held_back: list[str]
     kept_aside: Path | None
+    host: str | None = None
+
+    @property
+    def result(self) -> ResponsesResult:
+        """The phase's typed result: what the asset records and the CLI's summary reads."""
+        return ResponsesResult.from_metadata(self.as_metadata())
 
     def as_metadata(self) -> dict[str, Any]:
         rows = self.rows
@@ -80,6 +87,7 @@ class DatasetResult:
             "length_estimate_fallbacks": self.lengths.fallbacks,
             "longest_prompt_tokens_est": self.lengths.longest,
             "held_back_by_budget": len(self.held_back),
+            **({"host": self.host} if self.host is not None else {}),
         }
 
 
@@ -92,15 +100,20 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def generate_dataset(
-    config: PipelineConfig,
-    dataset_id: str,
+    dataset: DatasetConfig,
+    settings: GenerationConfig,
+    target: TargetConfig,
+    inference: InferenceConfig,
+    layout: ArtifactLayout,
     prompts: Sequence[PromptRecord],
     resolve_endpoints: Callable[[], Sequence[Endpoint]],
     sinks: Sequence[ProgressSink] = (),
     tokenizer_name: str | None = None,
+    host: str | None = None,
 ) -> DatasetResult:
     """Answer the prompts still missing from the dataset's checkpoint (within its token budget),
-    then write the responses table from the checkpoint.
+    then write the responses table from the checkpoint; ``host`` names the inference host that
+    answered (reported in the result).
 
     Before anything is sent: the checkpoint's generation fingerprint must be the configured one
     (else :class:`FingerprintMismatch`, or the old answers are kept aside under ``new_version``),
@@ -109,28 +122,17 @@ def generate_dataset(
     deadline or sickness (decisions in ``responses/<dataset>.failover.jsonl``).
     Raises :class:`GenerationFailed` if the run was stopped, or if more prompts failed than
     ``max_failed_fraction`` allows; the table is then left as it was."""
-    settings = config.generation
-    dataset = config.dataset(dataset_id)
-    layout = ArtifactLayout(config.artifacts_root)
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
     decision = settle_fingerprint(
         layout,
-        configured_fingerprint(settings, config.target, config.inference),
-        configured_endpoints(config.inference),
+        configured_fingerprint(settings, target, inference),
+        configured_endpoints(inference),
         settings.on_fingerprint_change,
         dataset.id,
         has_answers=bool(checkpoint.load()),
     )
-    lengths = check_lengths(
-        prompts,
-        config.target.max_seq_len,
-        settings.max_tokens,
-        settings.length_estimator,
-        tokenizer_name,
-        config.target.trust_remote_code,
-        settings.chat_template_kwargs,
-    )
-    failover = FailoverSettings.from_config(config, dataset.id, layout.failover(dataset.id))
+    lengths = _check_lengths(prompts, settings, target, tokenizer_name)
+    failover = FailoverSettings.from_config(settings, inference, dataset.id, layout.failover(dataset.id))
     summary = generate(
         lengths.fits,
         resolve_endpoints,
@@ -141,22 +143,56 @@ def generate_dataset(
         sinks,
         failover,
     )
-    allowed = int(settings.max_failed_fraction * len(lengths.fits))
-    if summary.failed > allowed:
-        raise GenerationFailed(
-            f"{dataset.id}: {summary.failed} of {len(lengths.fits)} requests failed (allowed: {allowed}); the finished "
-            f"answers are checkpointed and a rerun retries only the rest. "
-            f"First errors: {'; '.join(summary.error_examples)}. "
-            f"All of them: {layout.errors(dataset.id)}",
-            summary,
-        )
-    rows, held_back = within_budget(response_rows(lengths.fits, checkpoint.load()), dataset.token_budget, settings)
-    write_parquet(rows, RESPONSE_TABLE_SCHEMA, layout.responses(dataset.id))
-    write_accounting(layout.accounting(dataset.id), lengths, held_back)
+    _refuse_too_many_failed(dataset.id, summary, len(lengths.fits), settings.max_failed_fraction, layout)
+    rows, held_back = _write_table(dataset, settings, layout, lengths, checkpoint)
     stored = read_fingerprint(layout.fingerprint(dataset.id))
     version = data_version(stored["fingerprint"] if stored else decision.fingerprint.fields(), rows)
     state = budget_state(rows, dataset.token_budget, settings)
-    return DatasetResult(summary, rows, state, decision.fingerprint, version, lengths, held_back, decision.kept_aside)
+    return DatasetResult(
+        summary, rows, state, decision.fingerprint, version, lengths, held_back, decision.kept_aside, host
+    )
+
+
+def _check_lengths(
+    prompts: Sequence[PromptRecord], settings: GenerationConfig, target: TargetConfig, tokenizer_name: str | None
+) -> LengthCheck:
+    return check_lengths(
+        prompts,
+        target.max_seq_len,
+        settings.max_tokens,
+        settings.length_estimator,
+        tokenizer_name,
+        target.trust_remote_code,
+        settings.chat_template_kwargs,
+    )
+
+
+def _refuse_too_many_failed(
+    dataset_id: str, summary: GenerationSummary, sent: int, max_failed_fraction: float, layout: ArtifactLayout
+) -> None:
+    allowed = int(max_failed_fraction * sent)
+    if summary.failed > allowed:
+        raise GenerationFailed(
+            f"{dataset_id}: {summary.failed} of {sent} requests failed (allowed: {allowed}); the finished "
+            f"answers are checkpointed and a rerun retries only the rest. "
+            f"First errors: {'; '.join(summary.error_examples)}. "
+            f"All of them: {layout.errors(dataset_id)}",
+            summary,
+        )
+
+
+def _write_table(
+    dataset: DatasetConfig,
+    settings: GenerationConfig,
+    layout: ArtifactLayout,
+    lengths: LengthCheck,
+    checkpoint: ResponseCheckpoint,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The responses table (and its accounting) from the checkpoint: the rows and the ids held back."""
+    rows, held_back = within_budget(response_rows(lengths.fits, checkpoint.load()), dataset.token_budget, settings)
+    write_parquet(rows, RESPONSE_TABLE_SCHEMA, layout.responses(dataset.id))
+    write_accounting(layout.accounting(dataset.id), lengths, held_back)
+    return rows, held_back
 
 
 def within_budget(

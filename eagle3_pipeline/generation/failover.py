@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.config import EndpointConfig, PipelineConfig
+from eagle3_pipeline.config import EndpointConfig, GenerationConfig, InferenceConfig
+from eagle3_pipeline.config.pipeline import failover_order
 from eagle3_pipeline.generation.endpoints import Endpoint
 from eagle3_pipeline.generation.estimate import UNKNOWN, Workload, cost_of
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
@@ -46,9 +47,14 @@ class FailoverSettings:
 
     @classmethod
     def from_config(
-        cls, config: PipelineConfig, dataset_id: str, log_path: Path, now: float | None = None
+        cls,
+        generation: GenerationConfig,
+        inference: InferenceConfig,
+        dataset_id: str,
+        log_path: Path,
+        now: float | None = None,
     ) -> FailoverSettings | None:
-        failover = config.generation.failover
+        failover = generation.failover
         if failover is None:
             return None
         start = time.time() if now is None else now
@@ -59,8 +65,8 @@ class FailoverSettings:
             if failover.deadline
             else None
         )
-        order = config.failover_order()
-        names = [endpoint_label(config.inference.endpoints[i]) for i in order]
+        order = failover_order(failover, inference.endpoints)
+        names = [endpoint_label(inference.endpoints[i]) for i in order]
         return cls(
             dataset_id,
             order,
@@ -83,8 +89,8 @@ class Failover:
     def __init__(self, settings: FailoverSettings, endpoints: Sequence[Endpoint]) -> None:
         if max(settings.order) >= len(endpoints):
             raise ValueError(
-                f"generation.failover names endpoint {max(settings.order)}, but the run has {len(endpoints)} endpoint(s): "
-                "failover needs the pipeline file's inference.endpoints (not a base_url override)"
+                f"generation.failover names endpoint {max(settings.order)}, but the run has {len(endpoints)} "
+                "endpoint(s): failover needs the pipeline file's inference.endpoints (not a base_url override)"
             )
         self.settings = settings
         self.endpoints = [endpoints[i] for i in settings.order]

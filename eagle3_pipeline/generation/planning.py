@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import InferenceConfig, PipelineConfig
 from eagle3_pipeline.generation.budget import counted_tokens
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.client import Completion, attempt_completion, request_body
@@ -51,17 +51,18 @@ class Backend:
         return f"{self.price.prompt_per_mtok:g}/{self.price.completion_per_mtok:g}" if self.price else UNKNOWN
 
 
-def configured_backends(config: PipelineConfig) -> list[Backend]:
-    if config.inference.kind == "embedded":
-        return [Backend(EMBEDDED, EMBEDDED, config.target.model, None)]
+def configured_backends(inference: InferenceConfig, target_model: str) -> list[Backend]:
+    """The backends of the `inference` section (an endpoint's model defaults to `target_model`)."""
+    if inference.kind == "embedded":
+        return [Backend(EMBEDDED, EMBEDDED, target_model, None)]
     return [
         Backend(
             endpoint_label(e),
             endpoint_identity(e.base_url),
-            e.model or config.target.model,
+            e.model or target_model,
             Price(e.price.prompt_per_mtok, e.price.completion_per_mtok) if e.price else None,
         )
-        for e in config.inference.all_endpoints
+        for e in inference.all_endpoints
     ]
 
 
@@ -103,19 +104,15 @@ def checkpoint_records(config: PipelineConfig) -> dict[str, dict[str, dict[str, 
 
 
 def throughput_evidence(
-    config: PipelineConfig, records: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    inference: InferenceConfig, target_model: str, records: Mapping[str, Mapping[str, Mapping[str, Any]]]
 ) -> dict[str, Throughput | None]:
     """Each backend's throughput from the checkpoints' answers (every dataset's), by backend name.
     Answers are matched to a backend by the endpoint they record; the embedded server takes all."""
-    backends = configured_backends(config)
+    backends = configured_backends(inference, target_model)
     by_url: dict[str, list[Mapping[str, Any]]] = {b.base_url: [] for b in backends}
     for dataset in records.values():
         for record in dataset.values():
-            url = (
-                EMBEDDED
-                if config.inference.kind == "embedded"
-                else endpoint_identity(str(record.get("endpoint") or ""))
-            )
+            url = EMBEDDED if inference.kind == "embedded" else endpoint_identity(str(record.get("endpoint") or ""))
             if url in by_url:
                 by_url[url].append(record)
     return {b.name: observed_throughput(by_url[b.base_url]) for b in backends}
@@ -255,7 +252,7 @@ def build_plan(
 ) -> Plan:
     """The plan for ``datasets`` (default: all) over every configured backend."""
     plan = Plan(max_cost, {}, [])
-    backends = configured_backends(config)
+    backends = configured_backends(config.inference, config.target.model)
     for dataset in datasets or config.dataset_ids:
         work = workload(config, dataset, records.get(dataset, {}))
         plan.workloads[dataset] = work
@@ -292,7 +289,9 @@ def _best(rows: Sequence[PlanRow], work: Workload, max_cost: float | None) -> tu
 def dataset_plan(config: PipelineConfig, dataset_id: str) -> Plan:
     """One dataset's plan from the checkpoints' evidence (what each `responses` materialization shows)."""
     records = checkpoint_records(config)
-    return build_plan(config, throughput_evidence(config, records), records, datasets=[dataset_id])
+    return build_plan(
+        config, throughput_evidence(config.inference, config.target.model, records), records, datasets=[dataset_id]
+    )
 
 
 def calibration_prompts(config: PipelineConfig, n: int) -> list[list[dict[str, Any]]]:
@@ -367,7 +366,7 @@ def calibrate(
     prompts = calibration_prompts(config, n)
     measured: dict[str, Throughput | None] = {}
     failed: dict[str, str] = {}
-    for backend, endpoint in zip(configured_backends(config), endpoints, strict=True):
+    for backend, endpoint in zip(configured_backends(config.inference, config.target.model), endpoints, strict=True):
         outcome = asyncio.run(_calibrate_one(config, endpoint, prompts))
         if isinstance(outcome, Throughput):
             measured[backend.name] = outcome

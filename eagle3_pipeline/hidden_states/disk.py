@@ -117,8 +117,10 @@ class DiskPlan:
         table = [["backend", "storage dtype", "store GB", "transient GB", "peak GB", "fits", ""]]
         for r in self.rows:
             fits = self.fits(r)
-            table.append([r.backend, r.dtype, f"{r.store_bytes / GB:,.1f}", f"{r.transient_bytes / GB:,.1f}", f"{r.peak_bytes / GB:,.1f}",
-                          "unknown" if fits is None else ("yes" if fits else "NO"), "<- configured" if (r.backend, r.dtype) == self.configured else ""])  # fmt: skip
+            fits_text = "unknown" if fits is None else ("yes" if fits else "NO")
+            marker = "<- configured" if (r.backend, r.dtype) == self.configured else ""
+            sizes = [f"{r.store_bytes / GB:,.1f}", f"{r.transient_bytes / GB:,.1f}", f"{r.peak_bytes / GB:,.1f}"]
+            table.append([r.backend, r.dtype, *sizes, fits_text, marker])
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
         notes = sorted({f"{r.backend}: {r.note}" for r in self.rows})
@@ -186,18 +188,19 @@ def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] |
                 return read_config(model), model
             except TargetError as exc:
                 return f"unknown: {exc}"
-    return f"unknown: no target config.json on this machine (looked in {', '.join(tried) or 'nothing: set hidden_states.model or target.tokenizer'})"
+    looked = ", ".join(tried) or "nothing: set hidden_states.model or target.tokenizer"
+    return f"unknown: no target config.json on this machine (looked in {looked})"
 
 
 def training_tokens(
-    config: PipelineConfig,
+    training_data: Path,
     records: Mapping[str, Mapping[str, Mapping[str, Any]]],
     left: Mapping[str, tuple[int | None, int | None]],
 ) -> tuple[int, str] | str:
-    """All ``training_data`` tokens: its manifest's count when it exists, else the answers' prompt
-    and completion tokens so far plus the planner's prompt and completion tokens left per dataset
-    (``left``: dataset → (prompt, completion) tokens left, None when unknown)."""
-    manifest = ArtifactLayout(config.artifacts_root).training_data / "manifest.json"
+    """All tokens of the ``training_data`` folder: its manifest's count when it exists, else the
+    answers' prompt and completion tokens so far plus the planner's prompt and completion tokens
+    left per dataset (``left``: dataset → (prompt, completion) tokens left, None when unknown)."""
+    manifest = training_data / "manifest.json"
     if manifest.is_file():
         tokens = json.loads(manifest.read_text()).get("tokens")
         if isinstance(tokens, int):
@@ -230,7 +233,7 @@ def config_disk_plan(
     if isinstance(found, str):
         return f"hidden-state disk: {found}"
     raw, where = found
-    tokens = training_tokens(config, records, left)
+    tokens = training_tokens(ArtifactLayout(config.artifacts_root).training_data, records, left)
     if isinstance(tokens, str):
         return f"hidden-state disk: {tokens}"
     aux_layers = len(config.hidden_states.aux_layer_ids or (0, 0, 0))
@@ -241,7 +244,8 @@ def config_disk_plan(
     else:
         free, free_where = (
             None,
-            f"the store is on the GPU host (compute.kind {config.compute.kind}): the phase's preflight measures it there",
+            f"the store is on the GPU host (compute.kind {config.compute.kind}): "
+            "the phase's preflight measures it there",
         )
     return disk_plan(
         hidden_size,

@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import ValidationError
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
+from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetConfig
 from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids, load_target
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import (
@@ -161,17 +161,23 @@ def target_weights(config: PipelineConfig) -> str:
 
 
 def spec_from_config(
-    config: PipelineConfig, training_data: str, output: str, model: str, serving_reference: str | None = None
+    hidden_states: HiddenStatesConfig,
+    target: TargetConfig,
+    training_data: str,
+    output: str,
+    model: str,
+    serving_reference: str | None = None,
 ) -> dict[str, Any]:
-    """The phase's spec from the pipeline file, with paths as seen where the phase will run."""
-    settings = config.hidden_states.model_dump(exclude={"model"})
+    """The phase's spec from the pipeline file's `hidden_states` and `target` sections, with paths as
+    seen where the phase will run."""
+    settings = hidden_states.model_dump(exclude={"model"})
     return {
         **settings,
         "training_data": training_data,
         "output": output,
         "model": model,
-        "target_name": config.target.model,
-        "trust_remote_code": config.target.trust_remote_code,
+        "target_name": target.model,
+        "trust_remote_code": target.trust_remote_code,
         "serving_reference": serving_reference,
     }
 
@@ -198,7 +204,8 @@ def check_disk(folder: Path, tokens: int, per_token: int, margin: float) -> dict
     if free < estimate * margin:
         raise ExtractionError(
             f"not enough free disk for the hidden states under {folder}: {free} bytes ({free / GB:.2f} GB) free, "
-            f"the phase will write about {estimate} bytes ({estimate / GB:.2f} GB: {tokens} tokens × {per_token} bytes/token) "
+            f"the phase will write about {estimate} bytes "
+            f"({estimate / GB:.2f} GB: {tokens} tokens × {per_token} bytes/token) "
             f"and needs that × disk_margin {margin} = {estimate * margin / GB:.2f} GB"
         )
     return {"disk_free_bytes": free, "disk_estimate_bytes": estimate}
@@ -317,7 +324,8 @@ def extract_shard(
             writer.add(row["id"], row["dataset"], shard.split, ids, mask, aux, hidden)
         except StoreError as exc:
             raise ExtractionError(
-                f"{shard.name} ({shard.split}, {shard.source} row {shard.start + index}): {exc}; the shard is not written"
+                f"{shard.name} ({shard.split}, {shard.source} row {shard.start + index}): {exc}; "
+                "the shard is not written"
             ) from None
     return writer.close()
 
@@ -398,7 +406,8 @@ def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any
     problems = tokenization_problems(reference)
     if problems:
         raise ExtractionError(
-            f"validation against the serving target: training_data was tokenized by a tokenizer other than the served model's "
+            "validation against the serving target: training_data was tokenized by a tokenizer other than "
+            "the served model's "
             f"({reference.tokenizer} vs {reference.server}): {'; '.join(problems[:3])}"
         )
     return {"reference": reference}
@@ -535,7 +544,8 @@ def delete_shards(store: HiddenStateStore, names: Sequence[str], report: Reporte
     refused = sorted(set(names) & kept)
     if refused:
         raise ExtractionError(
-            f"{store.root}: refusing to delete {refused}: the store's index holds them (they are not a rolling window's)"
+            f"{store.root}: refusing to delete {refused}: the store's index holds them "
+            "(they are not a rolling window's)"
         )
     for name in names:
         for suffix in (".index.parquet", ".safetensors"):
@@ -561,7 +571,8 @@ def _prepare_store(
     window = settings.shards is not None
     if window and state != "same":
         raise ExtractionError(
-            f"{store.root}: no hidden-state store of these settings to extract a rolling window into; materialize hidden_states first"
+            f"{store.root}: no hidden-state store of these settings to extract a rolling window into; "
+            "materialize hidden_states first"
         )
     reused = [s for s in selected if state == "same" and _shard_reusable(store, s)]
     todo = [s for s in selected if s not in reused]
@@ -599,7 +610,8 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
     unknown = sorted(set(settings.shards or []) - {s.name for s in planned})
     if unknown:
         raise ExtractionError(
-            f"extract spec: shards {unknown} are not in the plan of {data.folder} at shard_tokens {settings.shard_tokens}"
+            f"extract spec: shards {unknown} are not in the plan of {data.folder} "
+            f"at shard_tokens {settings.shard_tokens}"
         )
     if source is not None:
         return _extract(settings, data, planned, source, report)
@@ -641,7 +653,8 @@ def _extract(
     todo = [s for s in planned if s.name in todo_names]
     report.log(
         f"extract: {len(planned)} shards planned, {len(selected)} to hold, {len(reused)} complete, {len(todo)} to do "
-        f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB in {settings.storage_dtype}, {per_token} bytes/token); "
+        f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB in "
+        f"{settings.storage_dtype}, {per_token} bytes/token); "
         f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) with {source.describe()}, "
         f"aux layers {aux_ids} (output-of-layer ids)"
     )
@@ -654,7 +667,8 @@ def _extract(
         tokens_now += shard.tokens
         elapsed = time.monotonic() - started
         report.log(
-            f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, {shard.tokens} tokens, {size} bytes)"
+            f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, "
+            f"{shard.tokens} tokens, {size} bytes)"
         )
         report.progress(
             {
@@ -691,7 +705,8 @@ def _extract(
     if not source.writer:
         return {"shards_written": len(todo)}
     report.log(
-        f"extract: spot check of {checked['spot_check_samples']} samples ({source.spot_check_method}): max relative error "
+        f"extract: spot check of {checked['spot_check_samples']} samples ({source.spot_check_method}): "
+        "max relative error "
         f"{checked['spot_check_max_rel_error']:.2e} (tolerance {settings.spot_check_tolerance})"
     )
     splits = index.column("split").to_pylist()

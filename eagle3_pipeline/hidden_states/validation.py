@@ -284,7 +284,8 @@ def _text_sample(asker: ServerAsker, row: dict[str, Any], tokenizer: Any, count:
         ours = tokenizer(prompt)["input_ids"]
         if prompt_tokens != len(ours) and tokenization.startswith("same"):
             tokenization = (
-                f"the server counts {prompt_tokens} prompt tokens in the text of the sample's first {t + 1} tokens where "
+                f"the server counts {prompt_tokens} prompt tokens in the text of the sample's first {t + 1} tokens "
+                "where "
                 f"training_data's tokenizer counts {len(ours)}: {prompt[-80:]!r}"
             )
         piece = tokenizer.encode(text, add_special_tokens=False)
@@ -443,12 +444,14 @@ def check_states(sample: ReferenceSample, aux: Any, hidden: Any, aux_width: int,
     for name, tensor, width in (("aux_hidden_states", aux, aux_width), ("hidden_states", hidden, hidden_size)):
         if tuple(tensor.shape) != (length, width):
             raise ValidationFailed(
-                f"sample {sample.sample_id!r}: {name} has shape {tuple(tensor.shape)}, the manifest says ({length}, {width})"
+                f"sample {sample.sample_id!r}: {name} has shape {tuple(tensor.shape)}, "
+                f"the manifest says ({length}, {width})"
             )
         bad = (~torch.isfinite(tensor.float())).nonzero()
         if len(bad):
             raise ValidationFailed(
-                f"sample {sample.sample_id!r}: {name} has {len(bad)} non-finite values (first at position {int(bad[0][0])})"
+                f"sample {sample.sample_id!r}: {name} has {len(bad)} non-finite values "
+                f"(first at position {int(bad[0][0])})"
             )
 
 
@@ -488,15 +491,18 @@ def verdict(reference: ServingReference, result: Comparison, settings: ServingVa
         return {
             **meta,
             "serving_validation": "not validated",
-            "serving_validation_detail": f"no position could be compared with {reference.server} ({result.near_ties} near-ties, "
-            f"{result.unknown} positions whose prefix text does not tokenize back to the row's ids or whose answer is not one token)",
+            "serving_validation_detail": f"no position could be compared with {reference.server} "
+            f"({result.near_ties} near-ties, {result.unknown} positions whose prefix text does not tokenize back "
+            "to the row's ids or whose answer is not one token)",
         }
     if share < settings.min_agreement:
         raise ValidationFailed(
-            f"argmax(lm_head(teacher)) agrees with the serving target ({reference.server}, {reference.api}) at {result.agreed} of "
-            f"{result.compared} positions ({share:.1%}) of {len(reference.samples)} samples, below hidden_states.validation.min_agreement "
-            f"{settings.min_agreement:.0%} ({result.near_ties} near-ties within {settings.near_tie_logprob_margin} nats reported apart); "
-            f"first disagreements: {'; '.join(result.disagreements[:SHOWN])}. The teacher is not the serving target's final state: "
+            f"argmax(lm_head(teacher)) agrees with the serving target ({reference.server}, {reference.api}) "
+            f"at {result.agreed} of {result.compared} positions ({share:.1%}) of {len(reference.samples)} samples, "
+            f"below hidden_states.validation.min_agreement {settings.min_agreement:.0%} "
+            f"({result.near_ties} near-ties within {settings.near_tie_logprob_margin} nats reported apart); "
+            f"first disagreements: {'; '.join(result.disagreements[:SHOWN])}. "
+            "The teacher is not the serving target's final state: "
             "a layer off, shifted by a position, or without the final norm"
         )
     return meta
@@ -536,8 +542,8 @@ def record_from_first(
             continue
         problems = tokenization_problems(reference)
         return {
-            "serving_reference_status": f"recorded from {reference.server} ({reference.api}): {len(reference.samples)} samples, "
-            f"{sum(len(s.positions) for s in reference.samples)} positions"
+            "serving_reference_status": f"recorded from {reference.server} ({reference.api}): "
+            f"{len(reference.samples)} samples, {sum(len(s.positions) for s in reference.samples)} positions"
             + (f"; tokenization differs: {problems[0]}" if problems else ""),
         }
     return {"serving_reference_status": "not recorded: " + "; ".join(reasons)}

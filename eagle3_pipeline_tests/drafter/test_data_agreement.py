@@ -190,7 +190,9 @@ def test_sampled_data_disagree_with_the_target_and_drafter_eval_says_so(
     warning in the run log (at WARNING) and in what the CLI prints from the result it hears in process."""
     config_path = pipeline_file(tmp_path, *generated_store, local_model)
     config = load_config(config_path)
-    assert target_weights(config) == str(local_model)  # the embedded model's folder: its lm_head gives the argmax
+    assert target_weights(config.drafter, config.compute) == str(
+        local_model
+    )  # the embedded model's folder: its lm_head gives the argmax
     listener = CliListener(None)
     with dg.DagsterInstance.ephemeral() as instance:
         outcome = dg.materialize(

@@ -132,7 +132,14 @@ def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: s
     recorder = Recorder()
     prompts = [[1, 2, 3]] * settings.prompts
     base_url = f"http://127.0.0.1:{settings.port}"
-    result = run_benchmark(settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), recorder)
+    result = run_benchmark(
+        settings,
+        host,
+        base_url,
+        prompts,
+        make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+        recorder,
+    )
     # 20 tokens per request at 3 per verify step: 7 steps (6 × 3 + 2) -> τ = 20/7 (SGLang);
     # vLLM: 1 + accepted/drafts = 1 + (20 - 7)/7, the same figure
     assert result.speculative.tau == pytest.approx(20 / 7)
@@ -159,7 +166,7 @@ def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> Non
             host,
             f"http://127.0.0.1:{settings.port}",
             [[1]],
-            make_gate(host, thresholds_for(sick)),
+            make_gate(host, thresholds_for(sick.health, sick.artifacts_root)),
             Recorder(),
         )
     assert not (tmp_path / "logs").exists()
@@ -176,7 +183,7 @@ def test_a_server_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
             host,
             f"http://127.0.0.1:{settings.port}",
             [[1]],
-            make_gate(host, thresholds_for(config)),
+            make_gate(host, thresholds_for(config.health, config.artifacts_root)),
             Recorder(),
         )
 

@@ -151,7 +151,7 @@ def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_price
     # (planning.observed_throughput).
     write_answers(config, "B1", "http://127.0.0.1:9/v1", [1000.0, 1001.0, 1002.0], completion=50, prompt=20)
     write_answers(config, "B2", "http://127.0.0.2:9/v1", [1000.0, 1000.5, 1001.0], completion=100, prompt=10)
-    measured = throughput_evidence(config, checkpoint_records(config))
+    measured = throughput_evidence(config.inference, config.target.model, checkpoint_records(config))
     assert {name: t.tokens_per_s for name, t in measured.items() if t} == {"box": 50.0, "api": 200.0}
     data = {"B1": 100, "B2": 300}  # training tokens: B1 cost 150 completion tokens for 100, B2 300 for 300
     run_dir = drafter_paths(config.artifacts_root)["run_dir"]
@@ -162,7 +162,9 @@ def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_price
     assert not isinstance(table, str)
     print("\n" + table.text())
     fits = fit_curve(read_curve(run_dir))  # type: ignore[arg-type]
-    assert [b.name for b in configured_backends(config)] == table.backends == ["box", "api"]
+    assert (
+        [b.name for b in configured_backends(config.inference, config.target.model)] == table.backends == ["box", "api"]
+    )
     rows = {(p.dataset, p.multiple): p for p in table.purchases}
     assert sorted(rows) == [(d, m) for d in ("B1", "B2", "all") for m in (2, 5, 10)]
     b1 = rows[("B1", 5)]

@@ -80,16 +80,16 @@ def _pipeline(tmp_path: Path, training_tokens: int | None, extra: str = "") -> P
 
 def test_tokens_come_from_training_data_else_the_planners_estimate(tmp_path: Path) -> None:
     config = load_config(_pipeline(tmp_path / "with", KIMI_TOKENS))
-    assert training_tokens(config, {}, {"B1": (None, None)}) == (
+    assert training_tokens(config.artifacts_root / "training_data", {}, {"B1": (None, None)}) == (
         KIMI_TOKENS,
         str(config.artifacts_root / "training_data" / "manifest.json"),
     )
     config = load_config(_pipeline(tmp_path / "without", None))
     records = {"B1": {"p1": {"prompt_tokens": 100, "completion_tokens": 400}}}
-    tokens, basis = training_tokens(config, records, {"B1": (1_000, 3_000)})  # type: ignore[misc]
+    tokens, basis = training_tokens(config.artifacts_root / "training_data", records, {"B1": (1_000, 3_000)})  # type: ignore[misc]
     assert tokens == 4_500 and basis.startswith("estimate")
     assert (
-        training_tokens(config, records, {"B1": (None, 3_000)})
+        training_tokens(config.artifacts_root / "training_data", records, {"B1": (None, 3_000)})
         == "unknown: the tokens left of B1 are unknown (prompts not materialized)"
     )
 

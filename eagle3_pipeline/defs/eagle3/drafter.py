@@ -80,7 +80,9 @@ def train_rolling(
     """The rolling loop with the heavy phases as its steps (see the module docstring)."""
     layout = ArtifactLayout(config.artifacts_root)
     model = extract_target(config)
-    extract_spec = spec_from_config(config, str(layout.training_data), str(layout.hidden_states), model)
+    extract_spec = spec_from_config(
+        config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
+    )
     extract_ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
 
     def extract(shards: list[str]) -> dict[str, Any]:

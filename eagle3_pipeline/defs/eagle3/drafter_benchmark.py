@@ -44,7 +44,12 @@ def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]
         host = build_host(config.health.host)
         try:
             result = run_benchmark(
-                settings, host, base_url, prompts, make_gate(host, thresholds_for(config)), DagsterReporter(context)
+                settings,
+                host,
+                base_url,
+                prompts,
+                make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+                DagsterReporter(context),
             )
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report))

@@ -240,7 +240,8 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
             recorded = layout.serving_reference.is_file()
             spec = spec_from_config(
-                config,
+                config.hidden_states,
+                config.target,
                 str(layout.training_data),
                 str(layout.hidden_states),
                 model,

@@ -2,14 +2,13 @@
 
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
-  prompts       → eagle3_pipeline.prompts.load_prompts
+  prompts       → eagle3_pipeline.prompts.write_prompts
   responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
-  training_data → eagle3_pipeline.dataprep.build_training_data
+  training_data → eagle3_pipeline.dataprep.phase.make_training_data
 """
 
 import os
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -18,8 +17,8 @@ import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, budget_reached
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
-from eagle3_pipeline.dataprep import build_training_data, read_manifest
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement, tokenizer_agreement
+from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
+from eagle3_pipeline.dataprep.phase import make_training_data
 from eagle3_pipeline.defs.generation.automation import scheduled_backfill
 from eagle3_pipeline.defs.generation.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
@@ -30,13 +29,11 @@ from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, Pro
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
-from eagle3_pipeline.hidden_states.validation import record_from_first
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
-from eagle3_pipeline.prompts import load_prompts
-from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
-from eagle3_pipeline.results import PromptsResult, ResponsesResult, TrainingDataResult
+from eagle3_pipeline.prompts import write_prompts
+from eagle3_pipeline.records import read_prompts
 from eagle3_pipeline.serving import tokenizer_name
 
 PREVIEW_ROWS = 5
@@ -136,30 +133,19 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             check_sources(config, only=[dataset])
         except ConfigError as exc:
             raise dg.Failure(description=str(exc)) from None
-        records, stats = load_prompts(dataset, config.prompts, config.seed)
         path = layout.prompts(dataset.id)
-        write_parquet(prompt_rows(records), PROMPT_SCHEMA, path)
-        classes = Counter(r.length_class for r in records)
+        phase = write_prompts(dataset, config.prompts, config.seed, path)
+        stats = phase.stats
         context.log.info(f"{dataset.id}: {stats.kept} prompts from {stats.read} records ({stats.malformed} malformed)")
-        result = PromptsResult.from_metadata(
-            {
-                **stats.as_metadata(),
-                "short": classes["short"],
-                "long": classes["long"],
-                "estimated_prompt_tokens": sum(r.prompt_tokens_est for r in records),
-                "source": dataset.source,
-                "sampling": "smallest sha256(seed:id) first" if dataset.sample_size else "all records",
-            }
-        )
-        context.resources.phase_listener.result("prompts", dataset.id, result)
+        context.resources.phase_listener.result("prompts", dataset.id, phase.result)
         return dg.MaterializeResult(
             metadata={
-                **result.as_metadata(),
+                **phase.result.as_metadata(),
                 "path": dg.MetadataValue.path(str(path)),
                 "preview": _preview(
                     [
                         {"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]}
-                        for r in records
+                        for r in phase.records
                     ],
                     ["id", "class", "last user turn"],
                 ),
@@ -211,7 +197,18 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         prompt_records = read_prompts(layout.prompts(dataset.id))
         try:
             tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
-            result = generate_dataset(on_host, dataset.id, prompt_records, endpoints, sinks, tokenizer)
+            result = generate_dataset(
+                dataset,
+                config.generation,
+                config.target,
+                on_host.inference,
+                layout,
+                prompt_records,
+                endpoints,
+                sinks,
+                tokenizer,
+                host,
+            )
         except FingerprintMismatch as exc:
             fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
             raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
@@ -227,7 +224,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             context.log.warning(
                 f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
             )
-        typed = ResponsesResult.from_metadata({**result.as_metadata(), **({"host": host} if host is not None else {})})
+        typed = result.result
         context.resources.phase_listener.result("responses", dataset.id, typed)
         return dg.MaterializeResult(
             data_version=dg.DataVersion(result.data_version),
@@ -263,60 +260,32 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         if missing:
             raise dg.Failure(description=f"responses are not materialized for: {', '.join(missing)}")
         tokenizer = tokenizer_name(config)
-        agreement: dict[str, Any] = {}
-        if config.training_data.tokenizer_check_samples:
-            try:
-                agreement = tokenizer_agreement(
-                    files,
-                    tokenizer,
-                    config.target.trust_remote_code,
-                    config.generation.chat_template_kwargs,
-                    _serving_endpoints(config),
-                    config.training_data.tokenizer_check_samples,
-                )
-            except TokenizerDisagreement as exc:
-                raise dg.Failure(
-                    description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would not hold "
-                    f"the ids the server sees: {exc}"
-                ) from None
-            context.log.info(
-                f"tokenizer agreement: {agreement['tokenizer_agreement']} ({agreement['tokenizer_agreement_detail']})"
+        try:
+            phase = make_training_data(
+                files,
+                tokenizer,
+                layout,
+                config.seed,
+                config.training_data,
+                config.target,
+                config.generation,
+                config.hidden_states.validation,
+                _serving_endpoints(config),
+                context.log.info,
             )
-        stats = build_training_data(
-            files,
-            tokenizer,
-            layout.training_data,
-            seed=config.seed,
-            eval_fraction=config.training_data.eval_fraction,
-            shard_rows=config.training_data.shard_rows,
-            max_seq_len=config.target.max_seq_len,
-            reasoning=config.training_data.reasoning,
-            buffer_rows=config.training_data.buffer_rows,
-            trust_remote_code=config.target.trust_remote_code,
-            chat_template_kwargs=config.generation.chat_template_kwargs,
-            held_out_per_dataset=config.training_data.held_out_per_dataset,
-        )
-        reference = record_from_first(
-            layout.training_data,
-            _serving_endpoints(config),
-            tokenizer,
-            config.target.trust_remote_code,
-            config.hidden_states.validation,
-            layout.serving_reference,
-        )
-        context.log.info(f"serving reference for hidden_states' validation: {reference['serving_reference_status']}")
-        manifest = read_manifest(layout.training_data)
-        result = TrainingDataResult.from_metadata(
-            {**stats.as_metadata(), **agreement, **reference, "version": manifest["version"], "tokenizer": tokenizer}
-        )
-        context.resources.phase_listener.result("training_data", None, result)
+        except TokenizerDisagreement as exc:
+            raise dg.Failure(
+                description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would "
+                f"not hold the ids the server sees: {exc}"
+            ) from None
+        context.resources.phase_listener.result("training_data", None, phase.result)
         return dg.MaterializeResult(
             metadata={
-                **result.as_metadata(),
-                "per_dataset": _per_dataset_table(stats.as_metadata()["per_dataset"]),
+                **phase.result.as_metadata(),
+                "per_dataset": _per_dataset_table(phase.stats.as_metadata()["per_dataset"]),
                 "path": dg.MetadataValue.path(str(layout.training_data)),
             },
-            data_version=dg.DataVersion(manifest["version"]),
+            data_version=dg.DataVersion(phase.version),
         )
 
     return [
