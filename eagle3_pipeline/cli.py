@@ -123,8 +123,8 @@ def failure_detail(events: Sequence[Any]) -> str:
     """Why a run failed, in a line or two: the failed checks' verdicts, else the step's own words
     (a `Failure`'s description, else the root cause of its error)."""
     checks = [
-        f"check {e.asset_check_evaluation_data.check_name} on {e.asset_check_evaluation_data.asset_key.to_user_string()}: "
-        f"{e.asset_check_evaluation_data.description}"
+        f"check {e.asset_check_evaluation_data.check_name} on "
+        f"{e.asset_check_evaluation_data.asset_key.to_user_string()}: {e.asset_check_evaluation_data.description}"
         for e in events
         if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
     ]
@@ -441,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
     plan = sub.add_parser(
         "plan",
-        help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; then τ expected from more data of each dataset; "
+        help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; "
+        "then τ expected from more data of each dataset; "
         "then the hidden states' disk per backend and storage dtype",
     )
     plan.add_argument(

@@ -54,7 +54,8 @@ def test_a_budget_stop_keeps_the_dataset_share_of_long_prompts(tmp_path: Path, f
     ordered = sorted(by_id)
     print(
         f"\nbudget stop: {len(answered)} of {len(prompts)} answered ({long_answered} long); long share answered "
-        f"{share:.3f} vs dataset {dataset_share:.3f} (|diff| {abs(share - dataset_share):.3f}, tolerance 3σ = {tolerance:.3f}); "
+        f"{share:.3f} vs dataset {dataset_share:.3f} (|diff| {abs(share - dataset_share):.3f}, "
+        f"tolerance 3σ = {tolerance:.3f}); "
         f"tokens {state.tokens} of budget {budget}, overshoot {state.overshoot} ≤ bound {state.overshoot_bound}; "
         f"peak in flight short {peak['short']}/8, long {peak['long']}/2; skipped_by_budget {summary.skipped_by_budget}"
     )

@@ -130,7 +130,8 @@ def test_prompts_that_cannot_fit_are_not_sent_and_are_listed(tmp_path: Path, fak
     metadata = {k: v.value for k, v in mat.metadata.items()}
     long_id = next(p.id for p in make_b1_prompts(config) if p.messages[-1]["content"].startswith("word"))
     print(
-        f"\nover length: {metadata['skipped_over_length']} skipped ({metadata['over_length_ids']}), estimator {metadata['length_estimator']}"
+        f"\nover length: {metadata['skipped_over_length']} skipped ({metadata['over_length_ids']}), "
+        f"estimator {metadata['length_estimator']}"
     )
     assert (metadata["skipped_over_length"], metadata["over_length_ids"], metadata["rows"]) == (1, [long_id], 2)
     assert metadata["length_estimator"] == "chars/4"

@@ -131,7 +131,10 @@ def parse_completion(
             f"answer from {endpoint.base_url} has a content that is not text", retryable=False, status=200
         )
     if not (content or "").strip() and not calls:
-        reason = f"empty answer from {endpoint.base_url} (finish_reason {finish_reason or 'none'}, no content and no tool calls)"
+        reason = (
+            f"empty answer from {endpoint.base_url} "
+            f"(finish_reason {finish_reason or 'none'}, no content and no tool calls)"
+        )
         return AttemptFailure(reason, retryable=True, status=200, kind="empty")
     tool_calls = json.dumps(calls, ensure_ascii=False) if calls else None
     prompt_tokens, completion_tokens = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))

@@ -93,7 +93,8 @@ class PromptAccounting:
                 "; ".join(problems) + " (rematerialize responses to rebuild the table from the prompts and checkpoint)"
             )
         return (
-            f"{self.prompts} prompts: {self.answered} answered, {len(self.failed)} failed, {self.over_length} over length, "
+            f"{self.prompts} prompts: {self.answered} answered, {len(self.failed)} failed, "
+            f"{self.over_length} over length, "
             f"{'the rest skipped by the reached budget' if self.budget_reached else 'budget not reached'}"
         )
 

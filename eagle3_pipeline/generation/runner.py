@@ -286,7 +286,8 @@ class _Run:
                 and self.failover.attempt_failed(endpoint)
             ):
                 self._move(
-                    f"unhealthy: {self.failover.failed_in_a_row} failed attempts in a row (last: {self.pool.redact(outcome.reason)})"
+                    f"unhealthy: {self.failover.failed_in_a_row} failed attempts in a row "
+                    f"(last: {self.pool.redact(outcome.reason)})"
                 )
             if self.failover and endpoint is not self.failover.current:  # failed on a backend the dataset has left
                 attempt, avoid = attempt - 1, None
@@ -353,7 +354,8 @@ class _Run:
                 failure = await self._probe(endpoint, failover.settings.probe_timeout_s)
                 if failure is not None and failover.attempt_failed(endpoint):
                     self._move(
-                        f"unhealthy: {failover.failed_in_a_row} failed attempts in a row (last: probe: {self.pool.redact(failure)})"
+                        f"unhealthy: {failover.failed_in_a_row} failed attempts in a row "
+                        f"(last: probe: {self.pool.redact(failure)})"
                     )
 
     async def _probe(self, endpoint: Endpoint, timeout_s: float) -> str | None:
