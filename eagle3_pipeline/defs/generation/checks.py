@@ -19,33 +19,38 @@ from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
 # A blocking check's judgement of one dataset's responses: (passed, description, metadata).
 Verdict = Callable[[PipelineConfig, ArtifactLayout, str], tuple[bool, str, dict[str, Any]]]
 
 
-def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+def build_response_checks(
+    config: PipelineConfig, responses: dg.AssetsDefinition, names: PipelineNames = DEFAULT_NAMES
+) -> list[dg.AssetChecksDefinition]:
     """`config` (the file at load) words the descriptions; each check reads its settings from the
-    `pipeline` resource when it runs. The checks are partitioned like `responses` (one verdict per
-    dataset), a Preview feature of Dagster: its PreviewWarning is expected here, so it is silenced
-    while these checks are defined only."""
+    pipeline's settings resource (key `names.pipeline`) when it runs. The checks are partitioned like
+    `responses` (one verdict per dataset), a Preview feature of Dagster: its PreviewWarning is expected
+    here, so it is silenced while these checks are defined only."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*", category=dg.PreviewWarning)
-        return _response_checks(config, responses)
+        return _response_checks(config, responses, names)
 
 
-def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+def _response_checks(
+    config: PipelineConfig, responses: dg.AssetsDefinition, names: PipelineNames
+) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(
         asset=responses,
         partitions_def=responses.partitions_def,
         blocking=True,
-        required_resource_keys={"pipeline"},
+        required_resource_keys={names.pipeline},
         description="The dataset's counted tokens are within its token_budget plus what the requests in "
         "flight at the stop can add (in-flight slots × max_tokens per turn, + prompt tokens when they count).",
     )
     def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         dataset = config.dataset(context.partition_key)
         path = ArtifactLayout(config.artifacts_root).responses(dataset.id)
         if not path.exists():
@@ -76,10 +81,10 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
             partitions_def=responses.partitions_def,
             blocking=True,
             description=description,
-            required_resource_keys={"pipeline"},
+            required_resource_keys={names.pipeline},
         )
         def check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-            config = pipeline_settings(context)
+            config = pipeline_settings(context, names)
             layout = ArtifactLayout(config.artifacts_root)
             path = layout.responses(context.partition_key)
             if not path.exists():
@@ -162,17 +167,17 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
 
 
 def build_training_data_checks(
-    config: PipelineConfig, training_data: dg.AssetsDefinition
+    config: PipelineConfig, training_data: dg.AssetsDefinition, names: PipelineNames = DEFAULT_NAMES
 ) -> list[dg.AssetChecksDefinition]:
     @dg.asset_check(
         asset=training_data,
         blocking=True,
-        required_resource_keys={"pipeline"},
+        required_resource_keys={names.pipeline},
         description=f"At most {config.training_data.max_template_mismatch_rate:.2%} of the conversations have generated turns the target's chat template "
         "cannot render faithfully (training_data.max_template_mismatch_rate); they are left out of the shards.",
     )
     def template_mismatch_rate(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         ceiling = config.training_data.max_template_mismatch_rate
         try:
             manifest = read_manifest(ArtifactLayout(config.artifacts_root).training_data)
