@@ -17,6 +17,7 @@ from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.test_orchestration import Daemonless, sensor_resources
 
 OTHER = PipelineNames("other")
 
@@ -93,6 +94,10 @@ def test_two_instances_load_with_disjoint_names(project: Path) -> None:
     other_partitions = graph.get(OTHER.key("responses")).partitions_def
     assert other_partitions is not None and other_partitions.get_partition_keys() == ["other1", "other2"]
     assert graph.get(OTHER.key("training_data")).parent_keys == {OTHER.key("responses")}
+    assert (graph.get(dg.AssetKey("prompts")).group_name, graph.get(OTHER.key("prompts")).group_name) == (
+        "data",
+        "other__data",
+    )
 
 
 def test_the_prefixed_pipeline_runs_and_decides_on_its_own_records(project: Path) -> None:
@@ -120,3 +125,24 @@ def test_the_prefixed_pipeline_runs_and_decides_on_its_own_records(project: Path
 def test_a_key_prefix_that_is_no_dagster_name_is_refused() -> None:
     with pytest.raises(ValueError, match="key_prefix"):
         PipelineNames("other/pipeline")
+
+
+def test_each_health_sensor_launches_its_own_pipeline(project: Path) -> None:
+    """The prefixed `inference_health` reads its own resource, launches its own generation job for its
+    own partitions and records the health on its own `inference_server`; the plain one, ticked after,
+    still sees its own partitions missing."""
+    defs = dg.load_from_defs_folder(path_within_project=project)
+    with dg.instance_for_test() as instance:
+        other = Daemonless(defs, instance, sensor="other__inference_health")
+        assert other.sensor.job_name == "other__generation_job"
+        assert sorted(r.partition_key or "" for r in other.tick().run_requests or []) == ["other1", "other2"]
+        assert instance.get_materialized_partitions(OTHER.key("responses")) == {"other1", "other2"}
+        assert instance.fetch_observations(OTHER.key("inference_server"), limit=1).records
+        assert not instance.fetch_observations(dg.AssetKey("inference_server"), limit=1).records
+        assert "every responses partition is materialized and current" in (other.tick().skip_message or "")
+        main = Daemonless(defs, instance)
+        context = dg.build_sensor_context(
+            instance=instance, definitions=defs, resources=sensor_resources(defs, main.sensor)
+        )
+        requests = main.sensor.evaluate_tick(context).run_requests or []
+        assert sorted(r.partition_key or "" for r in requests) == ["main1", "main2"]

@@ -4,7 +4,8 @@ sensor and resource names.
 A code location may hold several pipelines (several `Eagle3Pipeline` instances in its defs folder).
 Dagster's names are global to it, so every pipeline but one takes a prefix: its asset keys gain the
 prefix as their first path component (`other/prompts`), its jobs, sensors and resource keys the
-prefix and two underscores (`other__generation_job`). The pipeline without a prefix keeps the plain
+prefix and two underscores (`other__generation_job`), and so do its asset groups (`other__data`), so
+the UI shows each pipeline's groups apart. The pipeline without a prefix keeps the plain
 names (`prompts`, `generation_job`, the resource `pipeline`), which the CLI and the UI use.
 """
 
@@ -44,7 +45,8 @@ class PipelineNames:
         return dg.AssetCheckKey(self.key(asset), check)
 
     def name(self, base: str) -> str:
-        """A job, sensor or resource name of this pipeline (e.g. `generation_job`, `pipeline`)."""
+        """A job, sensor, resource or asset group name of this pipeline (e.g. `generation_job`, `pipeline`,
+        `data`)."""
         return f"{self.prefix}__{base}" if self.prefix else base
 
     @property

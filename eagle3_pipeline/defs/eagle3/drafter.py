@@ -103,7 +103,7 @@ def build_drafter_assets(config: PipelineConfig, names: PipelineNames = DEFAULT_
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name="eagle3",
+        group_name=names.name("eagle3"),
         kinds={"pytorch", "safetensors"},
         deps=[names.key("draft_vocab"), names.key("hidden_states")],
         pool="gpu",

@@ -26,7 +26,7 @@ def build_drafter_benchmark(config: PipelineConfig, names: PipelineNames = DEFAU
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name="eagle3",
+        group_name=names.name("eagle3"),
         kinds={described.server},
         deps=[names.key(asset) for asset in UPSTREAM],
         pool="gpu",

@@ -81,7 +81,7 @@ def build_drafter_eval(
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name="eagle3",
+        group_name=names.name("eagle3"),
         kinds={"pytorch"},
         deps=[names.key(asset) for asset in UPSTREAM],
         pool="gpu",

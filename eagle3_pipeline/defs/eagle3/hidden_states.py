@@ -143,7 +143,7 @@ def build_eagle3_assets(
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name=GROUP,
+        group_name=names.name(GROUP),
         kinds={"safetensors"},
         deps=[training_data],
         required_resource_keys={names.pipeline, names.phase_listener},
@@ -195,7 +195,7 @@ def build_eagle3_assets(
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name=GROUP,
+        group_name=names.name(GROUP),
         kinds={"safetensors", "parquet"},
         deps=[training_data],
         pool="gpu",

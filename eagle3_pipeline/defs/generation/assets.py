@@ -110,7 +110,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name="target",
+        group_name=names.name("target"),
         kinds={"python"},
         required_resource_keys={names.pipes_subprocess_client},
         description="The embedded default's model (SmolLM2-135M-Instruct, a stand-in for the target), "
@@ -125,7 +125,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
     @dg.asset(
         key_prefix=names.key_prefix,
         partitions_def=partitions,
-        group_name="data",
+        group_name=names.name("data"),
         kinds={"parquet"},
         required_resource_keys={names.pipeline, names.phase_listener},
         automation_condition=backfill,
@@ -173,7 +173,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
     @dg.asset(
         key_prefix=names.key_prefix,
         partitions_def=partitions,
-        group_name="data",
+        group_name=names.name("data"),
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
         # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
@@ -251,7 +251,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
 
     @dg.asset(
         key_prefix=names.key_prefix,
-        group_name="data",
+        group_name=names.name("data"),
         kinds={"parquet"},
         deps=[responses],
         required_resource_keys={names.pipeline, names.phase_listener},

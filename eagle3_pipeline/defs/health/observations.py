@@ -38,14 +38,14 @@ def inference_server_specs(config: PipelineConfig, names: PipelineNames = DEFAUL
     """`inference_server`, and one observed asset per host of `inference.hosts`."""
     inference_server = dg.AssetSpec(
         server_key(None, names),
-        group_name="target",
+        group_name=names.name("target"),
         description="The inference host and server. Not materialized: each health tick records an "
         "observation carrying the report (per-check status, GPU table, tokens/s).",
     )
     return [inference_server] + [
         dg.AssetSpec(
             server_key(host.name, names),
-            group_name="target",
+            group_name=names.name("target"),
             description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an "
             "observation carrying its report; while it is not healthy it receives no new `responses` partition.",
         )
