@@ -31,15 +31,17 @@ def build_drafter_benchmark(config: PipelineConfig, names: PipelineNames = DEFAU
         deps=[names.key(asset) for asset in UPSTREAM],
         pool="gpu",
         required_resource_keys={names.pipeline},
-        description=f"The target served by {described.server} without and with the exported drafter (K={described.steps}) "
-        f"on the GPU host; τ as the server reports it and tokens/s of both over {described.prompts} eval prompts.",
+        description=f"The target served by {described.server} without and with the exported drafter "
+        f"(K={described.steps}) on the GPU host; τ as the server reports it and tokens/s of both over "
+        f"{described.prompts} eval prompts.",
     )
     def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         config = pipeline_settings(context, names)
         settings = config.drafter_benchmark
         if settings is None:
             raise dg.Failure(
-                description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location loaded; reload it"
+                description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location "
+                "loaded; reload it"
             )
         base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
         prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)

@@ -88,7 +88,8 @@ def build_drafter_eval(
         required_resource_keys={names.pipeline, names.phase_listener},
         op_tags=step_tags(config, "drafter_eval"),
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
-        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens, against the stored "
+        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens, "
+        "against the stored "
         "tokens and against the target's argmax; the share of positions where the two agree (a warning below "
         f"drafter_eval.min_data_agreement, {described.min_data_agreement:g}); τ on training_data's fixed held-out ids "
         "apart; per-depth conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
@@ -109,7 +110,8 @@ def build_drafter_eval(
         asset=drafter_eval,
         blocking=True,
         required_resource_keys={names.pipeline},
-        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({described.min_tau:g}) and at most "
+        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({described.min_tau:g}) and "
+        "at most "
         f"drafter_eval.max_tau_drop ({described.max_tau_drop:g}) below the previous materialization's.",
     )
     def tau_regression(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:

@@ -61,14 +61,17 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
             check_name="spot_check",
             passed=False,
             severity=dg.AssetCheckSeverity.WARN,
-            description="not run: the states were imported from compute.command's output, not extracted with transformers "
-            f"(input_ids checked against training_data; {meta.get('loss_mask_disagreements', 0)} loss-mask disagreement(s))",
+            description="not run: the states were imported from compute.command's output, not extracted with "
+            "transformers "
+            f"(input_ids checked against training_data; {meta.get('loss_mask_disagreements', 0)} loss-mask "
+            "disagreement(s))",
         )
     return dg.AssetCheckResult(
         check_name="spot_check",
         passed=bool(meta["spot_check_passed"]),
         description=f"{meta['spot_check_samples']} samples re-computed {meta['spot_check_method']}, max relative error "
-        f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
+        f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst "
+        f"{meta['spot_check_worst_sample'] or '-'})",
     )
 
 
@@ -85,8 +88,10 @@ def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
         return dg.AssetCheckResult(
             check_name="serving_agreement",
             passed=True,
-            description=f"argmax(lm_head(teacher)) = the serving target's greedy token at {meta['serving_agreement']:.1%} of "
-            f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor {meta['serving_min_agreement']:.0%}) "
+            description="argmax(lm_head(teacher)) = the serving target's greedy token at "
+            f"{meta['serving_agreement']:.1%} of "
+            f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor "
+            f"{meta['serving_min_agreement']:.0%}) "
             f"against {meta['serving_reference']}{near}",
             metadata={
                 k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")
@@ -174,7 +179,8 @@ def build_eagle3_assets(
         name="coverage",
         blocking=True,
         required_resource_keys={names.pipeline},
-        description=f"The draft vocabulary covers at least draft_vocab.min_coverage ({config.draft_vocab.min_coverage:.0%}) "
+        description="The draft vocabulary covers at least draft_vocab.min_coverage "
+        f"({config.draft_vocab.min_coverage:.0%}) "
         "of the masked train tokens.",
     )
     def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
@@ -207,7 +213,8 @@ def build_eagle3_assets(
                 asset=names.key("hidden_states"),
                 blocking=True,
                 description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
-                "output_hidden_states, no padding; sglang: one request per forward through the same runner; vllm: the same "
+                "output_hidden_states, no padding; sglang: one request per forward through the same runner; "
+                "vllm: the same "
                 "request sent again to the server) "
                 "match the stored states within hidden_states.spot_check_tolerance.",
             ),
@@ -229,7 +236,8 @@ def build_eagle3_assets(
             ),
         ],
         description="The target's hidden states for every train and eval sample: 3 aux layers (output-of-layer ids) "
-        "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 with per-token scales: "
+        "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 "
+        "with per-token scales: "
         "hidden_states.storage_dtype) + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:

@@ -282,8 +282,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 )
             except TokenizerDisagreement as exc:
                 raise dg.Failure(
-                    description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would not hold "
-                    f"the ids the server sees: {exc}"
+                    description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows "
+                    f"would not hold the ids the server sees: {exc}"
                 ) from None
             context.log.info(
                 f"tokenizer agreement: {agreement['tokenizer_agreement']} ({agreement['tokenizer_agreement_detail']})"

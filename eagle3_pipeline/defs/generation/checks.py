@@ -65,7 +65,8 @@ def _response_checks(
         else:
             verdict = (
                 f"{state.tokens} tokens exceed the budget {state.budget} by {state.overshoot}, more than the "
-                f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back the answers over it)"
+                f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back "
+                "the answers over it)"
             )
         return dg.AssetCheckResult(
             passed=state.within_bound,
@@ -120,9 +121,15 @@ def _response_checks(
     ) -> tuple[bool, str, dict[str, Any]]:
         max_empty = config.generation.max_empty_rate
         a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
-        detail = f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer ({a.empty_rate:.1%}; limit {max_empty:.1%})"
+        detail = (
+            f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer "
+            f"({a.empty_rate:.1%}; limit {max_empty:.1%})"
+        )
         if a.empty_failed:
-            detail += f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger max_tokens)"
+            detail += (
+                f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger "
+                "max_tokens)"
+            )
         return (
             a.empty_rate <= max_empty,
             detail,
@@ -150,13 +157,15 @@ def _response_checks(
         ),
         blocking_check(
             "empty_answers",
-            f"At most {config.generation.max_empty_rate:.1%} of the prompts sent are left with an empty answer (generation.max_empty_rate); "
+            f"At most {config.generation.max_empty_rate:.1%} of the prompts sent are left with an empty "
+            "answer (generation.max_empty_rate); "
             "empty answers are retried and never stored, so a rerun can repair this.",
             empty_answers,
         ),
         blocking_check(
             "truncation_rate",
-            f"At most {config.health.max_truncation_rate:.0%} of responses stopped at max_tokens (finish_reason 'length').",
+            f"At most {config.health.max_truncation_rate:.0%} of responses stopped at max_tokens "
+            "(finish_reason 'length').",
             truncation,
         ),
     ]
@@ -173,7 +182,8 @@ def build_training_data_checks(
         asset=training_data,
         blocking=True,
         required_resource_keys={names.pipeline},
-        description=f"At most {config.training_data.max_template_mismatch_rate:.2%} of the conversations have generated turns the target's chat template "
+        description=f"At most {config.training_data.max_template_mismatch_rate:.2%} of the conversations have "
+        "generated turns the target's chat template "
         "cannot render faithfully (training_data.max_template_mismatch_rate); they are left out of the shards.",
     )
     def template_mismatch_rate(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:

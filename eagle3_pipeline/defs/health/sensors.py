@@ -93,7 +93,8 @@ def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_
                 )
             )
             stalled.append(
-                f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
+                f"{partition} (run {run_id[:8]}, "
+                f"no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
             )
             stall_detected(alerter, partition, run_id, stalled[-1])
         for record in extracting_runs(context.instance, names) if config.compute.kind == "local" else []:
@@ -112,7 +113,8 @@ def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_
             }
             events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
             stalled.append(
-                f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
+                f"hidden_states (run {run_id[:8]}, "
+                f"no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
             )
             stall_detected(alerter, "hidden_states", run_id, stalled[-1])
         if stalled:
