@@ -7,7 +7,8 @@ sensors and automation as thin factories over the domain packages and `eagle3_pi
 - `ops/`: the automation sensor, the executor;
 - `resources.py`: the pipeline's settings and the inference endpoint;
 - `pipeline.py`: :func:`build_definitions` (one pipeline file → Definitions) and the `Eagle3Pipeline`
-  component, instanced by `local/defs.yaml`.
+  component, instanced by `local/defs.yaml` (a second instance beside it, with a `key_prefix`, is a
+  second pipeline in the same code location).
 
 The area modules define nothing at module level, so `load_from_defs_folder` finds the definitions only
 through the component instances.

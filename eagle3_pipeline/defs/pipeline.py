@@ -1,6 +1,8 @@
 """One pipeline as Dagster definitions: :func:`build_definitions` composes the areas' factories for one
 pipeline file, and :class:`Eagle3Pipeline` is the `dg` component that a `defs.yaml` instances with
-that file (the code location's pipeline is `defs/local/defs.yaml`, the shipped local profile)."""
+that file (the code location's pipeline is `defs/local/defs.yaml`, the shipped local profile). More
+instances in the defs folder are more pipelines, each with its own `key_prefix`
+(:class:`~eagle3_pipeline.orchestration.names.PipelineNames`)."""
 
 from __future__ import annotations
 
@@ -20,37 +22,39 @@ from eagle3_pipeline.defs.health.sensors import build_health_sensors
 from eagle3_pipeline.defs.ops.automation import build_automation_sensor
 from eagle3_pipeline.defs.ops.deploy import build_executor
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
-from eagle3_pipeline.orchestration.launching import GENERATION_JOB
+from eagle3_pipeline.orchestration.launching import GENERATION_JOB, PER_DATASET
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import NO_LISTENER
 
-SETUP_JOB = "setup_job"
-DOWNSTREAM_JOB = "downstream_job"
+SETUP_JOB = DEFAULT_NAMES.name("setup_job")
+DOWNSTREAM_JOB = DEFAULT_NAMES.name("downstream_job")
 # The main job, as `eagle3-pipeline run` executes it: each of these jobs in turn, the partitioned one
 # once per partition. Any asset added downstream of `responses` joins `downstream_job` by itself.
 MAIN_PATH = (SETUP_JOB, GENERATION_JOB, DOWNSTREAM_JOB)
 
-PER_DATASET = dg.AssetSelection.assets("prompts", "responses")
 
-
-def build_jobs(config: PipelineConfig) -> list[dg.UnresolvedAssetJobDefinition]:
+def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.UnresolvedAssetJobDefinition]:
+    per_dataset = dg.AssetSelection.assets(*(names.key(asset) for asset in PER_DATASET))
     jobs = []
     if config.inference.kind == "embedded":
         jobs.append(
             dg.define_asset_job(
-                SETUP_JOB,
-                selection=PER_DATASET.upstream() - PER_DATASET,
+                names.name("setup_job"),
+                selection=per_dataset.upstream() - per_dataset,
                 description="What the per-dataset phases need first (the embedded model).",
             )
         )
     jobs.append(
         dg.define_asset_job(
-            GENERATION_JOB, selection=PER_DATASET, description="Prompts and responses for one dataset partition."
+            names.generation_job,
+            selection=per_dataset,
+            description="Prompts and responses for one dataset partition.",
         )
     )
     jobs.append(
         dg.define_asset_job(
-            DOWNSTREAM_JOB,
-            selection=dg.AssetSelection.assets("responses").downstream(include_self=False),
+            names.name("downstream_job"),
+            selection=dg.AssetSelection.assets(names.key("responses")).downstream(include_self=False),
             description="Every phase after responses (training_data and what follows), over all datasets.",
         )
     )
@@ -61,27 +65,34 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
     """The definitions whose shape (assets, partitions = the file's dataset ids) follows `config`,
     the file as loaded; every body reads its settings at run or tick time from `pipeline` (default:
     that file, no overrides). API keys reach the runs through `inference`, each set with
-    `dg.EnvVar` of the variable the file names, so an unset variable fails only the runs that need it."""
+    `dg.EnvVar` of the variable the file names, so an unset variable fails only the runs that need it.
+    Every name (asset and check keys, jobs, sensors, resource keys) follows `pipeline.key_prefix`."""
     pipeline = pipeline or PipelineResource(config_path=str(config.source_file))
+    names = pipeline.names()
     assets = [
         *build_assets(config, pipeline),
-        *build_eagle3_assets(config),
-        *build_drafter_assets(config),
-        *build_drafter_eval(config),
-        *build_drafter_benchmark(config),
+        *build_eagle3_assets(config, names),
+        *build_drafter_assets(config, names),
+        *build_drafter_eval(config, names),
+        *build_drafter_benchmark(config, names),
     ]
+    observed = inference_server_specs(config, names)
+    keys = [key for a in assets if isinstance(a, dg.AssetsDefinition) for key in a.keys]
     return dg.Definitions(
-        assets=[*assets, *inference_server_specs(config)],
-        jobs=build_jobs(config),
-        sensors=[*build_health_sensors(config, GENERATION_JOB), build_automation_sensor()],
+        assets=[*assets, *observed],
+        jobs=build_jobs(config, names),
+        sensors=[
+            *build_health_sensors(config, names),
+            build_automation_sensor(names, keys + [s.key for s in observed]),
+        ],
         resources={
-            "pipeline": pipeline,
-            "inference": InferenceResource(
+            names.pipeline: pipeline,
+            names.inference: InferenceResource(
                 pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})
             ),
-            "pipes_subprocess_client": dg.PipesSubprocessClient(),
+            names.pipes_subprocess_client: dg.PipesSubprocessClient(),
             # `eagle3-pipeline run` passes its own, which hears progress and results in process.
-            "phase_listener": NO_LISTENER,
+            names.phase_listener: NO_LISTENER,
         },
         executor=build_executor(config),
     )
@@ -102,6 +113,13 @@ class Eagle3Pipeline(dg.Component, dg.Resolvable, dg.Model):
         description="Replaces the file's artifacts_root for every phase (absolute, or relative to the "
         "working directory of the run); empty: the file's.",
     )
+    key_prefix: str | None = Field(
+        default=None,
+        description="Namespaces this pipeline in a code location that holds several: its asset keys become "
+        "`<prefix>/prompts`, ..., its jobs, sensors and resource keys `<prefix>__generation_job`, ... "
+        "(letters, digits, underscores). Empty: the plain names, which the CLI uses; one instance at most may "
+        "leave it empty.",
+    )
 
     def config_path(self, folder: Path) -> Path:
         path = Path(self.config_file).expanduser()
@@ -110,4 +128,7 @@ class Eagle3Pipeline(dg.Component, dg.Resolvable, dg.Model):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         path = self.config_path(context.path)
         config = load_config(path, runtime_checks=False)
-        return build_definitions(config, PipelineResource(config_path=str(path), artifacts_root=self.artifacts_root))
+        pipeline = PipelineResource(
+            config_path=str(path), artifacts_root=self.artifacts_root, key_prefix=self.key_prefix
+        )
+        return build_definitions(config, pipeline)

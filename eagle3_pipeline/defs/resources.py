@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launching import HOST_TAG
+from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.serving import InferenceProvider
 
 
@@ -35,6 +36,15 @@ class PipelineResource(dg.ConfigurableResource):
 
     config_path: str
     artifacts_root: str | None = None
+    key_prefix: str | None = Field(
+        default=None,
+        description="The prefix of this pipeline's names in the code location (asset keys `<prefix>/prompts`, "
+        "job `<prefix>__generation_job`, ...); empty: the plain names. Set by the component's key_prefix.",
+    )
+
+    def names(self) -> PipelineNames:
+        """The names of this pipeline's assets, checks, jobs, sensors and resources."""
+        return PipelineNames(self.key_prefix)
 
     def config(self) -> PipelineConfig:
         """The settings now: the file read afresh (without the run-time checks, which the phases
@@ -45,10 +55,14 @@ class PipelineResource(dg.ConfigurableResource):
         return config
 
 
-def pipeline_settings(context: Any) -> PipelineConfig:
-    """The settings of this run, from its `pipeline` resource (asset and check contexts; sensors take the resource as a parameter)."""
-    pipeline: PipelineResource = context.resources.pipeline
-    return pipeline.config()
+def pipeline_resource(context: Any, names: PipelineNames) -> PipelineResource:
+    """This pipeline's settings resource (key `names.pipeline`) in an asset, check or sensor context."""
+    return getattr(context.resources, names.pipeline)
+
+
+def pipeline_settings(context: Any, names: PipelineNames) -> PipelineConfig:
+    """The settings of this run, from the pipeline's settings resource (asset, check and sensor contexts)."""
+    return pipeline_resource(context, names).config()
 
 
 def api_key_vars(config: PipelineConfig) -> list[str]:
@@ -94,7 +108,7 @@ class InferenceResource(dg.ConfigurableResource):
                         "inference.hosts: a host is claimed for a run, and this resource was set up outside one "
                         "(no instance, run id or log); give it a base_url instead"
                     )
-                self._host = claim_host(instance, run_id, config, log.info)
+                self._host = claim_host(instance, run_id, config, log.info, self.pipeline.names())
             config = config.for_host(self._host)
         override = Endpoint(self.base_url, self.model or config.target.model) if self.base_url else None
         self._provider = InferenceProvider(config, override, api_keys=self.api_keys.values)

@@ -25,7 +25,8 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport, TickState
 from eagle3_pipeline.monitor import HealthMonitor
-from eagle3_pipeline.orchestration.launching import GENERATION_JOB, HostChoice, LaunchHost, claim, hosts_in_flight
+from eagle3_pipeline.orchestration.launching import HostChoice, LaunchHost, claim, hosts_in_flight
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
 
 class NoHostFree(Exception):
@@ -112,6 +113,7 @@ def claim_host(
     run_id: str,
     config: PipelineConfig,
     log: Callable[[str], None],
+    names: PipelineNames = DEFAULT_NAMES,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """The host of run `run_id`, which has none yet: the first healthy host (file order) that no
@@ -128,7 +130,7 @@ def claim_host(
             verdicts, _ = hosts.tick()
             choice = hosts.choice(verdicts)
             healthy = choice.healthy if choice is not None else []
-            held = hosts_in_flight(instance, GENERATION_JOB, besides=run_id)
+            held = hosts_in_flight(instance, names, besides=run_id)
             yielded = []
             for host in [h for h in healthy if h.name not in held.hosts and h.pool not in held.pools]:
                 first = claim(instance, run_id, host)

@@ -18,7 +18,8 @@ import dagster as dg
 from eagle3_pipeline.alerts import Alerter, health_changed
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.orchestration.hosts import HostVerdict, InferenceHosts, gate_summary, sick_hosts_line
-from eagle3_pipeline.orchestration.launching import GENERATION_JOB, LaunchPlan, plan_launches
+from eagle3_pipeline.orchestration.launching import LaunchPlan, plan_launches
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 
 ALL_CURRENT = "every responses partition is materialized and current"
@@ -70,10 +71,11 @@ def decide_generation(
     warn: Callable[[str], None],
     cursor: str | None = None,
     tags: dict[str, str] | None = None,
+    names: PipelineNames = DEFAULT_NAMES,
 ) -> GenerationDecision:
     """Run every host's health tick from `cursor` (alerts on verdict changes go through `warn`),
     then, if one host is healthy, plan the launches of the partitions to generate (their run
-    requests carry `tags`)."""
+    requests carry `tags`), from the records of the pipeline of `names`."""
     hosts = InferenceHosts(config)
     try:
         verdicts, next_cursor = hosts.tick(cursor)
@@ -83,6 +85,6 @@ def decide_generation(
         health_changed(Alerter.for_pipeline(config.for_host(verdict.name), warn), verdict.report, verdict.name)
     if not any(v.report.healthy for v in verdicts):
         return GenerationDecision(verdicts, next_cursor, {}, None)
-    wanted = partitions_to_generate(instance, config)
-    plan = plan_launches(instance, GENERATION_JOB, list(wanted), config.launch, tags=tags, hosts=hosts.choice(verdicts))
+    wanted = partitions_to_generate(instance, config, names)
+    plan = plan_launches(instance, names, list(wanted), config.launch, tags=tags, hosts=hosts.choice(verdicts))
     return GenerationDecision(verdicts, next_cursor, wanted, plan)

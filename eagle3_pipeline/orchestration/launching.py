@@ -31,12 +31,12 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.config import LaunchConfig
-from eagle3_pipeline.orchestration.staleness import RESPONSES
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
-GENERATION_JOB = "generation_job"
+GENERATION_JOB = DEFAULT_NAMES.generation_job
 PARTITION_TAG = "dagster/partition"
 # The assets partitioned by dataset: a run of either generates the partition it is tagged with.
-PER_DATASET = {dg.AssetKey("prompts"), dg.AssetKey("responses")}
+PER_DATASET = ("prompts", "responses")
 HISTORY = 100
 HOST_TAG = "eagle3/host"
 POOL_TAG = "eagle3/pool"
@@ -106,14 +106,22 @@ class HostsInFlight:
         return free[: max(0, len(free) - len(self.unplaced))]
 
 
-def generates(run: dg.DagsterRun, job_name: str) -> bool:
-    """A run that sends requests to an inference host: `job_name`, or a selection with `responses`
-    (a backfill's run, or one launched from the UI)."""
-    return run.job_name == job_name or RESPONSES in (run.asset_selection or set())
+def generates(run: dg.DagsterRun, names: PipelineNames) -> bool:
+    """A run that sends requests to an inference host: the generation job of the pipeline of `names`,
+    or a selection with its `responses` (a backfill's run, or one launched from the UI)."""
+    return run.job_name == names.generation_job or names.key("responses") in (run.asset_selection or set())
 
 
-def hosts_in_flight(instance: dg.DagsterInstance, job_name: str, besides: str | None = None) -> HostsInFlight:
-    """Every unfinished run's hold on the inference hosts (the run `besides` left out)."""
+def generates_partitions(run: dg.DagsterRun, names: PipelineNames) -> bool:
+    """A run of a dataset partition of the pipeline of `names`: its generation job, or a selection
+    with its `prompts` or `responses`."""
+    per_dataset = {names.key(asset) for asset in PER_DATASET}
+    return run.job_name == names.generation_job or bool(per_dataset & set(run.asset_selection or ()))
+
+
+def hosts_in_flight(instance: dg.DagsterInstance, names: PipelineNames, besides: str | None = None) -> HostsInFlight:
+    """Every unfinished run's hold on the inference hosts (the run `besides` left out); the runs not
+    placed yet are the generating runs of the pipeline of `names`."""
     hosts: dict[str, list[str]] = {}
     pools: set[str] = set()
     unplaced: list[str] = []
@@ -122,7 +130,7 @@ def hosts_in_flight(instance: dg.DagsterInstance, job_name: str, besides: str | 
             continue
         if HOST_TAG in run.tags:
             hosts.setdefault(run.tags[HOST_TAG], []).append(run.run_id)
-        elif generates(run, job_name):
+        elif generates(run, names):
             unplaced.append(run.run_id)
         if POOL_TAG in run.tags:
             pools.add(run.tags[POOL_TAG])
@@ -150,10 +158,16 @@ def backoff_s(failures: int, settings: LaunchConfig) -> float:
     return float(min(settings.backoff_initial_s * 2 ** (failures - 1), settings.backoff_max_s))
 
 
-def partitions_in_flight(instance: dg.DagsterInstance) -> dict[str, str]:
-    """partition → run id, for every unfinished (or still canceling) run that targets a partition."""
+def partitions_in_flight(instance: dg.DagsterInstance, names: PipelineNames = DEFAULT_NAMES) -> dict[str, str]:
+    """partition → run id, for every unfinished (or still canceling) run that targets a partition;
+    with a prefix in `names`, only the runs of that pipeline's dataset partitions (the pipeline without
+    a prefix counts every partitioned run, as it did alone in its code location)."""
     runs = instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
-    return {run.tags[PARTITION_TAG]: run.run_id for run in runs if PARTITION_TAG in run.tags}
+    return {
+        run.tags[PARTITION_TAG]: run.run_id
+        for run in runs
+        if PARTITION_TAG in run.tags and (names.prefix is None or generates_partitions(run, names))
+    }
 
 
 def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
@@ -189,7 +203,7 @@ def _root_cause(error: Any) -> str:
 
 def plan_launches(
     instance: dg.DagsterInstance,
-    job_name: str,
+    names: PipelineNames,
     wanted: Sequence[str],
     settings: LaunchConfig,
     tags: dict[str, str] | None = None,
@@ -197,11 +211,12 @@ def plan_launches(
     hosts: HostChoice | None = None,
 ) -> LaunchPlan:
     """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given
-    up; with `hosts`, each on a free healthy host (the others wait for one)."""
+    up; with `hosts`, each on a free healthy host (the others wait for one). The runs looked at are
+    those of the pipeline of `names`."""
     now = time.time() if now is None else now
     plan = LaunchPlan()
-    busy = partitions_in_flight(instance)
-    free = hosts_in_flight(instance, job_name).free(hosts) if hosts is not None else []
+    busy = partitions_in_flight(instance, names)
+    free = hosts_in_flight(instance, names).free(hosts) if hosts is not None else []
     for partition in wanted:
         if partition in busy:
             plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
@@ -209,7 +224,7 @@ def plan_launches(
         records = [
             r
             for r in instance.get_run_records(dg.RunsFilter(tags={PARTITION_TAG: partition}), limit=HISTORY)
-            if r.dagster_run.job_name == job_name or PER_DATASET & set(r.dagster_run.asset_selection or ())
+            if generates_partitions(r.dagster_run, names)
         ][: settings.max_attempts + 1]
         failures = []
         epoch = "first"

@@ -16,9 +16,8 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint, partition_is_stale
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
-PROMPTS = dg.AssetKey("prompts")
-RESPONSES = dg.AssetKey("responses")
 CODE_VERSION_TAG = "dagster/code_version"
 
 
@@ -34,11 +33,14 @@ def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partitions: Sequence
 
 
 def stale_partitions(
-    instance: dg.DagsterInstance, partitions: Sequence[str], code_version: str | None = None
+    instance: dg.DagsterInstance,
+    partitions: Sequence[str],
+    code_version: str | None = None,
+    names: PipelineNames = DEFAULT_NAMES,
 ) -> dict[str, str]:
-    """partition → why it is stale, for materialized partitions that are out of date."""
-    responses = _latest(instance, RESPONSES, partitions)
-    prompts = _latest(instance, PROMPTS, list(responses))
+    """partition → why it is stale, for materialized partitions of the pipeline of `names` that are out of date."""
+    responses = _latest(instance, names.key("responses"), partitions)
+    prompts = _latest(instance, names.key("prompts"), list(responses))
     stale: dict[str, str] = {}
     for partition, record in responses.items():
         upstream = prompts.get(partition)
@@ -52,12 +54,15 @@ def stale_partitions(
     return stale
 
 
-def partitions_to_generate(instance: dg.DagsterInstance, config: PipelineConfig) -> dict[str, str]:
-    """partition → why it needs a run (missing or stale), in the pipeline file's dataset order."""
+def partitions_to_generate(
+    instance: dg.DagsterInstance, config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
+) -> dict[str, str]:
+    """partition → why it needs a run (missing or stale), in the pipeline file's dataset order; the
+    records read are those of the pipeline of `names`."""
     partitions = config.dataset_ids
-    done = instance.get_materialized_partitions(RESPONSES)
+    done = instance.get_materialized_partitions(names.key("responses"))
     configured = configured_fingerprint(config.generation, config.target, config.inference)
-    stale = stale_partitions(instance, [p for p in partitions if p in done], configured.digest)
+    stale = stale_partitions(instance, [p for p in partitions if p in done], configured.digest, names)
     wanted = {}
     for partition in partitions:
         if partition not in done:

@@ -11,14 +11,13 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
-HIDDEN_STATES = dg.AssetKey("hidden_states")
 
-
-def extracting_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
-    """Started runs whose selection includes `hidden_states`."""
+def extracting_runs(instance: dg.DagsterInstance, names: PipelineNames = DEFAULT_NAMES) -> list[dg.RunRecord]:
+    """Started runs whose selection includes `hidden_states` (of the pipeline of `names`)."""
     records = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-    return [r for r in records if HIDDEN_STATES in (r.dagster_run.asset_selection or set())]
+    return [r for r in records if names.key("hidden_states") in (r.dagster_run.asset_selection or set())]
 
 
 def quiet_seconds(config: PipelineConfig, partition: str, run_id: str, now: float | None = None) -> float | None:

@@ -36,13 +36,8 @@ from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.compute import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import DrafterResult
-
-# The blocking checks of what the drafter trains on, honoured across runs (orchestration/gating.py).
-INPUT_CHECKS = [
-    dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"),
-    dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage"),
-]
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
@@ -104,21 +99,25 @@ def train_rolling(
     return run_rolling(state, windows, config.drafter.epochs, extract, train, delete, DagsterReporter(context))
 
 
-def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
+def build_drafter_assets(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
+    # The blocking checks of what the drafter trains on, honoured across runs (orchestration/gating.py).
+    input_checks = [names.check("hidden_states", "spot_check"), names.check("draft_vocab", "coverage")]
+
     @dg.asset(
-        group_name="eagle3",
+        key_prefix=names.key_prefix,
+        group_name=names.name("eagle3"),
         kinds={"pytorch", "safetensors"},
-        deps=[dg.AssetKey("draft_vocab"), dg.AssetKey("hidden_states")],
+        deps=[names.key("draft_vocab"), names.key("hidden_states")],
         pool="gpu",
-        required_resource_keys={"pipeline", "phase_listener"},
+        required_resource_keys={names.pipeline, names.phase_listener},
         op_tags=step_tags(config, "eagle3_drafter"),
         description="The EAGLE-3 draft model trained on the target's hidden states (training-time test "
         "over drafter.ttt_steps, soft labels over the draft vocabulary), checkpointed and resumable, "
         "exported as a LlamaForCausalLMEagle3 folder that SGLang and vLLM load.",
     )
     def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
-        require_passing_checks(context.instance, INPUT_CHECKS)
+        config = pipeline_settings(context, names)
+        require_passing_checks(context.instance, input_checks)
         paths = drafter_paths(config.artifacts_root)
         fetch = [
             p.relative_to(config.artifacts_root).as_posix()
@@ -138,7 +137,7 @@ def build_drafter_assets(config: PipelineConfig) -> list[dg.AssetsDefinition]:
         except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
             raise dg.Failure(description=str(exc)) from None
         typed = DrafterResult.from_metadata(result)
-        context.resources.phase_listener.result("eagle3_drafter", None, typed)
+        getattr(context.resources, names.phase_listener).result("eagle3_drafter", None, typed)
         where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
         rolling = {k: v for k, v in result.items() if k.startswith("rolling_")}
         return dg.MaterializeResult(metadata={**materialization_metadata(typed.as_metadata()), **where, **rolling})

@@ -14,30 +14,34 @@ from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline.orchestration.compute import DagsterReporter
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
-UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("training_data")]
+UPSTREAM = ("eagle3_drafter", "training_data")
 
 
-def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]:
+def build_drafter_benchmark(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
     described = config.drafter_benchmark
     if described is None:
         return []
 
     @dg.asset(
-        group_name="eagle3",
+        key_prefix=names.key_prefix,
+        group_name=names.name("eagle3"),
         kinds={described.server},
-        deps=UPSTREAM,
+        deps=[names.key(asset) for asset in UPSTREAM],
         pool="gpu",
-        required_resource_keys={"pipeline"},
-        description=f"The target served by {described.server} without and with the exported drafter (K={described.steps}) "
-        f"on the GPU host; τ as the server reports it and tokens/s of both over {described.prompts} eval prompts.",
+        required_resource_keys={names.pipeline},
+        description=f"The target served by {described.server} without and with the exported drafter "
+        f"(K={described.steps}) on the GPU host; τ as the server reports it and tokens/s of both over "
+        f"{described.prompts} eval prompts.",
     )
     def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         settings = config.drafter_benchmark
         if settings is None:
             raise dg.Failure(
-                description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location loaded; reload it"
+                description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location "
+                "loaded; reload it"
             )
         base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
         prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
@@ -52,7 +56,7 @@ def build_drafter_benchmark(config: PipelineConfig) -> list[dg.AssetsDefinition]
                 DagsterReporter(context),
             )
         except UnhealthyError as exc:
-            context.log_event(health_observation(exc.report))
+            context.log_event(health_observation(exc.report, None, names))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
         except BenchmarkError as exc:
             raise dg.Failure(description=str(exc)) from None

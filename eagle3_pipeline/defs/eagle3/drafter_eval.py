@@ -21,15 +21,17 @@ from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.compute import run_heavy_phase
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import DrafterEvalResult
 
-DRAFTER_EVAL = dg.AssetKey("drafter_eval")
-UPSTREAM = [dg.AssetKey("eagle3_drafter"), dg.AssetKey("hidden_states"), dg.AssetKey("draft_vocab")]
-# The blocking checks of what drafter_eval reads, honoured across runs (orchestration/gating.py).
-INPUT_CHECKS = [
-    dg.AssetCheckKey(dg.AssetKey("hidden_states"), "spot_check"),
-    dg.AssetCheckKey(dg.AssetKey("draft_vocab"), "coverage"),
-]
+# The key of drafter_eval in the pipeline without a key_prefix.
+DRAFTER_EVAL = DEFAULT_NAMES.key("drafter_eval")
+UPSTREAM = ("eagle3_drafter", "hidden_states", "draft_vocab")
+
+
+def input_checks(names: PipelineNames) -> list[dg.AssetCheckKey]:
+    """The blocking checks of what drafter_eval reads, honoured across runs (orchestration/gating.py)."""
+    return [names.check("hidden_states", "spot_check"), names.check("draft_vocab", "coverage")]
 
 
 def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
@@ -70,29 +72,34 @@ def _numbers(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, float]:
     }
 
 
-def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    """`config` (the file at load) words the descriptions; bodies read the `pipeline` resource."""
+def build_drafter_eval(
+    config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
+) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+    """`config` (the file at load) words the descriptions; bodies read the pipeline's settings
+    resource (key `names.pipeline`)."""
     described = config.drafter_eval
 
     @dg.asset(
-        group_name="eagle3",
+        key_prefix=names.key_prefix,
+        group_name=names.name("eagle3"),
         kinds={"pytorch"},
-        deps=UPSTREAM,
+        deps=[names.key(asset) for asset in UPSTREAM],
         pool="gpu",
-        required_resource_keys={"pipeline", "phase_listener"},
+        required_resource_keys={names.pipeline, names.phase_listener},
         op_tags=step_tags(config, "drafter_eval"),
         description="Acceptance length τ of the trained drafter on the eval split, per dataset and draft depth "
-        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens, against the stored "
+        f"K ∈ {list(described.steps)}, walked the way a greedy chain-drafting server accepts tokens, "
+        "against the stored "
         "tokens and against the target's argmax; the share of positions where the two agree (a warning below "
         f"drafter_eval.min_data_agreement, {described.min_data_agreement:g}); τ on training_data's fixed held-out ids "
         "apart; per-depth conditional acceptance; a bigram drafter over the same draft vocabulary as the baseline; "
         "an estimated speedup τ / (1 + K·c).",
     )
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
-        require_passing_checks(context.instance, INPUT_CHECKS)
+        config = pipeline_settings(context, names)
+        require_passing_checks(context.instance, input_checks(names))
         result = DrafterEvalResult.from_metadata(run_heavy_phase(context, config, "evaluate", evaluate_spec(config)))
-        context.resources.phase_listener.result("drafter_eval", None, result)
+        getattr(context.resources, names.phase_listener).result("drafter_eval", None, result)
         for line in str(result.extra.get(WARNING, "")).splitlines():
             context.log.warning(line)
         # data_scaling: what more data of each dataset buys
@@ -102,14 +109,15 @@ def build_drafter_eval(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.
     @dg.asset_check(
         asset=drafter_eval,
         blocking=True,
-        required_resource_keys={"pipeline"},
-        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({described.min_tau:g}) and at most "
+        required_resource_keys={names.pipeline},
+        description=f"Every τ@K (each dataset and all) is at least drafter_eval.min_tau ({described.min_tau:g}) and "
+        "at most "
         f"drafter_eval.max_tau_drop ({described.max_tau_drop:g}) below the previous materialization's.",
     )
     def tau_regression(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         settings = config.drafter_eval
-        records = context.instance.fetch_materializations(DRAFTER_EVAL, limit=2).records
+        records = context.instance.fetch_materializations(names.key("drafter_eval"), limit=2).records
         if not records or records[0].asset_materialization is None:
             return dg.AssetCheckResult(passed=False, description="drafter_eval has no materialization to check")
         current = _numbers(records[0].asset_materialization.metadata)

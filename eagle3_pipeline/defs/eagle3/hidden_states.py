@@ -36,6 +36,7 @@ from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.compute import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import HiddenStatesResult
 from eagle3_pipeline.serving import tokenizer_name
 from eagle3_pipeline.target import TargetError, dimensions, read_config
@@ -52,8 +53,6 @@ PHASE_ERRORS = (
     ServingReferenceError,
 )
 STORE_FILES = ("index.parquet", "manifest.json")
-# The blocking checks of training_data, honoured across runs (orchestration/gating.py).
-TRAINING_DATA_CHECKS = [dg.AssetCheckKey(dg.AssetKey("training_data"), "template_mismatch_rate")]
 
 
 def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
@@ -62,14 +61,17 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
             check_name="spot_check",
             passed=False,
             severity=dg.AssetCheckSeverity.WARN,
-            description="not run: the states were imported from compute.command's output, not extracted with transformers "
-            f"(input_ids checked against training_data; {meta.get('loss_mask_disagreements', 0)} loss-mask disagreement(s))",
+            description="not run: the states were imported from compute.command's output, not extracted with "
+            "transformers "
+            f"(input_ids checked against training_data; {meta.get('loss_mask_disagreements', 0)} loss-mask "
+            "disagreement(s))",
         )
     return dg.AssetCheckResult(
         check_name="spot_check",
         passed=bool(meta["spot_check_passed"]),
         description=f"{meta['spot_check_samples']} samples re-computed {meta['spot_check_method']}, max relative error "
-        f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst {meta['spot_check_worst_sample'] or '-'})",
+        f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst "
+        f"{meta['spot_check_worst_sample'] or '-'})",
     )
 
 
@@ -86,8 +88,10 @@ def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
         return dg.AssetCheckResult(
             check_name="serving_agreement",
             passed=True,
-            description=f"argmax(lm_head(teacher)) = the serving target's greedy token at {meta['serving_agreement']:.1%} of "
-            f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor {meta['serving_min_agreement']:.0%}) "
+            description="argmax(lm_head(teacher)) = the serving target's greedy token at "
+            f"{meta['serving_agreement']:.1%} of "
+            f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor "
+            f"{meta['serving_min_agreement']:.0%}) "
             f"against {meta['serving_reference']}{near}",
             metadata={
                 k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")
@@ -133,22 +137,28 @@ def _local_target_vocab_size(config: PipelineConfig) -> int | None:
     return dimensions(read_config(model), str(Path(model, "config.json"))).vocab_size
 
 
-def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    """`config` (the file at load) words the descriptions; bodies read the `pipeline` resource."""
-    training_data = dg.AssetKey("training_data")
+def build_eagle3_assets(
+    config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
+) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+    """`config` (the file at load) words the descriptions; bodies read the pipeline's settings
+    resource (key `names.pipeline`)."""
+    training_data = names.key("training_data")
+    # The blocking checks of training_data, honoured across runs (orchestration/gating.py).
+    training_data_checks = [names.check("training_data", "template_mismatch_rate")]
 
     @dg.asset(
-        group_name=GROUP,
+        key_prefix=names.key_prefix,
+        group_name=names.name(GROUP),
         kinds={"safetensors"},
         deps=[training_data],
-        required_resource_keys={"pipeline", "phase_listener"},
+        required_resource_keys={names.pipeline, names.phase_listener},
         description="The draft vocabulary: the draft_vocab.size most frequent target ids among the masked tokens "
         "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
     )
     def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         layout = ArtifactLayout(config.artifacts_root)
-        require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
+        require_passing_checks(context.instance, training_data_checks)
         settings = config.draft_vocab
         try:
             target_vocab = settings.target_vocab_size or _local_target_vocab_size(config)
@@ -159,7 +169,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
             f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
         )
-        context.resources.phase_listener.result("draft_vocab", None, result)
+        getattr(context.resources, names.phase_listener).result("draft_vocab", None, result)
         return dg.MaterializeResult(
             metadata={**result.as_metadata(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
         )
@@ -168,14 +178,15 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         asset=draft_vocab,
         name="coverage",
         blocking=True,
-        required_resource_keys={"pipeline"},
-        description=f"The draft vocabulary covers at least draft_vocab.min_coverage ({config.draft_vocab.min_coverage:.0%}) "
+        required_resource_keys={names.pipeline},
+        description="The draft vocabulary covers at least draft_vocab.min_coverage "
+        f"({config.draft_vocab.min_coverage:.0%}) "
         "of the masked train tokens.",
     )
     def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         from eagle3_pipeline.hidden_states.store import load_draft_vocab
 
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         layout = ArtifactLayout(config.artifacts_root)
         try:
             _, _, manifest = load_draft_vocab(layout.draft_vocab)
@@ -189,25 +200,27 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
         )
 
     @dg.asset(
-        group_name=GROUP,
+        key_prefix=names.key_prefix,
+        group_name=names.name(GROUP),
         kinds={"safetensors", "parquet"},
         deps=[training_data],
         pool="gpu",
-        required_resource_keys={"pipeline", "phase_listener"},
+        required_resource_keys={names.pipeline, names.phase_listener},
         op_tags=step_tags(config, "hidden_states"),
         check_specs=[
             dg.AssetCheckSpec(
                 "spot_check",
-                asset="hidden_states",
+                asset=names.key("hidden_states"),
                 blocking=True,
                 description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
-                "output_hidden_states, no padding; sglang: one request per forward through the same runner; vllm: the same "
+                "output_hidden_states, no padding; sglang: one request per forward through the same runner; "
+                "vllm: the same "
                 "request sent again to the server) "
                 "match the stored states within hidden_states.spot_check_tolerance.",
             ),
             dg.AssetCheckSpec(
                 "serving_agreement",
-                asset="hidden_states",
+                asset=names.key("hidden_states"),
                 blocking=True,
                 description="Before the extraction, hidden_states.validation.samples samples re-computed through the "
                 "state source: every state finite and of the manifest's shape, argmax(lm_head(teacher)) equal to the "
@@ -217,19 +230,20 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             ),
             dg.AssetCheckSpec(
                 "bytes_per_token",
-                asset="hidden_states",
+                asset=names.key("hidden_states"),
                 description="Bytes on disk per token within 5 % of the formula for hidden_states.storage_dtype: "
                 "(3 aux + teacher) × hidden × 2 + 5 in bfloat16, (3 aux + teacher) × (hidden + 4) + 5 in float8_e4m3.",
             ),
         ],
         description="The target's hidden states for every train and eval sample: 3 aux layers (output-of-layer ids) "
-        "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 with per-token scales: "
+        "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 "
+        "with per-token scales: "
         "hidden_states.storage_dtype) + Parquet index.",
     )
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         layout = ArtifactLayout(config.artifacts_root)
-        require_passing_checks(context.instance, TRAINING_DATA_CHECKS)
+        require_passing_checks(context.instance, training_data_checks)
         rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []
         fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
         try:
@@ -265,7 +279,7 @@ def build_eagle3_assets(config: PipelineConfig) -> list[dg.AssetsDefinition | dg
             dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
         ]
         result = HiddenStatesResult.from_metadata({**meta, **reference})
-        context.resources.phase_listener.result("hidden_states", None, result)
+        getattr(context.resources, names.phase_listener).result("hidden_states", None, result)
         metadata = {
             **result.as_metadata(),
             "store": dg.MetadataValue.path(result.store),

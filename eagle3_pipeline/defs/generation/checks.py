@@ -19,33 +19,38 @@ from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
 # A blocking check's judgement of one dataset's responses: (passed, description, metadata).
 Verdict = Callable[[PipelineConfig, ArtifactLayout, str], tuple[bool, str, dict[str, Any]]]
 
 
-def build_response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+def build_response_checks(
+    config: PipelineConfig, responses: dg.AssetsDefinition, names: PipelineNames = DEFAULT_NAMES
+) -> list[dg.AssetChecksDefinition]:
     """`config` (the file at load) words the descriptions; each check reads its settings from the
-    `pipeline` resource when it runs. The checks are partitioned like `responses` (one verdict per
-    dataset), a Preview feature of Dagster: its PreviewWarning is expected here, so it is silenced
-    while these checks are defined only."""
+    pipeline's settings resource (key `names.pipeline`) when it runs. The checks are partitioned like
+    `responses` (one verdict per dataset), a Preview feature of Dagster: its PreviewWarning is expected
+    here, so it is silenced while these checks are defined only."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*", category=dg.PreviewWarning)
-        return _response_checks(config, responses)
+        return _response_checks(config, responses, names)
 
 
-def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> list[dg.AssetChecksDefinition]:
+def _response_checks(
+    config: PipelineConfig, responses: dg.AssetsDefinition, names: PipelineNames
+) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(
         asset=responses,
         partitions_def=responses.partitions_def,
         blocking=True,
-        required_resource_keys={"pipeline"},
+        required_resource_keys={names.pipeline},
         description="The dataset's counted tokens are within its token_budget plus what the requests in "
         "flight at the stop can add (in-flight slots × max_tokens per turn, + prompt tokens when they count).",
     )
     def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         dataset = config.dataset(context.partition_key)
         path = ArtifactLayout(config.artifacts_root).responses(dataset.id)
         if not path.exists():
@@ -60,7 +65,8 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
         else:
             verdict = (
                 f"{state.tokens} tokens exceed the budget {state.budget} by {state.overshoot}, more than the "
-                f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back the answers over it)"
+                f"{state.overshoot_bound} the requests in flight can explain (a rerun of responses holds back "
+                "the answers over it)"
             )
         return dg.AssetCheckResult(
             passed=state.within_bound,
@@ -76,10 +82,10 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
             partitions_def=responses.partitions_def,
             blocking=True,
             description=description,
-            required_resource_keys={"pipeline"},
+            required_resource_keys={names.pipeline},
         )
         def check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-            config = pipeline_settings(context)
+            config = pipeline_settings(context, names)
             layout = ArtifactLayout(config.artifacts_root)
             path = layout.responses(context.partition_key)
             if not path.exists():
@@ -115,9 +121,15 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
     ) -> tuple[bool, str, dict[str, Any]]:
         max_empty = config.generation.max_empty_rate
         a = account_for_prompts(layout, dataset_id, config.dataset(dataset_id).token_budget, config.generation)
-        detail = f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer ({a.empty_rate:.1%}; limit {max_empty:.1%})"
+        detail = (
+            f"{len(a.empty_failed)} of {a.sent} prompts sent are left with an empty answer "
+            f"({a.empty_rate:.1%}; limit {max_empty:.1%})"
+        )
         if a.empty_failed:
-            detail += f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger max_tokens)"
+            detail += (
+                f", e.g. {examples(a.empty_failed)}; a rerun retries them (a reasoning model may need a larger "
+                "max_tokens)"
+            )
         return (
             a.empty_rate <= max_empty,
             detail,
@@ -145,13 +157,15 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
         ),
         blocking_check(
             "empty_answers",
-            f"At most {config.generation.max_empty_rate:.1%} of the prompts sent are left with an empty answer (generation.max_empty_rate); "
+            f"At most {config.generation.max_empty_rate:.1%} of the prompts sent are left with an empty "
+            "answer (generation.max_empty_rate); "
             "empty answers are retried and never stored, so a rerun can repair this.",
             empty_answers,
         ),
         blocking_check(
             "truncation_rate",
-            f"At most {config.health.max_truncation_rate:.0%} of responses stopped at max_tokens (finish_reason 'length').",
+            f"At most {config.health.max_truncation_rate:.0%} of responses stopped at max_tokens "
+            "(finish_reason 'length').",
             truncation,
         ),
     ]
@@ -162,17 +176,18 @@ def _response_checks(config: PipelineConfig, responses: dg.AssetsDefinition) -> 
 
 
 def build_training_data_checks(
-    config: PipelineConfig, training_data: dg.AssetsDefinition
+    config: PipelineConfig, training_data: dg.AssetsDefinition, names: PipelineNames = DEFAULT_NAMES
 ) -> list[dg.AssetChecksDefinition]:
     @dg.asset_check(
         asset=training_data,
         blocking=True,
-        required_resource_keys={"pipeline"},
-        description=f"At most {config.training_data.max_template_mismatch_rate:.2%} of the conversations have generated turns the target's chat template "
+        required_resource_keys={names.pipeline},
+        description=f"At most {config.training_data.max_template_mismatch_rate:.2%} of the conversations have "
+        "generated turns the target's chat template "
         "cannot render faithfully (training_data.max_template_mismatch_rate); they are left out of the shards.",
     )
     def template_mismatch_rate(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        config = pipeline_settings(context)
+        config = pipeline_settings(context, names)
         ceiling = config.training_data.max_template_mismatch_rate
         try:
             manifest = read_manifest(ArtifactLayout(config.artifacts_root).training_data)

@@ -8,8 +8,9 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.monitor import report_markdown, tokens_per_second
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
-INFERENCE_SERVER = dg.AssetKey("inference_server")
+INFERENCE_SERVER = "inference_server"
 
 
 def report_metadata(report: HealthReport) -> dict[str, Any]:
@@ -26,23 +27,25 @@ def report_metadata(report: HealthReport) -> dict[str, Any]:
     return metadata
 
 
-def server_key(host: str | None = None) -> dg.AssetKey:
-    """`inference_server`, or `inference_server/<host>` for one of several inference hosts."""
-    return INFERENCE_SERVER if host is None else dg.AssetKey([*INFERENCE_SERVER.path, host])
+def server_key(host: str | None = None, names: PipelineNames = DEFAULT_NAMES) -> dg.AssetKey:
+    """`inference_server`, or `inference_server/<host>` for one of several inference hosts (under the
+    prefix of `names`, if any)."""
+    server = names.key(INFERENCE_SERVER)
+    return server if host is None else dg.AssetKey([*server.path, host])
 
 
-def inference_server_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
+def inference_server_specs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetSpec]:
     """`inference_server`, and one observed asset per host of `inference.hosts`."""
     inference_server = dg.AssetSpec(
-        INFERENCE_SERVER,
-        group_name="target",
+        server_key(None, names),
+        group_name=names.name("target"),
         description="The inference host and server. Not materialized: each health tick records an "
         "observation carrying the report (per-check status, GPU table, tokens/s).",
     )
     return [inference_server] + [
         dg.AssetSpec(
-            server_key(host.name),
-            group_name="target",
+            server_key(host.name, names),
+            group_name=names.name("target"),
             description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an "
             "observation carrying its report; while it is not healthy it receives no new `responses` partition.",
         )
@@ -50,6 +53,8 @@ def inference_server_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
     ]
 
 
-def health_observation(report: HealthReport, host: str | None = None) -> dg.AssetObservation:
+def health_observation(
+    report: HealthReport, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
+) -> dg.AssetObservation:
     metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
-    return dg.AssetObservation(asset_key=server_key(host), metadata=metadata)
+    return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)

@@ -10,25 +10,24 @@ import dagster as dg
 from eagle3_pipeline.alerts import Alerter, stall_detected
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.health.observations import health_observation
-from eagle3_pipeline.defs.resources import PipelineResource
+from eagle3_pipeline.defs.resources import pipeline_resource
 from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.launch import decide_generation
 from eagle3_pipeline.orchestration.launching import partitions_in_flight
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
 
-RESPONSES = dg.AssetKey("responses")
-HIDDEN_STATES = dg.AssetKey("hidden_states")
 
-
-def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg.SensorDefinition]:
+def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.SensorDefinition]:
     """`config` (the file at load) sets the tick intervals; each tick reads its settings from the
-    `pipeline` resource."""
+    pipeline's settings resource (key `names.pipeline`)."""
     intervals = config.health
 
     @dg.sensor(
-        name="inference_health",
-        job_name=generation_job,
+        name=names.name("inference_health"),
+        job_name=names.generation_job,
+        required_resource_keys={names.pipeline},
         minimum_interval_seconds=intervals.sensor_interval_s,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Runs the health checks each tick, records them on `inference_server` (one "
@@ -36,15 +35,16 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         "runs for missing or stale `responses` partitions only while every required check passes (on a "
         "healthy host, one run per host); failed partitions are retried with backoff, then left alone.",
     )
-    def inference_health(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
+    def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         decision = decide_generation(
             context.instance,
-            pipeline.config(),
+            pipeline_resource(context, names).config(),
             context.log.warning,
             cursor=context.cursor,
             tags={"eagle3/launched_by": "inference_health"},
+            names=names,
         )
-        events = [health_observation(v.report, v.name) for v in decision.verdicts]
+        events = [health_observation(v.report, v.name, names) for v in decision.verdicts]
         if not decision.gate_open:
             return dg.SensorResult(
                 skip_reason=f"not launching generation: {decision.gate}", cursor=decision.cursor, asset_events=events
@@ -58,7 +58,8 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         return dg.SensorResult(run_requests=decision.plan.requests, cursor=decision.cursor, asset_events=events)
 
     @dg.sensor(
-        name="generation_stall",
+        name=names.name("generation_stall"),
+        required_resource_keys={names.pipeline},
         minimum_interval_seconds=max(30, int(intervals.stall_window_s // 4)),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Flags a running generation whose checkpoint has not grown within the stall "
@@ -67,12 +68,12 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
         "(an observation on `hidden_states`); terminates them if configured. Runs waiting for the `gpu` "
         "pool, a server start or the target's weights are not working yet.",
     )
-    def generation_stall(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
-        config = pipeline.config()
+    def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        config = pipeline_resource(context, names).config()
         stall = config.health
         stalled, events = [], []
         alerter = Alerter.for_pipeline(config, context.log.warning)
-        for partition, run_id in partitions_in_flight(context.instance).items():
+        for partition, run_id in partitions_in_flight(context.instance, names).items():
             if partition not in config.dataset_ids:
                 continue
             quiet = quiet_seconds(config, partition, run_id)
@@ -81,7 +82,7 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
             terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
             events.append(
                 dg.AssetObservation(
-                    asset_key=RESPONSES,
+                    asset_key=names.key("responses"),
                     partition=partition,
                     metadata={
                         "stalled": True,
@@ -92,10 +93,11 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
                 )
             )
             stalled.append(
-                f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
+                f"{partition} (run {run_id[:8]}, "
+                f"no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
             )
             stall_detected(alerter, partition, run_id, stalled[-1])
-        for record in extracting_runs(context.instance) if config.compute.kind == "local" else []:
+        for record in extracting_runs(context.instance, names) if config.compute.kind == "local" else []:
             quiet = extraction_quiet_seconds(
                 ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0
             )
@@ -109,9 +111,10 @@ def build_health_sensors(config: PipelineConfig, generation_job: str) -> list[dg
                 "run_id": run_id,
                 "terminated": terminated,
             }
-            events.append(dg.AssetObservation(asset_key=HIDDEN_STATES, metadata=metadata))
+            events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
             stalled.append(
-                f"hidden_states (run {run_id[:8]}, no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
+                f"hidden_states (run {run_id[:8]}, "
+                f"no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
             )
             stall_detected(alerter, "hidden_states", run_id, stalled[-1])
         if stalled:

@@ -11,8 +11,11 @@ condition written in Python (`GenerationDue`).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import dagster as dg
+
+from eagle3_pipeline.orchestration.names import PipelineNames
 
 AUTOMATION_SENSOR = "pipeline_automation"
 AUTOMATION_INTERVAL_S = 30
@@ -25,14 +28,18 @@ AUTOMATION_INTERVAL_S = 30
 FOLLOW_UPSTREAM = dg.AutomationCondition.eager()
 
 
-def build_automation_sensor() -> dg.AutomationConditionSensorDefinition:
+def build_automation_sensor(
+    names: PipelineNames, keys: Sequence[dg.AssetKey]
+) -> dg.AutomationConditionSensorDefinition:
+    """The automation sensor of one pipeline: it evaluates the conditions of the assets `keys` (the
+    pipeline's own, so two pipelines in a code location have one sensor each)."""
     # `use_user_code_server` is a Beta parameter, and a condition written in Python (GenerationDue)
     # needs it: its BetaWarning is expected here, so it is silenced for this one call only.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*use_user_code_server.*", category=dg.BetaWarning)
         return dg.AutomationConditionSensorDefinition(
-            AUTOMATION_SENSOR,
-            target=dg.AssetSelection.all(),
+            names.name(AUTOMATION_SENSOR),
+            target=dg.AssetSelection.assets(*keys),
             default_status=dg.DefaultSensorStatus.RUNNING,
             minimum_interval_seconds=AUTOMATION_INTERVAL_S,
             emit_backfills=True,
