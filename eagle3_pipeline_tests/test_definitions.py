@@ -114,7 +114,8 @@ def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path)
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(
         "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
-        "inference: {kind: endpoints, endpoints: [{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
+        "inference: {kind: endpoints, endpoints: "
+        "[{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
         "datasets:\n  - {id: B1, source: /nonexistent/prompts.jsonl}\n"
     )
     dagster = Path(sys.executable).parent / "dagster"
@@ -136,7 +137,8 @@ def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkey
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(
         "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
-        "inference: {kind: endpoints, endpoints: [{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
+        "inference: {kind: endpoints, endpoints: "
+        "[{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
         "datasets:\n  - {id: B1, source: prompts.jsonl}\n"
     )
     monkeypatch.delenv("EAGLE3_UNSET_KEY", raising=False)

@@ -132,11 +132,13 @@ def _guarded(
             fate = remote.kill(name)
         except HostError as exc:
             context.log.error(
-                f"step stopped: cannot reach {remote.host.name} to kill the remote {name} of {remote.run_dir} ({exc}); its pid is in {name}.pid there"
+                f"step stopped: cannot reach {remote.host.name} to kill the remote {name} of {remote.run_dir} "
+                f"({exc}); its pid is in {name}.pid there"
             )
         else:
             context.log.warning(
-                f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; it is {fate.describe()}"
+                f"step stopped: killed the remote {name} of {remote.run_dir} on {remote.host.name}; "
+                f"it is {fate.describe()}"
             )
         raise
 
@@ -144,7 +146,8 @@ def _guarded(
 def _require_success(remote: RemoteRun, name: str, fate: Fate) -> None:
     if fate.exit_code != 0:
         raise RemoteError(
-            f"the remote {name} on {remote.host.name} {fate.describe()}; last lines of {remote.run_dir}/{name}.log:\n{remote.log_tail(name)}"
+            f"the remote {name} on {remote.host.name} {fate.describe()}; "
+            f"last lines of {remote.run_dir}/{name}.log:\n{remote.log_tail(name)}"
         )
 
 
@@ -179,7 +182,8 @@ def _run_local_workers(
                 )
             except OSError as exc:
                 raise RemoteError(
-                    f"{python[1]}: cannot start {python[0]!r} ({exc}); expected the python of the venv to run the phase with"
+                    f"{python[1]}: cannot start {python[0]!r} ({exc}); "
+                    "expected the python of the venv to run the phase with"
                 ) from None
             try:
                 code = process.wait()
@@ -193,7 +197,8 @@ def _run_local_workers(
                 _observe(context, message.get("metrics") or {})
     if code != 0:
         raise RemoteError(
-            f"the local {phase} launch of {processes} processes exited with status {code}; its ranks' errors are in the run's stderr"
+            f"the local {phase} launch of {processes} processes exited with status {code}; "
+            "its ranks' errors are in the run's stderr"
         )
     return _session_metadata(session, "launched here")
 
@@ -264,7 +269,8 @@ def run_heavy_phase(
         remote.prepare()
         shipped = remote.ship(ship)
         context.log.info(
-            f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} ({shipped['already_there']} already there)"
+            f"shipped {shipped['shipped_files']} file(s), {shipped['shipped_bytes']} bytes to {host.name} "
+            f"({shipped['already_there']} already there)"
         )
         remote_spec = remote.translate(spec)
         extra: dict[str, Any] = {}
