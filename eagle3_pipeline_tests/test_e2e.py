@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,8 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     first = run_cli(config, home)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "training_data: 6 rows" in first.stdout
+    # Every phase ran here, the Pipes steps (target_model, the heavy phases) included: none warns.
+    assert not re.findall(r"\w+Warning: .*", first.stderr), "a normal run prints no Python warning"
     out = tmp_path / "out"
     assert len(checkpoint_ids(out / "responses" / "B1.checkpoint.jsonl")) == 3
     assert (out / "training_data" / "manifest.json").exists()

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,16 @@ from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, SPEC, WORKER, Fate
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hosts import HostError, SshHost, build_host
 from eagle3_pipeline.worker import PROGRESS_MESSAGE
+
+
+@contextmanager
+def quiet_pipes() -> Iterator[None]:
+    """A Pipes session without Dagster's PreviewWarning about its own use of
+    `PipesMessageReader.expected_writer_count` (Dagster 1.13 reads that preview property inside every
+    session; nothing of this project calls it), so a normal run prints no warning. Other warnings pass."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*expected_writer_count", category=dg.PreviewWarning)
+        yield
 
 IMPORT_PHASE = "import-specforge"
 COMMAND_PHASE = "extract"  # the one phase compute.command replaces
@@ -171,7 +182,7 @@ def _run_local_workers(
         context.log.info(
             f"running {phase} in {processes} local process{'es' if processes > 1 else ''}: {shlex.join(argv)}"
         )
-        with dg.open_pipes_session(
+        with quiet_pipes(), dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesEnvContextInjector(),
             message_reader=dg.PipesTempFileMessageReader(),
@@ -215,7 +226,7 @@ def _run_worker(
             if isinstance(payload, dict) and payload.get("type") == PROGRESS_MESSAGE:
                 _observe(context, payload.get("metrics") or {})
 
-    with dg.open_pipes_session(
+    with quiet_pipes(), dg.open_pipes_session(
         context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader
     ) as session:
         command = remote.worker_command(phase, python, session.get_bootstrap_env_vars(), processes)

@@ -31,6 +31,7 @@ from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError
+from eagle3_pipeline.orchestration.compute import quiet_pipes
 from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.prompts import write_prompts
 from eagle3_pipeline.records import read_prompts
@@ -117,7 +118,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         command = [sys.executable, "-m", "eagle3_pipeline.defs.generation.prepare_model_step"]
         quiet = {**os.environ, "TQDM_DISABLE": "1"}
         client: dg.PipesSubprocessClient = getattr(context.resources, names.pipes_subprocess_client)
-        return client.run(command=command, context=context, env=quiet).get_materialize_result()
+        with quiet_pipes():
+            return client.run(command=command, context=context, env=quiet).get_materialize_result()
 
     @dg.asset(
         key_prefix=names.key_prefix,
