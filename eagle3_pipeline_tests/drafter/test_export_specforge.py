@@ -114,10 +114,15 @@ def specforge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.Module
         "specforge.distributed": _stub("specforge.distributed", get_sp_ring_group=_unused("sequence parallelism"),
                                        get_sp_ulysses_group=_unused("sequence parallelism")),
     }  # fmt: skip
-    with pytest.MonkeyPatch.context() as patch, zipfile.ZipFile(wheel) as archive:
+    # torch's own config patch: a monkeypatch of torch._dynamo.config.disable, once undone, deletes the
+    # setting from torch's config module, and the next module to load SpecForge's code in this process fails.
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        zipfile.ZipFile(wheel) as archive,
+        torch._dynamo.config.patch(disable=True),
+    ):
         for name, module in stubs.items():
             patch.setitem(sys.modules, name, module)
-        patch.setattr(torch._dynamo.config, "disable", True)
         for stem in MODEL_FILES:
             source = Path(archive.extract(f"specforge/modeling/draft/{stem}.py", folder / "files"))
             spec = importlib.util.spec_from_file_location(f"{PACKAGE}.{stem}", source)
