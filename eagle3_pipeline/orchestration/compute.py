@@ -55,6 +55,7 @@ def quiet_pipes() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=r".*expected_writer_count", category=dg.PreviewWarning)
         yield
 
+
 IMPORT_PHASE = "import-specforge"
 COMMAND_PHASE = "extract"  # the one phase compute.command replaces
 Interpreter = tuple[str, str]  # (the python a worker runs with, the setting that names it)
@@ -182,11 +183,14 @@ def _run_local_workers(
         context.log.info(
             f"running {phase} in {processes} local process{'es' if processes > 1 else ''}: {shlex.join(argv)}"
         )
-        with quiet_pipes(), dg.open_pipes_session(
-            context=context,
-            context_injector=dg.PipesEnvContextInjector(),
-            message_reader=dg.PipesTempFileMessageReader(),
-        ) as session:
+        with (
+            quiet_pipes(),
+            dg.open_pipes_session(
+                context=context,
+                context_injector=dg.PipesEnvContextInjector(),
+                message_reader=dg.PipesTempFileMessageReader(),
+            ) as session,
+        ):
             try:
                 process = subprocess.Popen(
                     argv, env={**os.environ, **session.get_bootstrap_env_vars()}, start_new_session=True
@@ -226,9 +230,12 @@ def _run_worker(
             if isinstance(payload, dict) and payload.get("type") == PROGRESS_MESSAGE:
                 _observe(context, payload.get("metrics") or {})
 
-    with quiet_pipes(), dg.open_pipes_session(
-        context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader
-    ) as session:
+    with (
+        quiet_pipes(),
+        dg.open_pipes_session(
+            context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader
+        ) as session,
+    ):
         command = remote.worker_command(phase, python, session.get_bootstrap_env_vars(), processes)
         if processes > 1:
             context.log.info(f"running {phase} on {remote.host.name} in {processes} processes (torchrun)")
