@@ -10,8 +10,9 @@ import pytest
 
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 
-# Tests with these markers are slow by nature (the main job, the daemon, a browser, a PostgreSQL server).
-SLOW_KINDS = ("e2e", "browser", "daemon", "postgres")
+# Tests with these markers are slow by nature (the main job, the daemon, a browser, a PostgreSQL server,
+# a real vLLM server).
+SLOW_KINDS = ("e2e", "browser", "daemon", "postgres", "real_vllm")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
