@@ -1,5 +1,7 @@
 """Inference servers the pipeline runs itself (`serving.managed`): launch lines built from what the phases
-need (:mod:`.launch`) and the pipeline file's managed servers resolved (:mod:`.plan`). No Dagster here.
+need (:mod:`.launch`), the pipeline file's managed servers resolved (:mod:`.plan`), and their life on the
+host — start, ready, stop verified (:mod:`.lifecycle`). No Dagster here: the Dagster layer turns the typed
+results into events and observations.
 
 (``eagle3_pipeline.serving`` is the embedded profile's ``transformers serve``, which each run starts itself.)
 """
@@ -21,6 +23,21 @@ from eagle3_pipeline.managed.launch import (
     resolve_parser,
     vllm_eagle3_config,
 )
+from eagle3_pipeline.managed.lifecycle import (
+    AlreadyRunningError,
+    ManagedServer,
+    ManagedServerError,
+    NotOurProcessError,
+    PortInUseError,
+    ProcessRef,
+    ServerRecord,
+    ServerStatus,
+    StartResult,
+    StartupFailedError,
+    StopNotVerifiedError,
+    StopResult,
+    StopVerification,
+)
 from eagle3_pipeline.managed.plan import (
     ManagedServerPlan,
     launch_for,
@@ -32,15 +49,28 @@ from eagle3_pipeline.managed.plan import (
 
 __all__ = [
     "FAMILY_PARSERS",
+    "AlreadyRunningError",
     "EagleDrafter",
     "EngineSettings",
     "FamilyParsers",
     "HiddenStateExtraction",
     "LaunchError",
     "LaunchLine",
+    "ManagedServer",
+    "ManagedServerError",
     "ManagedServerPlan",
+    "NotOurProcessError",
     "ParserChoice",
+    "PortInUseError",
+    "ProcessRef",
     "ServerPurpose",
+    "ServerRecord",
+    "ServerStatus",
+    "StartResult",
+    "StartupFailedError",
+    "StopNotVerifiedError",
+    "StopResult",
+    "StopVerification",
     "build_launch",
     "drafter_args",
     "extraction_args",
