@@ -222,3 +222,16 @@ def test_values_are_quoted_and_secrets_stay_out_of_the_display(tmp_path: Path) -
     assert shlex.split(launch.shell()) == ["env", "HF_TOKEN=hf_secret value", *launch.argv]
     assert "hf_secret" not in launch.display() and launch.display().startswith("HF_TOKEN=… /v/bin/python -m vllm")
     assert launch.shell().endswith("--chat-template 'a b;c'")
+
+
+def test_the_prompts_say_whether_tools_are_needed(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eagle3_pipeline.managed import prompts_need_tools
+
+    plain, with_tools = tmp_path / "B1.parquet", tmp_path / "B3.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "tools": pa.array([None, None], pa.string())}), plain)
+    pq.write_table(pa.table({"id": ["c", "d"], "tools": [None, '[{"type": "function"}]']}), with_tools)
+    assert not prompts_need_tools([plain])
+    assert prompts_need_tools([plain, with_tools])
