@@ -1,8 +1,8 @@
 """The pipeline file: one validated, typed model per section, and the loader.
 
 ``PipelineConfig`` (``pipeline.py``) is the root; each section's models live in the module named
-after it (``generation``, ``inference``, ``health``, ``compute``, ``eagle3``, ``drafter``, ``ops``);
-``loader.load_config`` reads a file into it. Every field is documented by its description, from
+after it (``generation``, ``inference``, ``serving``, ``health``, ``compute``, ``eagle3``, ``drafter``,
+``ops``); ``loader.load_config`` reads a file into it. Every field is documented by its description, from
 which ``reference.render()`` generates ``docs/settings.md``.
 """
 
@@ -62,12 +62,14 @@ from eagle3_pipeline.config.ops import (
     ScheduleConfig,
 )
 from eagle3_pipeline.config.pipeline import PipelineConfig, check_runtime, check_secrets, check_sources
+from eagle3_pipeline.config.serving import DEFAULT_PORTS, Engine, ServingConfig
 
 __all__ = [
     "ARTIFACTS_ENV_VAR",
     "BENCHMARK_PLACEHOLDERS",
     "COMMAND_PLACEHOLDERS",
     "CRON_PATTERN",
+    "DEFAULT_PORTS",
     "DATASET_ID_PATTERN",
     "ENV_VAR_PATTERN",
     "HOST_NAME_PATTERN",
@@ -89,6 +91,7 @@ __all__ = [
     "DrafterModelConfig",
     "EmbeddedServerConfig",
     "EndpointConfig",
+    "Engine",
     "FailoverConfig",
     "GenerationConfig",
     "GpuPhase",
@@ -105,6 +108,7 @@ __all__ = [
     "PromptsConfig",
     "RetryConfig",
     "ScheduleConfig",
+    "ServingConfig",
     "ServingValidationConfig",
     "TargetConfig",
     "TrainingDataConfig",

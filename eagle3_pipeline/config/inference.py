@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from eagle3_pipeline.config.base import DATASET_ID_PATTERN, ENV_VAR_PATTERN, ConfigModel
 from eagle3_pipeline.config.health import SENSOR_ONLY_HEALTH_FIELDS, HealthConfig
+from eagle3_pipeline.config.serving import ServingConfig
 
 HOST_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 
@@ -118,6 +119,13 @@ class InferenceHostConfig(ConfigModel):
     pool: Annotated[str, Field(pattern=r"^\S+$")] | None = Field(
         default=None, description="The pool (run tag eagle3/pool) of this host's responses runs; default: gpu-<name>."
     )
+    serving: ServingConfig = Field(
+        default=ServingConfig(),
+        description=(
+            "Keys of the top-level serving section to override for this host's managed server (e.g. port, "
+            "tp_size, model); every other key comes from the top level."
+        ),
+    )
 
     @field_validator("health")
     @classmethod
@@ -136,6 +144,10 @@ class InferenceHostConfig(ConfigModel):
     def effective_health(self, defaults: HealthConfig) -> HealthConfig:
         """The top-level health section with this host's keys in place of its own."""
         return defaults.model_copy(update={name: getattr(self.health, name) for name in self.health.model_fields_set})
+
+    def effective_serving(self, defaults: ServingConfig) -> ServingConfig:
+        """The top-level serving section with this host's keys in place of its own."""
+        return defaults.effective(self.serving)
 
 
 class InferenceConfig(ConfigModel):

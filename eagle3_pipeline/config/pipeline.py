@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,6 +17,7 @@ from eagle3_pipeline.config.generation import DatasetConfig, FailoverConfig, Gen
 from eagle3_pipeline.config.health import HealthConfig
 from eagle3_pipeline.config.inference import EndpointConfig, InferenceConfig, TargetConfig
 from eagle3_pipeline.config.ops import AlertsConfig, DeployConfig, LaunchConfig, ScheduleConfig
+from eagle3_pipeline.config.serving import ServingConfig, check_managed_server, provide_managed_defaults
 
 
 class PipelineConfig(ConfigModel):
@@ -35,6 +36,13 @@ class PipelineConfig(ConfigModel):
     target: TargetConfig = Field(description="The target model (see its fields).")
     inference: InferenceConfig = Field(
         default=InferenceConfig(), description="Where the answers are generated (see its fields)."
+    )
+    serving: ServingConfig = Field(
+        default=ServingConfig(),
+        description=(
+            "The inference server the pipeline runs itself on the health host, when managed (see its fields); with "
+            "inference.hosts, the defaults each host's serving keys override."
+        ),
     )
     generation: GenerationConfig = Field(
         default=GenerationConfig(), description="How the answers are generated (see its fields)."
@@ -75,6 +83,48 @@ class PipelineConfig(ConfigModel):
         description="The prompt sources, one partition each (see their fields)."
     )
     source_file: Path = Field(description="The pipeline file itself; set by the loader, never in the file.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _managed_server_provides(cls, data: Any) -> Any:
+        """A managed server's endpoint and health.server, where the file leaves them out."""
+        return provide_managed_defaults(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _managed_servers_agree(self) -> PipelineConfig:
+        if not self.serving.managed and not any(h.serving.managed for h in self.inference.hosts):
+            return self
+        if self.inference.kind != "endpoints":
+            raise ValueError(
+                "inference.kind: 'embedded' starts its own transformers server; a managed server (serving.managed) "
+                "needs kind 'endpoints' (or leave inference.kind out)"
+            )
+        if not self.inference.hosts:
+            check_managed_server(
+                "serving",
+                self.serving,
+                self.inference.endpoints,
+                "inference.endpoints",
+                self.health,
+                "health",
+                self.target.model,
+            )
+        for index, host in enumerate(self.inference.hosts):
+            serving = host.effective_serving(self.serving)
+            if not serving.managed:
+                continue
+            where = f"inference.hosts[{index}] (name {host.name!r})"
+            health_where = f"{where}.health" if "server" in host.health.model_fields_set else "health"
+            check_managed_server(
+                f"{where}.serving",
+                serving,
+                host.endpoints,
+                f"{where}.endpoints",
+                host.effective_health(self.health),
+                health_where,
+                self.target.model,
+            )
+        return self
 
     @field_validator("datasets")
     @classmethod
@@ -151,8 +201,8 @@ class PipelineConfig(ConfigModel):
         return self
 
     def for_host(self, name: str | None) -> PipelineConfig:
-        """This pipeline as one host of `inference.hosts` sees it: that host's endpoints and health
-        section in place of the top-level ones (None: the first host). Without hosts: itself."""
+        """This pipeline as one host of `inference.hosts` sees it: that host's endpoints, health and
+        serving sections in place of the top-level ones (None: the first host). Without hosts: itself."""
         if not self.inference.hosts:
             if name is not None:
                 raise ConfigError(
@@ -164,7 +214,13 @@ class PipelineConfig(ConfigModel):
         except KeyError as exc:
             raise ConfigError(f"{self.source_file}: inference.hosts: {exc.args[0]}") from None
         inference = self.inference.model_copy(update={"endpoints": host.endpoints, "hosts": []})
-        return self.model_copy(update={"inference": inference, "health": host.effective_health(self.health)})
+        return self.model_copy(
+            update={
+                "inference": inference,
+                "health": host.effective_health(self.health),
+                "serving": host.effective_serving(self.serving),
+            }
+        )
 
     @property
     def dataset_ids(self) -> list[str]:

@@ -35,19 +35,16 @@ from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick
 from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.managed.launch import (
+    EagleDrafter,
+    EngineSettings,
+    ServerPurpose,
+    build_launch,
+    drafter_args,
+    vllm_eagle3_config,
+)
 from eagle3_pipeline.monitor import UnhealthyError
 
-DEFAULT_LAUNCH = {
-    "sglang": (
-        "python -m sglang.launch_server --model-path {target} --host 0.0.0.0 --port {port} --tp-size {tp} {speculative}"
-    ),
-    "vllm": "vllm serve {target} --host 0.0.0.0 --port {port} --tensor-parallel-size {tp} {speculative}",
-}
-DEFAULT_SPECULATIVE = {
-    "sglang": "--speculative-algorithm EAGLE3 --speculative-draft-model-path {drafter} --speculative-num-steps {steps} "
-    "--speculative-eagle-topk 1 --speculative-num-draft-tokens {draft_tokens}",
-    "vllm": "--speculative-config {speculative_config}",
-}
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 POLL_S = 2.0
@@ -76,7 +73,9 @@ def make_gate(host: Host, thresholds: HealthThresholds) -> Gate:
 
 
 def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
-    """The shell command line for one arm, every value quoted."""
+    """The shell command line for one arm, every value quoted: the user's templates when set, else the
+    servers' builder (:func:`eagle3_pipeline.managed.launch.build_launch`)."""
+    drafter = EagleDrafter(settings.draft_model_path, settings.steps)
     values: dict[str, Any] = {
         "target": shlex.quote(settings.target_model_path),
         "drafter": shlex.quote(settings.draft_model_path),
@@ -84,14 +83,20 @@ def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
         "tp": settings.tp_size,
         "steps": settings.steps,
         "draft_tokens": settings.steps + 1,
-        "speculative_config": shlex.quote(
-            json.dumps(
-                {"method": "eagle3", "model": settings.draft_model_path, "num_speculative_tokens": settings.steps}
-            )
-        ),
+        "speculative_config": shlex.quote(json.dumps(vllm_eagle3_config(drafter))),
     }
-    extra = (settings.speculative_args or DEFAULT_SPECULATIVE[settings.server]).format(**values) if speculative else ""
-    return (settings.launch_command or DEFAULT_LAUNCH[settings.server]).format(**values, speculative=extra).strip()
+    if not speculative:
+        extra = ""
+    elif settings.speculative_args:
+        extra = settings.speculative_args.format(**values)
+    else:
+        extra = shlex.join(drafter_args(settings.server, drafter))
+    if settings.launch_command:
+        return settings.launch_command.format(**values, speculative=extra).strip()
+    server = EngineSettings(
+        settings.server, "python", settings.target_model_path, settings.port, "0.0.0.0", settings.tp_size
+    )
+    return f"{build_launch(server, ServerPurpose.benchmark(None)).shell()} {extra}".strip()
 
 
 def eval_prompts(training_data: Path, count: int) -> list[list[int]]:

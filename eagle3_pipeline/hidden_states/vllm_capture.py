@@ -56,7 +56,7 @@ from typing import Any
 
 from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, target_identity
 from eagle3_pipeline.hidden_states.store import TargetIdentity
-from eagle3_pipeline.layer_ids import server_layer_ids, target_family
+from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.target import drafter_tensor_names, read_config, read_tensors, text_config
 
 URL_SETTING = "hidden_states.vllm_base_url"
@@ -123,7 +123,7 @@ class VllmTarget:
 
     def server_layers(self, aux_layer_ids: Sequence[int]) -> list[int]:
         """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ids: inputs of layers id + 1, then N."""
-        return [*server_layer_ids(self.family, aux_layer_ids).vllm, self.identity.num_layers]
+        return extraction_layer_ids(self.family, aux_layer_ids, self.identity.num_layers)
 
     def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
         return {

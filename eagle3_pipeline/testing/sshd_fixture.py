@@ -8,7 +8,7 @@
 - `FakeBin`: shell scripts standing in for `nvidia-smi`, `dmesg` and `journalctl`. This machine
   has no GPU; they stand in for the hardware and its kernel log, with scripted answers (healthy,
   ECC errors, pending or failed row remaps, a renamed field, a driver without the remap query, a
-  restricted dmesg, a hang, a process wedged beyond `timeout`).
+  restricted dmesg, a hang, a process wedged beyond `timeout`, the compute processes holding GPU memory).
 - `FakeSglang`: a real process with argv `python -m sglang.launch_server --port P --tp-size 8`
   (a tiny module on PYTHONPATH) serving /health, /health_generate, /v1/chat/completions and
   /metrics on loopback, with `sglang::scheduler_TP<i>` children; a JSON scenario file scripts it.
@@ -39,6 +39,17 @@ from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS, REMAP_QUERY_FIE
 from eagle3_pipeline.hosts import SshHost
 
 SSHD = "/usr/sbin/sshd"
+# The --query-compute-apps fields of nvidia-smi (`nvidia-smi --help-query-compute-apps`; used_memory is an alias).
+COMPUTE_APP_FIELDS = (
+    "timestamp",
+    "gpu_name",
+    "gpu_bus_id",
+    "gpu_uuid",
+    "pid",
+    "process_name",
+    "used_gpu_memory",
+    "used_memory",
+)
 
 
 def free_port() -> int:
@@ -90,6 +101,7 @@ for a in "$@"; do
   case $a in
     --query-gpu=*) query=${{a#--query-gpu=}} ;;
     --query-remapped-rows=*) query=${{a#--query-remapped-rows=}}; kind=remap ;;
+    --query-compute-apps=*) query=${{a#--query-compute-apps=}}; kind=apps ;;
   esac
 done
 case $(cat "$d/mode") in
@@ -140,6 +152,7 @@ class FakeBin:
         self.release_wedged()
         self.set_gpus(healthy_gpu_rows())
         self.set_remaps(healthy_remap_rows())
+        self.set_compute_apps([])
         self.set_mode("ok")
         self.set_fields(GPU_QUERY_FIELDS)
         self.set_dmesg(_BENIGN_DMESG)
@@ -155,6 +168,11 @@ class FakeBin:
             return
         _write(self.dir / "remap.fields", "".join(f + "\n" for f in REMAP_QUERY_FIELDS))
         _write(self.dir / "remap.csv", "".join(row + "\n" for row in rows))
+
+    def set_compute_apps(self, rows: list[str]) -> None:
+        """`--query-compute-apps` rows, e.g. "1234, 8192" for pid,used_memory (csv,noheader,nounits)."""
+        _write(self.dir / "apps.fields", "".join(f + "\n" for f in COMPUTE_APP_FIELDS))
+        _write(self.dir / "apps.csv", "".join(row + "\n" for row in rows))
 
     def set_mode(self, mode: str) -> None:
         """ok | hang (sleeps until killed) | wedged (also stops its `timeout` parent)."""

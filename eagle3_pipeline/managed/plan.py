@@ -1,0 +1,158 @@
+"""A pipeline file's managed servers, resolved: where each runs, how it is reached and checked, and its
+launch line for a purpose (:func:`launch_for`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3_pipeline.config import HostConfig, PipelineConfig, ServingConfig
+from eagle3_pipeline.config.serving import managed_base_url
+from eagle3_pipeline.health import HealthThresholds, ServerSpec, server_root
+from eagle3_pipeline.managed.launch import (
+    EngineSettings,
+    LaunchLine,
+    ServerPurpose,
+    build_launch,
+    family_parsers,
+    resolve_parser,
+)
+from eagle3_pipeline.monitor import thresholds_for
+
+
+@dataclass(frozen=True)
+class ManagedServerPlan:
+    """One managed server: its effective `serving` section, the host it runs on and how it is checked.
+
+    ``name`` is the inference host's name (``serving`` without `inference.hosts`); ``setting`` where
+    its section is in the pipeline file, for messages."""
+
+    name: str
+    setting: str
+    serving: ServingConfig
+    host: HostConfig
+    base_url: str
+    served_name: str
+    expected_gpus: int
+    thresholds: HealthThresholds
+
+    @property
+    def engine(self) -> str:
+        return self.serving.engine
+
+    @property
+    def port(self) -> int:
+        return self.serving.listen_port
+
+    @property
+    def bind_host(self) -> str:
+        if self.serving.bind_host is not None:
+            return self.serving.bind_host
+        return "127.0.0.1" if self.host.kind == "local" else "0.0.0.0"
+
+    def server_spec(self) -> ServerSpec:
+        """What the health tick checks to call the server ready: its process, port and a generation."""
+        return ServerSpec(
+            kind=self.serving.engine,
+            port=self.port,
+            base_url=server_root(self.base_url),
+            model=self.served_name,
+            tp_size=self.serving.tp_size,
+            process_pattern=self.serving.process_pattern,
+            generation_probe="health_generate" if self.engine == "sglang" else "chat",
+        )
+
+    def engine_settings(self, trust_remote_code: bool, model_types: Sequence[str | None]) -> EngineSettings:
+        """The builder's input; ``model_types``: the target's (outer, nested) model_type, for the parsers."""
+        assert self.serving.model is not None  # the config refuses a managed server without one
+        known = family_parsers(model_types)
+        engine = self.serving.engine
+        return EngineSettings(
+            engine=engine,
+            python=self.serving.python,
+            model=self.serving.model,
+            port=self.port,
+            bind_host=self.bind_host,
+            tp_size=self.serving.tp_size,
+            served_name=self.served_name,
+            trust_remote_code=trust_remote_code,
+            reasoning_parser=resolve_parser(self.serving.reasoning_parser, known.reasoning(engine) if known else None),
+            tool_call_parser=resolve_parser(self.serving.tool_call_parser, known.tools(engine) if known else None),
+            extra_args=tuple(self.serving.extra_args),
+            env=dict(self.serving.env),
+            setting=self.setting,
+        )
+
+
+def _plan(config: PipelineConfig, name: str, setting: str) -> ManagedServerPlan:
+    """``config`` as one host sees it (:meth:`PipelineConfig.for_host`)."""
+    health = config.health
+    return ManagedServerPlan(
+        name=name,
+        setting=setting,
+        serving=config.serving,
+        host=health.host,
+        base_url=managed_base_url(config.serving, health.model_dump()),
+        served_name=config.serving.served_name or config.target.model,
+        expected_gpus=health.expected_gpus,
+        thresholds=thresholds_for(health, config.artifacts_root),
+    )
+
+
+def managed_servers(config: PipelineConfig) -> list[ManagedServerPlan]:
+    """Every managed server of the pipeline: the top-level one, or one per managed inference host."""
+    if not config.inference.hosts:
+        return [_plan(config, "serving", "serving")] if config.serving.managed else []
+    plans = []
+    for index, host in enumerate(config.inference.hosts):
+        seen = config.for_host(host.name)
+        if seen.serving.managed:
+            plans.append(_plan(seen, host.name, f"inference.hosts[{index}] (name {host.name!r}).serving"))
+    return plans
+
+
+def managed_server(config: PipelineConfig, host_name: str | None = None) -> ManagedServerPlan | None:
+    """The managed server of one inference host (None: the only one, or the first); None if unmanaged."""
+    plans = managed_servers(config)
+    if host_name is None:
+        return plans[0] if plans else None
+    return next((plan for plan in plans if plan.name == host_name), None)
+
+
+def target_model_types(config: PipelineConfig, plan: ManagedServerPlan | None = None) -> list[str | None]:
+    """The target's model_type and its nested language model's, from a config.json readable here: the
+    target.tokenizer folder, else the managed server's model folder when it runs on this machine.
+    Empty when neither is a local folder (the parsers' auto then finds no family)."""
+    from eagle3_pipeline.target import NESTED_CONFIG_KEYS, TargetError, read_config
+
+    folders = [config.target.tokenizer]
+    if plan is not None and plan.host.kind == "local":
+        folders.append(plan.serving.model)
+    for folder in folders:
+        if folder is None or not (Path(folder) / "config.json").is_file():
+            continue
+        try:
+            raw = read_config(folder)
+        except TargetError:
+            continue
+        nested = [raw.get(key) for key in NESTED_CONFIG_KEYS]
+        return [raw.get("model_type"), *(n.get("model_type") for n in nested if isinstance(n, dict))]
+    return []
+
+
+def prompts_need_tools(prompt_files: Iterable[Path]) -> bool:
+    """Whether any prompt (the ``prompts`` phase's tables) carries tools."""
+    import pyarrow.parquet as pq
+
+    for path in prompt_files:
+        tools = pq.read_table(path, columns=["tools"]).column("tools")
+        if tools.null_count < len(tools):
+            return True
+    return False
+
+
+def launch_for(config: PipelineConfig, plan: ManagedServerPlan, purpose: ServerPurpose) -> LaunchLine:
+    """The server's launch line for ``purpose``, from the pipeline's target and the plan's serving section."""
+    settings = plan.engine_settings(config.target.trust_remote_code, target_model_types(config, plan))
+    return build_launch(settings, purpose)

@@ -1,0 +1,167 @@
+"""A managed real vLLM (CPU build, the embedded model) started from the pipeline's own launch line: start →
+ready on the health tick → a generation → stop, verified (no process of its group left, port closed), on
+this machine and over SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in
+for the GPUs); and the builder's extraction line, whose connector writes the store's layers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
+from eagle3_pipeline.hosts import Host, LocalHost
+from eagle3_pipeline.layer_ids import extraction_layer_ids
+from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
+from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
+from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
+
+pytestmark = pytest.mark.local_model
+
+
+def pipeline(folder: Path, python: Path, model: Path, health: dict[str, Any] | None = None) -> PipelineConfig:
+    """A pipeline whose managed server is the real vLLM with the CPU settings (eager, bf16, 1 GiB KV cache)."""
+    (folder / "B1.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    data = {
+        "name": "managed_vllm",
+        "artifacts_root": str(folder / "artifacts"),
+        "target": {"model": "smol", "tokenizer": str(model)},
+        "serving": {
+            "managed": True,
+            "engine": "vllm",
+            "python": str(python),
+            "model": str(model),
+            "port": free_port(),
+            "bind_host": "127.0.0.1",
+            "extra_args": list(DEFAULT_ARGS),
+            "env": dict(DEFAULT_ENV),
+            "log_dir": str(folder / "logs"),
+            "stop_grace_s": 30,
+            "startup_timeout_s": 600,
+            "gpu_release_timeout_s": 5,
+        },
+        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 60, **(health or {})},
+        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+    }
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path, runtime_checks=False)
+
+
+def group_left(pgid: int) -> list[int]:
+    """Live processes of the group on this machine."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            left.append(int(stat.parent.name))
+    return left
+
+
+def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, StopResult]:
+    """Start for generation, ask one chat completion, stop; returns the two results and the answer."""
+    plan = managed_server(config)
+    assert plan is not None
+    server = ManagedServer(host, plan)
+    assert server.status().state == "absent"
+    started = server.start(launch_for(config, plan, ServerPurpose.generation(needs_tools=False)), "generation")
+    try:
+        reply = httpx.post(
+            f"{plan.base_url}/chat/completions",
+            json={"model": "smol", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
+        answer = str(reply.json()["choices"][0]["message"]["content"])
+        status = server.status()
+        assert status.state == "running" and status.record is not None
+        assert status.record.cmdline == status.record.argv  # vLLM's API server keeps its command line
+    finally:
+        stopped = server.stop("generation done")
+    return started, answer, stopped
+
+
+def report(where: str, started: StartResult, stopped: StopResult) -> None:
+    print(f"\n{where}: start {json.dumps(started.as_metadata())}\n{where}: stop {json.dumps(stopped.as_metadata())}")
+
+
+def test_managed_vllm_on_this_machine(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
+    config = pipeline(tmp_path, real_vllm_python, local_model)
+    started, answer, stopped = lifecycle(config, LocalHost())
+    report("local", started, stopped)
+    assert started.report.healthy and answer
+    assert stopped.verified and stopped.was_running and stopped.signals == ("TERM",)
+    assert stopped.verification.gpu_check == "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
+    assert group_left(started.pid) == []
+
+
+def test_managed_vllm_over_ssh(
+    real_vllm_python: Path,
+    local_model: Path,
+    tmp_path: Path,
+    sshd: Sshd,  # noqa: F811 - the imported fixture
+    fakebin: FakeBin,  # noqa: F811 - the imported fixture
+) -> None:
+    fakebin.reset()
+    health = {
+        "host": {
+            "kind": "ssh",
+            "hostname": "127.0.0.1",
+            "port": sshd.port,
+            "key_file": str(sshd.client_key),
+            "known_hosts": str(sshd.known_hosts),
+            "allow_agent": False,
+        }
+    }
+    config = pipeline(tmp_path, real_vllm_python, local_model, health)
+    host = sshd.host()
+    try:
+        started, answer, stopped = lifecycle(config, host)
+    finally:
+        host.close()
+    report("ssh", started, stopped)
+    assert started.host == f"127.0.0.1:{sshd.port}" and answer
+    assert stopped.verified and stopped.verification.gpu_check.startswith("ok: nvidia-smi lists 0 compute")
+    assert group_left(started.pid) == []
+
+
+def test_the_builders_extraction_line_serves_the_stores_layers(
+    real_vllm_python: Path, local_model: Path, tmp_path: Path
+) -> None:
+    config = pipeline(tmp_path, real_vllm_python, local_model)
+    plan = managed_server(config)
+    assert plan is not None
+    folder = tmp_path / "states"
+    folder.mkdir()
+    layers = extraction_layer_ids("llama", default_aux_layer_ids(30), 30)
+    server = ManagedServer(LocalHost(), plan)
+    started = server.start(launch_for(config, plan, ServerPurpose.extraction_of(layers, str(folder))), "extraction")
+    try:
+        ids = [1, 2, 3, 4, 5, 6, 7]
+        reply = httpx.post(
+            f"{plan.base_url}/completions",
+            json={"model": "smol", "prompt": ids, "max_tokens": 1, "return_token_ids": True},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
+        path = Path(reply.json()["kv_transfer_params"]["hidden_states_path"])
+        assert path.parent == folder
+    finally:
+        stopped = server.stop("extraction done")
+    report("extraction", started, stopped)
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    assert list(tensors["hidden_states"].shape) == [len(ids), 4, 576] and tensors["token_ids"].tolist() == ids
+    assert stopped.verified and group_left(started.pid) == []
+    assert os.path.exists(server.log_path)
