@@ -20,7 +20,7 @@ from eagle3_pipeline.defs.generation.assets import build_assets
 from eagle3_pipeline.defs.health.observations import inference_server_specs
 from eagle3_pipeline.defs.health.sensors import build_health_sensors
 from eagle3_pipeline.defs.ops.automation import build_automation_sensor
-from eagle3_pipeline.defs.ops.deploy import build_executor
+from eagle3_pipeline.defs.ops.deploy import with_executor
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.orchestration.launching import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -62,11 +62,18 @@ def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> 
 
 
 def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
-    """The definitions whose shape (assets, partitions = the file's dataset ids) follows `config`,
-    the file as loaded; every body reads its settings at run or tick time from `pipeline` (default:
-    that file, no overrides). API keys reach the runs through `inference`, each set with
-    `dg.EnvVar` of the variable the file names, so an unset variable fails only the runs that need it.
-    Every name (asset and check keys, jobs, sensors, resource keys) follows `pipeline.key_prefix`."""
+    """A code location of one pipeline: :func:`pipeline_definitions` with the executor its file asks for."""
+    return with_executor(pipeline_definitions(config, pipeline), [config])
+
+
+def pipeline_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
+    """One pipeline's definitions, without an executor (the code location sets one for all its
+    pipelines: :func:`~eagle3_pipeline.defs.ops.deploy.with_executor`). Their shape (assets, partitions
+    = the file's dataset ids) follows `config`, the file as loaded; every body reads its settings at run
+    or tick time from `pipeline` (default: that file, no overrides). API keys reach the runs through
+    `inference`, each set with `dg.EnvVar` of the variable the file names, so an unset variable fails
+    only the runs that need it. Every name (asset and check keys, jobs, sensors, resource keys) follows
+    `pipeline.key_prefix`."""
     pipeline = pipeline or PipelineResource(config_path=str(config.source_file))
     names = pipeline.names()
     assets = [
@@ -94,7 +101,6 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
             # `eagle3-pipeline run` passes its own, which hears progress and results in process.
             names.phase_listener: NO_LISTENER,
         },
-        executor=build_executor(config),
     )
 
 
@@ -131,4 +137,4 @@ class Eagle3Pipeline(dg.Component, dg.Resolvable, dg.Model):
         pipeline = PipelineResource(
             config_path=str(path), artifacts_root=self.artifacts_root, key_prefix=self.key_prefix
         )
-        return build_definitions(config, pipeline)
+        return pipeline_definitions(config, pipeline)
