@@ -6,6 +6,8 @@ instances in the defs folder are more pipelines, each with its own `key_prefix`
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -31,6 +33,7 @@ DOWNSTREAM_JOB = DEFAULT_NAMES.name("downstream_job")
 # The main job, as `eagle3-pipeline run` executes it: each of these jobs in turn, the partitioned one
 # once per partition. Any asset added downstream of `responses` joins `downstream_job` by itself.
 MAIN_PATH = (SETUP_JOB, GENERATION_JOB, DOWNSTREAM_JOB)
+CODE_REFERENCES_BETA = r".*`(with_source_code_references|LocalFileCodeReference|CodeReferencesMetadataValue)`"
 
 
 def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.UnresolvedAssetJobDefinition]:
@@ -61,6 +64,17 @@ def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> 
     return jobs
 
 
+def with_code_references(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+    """Each asset with a code reference to the function that computes it (the closure its factory
+    builds): the UI's source link opens it (the component adds its defs.yaml after). Checks stay as they
+    are. Code references are a beta feature of Dagster, whose warnings are expected for this call only."""
+    checks = [a for a in assets if isinstance(a, dg.AssetChecksDefinition)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", CODE_REFERENCES_BETA, dg.BetaWarning)
+        referenced = dg.with_source_code_references([a for a in assets if not isinstance(a, dg.AssetChecksDefinition)])
+    return [a for a in referenced if isinstance(a, dg.AssetsDefinition)] + checks
+
+
 def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
     """A code location of one pipeline: :func:`pipeline_definitions` with the executor its file asks for."""
     return with_executor(pipeline_definitions(config, pipeline), [config])
@@ -86,7 +100,7 @@ def pipeline_definitions(config: PipelineConfig, pipeline: PipelineResource | No
     observed = inference_server_specs(config, names)
     keys = [key for a in assets if isinstance(a, dg.AssetsDefinition) for key in a.keys]
     return dg.Definitions(
-        assets=[*assets, *observed],
+        assets=[*with_code_references(assets), *observed],
         jobs=build_jobs(config, names),
         sensors=[
             *build_health_sensors(config, names),
