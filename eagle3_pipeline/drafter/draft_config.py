@@ -136,7 +136,7 @@ def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
     when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047;
     eagle3_pipeline_tests/drafter/test_yarn.py). So ``mscale_all_dim`` is dropped, and an ``mscale`` other
     than 1, which no portable key can express, is refused. The frequencies are computed over the drafter's
-    ``head_dim`` (128 for an MLA target's draft, :func:`eagle3_pipeline.drafter.train.drafter_config`)
+    ``head_dim`` (128 for an MLA target's draft, :func:`drafter_config`)
     where the target rotates ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension,
     as the servers do.
     """
@@ -231,7 +231,7 @@ def copied_draft_shape(target: Mapping[str, Any], hidden: int, overrides: Mappin
 def drafter_rope(target: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, int]:
     """``(rope_theta, rope_scaling, max_position_embeddings)``: the target's, or ``drafter.model``'s
     (``rope_scaling: null`` there means no scaling). A YaRN scaling is rewritten by
-    :func:`~eagle3_pipeline.drafter.model.yarn_for_servers` so every server reads it as trained. The
+    :func:`yarn_for_servers` so every server reads it as trained. The
     drafter serves at least the target's context: a smaller ``max_position_embeddings`` is refused."""
     theta, scaling = target_rope(dict(target))
     where = "target config rope_scaling"

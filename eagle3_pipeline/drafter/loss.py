@@ -23,10 +23,8 @@ from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.spec import TrainSettings
 
 STEP_DECAY = 0.8
-# Draft depths K whose τ each checkpoint records (those ≤ ttt_steps, and ttt_steps). The τ curve per
-# eval dataset (drafter/scaling.py) takes the smallest: drafter_eval's smallest default K and
-# drafter_benchmark's default steps, so the curve compares with both; and at K = 3 a verify step's
-# tokens vary least (1..4), so the few eval rows a checkpoint reads give the steadiest curve.
+# Draft depths K whose τ each checkpoint records (those ≤ ttt_steps, and ttt_steps); the τ curve takes the
+# smallest (drafter/DESIGN.md, "The τ curve and what more data buys").
 EVAL_DEPTHS = (3, 5, 7)
 # Logits per chunk of the soft-label loss: the float32 log-probabilities of one chunk (64 MiB).
 LOSS_CHUNK_ELEMENTS = 1 << 24
