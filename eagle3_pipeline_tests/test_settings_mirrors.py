@@ -12,7 +12,7 @@ import pytest
 
 from eagle3_pipeline.config import DrafterConfig, HealthConfig, load_config, local_profile_path
 from eagle3_pipeline.config.base import ConfigModel
-from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainSettings, train_spec
+from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings, parse_spec, train_spec
 from eagle3_pipeline.health import HealthThresholds
 from eagle3_pipeline.monitor import thresholds_for
 
@@ -68,3 +68,12 @@ def test_a_file_without_the_sections_gets_the_files_defaults() -> None:
         HealthConfig().expected_gpus,
         HealthConfig().min_disk_free_gb,
     )
+
+
+def test_a_train_spec_lacking_a_setting_is_refused_by_name() -> None:
+    """Without defaults of its own, a setting the spec leaves out is an error, not a silent value."""
+    settings = dataclasses.asdict(TrainSettings.from_config(DrafterConfig(), 0, 2048))
+    del settings["epochs"]
+    paths = {k: f"/p/{k}" for k in ("store", "draft_vocab", "target_weights", "run_dir", "export_dir")}
+    with pytest.raises(TrainError, match=r"settings lacks \['epochs'\]"):
+        parse_spec({**paths, "settings": settings})
