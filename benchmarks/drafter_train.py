@@ -53,14 +53,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from eagle3_pipeline.drafter.attention import ATTENTION_BLOCK
+from eagle3_pipeline.drafter.backend import ADAM_BETAS
 from eagle3_pipeline.drafter.data import TEACHER_CHUNK_TOKENS, Batch, BatchReader, epoch_plan, store_rows, teacher
-from eagle3_pipeline.drafter.model import ATTENTION_BLOCK, DrafterConfig, Eagle3Drafter
+from eagle3_pipeline.drafter.draft_config import DrafterConfig, drafter_config
+from eagle3_pipeline.drafter.loss import ttt_loss
+from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.target import load_target_weights
-from eagle3_pipeline.drafter.train import ADAM_BETAS, build_model, drafter_config, run, ttt_loss
+from eagle3_pipeline.drafter.train import build_model, run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, default_aux_layer_ids, load_draft_vocab
 from eagle3_pipeline.serving import local_model_dir
 from eagle3_pipeline.testing.drafter_reference import KIMI_AUX, kimi_k25_text_config, reference_ttt_loss
 from eagle3_pipeline.testing.tiny_store import real_store
+from eagle3_pipeline.testing.train_settings import train_settings
 
 
 class Quiet:
@@ -170,9 +175,9 @@ def main() -> None:
         started = time.monotonic()
         real_store(store, vocab, target_dir, args.samples, args.draft_vocab)
         print(f"built a store of {args.samples} samples from the embedded model in {time.monotonic() - started:.1f} s")
-    settings = {"ttt_steps": 7, "lr": 1e-3, "batch_tokens": args.batch_tokens, "max_seq_len": 256, "grad_clip": 0.5,
-                "seed": 0, "epochs": 1, "max_steps": args.steps, "checkpoint_every": 10**9, "log_every": 5,
-                "eval_samples": 8}  # fmt: skip
+    settings = train_settings(ttt_steps=7, lr=1e-3, batch_tokens=args.batch_tokens, max_seq_len=256, grad_clip=0.5,
+                              seed=0, epochs=1, max_steps=args.steps, checkpoint_every=10**9, log_every=5,
+                              eval_samples=8)  # fmt: skip
     load_before = os.getloadavg()[0]
     bare_rates, our_rates = [], []
     for round_number in range(1, args.rounds + 1):  # alternate the loops: load from other processes hits both alike

@@ -212,8 +212,8 @@ def draft_overrides(sizes: Sizes) -> dict[str, Any]:
 def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
     import torch
 
+    from eagle3_pipeline.drafter.draft_config import drafter_config
     from eagle3_pipeline.drafter.model import Eagle3Drafter
-    from eagle3_pipeline.drafter.train import drafter_config
     from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
     from eagle3_pipeline.testing.drafter_reference import chain_draft
 
@@ -363,16 +363,17 @@ def train_section(
     sizes: Sizes, device: str, inputs: tuple[Path, Path, Path], batch_tokens: int, work: Path
 ) -> dict[str, Any]:
     from eagle3_pipeline.drafter.train import run
+    from eagle3_pipeline.testing.train_settings import train_settings
 
     target_dir, store, vocab = inputs
     train_per_epoch = sizes.store_samples - sizes.store_samples // 10
     batches_per_epoch = -(-train_per_epoch // (batch_tokens // sizes.seq_len))
-    settings = {
-        "max_steps": sizes.train_steps, "epochs": -(-sizes.train_steps // batches_per_epoch),
-        "batch_tokens": batch_tokens, "max_seq_len": sizes.seq_len, "seed": SEED,
-        "log_every": 10 if sizes.train_steps >= 10 else 1, "checkpoint_every": 10**9, "keep_checkpoints": 1,
-        "eval_samples": 4, "model": draft_overrides(sizes),
-    }  # fmt: skip
+    settings = train_settings(
+        max_steps=sizes.train_steps, epochs=-(-sizes.train_steps // batches_per_epoch),
+        batch_tokens=batch_tokens, max_seq_len=sizes.seq_len, seed=SEED,
+        log_every=10 if sizes.train_steps >= 10 else 1, checkpoint_every=10**9, keep_checkpoints=1,
+        eval_samples=4, model=draft_overrides(sizes),
+    )  # fmt: skip
     run_dir = work / f"run-{batch_tokens}"
     spec = {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target_dir),
             "run_dir": str(run_dir / "run"), "export_dir": str(run_dir / "export"), "settings": settings}  # fmt: skip

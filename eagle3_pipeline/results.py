@@ -1,6 +1,6 @@
 """Typed phase results, and the listener a caller in the same process hears them on.
 
-Each phase's result is a small frozen dataclass: its typed fields are the figures a reader of the
+Each phase's result is a small frozen pydantic model: its typed fields are the figures a reader of the
 phase relies on (the CLI's summary reads them by attribute, so a renamed field is an error, not a
 silent 0), `extra` holds every other figure the phase produced, and `as_metadata()` is the whole
 of it as the flat dict an asset records (same keys as the phase's metadata). `from_metadata` builds
@@ -19,12 +19,10 @@ Phase (asset) → result type:
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 if TYPE_CHECKING:
     # Only in annotations: the domain modules import this one (and generation's __init__ imports them).
@@ -59,62 +57,41 @@ class _NoListener:
 NO_LISTENER: PhaseListener = _NoListener()
 
 
-def _accepts(annotation: Any, value: Any) -> bool:
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return any(_accepts(arg, value) for arg in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is Any:
-        return True
-    origin = typing.get_origin(annotation) or annotation
-    if origin is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, origin)
+class MetadataResult(BaseModel):
+    """Typed fields (declared by each subclass, checked strictly by pydantic: no "3" for an int, no
+    bool for a number) + `extra`: everything else the phase reported."""
 
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow")
 
-@dataclass(frozen=True, kw_only=True)
-class MetadataResult:
-    """Typed fields (declared by each subclass) + `extra`: everything else the phase reported."""
-
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def typed_fields(cls) -> list[dataclasses.Field[Any]]:
-        return [f for f in dataclasses.fields(cls) if f.name != "extra"]
+    @property
+    def extra(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> Self:
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in cls.typed_fields()]
-        required = [
-            f.name
-            for f in cls.typed_fields()
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        ]
-        missing = [name for name in required if name not in metadata]
-        if missing:
-            raise ResultError(
-                f"{cls.__name__}: the phase's result lacks {', '.join(missing)} "
-                f"(it has: {', '.join(sorted(metadata)) or 'nothing'})"
-            )
-        wrong = [
-            f"{name} = {metadata[name]!r} (expected {hints[name]})"
-            for name in names
-            if name in metadata and not _accepts(hints[name], metadata[name])
-        ]
-        if wrong:
-            raise ResultError(f"{cls.__name__}: the phase's result has the wrong type in {'; '.join(wrong)}")
-        typed = {name: metadata[name] for name in names if name in metadata}
-        return cls(**typed, extra={k: v for k, v in metadata.items() if k not in names})
+        try:
+            return cls.model_validate(dict(metadata))
+        except ValidationError as exc:
+            raise ResultError(_explain(cls, metadata, exc)) from None
 
     def as_metadata(self) -> dict[str, Any]:
-        typed = {f.name: getattr(self, f.name) for f in self.typed_fields()}
+        typed = {name: getattr(self, name) for name in type(self).model_fields}
         return {**typed, **self.extra}
 
 
-@dataclass(frozen=True, kw_only=True)
+def _explain(cls: type[MetadataResult], metadata: Mapping[str, Any], exc: ValidationError) -> str:
+    """The refusal, naming the missing fields, or each wrong one with its value and expected type."""
+    errors = dict.fromkeys((str(e["loc"][0]), e["type"]) for e in exc.errors())
+    missing = [name for name, kind in errors if kind == "missing"]
+    if missing:
+        return (
+            f"{cls.__name__}: the phase's result lacks {', '.join(missing)} "
+            f"(it has: {', '.join(sorted(metadata)) or 'nothing'})"
+        )
+    wrong = [f"{name} = {metadata[name]!r} (expected {cls.model_fields[name].annotation})" for name, _ in errors]
+    return f"{cls.__name__}: the phase's result has the wrong type in {'; '.join(wrong)}"
+
+
 class PromptsResult(MetadataResult):
     prompts: int
     records_read: int
@@ -123,7 +100,6 @@ class PromptsResult(MetadataResult):
     estimated_prompt_tokens: int
 
 
-@dataclass(frozen=True, kw_only=True)
 class ResponsesResult(MetadataResult):
     rows: int
     generated_now: int
@@ -132,7 +108,6 @@ class ResponsesResult(MetadataResult):
     data_version: str
 
 
-@dataclass(frozen=True, kw_only=True)
 class TrainingDataResult(MetadataResult):
     rows: int
     train_rows: int
@@ -142,7 +117,6 @@ class TrainingDataResult(MetadataResult):
     over_length_dropped: int
 
 
-@dataclass(frozen=True, kw_only=True)
 class HiddenStatesResult(MetadataResult):
     """From the `extract` phase or the `import-specforge` importer; the importer writes every
     shard it finds, so it reports no written/reused split (None)."""
@@ -160,7 +134,6 @@ class HiddenStatesResult(MetadataResult):
     shards_reused: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class DrafterResult(MetadataResult):
     """A run that trained no step (resumed at its last step) has no loss: None."""
 
@@ -171,7 +144,6 @@ class DrafterResult(MetadataResult):
     export_dir: str
 
 
-@dataclass(frozen=True, kw_only=True)
 class DrafterEvalResult(MetadataResult):
     """`table` is the τ table in markdown; the τ figures (`tau@K/<dataset>`…) are in `extra`,
     keyed as `eagle3_pipeline.drafter.evaluate.summary_table` reads them."""

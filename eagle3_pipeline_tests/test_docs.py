@@ -101,10 +101,13 @@ def _repository_pages() -> tuple[Path, list[Path]]:
 
 
 def test_every_relative_link_points_to_an_existing_file_and_heading() -> None:
+    """The README, docs/ and the design notes beside the packages (``eagle3_pipeline/*/DESIGN.md``)."""
     readme, docs = _repository_pages()
-    checked = sum(len(links(page)) for page in [readme, *docs])
+    designs = sorted((ROOT / "eagle3_pipeline").glob("*/DESIGN.md"))
+    checked = sum(len(links(page)) for page in [readme, *docs, *designs])
     assert checked > 0, "found no link at all in README.md and docs/: the link parser saw nothing"
-    assert broken_links([readme, *docs]) == []
+    assert designs, "found no DESIGN.md beside a package"
+    assert broken_links([readme, *docs, *designs]) == []
 
 
 def test_every_docs_page_is_linked_from_the_readme_or_another_page() -> None:

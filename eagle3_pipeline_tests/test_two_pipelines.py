@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.config import load_config
+from eagle3_pipeline.config import ConfigError, load_config
+from eagle3_pipeline.defs.ops.deploy import with_executor
 from eagle3_pipeline.orchestration.launching import partitions_in_flight
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
@@ -22,9 +24,11 @@ from eagle3_pipeline_tests.test_orchestration import Daemonless, sensor_resource
 OTHER = PipelineNames("other")
 
 
-def write_instance(defs: Path, name: str, server: FakeOpenAI, attributes: str) -> Path:
+def write_instance(
+    defs: Path, name: str, server: FakeOpenAI, attributes: str, deploy: dict[str, Any] | None = None
+) -> Path:
     """A folder `name` in `defs` with a pipeline file (datasets `<name>1`, `<name>2`, artifacts under
-    the folder) and the defs.yaml that instances it."""
+    the folder, its `deploy:` section) and the defs.yaml that instances it."""
     folder = defs / name
     folder.mkdir(parents=True)
     datasets = [f"{name}1", f"{name}2"]
@@ -38,6 +42,7 @@ def write_instance(defs: Path, name: str, server: FakeOpenAI, attributes: str) -
         "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},
         "health": {"host": {"kind": "local"}, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
         "datasets": [{"id": d, "source": f"{d}.jsonl"} for d in datasets],
+        "deploy": deploy or {},
     }
     (folder / "pipeline.yaml").write_text(json.dumps(document))
     (folder / "defs.yaml").write_text(
@@ -46,10 +51,15 @@ def write_instance(defs: Path, name: str, server: FakeOpenAI, attributes: str) -
     return folder
 
 
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI) -> Path:
-    """A `dg` project whose defs folder holds `main` (no prefix) and `other` (key_prefix: other). Its
-    root module is named after the test, so no test loads another's module (and its server's port)."""
+def make_project(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    server: FakeOpenAI,
+    deploys: tuple[dict[str, Any], dict[str, Any]] = ({}, {}),
+) -> Path:
+    """A `dg` project whose defs folder holds `main` (no prefix) and `other` (key_prefix: other), with
+    these `deploy:` sections. Its root module is named after the test, so no test loads another's module
+    (and its server's port)."""
     module = "pipelines_" + re.sub(r"\W", "_", tmp_path.name)
     (tmp_path / "pyproject.toml").write_text(
         f'[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "{module}"\n'
@@ -58,10 +68,15 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOp
     defs.mkdir(parents=True)
     (tmp_path / module / "__init__.py").write_text("")
     (defs / "__init__.py").write_text("")
-    write_instance(defs, "main", fake_openai, "")
-    write_instance(defs, "other", fake_openai, "  key_prefix: other\n")
+    write_instance(defs, "main", server, "", deploys[0])
+    write_instance(defs, "other", server, "  key_prefix: other\n", deploys[1])
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI) -> Path:
+    return make_project(tmp_path, monkeypatch, fake_openai)
 
 
 def keys_of(defs: dg.Definitions) -> set[dg.AssetKey]:
@@ -146,3 +161,38 @@ def test_each_health_sensor_launches_its_own_pipeline(project: Path) -> None:
         )
         requests = main.sensor.evaluate_tick(context).run_requests or []
         assert sorted(r.partition_key or "" for r in requests) == ["main1", "main2"]
+
+
+def _executors(defs: dg.Definitions) -> dict[str, str]:
+    return {job.name: job.executor_def.name for job in defs.resolve_all_job_defs() if "generation_job" in job.name}
+
+
+@pytest.mark.parametrize("kind", ["celery", "k8s"])
+def test_two_pipelines_that_pick_the_same_executor_load_and_run_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI, kind: str
+) -> None:
+    """Each component's definitions carry no executor (two would be two objects, which `Definitions.merge`
+    refuses); the code location sets the one both files ask for, as definitions.py does."""
+    pytest.importorskip({"celery": "dagster_celery", "k8s": "dagster_k8s"}[kind])
+    project = make_project(tmp_path, monkeypatch, fake_openai, ({"executor": kind}, {"executor": kind}))
+    loaded = dg.load_from_defs_folder(path_within_project=project)
+    defs = with_executor(loaded)
+    name = {"celery": "celery_executor", "k8s": "k8s"}[kind]
+    assert _executors(defs) == {"generation_job": name, "other__generation_job": name}
+    assert _executors(loaded) == {"generation_job": "multi_or_in_process_executor"} | {
+        "other__generation_job": "multi_or_in_process_executor"
+    }, "a component sets no executor of its own"
+
+
+def test_two_pipelines_that_pick_different_executors_are_refused_naming_both_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI
+) -> None:
+    pytest.importorskip("dagster_celery")
+    project = make_project(tmp_path, monkeypatch, fake_openai, ({"executor": "celery"}, {}))
+    [folder] = project.glob("pipelines_*/defs")
+    with pytest.raises(ConfigError) as refused:
+        with_executor(dg.load_from_defs_folder(path_within_project=project))
+    message = str(refused.value)
+    assert f"{folder / 'main' / 'pipeline.yaml'} asks for 'celery'" in message, message
+    assert f"{folder / 'other' / 'pipeline.yaml'} asks for 'default'" in message, message
+    assert "one executor" in message

@@ -13,7 +13,7 @@ from eagle3_pipeline.config.base import ConfigModel
 class DrafterModelConfig(ConfigModel):
     """Draft model dimensions and RoPE; each left out takes its default: the target's value, except the
     attention/MLP shape for an MLA target (Kimi, DeepSeek-V3), which follows the published DeepSeek-V3
-    drafter (`eagle3_pipeline.drafter.train.drafter_config`)."""
+    drafter (`eagle3_pipeline.drafter.draft_config.drafter_config`)."""
 
     hidden_size: Annotated[int, Field(gt=0)] | None = Field(
         default=None, description="Draft hidden size; default the target's."
@@ -70,15 +70,12 @@ class DrafterConfig(ConfigModel):
         default=1e-4,
         description=(
             "Peak AdamW learning rate (linear warmup, then cosine). 1e-4: SpecForge's EAGLE-3 recipes for "
-            "Llama-3.1-8B, "
-            "Llama-3.3-70B and Kimi-K2 (sgl-project/SpecForge examples/configs/llama3.1-8b-eagle3-online.yaml @ "
-            "1d62d19, "
-            "llama3.3-70b-eagle3-online.yaml @ 2a17d42, examples/run_kimi_k2_eagle3_online.sh @ 03ebe2c: batch 1 per "
-            "GPU on 8 "
-            "GPUs at max_length 2048-4096, about this pipeline's batch_tokens a step); its DeepSeek-V3 recipe takes "
-            "5e-5 "
-            "(examples/configs/deepseek-v3-671b-eagle3-online.yaml @ ae91f5b), as does EAGLE's own EAGLE-3 training "
-            "(SafeAILab/EAGLE eagle/traineagle3/ds_config.json @ 9666a81: WarmupDecayLR to 5e-5)."
+            "Llama-3.1-8B, Llama-3.3-70B and Kimi-K2 (sgl-project/SpecForge "
+            "examples/configs/llama3.1-8b-eagle3-online.yaml @ 1d62d19, llama3.3-70b-eagle3-online.yaml @ "
+            "2a17d42, examples/run_kimi_k2_eagle3_online.sh @ 03ebe2c: batch 1 per GPU on 8 GPUs at max_length "
+            "2048-4096, about this pipeline's batch_tokens a step); its DeepSeek-V3 recipe takes 5e-5 "
+            "(examples/configs/deepseek-v3-671b-eagle3-online.yaml @ ae91f5b), as does EAGLE's own EAGLE-3 "
+            "training (SafeAILab/EAGLE eagle/traineagle3/ds_config.json @ 9666a81: WarmupDecayLR to 5e-5)."
         ),
     )
     weight_decay: Annotated[float, Field(ge=0)] = Field(default=0.0, description="AdamW weight decay.")
@@ -89,10 +86,9 @@ class DrafterConfig(ConfigModel):
         default=10,
         description=(
             "Passes over the train split. 10: SpecForge's EAGLE-3 recipes for Llama-3.1-8B, Llama-3.3-70B, "
-            "DeepSeek-V3 671B "
-            "and Kimi-K2 all train num_epochs 10 (the files named under lr); EAGLE's own EAGLE-3 training runs 40 "
-            "(SafeAILab/EAGLE eagle/traineagle3/main.py @ 82bd2df, num_epochs). A small CPU profile sets its own "
-            "(profiles/local.yaml)."
+            "DeepSeek-V3 671B and Kimi-K2 all train num_epochs 10 (the files named under lr); EAGLE's own EAGLE-3 "
+            "training runs 40 (SafeAILab/EAGLE eagle/traineagle3/main.py @ 82bd2df, num_epochs). A small CPU "
+            "profile sets its own (profiles/local.yaml)."
         ),
     )
     max_steps: Annotated[int, Field(gt=0)] | None = Field(
@@ -151,13 +147,11 @@ class DrafterConfig(ConfigModel):
     activation_checkpointing: bool = Field(
         default=False,
         description=(
-            "Recompute each training-time-test step's decoder layer (norms, q/k/v, attention, MLP) in the backward "
-            "pass "
-            "instead of keeping its activations: about a third more compute for the layer, and per token and step only "
-            "its hidden state, keys and values (and the logits at counted positions) stay in memory. For long "
-            "sequences "
-            "or a wide drafter (the MLP's activations dominate otherwise). Results are the same; a run may resume "
-            "with it switched."
+            "Recompute each training-time-test step's decoder layer (norms, q/k/v, attention, MLP) in the "
+            "backward pass instead of keeping its activations: about a third more compute for the layer, and per "
+            "token and step only its hidden state, keys and values (and the logits at counted positions) stay in "
+            "memory. For long sequences or a wide drafter (the MLP's activations dominate otherwise). Results are "
+            "the same; a run may resume with it switched."
         ),
     )
     nproc_per_node: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(

@@ -1,28 +1,10 @@
 """Does our tokenizer turn rendered text into the ids the server does?
 
-The training rows are tokenized here, by the tokenizer ``training_data`` loads; the hidden states
-and the drafter's acceptance come from the serving stack, which tokenized the same prompts itself.
-If the two disagree — Kimi-K2.5 under transformers 5 can load a backend that splits
-``<think>``/``</think>`` into byte tokens — every row is silently off. :func:`check_agreement`
-compares the two on N rendered samples and stops at the first disagreement;
-:func:`remote_tokenizer` is the server's side, over its tokenize route.
-
-Wiring (the ``training_data`` asset, before or after :func:`~eagle3_pipeline.dataprep.build_training_data`)::
-
-    tokenizer = load_tokenizer(config.target.tokenizer, config.target.trust_remote_code)
-    texts = [renderer.render(c.messages, c.tools, generation_prompt=True) for c in first_n_conversations]
-    try:
-        with remote_tokenizer(endpoint.base_url, endpoint.model, api_key) as remote:
-            result = check_agreement(
-                texts, lambda t: tokenizer.encode(t, add_special_tokens=False), remote, decode=tokenizer.decode
-            )
-    except TokenizeRouteMissing as exc:
-        ...  # report "not checked" with str(exc) (the URL, never the key)
-    # TokenizerDisagreement: fail, its message names the sample, the token position and both sides;
-    # RemoteTokenizerError: the server could not be asked (unreachable, 5xx, a malformed answer).
-
-``local`` must tokenize as the rows are tokenized: ``add_special_tokens=False`` on rendered text
-(the chat template writes the special tokens itself), as the server is asked to.
+The rows are tokenized by our tokenizer, the hidden states and τ come from the serving stack, which
+tokenized the same prompts itself: if the two disagree every row is silently off.
+:func:`check_agreement` compares them on N rendered samples, :func:`remote_tokenizer` is the server's
+side (its tokenize route), :func:`tokenizer_agreement` runs the check for the ``training_data`` phase
+(dataprep/DESIGN.md, "Tokenizer agreement").
 """
 
 from __future__ import annotations

@@ -1,53 +1,12 @@
 """Loss masks that cover exactly what the target generated, for fast and slow tokenizers.
 
-A row is made in one of three ways (``training_data.reasoning``):
-
-- ``emit`` (the default) trains on what the target saw and produced for its response, the last
-  generated turn ``i``: the prompt exactly as the server rendered it for generation —
-  ``apply_chat_template(messages[:i], tools, add_generation_prompt=True, **chat_template_kwargs)``,
-  with the history as the generation client sent it (``records.wire_message``: no reasoning) —
-  followed by the turn the target emitted, masked: its reasoning in the target's own thinking
-  markup, its content, its tool calls as the template renders them, and the end-of-turn token when
-  it finished (``stop``/``tool_calls``, never after ``length``; a ``length`` stop with reasoning
-  only was cut inside it, before the closing tag). That output is the template's render of
-  ``messages[:i+1]`` past the generation prompt's render, which must be a prefix of it. Where the
-  template leaves the turn's reasoning out (Kimi-K2.5 blanks it once a conversation ends in a final
-  answer) it is put back into the template's empty thinking block (``<think></think>``, the markup
-  taken from the tokenizer's added tokens ``<think>``/``</think>`` unless set), which must start
-  the turn's output (or straddle the prompt's end: Kimi's generation prompt ends with ``<think>``);
-  a template that renders none is a mismatch. The template's own text after the output (ChatML's
-  newline; the end-of-turn token of a cut turn) follows unmasked, so that a template that renders
-  the response as the target emitted it gives the same text in ``emit`` and ``render`` — and the
-  same tokens where the prompt's last token does not depend on what follows it (SmolLM2's ChatML).
-  Earlier generated turns are masked inside the prompt as ``render`` masks them.
-- ``render`` renders the whole conversation once (no prefix rendering, so templates that rewrite
-  earlier turns — Qwen3 drops the reasoning of turns before the last user message — work) and
-  masks each generated turn where it renders, its reasoning where the template renders it.
-- ``drop`` is ``render`` with the reasoning left out.
-
-A generated turn is located inside a render:
-
-- a template with ``{% generation %}`` blocks says itself which tokens are the assistant's
-  (``return_assistant_tokens_mask``, fast tokenizers only); the k-th block is the k-th assistant
-  message;
-- otherwise the turn is rendered once more with its content replaced by a marker character and
-  its reasoning and tool calls left out. Both renders agree up to where the turn's generated text
-  starts and from where it ends (the suffix never reaching back over the marker), so the
-  difference is exactly what the turn's content, reasoning and native tool calls rendered to.
-  Where the template renders the turn's reasoning, the span starts right after the generation
-  prompt (``<think>`` and all, as the target emitted it).
-
-The end-of-turn token is added only when the turn finished (``stop`` or ``tool_calls``): never
-after a ``length`` stop, and never the whitespace a template writes after it.
-
-A row is tokenized as pieces of text, each on its own (the prompt and the target's output are
-separate pieces: the server tokenized the prompt alone, the target then produced its tokens). A
-fast tokenizer's offsets give the tokens of each masked span of a piece. A slow tokenizer (no
-offsets: Kimi's ``TikTokenTokenizer``) tokenizes the piece in segments cut at the span edges, and
-the segments' tokens must concatenate to the piece's own tokenization: then every token lies in
-one segment and the masked tokens are exactly those of the spans; otherwise the tokenizer merges
-text across an edge and the row is a mismatch. A conversation the template cannot render
-faithfully raises :class:`TemplateMismatch`; the caller counts it.
+A row is made as ``training_data.reasoning`` says: ``emit`` (the default: the prompt as the server
+rendered it for generation, then the turn the target emitted, masked), ``render`` (the whole
+conversation rendered once, each generated turn masked where it renders) or ``drop`` (``render``
+without the reasoning). :class:`ChatRenderer` locates each generated turn in a render;
+:func:`tokenize_row` tokenizes a row piece by piece and maps the masked spans to tokens. A conversation
+the template cannot render faithfully raises :class:`TemplateMismatch`; the caller counts it. How and
+why, in detail: dataprep/DESIGN.md, "Loss masks".
 """
 
 from __future__ import annotations

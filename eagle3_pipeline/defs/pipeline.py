@@ -6,6 +6,8 @@ instances in the defs folder are more pipelines, each with its own `key_prefix`
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -20,7 +22,7 @@ from eagle3_pipeline.defs.generation.assets import build_assets
 from eagle3_pipeline.defs.health.observations import inference_server_specs
 from eagle3_pipeline.defs.health.sensors import build_health_sensors
 from eagle3_pipeline.defs.ops.automation import build_automation_sensor
-from eagle3_pipeline.defs.ops.deploy import build_executor
+from eagle3_pipeline.defs.ops.deploy import with_executor
 from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.orchestration.launching import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -31,6 +33,7 @@ DOWNSTREAM_JOB = DEFAULT_NAMES.name("downstream_job")
 # The main job, as `eagle3-pipeline run` executes it: each of these jobs in turn, the partitioned one
 # once per partition. Any asset added downstream of `responses` joins `downstream_job` by itself.
 MAIN_PATH = (SETUP_JOB, GENERATION_JOB, DOWNSTREAM_JOB)
+CODE_REFERENCES_BETA = r".*`(with_source_code_references|LocalFileCodeReference|CodeReferencesMetadataValue)`"
 
 
 def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.UnresolvedAssetJobDefinition]:
@@ -61,12 +64,30 @@ def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> 
     return jobs
 
 
+def with_code_references(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+    """Each asset with a code reference to the function that computes it (the closure its factory
+    builds): the UI's source link opens it (the component adds its defs.yaml after). Checks stay as they
+    are. Code references are a beta feature of Dagster, whose warnings are expected for this call only."""
+    checks = [a for a in assets if isinstance(a, dg.AssetChecksDefinition)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", CODE_REFERENCES_BETA, dg.BetaWarning)
+        referenced = dg.with_source_code_references([a for a in assets if not isinstance(a, dg.AssetChecksDefinition)])
+    return [a for a in referenced if isinstance(a, dg.AssetsDefinition)] + checks
+
+
 def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
-    """The definitions whose shape (assets, partitions = the file's dataset ids) follows `config`,
-    the file as loaded; every body reads its settings at run or tick time from `pipeline` (default:
-    that file, no overrides). API keys reach the runs through `inference`, each set with
-    `dg.EnvVar` of the variable the file names, so an unset variable fails only the runs that need it.
-    Every name (asset and check keys, jobs, sensors, resource keys) follows `pipeline.key_prefix`."""
+    """A code location of one pipeline: :func:`pipeline_definitions` with the executor its file asks for."""
+    return with_executor(pipeline_definitions(config, pipeline), [config])
+
+
+def pipeline_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
+    """One pipeline's definitions, without an executor (the code location sets one for all its
+    pipelines: :func:`~eagle3_pipeline.defs.ops.deploy.with_executor`). Their shape (assets, partitions
+    = the file's dataset ids) follows `config`, the file as loaded; every body reads its settings at run
+    or tick time from `pipeline` (default: that file, no overrides). API keys reach the runs through
+    `inference`, each set with `dg.EnvVar` of the variable the file names, so an unset variable fails
+    only the runs that need it. Every name (asset and check keys, jobs, sensors, resource keys) follows
+    `pipeline.key_prefix`."""
     pipeline = pipeline or PipelineResource(config_path=str(config.source_file))
     names = pipeline.names()
     assets = [
@@ -79,7 +100,7 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
     observed = inference_server_specs(config, names)
     keys = [key for a in assets if isinstance(a, dg.AssetsDefinition) for key in a.keys]
     return dg.Definitions(
-        assets=[*assets, *observed],
+        assets=[*with_code_references(assets), *observed],
         jobs=build_jobs(config, names),
         sensors=[
             *build_health_sensors(config, names),
@@ -94,7 +115,6 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
             # `eagle3-pipeline run` passes its own, which hears progress and results in process.
             names.phase_listener: NO_LISTENER,
         },
-        executor=build_executor(config),
     )
 
 
@@ -131,4 +151,4 @@ class Eagle3Pipeline(dg.Component, dg.Resolvable, dg.Model):
         pipeline = PipelineResource(
             config_path=str(path), artifacts_root=self.artifacts_root, key_prefix=self.key_prefix
         )
-        return build_definitions(config, pipeline)
+        return pipeline_definitions(config, pipeline)

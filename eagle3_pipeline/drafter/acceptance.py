@@ -1,54 +1,12 @@
 """Acceptance length τ of a chain drafter, computed the way a greedy speculative server accepts.
 
-Alignment (the indices of SpecForge's training-time test). Tokens of one sample are ``x_0 … x_{T-1}``; ``pred``
-is ``[K, T]``: ``pred[j, t]`` is the TARGET token id the drafter proposes at depth ``j`` when it
-drafts from position ``t``, i.e. after the target has produced ``x_{t+1}`` from its hidden state at
-``t``. Depth 0 guesses ``x_{t+2}``, depth ``j`` guesses ``x_{t+2+j}``. This is exactly TTT step
-``j`` at index ``t`` (input ``aux_t`` and ``embed(x_{t+1+j})``, teacher-forced), so the drafter's
-``pred[j] = draft_target_ids(ttt_forward(...)[j])``; the bigram drafter fills the same tensor.
-
-Reference ``r``: the token a greedy verifier accepts at each position. By default the tokens of the
-response themselves, ``r_i = x_i``: for responses generated greedily by the target (the pipeline's
-``temperature: 0``) ``x_{t+2+j}`` is the target's argmax at ``t+1+j``, which is what a greedy verifier
-compares the draft with. :func:`target_reference` gives the other reference, the target's argmax
-``r_i = g_i = argmax(lm_head(h_{i-1}))`` over the stored prefix ``x_{<i}`` (``h`` the target's final,
-post-norm states the store holds). Only target-generated text counts: a response is a
-maximal run of ``loss_mask == 1`` positions ``[s, e)`` (each generated assistant turn is one run).
-
-- ``c_j(t) = [pred[j, t] == r_{t+2+j}]`` and ``t+2+j < e`` (a draft past the response end is rejected).
-- ``a(t)`` = number of leading ``j < K`` with ``c_j(t) = 1`` (0 ≤ a(t) ≤ K): the tokens a verify step
-  starting after ``t`` accepts, because a teacher-forced depth ``j`` sees the same inputs as chain
-  drafting whenever the drafts before it were right.
-- A verify step happens at ``t`` when ``x_{t+1}`` is in the response and something is left to draft
-  (``s-1 ≤ t`` and ``t+2 < e``); the first one is right after prefill (``t = s-1``, ``x_s`` came from
-  prefill).
-- Server-faithful τ: per response, walk ``t ← t + a(t) + 1`` from ``t = s-1`` while ``t+2 < e``; each
-  visited step emits ``1 + a(t)`` tokens (the accepted drafts + the target's bonus/correction token),
-  or ``a(t)`` when it accepted the rest of the response (no token after the last one);
-  τ = tokens emitted / steps over all responses (SGLang's completion tokens / verify steps, without
-  the prefill token; vLLM's ``1 + accepted / drafts`` except that last-step bonus). So 1 ≤ τ ≤ K+1.
-- Per-position estimate τ̂ = 1 + mean of ``a(t)`` over every eligible ``t`` (not only visited ones).
-- Conditional acceptance at depth ``j``: P(c_j | c_0 … c_{j-1}) over eligible ``t`` whose depth-``j``
-  target is inside the response. SpecForge's per-step ``acc_i`` are marginals, not this.
-
-τ against the target's argmax (``r = g``: ``c_j(t) = [pred[j, t] == g_{t+2+j}]``; the walk, the bonus
-token and the bounds as above) takes the target's greedy choice at each position as the true
-continuation: a draft is accepted when it equals the target's argmax. §8's argument (``a(t)`` is the
-accepted count of a greedy verify step because teacher-forced depth ``j`` sees the inputs chain
-drafting would) needs the teacher-forced tokens ``x_{t+2} … x_{t+1+j}`` to be those the server holds
-after accepting the drafts before depth ``j``, i.e. ``g_{t+2} … g_{t+1+j}``. So ``c_j(t)`` against
-``g`` is exactly the server's verdict (after the stored prefix ``x_{≤t+1}``) wherever ``x = g`` on
-``t+2 … t+1+j``, depth 0 always; a deeper depth fed a stored ``x_m ≠ g_m`` where the server would have
-fed the accepted draft ``g_m``, and is a teacher-forced estimate. On greedy data ``x = g`` and the two
-τ are the same number, the server's; on data that disagree (temperature > 0, imported or re-tokenised
-text) τ against ``x`` counts drafts of text the target would not have produced, which no greedy
-verifier accepts, and τ against ``g`` is the estimate of the server's.
-
-Data–target agreement (:class:`Agreement`): over the positions whose token τ compares a draft with
-(``i = t+2`` for each eligible ``t``: every response token but the first, which prefill produced), the
-share with ``x_i == g_i``.
-
-numpy only; torch tensors are accepted (moved to the CPU).
+``pred[j, t]`` is the target token id the drafter proposes at depth ``j`` when it drafts from position
+``t`` (TTT step ``j`` at index ``t``; the bigram drafter fills the same tensor); a reference ``r`` is the
+token a greedy verifier accepts at each position: the response's own tokens, or the target's argmax
+(:func:`target_reference`). From them: the server-faithful τ, the per-position estimate, the
+conditional acceptance per depth, and the data–target agreement (:class:`Agreement`). The definitions
+and why they are the server's: drafter/DESIGN.md, "Acceptance length τ". numpy only; torch tensors are
+accepted (moved to the CPU).
 """
 
 from __future__ import annotations

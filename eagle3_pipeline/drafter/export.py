@@ -4,7 +4,7 @@
 the target's vocabulary size, ``draft_vocab_size``, untied embeddings, the RoPE the drafter was
 trained with (``rope_theta`` and the legacy ``rope_scaling``, which SGLang's and vLLM's Llama readers
 take through transformers 4 or 5; YaRN in the form
-:func:`~eagle3_pipeline.drafter.model.yarn_for_servers` gives, with both ``rope_type`` and ``type``,
+:func:`~eagle3_pipeline.drafter.draft_config.yarn_for_servers` gives, with both ``rope_type`` and ``type``,
 which every reader interprets as trained), ``max_position_embeddings`` of the drafter (at least the
 target's), and the captured layers written for both servers by
 :func:`eagle3_pipeline.layer_ids.server_layer_ids` for the target's family:
@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
+from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError, rope_kind, yarn_for_servers
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
-from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter, rope_kind, yarn_for_servers
+from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
 from eagle3_pipeline.layer_ids import output_layer_ids, server_layer_ids, target_family
 

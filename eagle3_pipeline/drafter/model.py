@@ -10,195 +10,29 @@ One step of the drafter::
     logits = lm_head(norm(h))                                      # next step consumes pre-norm h
 
 Two ways to run it, which must agree (tested): :meth:`Eagle3Drafter.ttt_forward`, the unrolled
-training-time test with the chain-drafting attention pattern, and :meth:`Eagle3Drafter.forward_cached`,
-plain causal attention over a key/value cache, one drafted token at a time, as a server drafts.
-The training pass's memory is linear in the sequence length: its causal attention runs blockwise
-(:class:`_BlockCausalAttention`, which never holds a T×T score tensor) and merges the chain-drafting
-keys in exactly by log-sum-exp; :func:`soft_label_cross_entropy` is the training loss over the draft
-head's logits in chunks.
-
-Parameter names are the servers' checkpoint names (``fc.weight``, ``midlayer.*``, ``norm.weight``,
-``lm_head.weight``, buffers ``d2t`` and ``t2d``); ``embed_tokens.weight`` is the target's, frozen.
-
-RoPE is computed as the servers compute it for a Llama EAGLE-3 drafter (SGLang ``LlamaAttention`` →
-``get_rope``, vLLM ``llama_eagle3`` → ``get_rope``): rotate-half, ``rope_theta`` and ``rope_scaling``
-from the drafter's config.json, in float32, the cos/sin multiplied by the scaling's attention factor.
-YaRN (``rope_type``/``type`` ``yarn``) is :func:`rope_inverse_frequencies` and
-:func:`rope_attention_factor`; :func:`yarn_for_servers` writes the one YaRN dict every reader
-interprets alike (see there).
+training-time test with the chain-drafting attention pattern (memory linear in the sequence length:
+:mod:`eagle3_pipeline.drafter.attention`), and :meth:`Eagle3Drafter.forward_cached`, causal attention
+over a key/value cache, one drafted token at a time, as a server drafts. Parameter names are the
+servers' checkpoint names; RoPE is computed as the servers compute it (drafter/DESIGN.md, "The model").
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-
-class DrafterConfigError(ValueError):
-    """A draft-model configuration that cannot be built (names the field and what was expected)."""
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    hidden_size: int
-    target_hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    draft_vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    max_position_embeddings: int
-    aux_layer_ids: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise DrafterConfigError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if len(self.aux_layer_ids) != 3:
-            raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
-        rope_type = rope_kind(self.rope_scaling)
-        if rope_type not in SUPPORTED_ROPE:
-            raise DrafterConfigError(
-                f"rope_scaling.rope_type {rope_type!r} is not supported; expected one of {sorted(SUPPORTED_ROPE)}"
-            )
-        if rope_type == "yarn":
-            _check_portable_yarn(self.rope_scaling or {})
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> DrafterConfig:
-        return cls(**{**raw, "aux_layer_ids": list(raw["aux_layer_ids"])})
-
-
-SUPPORTED_ROPE = {"default", "linear", "llama3", "yarn"}
-YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # the servers' defaults (SGLang, vLLM, transformers)
-# The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1:
-# SGLang 0.5.14 ignores both; SGLang 0.5.23 takes yarn_get_mscale(f, 1) / yarn_get_mscale(f, 0); vLLM
-# 0.34 and transformers 5 need both truthy for the ratio (0 is not) and fall back to yarn_get_mscale(f);
-# SpecForge 0.2.0 always takes the ratio and fails when either is missing.
-PORTABLE_MSCALE = {"mscale": 1.0, "mscale_all_dim": 0.0}
-# Keys some server reads and another ignores (SGLang: attn_factor, extrapolation_factor; vLLM and
-# transformers: attention_factor): no value of them is served alike, so a drafter never carries them.
-UNPORTABLE_YARN_KEYS = ("attn_factor", "attention_factor", "extrapolation_factor")
-YARN_KEYS = {
-    "rope_type",
-    "type",
-    "factor",
-    "original_max_position_embeddings",
-    "beta_fast",
-    "beta_slow",
-    "truncate",
-    *PORTABLE_MSCALE,
-}
-
-
-def rope_kind(scaling: dict[str, Any] | None) -> str:
-    """``rope_type`` (or legacy ``type``) of a ``rope_scaling`` dict; ``default`` for none."""
-    scaling = scaling or {}
-    return str(scaling.get("rope_type", scaling.get("type", "default")))
-
-
-def _check_portable_yarn(scaling: dict[str, Any], where: str = "rope_scaling") -> None:
-    unportable = sorted(set(scaling) & set(UNPORTABLE_YARN_KEYS))
-    if unportable:
-        raise DrafterConfigError(
-            f"{where}: {unportable} are read by some servers and ignored by others (SGLang reads attn_factor and "
-            "extrapolation_factor, vLLM attention_factor); leave them out: the drafter's YaRN attention factor is "
-            "0.1·ln(factor) + 1"
-        )
-    unknown = sorted(set(scaling) - YARN_KEYS)
-    if unknown:
-        raise DrafterConfigError(f"{where}: unknown YaRN keys {unknown}; expected a subset of {sorted(YARN_KEYS)}")
-    for key in ("factor", "original_max_position_embeddings"):
-        if key not in scaling:
-            raise DrafterConfigError(f"{where}.{key}: required for rope_type yarn (vLLM reads it without a default)")
-    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
-        raise DrafterConfigError(f"{where}: type {scaling['type']!r} and rope_type {scaling['rope_type']!r} differ")
-    for key, portable in PORTABLE_MSCALE.items():
-        if key in scaling and float(scaling[key]) != portable:
-            raise DrafterConfigError(
-                f"{where}.{key} {scaling[key]}: servers read mscale/mscale_all_dim differently (SGLang 0.5.14 "
-                f"ignores them, SGLang 0.5.23 and vLLM take a ratio); expected {portable} or none "
-                "(yarn_for_servers writes the pair)"
-            )
-
-
-def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
-    """The drafter's YaRN ``rope_scaling`` built from a target's (or an override's): what the drafter
-    trains with and what its config.json says, interpreted alike by SGLang 0.5.14 and 0.5.23, vLLM 0.34,
-    transformers 5 and SpecForge 0.2.0.
-
-    What a server does with a Llama drafter's ``rope_scaling: yarn`` (SGLang ``get_rope`` →
-    ``YaRNScalingRotaryEmbedding``; vLLM ``get_rope`` → ``YaRNScalingRotaryEmbedding``): the inverse
-    frequencies are the YaRN blend (:func:`rope_inverse_frequencies`) over ``head_dim`` with ``factor``,
-    ``original_max_position_embeddings`` (both required by vLLM), ``beta_fast``/``beta_slow`` (default
-    32/1) and ``truncate`` (default true); cos and sin are multiplied by an attention factor ``m``, so q·k
-    is multiplied by ``m²``. ``m`` is where the readers differ: SGLang 0.5.14 reads only ``attn_factor``
-    (``m = (0.1·ln f + 1)·attn_factor``; it also reads ``extrapolation_factor``, vLLM does not); SGLang
-    0.5.23 uses ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` when both are given;
-    vLLM 0.34 and transformers use ``attention_factor`` if given, else that ratio when both are truthy,
-    else ``0.1·ln f + 1``; SpecForge always takes the ratio and fails without both keys. The one setting
-    they agree on is ``mscale: 1, mscale_all_dim: 0`` (:data:`PORTABLE_MSCALE`) and no
-    attn_factor/attention_factor: every one of them then applies ``m = 0.1·ln(factor) + 1``.
-
-    Why that keeps a DeepSeek-V3/Kimi target's attention temperature: transformers' DeepSeek-V3 multiplies
-    cos/sin by ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` and its softmax scale by
-    ``yarn_get_mscale(f, mscale_all_dim)²`` (MLA scales the non-rotary dims too), so its q·k carries
-    ``yarn_get_mscale(f, mscale)²`` whatever ``mscale_all_dim`` is; the drafter's ``m²`` equals it exactly
-    when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047;
-    eagle3_pipeline_tests/drafter/test_yarn.py). So ``mscale_all_dim`` is dropped, and an ``mscale`` other
-    than 1, which no portable key can express, is refused. The frequencies are computed over the drafter's
-    ``head_dim`` (128 for an MLA target's draft, :func:`eagle3_pipeline.drafter.train.drafter_config`)
-    where the target rotates ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension,
-    as the servers do.
-    """
-    raw = dict(scaling)
-    if float(raw.pop("mscale", 1.0)) != 1.0:
-        raise DrafterConfigError(
-            f"{where}.mscale {scaling['mscale']}: a Llama drafter can be served with YaRN's attention factor "
-            "0.1·ln(factor) + 1 only (mscale 1); set drafter.model.rope_scaling without mscale"
-        )
-    raw.pop("mscale_all_dim", None)
-    raw.pop("rope_theta", None)  # transformers 5 keeps it in rope_parameters; the drafter carries it as rope_theta
-    _check_portable_yarn(raw, where)
-    out: dict[str, Any] = {
-        "rope_type": "yarn",
-        "type": "yarn",
-        "factor": float(raw["factor"]),
-        "original_max_position_embeddings": int(raw["original_max_position_embeddings"]),
-        "beta_fast": raw.get("beta_fast", YARN_BETA_FAST),
-        "beta_slow": raw.get("beta_slow", YARN_BETA_SLOW),
-        **PORTABLE_MSCALE,
-    }
-    if "truncate" in raw:
-        out["truncate"] = bool(raw["truncate"])
-    return out
-
-
-def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """``(rope_theta, rope_scaling)`` of a Hugging Face config, old (``rope_theta``/``rope_scaling``)
-    or transformers-5 style (``rope_parameters``)."""
-    params = target_config.get("rope_parameters")
-    if isinstance(params, dict):
-        theta = float(params.get("rope_theta", target_config.get("rope_theta", 10000.0)))
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        return theta, (None if rope_kind(scaling) == "default" else scaling)
-    scaling = target_config.get("rope_scaling")
-    return float(target_config.get("rope_theta", 10000.0)), (None if rope_kind(scaling) == "default" else scaling)
+from eagle3_pipeline.drafter.attention import BlockCausalAttention
+from eagle3_pipeline.drafter.draft_config import (
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
+    DrafterConfig,
+    DrafterConfigError,
+    rope_kind,
+)
 
 
 def yarn_mscale(factor: float) -> float:
@@ -337,165 +171,6 @@ class DecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-# The training-time test's causal attention takes ATTENTION_BLOCK query rows at a time, against key
-# blocks of at most ATTENTION_SCORE_ELEMENTS scores (B · heads · query rows · key rows; at least
-# ATTENTION_BLOCK key rows): one block's scores are the largest tensors it holds, whatever T.
-ATTENTION_BLOCK = 512
-ATTENTION_SCORE_ELEMENTS = 1 << 26
-# Logits per chunk of the soft-label loss: the float32 log-probabilities of one chunk (64 MiB).
-LOSS_CHUNK_ELEMENTS = 1 << 24
-_MASKED = torch.finfo(torch.float32).min
-
-
-def _query_blocks(length: int) -> list[tuple[int, int]]:
-    return [(start, min(start + ATTENTION_BLOCK, length)) for start in range(0, length, ATTENTION_BLOCK)]
-
-
-def _key_blocks(q_end: int, width: int) -> list[tuple[int, int]]:
-    """Key blocks covering keys 0..q_end-1 for ``width`` = B · heads · query rows: as long as the
-    score budget allows, in multiples of ATTENTION_BLOCK."""
-    size = max(ATTENTION_BLOCK, ATTENTION_SCORE_ELEMENTS // width // ATTENTION_BLOCK * ATTENTION_BLOCK)
-    return [(start, min(start + size, q_end)) for start in range(0, q_end, size)]
-
-
-def _block_scores(
-    q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int, keys_visible: torch.Tensor | None
-) -> torch.Tensor:
-    """float32 scores [B, nkv, g, bq, bk] of the scaled queries q [B, nkv, g, bq, hd] at q_start.. against
-    keys k [B, nkv, bk, hd] at k_start..; keys after the query, or not visible (padding), get the float32
-    minimum (as a full-score pass's masked_fill: zero weight, and a row with no key left averages)."""
-    scores = torch.einsum("bngqd,bnkd->bngqk", q, k).float()
-    if k_start + k.shape[2] - 1 > q_start:  # the causal edge crosses this block
-        q_pos = torch.arange(q_start, q_start + q.shape[3], device=q.device)
-        k_pos = torch.arange(k_start, k_start + k.shape[2], device=q.device)
-        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], _MASKED)
-    if keys_visible is not None:
-        scores.masked_fill_(~keys_visible[:, None, None, None, k_start : k_start + k.shape[2]], _MASKED)
-    return scores
-
-
-def _softmax_block(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_start: int,
-    keys: tuple[int, int],
-    keys_visible: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One key block's softmax pieces for the query block q: row maxima m, Σ exp(s − m), Σ exp(s − m)·v."""
-    k_start, k_end = keys
-    scores = _block_scores(q, k[:, :, k_start:k_end], q_start, k_start, keys_visible)
-    peak = scores.amax(-1)
-    weights = scores.sub_(peak[..., None]).exp_()
-    return peak, weights.sum(-1), torch.einsum("bngqk,bnkd->bngqd", weights.to(v.dtype), v[:, :, k_start:k_end]).float()
-
-
-class _BlockCausalAttention(torch.autograd.Function):
-    """Causal attention over the visible keys and its per-row log-sum-exp, flash-attention style in
-    plain PyTorch: :data:`ATTENTION_BLOCK` query rows at a time, an online softmax over the key blocks
-    up to the query block's end (:func:`_key_blocks`). Forward and backward hold O(T · head_dim) per
-    head plus one block's scores, never a T×T tensor.
-
-    q [B, nkv, g, T, hd] (the g query heads of each KV head), k and v [B, nkv, T, hd], keys_visible
-    [B, T] bool or None (all visible). Returns out like q and lse [B, nkv, g, T] float32. Backward takes
-    the gradients of both: with P the attention weights and D = rowsum(dO ∘ O), dS = P ∘ (dP − D + dlse)
-    since ∂lse/∂S = P. Scores, softmax statistics and gradient sums are float32; matmuls run in the
-    inputs' dtype (autocast off inside: the backward needs the forward's dtypes, whichever thread runs it).
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_visible: torch.Tensor | None, scale: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.autocast(q.device.type, enabled=False):
-            scaled = q * scale
-            out = torch.empty_like(q)
-            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-            for q_start, q_end in _query_blocks(q.shape[3]):
-                qb = scaled[:, :, :, q_start:q_end]
-                first, *rest = _key_blocks(q_end, qb[..., 0].numel())
-                peak, total, acc = _softmax_block(qb, k, v, q_start, first, keys_visible)
-                for block in rest:  # merge the block's softmax into the running one
-                    block_peak, block_total, block_acc = _softmax_block(qb, k, v, q_start, block, keys_visible)
-                    new_peak = torch.maximum(peak, block_peak)
-                    old_weight, block_weight = torch.exp(peak - new_peak), torch.exp(block_peak - new_peak)
-                    total = total * old_weight + block_total * block_weight
-                    acc = acc * old_weight[..., None] + block_acc * block_weight[..., None]
-                    peak = new_peak
-                out[:, :, :, q_start:q_end] = (acc / total[..., None]).to(q.dtype)
-                lse[:, :, :, q_start:q_end] = peak + total.log()
-        ctx.save_for_backward(q, k, v, out, lse, keys_visible)
-        ctx.scale = scale
-        return out, lse
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse, keys_visible = ctx.saved_tensors
-        scale = ctx.scale
-        with torch.autocast(q.device.type, enabled=False):
-            scaled = q * scale
-            grad_out = grad_out.to(q.dtype)
-            delta = (grad_out.float() * out.float()).sum(-1) - grad_lse
-            d_scaled = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-            dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-            dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-            for q_start, q_end in _query_blocks(q.shape[3]):
-                qb, gb = scaled[:, :, :, q_start:q_end], grad_out[:, :, :, q_start:q_end]
-                lse_b, delta_b = lse[:, :, :, q_start:q_end, None], delta[:, :, :, q_start:q_end, None]
-                for k_start, k_end in _key_blocks(q_end, qb[..., 0].numel()):
-                    kb, vb = k[:, :, k_start:k_end], v[:, :, k_start:k_end]
-                    weights = _block_scores(qb, kb, q_start, k_start, keys_visible).sub_(lse_b).exp_()
-                    dv[:, :, k_start:k_end] += torch.einsum("bngqk,bngqd->bnkd", weights.to(v.dtype), gb).float()
-                    d_scores = torch.einsum("bngqd,bnkd->bngqk", gb, vb).float().sub_(delta_b).mul_(weights).to(q.dtype)
-                    d_scaled[:, :, :, q_start:q_end] += torch.einsum("bngqk,bnkd->bngqd", d_scores, kb).float()
-                    dk[:, :, k_start:k_end] += torch.einsum("bngqk,bngqd->bnkd", d_scores, qb).float()
-        return (d_scaled * scale).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
-
-
-class _SoftLabelCrossEntropy(torch.autograd.Function):
-    """Σ_n −Σ_v probs[rows[n], v] · log_softmax(logits[n])_v, in chunks of rows: the float32
-    log-probabilities exist one chunk at a time, forward and backward (d/dlogits = softmax · Σ_v p − p),
-    and the soft labels are gathered from ``probs`` by row, never copied whole."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int
-    ) -> torch.Tensor:
-        with torch.autocast(logits.device.type, enabled=False):
-            total = torch.zeros((), dtype=torch.float32, device=logits.device)
-            for start in range(0, logits.shape[0], chunk_rows):
-                labels = probs.index_select(0, rows[start : start + chunk_rows])
-                total = total - (labels * torch.log_softmax(logits[start : start + chunk_rows].float(), dim=-1)).sum()
-        ctx.save_for_backward(logits, probs, rows)
-        ctx.chunk_rows = chunk_rows
-        return total
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        logits, probs, rows = ctx.saved_tensors
-        chunk_rows = ctx.chunk_rows
-        grad_logits = torch.empty_like(logits)
-        with torch.autocast(logits.device.type, enabled=False):
-            for start in range(0, logits.shape[0], chunk_rows):
-                labels = probs.index_select(0, rows[start : start + chunk_rows])
-                softmax = torch.softmax(logits[start : start + chunk_rows].float(), dim=-1)
-                grad_logits[start : start + chunk_rows] = (grad * (softmax * labels.sum(-1, keepdim=True) - labels)).to(
-                    logits.dtype
-                )
-        return grad_logits, None, None, None
-
-
-def soft_label_cross_entropy(
-    logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, chunk_rows: int | None = None
-) -> torch.Tensor:
-    """The summed soft-label cross-entropy of ``logits`` [N, Vd] against the rows ``rows`` [N] of
-    ``probs`` [M, Vd] (the teacher's distributions), computed in chunks of ``chunk_rows`` rows
-    (default: :data:`LOSS_CHUNK_ELEMENTS` logits a chunk)."""
-    return _SoftLabelCrossEntropy.apply(
-        logits, probs, rows, chunk_rows or max(1, LOSS_CHUNK_ELEMENTS // logits.shape[-1])
-    )
-
-
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -576,8 +251,9 @@ class Eagle3Drafter(nn.Module):
         at RoPE position t + j, and attends to the step-0 keys at indices <= t (not padding) plus
         the keys of steps 1..j at index t: exactly what chain drafting from prefix t sees.
 
-        Memory stays linear in T: the step-0 keys are attended blockwise (:class:`_BlockCausalAttention`,
-        which also returns each row's log-sum-exp L_c), the diagonal scores s_i = q·k_i/√hd of steps
+        Memory stays linear in T: the step-0 keys are attended blockwise
+        (:class:`~eagle3_pipeline.drafter.attention.BlockCausalAttention`, which also returns each row's
+        log-sum-exp L_c), the diagonal scores s_i = q·k_i/√hd of steps
         1..j are one number per row, and the two merge exactly:
         out = e^(L_c − L)·out_c + Σ_i e^(s_i − L)·v_i with L = logsumexp(L_c, s_1..s_j).
         ``activation_checkpointing`` recomputes each step's decoder layer in the backward pass instead
@@ -619,7 +295,7 @@ class Eagle3Drafter(nn.Module):
         k0, v0 = earlier[0] if earlier else (k, v)
         q = q.unflatten(1, (attn_layer.nkv, attn_layer.nh // attn_layer.nkv))  # [B, nkv, g, T, hd]
         scale = 1.0 / math.sqrt(self.config.head_dim)
-        attn, lse = _BlockCausalAttention.apply(q, k0, v0, keys_visible, scale)
+        attn, lse = BlockCausalAttention.apply(q, k0, v0, keys_visible, scale)
         if earlier:
             diagonal = [*earlier[1:], (k, v)]  # the keys of steps 1..j at the query's own index
             scores = torch.stack([torch.einsum("bngtd,bntd->bngt", q, dk).float() * scale for dk, _ in diagonal])

@@ -1,36 +1,10 @@
 """Rolling hidden-state windows: train a drafter on a store larger than the disk.
 
 With ``hidden_states.rolling_window_shards`` the store keeps only its eval shards; :func:`run_rolling`
-then goes, epoch by epoch and window by window (the train shards in plan order, N at a time,
-:func:`eagle3_pipeline.hidden_states.plan.rolling_layout`):
-
-1. ``extract(shards)``: extract the window's shards (the extract phase's per-shard resume);
-2. ``train(epoch, window)``: train on exactly those shards' rows up to the window's end, where the
-   trainer checkpoints (:mod:`eagle3_pipeline.drafter.train`, rolling mode);
-3. ``delete(shards)``: delete the window's shard files;
-
-recording before each stage where it is in ``rolling.json`` (layout digest, segment, epoch, window,
-stage, drafter step, disk peak). A kill anywhere resumes there: during extraction, the extraction
-again (finished shards are kept); during training, the trainer from its last checkpoint (the window's
-shards are still there); between the window's last checkpoint and the record, the trainer again,
-which finds its position at the window's end and trains nothing; during deletion, the deletion
-again. The trainer refuses a position outside the window it is asked for, so no window is trained
-twice and none is skipped; the callables are plain functions so the asset passes ``run_heavy_phase``
-closures and tests call the phases in process.
-
-The trade-off (:func:`tradeoff`): the disk holds the eval shards and one window (plus the shard
-being written) instead of the whole store, and every epoch re-extracts every train token, so
-extraction costs about ``epochs`` times the extraction of a normal store, plus one target load per
-window (each window's extraction is a phase of its own: fewer, larger windows load it less often).
-For Kimi-K2.5 (88K prompts × ~1.25K tokens, 57,349 B/token bf16, eval_fraction 0.05, 10 epochs)
-``python -m benchmarks.rolling_tradeoff`` prints 6.31 TB for the whole store against a 347 GB
-peak with 16-shard windows (315 GB of it the eval shards), and ×9.55 the extraction time: 29.2 h
-instead of 3.1 h at an assumed 10K tokens/s, before the target loads: 200 windows an epoch, 2,001
-loads of an assumed 600 s add 333 h (128-shard windows: 25 an epoch, 558 GB peak, 42 h of loads).
-So pick the largest window the disk holds. No rate or load time of the SGLang TP-8 extraction of
-Kimi-K2.5 has been measured yet; the benchmark takes both as arguments.
-
-No torch here: the code location imports this module.
+goes, epoch by epoch and window by window, through ``extract(shards)``, ``train(epoch, window)`` and
+``delete(shards)``, recording before each stage where it is in ``rolling.json``, so a kill anywhere
+resumes there; :func:`tradeoff` says what it costs in disk and extraction. The stages, the resume and
+the trade-off: drafter/DESIGN.md, "Rolling windows". No torch here: the code location imports this module.
 """
 
 from __future__ import annotations

@@ -2,58 +2,11 @@
 what more data of a dataset would buy: the τ to expect, and the time and money its generation takes
 on each backend the planner knows.
 
-**The curve** (``tau_curve``), recorded by the trainer at every checkpoint (rank 0, on the eval rows
-it evaluates anyway), kept in the checkpoint state (so it survives a resume), returned in the
-``train`` phase's metadata and written beside the checkpoints as ``<run_dir>/tau_curve.json``::
-
-    {"k": 3, "epochs": 12, "data_tokens": {dataset: loss-masked tokens of its train rows (one epoch)},
-     "points": [{"step": 60, "tokens": N, "tokens_by_dataset": {dataset: N_X},
-                 "tau": {dataset: τ@k, "all": τ@k}, "verify_steps": {dataset: n, "all": n}}]}
-
-``tokens_by_dataset`` counts the loss-masked tokens (within ``max_seq_len``) of the training rows
-consumed up to the checkpoint's data position, repeats included: after e whole epochs N_X = e·D_X.
-
-**The fit** (per eval dataset X): τ_X(N) = τ∞ − a·(N/N_last)^(−b), N the training tokens of X seen,
-N_last the last checkpoint's. A power law toward a ceiling rather than an exponential approach:
-learning curves in data size follow power laws, and EAGLE-3 reports its speedup still rising with
-the training data at the largest scale it tried, which an exponential in N would flatten after a
-few N₀. The ceiling is bounded by
-K + 1 (τ cannot exceed it). Least squares by variable projection: for fixed b, τ∞ and a are linear;
-b is searched on a log grid and refined by golden section. The covariance of (τ∞, a, b) is
-s²(JᵀJ)⁻¹, s² = RSS/(n−3).
-
-The axis is X's own tokens, not all tokens at X's fixed share: within one run both are proportional
-(every epoch is all the data), so the fitted curve is the same, and only X's own tokens can say what
-buying X alone does. That reading assumes τ_X moves along its curve with X's tokens only (no
-transfer from the other datasets, none lost to them).
-
-**A prediction** for the data grown to m times D_X assumes the same recipe: the next run trains the
-same epochs over the larger data, so the tokens seen grow m-fold too, N* = m·N_last. Interval
-(95 %): t(0.975, n−3)·√(SE_fit² + SE_eval²), SE_fit by the delta method, SE_eval the eval set's own
-sampling error at the predicted τ: a verify step emits between 1 and K+1 tokens, so their variance
-is at most (τ−1)(K+1−τ) (Bhatia–Davis), over the eval's verify steps taken as independent (steps of
-one response are correlated, so this understates that part). Clipped to [1, K+1]. The interval is
-the model's: it does not cover the model being wrong. An in-run curve counts repeated epochs as
-tokens seen and mixes them with a learning rate still decaying; where a run over-fits its data (τ
-flat on the eval rows while training accuracy climbs) it flattens for want of new data, and more
-data is worth more than the curve says. ``benchmarks/tau_scaling.py`` checks the prediction against
-a run on twice the data (docs/measurements.md, "τ against training data": on the embedded default
-the half-data curve was flat, and twice the data still raised τ).
-
-**No figure** (a reason instead): fewer than :data:`MIN_POINTS` checkpoints (3 parameters and 2
-degrees of freedom left for the residual); no improvement (a ≤ 0, the fitted rise from the second
-checkpoint to the last at most twice the residual sd, or a step: b at the top of its range);
-or no saturation visible (a ceiling above K + 1, or b at the bottom of its range: the curve is still
-a line in log N and the data do not determine where it levels off).
-
-**Cost and time**: generated tokens are completion tokens. Per dataset, the completion tokens the
-checkpoints hold over the dataset's training tokens (D_X) measure what one more training token
-costs (it absorbs the eval share, truncation and the prompt template); prompt tokens in proportion.
-Time and cost per backend come from the planner (:mod:`eagle3_pipeline.generation.planning`): its
-measured completion tokens/s and price table; no evidence or no price: unknown, never a guess.
-
-numpy only; the planner (and the generation package under it) is imported by the functions that
-read the pipeline's artifacts, so the trainer imports this module for the curve alone.
+The trainer records the curve (``tau_curve``) at every checkpoint (:func:`new_curve`, :func:`curve_point`,
+:func:`write_curve`); :func:`data_scaling` fits it and prices the data. The curve's format, the fit,
+the prediction and when there is no figure: drafter/DESIGN.md, "The τ curve and what more data buys".
+numpy only; the planner (and the generation package under it) is imported by the functions that read
+the pipeline's artifacts, so the trainer imports this module for the curve alone.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
-"""The ``train`` phase spec from the pipeline file (no torch here: the code location imports it)."""
+"""The ``train`` phase's spec: built from the pipeline file here (:func:`train_spec`, no torch: the code
+location imports it) and read back where the phase runs (:func:`parse_spec`). Its settings are one
+typed record, :class:`TrainSettings`, made only from the validated ``drafter:`` section."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,9 @@ from eagle3_pipeline.config import ComputeConfig, DrafterConfig, PipelineConfig
 DRAFT_VOCAB_DIR = "draft_vocab"
 HIDDEN_STATES_DIR = "hidden_states"
 DRAFTER_DIR = "drafter"
+SPEC_PATHS = ("store", "draft_vocab", "target_weights", "run_dir", "export_dir")
+# drafter: keys that are no training setting: where the target is, and how many processes train.
+NOT_SETTINGS = frozenset({"target_weights", "nproc_per_node"})
 
 
 def drafter_paths(root: Path) -> dict[str, Path]:
@@ -24,6 +31,62 @@ def drafter_paths(root: Path) -> dict[str, Path]:
 
 class DrafterSpecError(ValueError):
     """The pipeline file does not say enough to build the ``train`` spec; the message names the key."""
+
+
+class TrainError(ValueError):
+    """A training run that cannot start or continue; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``drafter:`` section's training settings (see its fields in docs/settings.md). No defaults of
+    its own: every value comes from the validated file (:meth:`from_config`)."""
+
+    ttt_steps: int
+    lr: float
+    weight_decay: float
+    warmup_ratio: float
+    epochs: int
+    max_steps: int | None
+    batch_tokens: int
+    max_seq_len: int
+    grad_clip: float
+    checkpoint_every: int
+    keep_checkpoints: int
+    eval_samples: int
+    log_every: int
+    seed: int
+    dtype: str
+    export_dtype: str
+    embedding_key: str | None
+    lm_head_key: str | None
+    activation_checkpointing: bool
+    model: dict[str, Any]  # drafter.model: the keys the file sets (DrafterModelConfig)
+
+    @classmethod
+    def from_config(cls, drafter: DrafterConfig, pipeline_seed: int, target_max_seq_len: int) -> TrainSettings:
+        """``drafter``'s settings; its ``seed`` and ``max_seq_len`` default to the pipeline's seed and
+        ``target.max_seq_len``."""
+        settings = drafter.model_dump(exclude={"model", "seed", "max_seq_len", *NOT_SETTINGS})
+        return cls(
+            **settings,
+            model=drafter.model.model_dump(exclude_none=True),
+            seed=pipeline_seed if drafter.seed is None else drafter.seed,
+            max_seq_len=drafter.max_seq_len or target_max_seq_len,
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the checkpoint (bookkeeping settings excluded, and
+        activation checkpointing: it recomputes the same values, so a run may resume with it switched)."""
+        skip = {
+            "checkpoint_every",
+            "keep_checkpoints",
+            "eval_samples",
+            "log_every",
+            "export_dtype",
+            "activation_checkpointing",
+        }
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
 def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
@@ -45,16 +108,26 @@ def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
 def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
     """JSON-able spec for ``eagle3_pipeline.drafter.train:run``. Paths are under ``root``, the
     pipeline's own artifacts root by default: ``run_heavy_phase`` maps them onto the host's."""
-    drafter = config.drafter
-    settings: dict[str, Any] = drafter.model_dump(
-        exclude={"model", "target_weights", "seed", "max_seq_len", "nproc_per_node"}
-    )
-    settings["model"] = drafter.model.model_dump(exclude_none=True)
-    settings["seed"] = config.seed if drafter.seed is None else drafter.seed
-    settings["max_seq_len"] = drafter.max_seq_len or config.target.max_seq_len
+    settings = TrainSettings.from_config(config.drafter, config.seed, config.target.max_seq_len)
     paths = drafter_paths(root or config.artifacts_root)
     return {
         **{k: str(v) for k, v in paths.items()},
-        "target_weights": target_weights(drafter, config.compute),
-        "settings": settings,
+        "target_weights": target_weights(config.drafter, config.compute),
+        "settings": asdict(settings),
     }
+
+
+def parse_spec(spec: Mapping[str, Any]) -> tuple[dict[str, Path], TrainSettings]:
+    """The spec's paths and settings; a missing path or setting, or an unknown setting, is refused by name."""
+    missing = [k for k in SPEC_PATHS if not spec.get(k)]
+    if missing:
+        raise TrainError(f"train spec: missing {', '.join(missing)}")
+    raw = dict(spec.get("settings") or {})
+    known = {f.name for f in fields(TrainSettings)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise TrainError(f"train spec: settings has unknown keys {unknown}")
+    lacking = sorted(known - set(raw))
+    if lacking:
+        raise TrainError(f"train spec: settings lacks {lacking} (the spec is built by drafter.spec.train_spec)")
+    return {k: Path(spec[k]) for k in SPEC_PATHS}, TrainSettings(**raw)

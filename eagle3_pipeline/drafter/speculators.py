@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
-from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError
 from eagle3_pipeline.layer_ids import output_layer_ids
 
 SPECULATORS_TYPE = "eagle3"

@@ -162,24 +162,28 @@ class HealthThresholds:
     endpoints get a real completion at most every `hosted_probe_interval_s`. The GPU check reads
     Xids from `kernel_log_path` when neither dmesg nor journalctl can read the kernel log. Checks
     named in `optional_checks` are reported but do not make a report unhealthy.
+
+    The fields up to `optional_checks` are the pipeline file's `health:` section and have no defaults
+    of their own (`eagle3_pipeline.monitor.thresholds_for` builds them from the validated file); the
+    rest are the tick's own, which the file does not set.
     """
 
-    expected_gpus: int = 8
-    min_disk_free_gb: float = 50.0
-    min_mem_free_gb: float = 16.0
-    stall_window_s: float = 600.0
+    expected_gpus: int
+    min_disk_free_gb: float
+    min_mem_free_gb: float
+    stall_window_s: float
+    artifacts_dir: str | None
+    log_path: str | None
+    shell_section_timeout_s: float
+    generation_timeout_s: float
+    tick_timeout_s: float
+    hosted_probe_interval_s: float
+    kernel_log_path: str
+    optional_checks: frozenset[str]
     throughput_min_interval_s: float = 10.0
     gpu_temp_warn_c: float = 85.0
     gpu_temp_critical_c: float = 92.0
-    artifacts_dir: str | None = None
-    log_path: str | None = None
-    shell_section_timeout_s: float = 5.0
-    generation_timeout_s: float = 10.0
     metrics_timeout_s: float = 5.0
-    tick_timeout_s: float = 15.0
-    hosted_probe_interval_s: float = 300.0
-    kernel_log_path: str = "/var/log/kern.log"
-    optional_checks: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.expected_gpus < 0:

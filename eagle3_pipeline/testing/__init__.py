@@ -18,6 +18,8 @@ Each module stands in for something a test or a benchmark cannot have here:
   code, slow tiktoken tokenizer, K2.5 chat template), for the 1T target itself.
 - :mod:`~eagle3_pipeline.testing.drafter_reference`: Kimi-K2.5's language-model config as a dict, the
   server's chain drafting and the drafter's earlier full-score training pass, as references.
+- :mod:`~eagle3_pipeline.testing.train_settings`: the ``train`` phase's settings as a pipeline file's
+  ``drafter:`` section gives them, for a training run on a store of the test's own.
 
 torch, transformers and safetensors are imported inside the functions that need them.
 """

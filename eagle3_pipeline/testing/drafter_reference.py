@@ -140,7 +140,7 @@ def reference_ttt_loss(model: Eagle3Drafter, batch: Batch, lm_head: torch.Tensor
     import torch.nn.functional as F
 
     from eagle3_pipeline.drafter.data import teacher
-    from eagle3_pipeline.drafter.train import STEP_DECAY
+    from eagle3_pipeline.drafter.loss import STEP_DECAY
 
     target = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
     argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]

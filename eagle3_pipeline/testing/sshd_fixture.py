@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.config import HealthConfig
 from eagle3_pipeline.health import HealthThresholds, ServerSpec
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS, REMAP_QUERY_FIELDS
 from eagle3_pipeline.hosts import SshHost
@@ -573,8 +574,15 @@ def spec_for(server: FakeSglang, **overrides: Any) -> ServerSpec:
 
 
 def thresholds_for(watched: Watched | None = None, **overrides: Any) -> HealthThresholds:
-    """Short probe timeouts and floors any machine meets; a test overrides what it exercises."""
+    """Short probe timeouts and floors any machine meets, the rest as the pipeline file's `health:`
+    section has them by default; a test overrides what it exercises."""
+    file = HealthConfig()
     options: dict[str, Any] = {
+        "artifacts_dir": None,
+        "log_path": None,
+        "hosted_probe_interval_s": file.hosted_probe_interval_s,
+        "kernel_log_path": file.kernel_log_path,
+        "optional_checks": frozenset(file.optional_checks),
         "expected_gpus": 8,
         "min_disk_free_gb": 0.01,
         "min_mem_free_gb": 0.01,

@@ -30,6 +30,7 @@ from eagle3_pipeline.config import (
 )
 from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.drafter.acceptance import AcceptanceStats, target_reference
+from eagle3_pipeline.drafter.draft_config import drafter_config
 from eagle3_pipeline.drafter.evaluate import (
     WARNING,
     read_rows,
@@ -39,7 +40,7 @@ from eagle3_pipeline.drafter.evaluate import (
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.drafter.target import load_target_weights
-from eagle3_pipeline.drafter.train import build_model, drafter_config
+from eagle3_pipeline.drafter.train import build_model
 from eagle3_pipeline.hidden_states.store import (
     HIDDEN_KEY,
     IDS_KEY,

@@ -40,9 +40,9 @@ import torch
 
 F = torch.nn.functional
 
+from eagle3_pipeline.drafter.draft_config import drafter_config
 from eagle3_pipeline.drafter.export import export_for_servers, exported_tensors, server_config
 from eagle3_pipeline.drafter.model import Eagle3Drafter
-from eagle3_pipeline.drafter.train import drafter_config
 from eagle3_pipeline.testing.drafter_reference import KIMI_AUX, kimi_k25_text_config, tiny_kimi_text_config
 
 SPECFORGE = "specforge==0.2.0"

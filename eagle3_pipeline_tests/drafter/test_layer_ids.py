@@ -75,9 +75,9 @@ def test_a_kimi_export_writes_the_deepseek_rule_and_reads_back_the_trained_ids(t
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
+    from eagle3_pipeline.drafter.draft_config import drafter_config
     from eagle3_pipeline.drafter.export import export_for_servers, load_export
     from eagle3_pipeline.drafter.model import Eagle3Drafter
-    from eagle3_pipeline.drafter.train import drafter_config
     from eagle3_pipeline_tests.drafter.test_yarn import tiny_kimi_text_config
 
     target = tiny_kimi_text_config()

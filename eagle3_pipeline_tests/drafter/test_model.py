@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("torch")
 import torch
 
+from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
-from eagle3_pipeline.drafter.model import DrafterConfig, DrafterConfigError, Eagle3Drafter
+from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.testing.drafter_reference import chain_draft
 
 STEPS = 5

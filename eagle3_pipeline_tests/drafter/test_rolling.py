@@ -28,14 +28,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint
+from eagle3_pipeline.drafter.plans import rolling_plans
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, read_state, run_rolling, tradeoff
-from eagle3_pipeline.drafter.train import TrainError, TrainSettings, rolling_plans
+from eagle3_pipeline.drafter.spec import TrainError, TrainSettings
 from eagle3_pipeline.drafter.train import run as train_run
 from eagle3_pipeline.hidden_states.capture import Target, load_target
 from eagle3_pipeline.hidden_states.extract import run as extract_run
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab
 from eagle3_pipeline.testing.tiny_store import make_vocab
+from eagle3_pipeline.testing.train_settings import train_settings
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
@@ -45,9 +47,11 @@ WINDOW = 1
 EPOCHS = 2
 # Two train shards (one per training_data file), two windows, three batches a window; checkpoints at
 # every window's end and at step 5, inside the second window.
-TRAIN = {"ttt_steps": 2, "lr": 1e-3, "epochs": EPOCHS, "batch_tokens": 30, "max_seq_len": 32, "checkpoint_every": 5,
-         "log_every": 1, "eval_samples": 1, "seed": 3, "dtype": "float32", "keep_checkpoints": 3,
-         "model": {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128}}  # fmt: skip
+TRAIN = train_settings(
+    ttt_steps=2, lr=1e-3, epochs=EPOCHS, batch_tokens=30, max_seq_len=32, checkpoint_every=5, log_every=1,
+    eval_samples=1, seed=3, dtype="float32", keep_checkpoints=3,
+    model={"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128},
+)  # fmt: skip
 
 
 class Killed(RuntimeError):

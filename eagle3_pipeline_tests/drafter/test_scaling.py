@@ -230,11 +230,12 @@ from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.testing.stores import HIDDEN, VOCAB, noisy_sample, periodic_sample, write_store, write_vocab
 from eagle3_pipeline.testing.tiny_store import random_target
+from eagle3_pipeline.testing.train_settings import train_settings
 from eagle3_pipeline_tests.drafter.test_train import ListReporter
 
 MAX_SEQ_LEN = 16
-SETTINGS = {"ttt_steps": 3, "lr": 3e-3, "epochs": 2, "batch_tokens": 48, "max_seq_len": MAX_SEQ_LEN,
-            "checkpoint_every": 2, "keep_checkpoints": 3, "log_every": 1, "eval_samples": 3, "seed": 1}  # fmt: skip
+SETTINGS = train_settings(ttt_steps=3, lr=3e-3, epochs=2, batch_tokens=48, max_seq_len=MAX_SEQ_LEN, checkpoint_every=2,
+                          keep_checkpoints=3, log_every=1, eval_samples=3, seed=1)  # fmt: skip
 
 
 def two_dataset_store(root: Path) -> tuple[HiddenStateStore, dict[str, tuple[str, int]]]:

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch")
 import torch
 
+from eagle3_pipeline.drafter.draft_config import DrafterConfigError
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
-from eagle3_pipeline.drafter.model import DrafterConfigError
 from eagle3_pipeline.drafter.speculators import to_speculators
 from eagle3_pipeline_tests.drafter.test_model import _config, _inputs, _model
 

@@ -21,9 +21,11 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoint
 from eagle3_pipeline.drafter.export import load_export
-from eagle3_pipeline.drafter.train import TrainError, run
+from eagle3_pipeline.drafter.spec import TrainError
+from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import save_draft_vocab
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
+from eagle3_pipeline.testing.train_settings import train_settings
 
 pytestmark = pytest.mark.slow
 
@@ -46,17 +48,10 @@ def _spec(tmp_path: Path, **settings: Any) -> dict[str, Any]:
     target = random_target(tmp_path / "target")
     if not (tmp_path / "store").exists():
         random_store(tmp_path / "store", tmp_path / "vocab", target, samples=60, draft_vocab_size=40)
-    base = {
-        "ttt_steps": 3,
-        "lr": 3e-3,
-        "epochs": 2,
-        "batch_tokens": 96,
-        "max_seq_len": 32,
-        "checkpoint_every": 4,
-        "log_every": 2,
-        "eval_samples": 8,
-        "seed": 7,
-    }
+    base = train_settings(
+        ttt_steps=3, lr=3e-3, epochs=2, batch_tokens=96, max_seq_len=32, checkpoint_every=4, log_every=2,
+        eval_samples=8, seed=7,
+    )  # fmt: skip
     return {
         "store": str(tmp_path / "store"),
         "draft_vocab": str(tmp_path / "vocab"),
@@ -168,25 +163,27 @@ def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
 ) -> None:
     """The teacher is computed only where the next token is trained; with prompt tokens and padding in
     the batch, loss, per-step losses and hits are those of the teacher computed everywhere."""
-    import eagle3_pipeline.drafter.train as train
+    import eagle3_pipeline.drafter.loss as loss
     from eagle3_pipeline.drafter.data import BatchReader, epoch_plan, store_rows, teacher
+    from eagle3_pipeline.drafter.draft_config import drafter_config
     from eagle3_pipeline.drafter.target import load_target_weights
+    from eagle3_pipeline.drafter.train import build_model
     from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
 
     spec = _spec(tmp_path)
     store = HiddenStateStore(Path(spec["store"]))
     d2t, t2d, _ = load_draft_vocab(Path(spec["draft_vocab"]))
     target = load_target_weights(Path(spec["target_weights"]))
-    config = train.drafter_config(target.config, int(d2t.shape[0]), list(store.manifest().aux_layer_ids), {})
-    model = train.build_model(config, target, d2t, t2d, seed=0)
+    config = drafter_config(target.config, int(d2t.shape[0]), list(store.manifest().aux_layer_ids), {})
+    model = build_model(config, target, d2t, t2d, seed=0)
     [rows, *_] = epoch_plan(store_rows(store, "train"), 0, 0, 96, 32)
     batch = BatchReader(store.root, 32).read(rows)
     assert len(rows) > 1 and not batch.attention_mask.all(), "the batch has padding"
     batch.loss_mask[:, : batch.loss_mask.shape[1] // 2] = False  # a prompt: its tokens are not trained
 
-    partial = train.ttt_loss(model, batch, target.lm_head, 3)
-    monkeypatch.setattr(train, "teacher", lambda hidden, lm_head, t2d, needed=None: teacher(hidden, lm_head, t2d))
-    everywhere = train.ttt_loss(model, batch, target.lm_head, 3)
+    partial = loss.ttt_loss(model, batch, target.lm_head, 3)
+    monkeypatch.setattr(loss, "teacher", lambda hidden, lm_head, t2d, needed=None: teacher(hidden, lm_head, t2d))
+    everywhere = loss.ttt_loss(model, batch, target.lm_head, 3)
     assert int(partial.trained.sum()) > 0
     assert torch.allclose(partial.loss, everywhere.loss) and torch.allclose(partial.step_losses, everywhere.step_losses)
     assert torch.equal(partial.hits, everywhere.hits) and torch.equal(partial.trained, everywhere.trained)

@@ -32,10 +32,13 @@ F = torch.nn.functional
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+import eagle3_pipeline.drafter.attention as attention_module
+import eagle3_pipeline.drafter.loss as loss_module
 import eagle3_pipeline.drafter.model as model_module
 from eagle3_pipeline.drafter.data import Batch
-from eagle3_pipeline.drafter.model import DrafterConfig, Eagle3Drafter, soft_label_cross_entropy, yarn_for_servers
-from eagle3_pipeline.drafter.train import ttt_loss
+from eagle3_pipeline.drafter.draft_config import DrafterConfig, yarn_for_servers
+from eagle3_pipeline.drafter.loss import soft_label_cross_entropy, ttt_loss
+from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.testing.drafter_reference import reference_ttt_forward, reference_ttt_loss
 
 TOLERANCE = 1e-5  # of each tensor's largest magnitude
@@ -142,7 +145,7 @@ BLOCKINGS = {
     "q8-k8": (8, 1),
     "q8-k-unaligned": (8, 3 * 6 * 8 * 20),  # key blocks of 16 or 24 rows: causal edges inside them
     "q8-one-key-block": (8, 1 << 40),
-    "default": (model_module.ATTENTION_BLOCK, model_module.ATTENTION_SCORE_ELEMENTS),
+    "default": (attention_module.ATTENTION_BLOCK, attention_module.ATTENTION_SCORE_ELEMENTS),
 }
 
 
@@ -152,8 +155,8 @@ def blocking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     rows, of other sizes, or all keys at once; the default blocking with a sequence longer than a block
     checks the real setting."""
     rows, scores = BLOCKINGS[request.param]
-    monkeypatch.setattr(model_module, "ATTENTION_BLOCK", rows)
-    monkeypatch.setattr(model_module, "ATTENTION_SCORE_ELEMENTS", scores)
+    monkeypatch.setattr(attention_module, "ATTENTION_BLOCK", rows)
+    monkeypatch.setattr(attention_module, "ATTENTION_SCORE_ELEMENTS", scores)
     return str(request.param)
 
 
@@ -186,11 +189,11 @@ def test_logits_and_every_gradient_equal_the_full_score_pass(name: str, blocking
 def test_the_training_loss_and_its_gradients_equal_the_full_score_loss(
     name: str, checkpointing: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """train.ttt_loss (blockwise attention, chunked soft-label loss, optionally the decoder layer
+    """loss.ttt_loss (blockwise attention, chunked soft-label loss, optionally the decoder layer
     recomputed in the backward) against the loss of before, with the real teacher on a padded batch."""
-    monkeypatch.setattr(model_module, "ATTENTION_BLOCK", 8)
-    monkeypatch.setattr(model_module, "ATTENTION_SCORE_ELEMENTS", 1)
-    monkeypatch.setattr(model_module, "LOSS_CHUNK_ELEMENTS", 5 * CONFIGS[name].draft_vocab_size)  # chunks of 5 rows
+    monkeypatch.setattr(attention_module, "ATTENTION_BLOCK", 8)
+    monkeypatch.setattr(attention_module, "ATTENTION_SCORE_ELEMENTS", 1)
+    monkeypatch.setattr(loss_module, "LOSS_CHUNK_ELEMENTS", 5 * CONFIGS[name].draft_vocab_size)  # chunks of 5 rows
     config = CONFIGS[name]
     model = _model(config)
     lm_head = _lm_head(config, model)
@@ -252,8 +255,8 @@ def test_no_step_makes_a_tensor_of_sequence_squared_size(monkeypatch: pytest.Mon
     """Every tensor of a training step (forward and backward, all steps) stays below one head's
     T×T scores: the blocks' scores are B·heads·block², the rest linear in T. The same check sees
     the full-score pass's [B, heads, T, T] scores."""
-    monkeypatch.setattr(model_module, "ATTENTION_BLOCK", 16)
-    monkeypatch.setattr(model_module, "ATTENTION_SCORE_ELEMENTS", 1)
+    monkeypatch.setattr(attention_module, "ATTENTION_BLOCK", 16)
+    monkeypatch.setattr(attention_module, "ATTENTION_SCORE_ELEMENTS", 1)
     config = _config(
         hidden_size=16,
         target_hidden_size=16,
@@ -280,8 +283,8 @@ def test_the_activation_checkpointing_setting_reaches_the_training_steps(
     """`drafter.activation_checkpointing` goes through the train spec into TrainSettings, and the
     training loop then runs every TTT step's decoder layer under torch.utils.checkpoint."""
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.drafter.spec import train_spec
-    from eagle3_pipeline.drafter.train import TrainSettings, run
+    from eagle3_pipeline.drafter.spec import TrainSettings, train_spec
+    from eagle3_pipeline.drafter.train import run
     from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec
 
     pipeline = load_config(None, runtime_checks=False)

@@ -18,15 +18,10 @@ import pytest
 pytest.importorskip("torch")
 import torch
 
+from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError, drafter_config
 from eagle3_pipeline.drafter.export import server_config
-from eagle3_pipeline.drafter.model import (
-    DrafterConfig,
-    DrafterConfigError,
-    Eagle3Drafter,
-    rope_attention_factor,
-    rope_inverse_frequencies,
-)
-from eagle3_pipeline.drafter.train import TrainError, drafter_config
+from eagle3_pipeline.drafter.model import Eagle3Drafter, rope_attention_factor, rope_inverse_frequencies
+from eagle3_pipeline.drafter.spec import TrainError
 from eagle3_pipeline.testing.drafter_reference import (
     KIMI_AUX,
     KIMI_ROPE,

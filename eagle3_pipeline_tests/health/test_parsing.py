@@ -4,11 +4,14 @@ throughput and progress rules, and the composite probe script run by a real `sh`
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.health import CheckResult, HealthReport, HealthThresholds, ServerSpec, Status, TickState
+from eagle3_pipeline.config import HealthConfig
+from eagle3_pipeline.health import CheckResult, HealthReport, ServerSpec, Status, TickState
 from eagle3_pipeline.health.checks.generation import CachedVerdict
 from eagle3_pipeline.health.checks.gpus import (
     GpuParseError,
@@ -29,6 +32,7 @@ from eagle3_pipeline.health.checks.throughput import (
 from eagle3_pipeline.health.script import SectionOutput, build_probe_script, parse_probe_output
 from eagle3_pipeline.health.settings import GenerationTarget
 from eagle3_pipeline.hosts import LocalHost
+from eagle3_pipeline.monitor import thresholds_for
 
 
 def _report(*statuses: Status, required: bool = True) -> HealthReport:
@@ -91,12 +95,13 @@ def test_report_to_dict_and_summary() -> None:
 
 
 def test_settings_validation() -> None:
+    valid = thresholds_for(HealthConfig(), Path("/artifacts"))
     with pytest.raises(ValueError, match="artifacts_dir: expected an absolute path"):
-        HealthThresholds(artifacts_dir="relative/dir")
+        replace(valid, artifacts_dir="relative/dir")
     with pytest.raises(ValueError, match="process_pattern: required"):
         ServerSpec(kind="custom", port=8000, base_url="http://h:8000", model="m")
     with pytest.raises(ValueError, match="optional_checks: unknown"):
-        HealthThresholds(optional_checks=frozenset({"gpu"}))
+        replace(valid, optional_checks=frozenset({"gpu"}))
     spec = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000/", model="m", api_key="sk-secret")
     assert "sk-secret" not in repr(spec) and spec.url("/metrics") == "http://h:30000/metrics"
 

@@ -14,11 +14,14 @@ import socket
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from eagle3_pipeline.config import HealthConfig
 from eagle3_pipeline.health import (
     CHECK_NAMES,
     GenerationTarget,
@@ -30,6 +33,7 @@ from eagle3_pipeline.health import (
 )
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
 from eagle3_pipeline.hosts import LocalHost, SshHost
+from eagle3_pipeline.monitor import thresholds_for as file_thresholds
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.sshd_fixture import (
     FakeBin,
@@ -344,12 +348,8 @@ def test_hung_host_tick_returns_within_20_s(sshd: Sshd, sglang: FakeSglang, gpus
         )
         sglang.start()
         watched = make_watched(tmp_path)
-        thresholds = HealthThresholds(
-            min_disk_free_gb=0.01,
-            min_mem_free_gb=0.01,
-            artifacts_dir=str(watched.artifacts_dir),
-            log_path=str(watched.log_path),
-        )
+        health = HealthConfig(expected_gpus=8, min_disk_free_gb=0.01, min_mem_free_gb=0.01)  # the file's timeouts
+        thresholds = replace(file_thresholds(health, watched.artifacts_dir), log_path=str(watched.log_path))
         spec = spec_for(sglang)
         assert host.run("true", timeout_s=10).exit_code == 0  # connected before the host hangs
         proxy.freeze()
@@ -375,7 +375,7 @@ def _known_hosts_via(sshd: Sshd, proxy: TcpProxy, tmp_path: Path) -> Path:
 
 def test_host_only_tick_without_a_server(tmp_path: Path) -> None:
     """No server to probe is no evidence: UNKNOWN, and optional only when a run will probe it."""
-    thresholds = HealthThresholds(expected_gpus=0, min_disk_free_gb=0, min_mem_free_gb=0, artifacts_dir=str(tmp_path))
+    thresholds = file_thresholds(HealthConfig(expected_gpus=0, min_disk_free_gb=0, min_mem_free_gb=0), tmp_path)
     report, _ = run_health_tick(LocalHost(), None, thresholds)
     assert {c.name for c in report.checks} == {"generation", "gpus", "disk", "host_memory", "progress"}
     assert report.check("generation").status is Status.UNKNOWN and not report.healthy
@@ -472,16 +472,10 @@ def test_kernel_log_file_is_the_last_fallback(
 # -- every server work is sent to is asked, whether or not a server is monitored on the host ---
 
 
-def _cpu_thresholds(tmp_path: Path, **overrides: object) -> HealthThresholds:
-    options: dict[str, object] = {
-        "expected_gpus": 0,
-        "min_disk_free_gb": 0,
-        "min_mem_free_gb": 0,
-        "artifacts_dir": str(tmp_path),
-        "generation_timeout_s": 2,
-    }
-    options.update(overrides)
-    return HealthThresholds(**options)  # type: ignore[arg-type]
+def _cpu_thresholds(tmp_path: Path, **overrides: Any) -> HealthThresholds:
+    """A CPU machine's health section (no GPU, no floors), watching ``tmp_path`` on this host."""
+    health = HealthConfig(expected_gpus=0, min_disk_free_gb=0, min_mem_free_gb=0, generation_timeout_s=2, **overrides)
+    return file_thresholds(health, tmp_path)
 
 
 def test_every_endpoint_is_asked_for_a_completion(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

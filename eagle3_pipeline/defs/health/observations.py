@@ -1,6 +1,8 @@
 """The inference servers as observed assets: `inference_server` (or one per host of
 `inference.hosts`), and the observation each health tick or preflight records on it."""
 
+import inspect
+import warnings
 from typing import Any
 
 import dagster as dg
@@ -39,6 +41,7 @@ def inference_server_specs(config: PipelineConfig, names: PipelineNames = DEFAUL
     inference_server = dg.AssetSpec(
         server_key(None, names),
         group_name=names.name("target"),
+        metadata=observed_where(),
         description="The inference host and server. Not materialized: each health tick records an "
         "observation carrying the report (per-check status, GPU table, tokens/s).",
     )
@@ -46,11 +49,22 @@ def inference_server_specs(config: PipelineConfig, names: PipelineNames = DEFAUL
         dg.AssetSpec(
             server_key(host.name, names),
             group_name=names.name("target"),
+            metadata=observed_where(),
             description=f"Inference host {host.name!r} (pool {host.pool_name}): each health tick records an "
             "observation carrying its report; while it is not healthy it receives no new `responses` partition.",
         )
         for host in config.inference.hosts
     ]
+
+
+def observed_where() -> dict[str, dg.CodeReferencesMetadataValue]:
+    """An observed server's code reference: :func:`health_observation`, which makes every observation
+    of it (an AssetSpec has no function of its own for `dg.with_source_code_references` to point at)."""
+    with warnings.catch_warnings():  # code references are a beta feature of Dagster
+        warnings.filterwarnings("ignore", r".*`(LocalFileCodeReference|CodeReferencesMetadataValue)`", dg.BetaWarning)
+        line = inspect.getsourcelines(health_observation)[1]
+        reference = dg.LocalFileCodeReference(file_path=__file__, line_number=line)
+        return {"dagster/code_references": dg.CodeReferencesMetadataValue(code_references=[reference])}
 
 
 def health_observation(

@@ -1,0 +1,284 @@
+"""The draft model's configuration (:class:`DrafterConfig`, what its config.json says): validated, with a
+RoPE scaling every server reads alike, and derived from a target's config (:func:`drafter_config`).
+
+No torch here: the numerics are in :mod:`eagle3_pipeline.drafter.model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from eagle3_pipeline.drafter.spec import TrainError
+from eagle3_pipeline.target import is_mla
+
+
+class DrafterConfigError(ValueError):
+    """A draft-model configuration that cannot be built (names the field and what was expected)."""
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    aux_layer_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DrafterConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if len(self.aux_layer_ids) != 3:
+            raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
+        rope_type = rope_kind(self.rope_scaling)
+        if rope_type not in SUPPORTED_ROPE:
+            raise DrafterConfigError(
+                f"rope_scaling.rope_type {rope_type!r} is not supported; expected one of {sorted(SUPPORTED_ROPE)}"
+            )
+        if rope_type == "yarn":
+            check_portable_yarn(self.rope_scaling or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DrafterConfig:
+        return cls(**{**raw, "aux_layer_ids": list(raw["aux_layer_ids"])})
+
+
+SUPPORTED_ROPE = {"default", "linear", "llama3", "yarn"}
+YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # the servers' defaults (SGLang, vLLM, transformers)
+# The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1:
+# SGLang 0.5.14 ignores both; SGLang 0.5.23 takes yarn_get_mscale(f, 1) / yarn_get_mscale(f, 0); vLLM
+# 0.34 and transformers 5 need both truthy for the ratio (0 is not) and fall back to yarn_get_mscale(f);
+# SpecForge 0.2.0 always takes the ratio and fails when either is missing.
+PORTABLE_MSCALE = {"mscale": 1.0, "mscale_all_dim": 0.0}
+# Keys some server reads and another ignores (SGLang: attn_factor, extrapolation_factor; vLLM and
+# transformers: attention_factor): no value of them is served alike, so a drafter never carries them.
+UNPORTABLE_YARN_KEYS = ("attn_factor", "attention_factor", "extrapolation_factor")
+YARN_KEYS = {
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    *PORTABLE_MSCALE,
+}
+
+
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """``rope_type`` (or legacy ``type``) of a ``rope_scaling`` dict; ``default`` for none."""
+    scaling = scaling or {}
+    return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def check_portable_yarn(scaling: dict[str, Any], where: str = "rope_scaling") -> None:
+    unportable = sorted(set(scaling) & set(UNPORTABLE_YARN_KEYS))
+    if unportable:
+        raise DrafterConfigError(
+            f"{where}: {unportable} are read by some servers and ignored by others (SGLang reads attn_factor and "
+            "extrapolation_factor, vLLM attention_factor); leave them out: the drafter's YaRN attention factor is "
+            "0.1·ln(factor) + 1"
+        )
+    unknown = sorted(set(scaling) - YARN_KEYS)
+    if unknown:
+        raise DrafterConfigError(f"{where}: unknown YaRN keys {unknown}; expected a subset of {sorted(YARN_KEYS)}")
+    for key in ("factor", "original_max_position_embeddings"):
+        if key not in scaling:
+            raise DrafterConfigError(f"{where}.{key}: required for rope_type yarn (vLLM reads it without a default)")
+    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
+        raise DrafterConfigError(f"{where}: type {scaling['type']!r} and rope_type {scaling['rope_type']!r} differ")
+    for key, portable in PORTABLE_MSCALE.items():
+        if key in scaling and float(scaling[key]) != portable:
+            raise DrafterConfigError(
+                f"{where}.{key} {scaling[key]}: servers read mscale/mscale_all_dim differently (SGLang 0.5.14 "
+                f"ignores them, SGLang 0.5.23 and vLLM take a ratio); expected {portable} or none "
+                "(yarn_for_servers writes the pair)"
+            )
+
+
+def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
+    """The drafter's YaRN ``rope_scaling`` built from a target's (or an override's): what the drafter
+    trains with and what its config.json says, interpreted alike by SGLang 0.5.14 and 0.5.23, vLLM 0.34,
+    transformers 5 and SpecForge 0.2.0.
+
+    What a server does with a Llama drafter's ``rope_scaling: yarn`` (SGLang ``get_rope`` →
+    ``YaRNScalingRotaryEmbedding``; vLLM ``get_rope`` → ``YaRNScalingRotaryEmbedding``): the inverse
+    frequencies are the YaRN blend (:func:`rope_inverse_frequencies`) over ``head_dim`` with ``factor``,
+    ``original_max_position_embeddings`` (both required by vLLM), ``beta_fast``/``beta_slow`` (default
+    32/1) and ``truncate`` (default true); cos and sin are multiplied by an attention factor ``m``, so q·k
+    is multiplied by ``m²``. ``m`` is where the readers differ: SGLang 0.5.14 reads only ``attn_factor``
+    (``m = (0.1·ln f + 1)·attn_factor``; it also reads ``extrapolation_factor``, vLLM does not); SGLang
+    0.5.23 uses ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` when both are given;
+    vLLM 0.34 and transformers use ``attention_factor`` if given, else that ratio when both are truthy,
+    else ``0.1·ln f + 1``; SpecForge always takes the ratio and fails without both keys. The one setting
+    they agree on is ``mscale: 1, mscale_all_dim: 0`` (:data:`PORTABLE_MSCALE`) and no
+    attn_factor/attention_factor: every one of them then applies ``m = 0.1·ln(factor) + 1``.
+
+    Why that keeps a DeepSeek-V3/Kimi target's attention temperature: transformers' DeepSeek-V3 multiplies
+    cos/sin by ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` and its softmax scale by
+    ``yarn_get_mscale(f, mscale_all_dim)²`` (MLA scales the non-rotary dims too), so its q·k carries
+    ``yarn_get_mscale(f, mscale)²`` whatever ``mscale_all_dim`` is; the drafter's ``m²`` equals it exactly
+    when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047;
+    eagle3_pipeline_tests/drafter/test_yarn.py). So ``mscale_all_dim`` is dropped, and an ``mscale`` other
+    than 1, which no portable key can express, is refused. The frequencies are computed over the drafter's
+    ``head_dim`` (128 for an MLA target's draft, :func:`drafter_config`)
+    where the target rotates ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension,
+    as the servers do.
+    """
+    raw = dict(scaling)
+    if float(raw.pop("mscale", 1.0)) != 1.0:
+        raise DrafterConfigError(
+            f"{where}.mscale {scaling['mscale']}: a Llama drafter can be served with YaRN's attention factor "
+            "0.1·ln(factor) + 1 only (mscale 1); set drafter.model.rope_scaling without mscale"
+        )
+    raw.pop("mscale_all_dim", None)
+    raw.pop("rope_theta", None)  # transformers 5 keeps it in rope_parameters; the drafter carries it as rope_theta
+    check_portable_yarn(raw, where)
+    out: dict[str, Any] = {
+        "rope_type": "yarn",
+        "type": "yarn",
+        "factor": float(raw["factor"]),
+        "original_max_position_embeddings": int(raw["original_max_position_embeddings"]),
+        "beta_fast": raw.get("beta_fast", YARN_BETA_FAST),
+        "beta_slow": raw.get("beta_slow", YARN_BETA_SLOW),
+        **PORTABLE_MSCALE,
+    }
+    if "truncate" in raw:
+        out["truncate"] = bool(raw["truncate"])
+    return out
+
+
+def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling)`` of a Hugging Face config, old (``rope_theta``/``rope_scaling``)
+    or transformers-5 style (``rope_parameters``)."""
+    params = target_config.get("rope_parameters")
+    if isinstance(params, dict):
+        theta = float(params.get("rope_theta", target_config.get("rope_theta", 10000.0)))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return theta, (None if rope_kind(scaling) == "default" else scaling)
+    scaling = target_config.get("rope_scaling")
+    return float(target_config.get("rope_theta", 10000.0)), (None if rope_kind(scaling) == "default" else scaling)
+
+
+MODEL_KEYS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "rope_theta", "rope_scaling", "max_position_embeddings",
+)  # fmt: skip
+# The draft attention for an MLA target (see mla_draft_shape): the published DeepSeek-V3 drafter's.
+MLA_DRAFT_HEAD_DIM = 128
+MLA_DRAFT_KV_HEADS = 8
+MLA_DRAFT_INTERMEDIATE, MLA_DRAFT_HIDDEN = 40960, 7168  # intermediate at hidden 7168, scaled with the hidden size
+
+
+def mla_draft_shape(hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]:
+    """Draft attention and MLP for an MLA target, whose own attention shape (64 query heads over a
+    compressed latent KV, head_dim 112 when read as hidden/heads) is no model for a Llama layer.
+
+    Defaults follow the published DeepSeek-V3 drafter, SpecForge ``configs/deepseek-v3-671b-eagle3.json``
+    (sgl-project/SpecForge @ c02a09a): Llama GQA with head_dim 128, 56 heads (hidden 7168 / 128), 8 KV
+    heads, intermediate 40960 (scaled here as 40960/7168 of the draft hidden size, rounded up to a
+    multiple of 128), draft vocabulary 32000 (``draft_vocab.size``). Others published differ:
+    SpecForge's ``kimi-k2-eagle3.json``/``kimi-k25-eagle3.json`` use 64 heads × 64 KV heads × 128,
+    intermediate 18432, no RoPE scaling; TorchSpec's ``kimi_k25_eagle3.json`` 64 × 64 × 128,
+    intermediate 12288, the full 163840 vocabulary. The 8 KV heads keep the draft KV cache at 1/8 of
+    theirs. Fewer heads than 8 (a small hidden size) get the largest KV-head count dividing them.
+    """
+    head_dim = int(overrides.get("head_dim") or MLA_DRAFT_HEAD_DIM)
+    heads = int(overrides.get("num_attention_heads") or max(1, hidden // head_dim))
+    kv_heads = overrides.get("num_key_value_heads") or max(
+        n for n in range(1, min(heads, MLA_DRAFT_KV_HEADS) + 1) if heads % n == 0
+    )
+    intermediate = overrides.get("intermediate_size") or 128 * -(
+        -hidden * MLA_DRAFT_INTERMEDIATE // (MLA_DRAFT_HIDDEN * 128)
+    )
+    return {
+        "head_dim": head_dim,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "intermediate_size": int(intermediate),
+    }
+
+
+def copied_draft_shape(target: Mapping[str, Any], hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]:
+    """Draft attention and MLP copied from a (GQA/MHA) target; a resized hidden divides among the heads."""
+    heads = int(overrides.get("num_attention_heads") or target["num_attention_heads"])
+    default_head_dim = target.get("head_dim") or int(target["hidden_size"]) // int(target["num_attention_heads"])
+    return {
+        "head_dim": int(
+            overrides.get("head_dim") or (default_head_dim if hidden == int(target["hidden_size"]) else hidden // heads)
+        ),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(overrides.get("num_key_value_heads") or target.get("num_key_value_heads", heads)),
+        "intermediate_size": int(overrides.get("intermediate_size") or target["intermediate_size"]),
+    }
+
+
+def drafter_rope(target: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, int]:
+    """``(rope_theta, rope_scaling, max_position_embeddings)``: the target's, or ``drafter.model``'s
+    (``rope_scaling: null`` there means no scaling). A YaRN scaling is rewritten by
+    :func:`yarn_for_servers` so every server reads it as trained. The
+    drafter serves at least the target's context: a smaller ``max_position_embeddings`` is refused."""
+    theta, scaling = target_rope(dict(target))
+    where = "target config rope_scaling"
+    if overrides.get("rope_theta") is not None:
+        theta = float(overrides["rope_theta"])
+    if "rope_scaling" in overrides:
+        scaling, where = overrides["rope_scaling"], "drafter.model.rope_scaling"
+    if rope_kind(scaling) == "default":
+        scaling = None
+    elif rope_kind(scaling) == "yarn":
+        scaling = yarn_for_servers(dict(scaling or {}), where)
+    target_positions = int(target.get("max_position_embeddings", 4096))
+    positions = int(overrides.get("max_position_embeddings") or target_positions)
+    if positions < target_positions:
+        raise TrainError(
+            f"drafter.model.max_position_embeddings {positions}: expected at least the target's {target_positions} "
+            "(the server drafts at every position the target serves)"
+        )
+    return theta, scaling, positions
+
+
+def drafter_config(
+    target: Mapping[str, Any], draft_vocab_size: int, aux_layer_ids: list[int], overrides: Mapping[str, Any]
+) -> DrafterConfig:
+    """The draft model for ``target``, the language model's config as a flat dict (a nested
+    ``text_config`` resolved). Hidden size, vocabulary, norm epsilon, RoPE and context are the
+    target's; attention and MLP are the target's too (:func:`copied_draft_shape`) except for an MLA
+    target (:func:`mla_draft_shape`). Every default yields to ``drafter.model.*`` (``overrides``; a key
+    given as None counts as left out, except ``rope_scaling``)."""
+    unknown = sorted(set(overrides) - set(MODEL_KEYS))
+    if unknown:
+        raise TrainError(f"drafter.model: unknown keys {unknown}; expected a subset of {list(MODEL_KEYS)}")
+    hidden = int(overrides.get("hidden_size") or target["hidden_size"])
+    shape = mla_draft_shape(hidden, overrides) if is_mla(target) else copied_draft_shape(target, hidden, overrides)
+    theta, scaling, positions = drafter_rope(target, overrides)
+    return DrafterConfig(
+        hidden_size=hidden,
+        target_hidden_size=int(target["hidden_size"]),
+        intermediate_size=shape["intermediate_size"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"],
+        head_dim=shape["head_dim"],
+        vocab_size=int(target["vocab_size"]),
+        draft_vocab_size=draft_vocab_size,
+        rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=positions,
+        aux_layer_ids=list(aux_layer_ids),
+    )

@@ -1,0 +1,79 @@
+"""The domain's settings objects that mirror a section of the pipeline file have no defaults of their
+own: every value comes from the validated file, so the file's default is the only one (a mirror with
+its own once trained 1 epoch where the file says 10, and wanted 8 GPUs where the file says 0)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_pipeline.config import DrafterConfig, HealthConfig, load_config, local_profile_path
+from eagle3_pipeline.config.base import ConfigModel
+from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings, parse_spec, train_spec
+from eagle3_pipeline.health import HealthThresholds
+from eagle3_pipeline.monitor import thresholds_for
+
+PROFILES = Path(local_profile_path()).parent
+
+# (domain settings object, the file's section it mirrors, the section's fields it does not carry)
+MIRRORS: list[tuple[type[Any], type[ConfigModel], frozenset[str]]] = [
+    (TrainSettings, DrafterConfig, NOT_SETTINGS),
+    (HealthThresholds, HealthConfig, frozenset()),
+]
+
+
+@pytest.mark.parametrize(("mirror", "section", "not_carried"), MIRRORS, ids=lambda v: getattr(v, "__name__", ""))
+def test_a_mirror_has_no_default_for_a_field_of_the_file(
+    mirror: type[Any], section: type[ConfigModel], not_carried: frozenset[str]
+) -> None:
+    shared = [f for f in dataclasses.fields(mirror) if f.name in section.model_fields and f.name not in not_carried]
+    assert shared, f"{mirror.__name__} shares no field with {section.__name__}"
+    own = [
+        f.name for f in shared if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    ]
+    assert own == [], f"{mirror.__name__} has defaults of its own for {section.__name__} fields {own}"
+
+
+def test_train_settings_carry_every_drafter_setting() -> None:
+    names = {f.name for f in dataclasses.fields(TrainSettings)}
+    assert names == set(DrafterConfig.model_fields) - NOT_SETTINGS
+
+
+@pytest.mark.parametrize("profile", ["local.yaml", "kimi-k25.yaml"])
+def test_each_shipped_profile_trains_and_gates_as_its_file_says(profile: str) -> None:
+    config = load_config(PROFILES / profile, runtime_checks=False)
+    settings = TrainSettings(**train_spec(config)["settings"])
+    assert (settings.epochs, settings.lr, settings.ttt_steps) == (
+        config.drafter.epochs,
+        config.drafter.lr,
+        config.drafter.ttt_steps,
+    )
+    thresholds = thresholds_for(config.health, config.artifacts_root)
+    assert (thresholds.expected_gpus, thresholds.min_disk_free_gb, thresholds.min_mem_free_gb) == (
+        config.health.expected_gpus,
+        config.health.min_disk_free_gb,
+        config.health.min_mem_free_gb,
+    )
+
+
+def test_a_file_without_the_sections_gets_the_files_defaults() -> None:
+    """No `drafter:` or `health:` keys: the values are the file's documented defaults (docs/settings.md)."""
+    settings = TrainSettings.from_config(DrafterConfig(), pipeline_seed=3, target_max_seq_len=512)
+    assert (settings.epochs, settings.seed, settings.max_seq_len) == (DrafterConfig().epochs, 3, 512)
+    thresholds = thresholds_for(HealthConfig(), Path("/artifacts"))
+    assert (thresholds.expected_gpus, thresholds.min_disk_free_gb) == (
+        HealthConfig().expected_gpus,
+        HealthConfig().min_disk_free_gb,
+    )
+
+
+def test_a_train_spec_lacking_a_setting_is_refused_by_name() -> None:
+    """Without defaults of its own, a setting the spec leaves out is an error, not a silent value."""
+    settings = dataclasses.asdict(TrainSettings.from_config(DrafterConfig(), 0, 2048))
+    del settings["epochs"]
+    paths = {k: f"/p/{k}" for k in ("store", "draft_vocab", "target_weights", "run_dir", "export_dir")}
+    with pytest.raises(TrainError, match=r"settings lacks \['epochs'\]"):
+        parse_spec({**paths, "settings": settings})
