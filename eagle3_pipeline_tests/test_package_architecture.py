@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("machinery: health probes, where a heavy phase runs", ("health", "compute")),
     ("generation: prompts and the target's responses", ("prompts", "generation")),
-    ("servers: the health gate, serving, alerts", ("monitor", "serving", "alerts")),
+    ("servers: the health gate, serving, managed servers, alerts", ("monitor", "serving", "managed", "alerts")),
     ("training data", ("dataprep",)),
     ("hidden states and the draft vocabulary", ("hidden_states", "draft_vocab")),
     ("drafter", ("drafter",)),
