@@ -298,7 +298,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         return dg.MaterializeResult(
             metadata={
                 **phase.result.as_metadata(),
-                "per_dataset": _per_dataset_table(phase.stats.as_metadata()["per_dataset"]),
+                "per_dataset": _per_dataset_table(phase.result.extra["per_dataset"]),
+                "reused": phase.reused,
                 "path": dg.MetadataValue.path(str(layout.training_data)),
             },
             data_version=dg.DataVersion(phase.version),
