@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import socket
@@ -119,29 +120,101 @@ class ProgressBar:
             self.open = False
 
 
-def failure_detail(events: Sequence[Any]) -> str:
-    """Why a run failed, in a line or two: the failed checks' verdicts, else the step's own words
-    (a `Failure`'s description, else the root cause of its error)."""
-    checks = [
-        f"check {e.asset_check_evaluation_data.check_name} on "
-        f"{e.asset_check_evaluation_data.asset_key.to_user_string()}: {e.asset_check_evaluation_data.description}"
-        for e in events
-        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
-    ]
-    if checks:
-        return "; ".join(checks)
-    failure = next((e for e in events if e.is_step_failure), None)
-    if failure is None:
-        return "no step failed (see the run in the Dagster UI)"
-    data = failure.step_failure_data
-    if data.user_failure_data is not None and data.user_failure_data.description:
-        return data.user_failure_data.description
-    if data.error is None:
-        return f"step {failure.step_key} failed"
-    error = data.error
+def _verdict(evaluation: Any) -> str:
+    return f"check {evaluation.check_name} on {evaluation.asset_key.to_user_string()}: {evaluation.description}"
+
+
+def _stops_the_run(evaluation: Any) -> bool:
+    """Dagster stops a run on a failed check only when the check blocks and fails with ERROR severity."""
+    from dagster import AssetCheckSeverity
+
+    return bool(evaluation.blocking) and evaluation.severity == AssetCheckSeverity.ERROR
+
+
+def _root_message(error: Any) -> str:
     while error.cause is not None:
         error = error.cause
     return error.message.strip()
+
+
+def _step_cause(failure: Any, stopping: Sequence[Any]) -> str:
+    """Why one step failed: the blocking ERROR checks that stopped it (their verdicts), an
+    interruption, a `Failure`'s description, else the root cause of its error."""
+    data = failure.step_failure_data
+    error = data.error
+    if error is not None and error.cls_name == "DagsterAssetCheckFailedError" and stopping:
+        return "; ".join(_verdict(e) for e in stopping)
+    if error is not None and error.cls_name == "DagsterExecutionInterruptedError":
+        return f"step {failure.step_key} was interrupted (its process was stopped)"
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return f"step {failure.step_key}: {data.user_failure_data.description}"
+    if error is None:
+        return f"step {failure.step_key} failed"
+    return f"step {failure.step_key}: {_root_message(error)}"
+
+
+def failure_detail(events: Sequence[Any]) -> str:
+    """Why a run failed: the cause — each failed step in its own words, a blocking ERROR check that
+    stopped it by its verdict — then, on a line of its own, the checks that failed without stopping
+    anything (WARN, or not blocking): context, never the cause."""
+    failed_checks = [
+        e.asset_check_evaluation_data
+        for e in events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
+    ]
+    stopping_by_step = {
+        e.step_key: [
+            c.asset_check_evaluation_data
+            for c in events
+            if c.event_type_value == "ASSET_CHECK_EVALUATION"
+            and c.step_key == e.step_key
+            and not c.asset_check_evaluation_data.passed
+            and _stops_the_run(c.asset_check_evaluation_data)
+        ]
+        for e in events
+        if e.is_step_failure
+    }
+    causes = [_step_cause(e, stopping_by_step[e.step_key]) for e in events if e.is_step_failure]
+    if not causes:
+        causes = [_verdict(c) for c in failed_checks if _stops_the_run(c)]
+    if not causes:
+        run_failure = next((e for e in events if e.event_type_value == "RUN_FAILURE"), None)
+        error = getattr(run_failure.event_specific_data, "error", None) if run_failure is not None else None
+        causes = [_root_message(error) if error is not None else "no step failed (see the run in the Dagster UI)"]
+    context = [
+        f"check {c.check_name} on {c.asset_key.to_user_string()} ({c.severity.value})"
+        for c in failed_checks
+        if not _stops_the_run(c)
+    ]
+    also = f"\n  also failed, without stopping the run: {', '.join(context)}" if context else ""
+    return "; ".join(causes) + also
+
+
+class _FailureHeadline(logging.Filter):
+    """On the terminal, Dagster's line for a failed step or run keeps its headline; the error and its
+    traceback, which Dagster appends to it, stay in the run's event log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.levelno >= logging.ERROR and "\nStack Trace:\n" in message:
+            record.msg, record.args = message.split("\n\n", 1)[0] + " (error and traceback: the run's event log)", ()
+        return True
+
+
+def _cli_console_logger() -> Any:
+    """Dagster's colored console logger, with :class:`_FailureHeadline` (the CLI's runs print to a terminal)."""
+    import dagster as dg
+
+    @dg.logger(
+        config_schema=dg.colored_console_logger.config_schema,
+        description="Dagster's colored console logger; a failure's traceback stays in the run's event log.",
+    )
+    def console(init_context: dg.InitLoggerContext) -> logging.Logger:
+        logger = dg.colored_console_logger.logger_fn(init_context)
+        logger.addFilter(_FailureHeadline())
+        return logger
+
+    return console
 
 
 class CliListener:
@@ -213,7 +286,8 @@ class MainJob:
 
     def execute(self, job_name: str, partition: str | None) -> None:
         """One run of the named job (one partition of it), on the instance, heard by the listener."""
-        result = self.defs.resolve_job_def(job_name).execute_in_process(
+        job = self.defs.resolve_job_def(job_name).with_logger_defs({"console": _cli_console_logger()})
+        result = job.execute_in_process(
             instance=self.instance,
             partition_key=partition,
             tags=self.tags,
@@ -222,7 +296,11 @@ class MainJob:
             raise_on_error=False,
         )
         if not result.success:
-            raise RuntimeError(f"run {result.run_id} of {job_name} failed: {failure_detail(result.all_events)}")
+            raise RuntimeError(
+                f"run {result.run_id} of {job_name} failed: {failure_detail(result.all_events)}\n"
+                f"  error, traceback and logs: run {result.run_id} in the Dagster UI "
+                f"(DAGSTER_HOME={os.environ.get('DAGSTER_HOME', '')} dagster dev)"
+            )
 
     def run(self) -> None:
         started = time.monotonic()

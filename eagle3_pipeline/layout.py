@@ -54,6 +54,17 @@ class ArtifactLayout:
         return self.root / "training_data"
 
     @property
+    def training_data_record(self) -> Path:
+        """What the last finished training_data run was made from and reported (beside the folder, which
+        a rebuild replaces whole): a rerun with the same inputs and settings reuses it."""
+        return self.root / "training_data.phase.json"
+
+    @property
+    def drafter_benchmark(self) -> Path:
+        """The online benchmark's result with what produced it (drafter, prompts, settings)."""
+        return self.root / "drafter_benchmark.json"
+
+    @property
     def serving_reference(self) -> Path:
         """The serving target's answers for hidden_states' validation (beside training_data: a
         rebuilt training_data folder is replaced whole; the file names the version it is for)."""

@@ -15,8 +15,10 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -207,3 +209,121 @@ def test_the_summary_says_what_an_imported_store_and_a_resumed_drafter_do_not_re
     lines = job.eagle3_summary()
     assert "2 shards imported, in /s" in lines[1] and "written" not in lines[1]
     assert lines[2] == "eagle3_drafter: 5 steps, no step trained in this run, exported to /e"
+
+
+def small_job(scenario: str) -> dg.Definitions:
+    """`states` (whose WARN check always fails, as hidden_states' serving_agreement does when nothing was
+    validated) → `drafter`, which fails in the way `scenario` says: an error, an interruption of its
+    process, or not at all because a blocking ERROR check on `states` stops the run first."""
+
+    @dg.asset
+    def states() -> None:
+        return None
+
+    @dg.asset_check(asset=states, blocking=True)
+    def serving_agreement() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.WARN, description="not validated against the serving target"
+        )
+
+    @dg.asset_check(asset=states, blocking=True)
+    def spot_check() -> dg.AssetCheckResult:
+        passed = scenario != "check"
+        return dg.AssetCheckResult(passed=passed, description="max relative error 0.3 (tolerance 0.01)")
+
+    @dg.asset(deps=[states])
+    def drafter() -> None:
+        if scenario == "error":
+            raise NotADirectoryError("[Errno 20] Not a directory: 'out/drafter/run'")
+        if scenario == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)  # the process is stopped, as Ctrl-C on `eagle3-pipeline run` does
+            time.sleep(60)
+
+    return dg.Definitions(
+        assets=[states, drafter],
+        asset_checks=[serving_agreement, spot_check],
+        jobs=[dg.define_asset_job("downstream_job", selection=[states, drafter])],
+    )
+
+
+@pytest.mark.parametrize(
+    ("scenario", "cause"),
+    [
+        ("error", "step drafter: NotADirectoryError: [Errno 20] Not a directory: 'out/drafter/run'"),
+        ("interrupt", "step drafter was interrupted (its process was stopped)"),
+        ("check", "check spot_check on states: max relative error 0.3 (tolerance 0.01)"),
+    ],
+)
+def test_a_failed_run_names_its_cause_once_and_leaves_the_traceback_in_the_run_log(
+    scenario: str, cause: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The cause is the step that failed (or the blocking ERROR check that stopped the run); a WARN check
+    that failed is context, on a line of its own. The terminal gets Dagster's headline of the failure,
+    the run's event log keeps the error with its traceback."""
+    with dg.DagsterInstance.ephemeral() as instance:
+        job = MainJob(load_config(runtime_checks=False), small_job(scenario), instance, io.StringIO())
+        with pytest.raises(RuntimeError) as raised:
+            job.execute("downstream_job", None)
+        [run] = instance.get_runs()
+        failures = [e.dagster_event for e in instance.all_logs(run.run_id) if e.is_dagster_event]
+    message = str(raised.value)
+    first, also, where = message.splitlines()
+    print(f"\n{scenario}:\n{message}")
+    assert first == f"run {run.run_id} of downstream_job failed: {cause}"
+    assert also == "  also failed, without stopping the run: check serving_agreement on states (WARN)"
+    assert where.startswith(f"  error, traceback and logs: run {run.run_id} in the Dagster UI (DAGSTER_HOME=")
+    terminal = capfd.readouterr().err
+    assert "Stack Trace" not in terminal and "Traceback" not in terminal, terminal
+    assert "STEP_FAILURE" in terminal and "(error and traceback: the run's event log)" in terminal, terminal
+    [logged] = [e for e in failures if e is not None and e.is_step_failure]
+    error = logged.step_failure_data.error
+    assert error is not None and error.stack, "the traceback is in the run's event log"
+
+
+@pytest.mark.slow
+def test_the_main_job_failing_in_eagle3_drafter_prints_that_step_not_the_warn_check(
+    tmp_path: Path, local_model: Path
+) -> None:
+    """The main job through `eagle3-pipeline run`, where hidden_states' serving_agreement fails as WARN (the
+    scripted server records no serving reference) and eagle3_drafter fails (its folder is a file): the
+    output names eagle3_drafter as the cause, the WARN check as context, and prints no traceback."""
+    server = FakeOpenAI().start()
+    try:
+        write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"Prompt number {i}") for i in range(12)])
+        config = tmp_path / "pipeline.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "name": "cli",
+                    "artifacts_root": "out",
+                    "target": {"model": "fake", "tokenizer": str(local_model)},
+                    "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+                    "generation": {"max_tokens": 8, "concurrency": 2},
+                    "health": {"max_truncation_rate": 1.0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
+                    "training_data": {"eval_fraction": 0.2},
+                    "drafter": {"epochs": 1},
+                    "datasets": [{"id": "B1", "source": "p.jsonl"}],
+                }
+            )
+        )
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "drafter").write_text("a file where the drafter's folder goes\n")
+        env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}
+        done = subprocess.run(
+            [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        server.stop()
+    print(f"\nthe CLI's error:\n{done.stderr[done.stderr.index('eagle3-pipeline: run') :]}")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = done.stderr[done.stderr.index("eagle3-pipeline: run") :].splitlines()
+    assert re.fullmatch(r"eagle3-pipeline: run \S+ of downstream_job failed: step eagle3_drafter: .+", summary[0])
+    assert "drafter" in summary[0] and "serving_agreement" not in summary[0], summary[0]
+    assert summary[1] == "  also failed, without stopping the run: check serving_agreement on hidden_states (WARN)"
+    assert summary[2].startswith("  error, traceback and logs: run ")
+    assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr, done.stderr[-4000:]

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from eagle3_pipeline.config import DatasetConfig, GenerationConfig, InferenceConfig, TargetConfig
 from eagle3_pipeline.generation.budget import BudgetState, budget_state, counted_tokens
+from eagle3_pipeline.generation.capabilities import CapabilityMissing, CapabilityReport, ServerNeeds, probe_capabilities
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA, response_rows
 from eagle3_pipeline.generation.endpoints import Endpoint
@@ -49,6 +50,7 @@ class DatasetResult:
     held_back: list[str]
     kept_aside: Path | None
     host: str | None = None
+    capabilities: CapabilityReport | None = None  # None: nothing was sent, so no server was probed
 
     @property
     def result(self) -> ResponsesResult:
@@ -87,6 +89,7 @@ class DatasetResult:
             "length_estimate_fallbacks": self.lengths.fallbacks,
             "longest_prompt_tokens_est": self.lengths.longest,
             "held_back_by_budget": len(self.held_back),
+            "server_capabilities": self.capabilities.as_metadata() if self.capabilities is not None else "not probed",
             **({"host": self.host} if self.host is not None else {}),
         }
 
@@ -110,6 +113,7 @@ def generate_dataset(
     sinks: Sequence[ProgressSink] = (),
     tokenizer_name: str | None = None,
     host: str | None = None,
+    tokenize_check: bool = False,
 ) -> DatasetResult:
     """Answer the prompts still missing from the dataset's checkpoint (within its token budget),
     then write the responses table from the checkpoint; ``host`` names the inference host that
@@ -118,6 +122,10 @@ def generate_dataset(
     Before anything is sent: the checkpoint's generation fingerprint must be the configured one
     (else :class:`FingerprintMismatch`, or the old answers are kept aside under ``new_version``),
     and prompts that cannot fit ``target.max_seq_len`` with ``max_tokens`` are left out and listed.
+    Once the endpoints are resolved (only when there is something to send), each is probed for what
+    the dataset needs (:mod:`.capabilities`: tools, reasoning, context length, and ``/tokenize`` when
+    ``tokenize_check`` says training_data will ask it); a missing one raises :class:`CapabilityMissing`
+    before any request of the partition goes out.
     With ``generation.failover`` the dataset is generated on one backend at a time, moving on by
     deadline or sickness (decisions in ``responses/<dataset>.failover.jsonl``).
     Raises :class:`GenerationFailed` if the run was stopped, or if more prompts failed than
@@ -133,9 +141,27 @@ def generate_dataset(
     )
     lengths = _check_lengths(prompts, settings, target, tokenizer_name)
     failover = FailoverSettings.from_config(settings, inference, dataset.id, layout.failover(dataset.id))
+    needs = ServerNeeds(
+        tools=next((tools for p in lengths.fits if (tools := p.tool_schemas())), None),
+        reasoning=settings.reasoning == "keep",
+        context_tokens=lengths.longest_fitting + settings.max_tokens if lengths.fits else None,
+        estimator=lengths.estimator,
+        tokenize=tokenize_check,
+        chat_template_kwargs=settings.chat_template_kwargs,
+    )
+    probed: list[CapabilityReport] = []
+
+    def resolve_and_probe() -> Sequence[Endpoint]:
+        endpoints = resolve_endpoints()
+        report = probe_capabilities(endpoints, needs)
+        probed.append(report)
+        if report.missing:
+            raise CapabilityMissing(dataset.id, report)
+        return endpoints
+
     summary = generate(
         lengths.fits,
-        resolve_endpoints,
+        resolve_and_probe,
         settings,
         checkpoint,
         layout.errors(dataset.id),
@@ -149,7 +175,16 @@ def generate_dataset(
     version = data_version(stored["fingerprint"] if stored else decision.fingerprint.fields(), rows)
     state = budget_state(rows, dataset.token_budget, settings)
     return DatasetResult(
-        summary, rows, state, decision.fingerprint, version, lengths, held_back, decision.kept_aside, host
+        summary,
+        rows,
+        state,
+        decision.fingerprint,
+        version,
+        lengths,
+        held_back,
+        decision.kept_aside,
+        host,
+        probed[0] if probed else None,
     )
 
 

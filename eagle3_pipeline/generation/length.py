@@ -31,6 +31,7 @@ class LengthCheck:
     over_length: list[PromptRecord]
     fallbacks: int = 0
     longest: int = 0
+    longest_fitting: int = 0  # the longest estimate among the prompts that fit
 
 
 def _template_lengths(
@@ -96,6 +97,9 @@ def check_lengths(
         lengths, fallbacks = [estimate_tokens(p.messages, p.tools) for p in prompts], 0
         name = "chars/4"
     fits, over = [], []
+    longest_fitting = 0
     for prompt, tokens in zip(prompts, lengths, strict=True):
-        (fits if tokens + max_tokens <= max_seq_len else over).append(prompt)
-    return LengthCheck(name, max_seq_len, max_tokens, fits, over, fallbacks, max(lengths, default=0))
+        fitting = tokens + max_tokens <= max_seq_len
+        (fits if fitting else over).append(prompt)
+        longest_fitting = max(longest_fitting, tokens if fitting else 0)
+    return LengthCheck(name, max_seq_len, max_tokens, fits, over, fallbacks, max(lengths, default=0), longest_fitting)

@@ -9,7 +9,13 @@ or a completion cut by ``max_tokens`` (``echo_completion(body, finish_reason="le
 ``POST /tokenize`` (at the root, as SGLang and vLLM serve it) answers ``{"tokens", "count",
 "max_model_len"}`` from ``tokenize`` (a ``text -> ids`` callable, e.g. a real tokenizer's encode),
 or 404 like a server without the route when none is set; those requests are kept apart in
-``tokenize_requests``.
+``tokenize_requests``. ``GET /v1/models`` reports ``max_model_len`` when it is set (as vLLM and SGLang
+do; a hosted API does not), and ``GET /server_info`` (and ``/get_server_info``) answers ``server_info``
+(SGLang's server args, e.g. ``{"tool_call_parser": None, "reasoning_parser": None}``), or 404 like
+any server but SGLang when it is not set. The pipeline's capability probes (chat requests whose last
+user turn starts with :data:`~eagle3_pipeline.generation.capabilities.PROBE_PREFIX`) are kept apart in
+``probe_requests``: a ``script`` answers them too, numbered 0, and ``requests`` and the numbering hold
+only the partition's own requests.
 
 As a separate process (the benchmark and the kill tests):
 ``python -m eagle3_pipeline.testing.fake_openai [--port N] [--delay-s S]`` prints its base URL on the
@@ -31,6 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from eagle3_pipeline.generation.capabilities import PROBE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -98,8 +106,11 @@ class FakeOpenAI:
     completion_tokens: int = 5
     record: bool = True  # keep every request body and header set (off for the benchmark)
     tokenize: Callable[[str], list[int]] | None = None  # answers POST /tokenize; None: 404
+    max_model_len: int | None = None  # reported by GET /v1/models; None: not reported
+    server_info: dict[str, Any] | None = None  # answers GET /server_info; None: 404
     tokenize_requests: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    probe_requests: list[dict[str, Any]] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     contents: Counter[str] = field(default_factory=Counter)
@@ -146,14 +157,27 @@ class FakeOpenAI:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                models = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
-                payload = fake.stats() if self.path.rstrip("/").endswith("/stats") else models
+                path = self.path.rstrip("/")
+                if path in ("/server_info", "/get_server_info"):
+                    info = fake.server_info
+                    self._send(404 if info is None else 200, json.dumps(info or {"detail": "Not Found"}).encode())
+                    return
+                card: dict[str, Any] = {"id": "fake", "object": "model"}
+                if fake.max_model_len is not None:
+                    card["max_model_len"] = fake.max_model_len
+                models = {"object": "list", "data": [card]}
+                payload = fake.stats() if path.endswith("/stats") else models
                 self._send(200, json.dumps(payload).encode())
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 if self.path.rstrip("/") == "/tokenize":
                     self._tokenize(body)
+                    return
+                if str(body["messages"][-1]["content"]).startswith(PROBE_PREFIX):
+                    with fake._lock:
+                        fake.probe_requests.append(body)
+                    self._answer(fake.script(body, 0) if fake.script else Reply(), body)
                     return
                 with fake._lock:
                     if fake.record:

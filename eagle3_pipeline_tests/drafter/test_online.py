@@ -205,3 +205,39 @@ def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, d
     assert metadata["requests"] == 2  # the eval shard has two prompts
     assert metadata["speedup"] > 0
     assert build_drafter_benchmark(config.model_copy(update={"drafter_benchmark": None})) == []
+
+
+def test_a_recorded_benchmark_of_the_same_drafter_starts_no_server(tmp_path: Path, dagster_home: Path) -> None:
+    """A rerun with the same drafter (by content), prompts and settings reuses the recorded result: no
+    server starts (its logs stay as the first run left them) and the health gate is not asked; a
+    retrained drafter runs the benchmark again."""
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
+    (drafter / "model.safetensors").write_bytes(b"weights v1")
+    config = write_config(tmp_path, "vllm", draft_model_path=str(drafter))
+    write_eval_shard(tmp_path / "out" / "training_data")
+    assets = build_drafter_benchmark(config)
+
+    def materialize() -> dict[str, Any]:
+        with dg.DagsterInstance.get() as instance:
+            result = dg.materialize(assets, instance=instance, resources=pipeline_resources(config.source_file))
+        assert result.success
+        [materialization] = result.asset_materializations_for_node("drafter_benchmark")
+        return {k: v.value for k, v in materialization.metadata.items()}
+
+    first = materialize()
+    logs = {p.name: (p.stat().st_mtime_ns, p.read_text()) for p in (tmp_path / "logs").iterdir()}
+    assert set(logs) == {"baseline.log", "speculative.log"} and first["reused"] is False
+
+    again = materialize()
+    assert again["reused"] is True
+    assert {k: again[k] for k in ("tau_server", "speedup", "requests")} == {
+        k: first[k] for k in ("tau_server", "speedup", "requests")
+    }
+    assert {p.name: (p.stat().st_mtime_ns, p.read_text()) for p in (tmp_path / "logs").iterdir()} == logs, (
+        "no server was started"
+    )
+
+    (drafter / "model.safetensors").write_bytes(b"weights v2")
+    assert materialize()["reused"] is False, "another drafter is benchmarked again"

@@ -1,7 +1,8 @@
 """The optional `drafter_benchmark` asset: defined only when the pipeline file has `drafter_benchmark:`.
 
-Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.online.run_benchmark, on the host
-of `health.host`, behind the same health gate as generation.
+Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.benchmark_record.run_or_reuse (which runs
+eagle3_pipeline.drafter.online.run_benchmark on the host of `health.host`, behind the same health gate as
+generation, unless the result for the same drafter, prompts and settings is recorded).
 """
 
 import dagster as dg
@@ -9,7 +10,8 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
 from eagle3_pipeline.defs.resources import pipeline_settings
-from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, make_gate, run_benchmark
+from eagle3_pipeline.drafter.benchmark_record import run_or_reuse
+from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, make_gate
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
@@ -44,16 +46,18 @@ def build_drafter_benchmark(config: PipelineConfig, names: PipelineNames = DEFAU
                 "loaded; reload it"
             )
         base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
-        prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
+        layout = ArtifactLayout(config.artifacts_root)
+        prompts = eval_prompts(layout.training_data, settings.prompts)
         host = build_host(config.health.host)
         try:
-            result = run_benchmark(
+            metadata, reused = run_or_reuse(
                 settings,
                 host,
                 base_url,
                 prompts,
                 make_gate(host, thresholds_for(config.health, config.artifacts_root)),
                 DagsterReporter(context),
+                layout.drafter_benchmark,
             )
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report, None, names))
@@ -62,8 +66,7 @@ def build_drafter_benchmark(config: PipelineConfig, names: PipelineNames = DEFAU
             raise dg.Failure(description=str(exc)) from None
         finally:
             host.close()
-        metadata = result.as_metadata()
         metadata["arms"] = dg.MetadataValue.json(metadata["arms"])
-        return dg.MaterializeResult(metadata={**metadata, "base_url": base_url})
+        return dg.MaterializeResult(metadata={**metadata, "base_url": base_url, "reused": reused})
 
     return [drafter_benchmark]

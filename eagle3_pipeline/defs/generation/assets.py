@@ -26,6 +26,7 @@ from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
+from eagle3_pipeline.generation.capabilities import CapabilityMissing
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
@@ -215,7 +216,11 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 sinks,
                 tokenizer,
                 host,
+                tokenize_check=config.inference.kind == "endpoints"
+                and config.training_data.tokenizer_check_samples > 0,
             )
+        except CapabilityMissing as exc:
+            raise dg.Failure(description=str(exc), metadata={"server_capabilities": exc.report.as_metadata()}) from None
         except FingerprintMismatch as exc:
             fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
             raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
@@ -226,6 +231,9 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:
             context.log_event(health_observation(inference.preflight_report, host, names))
+        for check in result.capabilities.checks if result.capabilities is not None else []:
+            log = context.log.warning if check.status == "missing" else context.log.info
+            log(f"server capability {check.line}")
         budget_reached(Alerter.for_pipeline(config, context.log.warning), dataset.id, result.as_metadata())
         if result.kept_aside is not None:
             context.log.warning(
@@ -290,7 +298,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         return dg.MaterializeResult(
             metadata={
                 **phase.result.as_metadata(),
-                "per_dataset": _per_dataset_table(phase.stats.as_metadata()["per_dataset"]),
+                "per_dataset": _per_dataset_table(phase.result.extra["per_dataset"]),
+                "reused": phase.reused,
                 "path": dg.MetadataValue.path(str(layout.training_data)),
             },
             data_version=dg.DataVersion(phase.version),

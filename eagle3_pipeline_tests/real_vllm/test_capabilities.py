@@ -1,0 +1,104 @@
+"""The capability probe against real vLLM: the shipped tools samples through `responses`, first to the
+embedded model served without a tool-call parser (the partition fails before any of its requests, and
+the error names the flags), then to the same model served with `--enable-auto-tool-choice
+--tool-call-parser hermes` (SmolLM2's ChatML turns are Hermes' format; the partition generates)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.generation import ResponseCheckpoint
+from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
+
+pytestmark = pytest.mark.local_model
+
+SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples" / "tools.jsonl"
+PROMPTS = 12
+VLLM_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+def pipeline(folder: Path, server: RunningVllm, model: Path) -> PipelineConfig:
+    (folder / "pipeline.yaml").write_text(
+        json.dumps(
+            {
+                "name": "capabilities",
+                "artifacts_root": "out",
+                "target": {"model": server.served_name, "tokenizer": str(model)},
+                "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+                "generation": {"max_tokens": 8, "concurrency": 4},
+                "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 1.0},
+                "datasets": [{"id": "tools", "source": str(SAMPLES), "sample_size": PROMPTS}],
+            }
+        )
+    )
+    return load_config(folder / "pipeline.yaml")
+
+
+def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
+    defs = build_definitions(config)
+    assets: Any = list(defs.assets or [])
+    return dg.materialize(
+        assets,
+        selection=["prompts", "responses"],
+        partition_key="tools",
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
+    )
+
+
+def failure_description(result: dg.ExecuteInJobResult) -> str:
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    data = failure.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description
+    return data.error.to_string() if data.error is not None else "no error recorded"
+
+
+def chat_requests(server: RunningVllm) -> list[str]:
+    """The statuses of the chat completions the server's access log shows."""
+    return re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d+)', server.log.read_text(errors="replace"))
+
+
+def test_tools_fail_before_any_request_without_a_parser_and_pass_with_hermes(
+    real_vllm_python: Path, local_model: Path, tmp_path: Path
+) -> None:
+    with dg.DagsterInstance.ephemeral() as instance:
+        with vllm_server(local_model, tmp_path / "bare.log", served_name="smol") as bare:
+            failed = materialize(pipeline(tmp_path, bare, local_model), instance)
+            statuses = chat_requests(bare)
+        assert not failed.success
+        message = failure_description(failed)
+        print(f"\nthe partition's error without a tool parser:\n{message}\nchat completions served: {statuses}")
+        assert message.startswith("tools: the server lacks what this dataset needs, so no request of the partition")
+        assert VLLM_REFUSAL in message
+        assert "start vLLM with --enable-auto-tool-choice --tool-call-parser <name>" in message
+        assert "SGLang with --tool-call-parser <name>" in message
+        assert statuses.count("400") == 1, "the one probe with tools was refused, no request of the partition"
+        assert len(statuses) <= 3, "the health gate's completion and the two probes, nothing else"
+        assert not ResponseCheckpoint(tmp_path / "out" / "responses" / "tools.checkpoint.jsonl").load()
+        assert not (tmp_path / "out" / "responses" / "tools.errors.jsonl").exists(), "no request failed"
+
+        parser = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        with vllm_server(local_model, tmp_path / "hermes.log", served_name="smol", extra_args=parser) as served:
+            passed = materialize(pipeline(tmp_path, served, local_model), instance)
+    assert passed.success, failure_description(passed)
+    [materialization] = passed.asset_materializations_for_node("responses")
+    metadata = {key: value.value for key, value in materialization.metadata.items()}
+    checks: Any = metadata["server_capabilities"]
+    print(f"capabilities with hermes: {json.dumps(checks, indent=1)}")
+    assert {c["capability"]: c["status"] for c in checks} == {
+        "tool_call_parser": "ok",
+        "reasoning_parser": "unknown",  # SmolLM2 does not reason
+        "context_length": "ok",
+        "tokenize": "ok",
+    }
+    assert metadata["generated_now"] == PROMPTS and metadata["failed"] == 0
