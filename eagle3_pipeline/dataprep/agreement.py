@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from eagle3_pipeline.generation.endpoints import tokenize_url
 
 # Token positions shown on each side of the first disagreement.
 CONTEXT_TOKENS = 4
@@ -74,16 +75,6 @@ def check_agreement(
         samples += 1
         tokens += len(mine)
     return AgreementResult(samples, tokens)
-
-
-def tokenize_url(base_url: str) -> str:
-    """The tokenize route at the server's root for an OpenAI base URL (``http://host:port/v1`` →
-    ``http://host:port/tokenize``): SGLang and vLLM both serve ``POST /tokenize`` there."""
-    parts = urlsplit(base_url)
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return urlunsplit(parts._replace(path=f"{path}/tokenize", query="", fragment=""))
 
 
 class RemoteTokenizer:

@@ -35,9 +35,8 @@ from typing import Any, Literal
 
 import httpx
 
-from eagle3_pipeline.dataprep.agreement import tokenize_url
 from eagle3_pipeline.generation.client import request_body
-from eagle3_pipeline.generation.endpoints import Endpoint
+from eagle3_pipeline.generation.endpoints import Endpoint, tokenize_url
 from eagle3_pipeline.records import normalized
 
 Status = Literal["ok", "missing", "unknown"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 REDACTED = "***"
 
@@ -96,3 +97,13 @@ class EndpointPool:
             }
             for s in self._slots
         ]
+
+
+def tokenize_url(base_url: str) -> str:
+    """The tokenize route at the server's root for an OpenAI base URL (``http://host:port/v1`` →
+    ``http://host:port/tokenize``): SGLang and vLLM both serve ``POST /tokenize`` there."""
+    parts = urlsplit(base_url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit(parts._replace(path=f"{path}/tokenize", query="", fragment=""))
