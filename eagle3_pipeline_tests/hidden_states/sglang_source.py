@@ -63,8 +63,11 @@ def _base_names(node: ast.ClassDef) -> set[str]:
 
 
 class SourceTree:
-    def __init__(self, read: Reader) -> None:
+    """``paths``: the tree's files, where it can list them (a wheel)."""
+
+    def __init__(self, read: Reader, paths: Iterable[str] = ()) -> None:
         self._read = read
+        self.paths = tuple(paths)
         self._parsed: dict[str, ast.Module | None] = {}
 
     def module(self, dotted: str) -> ast.Module | None:
@@ -437,3 +440,91 @@ def check_uses(tree: SourceTree, uses: Iterable[SGLangUse], aux: Iterable[AuxFor
 
 def check_release(tree: SourceTree, release: Release) -> list[str]:
     return check_uses(tree, release.uses, release.aux)
+
+
+# --- the layer-id rule of a model class (set_eagle3_layers_to_capture) --------------------------------
+
+FIRST_ID_1, EVERY_ID = "id + 1 only when the first id is 1", "id + 1 for every id"
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    rule: str | None  # FIRST_ID_1, EVERY_ID, or None (no EAGLE-3 switch, or one read differently)
+    where: str  # module:line of the function that applies it
+
+
+def _applies(function: ast.FunctionDef) -> str | None:
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Subscript)
+            and ast.unparse(node.left) == "layer_ids[0]"
+            and isinstance(node.ops[0], ast.Eq)
+            and isinstance(node.comparators[0], ast.Constant)
+            and node.comparators[0].value == 1
+        ):
+            return FIRST_ID_1
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.ListComp)
+            and ast.unparse(node.generators[0].iter) == "layer_ids"
+            and isinstance(node.elt, ast.BinOp)
+            and isinstance(node.elt.op, ast.Add)
+            and ast.unparse(node.elt.right) == "1"
+        ):
+            return EVERY_ID
+    return None
+
+
+def layer_rule(tree: SourceTree, module: str, name: str, depth: int = 0) -> LayerRule:
+    """How class ``name`` of ``module`` turns a drafter's ids into ``layers_to_capture``: its own
+    (or inherited) ``set_eagle3_layers_to_capture``, or the class it forwards the call to
+    (``self.language_model.set_eagle3_layers_to_capture(layer_ids)``, that attribute's class)."""
+    cls = tree.find_class(module, name)
+    found = _method(tree.lineage(cls), "set_eagle3_layers_to_capture") if cls is not None else None
+    if cls is None or found is None or depth > 4:
+        return LayerRule(None, f"{module}:{name}")
+    owner, function = found
+    where = f"{owner.module.replace('.', '/')}.py:{function.lineno}"
+    applied = _applies(function)
+    if applied is not None:
+        return LayerRule(applied, where)
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "set_eagle3_layers_to_capture"
+            and isinstance(node.func.value, ast.Attribute)
+            and ast.unparse(node.func.value.value) == "self"
+        ):
+            attribute = node.func.value.attr
+            for assign in ast.walk(owner.node):
+                if (
+                    isinstance(assign, ast.Assign)
+                    and any(ast.unparse(t) == f"self.{attribute}" for t in assign.targets)
+                    and isinstance(assign.value, ast.Call)
+                    and isinstance(assign.value.func, ast.Name)
+                ):
+                    target = tree.find_class(owner.module, assign.value.func.id)
+                    if target is not None:
+                        inner = layer_rule(tree, target.module, target.node.name, depth + 1)
+                        return LayerRule(inner.rule, f"{where} -> {inner.where}")
+    return LayerRule(None, where)
+
+
+def entry_classes(tree: SourceTree) -> list[tuple[str, str]]:
+    """(module, class) of every model class SGLang registers (``EntryClass`` of ``sglang/srt/models/*.py``)."""
+    found = []
+    for path in tree.paths:
+        if not (path.startswith("sglang/srt/models/") and path.endswith(".py") and path.count("/") == 3):
+            continue
+        module = path[: -len(".py")].replace("/", ".")
+        try:
+            parsed = tree.module(module)
+        except SyntaxError:
+            continue
+        for node in parsed.body if parsed is not None else []:
+            if isinstance(node, ast.Assign) and any(ast.unparse(t) == "EntryClass" for t in node.targets):
+                values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                found += [(module, value.id) for value in values if isinstance(value, ast.Name)]
+    return found

@@ -64,4 +64,4 @@ def wheel_source(version: str) -> Iterator[tuple[SourceTree, str]]:
         def read(path: str) -> str | None:
             return archive.read(path).decode() if path in present else None
 
-        yield SourceTree(read), read("sglang/_version.py") or ""
+        yield SourceTree(read, sorted(present)), read("sglang/_version.py") or ""
