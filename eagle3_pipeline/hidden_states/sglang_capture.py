@@ -468,10 +468,6 @@ class SGLangApi:
                 f"{sorted(kwargs)}; its use lists {use.positional} and {list(use.keywords)}"
             )
 
-    def value(self, name: str) -> Any:
-        use = self._use(name, "attribute")
-        return getattr(importlib.import_module(use.module), name)
-
     def cls(self, name: str) -> type:
         use = self._use(name, "class")
         found: type = getattr(importlib.import_module(use.module), name)
