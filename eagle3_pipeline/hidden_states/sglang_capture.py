@@ -666,7 +666,6 @@ class SGLangTarget:
 
     def batch_states(self, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
         """``(aux [T, 3H], hidden [T, H])`` per sequence from one extend pass of the packed batch."""
-
         self._capture_layers(aux_layer_ids)
         lengths = [len(s) for s in sequences]
         self._check_fits(lengths)

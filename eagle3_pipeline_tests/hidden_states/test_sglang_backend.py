@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,29 @@ def test_a_kimi_target_refuses_a_first_id_other_than_1_before_extracting(
     with pytest.raises(LayerIdError, match=r"aux layer ids \[2, 3, 4\]: a DeepSeek-family target"):
         run(sglang_spec(data, tmp_path / "sglang", kimi_checkpoint, "Kimi-K2.5", **settings), Recorder())
     assert not list((tmp_path / "sglang").glob("shard-*"))
+
+
+def test_aux_states_in_another_form_than_the_releases_are_refused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kimi_checkpoint: Path,  # noqa: F811 - the shared session fixture
+) -> None:
+    """0.5.23's DeepSeek decoder hands one packed tensor: a release table that said "list" would
+    mis-split it, so the worker refuses instead."""
+    release = RELEASES["0.5.23"]
+    wrong = tuple(replace(entry, form="list") if entry.decoder == "DeepseekV2Model" else entry for entry in release.aux)
+    monkeypatch.setattr(type(release), "aux", wrong)
+    data = training_data(tmp_path / "training_data", KIMI_VOCAB)
+    settings = {"aux_layer_ids": [1, 3, 4], "trust_remote_code": True}
+    with (
+        active_standin("0.5.23"),
+        pytest.raises(
+            SGLangError,
+            match=r"SGLang 0\.5\.23 DeepseekV2Model handed its LogitsProcessor aux states \(\d+, 192\); its AuxForm "
+            r"is a list of 3 \[N, 64\] tensors",
+        ),
+    ):
+        run(sglang_spec(data, tmp_path / "sglang", kimi_checkpoint, "Kimi-K2.5", **settings), Recorder())
 
 
 @pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
