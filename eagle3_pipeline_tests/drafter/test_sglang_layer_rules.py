@@ -17,15 +17,18 @@ from eagle3_pipeline_tests.hidden_states.sglang_source import (
 )
 from eagle3_pipeline_tests.hidden_states.sglang_wheels import wheel_source
 
+# Parses every model module of five wheels (about 40 s here): left to the full suite.
+pytestmark = pytest.mark.slow
+
 OLD_RULE, NEW_RULE = ("0.5.10", "0.5.12.post1"), ("0.5.13", "0.5.14", "0.5.23")
 DRAFT_SUFFIXES = ("NextN", "Eagle")  # MTP/EAGLE draft heads of these families, not targets
 
 
 @pytest.mark.parametrize("version", OLD_RULE + NEW_RULE)
 def test_the_deepseek_family_and_its_rule_per_release(version: str) -> None:
-    with wheel_source(version) as (tree, _):
-        classes = dict((name, module) for module, name in entry_classes(tree))
-        rules = {name: layer_rule(tree, module, name) for name, module in classes.items()}
+    tree, _ = wheel_source(version)
+    classes = dict((name, module) for module, name in entry_classes(tree))
+    rules = {name: layer_rule(tree, module, name) for name, module in classes.items()}
     expected = FIRST_ID_1 if version in NEW_RULE else EVERY_ID
     print(f"\n-- sglang {version}: the DeepSeek family's rule ({expected})")
     for name in DEEPSEEK_ARCHITECTURES:

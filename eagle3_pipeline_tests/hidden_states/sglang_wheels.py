@@ -5,12 +5,11 @@ fails with ``CI`` set, and is skipped otherwise."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,14 +53,14 @@ def release_wheel(version: str) -> Path:
     return found[0]
 
 
-@contextmanager
-def wheel_source(version: str) -> Iterator[tuple[SourceTree, str]]:
-    """The release's source tree and its ``sglang/_version.py``."""
-    wheel = release_wheel(version)
-    with zipfile.ZipFile(wheel) as archive:
-        present = set(archive.namelist())
+@functools.cache
+def wheel_source(version: str) -> tuple[SourceTree, str]:
+    """The release's source tree and its ``sglang/_version.py``, one per process and release (the
+    wheel stays open: the tree parses modules as they are asked for)."""
+    archive = zipfile.ZipFile(release_wheel(version))
+    present = set(archive.namelist())
 
-        def read(path: str) -> str | None:
-            return archive.read(path).decode() if path in present else None
+    def read(path: str) -> str | None:
+        return archive.read(path).decode() if path in present else None
 
-        yield SourceTree(read, sorted(present)), read("sglang/_version.py") or ""
+    return SourceTree(read, sorted(present)), read("sglang/_version.py") or ""

@@ -44,8 +44,8 @@ def describe(use: SGLangUse) -> str:
 @pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
 def test_every_sglang_name_of_a_release_is_in_its_wheel(version: str) -> None:
     release = RELEASES[version]
-    with wheel_source(version) as (tree, version_file):
-        problems = check_release(tree, release)
+    tree, version_file = wheel_source(version)
+    problems = check_release(tree, release)
     print(f"\n-- sglang {version}: {len(release.uses)} names, {len(release.aux)} aux forms; findings: {len(problems)}")
     for use in release.uses:
         print("   " + describe(use))
@@ -121,16 +121,16 @@ BREAKS = {
 @pytest.mark.parametrize("name", list(BREAKS))
 def test_a_0514_entry_point_on_the_0523_path_is_reported(name: str) -> None:
     uses, aux, expected = BREAKS[name]
-    with wheel_source("0.5.23") as (tree, _):
-        problems = check_uses(tree, uses, aux)
+    tree, _ = wheel_source("0.5.23")
+    problems = check_uses(tree, uses, aux)
     print(f"\n-- break {name}: {problems}")
     assert len(problems) == 1 and re.search(expected, problems[0]), problems
 
 
 def test_the_0514_path_is_refused_by_the_0523_wheel_and_the_0523_path_by_the_0514_wheel() -> None:
     for version, other in (("0.5.23", OLD), ("0.5.14", NEW)):
-        with wheel_source(version) as (tree, _):
-            problems = check_release(tree, other)
+        tree, _ = wheel_source(version)
+        problems = check_release(tree, other)
         print(f"\n-- sglang {other.version}'s entry points against the {version} wheel: {len(problems)} findings")
         for problem in problems:
             print("   " + problem)
