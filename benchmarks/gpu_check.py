@@ -22,6 +22,30 @@ by the time guard still leaves the sections before:
    outside the draft vocabulary, so every position counts as most do on real data): tokens/s over
    the 50 steps and over the last 10 (warm), peak GPU memory allocated and reserved. 32K is skipped
    when less time is left than twice what 16K took.
+4. ``sglang`` (``--sglang``, alone): the ``backend: sglang`` worker (SGLang's ModelRunner in process,
+   one rank, bf16, ``eagle3_pipeline.hidden_states.sglang_capture``) with the sglang of **this python's
+   environment** (0.5.14 or 0.5.23; another is refused, exit 2), on 16 samples of 64-512 tokens of a
+   random-weight Llama of the embedded model's shape and of the tiny Kimi-K2.5 fixture, each in a
+   process of its own (SGLang builds its runtime once per process), then the transformers extractor
+   (cuda, bf16) on the same samples: per target the SGLang release, model class, aux form (list or
+   packed), the layers captured, tokens/s of both, SGLang's own spot check, and the relative L2 error
+   of the SGLang store against the transformers one per sample (aux and teacher, largest and mean)
+   against the spot check's tolerance (0.01). Run it once per SGLang venv::
+
+       /opt/sglang-0.5.23/bin/python -m benchmarks.gpu_check --sglang 2>&1 | tee gpu_check_sglang_0.5.23.log
+       /opt/sglang-0.5.14/bin/python -m benchmarks.gpu_check --sglang 2>&1 | tee gpu_check_sglang_0.5.14.log
+
+   (each venv: ``pip install sglang==VERSION`` and this package, as ``hidden_states.sglang_python``
+   needs). **Not on this workplace's lent GPU as it stands**: the image has torch 2.11 and no SGLang,
+   and an SGLang install is far over what one device call carries (64 MiB): measured wheels
+   (``pip download --no-deps``, cp312 manylinux) — 0.5.14: sglang 12.2 MB, sglang-kernel 0.4.4
+   615.1 MB, flashinfer-cubin 0.6.12 447.5 MB, flashinfer-python 14.0 MB, transformers 5.8.1 10.6 MB,
+   torchao 3.2 MB, sgl-deep-gemm 4.6 MB (≥ 1.1 GB before ~60 smaller requirements; the image's torch
+   2.11 is the pinned one); 0.5.23: sglang 39.0 MB, sglang-kernel 0.4.10 373.0 MB, torch 2.14.1
+   554.6 MB, flashinfer-python 0.7.2 65.2 MB, sgl-deep-ep 15.4 MB, transformers 5.19 12.6 MB,
+   sgl-flash-mla 9.9 MB, sgl-deep-gemm 4.7 MB (≥ 1.07 GB). That is 18 or more calls of 64 MiB per
+   release, each held warm for 30 s at most, before anything runs: it does not fit 15 minutes of
+   device time. docs/measurements.md#gpu-check has the commands for a device that can carry it.
 
 Everything is built here from configs with random weights and a fixed seed (the device machine has
 no network and no model files). The first lines say what was measured on. ``--time-limit`` (default
@@ -94,6 +118,9 @@ class Sizes:
     store_samples: int = 35  # every 10th is eval: 32 train, 3 eval
     batch_tokens: tuple[int, ...] = (16384, 32768)
     train_steps: int = 50
+    sglang_samples: int = 16  # per target, for --sglang
+    sglang_min_len: int = 64
+    sglang_max_len: int = 512
 
 
 SMOKE = Sizes(
@@ -101,7 +128,7 @@ SMOKE = Sizes(
     target_shape={**EMBEDDED_SHAPE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512},
     fixture_samples=4, draft_hidden=128, target_vocab=1024, draft_vocab=256, seq_len=32, store_samples=12,
-    batch_tokens=(64, 128), train_steps=2,
+    batch_tokens=(64, 128), train_steps=2, sglang_samples=4, sglang_min_len=8, sglang_max_len=32,
 )  # fmt: skip
 
 
@@ -265,17 +292,21 @@ def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
 # --- 2. extraction -----------------------------------------------------------------------------------
 
 
+def extract_once_spec(spec: dict[str, Any], prefix: str) -> dict[str, Any]:
+    from eagle3_pipeline.hidden_states.extract import run
+
+    return run(spec, Printer(prefix))
+
+
 def extract_once(
     name: str, model_dir: Path, data: Path, output: Path, device: str, trust_remote_code: bool
 ) -> dict[str, Any]:
-    from eagle3_pipeline.hidden_states.extract import run
-
     spec = {"training_data": str(data), "output": str(output), "model": str(model_dir), "target_name": name,
             "device": device, "dtype": "bfloat16", "spot_check_samples": 4,
             "trust_remote_code": trust_remote_code}  # fmt: skip
     reset_peak(device)
     started = time.perf_counter()
-    meta = run(spec, Printer(f"extract {name}"))
+    meta = extract_once_spec(spec, f"extract {name}")
     out = {
         "target": name, "samples": meta["samples"], "tokens": meta["tokens"], "tokens_per_s": meta["tokens_per_s"],
         "extract_seconds": meta["extract_seconds"], "wall_s": round(time.perf_counter() - started, 1),
@@ -398,6 +429,102 @@ def train_section(
     return out
 
 
+# --- 4. SGLang capture (--sglang) --------------------------------------------------------------------
+
+
+def extract_apart(spec: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``extract`` in a fresh process (spawned: a clean CUDA context and SGLang state, its GPU memory
+    handed back when it ends)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(extract_once_spec, spec, prefix).result()
+
+
+def compare_stores(found: Path, expected: Path) -> dict[str, Any]:
+    """Per sample and tensor, the relative L2 error of ``found`` against ``expected`` (the spot
+    check's measure), the largest and the mean, and whether the ids and lengths agree."""
+    from eagle3_pipeline.hidden_states.store import HiddenStateStore
+
+    errors: dict[str, list[float]] = {"aux": [], "teacher": []}
+    theirs = {sample.sample_id: sample for sample in HiddenStateStore(expected).iter_samples()}
+    same_ids = True
+    for sample in HiddenStateStore(found).iter_samples():
+        reference = theirs.pop(sample.sample_id)
+        same_ids &= bool((sample.input_ids == reference.input_ids).all())
+        for key, mine, other in (
+            ("aux", sample.aux_hidden_states, reference.aux_hidden_states),
+            ("teacher", sample.hidden_states, reference.hidden_states),
+        ):
+            scale = other.float().norm()
+            errors[key].append(float((mine.float() - other.float()).norm() / scale) if float(scale) else 0.0)
+    return {
+        "samples": len(errors["aux"]),
+        "same_ids_and_samples": same_ids and not theirs,
+        **{f"{key}_max_rel_error": float(f"{max(v):.3g}") for key, v in errors.items()},
+        **{f"{key}_mean_rel_error": float(f"{sum(v) / len(v):.3g}") for key, v in errors.items()},
+    }
+
+
+def sglang_once(
+    name: str, model_dir: Path, data: Path, work: Path, device: str, trust_remote_code: bool
+) -> dict[str, Any]:
+    """SGLang's capture (the worker of ``backend: sglang``, one rank) against the transformers
+    extractor on the same samples and device."""
+    common = {"training_data": str(data), "model": str(model_dir), "target_name": name,
+              "dtype": "bfloat16" if device == "cuda" else "auto", "trust_remote_code": trust_remote_code,
+              "shard_tokens": 1 << 20}  # fmt: skip
+    sglang_spec = {**common, "output": str(work / f"hs-sglang-{name}"), "backend": "sglang",
+                   "sglang_python": sys.executable, "tp_size": 1, "batch_tokens": 4096, "max_batch_size": 8,
+                   "mem_fraction_static": 0.5, "spot_check_samples": 2}  # fmt: skip
+    started = time.perf_counter()
+    ours = extract_apart(sglang_spec, f"sglang {name}")
+    sglang_s = time.perf_counter() - started
+    reset_peak(device)
+    theirs = extract_once_spec(
+        {**common, "output": str(work / f"hs-transformers-{name}"), "device": device, "spot_check_samples": 0},
+        f"transformers {name}",
+    )
+    compared = compare_stores(work / f"hs-sglang-{name}", work / f"hs-transformers-{name}")
+    capture = ours["capture"]
+    out = {
+        "target": name, "tokens": ours["tokens"], "sglang_tokens_per_s": ours["tokens_per_s"],
+        "sglang_wall_s": round(sglang_s, 1), "transformers_tokens_per_s": theirs["tokens_per_s"],
+        "spot_check_passed": ours["spot_check_passed"], "spot_check_max_rel_error": ours["spot_check_max_rel_error"],
+        "tolerance": ours["spot_check_tolerance"], **compared,
+        "within_tolerance": compared["same_ids_and_samples"]
+        and max(compared["aux_max_rel_error"], compared["teacher_max_rel_error"]) <= ours["spot_check_tolerance"],
+        "capture": {k: capture[k] for k in ("sglang_version", "model_class", "family", "aux_form",
+                                            "set_eagle3_layers_to_capture", "layers_to_capture")},
+    }  # fmt: skip
+    say(f"  {name}: SGLang {capture['sglang_version']} {capture['model_class']} ({capture['aux_form']} aux) "
+        f"{out['tokens']} tokens at {out['sglang_tokens_per_s']:.0f} tokens/s; against transformers: aux max "
+        f"relative error {out['aux_max_rel_error']}, teacher {out['teacher_max_rel_error']} (tolerance "
+        f"{out['tolerance']}: {'within' if out['within_tolerance'] else 'OUTSIDE'}); layers captured "
+        f"{capture['layers_to_capture']}")  # fmt: skip
+    return out
+
+
+def sglang_section(sizes: Sizes, device: str, work: Path) -> dict[str, Any]:
+    from eagle3_pipeline.hidden_states.sglang_capture import SGLangApi
+    from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE, build_kimi_checkpoint
+    from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
+
+    version = SGLangApi().release.version
+    shape = sizes.target_shape or EMBEDDED_SHAPE
+    results: dict[str, Any] = {"sglang_version": version}
+    targets = (
+        ("llama", "random-llama-smollm2-shape", shape["vocab_size"], lambda f: llama_target(f, shape), False),
+        ("kimi_fixture", "kimi-k25-tiny-fixture", VOCAB_SIZE, lambda f: build_kimi_checkpoint(f, seed=SEED), True),
+    )
+    for key, name, vocab, build, remote in targets:
+        rows = sample_rows("g", sizes.sglang_samples, SEED, sizes.sglang_min_len, sizes.sglang_max_len, vocab=vocab)
+        data = write_training_data(work / f"td-sglang-{key}", {"train": [rows]}, vocab_size=vocab)
+        results[key] = sglang_once(name, build(work / f"sglang-{key}"), data, work, device, remote)
+    return results
+
+
 # --- main --------------------------------------------------------------------------------------------
 
 
@@ -432,6 +559,11 @@ def main() -> int:
     parser.add_argument(
         "--work", type=Path, help="folder for the models and stores (default: a temporary folder, removed at the end)"
     )
+    parser.add_argument(
+        "--sglang",
+        action="store_true",
+        help="only the SGLang capture section, with the sglang (0.5.14 or 0.5.23) of this python's environment",
+    )
     args = parser.parse_args()
     guard = Guard(args.time_limit)
     try:
@@ -442,6 +574,14 @@ def main() -> int:
             "docstring (benchmarks/gpu_check.py)"
         )
         return 2
+    if args.sglang:
+        from eagle3_pipeline.hidden_states.sglang_capture import SGLangApi, SGLangError
+
+        try:
+            SGLangApi()
+        except SGLangError as exc:
+            say(f"--sglang: {exc}. Run this script with the python of an SGLang venv (benchmarks/gpu_check.py)")
+            return 2
     import torch
     from transformers.utils import logging as transformers_logging
 
@@ -455,6 +595,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        if args.sglang:
+            section("sglang", guard, 60, lambda: sglang_section(sizes, device, work))
+            say(f"done in {time.monotonic() - guard.started:.0f} s")
+            return 0
         section("chain", guard, 10, lambda: chain_section(sizes, device))
         section("extract", guard, 60, lambda: extract_section(sizes, device, work))
         inputs: list[tuple[Path, Path, Path]] = []

@@ -6,20 +6,29 @@ Our stores number captured layers output-of-layer (id ``k`` = the output of deco
 (index ``i`` = input of layer ``i`` = output of layer ``i - 1``), but read the drafter's ids by
 different rules, read from the released sources:
 
-- SGLang (sglang 0.5.14 and 0.5.23 wheels on PyPI) reads ``eagle_config.eagle_aux_hidden_state_layer_ids``
-  and hands it to the target model's ``set_eagle3_layers_to_capture``. Llama and the other dense and
-  MoE families (``models/llama.py``, qwen2/qwen3, gemma3, glm4_moe, gpt_oss, ...) capture ``id + 1`` for
-  every id. ``models/deepseek_v2.py`` (DeepSeek-V2/V3/V3.2, and Kimi-K2/K2.5, whose language model it
-  is: ``models/kimi_k25.py`` forwards the call) captures ``id + 1`` **only when the first id is 1**,
-  and the ids as written otherwise.
+- SGLang reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` and hands it to the target model's
+  ``set_eagle3_layers_to_capture``. Llama and the other dense and MoE families (``models/llama.py``,
+  qwen2/qwen3, gemma3, glm4_moe, glm5_next, longcat_flash, gpt_oss, ...) capture ``id + 1`` for every
+  id, in every release read (0.5.9 to 0.5.23). The DeepSeek family (:data:`DEEPSEEK_ARCHITECTURES`)
+  changed in 0.5.13: 0.5.10 to 0.5.12 capture ``id + 1`` for every id; 0.5.13 to 0.5.23 capture
+  ``id + 1`` **only when the first id is 1**, and the ids as written otherwise.
 - vLLM (0.34.0, ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.get_eagle3_aux_layers_from_config``)
   reads the top-level ``eagle_aux_hidden_state_layer_ids`` and captures them as written, for every
   family.
 
-So vLLM's value is always ``id + 1``; SGLang's is the trained ids for a Llama-like target, and for a
-DeepSeek-family target the trained ids when the first is 1, else ``id + 1`` (which the ``first id is
-1`` rule then leaves alone). Output of layer 0 cannot be served from a DeepSeek-family target: written
-as 0 SGLang captures layer 0's input, written as 1 it adds 1.
+So vLLM's value is always ``id + 1``, and SGLang's the trained ids. For a DeepSeek-family target that
+holds on every SGLang release from 0.5.10 only when the first trained id is 1 (both rules then add 1
+to every id). With another first id no value serves both ranges (0.5.10-0.5.12 need the trained ids,
+0.5.13+ need ``id + 1``; an export written for one reads layers one off on the other, silently), so
+:func:`server_layer_ids` refuses it: train a DeepSeek-family drafter with the first id 1 (the default,
+``[1, N/2 - 1, N - 4]``, is). :data:`SGLANG_RELEASES` is the range the export states in its
+config.json.
+
+| first trained id (DeepSeek family) | SGLang 0.5.10-0.5.12 | SGLang 0.5.13-0.5.23 | here |
+|---|---|---|---|
+| 1, written ``[1, b, c]`` | captures ``[2, b+1, c+1]`` (trained) | captures ``[2, b+1, c+1]`` (trained) | exported |
+| 3, written ``[3, b, c]`` | ``[4, b+1, c+1]`` (trained) | ``[3, b, c]`` (one layer short) | refused |
+| 3, written ``[4, b+1, c+1]`` | ``[5, b+2, c+2]`` (one layer deep) | ``[4, b+1, c+1]`` (trained) | refused |
 
 No torch here: plain Python used by the export and the speculators conversion.
 """
@@ -32,9 +41,33 @@ from typing import Any
 
 LLAMA, DEEPSEEK = "llama", "deepseek"
 FAMILIES = (LLAMA, DEEPSEEK)
-# model_type values served by SGLang's models/deepseek_v2.py (kimi_k25 wraps it; the nested text_config
-# of a Kimi-K2.5 checkpoint says deepseek_v3, the outer config kimi_k25).
-DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25")
+# The SGLang releases whose layer-id rules were read (every release from the first to the last, their
+# models/*.py; eagle3_pipeline_tests/drafter/test_sglang_layer_rules.py reads 0.5.10, 0.5.12.post1,
+# 0.5.13, 0.5.14 and 0.5.23 again): the range an export states (``eagle3_pipeline.sglang_versions``).
+SGLANG_RELEASES = ">=0.5.10,<=0.5.23"
+# SGLang model classes (config.json ``architectures``, which SGLang picks the class by) whose
+# set_eagle3_layers_to_capture follows the DeepSeek rule; sglang 0.5.23 wheel, sglang/srt/models/:
+DEEPSEEK_ARCHITECTURES = (
+    "DeepseekV2ForCausalLM",  # deepseek_v2.py:3248, the rule at 3458-3473 ("if layer_ids and layer_ids[0] == 1")
+    "DeepseekV3ForCausalLM",  # deepseek_v2.py:3518, a subclass (DeepSeek-V3, Kimi-K2)
+    "DeepseekV32ForCausalLM",  # deepseek_v2.py:3522, a subclass
+    "KimiK25ForConditionalGeneration",  # kimi_k25.py:928-939 forwards to its DeepseekV3ForCausalLM (kimi_k25.py:693)
+    "GlmMoeDsaForCausalLM",  # glm4_moe.py:1284, a subclass of DeepseekV2ForCausalLM (GLM-5)
+    "Glm4MoeLiteForCausalLM",  # glm4_moe_lite.py:805-820, its own copy of the rule (GLM-4.7-Flash)
+    "MistralLarge3ForCausalLM",  # mistral_large_3.py:12, a subclass of DeepseekV3ForCausalLM
+)
+# The config.json model_type values of those targets (outer or nested text_config): a checkpoint whose
+# architectures are missing or name a wrapper is still recognised. SGLang reads Mistral Large 3's
+# Mistral-format params as model_type deepseek_v3 (utils/hf_transformers/mistral_utils.py:77-82).
+DEEPSEEK_MODEL_TYPES = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "kimi_k2",
+    "kimi_k25",
+    "glm_moe_dsa",
+    "glm4_moe_lite",
+)
 
 
 class LayerIdError(ValueError):
@@ -50,11 +83,14 @@ class ServerLayerIds:
 
 
 def target_family(target_config: Mapping[str, Any]) -> str:
-    """:data:`DEEPSEEK` when the target's ``model_type`` (or its nested ``text_config``'s) is a
-    DeepSeek-V2/V3 or Kimi-K2 model type, else :data:`LLAMA`."""
+    """:data:`DEEPSEEK` when the target's ``architectures`` or ``model_type`` (or its nested
+    ``text_config``'s) names a DeepSeek-family model, else :data:`LLAMA`."""
     nested = target_config.get("text_config")
-    types = {target_config.get("model_type"), nested.get("model_type") if isinstance(nested, Mapping) else None}
-    return DEEPSEEK if types & set(DEEPSEEK_MODEL_TYPES) else LLAMA
+    configs = [target_config, *([nested] if isinstance(nested, Mapping) else [])]
+    types = {config.get("model_type") for config in configs}
+    architectures = {name for config in configs for name in config.get("architectures") or []}
+    deepseek = types & set(DEEPSEEK_MODEL_TYPES) or architectures & set(DEEPSEEK_ARCHITECTURES)
+    return DEEPSEEK if deepseek else LLAMA
 
 
 def server_layer_ids(family: str, output_ids: Sequence[int]) -> ServerLayerIds:
@@ -64,16 +100,15 @@ def server_layer_ids(family: str, output_ids: Sequence[int]) -> ServerLayerIds:
     ids = [int(i) for i in output_ids]
     if not ids or any(i < 0 for i in ids):
         raise LayerIdError(f"aux layer ids {ids}: expected output-of-layer ids >= 0")
-    shifted = [i + 1 for i in ids]
-    if family == LLAMA or ids[0] == 1:
-        return ServerLayerIds(sglang=ids, vllm=shifted)
-    if ids[0] == 0:
+    if family == DEEPSEEK and ids[0] != 1:
         raise LayerIdError(
-            f"aux layer ids {ids}: SGLang's DeepSeek/Kimi target (models/deepseek_v2.py) cannot capture the output "
-            "of layer 0 (written 0 it captures layer 0's input, written 1 it adds 1); train on layers from 1 up "
-            "(hidden_states.aux_layer_ids)"
+            f"aux layer ids {ids}: a DeepSeek-family target (SGLang models/deepseek_v2.py: DeepSeek-V3, "
+            "Kimi-K2/K2.5, GLM-5, GLM-4.7-Flash, Mistral Large 3) reads the first id 1 alike in every SGLang release "
+            "from 0.5.10, but another first id differently in 0.5.10-0.5.12 (+1 to every id) and 0.5.13+ (the ids as "
+            "written): no config.json makes both capture the trained layers. Train with the first id 1 "
+            "(hidden_states.aux_layer_ids; the default [1, N/2-1, N-4] is)"
         )
-    return ServerLayerIds(sglang=shifted, vllm=shifted)
+    return ServerLayerIds(sglang=ids, vllm=[i + 1 for i in ids])
 
 
 def extraction_layer_ids(family: str, output_ids: Sequence[int], num_layers: int) -> list[int]:

@@ -1,7 +1,8 @@
 """``benchmarks/gpu_check.py`` (``python -m benchmarks.gpu_check``), the script a session with a lent GPU
 runs, kept runnable: its
 ``--smoke`` mode on this CPU (toy sizes; random-weight models built from configs, the stand-ins for
-the target and the drafter, as the script builds them on the GPU), and its time guard."""
+the target and the drafter, as the script builds them on the GPU), its ``--sglang`` section on each
+release's stand-in for SGLang, its time guard and its refusals."""
 
 from __future__ import annotations
 
@@ -89,4 +90,36 @@ def test_without_pydantic_it_says_how_to_carry_it(tmp_path: Path) -> None:
     done = run_script("--smoke", path=(tmp_path,))
     assert done.returncode == 2, done.stdout[-4000:] + done.stderr[-4000:]
     assert "pydantic is missing" in done.stdout and "carry its wheels" in done.stdout
+    assert "FIGURES" not in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_the_sglang_section_runs_on_each_release(version: str) -> None:
+    """``--sglang`` with the python of an SGLang venv: here this one with a release's stand-in (CPU,
+    float32), so the figures are the script's plumbing, not SGLang's numerics."""
+    from eagle3_pipeline_tests.hidden_states.test_sglang_backend import standin_path
+
+    done = run_script("--sglang", "--smoke", path=tuple(standin_path(version)))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    found = sections(done.stdout)
+    assert list(found) == ["sglang"], done.stdout[-4000:]
+    sglang = found["sglang"]
+    assert sglang["sglang_version"] == version
+    for key, model_class, form in (
+        ("llama", "LlamaForCausalLM", "list"),
+        ("kimi_fixture", "KimiK25ForConditionalGeneration", "list" if version == "0.5.14" else "packed"),
+    ):
+        result = sglang[key]
+        assert result["capture"]["model_class"] == model_class and result["capture"]["aux_form"] == form
+        assert result["capture"]["layers_to_capture"] == [2, 4, 5]
+        assert result["same_ids_and_samples"] and result["samples"] == 4 and result["within_tolerance"]
+        assert result["spot_check_passed"]
+
+
+def test_the_sglang_section_without_sglang_says_which_python_to_use() -> None:
+    done = run_script("--sglang", "--smoke")
+    assert done.returncode == 2, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "--sglang: hidden_states.sglang_python: cannot import sglang here" in done.stdout
+    assert "Run this script with the python of an SGLang venv" in done.stdout
     assert "FIGURES" not in done.stdout

@@ -212,8 +212,9 @@ class HiddenStatesConfig(ConfigModel):
             "captured "
             "through SGLang's EAGLE-3 switch (set_eagle3_layers_to_capture): for a target only SGLang can hold "
             "(Kimi-K2.5 "
-            "INT4 at tp 8). The worker is written against sglang 0.5.14 (eagle3_pipeline.hidden_states.sglang_capture) "
-            "and refuses another version. Stop the inference server first: the phase needs the GPUs it holds. vllm: a "
+            "INT4 at tp 8). The worker is written against sglang 0.5.14 and sglang 0.5.23 (the release found in "
+            "sglang_python's venv; eagle3_pipeline.hidden_states.sglang_capture.RELEASES) and refuses another version. "
+            "Stop the inference server first: the phase needs the GPUs it holds. vllm: a "
             "vLLM "
             "server already started with the extract_hidden_states speculative method and its "
             "ExampleHiddenStatesConnector "
@@ -243,7 +244,7 @@ class HiddenStatesConfig(ConfigModel):
         description=(
             "backend sglang: the python of the SGLang venv where extraction runs (the GPU host for compute "
             "ssh/command, "
-            "this machine for compute local), with sglang==0.5.14 and this package installed (e.g. "
+            "this machine for compute local), with sglang==0.5.14 or sglang==0.5.23 and this package installed (e.g. "
             "/opt/sglang/.venv/bin/python). "
             "Required with backend sglang."
         ),
@@ -306,7 +307,8 @@ class HiddenStatesConfig(ConfigModel):
             return self
         if self.sglang_python is None:
             raise ValueError(
-                "backend 'sglang' needs hidden_states.sglang_python: the python of the venv with sglang==0.5.14 and "
+                "backend 'sglang' needs hidden_states.sglang_python: the python of the venv with sglang==0.5.14 or "
+                "0.5.23 and "
                 "this "
                 "package, on the machine where extraction runs"
             )

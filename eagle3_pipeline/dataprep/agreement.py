@@ -96,8 +96,10 @@ class RemoteTokenizer:
     def __call__(self, text: str) -> list[int]:
         import httpx
 
-        # SGLang reads {"model", "prompt"} and vLLM the same plus "add_special_tokens" (both default
-        # it to true): false, as the rendered text carries the template's special tokens already.
+        # SGLang and vLLM both read "add_special_tokens" beside "model" and "prompt" and default it to
+        # true (SGLang 0.5.14/0.5.23: TokenizeRequest in entrypoints/openai/protocol.py, passed to
+        # tokenizer.encode in serving_tokenize.py): false, as the rendered text carries the
+        # template's special tokens already.
         body = {"model": self.model, "prompt": text, "add_special_tokens": False}
         try:
             response = self._client.post(self.url, json=body)

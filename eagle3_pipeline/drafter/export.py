@@ -10,7 +10,9 @@ target's), and the captured layers written for both servers by
 :func:`eagle3_pipeline.layer_ids.server_layer_ids` for the target's family:
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang) and the top-level
 ``eagle_aux_hidden_state_layer_ids`` (vLLM, input of layer: the trained output-of-layer ids + 1, which
-:func:`load_export` reads back).
+:func:`load_export` reads back). ``eagle3_pipeline`` records the target family those ids were written
+for and the SGLang releases that read them as trained (``sglang_versions``,
+:data:`eagle3_pipeline.layer_ids.SGLANG_RELEASES`); the servers ignore the key.
 
 ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
 ``t2d``; ``embed_tokens.weight`` only when the draft hidden size differs from the target's (the
@@ -32,7 +34,7 @@ from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigErr
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
-from eagle3_pipeline.layer_ids import output_layer_ids, server_layer_ids, target_family
+from eagle3_pipeline.layer_ids import SGLANG_RELEASES, output_layer_ids, server_layer_ids, target_family
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TARGET_FIELDS_KEPT = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -53,7 +55,8 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
         raise DrafterConfigError(
             f"vocab_size: the drafter has {config.vocab_size}, the target config {target_config['vocab_size']}"
         )
-    ids = server_layer_ids(target_family(target_config), config.aux_layer_ids)
+    family = target_family(target_config)
+    ids = server_layer_ids(family, config.aux_layer_ids)
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -79,6 +82,7 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids.sglang, "use_aux_hidden_state": True},
         "eagle_aux_hidden_state_layer_ids": ids.vllm,
         "use_aux_hidden_state": True,
+        "eagle3_pipeline": {"target_family": family, "sglang_versions": SGLANG_RELEASES},
     }
     if config.target_hidden_size != config.hidden_size:
         out["target_hidden_size"] = config.target_hidden_size

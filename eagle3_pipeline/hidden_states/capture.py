@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.hidden_states.store import TargetIdentity
+from eagle3_pipeline.layer_ids import LLAMA, server_layer_ids, target_family
 from eagle3_pipeline.target import (
     TargetError,
     config_sha256,
@@ -57,6 +58,7 @@ class Target:
     identity: TargetIdentity
     device: str
     dtype: str
+    family: str = LLAMA
     writer = True
     spot_check_method = "alone through the whole causal LM with transformers' output_hidden_states (no padding)"
 
@@ -68,7 +70,10 @@ class Target:
         return f"transformers on {self.device}/{self.dtype}"
 
     def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
-        """How the states are captured, for the store's manifest."""
+        """How the states are captured, for the store's manifest. Layers no drafter config could
+        make the servers read (:func:`eagle3_pipeline.layer_ids.server_layer_ids`) are refused
+        here, before anything is extracted."""
+        server_layer_ids(self.family, aux_layer_ids)
         return {"backend": "transformers", "device": self.device, "dtype": self.dtype}
 
     def share(self, value: Any) -> Any:
@@ -101,7 +106,7 @@ def load_target(
     loaded = load_causal_lm(model, trust_remote_code, chosen, where)
     identity = target_identity(model, name)
     decoder_layers(loaded)
-    return Target(loaded, identity, where, chosen)
+    return Target(loaded, identity, where, chosen, target_family(read_config(model)))
 
 
 def target_identity(model: str, name: str) -> TargetIdentity:

@@ -2,14 +2,16 @@
 the scripted nvidia-smi stands in for its GPUs): the worker starts under torchrun with
 ``tp_size`` ranks and ``sglang_python``, and the refusals name the setting to change.
 
-``sglang_python`` here is a script that runs this venv's python with the stand-in for SGLang's
-CUDA runtime on ``PYTHONPATH`` (``eagle3_pipeline_tests/hidden_states/sglang_standin``: no GPU and no
-sglang on this machine), as a host's SGLang venv python would run the real one.
+``sglang_python`` here is a script that runs this venv's python with a stand-in for SGLang's
+CUDA runtime on ``PYTHONPATH`` (``eagle3_pipeline_tests/hidden_states/sglang_standin``, one per
+supported release: no GPU and no sglang on this machine), as a host's SGLang venv python would run
+the real one: 0.5.23 (the current line) for the two torchrun ranks, 0.5.14 for the local process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -28,23 +30,26 @@ from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
 from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources
 from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
-    STANDIN,
     Recorder,
     assert_same_store,
+    standin_pythonpath,
     transformers_spec,
 )
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the
 # process table take turns with them (root conftest `process_table`).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
+REPO = Path(__file__).resolve().parents[2]
 SGLANG = {"backend": "sglang", "shard_tokens": 24, "spot_check_samples": 1, "batch_tokens": 64, "max_batch_size": 4}
 
 
-def sglang_venv_python(folder: Path) -> Path:
-    """What ``hidden_states.sglang_python`` points at: here, this venv's python with the stand-in."""
+def sglang_venv_python(folder: Path, version: str) -> Path:
+    """What ``hidden_states.sglang_python`` points at: here, this venv's python with the stand-in of
+    SGLang ``version`` and this checkout's package (over SSH the caller's PYTHONPATH is not passed)."""
     path = folder / "serving-venv" / "bin" / "python"
     path.parent.mkdir(parents=True)
-    path.write_text(f'#!/bin/sh\nPYTHONPATH={STANDIN}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    stand_in = os.pathsep.join([standin_pythonpath(version), str(REPO)])
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={stand_in}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
     path.chmod(0o755)
     return path
 
@@ -69,7 +74,7 @@ def refusal(config: Any) -> str:
 def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_extractors_bytes(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout, local_model: Path
 ) -> None:
-    python = sglang_venv_python(tmp_path)
+    python = sglang_venv_python(tmp_path, "0.5.23")
     settings = {**SGLANG, "model": str(local_model), "sglang_python": str(python), "tp_size": 2}
     config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
     tiny_training_data(layout.local / "training_data", local_model)
@@ -81,7 +86,7 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
     )
     assert any(re.fullmatch(r"GPU check: 8 of 8 GPU\(s\) free on 127\.0\.0\.1:\d+, 2 needed", m) for m in lines)
     assert any(re.fullmatch(r"running extract on 127\.0\.0\.1:\d+ in 2 processes \(torchrun\)", m) for m in lines)
-    assert any("with SGLang 0.5.14 ModelRunner, tensor parallelism 2" in m for m in lines)
+    assert any("with SGLang 0.5.23 ModelRunner, tensor parallelism 2" in m for m in lines)
     # Both ranks computed the reference samples, rank 0 compared them with the embedded server's answers.
     assert checks(result) == {
         "spot_check": (True, "ERROR"),
@@ -122,7 +127,7 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(
 ) -> None:
     """``compute: local``: the worker is a local Pipes subprocess of ``sglang_python`` (the Dagster
     process's own venv has no SGLang), even with one rank."""
-    python = sglang_venv_python(tmp_path)
+    python = sglang_venv_python(tmp_path, "0.5.14")
     settings = {**SGLANG, "model": str(local_model), "sglang_python": str(python), "tp_size": 1}
     config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings}, kind="local")
     tiny_training_data(layout.local / "training_data", local_model)
@@ -138,6 +143,7 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(
     assert (
         metadata["compute"] == "local"
         and metadata["capture"]["model_class"] == "LlamaForCausalLM"
+        and metadata["capture"]["sglang_version"] == "0.5.14"
         and metadata["samples"] == 4
     )
 

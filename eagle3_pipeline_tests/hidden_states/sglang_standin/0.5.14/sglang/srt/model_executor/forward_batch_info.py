@@ -1,0 +1,13 @@
+"""Stand-in for ``sglang.srt.model_executor.forward_batch_info`` (see the sglang package docstring)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_standin_core.batch import ForwardBatchBase
+
+
+class ForwardBatch(ForwardBatchBase):
+    @classmethod
+    def init_new(cls, batch: Any, model_runner: Any) -> ForwardBatch:
+        return cls.from_batch(batch)

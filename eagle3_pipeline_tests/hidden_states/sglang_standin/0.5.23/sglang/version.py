@@ -1,0 +1,3 @@
+"""The release the stand-in implements."""
+
+__version__ = "0.5.23"
