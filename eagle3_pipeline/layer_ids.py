@@ -76,6 +76,13 @@ def server_layer_ids(family: str, output_ids: Sequence[int]) -> ServerLayerIds:
     return ServerLayerIds(sglang=shifted, vllm=shifted)
 
 
+def extraction_layer_ids(family: str, output_ids: Sequence[int], num_layers: int) -> list[int]:
+    """vLLM's ``eagle_aux_hidden_state_layer_ids`` for ``extract_hidden_states`` of a store trained on
+    ``output_ids``: the inputs of layers id + 1, then ``num_layers`` (the last layer's output, before the
+    final norm)."""
+    return [*server_layer_ids(family, output_ids).vllm, int(num_layers)]
+
+
 def output_layer_ids(vllm_ids: Sequence[int]) -> list[int]:
     """The trained (output-of-layer) ids back from a config's vLLM value (input of layer, as-is)."""
     ids = [int(i) - 1 for i in vllm_ids]

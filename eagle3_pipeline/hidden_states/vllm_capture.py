@@ -14,7 +14,7 @@ speculators PR #353), with the flags :func:`eagle3_pipeline.hidden_states.vllm_s
           "kv_connector_extra_config": {"shared_storage_path": DIR}}'
 
 The ids are vLLM's input-of-layer indices: ``a+1`` is the residual stream entering layer ``a+1``, the
-output of our layer ``a`` (:func:`eagle3_pipeline.hidden_states.vllm_server.extraction_layer_ids`), and
+output of our layer ``a`` (:func:`eagle3_pipeline.layer_ids.extraction_layer_ids`), and
 ``N`` (``num_hidden_layers``) is the last layer's output **without** the final norm (the doc's note). The
 store's manifest records them (``capture.eagle_aux_hidden_state_layer_ids``). Before its first request the
 source proves that the server runs exactly these (:meth:`VllmTarget.check_layers`: read from the server
@@ -61,8 +61,8 @@ from urllib.parse import urlsplit
 
 from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, target_identity
 from eagle3_pipeline.hidden_states.store import TargetIdentity
-from eagle3_pipeline.hidden_states.vllm_server import extraction_layer_ids, served_layer_ids, server_args
-from eagle3_pipeline.layer_ids import target_family
+from eagle3_pipeline.hidden_states.vllm_server import served_layer_ids, server_args
+from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.target import drafter_tensor_names, read_config, read_tensors, text_config
 
 URL_SETTING = "hidden_states.vllm_base_url"
@@ -130,7 +130,7 @@ class VllmTarget:
 
     def server_layers(self, aux_layer_ids: Sequence[int]) -> list[int]:
         """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ids: inputs of layers id + 1, then N."""
-        return extraction_layer_ids(self.family, self.identity.num_layers, aux_layer_ids)
+        return extraction_layer_ids(self.family, aux_layer_ids, self.identity.num_layers)
 
     def check_layers(self, aux_layer_ids: Sequence[int]) -> None:
         """Prove that the server was started with :meth:`server_layers` (from its command line here,

@@ -1,5 +1,6 @@
-"""The vLLM extraction server as a process: the layer ids and flags it must be started with, and the ids it
-was started with, read from its command line on this machine.
+"""The vLLM extraction server as a process: the flags it must be started with (the ids for a store:
+:func:`eagle3_pipeline.layer_ids.extraction_layer_ids`), and the ids it was started with, read from its command
+line on this machine.
 
 The connector's file says how many layers the server captures, not which: a server started with other ids of
 the same count writes files of the right shape. So the extractor proves the ids before its first request
@@ -30,17 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.layer_ids import server_layer_ids
-
 SPECULATIVE_FLAGS = ("--speculative-config", "-sc")
 LISTEN = "0A"  # the TCP state column of /proc/net/tcp for a listening socket
-
-
-def extraction_layer_ids(family: str, num_layers: int, aux_layer_ids: Sequence[int]) -> list[int]:
-    """vLLM's ``eagle_aux_hidden_state_layer_ids`` for a store's aux ids (output-of-layer): the inputs of
-    layers id + 1 (:func:`eagle3_pipeline.layer_ids.server_layer_ids`), then ``num_layers`` (the last
-    layer's output, before the final norm)."""
-    return [*server_layer_ids(family, aux_layer_ids).vllm, num_layers]
 
 
 def speculative_config(layer_ids: Sequence[int]) -> dict[str, Any]:

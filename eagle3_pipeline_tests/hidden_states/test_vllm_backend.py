@@ -27,7 +27,6 @@ from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, first_difference, open_vllm_target, take_file
 from eagle3_pipeline.hidden_states.vllm_server import (
-    extraction_layer_ids,
     layer_ids_in,
     served_layer_ids,
     server_args,
@@ -152,8 +151,6 @@ def test_the_speculative_config_is_read_as_vllm_parses_it_or_not_at_all() -> Non
         "its eagle_aux_hidden_state_layer_ids 2 are not a list of integers"
     )
     assert layer_ids_in(["--config", "serve.yaml"]) == "no --speculative-config on its command line"
-    assert extraction_layer_ids("llama", 30, [1, 14, 26]) == [2, 15, 27, 30]
-    assert extraction_layer_ids("deepseek", 61, [2, 29, 57]) == [3, 30, 58, 61]
 
 
 def test_first_difference_and_the_settings_backend_vllm_needs() -> None:
