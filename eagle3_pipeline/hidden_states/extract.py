@@ -3,16 +3,20 @@
 ``run(spec, report) -> metadata`` (contract C5) is what ``compute: local`` calls in process and
 what the worker calls on a GPU host; every path in the spec is a path on the machine it runs on.
 
-In order: open ``training_data`` and compute the shard plan (:mod:`.plan`); open the state source
+In order: open ``training_data`` and compute the shard plan (:mod:`.plan`); if the store is already complete
+for these settings (:func:`finished_result`: the same identity, every planned shard complete, its result
+recorded under the same check settings), return that result and stop: no state source is opened, so a finished
+phase needs no server, and the checks are the ones recorded when the store was completed. Else open the state source
 (:class:`StateSource`: ``backend: transformers``, the target in process, :mod:`.capture`; ``backend:
 sglang``, SGLang's model runner with tensor parallelism, :mod:`.sglang_capture`; ``backend: vllm``, a
-vLLM server started with ``extract_hidden_states``, :mod:`.vllm_capture`) and check the
+vLLM server started with ``extract_hidden_states``, its layer ids proven first, :mod:`.vllm_capture`) and check the
 store's identity (a store made under other settings is an error naming the fields, or is replaced
 with ``overwrite``); estimate the bytes still to write and refuse when the disk has less free than
 that times ``disk_margin``; extract every shard that is not complete (length-sorted batches of at
 most ``batch_tokens`` padded tokens; one shard in memory at a time); write the index and the
 manifest; then re-compute ``spot_check_samples`` samples one by one (the source's
-``reference_states``) and compare (relative L2 error per tensor ≤ ``spot_check_tolerance``).
+``reference_states``) and compare (relative L2 error per tensor ≤ ``spot_check_tolerance``, per backend when
+null: :data:`SPOT_CHECK_TOLERANCE`); record the result (``result.json``).
 
 Every backend goes through this one loop; only "the states of a batch of sequences" differs. Under
 tensor parallelism every rank runs the loop (each forward needs all of them) and the source's
@@ -30,6 +34,7 @@ stay as they are) and with ``delete_shards`` (remove a trained window's files; n
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,8 +46,8 @@ from pydantic import ValidationError
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetConfig
-from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids, load_target
-from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
+from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids, load_target, target_identity
+from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError, iter_rows
 from eagle3_pipeline.hidden_states.plan import (
     PLAN_FILE,
     ROLLING_LAYOUT_FILE,
@@ -83,7 +88,12 @@ from eagle3_pipeline.hidden_states.validation import (
 from eagle3_pipeline.target import TargetError
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
+# The metadata of the run that completed the store, with the settings its checks ran under
+# (:func:`finished_result`); removed before a run changes the store.
+RESULT_FILE = "result.json"
 GB = 1e9
+# The spot check's tolerance when hidden_states.spot_check_tolerance is null, per backend (its description says why).
+SPOT_CHECK_TOLERANCE = {"transformers": 0.01, "sglang": 0.01, "vllm": 0.1}
 T = TypeVar("T")
 
 
@@ -510,11 +520,73 @@ def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
             settings.vllm_output_dir,
             settings.max_batch_size,
         ) as vllm_target:
+            vllm_target.check_layers(aux_layer_ids(settings, vllm_target.identity))
             yield vllm_target
     else:
         yield load_target(
             settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code
         )
+
+
+def aux_layer_ids(settings: HiddenStatesConfig, identity: TargetIdentity) -> list[int]:
+    """The store's aux layer ids (output of layer): ``aux_layer_ids``, else the EAGLE-3 default for the target."""
+    return list(settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers))
+
+
+def _checked_with(settings: ExtractSpec) -> dict[str, Any]:
+    """The settings a recorded result holds only under: its checks' and the layout's (rolling mode)."""
+    return settings.model_dump(
+        include={"spot_check_samples", "spot_check_tolerance", "validation", "rolling_window_shards"}
+    )
+
+
+def finished_result(settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard]) -> dict[str, Any] | None:
+    """The recorded metadata of the run that completed the store, when this run has nothing left to do:
+    the store's identity is the one these settings and rows give (the target's from its config.json
+    alone), it holds exactly the planned shards, each complete with the planned samples, and its
+    result was recorded under the same check settings. None otherwise, and when it cannot be told here
+    (the target's config or the shards not on this machine). No state source is opened for it."""
+    store = HiddenStateStore(Path(settings.output))
+    result = store.root / RESULT_FILE
+    if settings.shards is not None or not (result.is_file() and store.manifest_path.is_file()):
+        return None
+    try:
+        identity = target_identity(settings.model, settings.target_name)
+        found = store.manifest()
+        recorded = json.loads(result.read_text())
+    except (TargetError, StoreError, OSError, ValueError):
+        return None
+    wanted = StoreManifest(identity, aux_layer_ids(settings, identity), data.version(), dtype=settings.storage_dtype)
+    selected = _selected(settings, planned)
+    same = (
+        not identity_mismatch(found, wanted)
+        and found.shards == [s.name for s in selected]
+        and recorded.get("checked_with") == _checked_with(settings)
+        and store.index_path.is_file()
+        and (settings.rolling_window_shards is None or (store.root / ROLLING_LAYOUT_FILE).is_file())
+    )
+    return recorded["metadata"] if same and all(_shard_reusable(store, s) for s in selected) else None
+
+
+def nothing_to_do(spec: dict[str, Any]) -> bool:
+    """Whether the phase with ``spec`` (paths as seen here) would find its store complete
+    (:func:`finished_result`): so that a caller asks no server for it. False where it cannot be told here
+    (on a GPU host's store only its index and manifest are on this machine)."""
+    settings = parse_spec(spec)
+    try:
+        data = TrainingData.open(Path(settings.training_data))
+    except TrainingDataError:
+        return False
+    return finished_result(settings, data, plan_shards(data, settings.shard_tokens)) is not None
+
+
+def _record_result(store: HiddenStateStore, settings: ExtractSpec, meta: dict[str, Any]) -> None:
+    completed = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    tmp = store.root / f".{RESULT_FILE}.tmp"
+    tmp.write_text(
+        json.dumps({"checked_with": _checked_with(settings), "metadata": {**meta, "completed_at": completed}})
+    )
+    tmp.replace(store.root / RESULT_FILE)
 
 
 def _decided(source: StateSource, decide: Callable[[], T]) -> T:
@@ -569,6 +641,8 @@ def _prepare_store(
     leftovers, plan (rolling: the layout, and the disk for one window too; a window: disk only)."""
     state = _store_state(store, wanted, settings.overwrite)
     window = settings.shards is not None
+    if not window:
+        (store.root / RESULT_FILE).unlink(missing_ok=True)
     if window and state != "same":
         raise ExtractionError(
             f"{store.root}: no hidden-state store of these settings to extract a rolling window into; "
@@ -615,6 +689,23 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
         )
     if source is not None:
         return _extract(settings, data, planned, source, report)
+    done = finished_result(settings, data, planned)
+    if done is not None:
+        report.log(
+            f"extract: {settings.output} is complete for these settings ({done['shards']} shards, {done['samples']} "
+            f"samples): nothing to extract, no state source opened; its checks as recorded when it was completed "
+            f"({done['completed_at']})"
+        )
+        return {
+            **done,
+            "shards_written": 0,
+            "shards_reused": done["shards"],
+            "tokens_extracted_now": 0,
+            "extract_seconds": 0.0,
+            "tokens_per_s": 0.0,
+            "disk_free_bytes": free_bytes(Path(settings.output)),
+            "disk_estimate_bytes": 0,
+        }
     with open_source(settings) as opened:
         return _extract(settings, data, planned, opened, report)
 
@@ -634,7 +725,7 @@ def _extract(
     store = HiddenStateStore(Path(settings.output))
     selected = _selected(settings, planned)
     identity = source.identity
-    aux_ids = settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers)
+    aux_ids = aux_layer_ids(settings, identity)
     check_layer_ids(aux_ids, identity.num_layers)
     wanted = StoreManifest(
         target=identity,
@@ -699,15 +790,14 @@ def _extract(
         )
         wanted.tokens = int(sum(index.column("length").to_pylist()))
         store.write_manifest(wanted)
-    checked = spot_check(
-        store, source, aux_ids, settings.spot_check_samples, settings.spot_check_tolerance, settings.storage_dtype
-    )
+    tolerance = settings.spot_check_tolerance or SPOT_CHECK_TOLERANCE[settings.backend]
+    checked = spot_check(store, source, aux_ids, settings.spot_check_samples, tolerance, settings.storage_dtype)
     if not source.writer:
         return {"shards_written": len(todo)}
     report.log(
         f"extract: spot check of {checked['spot_check_samples']} samples ({source.spot_check_method}): "
         "max relative error "
-        f"{checked['spot_check_max_rel_error']:.2e} (tolerance {settings.spot_check_tolerance})"
+        f"{checked['spot_check_max_rel_error']:.2e} (tolerance {tolerance})"
     )
     splits = index.column("split").to_pylist()
     rolling: dict[str, Any] = {}
@@ -719,7 +809,7 @@ def _extract(
             "rolling_train_tokens": sum(s.tokens for s in train),
             "rolling_layout": str(store.root / ROLLING_LAYOUT_FILE),
         }
-    return {
+    meta = {
         "store": str(store.root),
         "samples": index.num_rows,
         "train_samples": splits.count("train"),
@@ -755,3 +845,5 @@ def _extract(
         **rolling,
         **validated,
     }
+    _record_result(store, settings, meta)
+    return meta

@@ -121,12 +121,15 @@ def _root(base_url: str) -> str:
 
 
 class ServerAsker:
-    """The serving server over one HTTP connection pool; errors name the URL, never the key."""
+    """The serving server over one HTTP connection pool; errors name the URL, never the key.
+    ``connector_dir``: the folder (as seen here) where a vLLM extraction server's connector writes a
+    hidden-state file for every completion; each reply's file is read there and deleted."""
 
-    def __init__(self, endpoint: ServerEndpoint, timeout_s: float) -> None:
+    def __init__(self, endpoint: ServerEndpoint, timeout_s: float, connector_dir: Path | None = None) -> None:
         import httpx
 
         self.endpoint = endpoint
+        self.connector_dir = connector_dir
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         self.client = httpx.Client(headers=headers, timeout=timeout_s)
 
@@ -145,6 +148,14 @@ class ServerAsker:
             payload = response.json()
         except ValueError:
             payload = response.text[:200]
+        written = payload.get("kv_transfer_params") if isinstance(payload, dict) else None
+        if self.connector_dir is not None and isinstance(written, dict) and written.get("hidden_states_path"):
+            from eagle3_pipeline.hidden_states.vllm_capture import VllmError, take_file
+
+            try:
+                take_file(self.connector_dir / Path(str(written["hidden_states_path"])).name)
+            except VllmError as exc:
+                raise ServingReferenceError(str(exc)) from None
         return response.status_code, payload
 
     def fail(self, url: str, what: str, payload: Any) -> ServingReferenceError:
@@ -314,13 +325,14 @@ def record_reference(
     tokenizer_name: str,
     settings: ServingValidationConfig,
     out: Path,
+    connector_dir: Path | None = None,
 ) -> ServingReference:
     """Ask ``endpoint`` about the reference samples of ``training_data`` and write the answers to
-    ``out``; ``tokenizer`` is the one the rows were made with.
+    ``out``; ``tokenizer`` is the one the rows were made with (``connector_dir``: :class:`ServerAsker`).
     :class:`ServingReferenceError` when the server cannot be asked or answers what cannot be read."""
     data = TrainingData.open(training_data)
     rows = reference_rows(data, settings.samples)
-    asker = ServerAsker(endpoint, settings.timeout_s)
+    asker = ServerAsker(endpoint, settings.timeout_s, connector_dir)
     api: Api | None = None
     samples = []
 
@@ -523,9 +535,11 @@ def record_from_first(
     trust_remote_code: bool,
     settings: ServingValidationConfig,
     out: Path,
+    connector_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Record the reference from the first of ``endpoints`` that answers; what was done, as metadata
-    (``serving_reference_status``: ``recorded from …``, ``off`` or ``not recorded: …`` with the reasons)."""
+    (``serving_reference_status``: ``recorded from …``, ``off`` or ``not recorded: …`` with the reasons).
+    ``connector_dir``: :class:`ServerAsker`."""
     if not settings.samples:
         return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
     if not endpoints:
@@ -536,7 +550,9 @@ def record_from_first(
     reasons = []
     for endpoint in endpoints:
         try:
-            reference = record_reference(training_data, endpoint, tokenizer, tokenizer_name, settings, out)
+            reference = record_reference(
+                training_data, endpoint, tokenizer, tokenizer_name, settings, out, connector_dir
+            )
         except ServingReferenceError as exc:
             reasons.append(str(exc))
             continue
@@ -551,10 +567,11 @@ def record_from_first(
 
 def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_name: str, out: Path) -> dict[str, Any]:
     """The ``hidden_states`` preflight: keep a reference recorded for these rows, else record one
-    now from a server that is up: with ``backend: vllm`` the extraction server itself, then the
-    inference endpoints (an SGLang server stopped for ``backend: sglang`` does not answer: record
-    it at ``training_data`` time), or the embedded server, started here for the recording and
-    stopped after it."""
+    now from a server that is up: with ``backend: vllm`` and ``compute: local`` the extraction server
+    itself (asked under the name it serves, each completion's hidden-state file deleted; on a GPU host
+    its URL and folder are the host's, not this machine's), else the inference endpoints (an SGLang
+    server stopped for ``backend: sglang`` does not answer: record it at ``training_data`` time), or
+    the embedded server, started here for the recording and stopped after it."""
     settings = config.hidden_states.validation
     if not settings.samples:
         return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
@@ -567,18 +584,22 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
     kept, _ = load_reference(out, data.version())
     if kept is not None:
         return {"serving_reference_status": f"kept: recorded earlier for these rows from {kept.server} ({kept.api})"}
+    reasons = []
+    extraction = config.hidden_states
+    if extraction.backend == "vllm" and extraction.vllm_base_url and config.compute.kind == "local":
+        done = _record_from_extraction_server(config, training_data, tokenizer_name, out)
+        if done["serving_reference_status"].startswith("recorded"):
+            return done
+        reasons.append(done["serving_reference_status"].removeprefix("not recorded: "))
     from eagle3_pipeline.config import ConfigError
     from eagle3_pipeline.monitor import UnhealthyError
     from eagle3_pipeline.serving import InferenceProvider, ModelNotAvailable, ServerStartError
 
     endpoints = []
-    if config.hidden_states.backend == "vllm" and config.hidden_states.vllm_base_url:
-        endpoints.append(ServerEndpoint(config.hidden_states.vllm_base_url, config.target.model))
-    reasons = []
     provider = InferenceProvider(config)
     try:
         try:
-            endpoints += [ServerEndpoint(e.base_url, e.model, e.api_key) for e in provider.endpoints()]
+            endpoints = [ServerEndpoint(e.base_url, e.model, e.api_key) for e in provider.endpoints()]
         except (UnhealthyError, ServerStartError, ModelNotAvailable, ConfigError) as exc:
             reasons.append(f"the inference endpoints: {type(exc).__name__}: {str(exc)[:300]}")
         done = record_from_first(
@@ -589,3 +610,29 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
     if reasons and done["serving_reference_status"].startswith("not recorded"):
         done["serving_reference_status"] += "; " + "; ".join(reasons)
     return done
+
+
+def _record_from_extraction_server(
+    config: PipelineConfig, training_data: Path, tokenizer_name: str, out: Path
+) -> dict[str, Any]:
+    import httpx
+
+    from eagle3_pipeline.hidden_states.vllm_capture import VllmError, served_model
+
+    extraction = config.hidden_states
+    assert extraction.vllm_base_url is not None and extraction.vllm_output_dir is not None  # backend vllm
+    url = extraction.vllm_base_url.rstrip("/")
+    try:
+        with httpx.Client(timeout=extraction.validation.timeout_s) as http:
+            served = served_model(http, url)
+    except VllmError as exc:
+        return {"serving_reference_status": f"not recorded: {exc}"}
+    return record_from_first(
+        training_data,
+        [ServerEndpoint(url, served)],
+        tokenizer_name,
+        config.target.trust_remote_code,
+        extraction.validation,
+        out,
+        Path(extraction.vllm_output_dir),
+    )

@@ -4,35 +4,38 @@
 This module uses a server **already started** (it does not start ``vllm serve``) as vLLM documents
 it (vllm-project/vllm ``docs/features/speculative_decoding/extract_hidden_states.md``, the
 ``extract_hidden_states`` method that replaced speculators' ``VllmHiddenStatesGenerator``,
-speculators PR #353)::
+speculators PR #353), with the flags :func:`eagle3_pipeline.hidden_states.vllm_server.server_args` gives::
 
-    vllm serve TARGET --no-enable-chunked-prefill \\
+    python -m vllm.entrypoints.openai.api_server --model TARGET --no-enable-chunked-prefill \\
+      --no-enable-prefix-caching \\
       --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,
           "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [a+1, b+1, c+1, N]}}}' \\
       --kv-transfer-config '{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
           "kv_connector_extra_config": {"shared_storage_path": DIR}}'
 
-(the store's manifest records the four ids the server must have,
-``capture.eagle_aux_hidden_state_layer_ids``; a server started with another number of layers is
-refused by the file's shape, other ids of the same count cannot be seen from here). The ids are vLLM's
-input-of-layer indices: ``a+1`` is the residual stream entering layer ``a+1``, the output of our layer ``a``
-(:func:`eagle3_pipeline.layer_ids.server_layer_ids`, ``.vllm``), and ``N`` (``num_hidden_layers``) is the
-last layer's output **without** the final norm (the doc's note).
+The ids are vLLM's input-of-layer indices: ``a+1`` is the residual stream entering layer ``a+1``, the
+output of our layer ``a`` (:func:`eagle3_pipeline.layer_ids.extraction_layer_ids`), and
+``N`` (``num_hidden_layers``) is the last layer's output **without** the final norm (the doc's note). The
+store's manifest records them (``capture.eagle_aux_hidden_state_layer_ids``). Before its first request the
+source proves that the server runs exactly these (:meth:`VllmTarget.check_layers`: read from the server
+process's command line on this machine, :mod:`eagle3_pipeline.hidden_states.vllm_server`) and refuses
+otherwise, naming them; the file's shape is checked again on every request.
 
 Per sample, one ``POST /v1/completions`` with ``prompt`` = our token ids, ``max_tokens`` 1 and
 ``return_token_ids: true`` (vLLM's ``CompletionRequest`` flag; the choice then carries
 ``prompt_token_ids``, and the response ``kv_transfer_params``: vllm
-``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionResponseChoice`` / ``CompletionResponse``).
-Those must equal ours, or the sample is refused at the first differing position. The response's top-level
-``kv_transfer_params["hidden_states_path"]`` names the file the connector writes for the request
-(``{request_id}.safetensors`` under ``shared_storage_path``; vllm
-``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``); it is read
-under ``hidden_states.vllm_output_dir`` by its name, after a shared ``flock`` on its ``.lock``
-companion when the connector writes one (the connector's ``load_hidden_states``: newer versions
-write asynchronously and hold an exclusive lock until done; an older connector without the lock
-saves in place, so its file is retried until it parses), and deleted with its lock once read (a
-refused request's file too). The file holds ``hidden_states`` [T, 4, H] (the layers in the order configured)
-and ``token_ids`` [T], which must also equal ours.
+``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionResponseChoice`` / ``CompletionResponse``),
+under the model name the server serves (its one entry of ``GET /v1/models``, which
+``--served-model-name`` may set to anything). The returned ids must equal ours, or the sample is refused at
+the first differing position. The response's top-level ``kv_transfer_params["hidden_states_path"]`` names the
+file the connector writes for the request (``{request_id}.safetensors`` under ``shared_storage_path``; vllm
+``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``; it writes one for
+**every** completion, the validation's too); :func:`take_file` reads it under ``hidden_states.vllm_output_dir``
+by its name, after a shared ``flock`` on its ``.lock`` companion when the connector writes one (the
+connector's ``load_hidden_states``: newer versions write asynchronously and hold an exclusive lock until
+done; an older connector without the lock saves in place, so its file is retried until it parses), and
+deletes it with its lock once read (a refused request's file too). The file holds ``hidden_states``
+[T, 4, H] (the layers in the order configured) and ``token_ids`` [T], which must also equal ours.
 
 The teacher is the target's final RMSNorm applied here to layer ``N``'s state, as the target's
 ``RMSNorm`` computes it (float32, ``x · rsqrt(mean(x²) + eps)``, then ``weight ·`` in the input
@@ -47,16 +50,20 @@ httpx and torch are imported inside the functions that use them.
 from __future__ import annotations
 
 import fcntl
+import shlex
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, target_identity
 from eagle3_pipeline.hidden_states.store import TargetIdentity
+from eagle3_pipeline.hidden_states.vllm_server import served_layer_ids
 from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
+from eagle3_pipeline.managed.launch import extraction_args
 from eagle3_pipeline.target import drafter_tensor_names, read_config, read_tensors, text_config
 
 URL_SETTING = "hidden_states.vllm_base_url"
@@ -117,13 +124,35 @@ class VllmTarget:
         self.norm = norm
         self.eps = eps
         self.parallel = parallel
+        self.layer_evidence = "layer ids not checked"
 
     def describe(self) -> str:
-        return f"the vLLM server at {self.base_url} ({self.served}, extract_hidden_states)"
+        return f"the vLLM server at {self.base_url} ({self.served}, extract_hidden_states; {self.layer_evidence})"
 
     def server_layers(self, aux_layer_ids: Sequence[int]) -> list[int]:
         """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ids: inputs of layers id + 1, then N."""
         return extraction_layer_ids(self.family, aux_layer_ids, self.identity.num_layers)
+
+    def check_layers(self, aux_layer_ids: Sequence[int]) -> None:
+        """Prove that the server was started with :meth:`server_layers` (from its command line here,
+        :func:`eagle3_pipeline.hidden_states.vllm_server.served_layer_ids`), or refuse with
+        :class:`VllmError` naming the ids and the flags to start it with."""
+        expected = self.server_layers(aux_layer_ids)
+        url = urlsplit(self.base_url)
+        found = served_layer_ids(url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
+        if isinstance(found, tuple) and found[0] == expected:
+            self.layer_evidence = f"layer ids {expected} read from the command line of pid {found[1]}"
+            return
+        why = (
+            f"the server (pid {found[1]}) was started with eagle_aux_hidden_state_layer_ids {found[0]}"
+            if isinstance(found, tuple)
+            else f"its layer ids cannot be proven: {found}"
+        )
+        raise VllmError(
+            f"{URL_SETTING} {self.base_url!r}: {why}; the store's aux layers {list(aux_layer_ids)} (output of layer) "
+            f"and teacher (layer {self.identity.num_layers}) need eagle_aux_hidden_state_layer_ids {expected}: "
+            f"start the server with {shlex.join(extraction_args(expected, self.output_dir))}"
+        )
 
     def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
         return {
@@ -178,7 +207,7 @@ class VllmTarget:
                 f"{URL_SETTING} {self.base_url!r}: the completion has no kv_transfer_params.hidden_states_path; "
                 "expected a server started with --kv-transfer-config naming ExampleHiddenStatesConnector"
             )
-        tensors = self._read(self.output_dir / Path(str(path)).name)
+        tensors = take_file(self.output_dir / Path(str(path)).name)
         choices = payload.get("choices") or [{}]
         prompt_ids = choices[0].get("prompt_token_ids")
         if prompt_ids is None:
@@ -195,44 +224,6 @@ class VllmTarget:
                 f"{len(prompt_ids)} vs {len(sequence)} tokens): the server must take the ids as given",
             )
         return self._split(aux_layer_ids, index, sequence, tensors)
-
-    def _read(self, path: Path) -> dict[str, Any]:
-        from safetensors.torch import load_file
-
-        lock = Path(f"{path}.lock")
-        deadline = time.monotonic() + FILE_WAIT_S
-        while not (path.is_file() or lock.is_file()):
-            if time.monotonic() > deadline:
-                raise VllmError(
-                    f"{DIR_SETTING} {str(self.output_dir)!r}: no {path.name} after {FILE_WAIT_S:.0f} s; expected the "
-                    "folder the server's connector writes to (its shared_storage_path), as seen on this machine"
-                )
-            time.sleep(0.05)
-        if lock.is_file():
-            with lock.open() as handle:
-                fcntl.flock(handle, fcntl.LOCK_SH)
-                tensors = load_file(str(path), device="cpu")
-            lock.unlink()
-        else:
-            tensors = self._read_unlocked(path, deadline)
-        path.unlink()
-        return tensors
-
-    def _read_unlocked(self, path: Path, deadline: float) -> dict[str, Any]:
-        """A file of a connector without the lock (older vLLM writes it in place): retried until it parses."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        while True:
-            try:
-                return load_file(str(path), device="cpu")
-            except (SafetensorError, OSError) as exc:
-                if time.monotonic() > deadline:
-                    raise VllmError(
-                        f"{DIR_SETTING} {str(self.output_dir)!r}: {path.name} is still unreadable "
-                        f"after {FILE_WAIT_S:.0f} s ({exc})"
-                    ) from None
-                time.sleep(0.05)
 
     def _split(
         self, aux_layer_ids: Sequence[int], index: int, sequence: Sequence[int], tensors: dict[str, Any]
@@ -258,7 +249,49 @@ class VllmTarget:
         return aux, hidden
 
 
-def _served_model(http: Any, base_url: str) -> str:
+def take_file(path: Path) -> dict[str, Any]:
+    """The connector's file at ``path`` once its writer is done (module docstring), deleted with its lock."""
+    from safetensors.torch import load_file
+
+    lock = Path(f"{path}.lock")
+    deadline = time.monotonic() + FILE_WAIT_S
+    while not (path.is_file() or lock.is_file()):
+        if time.monotonic() > deadline:
+            raise VllmError(
+                f"{DIR_SETTING} {str(path.parent)!r}: no {path.name} after {FILE_WAIT_S:.0f} s; expected the "
+                "folder the server's connector writes to (its shared_storage_path), as seen on this machine"
+            )
+        time.sleep(0.05)
+    if lock.is_file():
+        with lock.open() as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            tensors = load_file(str(path), device="cpu")
+        lock.unlink()
+    else:
+        tensors = _read_unlocked(path, deadline)
+    path.unlink()
+    return tensors
+
+
+def _read_unlocked(path: Path, deadline: float) -> dict[str, Any]:
+    """A file of a connector without the lock (older vLLM writes it in place): retried until it parses."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    while True:
+        try:
+            return load_file(str(path), device="cpu")
+        except (SafetensorError, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise VllmError(
+                    f"{DIR_SETTING} {str(path.parent)!r}: {path.name} is still unreadable "
+                    f"after {FILE_WAIT_S:.0f} s ({exc})"
+                ) from None
+            time.sleep(0.05)
+
+
+def served_model(http: Any, base_url: str) -> str:
+    """The one model name the server at ``base_url`` (…/v1) serves: what requests to it must name."""
     import httpx
 
     try:
@@ -300,5 +333,5 @@ def open_vllm_target(model: str, name: str, base_url: str, output_dir: str, para
         )
     url = base_url.rstrip("/")
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
-        served = _served_model(http, url)
+        served = served_model(http, url)
         yield VllmTarget(http, url, served, folder, identity, target_family(raw), norm_name, norm, float(eps), parallel)

@@ -31,6 +31,7 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config.serving import AUTO, SERVER_MODULES, Engine
@@ -202,24 +203,29 @@ def drafter_args(engine: Engine, drafter: EagleDrafter) -> list[str]:
     return ["--speculative-config", json.dumps(vllm_eagle3_config(drafter))]
 
 
-def extraction_args(extraction: HiddenStateExtraction) -> list[str]:
-    """vLLM's hidden-state extraction (vllm docs/features/speculative_decoding/extract_hidden_states.md),
-    with chunked prefill and prefix caching off, as the real-vLLM engine test runs it."""
-    speculative = {
+def extraction_speculative_config(layer_ids: Sequence[int]) -> dict[str, Any]:
+    """The ``--speculative-config`` value of a vLLM extraction server capturing ``layer_ids`` (vLLM's ids)."""
+    return {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(extraction.layer_ids)}},
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
     }
+
+
+def extraction_args(layer_ids: Sequence[int], output_dir: str | Path) -> list[str]:
+    """vLLM's hidden-state extraction (vllm docs/features/speculative_decoding/extract_hidden_states.md) for
+    ``layer_ids``, written under ``output_dir``: whole prompts in one step (no chunked prefill) and no prefix
+    cache (a repeated request, the spot check's, is computed again rather than read back)."""
     connector = {
         "kv_connector": EXTRACTION_CONNECTOR,
         "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": extraction.output_dir},
+        "kv_connector_extra_config": {"shared_storage_path": str(output_dir)},
     }
     return [
         "--no-enable-chunked-prefill",
         "--no-enable-prefix-caching",
         "--speculative-config",
-        json.dumps(speculative),
+        json.dumps(extraction_speculative_config(layer_ids)),
         "--kv-transfer-config",
         json.dumps(connector),
     ]
@@ -272,7 +278,7 @@ def build_launch(settings: EngineSettings, purpose: ServerPurpose) -> LaunchLine
             )
         if purpose.drafter is not None:
             raise LaunchError("one server cannot extract hidden states and serve a drafter at once")
-        argv += extraction_args(purpose.extraction)
+        argv += extraction_args(purpose.extraction.layer_ids, purpose.extraction.output_dir)
     if purpose.drafter is not None:
         argv += drafter_args(settings.engine, purpose.drafter)
     argv += settings.extra_args

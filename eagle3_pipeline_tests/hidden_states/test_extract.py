@@ -19,10 +19,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_layers, load_target, reference_states
-from eagle3_pipeline.hidden_states.extract import ExtractionError, extract_shard, parse_spec, run, spot_check
+from eagle3_pipeline.hidden_states.extract import (
+    RESULT_FILE,
+    ExtractionError,
+    extract_shard,
+    nothing_to_do,
+    parse_spec,
+    run,
+    spot_check,
+)
 from eagle3_pipeline.hidden_states.inputs import TrainingData
 from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards
 from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
+from eagle3_pipeline.hidden_states.vllm_capture import VllmError
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
@@ -226,3 +235,31 @@ def test_progress_reports_shards_tokens_and_bytes(data: Path, tmp_path: Path, lo
     assert progress.shards_done == progress.shards_planned == meta["shards"] and progress.tokens_done == meta["tokens"]
     assert abs(progress.bytes_per_token / 4613 - 1) < 0.05 and progress.last_write_age_s is not None
     assert [p["shards_done"] for p in report.points] == list(range(1, meta["shards"] + 1))
+
+
+def test_a_complete_store_is_not_extracted_again_and_needs_no_state_source(
+    data: Path, tmp_path: Path, local_model: Path
+) -> None:
+    """The rerun of a finished phase names a vLLM server where nothing listens (the backend is not part of
+    the store's identity): it opens no source. Other check settings, or a shard gone, need the source again."""
+    out = tmp_path / "store"
+    first = run(spec(data, out, local_model, spot_check_samples=2), Recorder())
+    dead = {"backend": "vllm", "vllm_base_url": "http://127.0.0.1:9/v1", "vllm_output_dir": str(tmp_path)}
+    report = Recorder()
+    again = run(spec(data, out, local_model, spot_check_samples=2, **dead), report)
+    assert nothing_to_do(spec(data, out, local_model, spot_check_samples=2, **dead))
+    assert again["shards_written"] == 0 and again["shards_reused"] == first["shards"] == again["shards"]
+    assert {k: again[k] for k in ("spot_check_max_rel_error", "backend", "tokens", "bytes")} == {
+        k: first[k] for k in ("spot_check_max_rel_error", "backend", "tokens", "bytes")
+    }
+    assert report.lines == [
+        f"extract: {out} is complete for these settings ({first['shards']} shards, 8 samples): nothing to extract, "
+        f"no state source opened; its checks as recorded when it was completed ({again['completed_at']})"
+    ]
+    assert not nothing_to_do(spec(data, out, local_model, spot_check_samples=3, **dead))
+    with pytest.raises(VllmError, match=r"hidden_states.vllm_base_url 'http://127.0.0.1:9/v1': GET /models failed"):
+        run(spec(data, out, local_model, spot_check_samples=3, **dead), Recorder())
+    (out / "shard-00001.safetensors").unlink()
+    assert not nothing_to_do(spec(data, out, local_model, spot_check_samples=2))
+    meta = run(spec(data, out, local_model, spot_check_samples=2), Recorder())
+    assert meta["shards_written"] == 1 and "completed_at" not in meta and (out / RESULT_FILE).is_file()

@@ -1,6 +1,9 @@
 """A stand-in for ``vllm serve`` with ``extract_hidden_states`` and its ExampleHiddenStatesConnector:
-a real HTTP server on 127.0.0.1, backed by transformers on the CPU (this machine has no GPU and no
-vLLM). It stands in for vLLM itself and nothing else.
+a real HTTP server on 127.0.0.1, backed by transformers on the CPU. It stands in for vLLM itself and
+nothing else, where real vLLM (``eagle3_pipeline_tests/real_vllm/``) cannot be made to misbehave: a server
+that runs other ids than it was sent (``rewrite_prompt``). Its port belongs to the test process, whose
+command line shows no layer ids: the extractor refuses it as a whole (``VllmTarget.check_layers``), so
+its tests use the source directly.
 
 What it reproduces (vllm-project/vllm ``docs/features/speculative_decoding/extract_hidden_states.md``
 and ``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``):

@@ -8,7 +8,10 @@ Asset → domain function:
                   started with extract_hidden_states); with `compute: command` the
                   user's command and then `import-specforge` (checks, from the phase's own
                   metadata: spot_check, serving_agreement, bytes_per_token; before it, the
-                  serving target's reference answers: eagle3_pipeline.hidden_states.validation:preflight_reference)
+                  serving target's reference answers: eagle3_pipeline.hidden_states.validation:preflight_reference,
+                  unless the store here is already complete for these settings:
+                  eagle3_pipeline.hidden_states.extract:nothing_to_do; the phase then opens no state source
+                  either, and the checks report what was recorded when the store was completed)
 
 On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
 host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
@@ -27,7 +30,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
-from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config, target_weights
+from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.inputs import TrainingDataError
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
@@ -55,6 +58,11 @@ PHASE_ERRORS = (
 STORE_FILES = ("index.parquet", "manifest.json")
 
 
+def _as_recorded(meta: Mapping[str, Any]) -> str:
+    """A check of a run that found the store complete: its figures are the completing run's."""
+    return f" (as recorded when the store was completed, {meta['completed_at']})" if "completed_at" in meta else ""
+
+
 def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
     if "spot_check_passed" not in meta:
         return dg.AssetCheckResult(
@@ -71,7 +79,7 @@ def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
         passed=bool(meta["spot_check_passed"]),
         description=f"{meta['spot_check_samples']} samples re-computed {meta['spot_check_method']}, max relative error "
         f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst "
-        f"{meta['spot_check_worst_sample'] or '-'})",
+        f"{meta['spot_check_worst_sample'] or '-'}){_as_recorded(meta)}",
     )
 
 
@@ -92,7 +100,7 @@ def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
             f"{meta['serving_agreement']:.1%} of "
             f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor "
             f"{meta['serving_min_agreement']:.0%}) "
-            f"against {meta['serving_reference']}{near}",
+            f"against {meta['serving_reference']}{near}{_as_recorded(meta)}",
             metadata={
                 k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")
             },
@@ -105,7 +113,7 @@ def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
         check_name="serving_agreement",
         passed=False,
         severity=dg.AssetCheckSeverity.WARN,
-        description=f"not validated against the serving target: {detail}",
+        description=f"not validated against the serving target: {detail}{_as_recorded(meta)}",
     )
 
 
@@ -248,19 +256,17 @@ def build_eagle3_assets(
         fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
         try:
             model = target_weights(config)
-            reference = preflight_reference(
-                config, layout.training_data, tokenizer_name(config), layout.serving_reference
+            spec = spec_from_config(
+                config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
+            )
+            reference = (
+                {"serving_reference_status": "not needed: the store is complete for these settings"}
+                if nothing_to_do(spec)
+                else preflight_reference(config, layout.training_data, tokenizer_name(config), layout.serving_reference)
             )
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
             recorded = layout.serving_reference.is_file()
-            spec = spec_from_config(
-                config.hidden_states,
-                config.target,
-                str(layout.training_data),
-                str(layout.hidden_states),
-                model,
-                str(layout.serving_reference) if recorded else None,
-            )
+            spec["serving_reference"] = str(layout.serving_reference) if recorded else None
             ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
             ship += [model] if under_root(model, layout.root) else []
             meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
