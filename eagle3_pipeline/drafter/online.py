@@ -386,11 +386,13 @@ def _acceptance(
 
 
 def server_spec(settings: DrafterBenchmarkConfig, base_url: str) -> ServerSpec:
-    """What the health gate checks once the server is up; a ``process_pattern`` makes it a custom server
-    (no per-rank SGLang check)."""
+    """What the health gate checks once the server is up. A ``process_pattern`` makes an SGLang server a
+    custom one (no per-rank scheduler check); a vLLM server stays ``vllm`` (it has no per-rank check, and
+    keeps its ``/metrics`` for the throughput check)."""
     port = settings.port
+    custom = settings.process_pattern and settings.server == "sglang"
     return ServerSpec(
-        kind="custom" if settings.process_pattern else settings.server,
+        kind="custom" if custom else settings.server,
         port=port,
         base_url=base_url.rstrip("/"),
         model=settings.target_model_path,

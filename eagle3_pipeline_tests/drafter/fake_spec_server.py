@@ -11,7 +11,8 @@ the server reports it the way the real ones do:
 - vllm: ``POST /v1/completions`` → ``usage.completion_tokens``; ``GET /metrics`` → the counters
   ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:spec_decode_num_drafts_total`` and, per draft
   position ``p < K``, ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="p"}`` (a step that
-  accepts ``a`` drafts counts one at positions ``0 … a-1``, as vLLM's ``SpecDecodingStats`` does).
+  accepts ``a`` drafts counts one at positions ``0 … a-1``, as vLLM's ``SpecDecodingStats`` does), and
+  ``vllm:generation_tokens_total`` (the health gate's throughput check reads it).
 Both answer ``/v1/chat/completions`` (the health gate's generation probe) and ``/v1/models``.
 Each verify step (or plain decode step) sleeps ``--step-delay-s``, so speculation is faster here too.
 """
@@ -40,13 +41,15 @@ def main() -> None:
     args = parser.parse_args()
     speculative = args.speculative_steps > 0
     per_step = args.tokens_per_step if speculative else 1
-    counters = {"accepted": 0, "drafts": 0}
+    counters = {"accepted": 0, "drafts": 0, "generated": 0}
     per_position = [0] * args.speculative_steps
     lock = threading.Lock()
 
     def generate(tokens: int) -> int:
         """Verify steps for ``tokens`` tokens; updates vLLM's counters."""
         steps = math.ceil(tokens / per_step)
+        with lock:
+            counters["generated"] += tokens
         if speculative:
             with lock:
                 counters["drafts"] += steps
@@ -74,6 +77,8 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 lines = [
+                    "# TYPE vllm:generation_tokens counter",
+                    f'vllm:generation_tokens_total{{engine="0"}} {counters["generated"]}',
                     "# TYPE vllm:spec_decode_num_accepted_tokens counter",
                     f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counters["accepted"]}',
                     "# TYPE vllm:spec_decode_num_drafts counter",
