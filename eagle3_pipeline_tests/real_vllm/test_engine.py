@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,30 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from eagle3_pipeline.testing.real_vllm import group_alive, vllm_server
+from eagle3_pipeline.testing.real_vllm import extraction_args, group_alive, vllm_server
 
 pytestmark = pytest.mark.local_model
-
-
-def extraction_args(layer_ids: list[int], folder: Path) -> list[str]:
-    speculative = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
-    }
-    connector = {
-        "kv_connector": "ExampleHiddenStatesConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(folder)},
-    }
-    return [
-        "--no-enable-chunked-prefill",
-        "--no-enable-prefix-caching",
-        "--speculative-config",
-        json.dumps(speculative),
-        "--kv-transfer-config",
-        json.dumps(connector),
-    ]
 
 
 def test_extraction_server_writes_states_on_cpu(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
