@@ -158,6 +158,15 @@ def run_cli(config: Path, home: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def until_shutdown(log: str) -> str:
+    """A server log up to its first ``[shutdown]`` line: stopped with SIGTERM, vLLM 0.32 may log an
+    ``EngineDeadError`` traceback from its output handler as it tears the engine down (a race in
+    ``AsyncLLM.shutdown``, vllm-project/vllm#48745), which says nothing about how it served."""
+    lines = log.splitlines()
+    end = next((i for i, line in enumerate(lines) if "[shutdown]" in line), len(lines))
+    return "\n".join(lines[:end])
+
+
 def latest_metadata(home: Path, assets: list[str]) -> dict[str, dict[str, Any]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", str(home))
@@ -219,7 +228,8 @@ def test_main_job_through_real_vllm(run: PipelineRun) -> None:
     assert evaluation["data_agreement/all"] >= 0.9
 
     for log in run.server_logs:
-        assert "Traceback" not in log.read_text(errors="replace"), f"{log.name}:\n{log.read_text()[-3000:]}"
+        served = until_shutdown(log.read_text(errors="replace"))
+        assert "Traceback" not in served, f"{log.name}:\n{served[-3000:]}"
     assert [log.name for log in run.server_logs[2:]] == ["baseline.log", "speculative.log"]
     print(result.stdout[result.stdout.index("dataset") :])
     print(
