@@ -234,7 +234,10 @@ class DrafterBenchmarkConfig(ConfigModel):
         default=None,
         description=(
             "The server's command line, a template with {target}, {drafter}, {port}, {tp}, {steps}, {draft_tokens}, "
-            "{speculative} and {speculative_config}; default: the server's own."
+            "{speculative} and {speculative_config}; default: the server's own. The host runs it with sh -c in a "
+            "session of its own, so it may begin with environment assignments (e.g. VLLM_CPU_KVCACHE_SPACE=1 "
+            "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model {target} --port {port} {speculative}); "
+            "the run log shows it as written, so keep secrets out of it."
         ),
     )
     speculative_args: Annotated[str, Field(min_length=1)] | None = Field(
@@ -244,7 +247,13 @@ class DrafterBenchmarkConfig(ConfigModel):
         ),
     )
     process_pattern: str = Field(
-        default="", description="The health gate's server_process pattern; empty: the server's default."
+        default="",
+        description=(
+            "The health gate's server_process pattern (a regex searched in each process's command line); empty: the "
+            "server's default, which every server of that kind on the host matches. Where other servers may run on "
+            "the host, pin it to this one, e.g. to its port: "
+            "'-m vllm\\.entrypoints\\.openai\\.api_server\\s.*--port\\s+30100(\\s|$)'."
+        ),
     )
     log_dir: Annotated[str, Field(pattern=r"^/")] = Field(
         default="/tmp/eagle3_benchmark", description="Absolute folder on the GPU host for the servers' logs."

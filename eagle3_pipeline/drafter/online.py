@@ -6,13 +6,17 @@ For each arm (``baseline``, then ``speculative``) on the GPU host (the hosts lay
    ``{speculative}`` is empty for the baseline and ``speculative_args`` for the drafter (SGLang
    chain mode: EAGLE3, top-k 1, K steps, K+1 draft tokens; vLLM: ``--speculative-config`` with
    ``method: eagle3`` and K speculative tokens); every value is ``shlex.quote``d;
-3. once it answers a 1-token request, the full gate on it (process, port, generation, ...);
+3. once it answers a 1-token request, the full gate on it (process, port, generation, ...); what its
+   ``server_process`` check matched (pid and command line) is kept in the arm's result;
 4. N eval prompts (token ids cut from the eval shards at their first generated token, so the target's
    own chat template is already applied) go out at ``concurrency``, greedy, ``max_tokens`` each:
    SGLang's native ``/generate`` (its ``meta_info`` carries ``completion_tokens`` and
    ``spec_verify_ct``: τ = Σ completion_tokens / Σ spec_verify_ct, as SpecForge's benchmarks compute
    it), vLLM's ``/v1/completions`` (τ = 1 + Δ``vllm:spec_decode_num_accepted_tokens`` /
-   Δ``vllm:spec_decode_num_drafts`` from ``/metrics`` around the arm);
+   Δ``vllm:spec_decode_num_drafts`` from ``/metrics`` around the arm, and per draft position ``p``
+   Δ``vllm:spec_decode_num_accepted_tokens_per_pos{position="p"}`` / Δdrafts: vLLM's own per-position
+   acceptance rate, the share of verify steps that accepted at least ``p + 1`` drafts; vllm
+   ``v1/spec_decode/metrics.py``, ``SpecDecodingProm``);
 5. the server's process group is stopped (TERM, then KILL).
 Tokens/s is completion tokens over the arm's wall time; speedup = speculative / baseline tokens/s.
 """
@@ -47,6 +51,7 @@ from eagle3_pipeline.monitor import UnhealthyError
 
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
+VLLM_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 POLL_S = 2.0
 STOP_GRACE_S = 30
 HOST_COMMAND_TIMEOUT_S = 60.0
@@ -118,6 +123,41 @@ def eval_prompts(training_data: Path, count: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
+class SpecCounters:
+    """vLLM's speculative-decoding counters at one scrape, summed over their label sets (engines)."""
+
+    accepted: float
+    drafts: float
+    per_position: tuple[float, ...]  # accepted tokens at draft position 0, 1, …; () when not exported
+
+    def since(self, before: SpecCounters) -> SpecCounters:
+        """The increase from ``before`` (per position only where both scrapes list the same positions)."""
+        same = len(self.per_position) == len(before.per_position)
+        return SpecCounters(
+            self.accepted - before.accepted,
+            self.drafts - before.drafts,
+            tuple(now - then for now, then in zip(self.per_position, before.per_position, strict=True)) if same else (),
+        )
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """τ of an arm as the server reports it, and per draft position where the server says."""
+
+    tau: float
+    per_position: list[float] | None  # P(a verify step accepts >= p + 1 drafts), p = 0 … K-1
+    verify_steps: int | None = None  # vLLM's drafts (SGLang's spec_verify_ct)
+    accepted_tokens: int | None = None
+
+
+def conditional_rates(per_position: Sequence[float]) -> list[float | None]:
+    """P(depth j accepted | the depths before it accepted), j = 1 … K, from the per-position rates
+    P(accepted >= p + 1): drafter_eval's ``accept_d<j>`` (None where no step reached depth j)."""
+    reached = [1.0, *per_position][: len(per_position)]
+    return [rate / reach if reach else None for rate, reach in zip(per_position, reached, strict=True)]
+
+
+@dataclass(frozen=True)
 class ArmResult:
     arm: str
     requests: int
@@ -125,6 +165,10 @@ class ArmResult:
     wall_s: float
     tokens_per_s: float
     tau: float | None  # as the server reports it; None for the baseline
+    acceptance_per_position: list[float] | None = None  # vLLM only (Acceptance.per_position)
+    verify_steps: int | None = None
+    accepted_tokens: int | None = None
+    server_process: str = ""  # what the health gate's server_process check matched
 
 
 @dataclass(frozen=True)
@@ -139,10 +183,18 @@ class BenchmarkResult:
         return self.speculative.tokens_per_s / self.baseline.tokens_per_s if self.baseline.tokens_per_s else 0.0
 
     def as_metadata(self) -> dict[str, Any]:
+        """Flat figures (per position: ``acceptance_pos<p>``, vLLM's per-position acceptance rate, and
+        ``accept_d<j>``, the conditional rate under drafter_eval's name), and both arms in full."""
+        rates = self.speculative.acceptance_per_position or []
+        per_position: dict[str, float] = {f"acceptance_pos{p}": round(rate, 4) for p, rate in enumerate(rates)}
+        for depth, rate in enumerate(conditional_rates(rates), start=1):
+            if rate is not None:
+                per_position[f"accept_d{depth}"] = round(rate, 4)
         return {
             "server": self.server,
             "steps": self.steps,
             "tau_server": round(self.speculative.tau or 0.0, 4),
+            **per_position,
             "tokens_per_s_baseline": round(self.baseline.tokens_per_s, 2),
             "tokens_per_s_speculative": round(self.speculative.tokens_per_s, 2),
             "speedup": round(self.speedup, 4),
@@ -222,19 +274,25 @@ class _Client:
         reply.raise_for_status()
         return {"completion_tokens": int(reply.json()["usage"]["completion_tokens"]), "verify_steps": None}
 
-    def spec_counters(self) -> tuple[float, float]:
-        """vLLM's (accepted tokens, drafts) counters, summed over their label sets."""
+    def spec_counters(self) -> SpecCounters:
+        """vLLM's accepted-token and draft counters, and the accepted tokens per draft position."""
         from prometheus_client.parser import text_string_to_metric_families
 
         reply = self.http.get(self.root + "/metrics")
         reply.raise_for_status()
         sums = {VLLM_ACCEPTED: 0.0, VLLM_DRAFTS: 0.0}
+        positions: dict[int, float] = {}
         for family in text_string_to_metric_families(reply.text):
             for sample in family.samples:
                 name = sample.name.removesuffix("_total")
                 if name in sums:
                     sums[name] += sample.value
-        return sums[VLLM_ACCEPTED], sums[VLLM_DRAFTS]
+                elif name == VLLM_ACCEPTED_PER_POSITION and sample.labels.get("position", "").isdigit():
+                    position = int(sample.labels["position"])
+                    positions[position] = positions.get(position, 0.0) + sample.value
+        contiguous = sorted(positions) == list(range(len(positions)))
+        per_position = tuple(positions[p] for p in range(len(positions))) if contiguous else ()
+        return SpecCounters(sums[VLLM_ACCEPTED], sums[VLLM_DRAFTS], per_position)
 
 
 def _wait_ready(server: RemoteServer, client: _Client, timeout_s: float) -> None:
@@ -269,20 +327,32 @@ def _run_arm(
         report.log(f"{arm}: starting `{server.command}` on {host.name}")
         server.start()
         _wait_ready(server, client, settings.startup_timeout_s)
-        gate(server_spec(settings, base_url))
+        process = matched_process(gate(server_spec(settings, base_url)))
+        report.log(f"{arm}: the health gate's server_process check matched {process}")
         before = client.spec_counters() if speculative and settings.server == "vllm" else None
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
             answers = list(pool.map(lambda p: client.complete(p, settings.max_tokens), prompts))
         wall = time.monotonic() - started
         tokens = sum(a["completion_tokens"] for a in answers)
-        tau = _tau(settings, client, answers, before) if speculative else None
-        result = ArmResult(arm, len(answers), tokens, round(wall, 3), tokens / wall if wall > 0 else 0.0, tau)
+        acceptance = _acceptance(settings, client, answers, before) if speculative else None
+        result = ArmResult(
+            arm,
+            len(answers),
+            tokens,
+            round(wall, 3),
+            tokens / wall if wall > 0 else 0.0,
+            acceptance.tau if acceptance else None,
+            acceptance.per_position if acceptance else None,
+            acceptance.verify_steps if acceptance else None,
+            acceptance.accepted_tokens if acceptance else None,
+            process,
+        )
         report.progress(
             {
                 "arm": arm,
                 "tokens_per_s": round(result.tokens_per_s, 2),
-                **({"tau_server": round(tau, 4)} if tau else {}),
+                **({"tau_server": round(acceptance.tau, 4)} if acceptance else {}),
             }
         )
         return result
@@ -291,30 +361,43 @@ def _run_arm(
         server.stop()
 
 
-def _tau(
+def matched_process(report: HealthReport) -> str:
+    """``pid N: <command line>`` of the server the gate's ``server_process`` check found."""
+    check = next((c for c in report.checks if c.name == "server_process"), None)
+    if check is None:
+        return "nothing (no server_process check in the report)"
+    command = check.data.get("command")
+    return f"{check.detail}: {command}" if command else check.detail
+
+
+def _acceptance(
     settings: DrafterBenchmarkConfig,
     client: _Client,
     answers: Sequence[dict[str, Any]],
-    before: tuple[float, float] | None,
-) -> float:
+    before: SpecCounters | None,
+) -> Acceptance:
     if settings.server == "sglang":
         steps = [a["verify_steps"] for a in answers]
         if any(s is None for s in steps) or not sum(steps):
             raise BenchmarkError("SGLang reported no spec_verify_ct in meta_info: is speculative decoding on?")
-        return sum(a["completion_tokens"] for a in answers) / sum(steps)
+        tokens = sum(a["completion_tokens"] for a in answers)
+        return Acceptance(tokens / sum(steps), None, int(sum(steps)))
     assert before is not None
-    accepted, drafts = client.spec_counters()
-    if drafts - before[1] <= 0:
+    delta = client.spec_counters().since(before)
+    if delta.drafts <= 0:
         raise BenchmarkError(f"vLLM's {VLLM_DRAFTS} did not advance: is speculative decoding on?")
-    return 1.0 + (accepted - before[0]) / (drafts - before[1])
+    per_position = [accepted / delta.drafts for accepted in delta.per_position] or None
+    return Acceptance(1.0 + delta.accepted / delta.drafts, per_position, int(delta.drafts), int(delta.accepted))
 
 
 def server_spec(settings: DrafterBenchmarkConfig, base_url: str) -> ServerSpec:
-    """What the health gate checks once the server is up; a ``process_pattern`` makes it a custom server
-    (no per-rank SGLang check)."""
+    """What the health gate checks once the server is up. A ``process_pattern`` makes an SGLang server a
+    custom one (no per-rank scheduler check); a vLLM server stays ``vllm`` (it has no per-rank check, and
+    keeps its ``/metrics`` for the throughput check)."""
     port = settings.port
+    custom = settings.process_pattern and settings.server == "sglang"
     return ServerSpec(
-        kind="custom" if settings.process_pattern else settings.server,
+        kind="custom" if custom else settings.server,
         port=port,
         base_url=base_url.rstrip("/"),
         model=settings.target_model_path,

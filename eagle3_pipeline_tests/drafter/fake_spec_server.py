@@ -9,7 +9,10 @@ the server reports it the way the real ones do:
 - sglang: ``POST /generate`` → ``meta_info {completion_tokens, spec_verify_ct, spec_accept_length}``
   (``spec_verify_ct`` only with speculation);
 - vllm: ``POST /v1/completions`` → ``usage.completion_tokens``; ``GET /metrics`` → the counters
-  ``vllm:spec_decode_num_accepted_tokens_total`` and ``vllm:spec_decode_num_drafts_total``.
+  ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:spec_decode_num_drafts_total`` and, per draft
+  position ``p < K``, ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="p"}`` (a step that
+  accepts ``a`` drafts counts one at positions ``0 … a-1``, as vLLM's ``SpecDecodingStats`` does), and
+  ``vllm:generation_tokens_total`` (the health gate's throughput check reads it).
 Both answer ``/v1/chat/completions`` (the health gate's generation probe) and ``/v1/models``.
 Each verify step (or plain decode step) sleeps ``--step-delay-s``, so speculation is faster here too.
 """
@@ -38,16 +41,22 @@ def main() -> None:
     args = parser.parse_args()
     speculative = args.speculative_steps > 0
     per_step = args.tokens_per_step if speculative else 1
-    counters = {"accepted": 0, "drafts": 0}
+    counters = {"accepted": 0, "drafts": 0, "generated": 0}
+    per_position = [0] * args.speculative_steps
     lock = threading.Lock()
 
     def generate(tokens: int) -> int:
         """Verify steps for ``tokens`` tokens; updates vLLM's counters."""
         steps = math.ceil(tokens / per_step)
+        with lock:
+            counters["generated"] += tokens
         if speculative:
             with lock:
                 counters["drafts"] += steps
                 counters["accepted"] += tokens - steps
+                for step in range(steps):
+                    for position in range(min(per_step, tokens - step * per_step) - 1):
+                        per_position[position] += 1
         threading.Event().wait(steps * args.step_delay_s)
         return steps
 
@@ -68,10 +77,17 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 lines = [
+                    "# TYPE vllm:generation_tokens counter",
+                    f'vllm:generation_tokens_total{{engine="0"}} {counters["generated"]}',
                     "# TYPE vllm:spec_decode_num_accepted_tokens counter",
                     f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counters["accepted"]}',
                     "# TYPE vllm:spec_decode_num_drafts counter",
                     f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counters["drafts"]}',
+                    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+                    *(
+                        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{p}"}} {n}'
+                        for p, n in enumerate(per_position)
+                    ),
                 ]
                 self._send("\n".join(lines) + "\n", "text/plain")
             else:

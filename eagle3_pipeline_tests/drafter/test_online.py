@@ -148,6 +148,19 @@ def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: s
     assert result.baseline.tokens_per_s > 0 and result.speculative.tokens_per_s > 0
     metadata = result.as_metadata()
     assert metadata["tau_server"] == round(20 / 7, 4) and metadata["requests"] == 6
+    if server == "vllm":
+        # per request 7 steps: six accept 2 drafts (positions 0 and 1), the last one 1 (position 0)
+        assert result.speculative.acceptance_per_position == pytest.approx([1.0, 6 / 7, 0.0])
+        assert (result.speculative.verify_steps, result.speculative.accepted_tokens) == (6 * 7, 6 * 13)
+        assert [metadata[f"accept_d{j}"] for j in (1, 2, 3)] == [1.0, round(6 / 7, 4), 0.0]
+        assert metadata["acceptance_pos1"] == round(6 / 7, 4)
+    else:
+        assert result.speculative.acceptance_per_position is None and "accept_d1" not in metadata
+    # the gate found the fake by the configured pattern, and says which process that was (a pattern makes
+    # an SGLang server custom, without the per-rank check; a vLLM server stays vllm)
+    kind = "vllm" if server == "vllm" else "custom"
+    for arm in (result.baseline, result.speculative):
+        assert arm.server_process.startswith(f"{kind} server pid ") and "fake_spec_server" in arm.server_process
     assert [p["arm"] for p in recorder.points] == ["baseline", "speculative"]
     # both servers were stopped: nothing answers on the port any more
     with pytest.raises(httpx.ConnectError):
