@@ -1,7 +1,7 @@
 """Inference servers the pipeline runs itself (`serving.managed`): launch lines built from what the phases
-need (:mod:`.launch`), the pipeline file's managed servers resolved (:mod:`.plan`), and their life on the
-host — start, ready, stop verified (:mod:`.lifecycle`). No Dagster here: the Dagster layer turns the typed
-results into events and observations.
+need (:mod:`.launch`), the pipeline file's managed servers resolved (:mod:`.plan`), their life on the host
+— start, ready, stop verified (:mod:`.lifecycle`) — and what the phases ask of them (:mod:`.supervisor`).
+No Dagster here: the Dagster layer turns the typed results and events into run events and observations.
 
 (``eagle3_pipeline.serving`` is the embedded profile's ``transformers serve``, which each run starts itself.)
 """
@@ -46,12 +46,14 @@ from eagle3_pipeline.managed.plan import (
     prompts_need_tools,
     target_model_types,
 )
+from eagle3_pipeline.managed.supervisor import EventSink, ServerEvent, Supervisor, open_supervisor
 
 __all__ = [
     "FAMILY_PARSERS",
     "AlreadyRunningError",
     "EagleDrafter",
     "EngineSettings",
+    "EventSink",
     "FamilyParsers",
     "HiddenStateExtraction",
     "LaunchError",
@@ -64,6 +66,7 @@ __all__ = [
     "PortInUseError",
     "ProcessRef",
     "ServerPurpose",
+    "ServerEvent",
     "ServerRecord",
     "ServerStatus",
     "StartResult",
@@ -71,6 +74,7 @@ __all__ = [
     "StopNotVerifiedError",
     "StopResult",
     "StopVerification",
+    "Supervisor",
     "build_launch",
     "drafter_args",
     "extraction_args",
@@ -78,6 +82,7 @@ __all__ = [
     "launch_for",
     "managed_server",
     "managed_servers",
+    "open_supervisor",
     "prompts_need_tools",
     "resolve_parser",
     "target_model_types",

@@ -1,0 +1,134 @@
+"""What the phases ask of a managed server: to serve for a purpose, to give the GPUs up, or to give them
+up for a while and come back.
+
+A :class:`Supervisor` wraps one :class:`~eagle3_pipeline.managed.lifecycle.ManagedServer` and the launch
+lines of its pipeline. :meth:`Supervisor.ensure` keeps a running server whose launch line is the one asked
+for (or whose role the caller accepts, e.g. a server of the trained drafter for generation) and otherwise
+stops what runs and starts the right one; :meth:`Supervisor.release` stops it; :meth:`Supervisor.handover`
+releases it for a GPU-exclusive phase and afterwards starts what the caller says is needed then (nothing,
+when no work is left for a server). Every start, stop and reuse is reported to ``on_event`` as a
+:class:`ServerEvent`, which the Dagster layer records on the run and as an observation of the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.hosts import build_host
+from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
+from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StopResult
+from eagle3_pipeline.managed.plan import launch_for, managed_server
+
+Action = Literal["started", "stopped", "kept"]
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    """One thing done to (or found about) a managed server, with why and the lifecycle's figures."""
+
+    action: Action
+    server: str
+    role: str | None
+    reason: str
+    duration_s: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        role = f" ({self.role})" if self.role else ""
+        took = f" in {self.duration_s:.1f} s" if self.action != "kept" else ""
+        return f"managed server {self.server}{role} {self.action}{took}: {self.reason}"
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"event": self.action, **self.metadata, "reason": self.reason, "duration_s": round(self.duration_s, 3)}
+
+
+EventSink = Callable[[ServerEvent], None]
+
+
+def ignore(_: ServerEvent) -> None:
+    return None
+
+
+class Supervisor:
+    """The phases' view of one managed server (module doc); ``launch`` builds its launch line for a purpose."""
+
+    def __init__(
+        self, server: ManagedServer, launch: Callable[[ServerPurpose], LaunchLine], on_event: EventSink = ignore
+    ) -> None:
+        self.server = server
+        self.launch = launch
+        self.on_event = on_event
+
+    @property
+    def name(self) -> str:
+        return self.server.plan.name
+
+    def ensure(self, purpose: ServerPurpose, reason: str, accept: Collection[str] = ()) -> LaunchLine:
+        """The server serving ``purpose``: kept when it runs that launch line (or a role in ``accept``),
+        else what runs is stopped (verified) and the right one started. Returns the launch line serving now."""
+        wanted = self.launch(purpose)
+        status = self.server.status()
+        record = status.record
+        if status.state == "running" and record is not None:
+            if tuple(record.argv) == tuple(wanted.argv) or record.role in accept:
+                self.on_event(
+                    ServerEvent(
+                        "kept",
+                        self.name,
+                        record.role,
+                        f"{reason}: running since {record.started_at}",
+                        metadata={"pid": record.pid, "port": record.port},
+                    )
+                )
+                return wanted if tuple(record.argv) == tuple(wanted.argv) else replace(wanted, argv=tuple(record.argv))
+            self._stop(f"{reason}: it runs as {record.role}, {wanted.purpose.role} is needed")
+        elif status.state in ("orphaned", "foreign"):
+            raise ManagedServerError(f"{self.server.plan.setting}: cannot start for {reason}: {status.detail}")
+        result = self.server.start(wanted, reason)
+        self.on_event(ServerEvent("started", self.name, result.role, reason, result.duration_s, result.as_metadata()))
+        return wanted
+
+    def release(self, reason: str) -> StopResult | None:
+        """Stop the server if one of ours runs (verified); None when none did."""
+        status = self.server.status()
+        if status.state in ("absent", "exited"):
+            return None
+        return self._stop(reason)
+
+    @contextmanager
+    def handover(self, reason: str, after: Callable[[], ServerPurpose | None]) -> Iterator[None]:
+        """The GPUs for the ``with`` block: the server is stopped first, and afterwards (also when the block
+        fails) started for ``after()``'s purpose, or left stopped when it returns None."""
+        self.release(f"{reason} needs the GPUs")
+        try:
+            yield
+        finally:
+            purpose = after()
+            if purpose is not None:
+                self.ensure(purpose, f"after {reason}: {purpose.role} work remains")
+
+    def _stop(self, reason: str) -> StopResult:
+        result = self.server.stop(reason)
+        self.on_event(ServerEvent("stopped", self.name, result.role, reason, result.duration_s, result.as_metadata()))
+        return result
+
+
+@contextmanager
+def open_supervisor(
+    config: PipelineConfig, host_name: str | None = None, on_event: EventSink = ignore
+) -> Iterator[Supervisor | None]:
+    """The supervisor of the managed server of ``host_name`` (None: the pipeline's only or first one), its
+    host connected for the ``with`` block; None when that server is not managed."""
+    plan = managed_server(config, host_name)
+    if plan is None:
+        yield None
+        return
+    host = build_host(plan.host)
+    try:
+        yield Supervisor(ManagedServer(host, plan), lambda purpose: launch_for(config, plan, purpose), on_event)
+    finally:
+        host.close()
