@@ -129,7 +129,7 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    from eagle3_pipeline.drafter.target import load_target_weights
+    from eagle3_pipeline.target_weights import load_target_weights
 
     folder = out / "drafter" / "export"
     export = json.loads((folder / "config.json").read_text())

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config: the pipeline file as validated models", ("config",)),
     (
         "records: plain records and leaf adapters",
-        ("records", "results", "layout", "layer_ids", "heartbeat", "target", "deploy", "hosts"),
+        ("records", "results", "layout", "layer_ids", "heartbeat", "target", "target_weights", "deploy", "hosts"),
     ),
     ("machinery: health probes, where a heavy phase runs", ("health", "compute")),
     ("generation: prompts and the target's responses", ("prompts", "generation")),
@@ -44,23 +44,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 DAGSTER_LAYERS = frozenset({"Dagster layer: orchestration policy and the definitions", "entry points"})
 # Modules below the Dagster layer may use Pipes' own small library, not Dagster.
 DAGSTER_ALLOWED_BELOW = frozenset({"dagster_pipes"})
-
-# Upward imports still in the tree, importer → imported module: the one place they are allowed, each
-# with the move that removes it (both in hidden_states/validation.py). Delete an entry with its fix;
-# test_every_known_exception_is_still_needed fails once an entry is no longer needed.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    (
-        "eagle3_pipeline.dataprep.phase",
-        "eagle3_pipeline.hidden_states.validation",
-    ): "move the serving-reference recording (record_from_first, record_reference, ServingReference and the "
-    "server readers it uses) from hidden_states/validation.py to dataprep/, which records it at training_data "
-    "time; validation imports it from there",
-    (
-        "eagle3_pipeline.hidden_states.validation",
-        "eagle3_pipeline.drafter.target",
-    ): "move drafter/target.py (load_target_weights, TargetWeights: the target's embedding and lm_head) beside "
-    "eagle3_pipeline/target.py and import it from there in hidden_states/validation.py and drafter/",
-}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -163,11 +146,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def package_cycles(graph: dict[str, set[str]], allowed: Iterable[tuple[str, str]] = ()) -> list[list[str]]:
+def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Cycles between sibling packages (and modules) at every level: under each package, its children
-    as nodes, an edge where a module of one imports a module of another. ``allowed`` module edges are
-    left out."""
-    skip = set(allowed)
+    as nodes, an edge where a module of one imports a module of another."""
     packages = {name for name in graph if any(other.startswith(name + ".") for other in graph)}
     found = []
     for parent in sorted(packages):
@@ -180,7 +161,7 @@ def package_cycles(graph: dict[str, set[str]], allowed: Iterable[tuple[str, str]
             if module.startswith(parent + "."):
                 edges = siblings.setdefault(child(module), set())
                 for target in imported:
-                    if target.startswith(parent + ".") and (module, target) not in skip:
+                    if target.startswith(parent + "."):
                         edges.add(child(target))
         for node, edges in siblings.items():
             edges.discard(node)
@@ -233,14 +214,8 @@ def rules() -> str:
         "Forbidden: an import of a higher layer (at module level or inside a function); an import cycle",
         "between modules, or between sibling packages at any level; dagster below the Dagster layer",
         f"(only {', '.join(sorted(DAGSTER_ALLOWED_BELOW))} there).",
-        "Known exceptions (KNOWN_UPWARD, each with its fix):",
     ]
-    lines += [f"  {a} -> {b}: {fix}" for (a, b), fix in KNOWN_UPWARD.items()]
     return "\n".join(lines)
-
-
-def _known_removed(found: list[str]) -> list[str]:
-    return [line for line in found if tuple(line.split(" (")[0].split(" -> ")) not in KNOWN_UPWARD]
 
 
 def test_the_package_has_no_import_cycle_between_modules() -> None:
@@ -251,25 +226,17 @@ def test_the_package_has_no_import_cycle_between_modules() -> None:
 
 def test_no_package_imports_a_package_that_imports_it_back() -> None:
     print(rules())
-    assert package_cycles(import_graph(), KNOWN_UPWARD) == [], rules()
+    assert package_cycles(import_graph()) == [], rules()
 
 
 def test_no_package_imports_a_higher_layer() -> None:
-    assert _known_removed(upward_imports(import_graph())) == [], rules()
+    assert upward_imports(import_graph()) == [], rules()
 
 
 def test_only_the_dagster_layer_imports_dagster() -> None:
     outside = outside_imports()
     assert any("dagster" in names for names in outside.values()), "found no dagster import at all"
     assert dagster_below_its_layer(outside) == [], rules()
-
-
-def test_every_known_exception_is_still_needed() -> None:
-    """An exception whose import is gone is deleted with it, so the list never hides a new one."""
-    graph = import_graph()
-    stale = [f"{a} -> {b}" for a, b in KNOWN_UPWARD if b not in graph.get(a, set())]
-    assert stale == [], f"delete these from KNOWN_UPWARD in {Path(__file__).name}: {stale}"
-    assert len(package_cycles(graph)) == 1, "the exceptions are what is left of one package cycle"
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

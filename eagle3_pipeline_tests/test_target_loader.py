@@ -138,7 +138,7 @@ PEAK_RSS = """
 import json, sys
 from pathlib import Path
 import torch, safetensors.torch
-from eagle3_pipeline.drafter.target import load_target_weights
+from eagle3_pipeline.target_weights import load_target_weights
 def peak_kib():  # VmHWM: this process's own peak (ru_maxrss would carry the forking parent's over exec)
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
 before = peak_kib()

@@ -20,8 +20,8 @@ from typing import Any
 from eagle3_pipeline.config import GenerationConfig, ServingValidationConfig, TargetConfig, TrainingDataConfig
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, tokenizer_agreement
 from eagle3_pipeline.dataprep.build import build_training_data, read_manifest
+from eagle3_pipeline.dataprep.serving_reference import ServingReferenceError, load_reference, record_from_first
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
-from eagle3_pipeline.hidden_states.validation import ServingReferenceError, load_reference, record_from_first
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import atomic_path
 from eagle3_pipeline.results import TrainingDataResult

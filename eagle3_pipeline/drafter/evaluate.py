@@ -8,7 +8,7 @@
 - ``drafter``: the exported drafter folder (``export.load_export``); ``None`` evaluates the bigram
   baseline alone (e.g. before any training);
 - ``target_weights``: the target model folder, read as the trainer reads it
-  (:func:`~eagle3_pipeline.drafter.target.load_target_weights` with ``embedding_key`` and
+  (:func:`~eagle3_pipeline.target_weights.load_target_weights` with ``embedding_key`` and
   ``lm_head_key``): its ``lm_head`` turns the store's final states into the target's argmax, and an
   export that leaves the embedding to the target takes it from there. ``None``: the data–target
   agreement and τ against the target's argmax are reported as not computed;
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.compute import Reporter
+from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
 from eagle3_pipeline.drafter.acceptance import (
     ALL,
     AcceptanceStats,
@@ -59,7 +60,6 @@ from eagle3_pipeline.drafter.acceptance import (
     target_reference,
 )
 from eagle3_pipeline.drafter.bigram import BigramDrafter, fit_bigram
-from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
@@ -279,7 +279,7 @@ def load_target_head(spec: EvalSpec, manifest: StoreManifest, device: Any) -> An
     Refuses a target of another hidden or vocabulary size than the store's."""
     import torch
 
-    from eagle3_pipeline.drafter.target import load_target_weights
+    from eagle3_pipeline.target_weights import load_target_weights
 
     if spec.target_weights is None:
         return None

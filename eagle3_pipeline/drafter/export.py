@@ -149,7 +149,7 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     speculators layout (:mod:`eagle3_pipeline.drafter.speculators`) loads too."""
     from safetensors.torch import load_file
 
-    from eagle3_pipeline.drafter.target import embedding_tensor
+    from eagle3_pipeline.target_weights import embedding_tensor
 
     folder = Path(folder)
     config_path = folder / CONFIG_FILE

@@ -112,7 +112,7 @@ def to_speculators(
     architectures; ``verifier`` is what vLLM loads as the target (default: that folder)."""
     from safetensors.torch import load_file, save_file
 
-    from eagle3_pipeline.drafter.target import embedding_tensor
+    from eagle3_pipeline.target_weights import embedding_tensor
 
     if speculative_tokens < 1:
         raise DrafterConfigError(f"speculative_tokens {speculative_tokens}: expected at least 1")

@@ -30,9 +30,9 @@ from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.plans import RunPlan, plan_run
 from eagle3_pipeline.drafter.scaling import new_curve
 from eagle3_pipeline.drafter.spec import TrainError, TrainSettings, parse_spec
-from eagle3_pipeline.drafter.target import TargetWeights, load_target_weights
 from eagle3_pipeline.hidden_states.plan import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
+from eagle3_pipeline.target_weights import TargetWeights, load_target_weights
 
 
 def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:

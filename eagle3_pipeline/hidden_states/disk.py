@@ -226,7 +226,7 @@ def config_disk_plan(
     left: Mapping[str, tuple[int | None, int | None]],
 ) -> DiskPlan | str:
     """:func:`disk_plan` for the configured target and training tokens, or the sentence saying what is unknown."""
-    from eagle3_pipeline.hidden_states.extract import free_bytes
+    from eagle3_pipeline.hidden_states.resume import free_bytes
     from eagle3_pipeline.target import dimensions
 
     found = _local_target_config(config)

@@ -33,122 +33,39 @@ stay as they are) and with ``delete_shards`` (remove a trained window's files; n
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
-
-from pydantic import ValidationError
+from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetConfig
-from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids, load_target, target_identity
-from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError, iter_rows
-from eagle3_pipeline.hidden_states.plan import (
-    PLAN_FILE,
-    ROLLING_LAYOUT_FILE,
-    PlannedShard,
-    plan_shards,
-    rolling_layout,
-    write_plan,
-    write_rolling_layout,
+from eagle3_pipeline.dataprep.training_data import TrainingData, TrainingDataError, iter_rows
+from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids
+from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids, parse_spec
+from eagle3_pipeline.hidden_states.plan import PLAN_FILE, ROLLING_LAYOUT_FILE, PlannedShard, plan_shards
+from eagle3_pipeline.hidden_states.resume import (
+    GB,
+    delete_shards,
+    finished_result,
+    free_bytes,
+    on_disk,
+    prepare_store,
+    record_result,
+    selected_shards,
 )
+from eagle3_pipeline.hidden_states.sources import StateSource, decided, open_source
+from eagle3_pipeline.hidden_states.spot_check import SPOT_CHECK_TOLERANCE, spot_check
 from eagle3_pipeline.hidden_states.store import (
-    AUX_KEY,
-    BF16,
-    HIDDEN_KEY,
-    IDS_KEY,
     HiddenStateStore,
-    ShardFile,
     ShardWriter,
     StoreError,
     StoreManifest,
-    TargetIdentity,
-    as_stored,
     bytes_per_token,
-    default_aux_layer_ids,
-    identity_mismatch,
 )
-from eagle3_pipeline.hidden_states.validation import (
-    Comparison,
-    ServingReferenceError,
-    ValidationFailed,
-    check_states,
-    compare,
-    load_lm_head,
-    load_reference,
-    teacher_argmax,
-    tokenization_problems,
-    verdict,
-)
-from eagle3_pipeline.target import TargetError
+from eagle3_pipeline.hidden_states.validation import validate_first
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
-# The metadata of the run that completed the store, with the settings its checks ran under
-# (:func:`finished_result`); removed before a run changes the store.
-RESULT_FILE = "result.json"
-GB = 1e9
-# The spot check's tolerance when hidden_states.spot_check_tolerance is null, per backend (its description says why).
-SPOT_CHECK_TOLERANCE = {"transformers": 0.01, "sglang": 0.01, "vllm": 0.1}
-T = TypeVar("T")
-
-
-class StateSource(Protocol):
-    """What computes the target's states for the loop: :class:`.capture.Target` (transformers),
-    :class:`.sglang_capture.SGLangTarget` (SGLang, one rank of a tensor-parallel launch) or
-    :class:`.vllm_capture.VllmTarget` (a vLLM server). A refusal of one sequence is a
-    :class:`SampleError`."""
-
-    identity: TargetIdentity
-    spot_check_method: str
-
-    @property
-    def writer(self) -> bool:
-        """This process writes the store (rank 0; the only process for transformers)."""
-        ...
-
-    def describe(self) -> str: ...
-
-    def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
-        """How the states are captured (the manifest's ``capture`` record)."""
-        ...
-
-    def share(self, value: T) -> T:
-        """The writer's ``value``, on every rank."""
-        ...
-
-    def batch_states(self, aux_layer_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[tuple[Any, Any]]:
-        """``(aux [T, 3H], hidden [T, H])`` per sequence, in order."""
-        ...
-
-    def reference_states(self, aux_layer_ids: Sequence[int], sequence: Sequence[int]) -> tuple[Any, Any]:
-        """One sequence alone, for the spot check."""
-        ...
-
-
-class ExtractionError(RuntimeError):
-    """The phase cannot (or must not) go on; the message says why and what to change."""
-
-
-class ExtractSpec(HiddenStatesConfig):
-    """The spec of the `extract` phase (JSON): the `hidden_states:` settings plus where things are.
-    Paths are on the machine where the phase runs."""
-
-    training_data: str
-    output: str
-    # Required here where the settings allow None (the resolved model folder); pydantic lets a subclass
-    # narrow a field, pyright wants the default kept.
-    model: str  # pyright: ignore[reportGeneralTypeIssues]
-    target_name: str
-    trust_remote_code: bool = False
-    shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
-    delete_shards: list[str] | None = None  # rolling: delete these shards' files (a trained window), nothing else
-    # The serving target's recorded answers (validation.record_reference); None: not validated.
-    serving_reference: str | None = None
 
 
 def target_weights(config: PipelineConfig) -> str:
@@ -190,78 +107,6 @@ def spec_from_config(
         "trust_remote_code": target.trust_remote_code,
         "serving_reference": serving_reference,
     }
-
-
-def parse_spec(spec: dict[str, Any]) -> ExtractSpec:
-    try:
-        return ExtractSpec.model_validate(spec)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ExtractionError(f"extract spec: {problems}") from None
-
-
-def free_bytes(folder: Path) -> int:
-    """Free bytes on the filesystem that holds ``folder`` (or its nearest existing parent)."""
-    probe = folder.resolve()
-    while not probe.exists():
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
-
-
-def check_disk(folder: Path, tokens: int, per_token: int, margin: float) -> dict[str, int]:
-    estimate = tokens * per_token
-    free = free_bytes(folder)
-    if free < estimate * margin:
-        raise ExtractionError(
-            f"not enough free disk for the hidden states under {folder}: {free} bytes ({free / GB:.2f} GB) free, "
-            f"the phase will write about {estimate} bytes "
-            f"({estimate / GB:.2f} GB: {tokens} tokens × {per_token} bytes/token) "
-            f"and needs that × disk_margin {margin} = {estimate * margin / GB:.2f} GB"
-        )
-    return {"disk_free_bytes": free, "disk_estimate_bytes": estimate}
-
-
-def _store_state(store: HiddenStateStore, wanted: StoreManifest, overwrite: bool) -> Literal["new", "same", "replace"]:
-    """``same``: the folder holds a store of this identity (its complete shards are kept); ``new``:
-    no store yet; ``replace``: another store, to be cleared (only with ``overwrite``, else refused)."""
-    if store.manifest_path.is_file():
-        problems = identity_mismatch(store.manifest(), wanted)
-    elif store.root.is_dir() and any(store.root.glob("shard-*")):
-        problems = ["it holds shards but no manifest.json"]
-    else:
-        return "new"
-    if problems and not overwrite:
-        raise ExtractionError(
-            f"{store.root}: the hidden-state store was made under other settings ({'; '.join(problems)}); "
-            "set hidden_states.overwrite: true to replace it"
-        )
-    return "replace" if problems else "same"
-
-
-def _shard_reusable(store: HiddenStateStore, shard: PlannedShard) -> bool:
-    import pyarrow.parquet as pq
-
-    if not store.shard_complete(shard.name):
-        return False
-    ids = (
-        pq.read_table(store.root / f"{shard.name}.index.parquet", columns=["sample_id"]).column("sample_id").to_pylist()
-    )
-    return tuple(ids) == shard.sample_ids
-
-
-def _remove_torn(store: HiddenStateStore) -> None:
-    for path in store.root.glob(".shard-*.tmp"):
-        path.unlink()
-
-
-def _remove_leftovers(store: HiddenStateStore, planned: Sequence[PlannedShard]) -> None:
-    """Delete torn temporaries, shards outside the plan and the index of an earlier plan."""
-    names = {s.name for s in planned}
-    _remove_torn(store)
-    for path in store.root.glob("shard-*"):
-        if path.name.split(".")[0] not in names:
-            path.unlink()
-    store.index_path.unlink(missing_ok=True)
 
 
 class _Rows:
@@ -340,234 +185,6 @@ def extract_shard(
     return writer.close()
 
 
-def _relative_error(found: Any, expected: Any) -> float:
-    diff = (found.float() - expected.float()).norm()
-    scale = expected.float().norm()
-    return float(diff / scale) if float(scale) > 0 else float(diff)
-
-
-def spot_check_ids(index_ids: Sequence[str], count: int) -> list[str]:
-    """A fixed sample of the store's ids: the ``count`` with the smallest SHA-256."""
-    return sorted(index_ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:count]
-
-
-def _stored_slice(store: HiddenStateStore, row: dict[str, Any], key: str) -> Any:
-    """One sample's stored tensor (states dequantized to bf16 from an fp8 store)."""
-    return ShardFile(store.root / f"{row['shard']}.safetensors").read(key, row["offset"], row["offset"] + row["length"])
-
-
-def spot_check(
-    store: HiddenStateStore,
-    source: StateSource,
-    aux_ids: Sequence[int],
-    count: int,
-    tolerance: float,
-    dtype: str = BF16,
-) -> dict[str, Any]:
-    """Re-compute ``count`` stored samples alone through the source's ``reference_states`` (every
-    rank: the writer shares which); the writer compares them with the store in bf16, the fresh
-    states rounded as the store's ``dtype`` rounds them (fp8's own rounding, up to a few % per
-    sample, is the storage's cost, measured by benchmarks/store_dtype_tau.py; what the check looks
-    for is states that belong to another token, layer or sample)."""
-    chosen: list[dict[str, Any]] = []
-    if source.writer:
-        rows = store.index().to_pylist()
-        picked = set(spot_check_ids([r["sample_id"] for r in rows], count))
-        chosen = [
-            {**row, "input_ids": _stored_slice(store, row, IDS_KEY).tolist()}
-            for row in rows
-            if row["sample_id"] in picked
-        ]
-    chosen = source.share(chosen)
-    worst, worst_id = 0.0, ""
-    for row in chosen:
-        try:
-            aux, hidden = source.reference_states(aux_ids, row["input_ids"])
-        except SampleError as exc:
-            raise ExtractionError(f"spot check, sample {row['sample_id']!r}: {exc.message}") from None
-        if not source.writer:
-            continue
-        for key, fresh, layers in ((AUX_KEY, aux, len(aux_ids)), (HIDDEN_KEY, hidden, 1)):
-            error = _relative_error(_stored_slice(store, row, key), as_stored(fresh.to("cpu"), layers, dtype))
-            if error > worst:
-                worst, worst_id = error, row["sample_id"]
-    return {
-        "spot_check_samples": len(chosen),
-        "spot_check_method": source.spot_check_method,
-        "spot_check_max_rel_error": worst,
-        "spot_check_worst_sample": worst_id,
-        "spot_check_tolerance": tolerance,
-        "spot_check_passed": worst <= tolerance,
-    }
-
-
-def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any]:
-    """The writer's part: the recorded reference's samples, or why there is nothing to validate against."""
-    if not settings.validation.samples:
-        return {"skip": "hidden_states.validation.samples is 0"}
-    if settings.serving_reference is None:
-        return {"skip": "no serving reference was given to the phase"}
-    try:
-        reference, reason = load_reference(Path(settings.serving_reference), data.version())
-    except ServingReferenceError as exc:
-        raise ExtractionError(str(exc)) from None
-    if reference is None:
-        return {"skip": reason}
-    problems = tokenization_problems(reference)
-    if problems:
-        raise ExtractionError(
-            "validation against the serving target: training_data was tokenized by a tokenizer other than "
-            "the served model's "
-            f"({reference.tokenizer} vs {reference.server}): {'; '.join(problems[:3])}"
-        )
-    return {"reference": reference}
-
-
-def _load_lm_head(model: str) -> Any:
-    try:
-        return load_lm_head(model)
-    except TargetError as exc:
-        raise ExtractionError(
-            f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}"
-        ) from None
-
-
-def validate_first(
-    source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter
-) -> dict[str, Any]:
-    """Before any shard: the reference samples through the source (every rank), their teacher's
-    argmax under lm_head against the serving target's greedy tokens (the writer, which shares its
-    verdict). Raises :class:`ExtractionError` below ``validation.min_agreement``; without a
-    reference, says so."""
-    plan = _decided(source, lambda: _validation_plan(settings, data))
-    if "skip" in plan:
-        report.log(f"extract: NOT validated against the serving target: {plan['skip']}")
-        return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
-    reference = plan["reference"]
-    identity = source.identity
-    loaded: dict[str, Any] = {}
-
-    def load() -> bool:
-        loaded["lm_head"] = _load_lm_head(settings.model)
-        return True
-
-    _decided(source, load)
-    result, failure = Comparison(), ""
-    for sample in reference.samples:
-        try:
-            aux, hidden = source.reference_states(aux_ids, sample.input_ids)
-        except SampleError as exc:
-            raise ExtractionError(f"validation, sample {sample.sample_id!r}: {exc.message}") from None
-        if not source.writer or failure:
-            continue
-        try:
-            check_states(sample, aux, hidden, len(aux_ids) * identity.hidden_size, identity.hidden_size)
-        except ValidationFailed as exc:
-            failure = f"validation against the serving target: {exc}"
-            continue
-        compare(sample, teacher_argmax(hidden, loaded["lm_head"]), settings.validation.near_tie_logprob_margin, result)
-
-    def decide() -> dict[str, Any]:
-        if failure:
-            raise ExtractionError(failure)
-        try:
-            return verdict(reference, result, settings.validation)
-        except ValidationFailed as exc:
-            raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
-
-    meta = _decided(source, decide)
-    if meta["serving_validation"] != "passed":
-        report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
-        return meta
-    near = (
-        f"{meta['serving_near_ties']} near-ties apart"
-        if meta["serving_near_ties_known"]
-        else "near-ties unknown: the server gives no logprobs"
-    )
-    report.log(
-        f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
-        f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({near})"
-    )
-    return {**meta, "serving_validation_detail": f"{result.agreed}/{result.compared} positions agree"}
-
-
-@contextmanager
-def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
-    """The state source ``hidden_states.backend`` names, on this process (one rank under torchrun)."""
-    if settings.backend == "sglang":
-        from eagle3_pipeline.hidden_states.sglang_capture import open_sglang_target
-
-        with open_sglang_target(
-            settings.model,
-            settings.target_name,
-            tp_size=settings.tp_size,
-            dtype=settings.dtype,
-            mem_fraction_static=settings.mem_fraction_static,
-            max_batch_size=settings.max_batch_size,
-            trust_remote_code=settings.trust_remote_code,
-        ) as sglang_target:
-            yield sglang_target
-    elif settings.backend == "vllm":
-        from eagle3_pipeline.hidden_states.vllm_capture import open_vllm_target
-
-        assert (
-            settings.vllm_base_url is not None and settings.vllm_output_dir is not None
-        )  # HiddenStatesConfig requires both
-        with open_vllm_target(
-            settings.model,
-            settings.target_name,
-            settings.vllm_base_url,
-            settings.vllm_output_dir,
-            settings.max_batch_size,
-        ) as vllm_target:
-            vllm_target.check_layers(aux_layer_ids(settings, vllm_target.identity))
-            yield vllm_target
-    else:
-        yield load_target(
-            settings.model, settings.target_name, settings.device, settings.dtype, settings.trust_remote_code
-        )
-
-
-def aux_layer_ids(settings: HiddenStatesConfig, identity: TargetIdentity) -> list[int]:
-    """The store's aux layer ids (output of layer): ``aux_layer_ids``, else the EAGLE-3 default for the target."""
-    return list(settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers))
-
-
-def _checked_with(settings: ExtractSpec) -> dict[str, Any]:
-    """The settings a recorded result holds only under: its checks' and the layout's (rolling mode)."""
-    return settings.model_dump(
-        include={"spot_check_samples", "spot_check_tolerance", "validation", "rolling_window_shards"}
-    )
-
-
-def finished_result(settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard]) -> dict[str, Any] | None:
-    """The recorded metadata of the run that completed the store, when this run has nothing left to do:
-    the store's identity is the one these settings and rows give (the target's from its config.json
-    alone), it holds exactly the planned shards, each complete with the planned samples, and its
-    result was recorded under the same check settings. None otherwise, and when it cannot be told here
-    (the target's config or the shards not on this machine). No state source is opened for it."""
-    store = HiddenStateStore(Path(settings.output))
-    result = store.root / RESULT_FILE
-    if settings.shards is not None or not (result.is_file() and store.manifest_path.is_file()):
-        return None
-    try:
-        identity = target_identity(settings.model, settings.target_name)
-        found = store.manifest()
-        recorded = json.loads(result.read_text())
-    except (TargetError, StoreError, OSError, ValueError):
-        return None
-    wanted = StoreManifest(identity, aux_layer_ids(settings, identity), data.version(), dtype=settings.storage_dtype)
-    selected = _selected(settings, planned)
-    same = (
-        not identity_mismatch(found, wanted)
-        and found.shards == [s.name for s in selected]
-        and recorded.get("checked_with") == _checked_with(settings)
-        and store.index_path.is_file()
-        and (settings.rolling_window_shards is None or (store.root / ROLLING_LAYOUT_FILE).is_file())
-    )
-    return recorded["metadata"] if same and all(_shard_reusable(store, s) for s in selected) else None
-
-
 def nothing_to_do(spec: dict[str, Any]) -> bool:
     """Whether the phase with ``spec`` (paths as seen here) would find its store complete
     (:func:`finished_result`): so that a caller asks no server for it. False where it cannot be told here
@@ -578,96 +195,6 @@ def nothing_to_do(spec: dict[str, Any]) -> bool:
     except TrainingDataError:
         return False
     return finished_result(settings, data, plan_shards(data, settings.shard_tokens)) is not None
-
-
-def _record_result(store: HiddenStateStore, settings: ExtractSpec, meta: dict[str, Any]) -> None:
-    completed = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    tmp = store.root / f".{RESULT_FILE}.tmp"
-    tmp.write_text(
-        json.dumps({"checked_with": _checked_with(settings), "metadata": {**meta, "completed_at": completed}})
-    )
-    tmp.replace(store.root / RESULT_FILE)
-
-
-def _decided(source: StateSource, decide: Callable[[], T]) -> T:
-    """``decide()`` on the writer, its result (or its error) on every rank."""
-    outcome: Any = None
-    if source.writer:
-        try:
-            outcome = decide()
-        except (ExtractionError, StoreError) as exc:
-            outcome = exc
-    outcome = source.share(outcome)
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
-
-
-def on_disk(store: HiddenStateStore) -> dict[str, int]:
-    """The shard tensor files in the store now (rolling mode reports its disk peak from these)."""
-    files = list(store.root.glob("shard-*.safetensors"))
-    return {"shard_files_on_disk": len(files), "shard_bytes_on_disk": sum(p.stat().st_size for p in files)}
-
-
-def delete_shards(store: HiddenStateStore, names: Sequence[str], report: Reporter) -> dict[str, Any]:
-    """Remove a trained rolling window's shard files (index first: a kill midway leaves an incomplete
-    shard, which is never reused). A shard the store's index holds (an eval shard) is refused."""
-    kept = set(store.manifest().shards) if store.manifest_path.is_file() else set()
-    refused = sorted(set(names) & kept)
-    if refused:
-        raise ExtractionError(
-            f"{store.root}: refusing to delete {refused}: the store's index holds them "
-            "(they are not a rolling window's)"
-        )
-    for name in names:
-        for suffix in (".index.parquet", ".safetensors"):
-            (store.root / f"{name}{suffix}").unlink(missing_ok=True)
-    report.log(
-        f"extract: deleted {len(names)} trained shard(s) {names[0] if names else ''}…{names[-1] if names else ''}"
-    )
-    return {"shards_deleted": len(names), **on_disk(store)}
-
-
-def _prepare_store(
-    store: HiddenStateStore,
-    wanted: StoreManifest,
-    planned: list[PlannedShard],
-    selected: list[PlannedShard],
-    data: TrainingData,
-    settings: ExtractSpec,
-    per_token: int,
-) -> tuple[list[str], list[str], dict[str, int]]:
-    """The writer's part before extracting ``selected``: identity, reusable shards, disk, manifest,
-    leftovers, plan (rolling: the layout, and the disk for one window too; a window: disk only)."""
-    state = _store_state(store, wanted, settings.overwrite)
-    window = settings.shards is not None
-    if not window:
-        (store.root / RESULT_FILE).unlink(missing_ok=True)
-    if window and state != "same":
-        raise ExtractionError(
-            f"{store.root}: no hidden-state store of these settings to extract a rolling window into; "
-            "materialize hidden_states first"
-        )
-    reused = [s for s in selected if state == "same" and _shard_reusable(store, s)]
-    todo = [s for s in selected if s not in reused]
-    tokens = sum(s.tokens for s in todo)
-    layout = None
-    if settings.rolling_window_shards is not None and not window:
-        layout = rolling_layout(data, planned, settings.rolling_window_shards)
-        by_name = {s.name: s.tokens for s in planned}
-        tokens += max((sum(by_name[n] for n in w) for w in layout.windows), default=0)
-    disk = check_disk(store.root, tokens, per_token, settings.disk_margin)
-    if window:
-        _remove_torn(store)
-    else:
-        store.write_manifest(wanted)
-        _remove_leftovers(store, planned if state == "same" else [])
-        write_plan(store.root, settings.shard_tokens, planned, None if layout is None else layout.eval_shards)
-    if layout is not None:
-        write_rolling_layout(store.root, layout)
-    elif not window:
-        (store.root / ROLLING_LAYOUT_FILE).unlink(missing_ok=True)  # a whole store: no layout of an earlier rolling one
-    return [s.name for s in reused], [s.name for s in todo], disk
 
 
 def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = None) -> dict[str, Any]:
@@ -710,20 +237,11 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
         return _extract(settings, data, planned, opened, report)
 
 
-def _selected(settings: ExtractSpec, planned: list[PlannedShard]) -> list[PlannedShard]:
-    """The shards this run extracts: a window's, rolling mode's eval shards, or all."""
-    if settings.shards is not None:
-        return [s for s in planned if s.name in settings.shards]
-    if settings.rolling_window_shards is not None:
-        return [s for s in planned if s.split == "eval"]
-    return planned
-
-
 def _extract(
     settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard], source: StateSource, report: Reporter
 ) -> dict[str, Any]:
     store = HiddenStateStore(Path(settings.output))
-    selected = _selected(settings, planned)
+    selected = selected_shards(settings, planned)
     identity = source.identity
     aux_ids = aux_layer_ids(settings, identity)
     check_layer_ids(aux_ids, identity.num_layers)
@@ -737,8 +255,8 @@ def _extract(
     per_token = bytes_per_token(identity.hidden_size, len(aux_ids), settings.storage_dtype)
     # A rolling window extends a store whose hidden_states run already validated the source.
     validated = validate_first(source, settings, data, aux_ids, report) if settings.shards is None else {}
-    reused_names, todo_names, disk = _decided(
-        source, lambda: _prepare_store(store, wanted, planned, selected, data, settings, per_token)
+    reused_names, todo_names, disk = decided(
+        source, lambda: prepare_store(store, wanted, planned, selected, data, settings, per_token)
     )
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
@@ -845,5 +363,5 @@ def _extract(
         **rolling,
         **validated,
     }
-    _record_result(store, settings, meta)
+    record_result(store, settings, meta)
     return meta

@@ -44,7 +44,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.hidden_states.inputs import SPLITS, TrainingData
+from eagle3_pipeline.dataprep.training_data import SPLITS, TrainingData
 from eagle3_pipeline.hidden_states.store import (
     BF16,
     STORAGE_DTYPES,
@@ -200,7 +200,7 @@ def spec_from_extract(extract: Mapping[str, Any], input_dir: str) -> dict[str, A
     depth), the ``training_data`` version and its shard files, train then eval, in manifest order
     (the order SpecForge must be given their rows)."""
     from eagle3_pipeline.hidden_states.capture import check_layer_ids, target_identity
-    from eagle3_pipeline.hidden_states.extract import parse_spec
+    from eagle3_pipeline.hidden_states.extract_spec import parse_spec
 
     settings = parse_spec(dict(extract))
     identity = target_identity(settings.model, settings.target_name)

@@ -1,411 +1,54 @@
-"""The states checked against the serving target before a large extraction.
+"""The extracted states checked against the serving target before a large extraction.
 
-Two halves, because with ``backend: sglang`` the serving server holds the GPUs and is stopped
-while the states are extracted:
-
-- :func:`record_reference` (while a server is up: ``training_data`` time, or the ``hidden_states``
-  preflight): for ``validation.samples`` training_data samples (the smallest SHA-256 of their id),
-  ask the server, per position ``t``, for its greedy next token after ``input_ids[: t + 1]`` and,
-  where it gives logprobs, the top-1 − top-2 margin; and its own tokenization of the sample's text
-  (the text our tokenizer decodes from the row) against ours. Written as a JSON file (the pipeline's
-  ``<artifacts_root>/serving_reference.json``) with the training_data version, so a reference of
-  other rows is never used.
-- :func:`validate_states` (the extract phase, before the first shard): the same samples through the
-  state source's ``reference_states``; every state finite and of the manifest's shape;
-  ``argmax(teacher @ lm_head.T)`` (the teacher rounded to bf16, as stored) against the server's
-  token at every recorded position. Near-ties (margin < ``near_tie_logprob_margin``) and positions
-  where the server's answer is not one token are reported apart; the agreement over the rest must
-  reach ``min_agreement``.
-
-Server APIs (one request per sample unless said): SGLang's native ``POST /generate`` with
-``input_ids``, ``return_logprob``, ``logprob_start_len: 0``, ``top_logprobs_num: 2`` →
-``meta_info.input_top_logprobs`` (entry ``i``: ``[[logprob, id, text], …]`` for token ``i``, the
-first ``None``); vLLM's ``POST /v1/completions`` with the id list as ``prompt`` and
-``prompt_logprobs: 2`` → ``choices[0].prompt_logprobs`` (entry ``i``: ``{id: {logprob, rank}}``,
-the first ``None``); a server that only completes text (the embedded ``transformers serve``): one
-greedy 1-token completion of the decoded prefix per checked position (near-ties unknown; the
-server's tokenization is checked by its ``usage.prompt_tokens`` against ours for the same text).
-SGLang and vLLM are asked ``POST /tokenize`` for the sample's text.
-
-What it catches: a teacher from the wrong layer or shifted by a position, a teacher without the
-final norm (both change the argmax), and rows tokenized by a tokenizer other than the served
-model's (the server's tokenization of the text differs; sending our ids alone would hide it).
+:func:`validate_states`' parts (the extract phase, before the first shard): the reference samples
+(recorded by :mod:`eagle3_pipeline.dataprep.serving_reference`) through the state source; every state
+finite and of the manifest's shape; ``argmax(teacher @ lm_head.T)`` (the teacher rounded to bf16, as
+stored) against the server's token at every recorded position, near-ties and unknown positions
+apart. It catches a teacher from the wrong layer, shifted by a position or without the final norm
+(DESIGN.md "Validation against the serving target"). :func:`preflight_reference` records the
+reference at ``hidden_states`` time when ``training_data`` could not.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
-from eagle3_pipeline.dataprep.agreement import (
-    CONTEXT_TOKENS,
-    RemoteTokenizerError,
-    ServerEndpoint,
-    TokenizeRouteMissing,
-    remote_tokenizer,
+from eagle3_pipeline.dataprep.agreement import ServerEndpoint
+from eagle3_pipeline.dataprep.serving_reference import (
+    ReferenceSample,
+    ServingReference,
+    ServingReferenceError,
+    load_reference,
+    record_from_first,
+    tokenization_problems,
 )
-from eagle3_pipeline.hidden_states.inputs import TrainingData, TrainingDataError, iter_rows
+from eagle3_pipeline.dataprep.training_data import TrainingData, TrainingDataError
+from eagle3_pipeline.hidden_states.capture import SampleError
+from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec
+from eagle3_pipeline.hidden_states.sources import StateSource, decided
+from eagle3_pipeline.target import TargetError
 
-REFERENCE_FORMAT = 1
 # Disagreeing positions named in a failure.
 SHOWN = 8
 # Vocabulary rows of lm_head multiplied at a time (bounds the float32 copy).
 VOCAB_CHUNK = 16384
-
-Api = Literal["sglang", "vllm", "text"]
-
-
-class ServingReferenceError(RuntimeError):
-    """The server could not be asked, or answered something this module cannot read."""
 
 
 class ValidationFailed(RuntimeError):
     """The states disagree with the serving target; the message names samples and positions."""
 
 
-@dataclass
-class ReferenceSample:
-    """The server's answers for one sample: at ``positions[k]`` (the prediction after
-    ``input_ids[: positions[k] + 1]``) its greedy token ``top1[k]`` (None: unknown; on the text path
-    the answer was not one token, or the prefix's text does not tokenize back to the row's ids) and
-    ``margin[k]`` (top-1 − top-2 logprob; None where unknown)."""
-
-    sample_id: str
-    input_ids: list[int]
-    positions: list[int]
-    top1: list[int | None]
-    margin: list[float | None]
-    tokenization: str  # "same", "not checked: …", or the first difference
-
-
-@dataclass
-class ServingReference:
-    """What the serving server (``server``, asked through ``api`` for ``model``) answered for the
-    reference samples of training_data ``training_data_version``, tokenized by ``tokenizer``."""
-
-    server: str
-    api: Api
-    model: str
-    training_data_version: str
-    tokenizer: str
-    samples: list[ReferenceSample] = field(default_factory=list)
-    format: int = REFERENCE_FORMAT
-
-    def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        tmp.replace(path)
-        return path
-
-
-def reference_rows(data: TrainingData, count: int) -> list[dict[str, Any]]:
-    """The ``count`` rows (train and eval) whose id has the smallest SHA-256, in that order."""
-    files = data.shard_files("train") + data.shard_files("eval")
-    ids = [row["id"] for path in files for row in iter_rows(path, ["id"])]
-    chosen = sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:count]
-    wanted = set(chosen)
-    rows = {row["id"]: row for path in files for row in iter_rows(path, ["id", "input_ids"]) if row["id"] in wanted}
-    return [{"id": i, "input_ids": list(rows[i]["input_ids"])} for i in chosen]
-
-
-def _root(base_url: str) -> str:
-    base = base_url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-class ServerAsker:
-    """The serving server over one HTTP connection pool; errors name the URL, never the key.
-    ``connector_dir``: the folder (as seen here) where a vLLM extraction server's connector writes a
-    hidden-state file for every completion; each reply's file is read there and deleted."""
-
-    def __init__(self, endpoint: ServerEndpoint, timeout_s: float, connector_dir: Path | None = None) -> None:
-        import httpx
-
-        self.endpoint = endpoint
-        self.connector_dir = connector_dir
-        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        self.client = httpx.Client(headers=headers, timeout=timeout_s)
-
-    def _safe(self, text: str) -> str:
-        key = self.endpoint.api_key
-        return text.replace(key, "***") if key else text
-
-    def post(self, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-        import httpx
-
-        try:
-            response = self.client.post(url, json=body)
-        except httpx.HTTPError as exc:
-            raise ServingReferenceError(self._safe(f"{url}: {type(exc).__name__}: {exc}")) from None
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = response.text[:200]
-        written = payload.get("kv_transfer_params") if isinstance(payload, dict) else None
-        if self.connector_dir is not None and isinstance(written, dict) and written.get("hidden_states_path"):
-            from eagle3_pipeline.hidden_states.vllm_capture import VllmError, take_file
-
-            try:
-                take_file(self.connector_dir / Path(str(written["hidden_states_path"])).name)
-            except VllmError as exc:
-                raise ServingReferenceError(str(exc)) from None
-        return response.status_code, payload
-
-    def fail(self, url: str, what: str, payload: Any) -> ServingReferenceError:
-        return ServingReferenceError(self._safe(f"{url}: expected {what}, got {str(payload)[:300]!r}"))
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def _margin(logprobs: list[float]) -> float | None:
-    ordered = sorted(logprobs, reverse=True)
-    return ordered[0] - ordered[1] if len(ordered) > 1 else None
-
-
-def sglang_predictions(asker: ServerAsker, ids: Sequence[int]) -> list[tuple[int, float | None]] | None:
-    """Per position ``t < len(ids) - 1``: SGLang's top-1 for token ``t + 1`` and its margin; None
-    when the server has no ``/generate`` route."""
-    url = _root(asker.endpoint.base_url) + "/generate"
-    body = {
-        "input_ids": list(ids),
-        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-        "return_logprob": True,
-        "logprob_start_len": 0,
-        "top_logprobs_num": 2,
-    }
-    status, payload = asker.post(url, body)
-    if status in (404, 405):
-        return None
-    if status != 200:
-        raise asker.fail(url, "HTTP 200", f"HTTP {status}: {payload}")
-    try:
-        tops = payload["meta_info"]["input_top_logprobs"]
-        found = []
-        for entry in tops[1 : len(ids)]:
-            pairs = [(float(lp), int(tid)) for lp, tid, *_ in entry]
-            best = max(pairs)
-            found.append((best[1], _margin([lp for lp, _ in pairs])))
-    except (KeyError, TypeError, ValueError, IndexError):
-        raise asker.fail(
-            url, "meta_info.input_top_logprobs: per input token a list of [logprob, token_id, text]", payload
-        ) from None
-    if len(found) != len(ids) - 1:
-        raise asker.fail(url, f"{len(ids)} entries in meta_info.input_top_logprobs", payload)
-    return found
-
-
-def vllm_predictions(asker: ServerAsker, ids: Sequence[int]) -> list[tuple[int, float | None]] | None:
-    """Per position ``t < len(ids) - 1``: vLLM's rank-1 token for token ``t + 1`` and its margin;
-    None when the completions route gives no ``prompt_logprobs``."""
-    url = asker.endpoint.base_url.rstrip("/") + "/completions"
-    body = {"model": asker.endpoint.model, "prompt": list(ids), "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
-    status, payload = asker.post(url, body)
-    if status != 200 or not isinstance(payload, dict):
-        return None
-    try:
-        entries = payload["choices"][0].get("prompt_logprobs")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None
-    if not isinstance(entries, list):
-        return None
-    try:
-        found = []
-        for entry in entries[1 : len(ids)]:
-            ranked = {int(tid): (int(v["rank"]), float(v["logprob"])) for tid, v in entry.items()}
-            top = min(ranked, key=lambda tid: ranked[tid][0])
-            found.append((top, _margin([lp for _, lp in ranked.values()])))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise asker.fail(
-            url, "choices[0].prompt_logprobs: per prompt token {token_id: {logprob, rank}}", payload
-        ) from None
-    if len(found) != len(ids) - 1:
-        raise asker.fail(url, f"{len(ids)} entries in choices[0].prompt_logprobs", payload)
-    return found
-
-
-def text_prediction(asker: ServerAsker, prompt: str) -> tuple[str, int]:
-    """A greedy 1-token completion of ``prompt``: its text and the server's prompt token count."""
-    url = asker.endpoint.base_url.rstrip("/") + "/completions"
-    body = {"model": asker.endpoint.model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-    status, payload = asker.post(url, body)
-    if status != 200:
-        raise asker.fail(url, "HTTP 200", f"HTTP {status}: {payload}")
-    try:
-        return str(payload["choices"][0]["text"]), int(payload["usage"]["prompt_tokens"])
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise asker.fail(url, "choices[0].text and usage.prompt_tokens", payload) from None
-
-
-def _first_difference(mine: Sequence[int], theirs: Sequence[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
-
-
-def tokenization_check(
-    asker: ServerAsker, text: str, local: Callable[[str], list[int]], decode: Callable[[list[int]], str]
-) -> str:
-    """The server's ``/tokenize`` of ``text`` against ours: ``same``, ``not checked: …`` or the first difference."""
-    try:
-        with remote_tokenizer(
-            asker.endpoint.base_url, asker.endpoint.model, asker.endpoint.api_key, asker.client.timeout.read or 30.0
-        ) as remote:
-            theirs = remote(text)
-    except TokenizeRouteMissing as exc:
-        return f"not checked: {exc}"
-    except RemoteTokenizerError as exc:
-        raise ServingReferenceError(str(exc)) from None
-    mine = local(text)
-    if mine == theirs:
-        return "same"
-    at = _first_difference(mine, theirs)
-
-    def window(ids: list[int]) -> str:
-        return "[" + ", ".join(f"{t} {decode([t])!r}" for t in ids[at : at + CONTEXT_TOKENS]) + "]"
-
-    return (
-        f"the server tokenizes the sample's text differently from training_data's tokenizer from token {at} "
-        f"(character {len(decode(mine[:at]))}; ours {len(mine)} tokens, the server's {len(theirs)}): from there ours "
-        f"{window(mine)} vs the server's {window(theirs)}"
-    )
-
-
-def _text_positions(length: int, count: int) -> list[int]:
-    """``count`` positions spread evenly over ``0..length-2`` (the last has no next token to compare)."""
-    last = length - 2
-    if last < 0:
-        return []
-    if count >= last + 1:
-        return list(range(last + 1))
-    return sorted({round(k * last / (count - 1)) for k in range(count)}) if count > 1 else [last]
-
-
-def _text_sample(asker: ServerAsker, row: dict[str, Any], tokenizer: Any, count: int) -> ReferenceSample:
-    ids = row["input_ids"]
-    positions, top1, tokenization = [], [], "same (usage.prompt_tokens against ours for every checked prefix)"
-    for t in _text_positions(len(ids), count):
-        prompt = tokenizer.decode(ids[: t + 1])
-        text, prompt_tokens = text_prediction(asker, prompt)
-        ours = tokenizer(prompt)["input_ids"]
-        if prompt_tokens != len(ours) and tokenization.startswith("same"):
-            tokenization = (
-                f"the server counts {prompt_tokens} prompt tokens in the text of the sample's first {t + 1} tokens "
-                "where "
-                f"training_data's tokenizer counts {len(ours)}: {prompt[-80:]!r}"
-            )
-        piece = tokenizer.encode(text, add_special_tokens=False)
-        positions.append(t)
-        # The server saw the prefix's text, not our ids: its answer is about our ids only where the text
-        # tokenizes back to them, and names one of our tokens only where it is one token.
-        same_ids = tokenizer.encode(prompt, add_special_tokens=False) == list(ids[: t + 1])
-        top1.append(piece[0] if len(piece) == 1 and same_ids else None)
-    return ReferenceSample(row["id"], list(ids), positions, top1, [None] * len(positions), tokenization)
-
-
-def _choose_api(asker: ServerAsker, ids: Sequence[int]) -> tuple[Api, list[tuple[int, float | None]] | None]:
-    found = sglang_predictions(asker, ids)
-    if found is not None:
-        return "sglang", found
-    found = vllm_predictions(asker, ids)
-    if found is not None:
-        return "vllm", found
-    return "text", None
-
-
-def record_reference(
-    training_data: Path,
-    endpoint: ServerEndpoint,
-    tokenizer: Any,
-    tokenizer_name: str,
-    settings: ServingValidationConfig,
-    out: Path,
-    connector_dir: Path | None = None,
-) -> ServingReference:
-    """Ask ``endpoint`` about the reference samples of ``training_data`` and write the answers to
-    ``out``; ``tokenizer`` is the one the rows were made with (``connector_dir``: :class:`ServerAsker`).
-    :class:`ServingReferenceError` when the server cannot be asked or answers what cannot be read."""
-    data = TrainingData.open(training_data)
-    rows = reference_rows(data, settings.samples)
-    asker = ServerAsker(endpoint, settings.timeout_s, connector_dir)
-    api: Api | None = None
-    samples = []
-
-    def local(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    try:
-        for row in rows:
-            ids = row["input_ids"][: settings.max_positions + 1]
-            if api is None:
-                api, found = _choose_api(asker, ids)
-            else:
-                found = (
-                    sglang_predictions(asker, ids)
-                    if api == "sglang"
-                    else vllm_predictions(asker, ids)
-                    if api == "vllm"
-                    else None
-                )
-            if api == "text":
-                samples.append(_text_sample(asker, row, tokenizer, settings.text_positions))
-                continue
-            if found is None:
-                raise ServingReferenceError(f"{endpoint.base_url}: stopped answering {api} logprob requests")
-            tokenization = tokenization_check(asker, tokenizer.decode(row["input_ids"]), local, tokenizer.decode)
-            samples.append(
-                ReferenceSample(
-                    row["id"],
-                    list(row["input_ids"]),
-                    list(range(len(found))),
-                    [t for t, _ in found],
-                    [m for _, m in found],
-                    tokenization,
-                )
-            )
-    finally:
-        asker.close()
-    reference = ServingReference(
-        endpoint.base_url, api or "text", endpoint.model, data.version(), tokenizer_name, samples
-    )
-    reference.save(out)
-    return reference
-
-
-def load_reference(path: Path, version: str) -> tuple[ServingReference | None, str]:
-    """The reference at ``path`` if it was recorded for training_data ``version``, or None and why not."""
-    path = Path(path)
-    if not path.is_file():
-        return (
-            None,
-            f"{path}: no reference recorded (no serving server was reachable at training_data or hidden_states time)",
-        )
-    try:
-        raw = json.loads(path.read_text())
-        raw["samples"] = [ReferenceSample(**s) for s in raw["samples"]]
-        reference = ServingReference(**raw)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ServingReferenceError(f"{path}: not a serving reference ({type(exc).__name__}: {exc})") from None
-    if reference.training_data_version != version:
-        return (
-            None,
-            f"{path}: recorded for training_data version {reference.training_data_version}, the rows are now {version}",
-        )
-    if not reference.samples:
-        return None, f"{path}: no sample in the reference"
-    return reference, ""
-
-
 def load_lm_head(model: str) -> Any:
     """The target's ``lm_head`` [vocab, hidden] read by name from its checkpoint folder (a Hugging
     Face id: its snapshot in the local cache, where transformers loaded it from)."""
-    from eagle3_pipeline.drafter.target import load_target_weights
     from eagle3_pipeline.target import TargetError
+    from eagle3_pipeline.target_weights import load_target_weights
 
     folder = Path(model)
     if not folder.is_dir():
@@ -520,51 +163,6 @@ def verdict(reference: ServingReference, result: Comparison, settings: ServingVa
     return meta
 
 
-def tokenization_problems(reference: ServingReference) -> list[str]:
-    return [
-        f"sample {s.sample_id!r}: {s.tokenization}"
-        for s in reference.samples
-        if not s.tokenization.startswith(("same", "not checked"))
-    ]
-
-
-def record_from_first(
-    training_data: Path,
-    endpoints: Sequence[ServerEndpoint],
-    tokenizer_name: str,
-    trust_remote_code: bool,
-    settings: ServingValidationConfig,
-    out: Path,
-    connector_dir: Path | None = None,
-) -> dict[str, Any]:
-    """Record the reference from the first of ``endpoints`` that answers; what was done, as metadata
-    (``serving_reference_status``: ``recorded from …``, ``off`` or ``not recorded: …`` with the reasons).
-    ``connector_dir``: :class:`ServerAsker`."""
-    if not settings.samples:
-        return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
-    if not endpoints:
-        return {"serving_reference_status": "not recorded: no serving endpoint to ask"}
-    from eagle3_pipeline.target import load_tokenizer
-
-    tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
-    reasons = []
-    for endpoint in endpoints:
-        try:
-            reference = record_reference(
-                training_data, endpoint, tokenizer, tokenizer_name, settings, out, connector_dir
-            )
-        except ServingReferenceError as exc:
-            reasons.append(str(exc))
-            continue
-        problems = tokenization_problems(reference)
-        return {
-            "serving_reference_status": f"recorded from {reference.server} ({reference.api}): "
-            f"{len(reference.samples)} samples, {sum(len(s.positions) for s in reference.samples)} positions"
-            + (f"; tokenization differs: {problems[0]}" if problems else ""),
-        }
-    return {"serving_reference_status": "not recorded: " + "; ".join(reasons)}
-
-
 def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_name: str, out: Path) -> dict[str, Any]:
     """The ``hidden_states`` preflight: keep a reference recorded for these rows, else record one
     now from a server that is up: with ``backend: vllm`` and ``compute: local`` the extraction server
@@ -617,7 +215,7 @@ def _record_from_extraction_server(
 ) -> dict[str, Any]:
     import httpx
 
-    from eagle3_pipeline.hidden_states.vllm_capture import VllmError, served_model
+    from eagle3_pipeline.hidden_states.vllm_capture import VllmError, reply_file_taker, served_model
 
     extraction = config.hidden_states
     assert extraction.vllm_base_url is not None and extraction.vllm_output_dir is not None  # backend vllm
@@ -634,5 +232,95 @@ def _record_from_extraction_server(
         config.target.trust_remote_code,
         extraction.validation,
         out,
-        Path(extraction.vllm_output_dir),
+        reply_file_taker(Path(extraction.vllm_output_dir)),
     )
+
+
+def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any]:
+    """The writer's part: the recorded reference's samples, or why there is nothing to validate against."""
+    if not settings.validation.samples:
+        return {"skip": "hidden_states.validation.samples is 0"}
+    if settings.serving_reference is None:
+        return {"skip": "no serving reference was given to the phase"}
+    try:
+        reference, reason = load_reference(Path(settings.serving_reference), data.version())
+    except ServingReferenceError as exc:
+        raise ExtractionError(str(exc)) from None
+    if reference is None:
+        return {"skip": reason}
+    problems = tokenization_problems(reference)
+    if problems:
+        raise ExtractionError(
+            "validation against the serving target: training_data was tokenized by a tokenizer other than "
+            "the served model's "
+            f"({reference.tokenizer} vs {reference.server}): {'; '.join(problems[:3])}"
+        )
+    return {"reference": reference}
+
+
+def _load_lm_head(model: str) -> Any:
+    try:
+        return load_lm_head(model)
+    except TargetError as exc:
+        raise ExtractionError(
+            f"validation against the serving target needs the target's lm_head from its checkpoint folder: {exc}"
+        ) from None
+
+
+def validate_first(
+    source: StateSource, settings: ExtractSpec, data: TrainingData, aux_ids: Sequence[int], report: Reporter
+) -> dict[str, Any]:
+    """Before any shard: the reference samples through the source (every rank), their teacher's
+    argmax under lm_head against the serving target's greedy tokens (the writer, which shares its
+    verdict). Raises :class:`ExtractionError` below ``validation.min_agreement``; without a
+    reference, says so."""
+    plan = decided(source, lambda: _validation_plan(settings, data))
+    if "skip" in plan:
+        report.log(f"extract: NOT validated against the serving target: {plan['skip']}")
+        return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
+    reference = plan["reference"]
+    identity = source.identity
+    loaded: dict[str, Any] = {}
+
+    def load() -> bool:
+        loaded["lm_head"] = _load_lm_head(settings.model)
+        return True
+
+    decided(source, load)
+    result, failure = Comparison(), ""
+    for sample in reference.samples:
+        try:
+            aux, hidden = source.reference_states(aux_ids, sample.input_ids)
+        except SampleError as exc:
+            raise ExtractionError(f"validation, sample {sample.sample_id!r}: {exc.message}") from None
+        if not source.writer or failure:
+            continue
+        try:
+            check_states(sample, aux, hidden, len(aux_ids) * identity.hidden_size, identity.hidden_size)
+        except ValidationFailed as exc:
+            failure = f"validation against the serving target: {exc}"
+            continue
+        compare(sample, teacher_argmax(hidden, loaded["lm_head"]), settings.validation.near_tie_logprob_margin, result)
+
+    def decide() -> dict[str, Any]:
+        if failure:
+            raise ExtractionError(failure)
+        try:
+            return verdict(reference, result, settings.validation)
+        except ValidationFailed as exc:
+            raise ExtractionError(f"validation against the serving target, before extraction: {exc}") from None
+
+    meta = decided(source, decide)
+    if meta["serving_validation"] != "passed":
+        report.log(f"extract: NOT validated against the serving target: {meta['serving_validation_detail']}")
+        return meta
+    near = (
+        f"{meta['serving_near_ties']} near-ties apart"
+        if meta["serving_near_ties_known"]
+        else "near-ties unknown: the server gives no logprobs"
+    )
+    report.log(
+        f"extract: validated against {meta['serving_reference']}: agreement {meta['serving_agreement']:.2%} over "
+        f"{meta['serving_positions']} positions of {meta['serving_samples']} samples ({near})"
+    )
+    return {**meta, "serving_validation_detail": f"{result.agreed}/{result.compared} positions agree"}

@@ -52,7 +52,7 @@ from __future__ import annotations
 import fcntl
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,6 +271,23 @@ def take_file(path: Path) -> dict[str, Any]:
         tensors = _read_unlocked(path, deadline)
     path.unlink()
     return tensors
+
+
+def reply_file_taker(folder: Path) -> Callable[[Any], None]:
+    """For a client that reads only the server's replies (the serving-reference recording): each
+    reply's hidden-state file (in ``folder``, as seen here) taken once written, so none is left behind;
+    :class:`ServingReferenceError` when it does not appear."""
+    from eagle3_pipeline.dataprep.serving_reference import ServingReferenceError
+
+    def take(payload: Any) -> None:
+        written = payload.get("kv_transfer_params") if isinstance(payload, dict) else None
+        if isinstance(written, dict) and written.get("hidden_states_path"):
+            try:
+                take_file(folder / Path(str(written["hidden_states_path"])).name)
+            except VllmError as exc:
+                raise ServingReferenceError(str(exc)) from None
+
+    return take
 
 
 def _read_unlocked(path: Path, deadline: float) -> dict[str, Any]:

@@ -185,7 +185,8 @@ def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
     and drafter.target_weights must name the target's folder on the host, and the train spec's
     paths are local ones under the artifacts root (run_heavy_phase maps them onto the host's)."""
     from eagle3_pipeline.drafter.spec import DrafterSpecError, train_spec
-    from eagle3_pipeline.hidden_states.extract import ExtractionError, target_weights
+    from eagle3_pipeline.hidden_states.extract import target_weights
+    from eagle3_pipeline.hidden_states.extract_spec import ExtractionError
 
     compute = {
         "kind": "ssh",

@@ -39,7 +39,6 @@ from eagle3_pipeline.drafter.evaluate import (
 )
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
-from eagle3_pipeline.drafter.target import load_target_weights
 from eagle3_pipeline.drafter.train import build_model
 from eagle3_pipeline.hidden_states.store import (
     HIDDEN_KEY,
@@ -54,6 +53,7 @@ from eagle3_pipeline.hidden_states.store import (
     save_draft_vocab,
 )
 from eagle3_pipeline.prompts import load_prompts
+from eagle3_pipeline.target_weights import load_target_weights
 from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline_tests.conftest import pipeline_resources
 

@@ -13,7 +13,7 @@ import torch
 
 from eagle3_pipeline.drafter.data import BatchReader, Row
 from eagle3_pipeline.drafter.evaluate import read_rows
-from eagle3_pipeline.hidden_states.extract import _stored_slice
+from eagle3_pipeline.hidden_states.spot_check import stored_slice
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
     AUX_SCALE_KEY,
@@ -119,7 +119,7 @@ def test_every_reader_hands_back_the_fp8_states_dequantized(tmp_path: Path) -> N
         _ids, _mask, aux, hidden = samples[row["sample_id"]]
         _within_fp8(tensors[AUX_KEY], aux, 3)
         _within_fp8(tensors[HIDDEN_KEY], hidden, 1)
-        _within_fp8(_stored_slice(store, row, HIDDEN_KEY), hidden, 1)  # the extract phase's spot check
+        _within_fp8(stored_slice(store, row, HIDDEN_KEY), hidden, 1)  # the extract phase's spot check
 
     batch = BatchReader(tmp_path, max_seq_len=64).read(
         [Row(r["shard"], r["offset"], r["length"]) for r in rows]

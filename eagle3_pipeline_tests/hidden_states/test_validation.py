@@ -23,11 +23,12 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import ServingValidationConfig
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
+from eagle3_pipeline.dataprep.serving_reference import record_from_first, record_reference
+from eagle3_pipeline.dataprep.training_data import TrainingData
 from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target
-from eagle3_pipeline.hidden_states.extract import ExtractionError, _extract, parse_spec, run
-from eagle3_pipeline.hidden_states.inputs import TrainingData
+from eagle3_pipeline.hidden_states.extract import _extract, run
+from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
 from eagle3_pipeline.hidden_states.plan import plan_shards
-from eagle3_pipeline.hidden_states.validation import record_from_first, record_reference
 from eagle3_pipeline.target import decoder, language_model, load_tokenizer
 from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401

@@ -22,9 +22,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import HiddenStatesConfig
+from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, load_target
 from eagle3_pipeline.hidden_states.extract import run
-from eagle3_pipeline.hidden_states.inputs import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, first_difference, open_vllm_target, take_file
 from eagle3_pipeline.hidden_states.vllm_server import layer_ids_in, served_layer_ids
 from eagle3_pipeline.managed.launch import extraction_args, extraction_speculative_config

@@ -26,13 +26,15 @@ import httpx
 
 from eagle3_pipeline.config import ServingValidationConfig, load_config
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
+from eagle3_pipeline.dataprep.serving_reference import record_from_first
+from eagle3_pipeline.dataprep.training_data import TrainingData
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
-from eagle3_pipeline.hidden_states.extract import ExtractionError, parse_spec, run, validate_first
-from eagle3_pipeline.hidden_states.inputs import TrainingData
+from eagle3_pipeline.hidden_states.extract import run
+from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
-from eagle3_pipeline.hidden_states.validation import record_from_first
-from eagle3_pipeline.hidden_states.vllm_capture import VllmError, open_vllm_target
+from eagle3_pipeline.hidden_states.validation import validate_first
+from eagle3_pipeline.hidden_states.vllm_capture import VllmError, open_vllm_target, reply_file_taker
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import extraction_args
 from eagle3_pipeline.testing.real_vllm import RunningVllm, stop_group, vllm_server
@@ -129,7 +131,13 @@ def vllm_spec(data: Path, output: Path, model: Path, at: Extraction, **settings:
 def record(data: Path, at: Extraction, tokenizer: str) -> str:
     """The serving reference of ``data`` recorded from the server, as the preflight records it."""
     done = record_from_first(
-        data, [ServerEndpoint(at.server.base_url, SERVED)], tokenizer, False, SETTINGS, reference_of(data), at.folder
+        data,
+        [ServerEndpoint(at.server.base_url, SERVED)],
+        tokenizer,
+        False,
+        SETTINGS,
+        reference_of(data),
+        reply_file_taker(at.folder),
     )
     return str(done["serving_reference_status"])
 

@@ -27,11 +27,11 @@ import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.dataprep.training_data import TrainingDataError
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
-from eagle3_pipeline.hidden_states.inputs import TrainingDataError
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
 from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference

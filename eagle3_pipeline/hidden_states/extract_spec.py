@@ -1,0 +1,46 @@
+"""The `extract` phase's spec (contract C5) as the phase reads it: the `hidden_states:` settings plus
+where things are, validated where the phase runs (:func:`parse_spec`); built from the pipeline file
+by :func:`eagle3_pipeline.hidden_states.extract.spec_from_config`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from eagle3_pipeline.config import HiddenStatesConfig
+from eagle3_pipeline.hidden_states.store import TargetIdentity, default_aux_layer_ids
+
+
+class ExtractionError(RuntimeError):
+    """The phase cannot (or must not) go on; the message says why and what to change."""
+
+
+class ExtractSpec(HiddenStatesConfig):
+    """The spec of the `extract` phase (JSON): the `hidden_states:` settings plus where things are.
+    Paths are on the machine where the phase runs."""
+
+    training_data: str
+    output: str
+    # Required here where the settings allow None (the resolved model folder); pydantic lets a subclass
+    # narrow a field, pyright wants the default kept.
+    model: str  # pyright: ignore[reportGeneralTypeIssues]
+    target_name: str
+    trust_remote_code: bool = False
+    shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
+    delete_shards: list[str] | None = None  # rolling: delete these shards' files (a trained window), nothing else
+    # The serving target's recorded answers (dataprep.serving_reference); None: not validated.
+    serving_reference: str | None = None
+
+
+def parse_spec(spec: dict[str, Any]) -> ExtractSpec:
+    try:
+        return ExtractSpec.model_validate(spec)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ExtractionError(f"extract spec: {problems}") from None
+
+
+def aux_layer_ids(settings: HiddenStatesConfig, identity: TargetIdentity) -> list[int]:
+    """The store's aux layer ids (output of layer): ``aux_layer_ids``, else the EAGLE-3 default for the target."""
+    return list(settings.aux_layer_ids or default_aux_layer_ids(identity.num_layers))
