@@ -453,9 +453,11 @@ class Sshd:
         options: dict[str, Any] = {
             "port": self.port,
             "username": getpass.getuser(),
-            "key_filename": self.client_key,
+            "key_file": self.client_key,
+            "key_passphrase_env": None,
+            "allow_agent": False,
             "known_hosts": self.known_hosts,
-            "use_agent": False,
+            "trust_on_first_use": False,
             "connect_timeout_s": 5.0,
             "auth_timeout_s": 5.0,
         }

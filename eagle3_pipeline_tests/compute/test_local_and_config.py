@@ -11,13 +11,20 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.compute.remote import RemoteRun
-from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.hosts import SshHost
+from eagle3_pipeline.config import ConfigError, HostConfig, load_config
+from eagle3_pipeline.hosts import SshHost, build_host
 from eagle3_pipeline.orchestration.compute import run_heavy_phase
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.specforge_files import import_spec, make_samples, write_specforge
 
 torch = pytest.importorskip("torch")
+
+
+def ssh_host(settings: HostConfig) -> SshHost:
+    """The SSH host a compute section names (nothing connects before a command runs)."""
+    host = build_host(settings)
+    assert isinstance(host, SshHost)
+    return host
 
 
 def pipeline_file(folder: Path, compute: dict[str, Any]) -> Path:
@@ -130,7 +137,7 @@ def test_paths_map_onto_the_host_and_command_values_are_quoted(tmp_path: Path) -
     }
     config = load_config(pipeline_file(tmp_path, compute))
     assert config.compute.host.kind == "ssh"
-    remote = RemoteRun(SshHost("gpu-box"), config.compute, config.artifacts_root, "run1", "extract")
+    remote = RemoteRun(ssh_host(config.compute.host), config.compute, config.artifacts_root, "run1", "extract")
     root = str(config.artifacts_root)
     spec = {
         "output_dir": f"{root}/hidden_states",
@@ -200,7 +207,7 @@ def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
     with pytest.raises(DrafterSpecError, match="drafter.target_weights: required with compute.kind 'ssh'"):
         train_spec(config)
     config = config.model_copy(update={"drafter": config.drafter.model_copy(update={"target_weights": "/models/kimi"})})
-    remote = RemoteRun(SshHost("gpu-box"), config.compute, config.artifacts_root, "run1", "train")
+    remote = RemoteRun(ssh_host(config.compute.host), config.compute, config.artifacts_root, "run1", "train")
     translated = remote.translate(train_spec(config))
     assert {k: translated[k] for k in ("store", "draft_vocab", "run_dir", "export_dir", "target_weights")} == {
         "store": "/data/eagle3/hidden_states",

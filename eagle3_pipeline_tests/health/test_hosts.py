@@ -89,7 +89,7 @@ def test_command_timeout_keeps_the_connection(ssh_host: SshHost, sshd: Sshd) -> 
 
 def test_auth_failure_is_fast_and_tried_once(sshd: Sshd, tmp_path: Path) -> None:
     offset = len(sshd.log())
-    host = sshd.host(key_filename=_keygen(tmp_path / "stranger"))
+    host = sshd.host(key_file=_keygen(tmp_path / "stranger"))
     started = time.monotonic()
     with pytest.raises(HostAuthError, match=r"authentication failed for .*@127\.0\.0\.1:\d+: key .*stranger refused"):
         host.run("true", timeout_s=10)
@@ -103,11 +103,11 @@ def test_auth_failure_is_fast_and_tried_once(sshd: Sshd, tmp_path: Path) -> None
 def test_encrypted_key_errors_never_contain_the_passphrase(sshd: Sshd, tmp_path: Path) -> None:
     key = _keygen(tmp_path / "locked", passphrase="s3cret-passphrase")
     with pytest.raises(HostAuthError, match="encrypted and no passphrase") as no_passphrase:
-        sshd.host(key_filename=key).run("true", timeout_s=10)
-    wrong = sshd.host(key_filename=key, passphrase="wr0ng-passphrase")
+        sshd.host(key_file=key).run("true", timeout_s=10)
+    wrong = sshd.host(key_file=key, passphrase="wr0ng-passphrase")
     with pytest.raises(HostAuthError, match="cannot load private key") as bad_passphrase:
         wrong.run("true", timeout_s=10)
-    right = sshd.host(key_filename=key, passphrase="s3cret-passphrase")
+    right = sshd.host(key_file=key, passphrase="s3cret-passphrase")
     with pytest.raises(HostAuthError, match="locked refused") as not_authorized:
         right.run("true", timeout_s=10)
     for text in (str(no_passphrase.value), str(bad_passphrase.value), str(not_authorized.value), repr(wrong)):

@@ -273,9 +273,7 @@ def test_ssh_auth_failure_makes_shell_checks_unknown(sshd: Sshd, sglang: FakeSgl
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     sglang.start()
     started = time.monotonic()
-    report, _ = run_health_tick(
-        sshd.host(key_filename=stranger), spec_for(sglang), thresholds_for(make_watched(tmp_path))
-    )
+    report, _ = run_health_tick(sshd.host(key_file=stranger), spec_for(sglang), thresholds_for(make_watched(tmp_path)))
     assert time.monotonic() - started < 3
     for name in SHELL_CHECKS:
         assert report.check(name).status is Status.UNKNOWN

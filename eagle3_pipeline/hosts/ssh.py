@@ -1,20 +1,5 @@
-"""Run a shell command somewhere: this machine (`LocalHost`) or an SSH host (`SshHost`).
-
-Both implement `Host.run(command, timeout_s) -> CommandResult`. The command is one shell string,
-so every value interpolated into it must be quoted: build commands with `quote_args(...)` (or
-`shlex.quote` on each value), never with f-strings over untrusted text such as dataset ids or
-paths.
-
-`run` returns a `CommandResult` for any command that was started, including one that timed out
-(`timed_out=True`, `exit_code=None`). Failures to reach the host raise a `HostError` subclass:
-
-- `HostConnectError`: TCP/SSH handshake failed or timed out;
-- `HostAuthError`: the server refused our credentials (one attempt, never retried in a loop);
-- `HostKeyError`: the server's host key is unknown or changed (the connection is refused);
-- `HostDisconnectedError`: the connection dropped while a command was running.
-
-Exception texts name the host, user, key file path and fingerprints, never secrets.
-"""
+"""A host reached over SSH with paramiko: one connection reused across commands, host keys verified
+against known_hosts, key file then agent keys, streaming and file transfer; bounded by deadlines."""
 
 from __future__ import annotations
 
@@ -24,165 +9,31 @@ import getpass
 import hashlib
 import os
 import select
-import shlex
-import signal
 import socket
-import subprocess
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING
 
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
-if TYPE_CHECKING:
-    from eagle3_pipeline.config import HostConfig
-
-__all__ = [
-    "CommandResult",
-    "Host",
-    "HostAuthError",
-    "HostConnectError",
-    "HostDisconnectedError",
-    "HostError",
-    "HostKeyError",
-    "LocalHost",
-    "SshHost",
-    "build_host",
-    "host_key_fingerprint",
-    "kill_process_group",
-    "quote_args",
-]
+from eagle3_pipeline.hosts.base import (
+    CommandResult,
+    Host,
+    HostAuthError,
+    HostConnectError,
+    HostDisconnectedError,
+    HostKeyError,
+    text,
+)
 
 _CHUNK = 1 << 16
 _POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a command did. `exit_code` is None when it timed out or died without a status."""
-
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    duration_s: float
-    timed_out: bool
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-
-class HostError(Exception):
-    """The host could not be reached or the connection failed; no exit status exists."""
-
-
-class HostConnectError(HostError):
-    """Connecting (TCP, SSH banner, key exchange) failed or timed out."""
-
-
-class HostAuthError(HostError):
-    """The SSH server refused our credentials."""
-
-
-class HostKeyError(HostError):
-    """The SSH server's host key is not known, or differs from the known one."""
-
-    def __init__(self, message: str, *, host: str, fingerprint: str) -> None:
-        super().__init__(message)
-        self.host = host
-        self.fingerprint = fingerprint
-
-
-class HostDisconnectedError(HostError):
-    """The connection dropped while a command was running; its outcome is unknown."""
-
-
-def quote_args(*args: str | os.PathLike[str] | int | float) -> str:
-    """Join arguments into one shell command line, each one quoted with `shlex.quote`."""
-    return " ".join(shlex.quote(os.fspath(a) if isinstance(a, os.PathLike) else str(a)) for a in args)
-
-
-class Host(ABC):
-    """Somewhere a shell command can run."""
-
-    name: str
-
-    @abstractmethod
-    def run(self, command: str, timeout_s: float) -> CommandResult:
-        """Run `command` with a POSIX shell; `timeout_s` bounds the whole call."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Release connections; the host stays usable (it reconnects on the next `run`)."""
-
-    def __enter__(self) -> Host:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class LocalHost(Host):
-    """This machine, through `/bin/sh -c`. On timeout the command's whole process group is killed."""
-
-    def __init__(self, name: str = "localhost", env: Mapping[str, str] | None = None) -> None:
-        self.name = name
-        self._env = {**os.environ, **env} if env is not None else None
-
-    def run(self, command: str, timeout_s: float) -> CommandResult:
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self._env,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            out, err = _kill_and_collect(proc)
-            return CommandResult(None, _text(out), _text(err), time.monotonic() - started, True)
-        return CommandResult(proc.returncode, _text(out), _text(err), time.monotonic() - started, False)
-
-    def close(self) -> None:
-        """Nothing to release: every command is its own process."""
-
-
-def _kill_and_collect(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
-    """Kill the process group; collect what it wrote unless an escaped child holds the pipes."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        return proc.communicate(timeout=1.0)
-    except subprocess.TimeoutExpired as exc:
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        proc.wait()
-        return _as_bytes(exc.stdout), _as_bytes(exc.stderr)
-
-
-def _as_bytes(value: bytes | str | None) -> bytes:
-    if value is None:
-        return b""
-    return value.encode() if isinstance(value, str) else value
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
+# Not settings of the pipeline file: how long the server may take to accept our credentials, and how
+# often an idle connection is kept alive.
+AUTH_TIMEOUT_S = 10.0
+KEEPALIVE_S = 15
 
 
 def host_key_fingerprint(key: paramiko.PKey) -> str:
@@ -194,10 +45,11 @@ def host_key_fingerprint(key: paramiko.PKey) -> str:
 class SshHost(Host):
     """A host reached over SSH with paramiko; one connection, reused across commands.
 
-    Authentication: the private key file `key_filename`, then the SSH agent's keys (`use_agent`,
-    on by default, key file or not). An encrypted key file is decrypted with `passphrase`, or with
-    the value of the environment variable `passphrase_env`, read when connecting; neither is ever
-    put in a message. Host keys are verified
+    The keyword arguments named as `HostConfig`'s fields are that section's, with no default here
+    (:func:`eagle3_pipeline.hosts.build_host`). Authentication: the private key file `key_file`, then
+    the SSH agent's keys (`allow_agent`, key file or not). An encrypted key file is decrypted with
+    `passphrase`, or with the value of the environment variable `key_passphrase_env`, read when
+    connecting; neither is ever put in a message. Host keys are verified
     against `known_hosts`; an unknown or changed key raises `HostKeyError`. With
     `trust_on_first_use=True` an unknown key is accepted once and appended to `known_hosts`; a
     changed key is still refused.
@@ -212,27 +64,27 @@ class SshHost(Host):
         self,
         hostname: str,
         *,
-        port: int = 22,
-        username: str | None = None,
-        key_filename: str | os.PathLike[str] | None = None,
+        port: int,
+        username: str | None,
+        key_file: str | os.PathLike[str] | None,
+        key_passphrase_env: str | None,
+        allow_agent: bool,
+        known_hosts: str | os.PathLike[str],
+        trust_on_first_use: bool,
+        connect_timeout_s: float,
         passphrase: str | None = None,
-        passphrase_env: str | None = None,
-        use_agent: bool = True,
-        known_hosts: str | os.PathLike[str] = "~/.ssh/known_hosts",
-        trust_on_first_use: bool = False,
-        connect_timeout_s: float = 10.0,
-        auth_timeout_s: float = 10.0,
-        keepalive_s: int = 15,
+        auth_timeout_s: float = AUTH_TIMEOUT_S,
+        keepalive_s: int = KEEPALIVE_S,
         name: str | None = None,
     ) -> None:
         self.hostname = hostname
         self.port = port
         self.username = username or getpass.getuser()
         self.name = name or (hostname if port == 22 else f"{hostname}:{port}")
-        self._key_filename = Path(key_filename).expanduser() if key_filename is not None else None
+        self._key_filename = Path(key_file).expanduser() if key_file is not None else None
         self._passphrase = passphrase
-        self._passphrase_env = passphrase_env
-        self._use_agent = use_agent
+        self._passphrase_env = key_passphrase_env
+        self._use_agent = allow_agent
         self._known_hosts = Path(known_hosts).expanduser()
         self._trust_on_first_use = trust_on_first_use
         self._connect_timeout_s = connect_timeout_s
@@ -460,11 +312,11 @@ class SshHost(Host):
         duration = time.monotonic() - started
         if not finished:
             channel.close()
-            return CommandResult(None, _text(out), _text(err), duration, True)
+            return CommandResult(None, text(out), text(err), duration, True)
         status = channel.exit_status
         if status == -1 and _connection_lost(transport):
             raise HostDisconnectedError(f"connection to {self._where} dropped after {duration:.1f} s of a command")
-        return CommandResult(None if status == -1 else status, _text(out), _text(err), duration, False)
+        return CommandResult(None if status == -1 else status, text(out), text(err), duration, False)
 
     # -- long-running commands and files ----------------------------------------------------------
 
@@ -574,11 +426,11 @@ class _LineSplitter:
         lines = (self._pending + data).split(b"\n")
         self._pending = lines.pop()
         for line in lines:
-            self._emit(_text(line))
+            self._emit(text(line))
 
     def flush(self) -> None:
         if self._pending:
-            self._emit(_text(self._pending))
+            self._emit(text(self._pending))
             self._pending = b""
 
 
@@ -627,35 +479,3 @@ class _Watchdog:
 
     def __exit__(self, *exc_info: object) -> None:
         self._timer.cancel()
-
-
-def kill_process_group(host: Host, pgid: int, grace_s: float) -> bool:
-    """SIGTERM the process group `pgid` on `host`, SIGKILL it after `grace_s`; True when no live
-    process of the group is left (zombies waiting for their parent do not count)."""
-    live = f"ps -eo pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' | grep -q ."
-    script = (
-        f"env kill -TERM -- -{int(pgid)} 2>/dev/null; i=0; "
-        f"while {live} && [ $i -lt {max(1, int(grace_s * 10))} ]; do sleep 0.1; i=$((i+1)); done; "
-        f"env kill -KILL -- -{int(pgid)} 2>/dev/null; sleep 0.2; "
-        f"if {live}; then echo alive; else echo gone; fi"
-    )
-    result = host.run(script, timeout_s=grace_s + 30.0)
-    return result.stdout.strip().endswith("gone")
-
-
-def build_host(settings: HostConfig) -> Host:
-    """The host a ``HostConfig`` section names: this machine (``kind: local``) or an SSH host."""
-    if settings.kind == "local":
-        return LocalHost()
-    assert settings.hostname is not None
-    return SshHost(
-        settings.hostname,
-        port=settings.port,
-        username=settings.username,
-        key_filename=settings.key_file,
-        passphrase_env=settings.key_passphrase_env,
-        use_agent=settings.allow_agent,
-        known_hosts=settings.known_hosts,
-        trust_on_first_use=settings.trust_on_first_use,
-        connect_timeout_s=settings.connect_timeout_s,
-    )
