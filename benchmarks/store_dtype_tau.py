@@ -161,7 +161,7 @@ def main() -> None:
         trained = train.run(spec, Log(dtype))
         t1 = time.monotonic()
         eval_spec = {"store": str(store.root), "draft_vocab": str(vocab), "drafter": str(out / "export"),
-                     "target_weights": str(target_dir), "steps": list(config.drafter_eval.steps),
+                     "target_weights": str(target_dir), **evaluate.spec_settings(config.drafter_eval, config.drafter),
                      "device": "cpu"}  # fmt: skip
         results[dtype] = evaluate.run(eval_spec, Log(dtype))
         print(

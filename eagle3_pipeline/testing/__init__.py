@@ -20,6 +20,8 @@ Each module stands in for something a test or a benchmark cannot have here:
   server's chain drafting and the drafter's earlier full-score training pass, as references.
 - :mod:`~eagle3_pipeline.testing.train_settings`: the ``train`` phase's settings as a pipeline file's
   ``drafter:`` section gives them, for a training run on a store of the test's own.
+- :mod:`~eagle3_pipeline.testing.eval_settings`: the ``evaluate`` phase's settings as a pipeline file's
+  ``drafter_eval:`` section gives them, likewise.
 
 torch, transformers and safetensors are imported inside the functions that need them.
 """

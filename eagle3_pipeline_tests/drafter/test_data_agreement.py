@@ -31,12 +31,8 @@ from eagle3_pipeline.config import (
 from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.drafter.acceptance import AcceptanceStats, target_reference
 from eagle3_pipeline.drafter.draft_config import drafter_config
-from eagle3_pipeline.drafter.evaluate import (
-    WARNING,
-    read_rows,
-    select_rows,
-    target_next_argmax,
-)
+from eagle3_pipeline.drafter.eval_results import WARNING
+from eagle3_pipeline.drafter.evaluate import read_rows, select_rows, target_next_argmax
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.drafter.train import build_model

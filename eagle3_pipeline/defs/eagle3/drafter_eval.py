@@ -15,7 +15,8 @@ from eagle3_pipeline.alerts import Alerter, tau_checked
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
-from eagle3_pipeline.drafter.evaluate import WARNING, held_out_spec, tau_regressions
+from eagle3_pipeline.drafter.eval_results import WARNING, tau_regressions
+from eagle3_pipeline.drafter.evaluate import held_out_spec
 from eagle3_pipeline.drafter.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.layout import ArtifactLayout
