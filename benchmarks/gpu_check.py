@@ -507,7 +507,7 @@ def sglang_once(
 
 
 def sglang_section(sizes: Sizes, device: str, work: Path) -> dict[str, Any]:
-    from eagle3_pipeline.hidden_states.sglang_capture import SGLangApi
+    from eagle3_pipeline.hidden_states.sglang_api import SGLangApi
     from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE, build_kimi_checkpoint
     from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
@@ -575,7 +575,7 @@ def main() -> int:
         )
         return 2
     if args.sglang:
-        from eagle3_pipeline.hidden_states.sglang_capture import SGLangApi, SGLangError
+        from eagle3_pipeline.hidden_states.sglang_api import SGLangApi, SGLangError
 
         try:
             SGLangApi()

@@ -1,35 +1,12 @@
 """Which aux layer ids a drafter's config.json must carry so that SGLang and vLLM capture the target
 layers it was trained on.
 
-Our stores number captured layers output-of-layer (id ``k`` = the output of decoder layer ``k``,
-``eagle3_pipeline.hidden_states.store``). Both servers capture the residual stream *entering* a layer
-(index ``i`` = input of layer ``i`` = output of layer ``i - 1``), but read the drafter's ids by
-different rules, read from the released sources:
-
-- SGLang reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` and hands it to the target model's
-  ``set_eagle3_layers_to_capture``. Llama and the other dense and MoE families (``models/llama.py``,
-  qwen2/qwen3, gemma3, glm4_moe, glm5_next, longcat_flash, gpt_oss, ...) capture ``id + 1`` for every
-  id, in every release read (0.5.9 to 0.5.23). The DeepSeek family (:data:`DEEPSEEK_ARCHITECTURES`)
-  changed in 0.5.13: 0.5.10 to 0.5.12 capture ``id + 1`` for every id; 0.5.13 to 0.5.23 capture
-  ``id + 1`` **only when the first id is 1**, and the ids as written otherwise.
-- vLLM (0.34.0, ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.get_eagle3_aux_layers_from_config``)
-  reads the top-level ``eagle_aux_hidden_state_layer_ids`` and captures them as written, for every
-  family.
-
-So vLLM's value is always ``id + 1``, and SGLang's the trained ids. For a DeepSeek-family target that
-holds on every SGLang release from 0.5.10 only when the first trained id is 1 (both rules then add 1
-to every id). With another first id no value serves both ranges (0.5.10-0.5.12 need the trained ids,
-0.5.13+ need ``id + 1``; an export written for one reads layers one off on the other, silently), so
-:func:`server_layer_ids` refuses it: train a DeepSeek-family drafter with the first id 1 (the default,
-``[1, N/2 - 1, N - 4]``, is). :data:`SGLANG_RELEASES` is the range the export states in its
-config.json.
-
-| first trained id (DeepSeek family) | SGLang 0.5.10-0.5.12 | SGLang 0.5.13-0.5.23 | here |
-|---|---|---|---|
-| 1, written ``[1, b, c]`` | captures ``[2, b+1, c+1]`` (trained) | captures ``[2, b+1, c+1]`` (trained) | exported |
-| 3, written ``[3, b, c]`` | ``[4, b+1, c+1]`` (trained) | ``[3, b, c]`` (one layer short) | refused |
-| 3, written ``[4, b+1, c+1]`` | ``[5, b+2, c+2]`` (one layer deep) | ``[4, b+1, c+1]`` (trained) | refused |
-
+Our stores number captured layers output-of-layer (id ``k`` = the output of decoder layer ``k``); both
+servers capture the residual stream entering a layer, but read the drafter's ids by different rules:
+vLLM as written, SGLang ``id + 1``, and its DeepSeek family (:data:`DEEPSEEK_ARCHITECTURES`) only when
+the first id is 1 since 0.5.13. :func:`server_layer_ids` writes each server's value and refuses a
+DeepSeek-family first id that no SGLang release range (:data:`SGLANG_RELEASES`) reads the same way.
+The rules per release, with their source lines: docs/eagle3.md "Aux layer ids per SGLang release".
 No torch here: plain Python used by the export and the speculators conversion.
 """
 

@@ -1,24 +1,13 @@
 """The one target loader: every phase reads the target model through this module.
 
-A target ships as it ships: remote code (``auto_map`` in its ``config.json``, e.g. Kimi-K2.5's
-``kimi_k25``), a vision-language wrapper whose language model's dimensions sit in a nested
-``text_config`` (DeepSeek-V3 for Kimi-K2.5), weights under a prefix (``language_model.``) split over
-many safetensors shards, a slow tokenizer (Kimi's ``TikTokenTokenizer``), and weights the local
-(transformers, CPU) path cannot execute (compressed-tensors INT4). This module:
-
-- reads ``config.json`` and resolves the **language model's** config (:func:`text_config`,
-  :func:`dimensions`), which is what every dimension the pipeline needs comes from (aux-layer
-  defaults, draft vocabulary size, drafter shape, store identity, export);
-- passes ``target.trust_remote_code`` to every ``AutoConfig``/``AutoTokenizer``/``AutoModel`` call
-  (:func:`load_tokenizer`, :func:`load_causal_lm`), and refuses a remote-code checkpoint without it
-  with an error that names the setting;
-- detects the weight-name prefix from the checkpoint's index (:func:`weight_prefix`) and reads
-  tensors **by name** (:func:`read_tensors`): only the shards that hold them, only those tensors
-  (``safe_open`` is lazy), never the model;
-- refuses, before anything is loaded, a checkpoint the local path cannot execute
-  (:func:`check_local_executable`), naming the backends that can.
-
-torch, transformers and safetensors are imported inside the functions that use them.
+A target ships as it ships: remote code, a vision-language wrapper with the language model's config
+nested in ``text_config`` (Kimi-K2.5), weights under a prefix split over many shards, a slow
+tokenizer, weights the local path cannot execute (compressed-tensors INT4). This module resolves the
+language model's config (:func:`text_config`, :func:`dimensions`), passes ``target.trust_remote_code``
+to every transformers call, reads tensors by name from only the shards that hold them
+(:func:`read_tensors`), and refuses a checkpoint the local path cannot execute before loading it
+(:func:`check_local_executable`). torch, transformers and safetensors are imported inside the
+functions that use them.
 """
 
 from __future__ import annotations

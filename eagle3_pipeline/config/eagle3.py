@@ -218,7 +218,7 @@ class HiddenStatesConfig(ConfigModel):
             "through SGLang's EAGLE-3 switch (set_eagle3_layers_to_capture): for a target only SGLang can hold "
             "(Kimi-K2.5 "
             "INT4 at tp 8). The worker is written against sglang 0.5.14 and sglang 0.5.23 (the release found in "
-            "sglang_python's venv; eagle3_pipeline.hidden_states.sglang_capture.RELEASES) and refuses another version. "
+            "sglang_python's venv; eagle3_pipeline.hidden_states.sglang_api.RELEASES) and refuses another version. "
             "Stop the inference server first: the phase needs the GPUs it holds. vllm: a "
             "vLLM "
             "server already started with the extract_hidden_states speculative method and its "

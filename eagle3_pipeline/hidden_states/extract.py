@@ -2,33 +2,10 @@
 
 ``run(spec, report) -> metadata`` (contract C5) is what ``compute: local`` calls in process and
 what the worker calls on a GPU host; every path in the spec is a path on the machine it runs on.
-
-In order: open ``training_data`` and compute the shard plan (:mod:`.plan`); if the store is already complete
-for these settings (:func:`finished_result`: the same identity, every planned shard complete, its result
-recorded under the same check settings), return that result and stop: no state source is opened, so a finished
-phase needs no server, and the checks are the ones recorded when the store was completed. Else open the state source
-(:class:`StateSource`: ``backend: transformers``, the target in process, :mod:`.capture`; ``backend:
-sglang``, SGLang's model runner with tensor parallelism, :mod:`.sglang_capture`; ``backend: vllm``, a
-vLLM server started with ``extract_hidden_states``, its layer ids proven first, :mod:`.vllm_capture`) and check the
-store's identity (a store made under other settings is an error naming the fields, or is replaced
-with ``overwrite``); estimate the bytes still to write and refuse when the disk has less free than
-that times ``disk_margin``; extract every shard that is not complete (length-sorted batches of at
-most ``batch_tokens`` padded tokens; one shard in memory at a time); write the index and the
-manifest; then re-compute ``spot_check_samples`` samples one by one (the source's
-``reference_states``) and compare (relative L2 error per tensor ≤ ``spot_check_tolerance``, per backend when
-null: :data:`SPOT_CHECK_TOLERANCE`); record the result (``result.json``).
-
-Every backend goes through this one loop; only "the states of a batch of sequences" differs. Under
-tensor parallelism every rank runs the loop (each forward needs all of them) and the source's
-writer (rank 0) alone touches the store: it decides which shards to do, shares that decision and
-the spot-check samples with the other ranks, and writes.
-
-Rolling mode (``rolling_window_shards``, :mod:`eagle3_pipeline.drafter.rolling`): the phase extracts
-only the eval shards (the store's index and manifest cover those; the spot check samples them),
-records the train rows' layout (:func:`.plan.rolling_layout`) and checks the disk for the eval
-shards plus the largest window. The rolling loop then calls the phase with ``shards`` (extract these
-planned train shards into the existing store, with the same per-shard resume; index and manifest
-stay as they are) and with ``delete_shards`` (remove a trained window's files; no target loaded).
+A store already complete for these settings is returned as recorded, with no state source opened;
+else every backend (:mod:`.sources`) goes through the one loop here, shard by shard, resumable, with
+the serving target checked before the first shard and a spot check after the last. The order of
+the steps, tensor parallelism and rolling mode: hidden_states/DESIGN.md "The extract phase".
 """
 
 from __future__ import annotations

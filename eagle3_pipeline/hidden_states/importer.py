@@ -1,34 +1,9 @@
 """The ``import-specforge`` phase: SpecForge's offline hidden states → our store (C3).
 
-SpecForge's ``scripts/prepare_hidden_states.py`` writes one ``torch.save`` dict per sample at
-``OUT/rows_{g}-{g+2000}/data_{idx}.ckpt`` (``.ckpt.gz`` with ``--compress``) with ``input_ids``
-[T], ``loss_mask`` [T], ``aux_hidden_state`` [1, T, 3·H] and ``hidden_state`` [1, T, H] (the
-target's final hidden state after its final norm: our teacher signal, as SpecForge's).
-``idx`` is the sample's row in the data SpecForge was given; records with NaN are skipped there,
-so gaps are expected and counted.
-
-The spec (paths on the machine where the phase runs):
-
-- ``input_dir``: SpecForge's ``OUT`` folder; ``output_dir``: the store folder to write;
-- ``target``: :class:`~eagle3_pipeline.hidden_states.store.TargetIdentity` fields;
-  ``aux_layer_ids``: the layers SpecForge captured, in our output-of-layer convention;
-  ``training_data_version``: recorded in the manifest;
-- ``training_data`` (optional): our ``training_data`` shard files in the order SpecForge was given
-  their rows (train shards, then eval shards). Row ``idx`` then names the sample (id, dataset,
-  split from the file name); its ``input_ids`` must equal SpecForge's, and its loss mask — exact
-  per the ``training_data`` contract — is the one stored (disagreements with SpecForge's are
-  counted). Without it, samples are ``specforge-<idx>`` in split ``train``, dataset ``specforge``;
-- ``samples_per_shard`` (default 256);
-- ``storage_dtype`` (default ``bfloat16``; or ``float8_e4m3``): how our store holds the states
-  (``hidden_states.storage_dtype``); SpecForge's files are read in whatever dtype they hold.
-
-Or, as ``compute: command`` sends it: ``extract`` (the `extract` phase's spec, paths on this
-machine) and ``input_dir``; :func:`spec_from_extract` then builds the keys above here, from the
-host's copy of the target's ``config.json`` (no weights loaded) and its ``training_data``, so the
-store's identity is the one the extractor would record for the same target and data.
-
-Shards are written with the same :class:`ShardWriter` as the extractor (so the tensors are
-byte-identical for the same samples); a finished shard is skipped on a rerun, a torn one redone.
+Reads the per-sample files SpecForge's ``prepare_hidden_states.py`` writes and writes them with the
+extractor's own :class:`ShardWriter` (byte-identical tensors for the same samples), naming each sample
+by our ``training_data`` row where it is given and checking its ids; a finished shard is skipped on a
+rerun. The spec and SpecForge's format: hidden_states/DESIGN.md "Importing SpecForge's states".
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
-"""The hidden-state store: what `hidden_states` writes and the drafter reads.
+"""The hidden-state store: what `hidden_states` writes and the drafter reads (contract C3).
 
-A store is a folder (on the orchestrator for ``compute: local``, on the GPU host otherwise):
-
-- ``shard-NNNNN.safetensors``: the samples of one shard concatenated along the token axis:
-  ``aux_hidden_states`` bf16 [N, 3·H] (the three captured target layers, in id order),
-  ``hidden_states`` bf16 [N, H] (the teacher: the target's final hidden state after its final norm,
-  so teacher logits = target ``lm_head(hidden_states)``), ``input_ids`` int32 [N] and
-  ``loss_mask`` uint8 [N]. The safetensors header metadata holds ``samples`` and ``tokens``.
-  With ``hidden_states.storage_dtype: float8_e4m3`` (:data:`STORAGE_DTYPES`) both state tensors are
-  ``float8_e4m3fn`` instead, each with its per-token scales: ``aux_scales`` float32 [N, 3] (one per
-  token and aux layer) and ``hidden_scales`` float32 [N, 1]; stored value × scale is the state (see
-  :func:`quantize_fp8`). Every reader goes through :class:`ShardFile`, which hands back bf16 either way.
-  The teacher is fp8 too, so the store halves (a bf16 teacher would keep 62.5 %): on the embedded
-  model (benchmarks/store_dtype_tau.py) its argmax flips at 2.5 % of tokens, nearly all where the
-  target's top two are within 0.05 of each other, KL(bf16 ‖ fp8) is 0.0056 nats per token, and τ
-  of a drafter trained on it is 0.5 % (6 epochs) and 1.2 % (12 epochs) below the bf16 store's, within
-  the noise of its 12 eval samples (docs/measurements.md, "fp8 store and τ").
-- ``shard-NNNNN.index.parquet``: that shard's rows of the index, written after the tensors. A shard
-  is finished only when both files exist and agree (:meth:`HiddenStateStore.shard_complete`), so a
-  shard torn by a kill is detected and redone.
-- ``index.parquet``: every finished shard's rows (:data:`INDEX_SCHEMA`): sample id → shard, offset,
-  length, split, dataset.
-- ``manifest.json``: :class:`StoreManifest`: the target (name, config hash, depth, sizes), the
-  captured layer ids and the numbering convention they use, the teacher signal, the
-  ``training_data`` version the states were computed from, the byte accounting, and how the states
-  were captured (``capture``: the backend; for SGLang its version, the model class, the family rule
-  and the ids handed to ``set_eagle3_layers_to_capture``).
-
-Layer ids here use the **output-of-layer** convention (:data:`LAYER_CONVENTION`): id ``k`` is the
-output of decoder layer ``k`` (0-based), i.e. ``transformers``' ``hidden_states[k + 1]``. What the
-export writes for each server, whose rules differ by model family (SGLang's Llama adds 1 to every
-id, its DeepSeek-V3/Kimi model only when the first id is 1; vLLM takes ids as written), is decided
-in one place: :func:`eagle3_pipeline.layer_ids.server_layer_ids`.
-
-torch and safetensors are imported inside the functions that need them.
+Shards of safetensors (the aux states, the teacher, ids and loss masks; bf16, or fp8 with per-token
+scales, read back as bf16 through :class:`ShardFile`), each with its index rows, the whole index, and
+a manifest recording the target, the captured layers (output-of-layer ids, :data:`LAYER_CONVENTION`),
+the training_data version and how the states were captured. A shard counts only when complete, so a
+torn one is redone. The layout and why: hidden_states/DESIGN.md "The store". torch and safetensors are
+imported inside the functions that need them.
 """
 
 from __future__ import annotations

@@ -1,50 +1,12 @@
 """Hidden states from a vLLM server started for extraction: the state source of
 ``hidden_states.backend: vllm`` (:func:`open_vllm_target`).
 
-This module uses a server **already started** (it does not start ``vllm serve``) as vLLM documents
-it (vllm-project/vllm ``docs/features/speculative_decoding/extract_hidden_states.md``, the
-``extract_hidden_states`` method that replaced speculators' ``VllmHiddenStatesGenerator``,
-speculators PR #353), with the flags :func:`eagle3_pipeline.hidden_states.vllm_server.server_args` gives::
-
-    python -m vllm.entrypoints.openai.api_server --model TARGET --no-enable-chunked-prefill \\
-      --no-enable-prefix-caching \\
-      --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,
-          "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [a+1, b+1, c+1, N]}}}' \\
-      --kv-transfer-config '{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": DIR}}'
-
-The ids are vLLM's input-of-layer indices: ``a+1`` is the residual stream entering layer ``a+1``, the
-output of our layer ``a`` (:func:`eagle3_pipeline.layer_ids.extraction_layer_ids`), and
-``N`` (``num_hidden_layers``) is the last layer's output **without** the final norm (the doc's note). The
-store's manifest records them (``capture.eagle_aux_hidden_state_layer_ids``). Before its first request the
-source proves that the server runs exactly these (:meth:`VllmTarget.check_layers`: read from the server
-process's command line on this machine, :mod:`eagle3_pipeline.hidden_states.vllm_server`) and refuses
-otherwise, naming them; the file's shape is checked again on every request.
-
-Per sample, one ``POST /v1/completions`` with ``prompt`` = our token ids, ``max_tokens`` 1 and
-``return_token_ids: true`` (vLLM's ``CompletionRequest`` flag; the choice then carries
-``prompt_token_ids``, and the response ``kv_transfer_params``: vllm
-``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionResponseChoice`` / ``CompletionResponse``),
-under the model name the server serves (its one entry of ``GET /v1/models``, which
-``--served-model-name`` may set to anything). The returned ids must equal ours, or the sample is refused at
-the first differing position. The response's top-level ``kv_transfer_params["hidden_states_path"]`` names the
-file the connector writes for the request (``{request_id}.safetensors`` under ``shared_storage_path``; vllm
-``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``; it writes one for
-**every** completion, the validation's too); :func:`take_file` reads it under ``hidden_states.vllm_output_dir``
-by its name, after a shared ``flock`` on its ``.lock`` companion when the connector writes one (the
-connector's ``load_hidden_states``: newer versions write asynchronously and hold an exclusive lock until
-done; an older connector without the lock saves in place, so its file is retried until it parses), and
-deletes it with its lock once read (a refused request's file too). The file holds ``hidden_states``
-[T, 4, H] (the layers in the order configured) and ``token_ids`` [T], which must also equal ours.
-
-The teacher is the target's final RMSNorm applied here to layer ``N``'s state, as the target's
-``RMSNorm`` computes it (float32, ``x · rsqrt(mean(x²) + eps)``, then ``weight ·`` in the input
-dtype): the weight read by name from the checkpoint's index (``…model.norm.weight``,
-:func:`eagle3_pipeline.target.read_tensors`), ``eps`` the language model's ``rms_norm_eps``. So
-``hidden_states.model`` must name the target's checkpoint folder where extraction runs (its config
-and that one tensor are read; no other weight).
-
-httpx and torch are imported inside the functions that use them.
+The server, already started with vLLM's ``extract_hidden_states`` method and its hidden-states
+connector, must run exactly the store's layer ids (proven before the first request); each sample is
+one completion of our token ids, whose states the connector writes to a file read here and deleted.
+The teacher is the target's final RMSNorm applied here to the last layer's state. The flags, the
+files and why: hidden_states/DESIGN.md "A vLLM extraction server". httpx and torch are imported
+inside the functions that use them.
 """
 
 from __future__ import annotations

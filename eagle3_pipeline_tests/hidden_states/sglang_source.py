@@ -1,5 +1,5 @@
 """Checks a release's SGLang entry points (``Release.uses`` and ``Release.aux`` of
-:mod:`eagle3_pipeline.hidden_states.sglang_capture`) against SGLang source read as text (``ast``,
+:mod:`eagle3_pipeline.hidden_states.sglang_api`) against SGLang source read as text (``ast``,
 nothing is imported): a wheel's (``test_sglang_signatures``) and the stand-in's (``test_sglang_backend``).
 
 Per entry:
@@ -33,7 +33,7 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from eagle3_pipeline.hidden_states.sglang_capture import AuxForm, Release, SGLangUse
+from eagle3_pipeline.hidden_states.sglang_api import AuxForm, Release, SGLangUse
 
 Reader = Callable[[str], str | None]  # a module's path in the tree ("sglang/srt/x.py") → its text, or None
 

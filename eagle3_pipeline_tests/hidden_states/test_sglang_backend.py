@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.extract import batches, run
 from eagle3_pipeline.hidden_states.plan import plan_shards
-from eagle3_pipeline.hidden_states.sglang_capture import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
+from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.layer_ids import LayerIdError
 from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB

@@ -1,5 +1,5 @@
 """Every SGLang name each release's worker path uses (``Release.uses`` of
-:mod:`eagle3_pipeline.hidden_states.sglang_capture`: modules, classes, methods, functions,
+:mod:`eagle3_pipeline.hidden_states.sglang_api`: modules, classes, methods, functions,
 attributes, the keyword parameters it passes and how many positional ones) and its aux-tensor
 contract (``Release.aux``) are in that release's wheel, read with ``ast``
 (``eagle3_pipeline_tests/hidden_states/sglang_source.py``; wheels from ``sglang_wheels.py``).
@@ -16,7 +16,7 @@ import re
 import pytest
 
 from eagle3_pipeline.config import HiddenStatesConfig
-from eagle3_pipeline.hidden_states.sglang_capture import (
+from eagle3_pipeline.hidden_states.sglang_api import (
     RELEASES,
     SUPPORTED_VERSIONS,
     AuxForm,
