@@ -21,80 +21,44 @@
   some of its processes left) or absent, from the pid file and ``/proc``.
 
 Nothing is ever killed by name. The results (:class:`StartResult`, :class:`StopResult`) are typed, with
-their durations and reasons, for the Dagster layer's events and observations.
+their durations and reasons, for the Dagster layer's events and observations (:mod:`.outcomes`); the pid
+file's record, the ``/proc`` view and the shell scripts are :mod:`.processes`'.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Literal, NoReturn
+from typing import NoReturn
 
 from eagle3_pipeline.health import HealthReport, Status, run_health_tick
 from eagle3_pipeline.health.script import Section, SectionOutput, run_shell_probes, section_failure
 from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.managed.launch import LaunchLine
+from eagle3_pipeline.managed.outcomes import ServerStatus, StartResult, StopResult, StopVerification
 from eagle3_pipeline.managed.plan import ManagedServerPlan
+from eagle3_pipeline.managed.processes import (
+    GROUP_KILL_SCRIPT,
+    GROUP_SCRIPT,
+    LAUNCH_SCRIPT,
+    NVIDIA_SMI,
+    PIDS_KILL_SCRIPT,
+    PROBE_TIMEOUT_S,
+    GroupSnapshot,
+    ProcessRef,
+    Seen,
+    ServerRecord,
+    parse_stat,
+    port_check,
+    port_holders,
+)
 
 READY_CHECKS = ("server_process", "port", "generation")
-RECORD_VERSION = 1
 LOG_TAIL_LINES = 40
 COMMAND_TIMEOUT_S = 60.0
-PROBE_TIMEOUT_S = 10.0
-_SS_OWNER = re.compile(r'\("([^"]*)",pid=(\d+)')
-
-# The group probe: the boot id, the leader's /proc stat line and command line (hex, NULs kept), and the
-# stat line of every process whose process group or session is the server's. $1 = pid, $2 = pgid.
-_GROUP_SCRIPT = r"""p=$1; g=$2
-printf 'boot %s\n' "$(cat /proc/sys/kernel/random/boot_id)"
-if s=$(cat "/proc/$p/stat" 2>/dev/null); then
-  printf 'leader %s\n' "$s"
-  printf 'cmdline %s\n' "$(od -An -v -tx1 "/proc/$p/cmdline" 2>/dev/null | tr -d ' \n')"
-fi
-for q in $(ps -eo pid=,pgid=,sid= | awk -v g="$g" '$2 == g || $3 == g {print $1}'); do
-  s=$(cat "/proc/$q/stat" 2>/dev/null) && printf 'member %s\n' "$s"
-done
-exit 0
-"""
-# Starts argv detached: `setsid` makes it a session (and group) leader; the shell it runs writes its own
-# pid (the same process once it execs argv) to a temporary file, which this script prints with the stat
-# line. $1 = log, $2 = pid tmp file, $3 = header line, the rest = the command (env assignments first).
-_LAUNCH_SCRIPT = r"""log=$1; tmp=$2; header=$3; shift 3
-mkdir -p "$(dirname "$log")" || exit 3
-printf '%s\n' "$header" >>"$log" || exit 3
-rm -f "$tmp"
-setsid sh -c 'echo $$ >"$0"; exec "$@"' "$tmp" "$@" >>"$log" 2>&1 </dev/null &
-i=0
-while [ ! -s "$tmp" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
-pid=$(cat "$tmp" 2>/dev/null); rm -f "$tmp"
-[ -n "$pid" ] || { echo 'the launched shell wrote no pid' >&2; exit 4; }
-printf 'pid %s\n' "$pid"
-printf 'boot %s\n' "$(cat /proc/sys/kernel/random/boot_id)"
-s=$(cat "/proc/$pid/stat" 2>/dev/null) && printf 'stat %s\n' "$s"
-exit 0
-"""
-# Signals the group only while its leader is still the recorded process (start time checked in the same
-# shell as the kill). $1 = signal, $2 = pid = pgid, $3 = start time.
-_GROUP_KILL_SCRIPT = r"""s=$(cat "/proc/$2/stat" 2>/dev/null) || exit 0
-t=$(printf '%s\n' "${s##*) }" | cut -d' ' -f20)
-[ "$t" = "$3" ] && kill -"$1" -"$2" 2>/dev/null
-exit 0
-"""
-# Signals single processes, each only while its start time is the recorded one. $1 = signal, then pid/ticks pairs.
-_PIDS_KILL_SCRIPT = r"""sig=$1; shift
-while [ $# -ge 2 ]; do
-  s=$(cat "/proc/$1/stat" 2>/dev/null) && t=$(printf '%s\n' "${s##*) }" | cut -d' ' -f20) && [ "$t" = "$2" ] \
-    && kill -"$sig" "$1" 2>/dev/null
-  shift 2
-done
-exit 0
-"""
-_NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
 
 
 class ManagedServerError(RuntimeError):
@@ -128,219 +92,6 @@ class StopNotVerifiedError(ManagedServerError):
     def __init__(self, message: str, result: StopResult) -> None:
         super().__init__(message)
         self.result = result
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    """One process as ``/proc/<pid>/stat`` shows it."""
-
-    pid: int
-    comm: str
-    state: str
-    pgid: int
-    sid: int
-    start_ticks: int
-
-    @property
-    def live(self) -> bool:
-        return self.state not in ("Z", "X")
-
-
-def parse_stat(line: str) -> ProcInfo:
-    """A ``/proc/<pid>/stat`` line (the command name may hold spaces and parentheses)."""
-    head, _, rest = line.rpartition(")")
-    pid, _, comm = head.partition(" (")
-    fields = rest.split()
-    return ProcInfo(int(pid), comm, fields[0], int(fields[2]), int(fields[3]), int(fields[19]))
-
-
-@dataclass(frozen=True)
-class ProcessRef:
-    """A process of the server: its pid and start time (clock ticks since boot) tell it from a reuse."""
-
-    pid: int
-    start_ticks: int
-
-
-@dataclass(frozen=True)
-class ServerRecord:
-    """The pid file: the server the pipeline started, and what identifies its processes."""
-
-    pid: int
-    pgid: int
-    start_ticks: int
-    boot_id: str
-    argv: tuple[str, ...]
-    env_names: tuple[str, ...]
-    engine: str
-    port: int
-    role: str
-    reason: str
-    started_at: str
-    log_path: str
-    cmdline: tuple[str, ...] | None = None  # as /proc/<pid>/cmdline shows it once ready
-    members: tuple[ProcessRef, ...] = ()  # the group's processes seen, the leader included
-
-    def to_json(self) -> str:
-        return json.dumps({"version": RECORD_VERSION, **asdict(self)}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ServerRecord:
-        data = json.loads(text)
-        if data.pop("version", None) != RECORD_VERSION:
-            raise ValueError(f"expected version {RECORD_VERSION}")
-        data["argv"] = tuple(data["argv"])
-        data["env_names"] = tuple(data["env_names"])
-        data["cmdline"] = tuple(data["cmdline"]) if data.get("cmdline") is not None else None
-        data["members"] = tuple(ProcessRef(**m) for m in data.get("members") or ())
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class GroupSnapshot:
-    """The host's view of a server: the boot id, the leader (if its pid is alive) and the group's processes."""
-
-    boot_id: str
-    leader: ProcInfo | None
-    leader_cmdline: tuple[str, ...] | None
-    group: tuple[ProcInfo, ...]
-
-    def live_group(self) -> list[ProcInfo]:
-        return [p for p in self.group if p.live]
-
-
-State = Literal["absent", "running", "exited", "orphaned", "foreign"]
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """``absent``: no pid file; ``running``: its leader is the recorded process; ``exited``: it and every
-    recorded process are gone; ``orphaned``: the leader is gone, recorded processes are left;
-    ``foreign``: the recorded pid is a live process of another start time, group or command."""
-
-    state: State
-    detail: str
-    record: ServerRecord | None = None
-    alive: tuple[ProcessRef, ...] = ()
-
-
-@dataclass(frozen=True)
-class StopVerification:
-    """What a stop found afterwards; ``ok`` when nothing of the server is held."""
-
-    processes_left: tuple[ProcessRef, ...]
-    port: int
-    port_holders: tuple[tuple[int, str], ...]  # (pid, command name); (0, why) when no owner is visible
-    gpu_holders: tuple[tuple[int, int], ...]  # (pid, MiB)
-    gpu_check: str
-
-    @property
-    def ok(self) -> bool:
-        return not self.processes_left and not self.port_holders and not self.gpu_holders and not self.gpu_failed
-
-    @property
-    def gpu_failed(self) -> bool:
-        return self.gpu_check.startswith("failed")
-
-    def problems(self) -> list[str]:
-        found = []
-        if self.processes_left:
-            found.append(
-                "processes of the server still alive: " + ", ".join(f"pid {p.pid}" for p in self.processes_left)
-            )
-        if self.port_holders:
-            holders = ", ".join(f"pid {pid} ({name})" if pid else name for pid, name in self.port_holders)
-            found.append(f"port {self.port} still listening, held by {holders}")
-        if self.gpu_holders:
-            found.append(
-                "GPU memory still held by "
-                + ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in self.gpu_holders)
-                + " (nvidia-smi --query-compute-apps)"
-            )
-        if self.gpu_failed:
-            found.append(self.gpu_check)
-        return found
-
-
-@dataclass(frozen=True)
-class StartResult:
-    """A server started and ready: what, where, why and how long (launch to ready)."""
-
-    server: str
-    host: str
-    role: str
-    reason: str
-    pid: int
-    port: int
-    command: str  # the launch line, environment by names only
-    log_path: str
-    pid_path: str
-    duration_s: float
-    members: tuple[ProcessRef, ...]
-    report: HealthReport
-    replaced: str | None = None  # a stale pid file this start replaced, and why it was stale
-
-    def as_metadata(self) -> dict[str, Any]:
-        return {
-            "server": self.server,
-            "host": self.host,
-            "role": self.role,
-            "reason": self.reason,
-            "pid": self.pid,
-            "port": self.port,
-            "command": self.command,
-            "log_path": self.log_path,
-            "duration_s": round(self.duration_s, 3),
-            "processes": len(self.members),
-            **({"replaced": self.replaced} if self.replaced else {}),
-        }
-
-
-@dataclass(frozen=True)
-class StopResult:
-    """A stop: whether a server of ours was running, the signals sent, how long it took, what was verified."""
-
-    server: str
-    host: str
-    reason: str
-    was_running: bool
-    pid: int | None
-    role: str | None
-    signals: tuple[str, ...]
-    duration_s: float
-    verification: StopVerification
-
-    @property
-    def verified(self) -> bool:
-        return self.verification.ok
-
-    def as_metadata(self) -> dict[str, Any]:
-        return {
-            "server": self.server,
-            "host": self.host,
-            "reason": self.reason,
-            "was_running": self.was_running,
-            "pid": self.pid,
-            "role": self.role,
-            "signals": list(self.signals),
-            "duration_s": round(self.duration_s, 3),
-            "verified": self.verified,
-            "gpu_check": self.verification.gpu_check,
-        }
-
-
-@dataclass
-class _Seen:
-    """The server's processes seen during one start or stop (pid → start time)."""
-
-    processes: dict[int, int] = field(default_factory=dict)
-
-    def add(self, infos: Iterable[ProcInfo]) -> None:
-        for info in infos:
-            self.processes.setdefault(info.pid, info.start_ticks)
-
-    def refs(self) -> tuple[ProcessRef, ...]:
-        return tuple(ProcessRef(pid, ticks) for pid, ticks in sorted(self.processes.items()))
 
 
 class ManagedServer:
@@ -399,7 +150,7 @@ class ManagedServer:
         return result.stdout.rstrip("\n") if result.ok else f"(no log at {self.log_path})"
 
     def _snapshot(self, pid: int, pgid: int) -> GroupSnapshot:
-        out = self._run(quote_args("sh", "-c", _GROUP_SCRIPT, "sh", str(pid), str(pgid)), PROBE_TIMEOUT_S)
+        out = self._run(quote_args("sh", "-c", GROUP_SCRIPT, "sh", str(pid), str(pgid)), PROBE_TIMEOUT_S)
         boot, leader, cmdline, group = "", None, None, []
         for line in out.splitlines():
             kind, _, value = line.partition(" ")
@@ -467,7 +218,7 @@ class ManagedServer:
         section = out.sections.get("ss")
         if section is None or section_failure(section, "ss", PROBE_TIMEOUT_S) is not None:
             return None
-        return _port_holders(section.text, self.plan.port)
+        return port_holders(section.text, self.plan.port)
 
     def start(self, launch: LaunchLine, reason: str) -> StartResult:
         """Start the server for ``launch.purpose``, wait until the health tick calls it ready (module doc)."""
@@ -488,7 +239,7 @@ class ManagedServer:
                 f"that process and leaves it alone: stop it, or give {self.plan.setting}.port another port"
             )
         record = self._launch(launch, reason)
-        seen = _Seen({record.pid: record.start_ticks})
+        seen = Seen({record.pid: record.start_ticks})
         deadline = time.monotonic() + self.plan.serving.startup_timeout_s
         spec = self.plan.server_spec()
         report: HealthReport | None = None
@@ -532,7 +283,7 @@ class ManagedServer:
         env = [f"{name}={value}" for name, value in sorted(launch.env.items())]
         command = ["env", *env, *launch.argv] if env else list(launch.argv)
         tmp = f"{self.pid_path}.launch"
-        out = self._run(quote_args("sh", "-c", _LAUNCH_SCRIPT, "sh", self.log_path, tmp, header, *command))
+        out = self._run(quote_args("sh", "-c", LAUNCH_SCRIPT, "sh", self.log_path, tmp, header, *command))
         values: dict[str, str] = {}
         for line in out.splitlines():
             key, _, value = line.partition(" ")
@@ -564,7 +315,7 @@ class ManagedServer:
         self._write_record(record)
         return record
 
-    def _fail_start(self, record: ServerRecord, seen: _Seen, what: str) -> NoReturn:
+    def _fail_start(self, record: ServerRecord, seen: Seen, what: str) -> NoReturn:
         """Stop what is left of a start that failed (its recorded processes only), then raise with the log."""
         record = replace(record, members=seen.refs())
         self._write_record(record)
@@ -593,7 +344,7 @@ class ManagedServer:
             return self._stopped(None, reason, (), started, verification)
         snap = self._snapshot(record.pid, record.pgid)
         why = self._identify(record, snap)
-        seen = _Seen({m.pid: m.start_ticks for m in record.members})
+        seen = Seen({m.pid: m.start_ticks for m in record.members})
         if why is None:
             seen.add(p for p in snap.live_group())
             signals = self._signal_group(record)
@@ -661,7 +412,7 @@ class ManagedServer:
                 break
             signals.append(signal)
             self._run(
-                quote_args("sh", "-c", _GROUP_KILL_SCRIPT, "sh", signal, str(record.pgid), str(record.start_ticks))
+                quote_args("sh", "-c", GROUP_KILL_SCRIPT, "sh", signal, str(record.pgid), str(record.start_ticks))
             )
             deadline = time.monotonic() + wait_s
             while self._group_alive(record) and time.monotonic() < deadline:
@@ -677,7 +428,7 @@ class ManagedServer:
                 break
             signals.append(signal)
             pairs = [str(v) for p in pending for v in (p.pid, p.start_ticks)]
-            self._run(quote_args("sh", "-c", _PIDS_KILL_SCRIPT, "sh", signal, *pairs))
+            self._run(quote_args("sh", "-c", PIDS_KILL_SCRIPT, "sh", signal, *pairs))
             deadline = time.monotonic() + wait_s
             while pending and time.monotonic() < deadline:
                 pending = self._still_alive(pending)
@@ -700,9 +451,9 @@ class ManagedServer:
         deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
         while True:
             left = tuple(self._still_alive(processes)) if processes else ()
-            sections: list[Section] = [("ss", ("ss", "-Htlnp")), ("gpu", _NVIDIA_SMI)]
+            sections: list[Section] = [("ss", ("ss", "-Htlnp")), ("gpu", NVIDIA_SMI)]
             out = run_shell_probes(self.host, sections, PROBE_TIMEOUT_S)
-            port = _port_check(out.sections.get("ss"), self.plan.port, out.failure)
+            port = port_check(out.sections.get("ss"), self.plan.port, out.failure)
             gpu_holders, gpu_check = self._gpu_check(out.sections.get("gpu"), pids, out.failure)
             verification = StopVerification(left, self.plan.port, port, gpu_holders, gpu_check)
             if verification.ok or time.monotonic() > deadline:
@@ -738,22 +489,3 @@ class ManagedServer:
 def _ready(report: HealthReport) -> bool:
     statuses = {check.name: check.status for check in report.checks}
     return all(statuses.get(name) == Status.OK for name in READY_CHECKS)
-
-
-def _port_holders(ss_text: str, port: int) -> tuple[tuple[int, str], ...]:
-    """Who listens on ``port`` in ``ss -Htlnp`` output: (pid, command name); (0, why) when no owner is visible."""
-    holders: dict[int, str] = {}
-    for line in ss_text.splitlines():
-        columns = line.split()
-        if len(columns) < 5 or columns[3].rpartition(":")[2] != str(port):
-            continue
-        owners = {int(pid): name for name, pid in _SS_OWNER.findall(line)}
-        holders.update(owners or {0: "an owner not visible to this user"})
-    return tuple(sorted(holders.items()))
-
-
-def _port_check(section: SectionOutput | None, port: int, missing: str) -> tuple[tuple[int, str], ...]:
-    """The port's holders after a stop; when ss cannot tell, the port counts as held (by an unknown owner)."""
-    if section is None or section_failure(section, "ss", PROBE_TIMEOUT_S) is not None:
-        return ((0, f"an unknown owner (ss gave no answer: {missing or 'it failed'})"),)
-    return _port_holders(section.text, port)
