@@ -117,6 +117,7 @@ def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> 
             port=port,
             base_url=server_root(running.base_url),
             model=running.model,
+            tp_size=1,
             process_pattern=r"eagle3_pipeline\.serving .*\"serve\"",
         )
     return None

@@ -1,19 +1,35 @@
-"""The domain's settings objects that mirror a section of the pipeline file have no defaults of their
-own: every value comes from the validated file, so the file's default is the only one (a mirror with
-its own once trained 1 epoch where the file says 10, and wanted 8 GPUs where the file says 0)."""
+"""The domain's settings objects that mirror a section of the pipeline file, and the parameters named as
+a section's fields, have no defaults of their own: every value comes from the validated file, so the
+file's default is the only one (a mirror with its own once trained 1 epoch where the file says 10, and
+wanted 8 GPUs where the file says 0)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eagle3_pipeline.config import DrafterConfig, HealthConfig, load_config, local_profile_path
+from eagle3_pipeline.config import (
+    DrafterConfig,
+    DrafterEvalConfig,
+    HealthConfig,
+    HiddenStatesConfig,
+    HostConfig,
+    MonitoredServerConfig,
+    TargetConfig,
+    load_config,
+    local_profile_path,
+)
 from eagle3_pipeline.config.base import ConfigModel
+from eagle3_pipeline.drafter import evaluate
 from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings, parse_spec, train_spec
-from eagle3_pipeline.health import HealthThresholds
+from eagle3_pipeline.health import HealthThresholds, ServerSpec
+from eagle3_pipeline.hidden_states.capture import load_target
+from eagle3_pipeline.hosts import SshHost
 from eagle3_pipeline.monitor import thresholds_for
 
 PROFILES = Path(local_profile_path()).parent
@@ -22,6 +38,17 @@ PROFILES = Path(local_profile_path()).parent
 MIRRORS: list[tuple[type[Any], type[ConfigModel], frozenset[str]]] = [
     (TrainSettings, DrafterConfig, NOT_SETTINGS),
     (HealthThresholds, HealthConfig, frozenset()),
+    (evaluate.EvalSpec, DrafterEvalConfig, frozenset()),
+    (evaluate.EvalSpec, DrafterConfig, frozenset()),
+    # generation_probe: the benchmark's server (drafter/online.py) has no such setting and asks by chat.
+    (ServerSpec, MonitoredServerConfig, frozenset({"generation_probe"})),
+]
+# (a function or class taking settings as parameters, the file's section they come from): a parameter
+# named as a field of the section has no default.
+PARAMETERS: list[tuple[Callable[..., Any], type[ConfigModel]]] = [
+    (SshHost, HostConfig),
+    (load_target, HiddenStatesConfig),
+    (load_target, TargetConfig),
 ]
 
 
@@ -35,6 +62,30 @@ def test_a_mirror_has_no_default_for_a_field_of_the_file(
         f.name for f in shared if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     ]
     assert own == [], f"{mirror.__name__} has defaults of its own for {section.__name__} fields {own}"
+
+
+@pytest.mark.parametrize(("taker", "section"), PARAMETERS, ids=lambda v: getattr(v, "__name__", ""))
+def test_a_settings_parameter_has_no_default(taker: Callable[..., Any], section: type[ConfigModel]) -> None:
+    parameters = inspect.signature(taker).parameters
+    shared = [name for name in parameters if name in section.model_fields]
+    assert shared, f"{taker.__name__} takes no parameter named as a field of {section.__name__}"
+    own = [name for name in shared if parameters[name].default is not inspect.Parameter.empty]
+    assert own == [], f"{taker.__name__} has defaults of its own for {section.__name__} fields {own}"
+
+
+def test_an_ssh_host_takes_every_host_setting() -> None:
+    """build_host hands SshHost the section whole: every field but where and which kind is a parameter."""
+    assert set(HostConfig.model_fields) - {"kind", "hostname"} <= set(inspect.signature(SshHost).parameters)
+
+
+def test_the_evaluate_spec_carries_every_drafter_eval_setting_and_refuses_one_missing(tmp_path: Path) -> None:
+    settings = evaluate.spec_settings(DrafterEvalConfig(), DrafterConfig())
+    assert set(settings) == set(evaluate.SETTINGS)
+    assert {"steps", "device", "draft_cost_ratio", "min_data_agreement"} <= set(settings)
+    del settings["min_data_agreement"]
+    spec = {"store": str(tmp_path / "store"), "draft_vocab": str(tmp_path / "vocab"), **settings}
+    with pytest.raises(evaluate.EvaluateError, match=r"lacks \['min_data_agreement'\]"):
+        evaluate.parse_spec(spec)
 
 
 def test_train_settings_carry_every_drafter_setting() -> None:

@@ -44,8 +44,9 @@ _DEFAULT_METRICS_PATHS: dict[str, str | None] = {
 class ServerSpec:
     """The inference server a tick checks.
 
-    `process_pattern` is a regex searched in each process's full command line (`ps` args); empty
-    means the default for `kind` (required for "custom"). `port` is the port on the host;
+    `tp_size` and `process_pattern` mirror the file's `health.server` (or `serving:`) settings and have
+    no default here. `process_pattern` is a regex searched in each process's full command line (`ps`
+    args); empty means the default for `kind` (required for "custom"). `port` is the port on the host;
     `base_url` is how this process reaches the server over HTTP (it may be a tunnel).
     `metrics_path` "" means the default for `kind` (None: no Prometheus endpoint, no throughput
     check). `api_key` is sent as a bearer token and never printed.
@@ -55,8 +56,8 @@ class ServerSpec:
     port: int
     base_url: str
     model: str
-    tp_size: int = 1
-    process_pattern: str = ""
+    tp_size: int
+    process_pattern: str
     generation_probe: GenerationProbe = "chat"
     metrics_path: str | None = ""
     api_key: str | None = field(default=None, repr=False)

@@ -96,11 +96,10 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_target(
-    model: str, name: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False
-) -> Target:
+def load_target(model: str, name: str, device: str, dtype: str, trust_remote_code: bool) -> Target:
     """The target through :func:`eagle3_pipeline.target.load_causal_lm` (which refuses what this
-    path cannot execute), its identity from the language model's config."""
+    path cannot execute), its identity from the language model's config. ``device``, ``dtype`` and
+    ``trust_remote_code`` are the file's ``hidden_states`` and ``target`` settings (no default here)."""
     where = resolve_device(device)
     chosen = dtype if dtype != "auto" else ("bfloat16" if where == "cuda" else "float32")
     loaded = load_causal_lm(model, trust_remote_code, chosen, where)

@@ -570,6 +570,7 @@ def spec_for(server: FakeSglang, **overrides: Any) -> ServerSpec:
         "base_url": server.base_url,
         "model": "fake",
         "tp_size": server.tp_size,
+        "process_pattern": "",
     }
     options.update(overrides)
     return ServerSpec(**options)

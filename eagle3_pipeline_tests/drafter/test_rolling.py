@@ -73,7 +73,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def target(local_model: Path) -> Target:
-    return load_target(str(local_model), "SmolLM2-135M-Instruct", device="cpu")
+    return load_target(str(local_model), "SmolLM2-135M-Instruct", "cpu", "auto", False)
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +244,7 @@ def test_kill_9_of_the_rolling_loop_inside_a_window_resumes_to_the_same_drafter(
         "from eagle3_pipeline_tests.drafter.test_rolling import Phases, load_target\n"
         f"model = Path({str(local_model)!r})\n"
         f"Phases(Path({str(data)!r}), Path({str(data / 'kill9')!r}), model, load_target(str(model), "
-        "'SmolLM2-135M-Instruct', device='cpu')).roll()\n"
+        "'SmolLM2-135M-Instruct', 'cpu', 'auto', False)).roll()\n"
     )
     log = (data / "kill9.log").open("w")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

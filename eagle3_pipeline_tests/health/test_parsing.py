@@ -99,10 +99,18 @@ def test_settings_validation() -> None:
     with pytest.raises(ValueError, match="artifacts_dir: expected an absolute path"):
         replace(valid, artifacts_dir="relative/dir")
     with pytest.raises(ValueError, match="process_pattern: required"):
-        ServerSpec(kind="custom", port=8000, base_url="http://h:8000", model="m")
+        ServerSpec(kind="custom", port=8000, base_url="http://h:8000", model="m", tp_size=1, process_pattern="")
     with pytest.raises(ValueError, match="optional_checks: unknown"):
         replace(valid, optional_checks=frozenset({"gpu"}))
-    spec = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000/", model="m", api_key="sk-secret")
+    spec = ServerSpec(
+        kind="sglang",
+        port=30000,
+        base_url="http://h:30000/",
+        model="m",
+        tp_size=1,
+        process_pattern="",
+        api_key="sk-secret",
+    )
     assert "sk-secret" not in repr(spec) and spec.url("/metrics") == "http://h:30000/metrics"
 
 
@@ -114,7 +122,13 @@ def test_generation_target_names_its_url_without_credentials() -> None:
     assert target.probe_url == "https://router.example:8443/api/v1/chat/completions"
     assert "sk-abc123" not in repr(target) and "pw" not in target.label
     sglang = ServerSpec(
-        kind="sglang", port=30000, base_url="http://h:30000", model="m", generation_probe="health_generate"
+        kind="sglang",
+        port=30000,
+        base_url="http://h:30000",
+        model="m",
+        tp_size=1,
+        process_pattern="",
+        generation_probe="health_generate",
     )
     assert sglang.target().probe_url == "http://h:30000/health_generate" and not sglang.target().hosted
 
@@ -134,12 +148,12 @@ def test_generation_target_names_its_url_without_credentials() -> None:
     ],
 )
 def test_default_process_patterns(kind: str, args: str, matches: bool) -> None:
-    spec = ServerSpec(kind=kind, port=30000, base_url="http://h:30000", model="m")  # type: ignore[arg-type]
+    spec = ServerSpec(kind=kind, port=30000, base_url="http://h:30000", model="m", tp_size=1, process_pattern="")  # type: ignore[arg-type]
     assert bool(re.search(spec.command_pattern, args)) is matches
 
 
 def test_server_process_tree_ranks_and_own_probe_excluded() -> None:
-    spec = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000", model="m", tp_size=2)
+    spec = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000", model="m", tp_size=2, process_pattern="")
     processes = [
         ProcessInfo(10, 1, "python -m sglang.launch_server --tp-size 2"),
         ProcessInfo(11, 10, "sglang::scheduler_TP0"),

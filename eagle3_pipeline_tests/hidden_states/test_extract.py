@@ -52,7 +52,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def target(local_model: Path) -> Target:
-    return load_target(str(local_model), "SmolLM2-135M-Instruct", device="cpu")
+    return load_target(str(local_model), "SmolLM2-135M-Instruct", "cpu", "auto", False)
 
 
 @pytest.fixture

@@ -63,7 +63,7 @@ def test_fp8_store_refuses_a_bf16_store_and_its_spot_check_still_catches_shifted
     tensors = load_file(str(shard))
     tensors[AUX_KEY] = tensors[AUX_KEY].roll(1, dims=0)  # states shifted by one token: a plausible bug
     save_file(tensors, str(shard), metadata=header)
-    target = load_target(str(local_model), "SmolLM2-135M-Instruct", device="cpu")
+    target = load_target(str(local_model), "SmolLM2-135M-Instruct", "cpu", "auto", False)
     verdict = spot_check(HiddenStateStore(out), target, [1, 14, 26], 8, 0.01, FP8)
     assert not verdict["spot_check_passed"] and verdict["spot_check_max_rel_error"] > 0.1
 

@@ -167,7 +167,7 @@ class BrokenTeacher:
 
 @pytest.fixture(scope="module")
 def target(local_model: Path) -> Target:
-    return load_target(str(local_model), NAME, device="cpu")
+    return load_target(str(local_model), NAME, "cpu", "auto", False)
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +428,7 @@ def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: 
     """The tiny Kimi-K2.5 stand-in (remote code, nested text config, ``language_model.lm_head`` in
     shards, TikToken tokenizer). Its random weights put every top-2 margin under 0.2 nats, so the
     near-tie margin is 0.001 here; a teacher shifted by a position still fails."""
-    kimi = load_target(str(kimi_checkpoint), "kimi-k2.5", device="cpu", trust_remote_code=True)
+    kimi = load_target(str(kimi_checkpoint), "kimi-k2.5", "cpu", "auto", True)
     tokenizer = load_tokenizer(str(kimi_checkpoint), trust_remote_code=True)
     data = training_data(tmp_path / "training_data", tokenizer)
     settings = SETTINGS.model_copy(update={"near_tie_logprob_margin": 0.001})

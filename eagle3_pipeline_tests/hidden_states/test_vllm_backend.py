@@ -42,7 +42,7 @@ def served(tmp_path: Path, local_model: Path) -> Iterator[tuple[VllmStandin, Pat
     storage = tmp_path / "server-side"
     storage.mkdir()
     (tmp_path / "seen-here").symlink_to(storage)
-    model = load_target(str(local_model), NAME, "cpu", "float32").model
+    model = load_target(str(local_model), NAME, "cpu", "float32", False).model
     standin = VllmStandin(model, "smollm2", SERVED_LAYERS, storage).start()
     yield standin, tmp_path / "seen-here"
     standin.stop()

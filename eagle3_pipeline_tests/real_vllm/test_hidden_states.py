@@ -249,7 +249,7 @@ def nearest_other_layer(found: dict[str, dict[str, Any]], model: Path) -> dict[s
     """Per layer of the store: the nearest other layer of the target (transformers, float32; for the teacher,
     the final norm applied to another layer's output) and its largest relative error over the samples from
     position 1 on: how far a state one layer off would be."""
-    target = load_target(str(model), NAME, device="cpu", dtype="float32").model
+    target = load_target(str(model), NAME, "cpu", "float32", False).model
     worst: dict[str, dict[int, float]] = {layer: {} for layer in LAYER_NAMES}
     for layers in found.values():
         with torch.inference_mode():
