@@ -17,7 +17,7 @@ from eagle3_pipeline.generation import ResponseCheckpoint, configured_fingerprin
 from eagle3_pipeline.generation.fingerprint import GenerationFingerprint, endpoint_identity
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.test_generation_dagster import materialize
+from eagle3_pipeline_tests.dagster_runs import materialize_generation
 
 
 def pipeline(
@@ -64,11 +64,11 @@ def test_a_changed_fingerprint_is_refused_before_anything_is_sent(
     tmp_path: Path, fake_openai: FakeOpenAI, change: dict[str, Any], named: str
 ) -> None:
     instance = dg.DagsterInstance.ephemeral()
-    assert materialize(pipeline(tmp_path, fake_openai), instance).success
+    assert materialize_generation(pipeline(tmp_path, fake_openai), instance).success
     answered = len(fake_openai.requests)
     checkpoint = (tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").read_bytes()
 
-    refused = materialize(pipeline(tmp_path, fake_openai, **change), instance)
+    refused = materialize_generation(pipeline(tmp_path, fake_openai, **change), instance)
     text = failure_text(refused)
     print(f"\nrefusal: {text}\nrequests before: {answered}, after: {len(fake_openai.requests)}")
     assert not refused.success and named in text and "nothing was sent" in text
@@ -79,7 +79,7 @@ def test_a_changed_fingerprint_is_refused_before_anything_is_sent(
 def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     instance = dg.DagsterInstance.ephemeral()
     first_config = pipeline(tmp_path, fake_openai)
-    first = materialize(first_config, instance)
+    first = materialize_generation(first_config, instance)
     assert first.success
     old_version = fingerprint(first_config).digest
     old_answers = (tmp_path / "out" / "responses" / "B1.checkpoint.jsonl").read_text()
@@ -89,7 +89,7 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
     assert stale(second_config, "B1") == (
         "stale: generation settings changed: model: checkpoint 'org/target-a', configured 'org/target-b'"
     )
-    second = materialize(second_config, instance)
+    second = materialize_generation(second_config, instance)
     assert second.success
     regenerated = generation_requests(fake_openai) - before
     [kept] = list((tmp_path / "out" / "responses" / "previous").iterdir())
@@ -128,7 +128,7 @@ def test_new_version_keeps_the_old_answers_aside_and_regenerates(tmp_path: Path,
 def test_partition_is_stale_says_why(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     config = pipeline(tmp_path, fake_openai)
     assert stale(config, "B1") == "missing: no responses table yet"
-    assert materialize(config, dg.DagsterInstance.ephemeral()).success
+    assert materialize_generation(config, dg.DagsterInstance.ephemeral()).success
     assert stale(config, "B1") is None
     assert "max_tokens: checkpoint 8, configured 9" in str(stale(pipeline(tmp_path, fake_openai, max_tokens=9), "B1"))
     (tmp_path / "out" / "responses" / "B1.fingerprint.json").unlink()
@@ -150,7 +150,7 @@ def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_re
             "generation: {max_tokens: 8, concurrency: 4, length_estimator: chars}\ndatasets:\n"
             "  - {id: B1, source: p.jsonl}\n"
         )
-        result = materialize(load_config(tmp_path / "pipeline.yaml"), dg.DagsterInstance.ephemeral())
+        result = materialize_generation(load_config(tmp_path / "pipeline.yaml"), dg.DagsterInstance.ephemeral())
         assert result.success
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
         assert checks["single_model"] and all(checks.values()), checks
@@ -168,9 +168,9 @@ def test_without_answers_new_settings_just_start_and_old_failures_are_kept_aside
 
     fake_openai.script = lambda body, n: Reply(status=400) if body["max_tokens"] == 8 else Reply()
     instance = dg.DagsterInstance.ephemeral()
-    assert not materialize(pipeline(tmp_path, fake_openai), instance).success
+    assert not materialize_generation(pipeline(tmp_path, fake_openai), instance).success
     assert (tmp_path / "out" / "responses" / "B1.errors.jsonl").exists()
-    assert materialize(pipeline(tmp_path, fake_openai, max_tokens=16), instance).success, (
+    assert materialize_generation(pipeline(tmp_path, fake_openai, max_tokens=16), instance).success, (
         "no answers to protect: no refusal"
     )
     [kept] = list((tmp_path / "out" / "responses" / "previous").iterdir())

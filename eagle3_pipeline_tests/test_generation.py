@@ -1,6 +1,6 @@
 """Generation against a real loopback HTTP server; the checkpoint on real files.
 
-The helpers here (prompts, settings, a one-call `run`) are shared by the other generation tests.
+The helpers (prompts, settings, a one-call `run`) are eagle3_pipeline.testing.generation_runs'.
 """
 
 from __future__ import annotations
@@ -11,58 +11,16 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.config import GenerationConfig
 from eagle3_pipeline.generation import (
     CheckpointError,
     Endpoint,
-    GenerationSummary,
     ResponseCheckpoint,
     generate,
     response_rows,
 )
 from eagle3_pipeline.records import PromptRecord, content_id, message
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-
-
-def settings(**overrides: Any) -> GenerationConfig:
-    """Small, fast settings: short timeouts and backoff, no fsync, progress every 50 ms."""
-    base: dict[str, Any] = {
-        "max_tokens": 8,
-        "concurrency": {"short": 4, "long": 2},
-        "connect_timeout_s": 2,
-        "read_timeout_s": 5,
-        "retry": {"max_attempts": 4, "backoff_initial_s": 0.01, "backoff_max_s": 0.05},
-        "fsync": "never",
-        "progress_interval_s": 0.05,
-    }
-    return GenerationConfig.model_validate({**base, **overrides})
-
-
-def make_prompts(
-    n: int, dataset: str = "B1", length_class: str = "short", prefix: str = "question"
-) -> list[PromptRecord]:
-    prompts = []
-    for i in range(n):
-        messages = [{"role": "user", "content": f"{prefix} {i}"}]
-        prompts.append(PromptRecord(content_id(messages, None), dataset, messages, None, length_class, 5, i))  # type: ignore[arg-type]
-    return prompts
-
-
-def run(
-    tmp_path: Path,
-    prompts: list[PromptRecord],
-    endpoints: list[Endpoint] | FakeOpenAI,
-    config: GenerationConfig | None = None,
-    **kwargs: Any,
-) -> GenerationSummary:
-    if isinstance(endpoints, FakeOpenAI):
-        endpoints = [Endpoint(endpoints.base_url, "m")]
-    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
-    return generate(prompts, lambda: endpoints, config or settings(), checkpoint, tmp_path / "err.jsonl", **kwargs)
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
 
 
 def test_every_prompt_answered_and_checkpointed(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from eagle3_pipeline.generation import Endpoint, ResponseCheckpoint, budget_state, generate
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
 
 
 def sized_answers(sizes: random.Random, delay_s: float = 0.0) -> Any:

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.serving import InferenceProvider
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.dagster_runs import materialize_generation
 
 SECRET = "sk-or-v1-test-0123456789abcdef-SECRET"
 KEY_VAR = "EAGLE3_TEST_ROUTER_KEY"
@@ -45,19 +45,6 @@ def pipeline(folder: Path, server: FakeOpenAI, budget: int, **generation: Any) -
     return load_config(folder / "pipeline.yaml")
 
 
-def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
-    defs = build_definitions(config)
-    assets: Any = list(defs.assets or [])
-    return dg.materialize(
-        assets,
-        selection=["prompts", "responses"],
-        partition_key="B1",
-        instance=instance,
-        resources=defs.resources,
-        raise_on_error=False,
-    )
-
-
 def check_result(result: dg.ExecuteInJobResult) -> dg.AssetCheckEvaluation:
     [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == "token_budget"]
     return cast(dg.AssetCheckEvaluation, evaluation)
@@ -72,7 +59,7 @@ def instance(monkeypatch: pytest.MonkeyPatch) -> dg.DagsterInstance:
 def test_responses_metadata_and_the_budget_check(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
 ) -> None:
-    result = materialize(pipeline(tmp_path, fake_openai, budget=1000), instance)
+    result = materialize_generation(pipeline(tmp_path, fake_openai, budget=1000), instance)
     assert result.success
     [materialization] = [m for m in result.asset_materializations_for_node("responses")]
     metadata = {key: value.value for key, value in materialization.metadata.items()}
@@ -87,7 +74,7 @@ def test_responses_metadata_and_the_budget_check(
     assert pq.read_table(tmp_path / "out" / "responses" / "B1.parquet").num_rows == 10
 
     sent = len(fake_openai.requests)
-    again = materialize(pipeline(tmp_path, fake_openai, budget=5), instance)
+    again = materialize_generation(pipeline(tmp_path, fake_openai, budget=5), instance)
     evaluation = check_result(again)
     assert again.success and evaluation.passed, (
         "a budget lowered after generating: the table holds back what is over it"
@@ -126,10 +113,10 @@ def test_the_api_key_appears_in_no_log_metadata_error_or_file(
     caplog.set_level(logging.DEBUG)
     fake_openai.script = echoing_server
     config = pipeline(tmp_path, fake_openai, budget=1000)
-    failed = materialize(config, instance)
+    failed = materialize_generation(config, instance)
     assert not failed.success
     fake_openai.script = None
-    succeeded = materialize(config, instance)
+    succeeded = materialize_generation(config, instance)
     assert succeeded.success
 
     assert any(h.get("Authorization") == f"Bearer {SECRET}" for h in fake_openai.headers_seen), "the key was used"

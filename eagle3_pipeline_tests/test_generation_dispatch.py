@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle3_pipeline.generation import budget_state
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
 
 
 def test_a_budget_stop_keeps_the_dataset_share_of_long_prompts(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

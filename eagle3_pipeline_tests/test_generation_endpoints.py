@@ -16,7 +16,7 @@ import pytest
 from eagle3_pipeline.generation import Endpoint, GenerationFailed, Price
 from eagle3_pipeline.records import PromptRecord, content_id
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from eagle3_pipeline.config import RetryConfig
 from eagle3_pipeline.generation import Endpoint, GenerationFailed
 from eagle3_pipeline.generation.retry import backoff_s, parse_retry_after
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.test_generation import lines, make_prompts, run, settings
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
 
 
 def first_attempt_per_prompt(misbehaviour: Reply) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from eagle3_pipeline.generation import Endpoint, ResponseCheckpoint, generate
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.test_generation import make_prompts, settings
+from eagle3_pipeline.testing.generation_runs import make_prompts, settings
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = 400

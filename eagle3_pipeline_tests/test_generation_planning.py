@@ -35,8 +35,8 @@ from eagle3_pipeline.records import (
 )
 from eagle3_pipeline.serving import endpoints_from_config
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
-from eagle3_pipeline_tests.test_generation import lines, make_prompts
-from eagle3_pipeline_tests.test_generation_dagster import materialize
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts
+from eagle3_pipeline_tests.dagster_runs import materialize_generation
 
 SECRET = "sk-fast-0123456789abcdef-PLANNER-SECRET"
 KEY_VAR = "EAGLE3_TEST_FAST_KEY"
@@ -318,7 +318,7 @@ def test_responses_materialization_carries_the_plan_and_the_decision(tmp_path: P
     )
     config = load_config(path)
     instance = dg.DagsterInstance.ephemeral()
-    result = materialize(config, instance)
+    result = materialize_generation(config, instance)
     assert result.success
     [materialization] = result.asset_materializations_for_node("responses")
     metadata = {key: value.value for key, value in materialization.metadata.items()}

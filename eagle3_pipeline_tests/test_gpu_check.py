@@ -98,7 +98,7 @@ def test_without_pydantic_it_says_how_to_carry_it(tmp_path: Path) -> None:
 def test_the_sglang_section_runs_on_each_release(version: str) -> None:
     """``--sglang`` with the python of an SGLang venv: here this one with a release's stand-in (CPU,
     float32), so the figures are the script's plumbing, not SGLang's numerics."""
-    from eagle3_pipeline_tests.hidden_states.test_sglang_backend import standin_path
+    from eagle3_pipeline_tests.hidden_states.sglang_standins import standin_path
 
     done = run_script("--sglang", "--smoke", path=tuple(standin_path(version)))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

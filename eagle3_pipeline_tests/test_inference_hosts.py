@@ -37,10 +37,10 @@ from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launching import LaunchHost, claim, failure_reason
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
+from eagle3_pipeline.testing.generation_runs import make_prompts
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.test_generation import make_prompts
+from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources
 from eagle3_pipeline_tests.test_generation_planning import plan_cli
-from eagle3_pipeline_tests.test_orchestration import Daemonless, evaluate_at, requested, sensor_resources
 
 HOST = "eagle3/host"
 

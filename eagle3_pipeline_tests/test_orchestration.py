@@ -23,6 +23,7 @@ from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources
 
 
 def write_pipeline(
@@ -63,44 +64,6 @@ def pipeline(folder: Path, server: FakeOpenAI, **kwargs: Any) -> PipelineConfig:
 def instance():
     with dg.instance_for_test() as test_instance:
         yield test_instance
-
-
-def sensor_resources(defs: dg.Definitions, sensor: dg.SensorDefinition) -> dict[str, Any]:
-    """The Definitions' resources that the sensor requires, as the code server builds them for a tick."""
-    return {key: value for key, value in (defs.resources or {}).items() if key in sensor.required_resource_keys}
-
-
-class Daemonless:
-    """Ticks a sensor and executes the runs it requests, with the tags the sensor daemon adds."""
-
-    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance, sensor: str = "inference_health") -> None:
-        self.defs = defs
-        self.instance = instance
-        self.sensor = defs.resolve_sensor_def(sensor)
-        self.cursor: str | None = None
-        self.launched: list[str] = []
-
-    def tick(self) -> Any:
-        context = dg.build_sensor_context(
-            instance=self.instance,
-            cursor=self.cursor,
-            definitions=self.defs,
-            resources=sensor_resources(self.defs, self.sensor),
-        )
-        result = self.sensor.evaluate_tick(context)
-        self.cursor = result.cursor
-        for request in result.run_requests or []:
-            run_key, job_name = request.run_key, self.sensor.job_name
-            assert run_key is not None and job_name is not None, "the sensor names its job and each run's key"
-            assert run_key not in self.launched, "a run key is launched once"
-            self.launched.append(run_key)
-            self.defs.resolve_job_def(job_name).execute_in_process(
-                partition_key=request.partition_key,
-                instance=self.instance,
-                tags={**request.tags, "dagster/run_key": run_key, "dagster/sensor_name": self.sensor.name},
-                raise_on_error=False,
-            )
-        return result
 
 
 def test_a_failed_partition_waits_for_its_backoff(
@@ -238,15 +201,6 @@ def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
         assert (tmp_path / "out" / "training_data" / "manifest.json").exists()
     finally:
         server.stop()
-
-
-def evaluate_at(defs: dg.Definitions, instance: dg.DagsterInstance, when: datetime.datetime, cursor: Any = None) -> Any:
-    """One evaluation of the automation conditions, as the `pipeline_automation` sensor makes it at `when`."""
-    return dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=when, cursor=cursor)
-
-
-def requested(result: Any, key: str) -> list[str]:
-    return sorted(result.get_requested_partitions(dg.AssetKey(key)))
 
 
 @pytest.mark.slow

@@ -22,16 +22,13 @@ import pytest
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.dagster_runs import materialized
 from eagle3_pipeline_tests.locations import workspace_file
 from eagle3_pipeline_tests.test_orchestration import write_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.daemon]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def materialized(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:
-    return list(instance.fetch_materializations(dg.AssetKey(key), limit=100).records)
 
 
 def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_follows(

@@ -19,7 +19,7 @@ from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.test_orchestration import Daemonless, sensor_resources
+from eagle3_pipeline_tests.dagster_runs import Daemonless, sensor_resources
 
 OTHER = PipelineNames("other")
 

@@ -10,16 +10,23 @@ Each module stands in for something a test or a benchmark cannot have here:
   and fake SGLang processes, for a GPU inference host reached over SSH.
 - :mod:`~eagle3_pipeline.testing.c1_records`: response tables written as the generation phase writes
   them (contract C1), for the target model's responses.
-- :mod:`~eagle3_pipeline.testing.training_data`: tokenized training-data shards with random ids, for
-  the training-data phase's output.
+- :mod:`~eagle3_pipeline.testing.training_data`: tokenized training-data shards with random ids (or a
+  real tokenizer's), for the training-data phase's output.
 - :mod:`~eagle3_pipeline.testing.stores` and :mod:`~eagle3_pipeline.testing.tiny_store`: small real
-  hidden-state stores and draft vocabularies, for the 1T target's hidden states.
+  hidden-state stores and draft vocabularies, for the 1T target's hidden states, and the comparisons
+  of two stores; :mod:`~eagle3_pipeline.testing.extract_specs`: the ``extract`` specs that make them.
+- :mod:`~eagle3_pipeline.testing.reference_texts`: texts and a foreign tokenizer for the serving
+  reference's tests.
+- :mod:`~eagle3_pipeline.testing.reporter`: ``Recorder``, the reporter a phase called in process talks
+  back to, keeping its log lines and progress points.
 - :mod:`~eagle3_pipeline.testing.kimi`: a tiny random-weight checkpoint shaped like Kimi-K2.5 (remote
   code, slow tiktoken tokenizer, K2.5 chat template), for the 1T target itself.
 - :mod:`~eagle3_pipeline.testing.drafter_reference`: Kimi-K2.5's language-model config as a dict, the
-  server's chain drafting and the drafter's earlier full-score training pass, as references.
+  server's chain drafting and the drafter's earlier full-score training pass, as references, and a
+  small random drafter.
 - :mod:`~eagle3_pipeline.testing.train_settings`: the ``train`` phase's settings as a pipeline file's
-  ``drafter:`` section gives them, for a training run on a store of the test's own.
+  ``drafter:`` section gives them, for a training run on a store of the test's own (and a whole spec
+  over a small random store).
 - :mod:`~eagle3_pipeline.testing.eval_settings`: the ``evaluate`` phase's settings as a pipeline file's
   ``drafter_eval:`` section gives them, likewise.
 

@@ -1,13 +1,16 @@
 """Reference pieces for the drafter's tests and benchmarks: Kimi-K2.5's language-model config, the
-server-side chain drafting, and the TTT pass and loss as they were before the blockwise attention.
+server-side chain drafting, the TTT pass and loss as they were before the blockwise attention, and a
+small random drafter.
 
 Stand-ins: ``kimi_k25_text_config`` is the 1T target's ``text_config`` as a plain dict (no weights);
 ``tiny_kimi_text_config`` the same shape at toy size. ``reference_ttt_forward``/``reference_ttt_loss``
 are the drafter's full-score training-time pass and loss (per step a [B, heads, T, T] score tensor
 against the step-0 keys, the diagonal scores concatenated to it, one softmax; the loss's log-softmax
 and soft labels as whole [N, Vd] float32 tensors), kept to check the blockwise pass against and to
-measure as the old pass. ``chain_draft`` is what a server does with the exported drafter. torch is
-imported inside the functions.
+measure as the old pass. ``chain_draft`` is what a server does with the exported drafter.
+``tiny_drafter_config``, ``tiny_drafter`` and ``tiny_drafter_inputs``: a drafter small enough to
+compare passes exactly, with random weights and vocabulary, and inputs for it. torch is imported
+inside the functions.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from eagle3_pipeline.drafter.data import Batch
+    from eagle3_pipeline.drafter.draft_config import DrafterConfig
     from eagle3_pipeline.drafter.model import Eagle3Drafter
 
 KIMI_POSITIONS = 262144  # Kimi-K2.5's max_position_embeddings = original 4096 × factor 64
@@ -61,6 +65,46 @@ def tiny_kimi_text_config(**overrides: Any) -> dict[str, Any]:
         "bos_token_id": 1, "eos_token_id": 2,
     }  # fmt: skip
     return kimi_k25_text_config(**{**tiny, **overrides})
+
+
+def tiny_drafter_config(**overrides: object) -> DrafterConfig:
+    """A small draft config (hidden 48, 6 heads of 8, vocabulary 80 drafting in 24, aux layers 1, 3, 4)."""
+    from eagle3_pipeline.drafter.draft_config import DrafterConfig
+
+    base: dict[str, Any] = dict(
+        hidden_size=48, target_hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=8, vocab_size=80, draft_vocab_size=24, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+        max_position_embeddings=128, aux_layer_ids=[1, 3, 4],
+    )  # fmt: skip
+    base.update(overrides)
+    return DrafterConfig(**base)  # type: ignore[arg-type]
+
+
+def tiny_drafter(config: DrafterConfig) -> Eagle3Drafter:
+    """The drafter of ``config`` with random weights (std 0.3, seed 0) and a random draft vocabulary."""
+    import torch
+
+    from eagle3_pipeline.drafter.model import Eagle3Drafter
+
+    torch.manual_seed(0)
+    model = Eagle3Drafter(config)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    model.set_vocab(used - torch.arange(config.draft_vocab_size), t2d)
+    return model.eval()
+
+
+def tiny_drafter_inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random aux states [b, t, 3·H] and token ids [b, t] for ``config``'s drafter (seed 1)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(
+        0, config.vocab_size, (b, t), generator=g
+    )
 
 
 def chain_draft(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:

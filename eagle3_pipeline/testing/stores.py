@@ -1,10 +1,13 @@
-"""Small real hidden-state stores and draft vocabularies written with the store module (C3, C4)."""
+"""Small real hidden-state stores and draft vocabularies written with the store module (C3, C4), and
+the comparisons of two stores the tests make."""
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.hidden_states.store import (
     HiddenStateStore,
@@ -37,6 +40,19 @@ def noisy_sample(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     ids = torch.cat([torch.tensor([1, 2, 3]), torch.randint(10, VOCAB, (length,), generator=generator)])
     return ids, torch.tensor([0, 0, 0] + [1] * length)
+
+
+def random_states_sample(
+    length: int, seed: int, hidden: int = HIDDEN
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sample for a :class:`ShardWriter`: random ids below 100, the second half masked, random aux
+    [length, 3·hidden] and final [length, hidden] states."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 100, (length,), generator=g)
+    mask = (torch.arange(length) >= length // 2).to(torch.uint8)
+    return ids, mask, torch.randn(length, 3 * hidden, generator=g), torch.randn(length, hidden, generator=g)
 
 
 def write_store(
@@ -79,3 +95,61 @@ def write_vocab(folder: Path, used: Sequence[int]) -> Path:
         folder, ids - torch.arange(ids.shape[0]), t2d, {"draft_vocab_size": len(used), "target_vocab_size": VOCAB}
     )
     return folder
+
+
+def split_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
+    """A safetensors file's header (parsed) and its tensor bytes. The header is compared parsed: the
+    safetensors writer orders the ``__metadata__`` keys as its hash map iterates, which varies between
+    calls (two saves of the same tensors in one process can differ in those bytes only)."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
+
+
+def assert_same_store(found: Path, expected: Path) -> dict[str, int]:
+    """The same shards (tensor bytes identical, headers equal), byte-identical shard indexes and
+    index, the same manifest identity. Returns what was compared."""
+    names = sorted(p.name for p in expected.glob("shard-*"))
+    assert sorted(p.name for p in found.glob("shard-*")) == names
+    compared = {"shards": 0, "tensor_bytes": 0, "index_bytes": 0}
+    for name in names:
+        if name.endswith(".safetensors"):
+            (header, data), (reference_header, reference_data) = (
+                split_safetensors(found / name),
+                split_safetensors(expected / name),
+            )
+            assert header == reference_header, name
+            assert data == reference_data, f"{name}: tensor bytes differ"
+            compared["shards"] += 1
+            compared["tensor_bytes"] += len(data)
+        else:
+            assert (found / name).read_bytes() == (expected / name).read_bytes(), name
+            compared["index_bytes"] += (found / name).stat().st_size
+    assert (found / "index.parquet").read_bytes() == (expected / "index.parquet").read_bytes()
+    compared["index_bytes"] += (found / "index.parquet").stat().st_size
+    assert HiddenStateStore(found).manifest().identity() == HiddenStateStore(expected).manifest().identity()
+    return compared
+
+
+def shard_contents(folder: Path) -> dict[str, object]:
+    """Per shard: each tensor's dtype, shape and raw bytes, the header metadata, and the index file's
+    bytes. (Whole safetensors files are not compared: the writer orders the header's metadata keys
+    differently from run to run, even for the same writer and tensors.)"""
+    import torch
+    from safetensors import safe_open
+
+    contents: dict[str, object] = {}
+    for path in sorted(folder.glob("shard-*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            tensors = {}
+            for key in sorted(handle.keys()):
+                tensor = handle.get_tensor(key)
+                tensors[key] = (
+                    str(tensor.dtype),
+                    tuple(tensor.shape),
+                    tensor.contiguous().view(torch.uint8).numpy().tobytes(),
+                )
+            contents[path.name] = (tensors, handle.metadata())
+        index = path.with_name(path.name.replace(".safetensors", ".index.parquet"))
+        contents[index.name] = index.read_bytes()
+    return contents

@@ -12,55 +12,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pytest
 
 pytest.importorskip("torch")
 
-from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.hidden_states.store import StoreManifest
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
-from eagle3_pipeline.testing.training_data import write_training_data
+from eagle3_pipeline.testing.training_data import tokenized_training_data
 from eagle3_pipeline_tests.compute.conftest import Layout, idle_gpu_rows, write_pipeline
-from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.dagster_runs import checks, materialize, run_log
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 STORE_FILES = ["index.parquet", "manifest.json"]
-TEXTS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Write a function that returns the square of a number.",
-    "What is the capital of France? Paris is the capital.",
-    "Speculative decoding drafts tokens that the target verifies.",
-]
 HIDDEN_STATES = {"shard_tokens": 24, "spot_check_samples": 1, "device": "cpu"}
-
-
-def tiny_training_data(folder: Path, model_dir: Path) -> None:
-    """Three train rows and one eval row, tokenized with the real embedded tokenizer."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = []
-    for number, text in enumerate(TEXTS):
-        ids = tokenizer(text)["input_ids"][:16]
-        mask = [0] * (len(ids) // 2) + [1] * (len(ids) - len(ids) // 2)
-        rows.append(
-            {
-                "id": f"r{number}",
-                "dataset": "B1",
-                "input_ids": ids,
-                "loss_mask": mask,
-                "num_tokens": len(ids),
-                "num_masked": sum(mask),
-            }
-        )
-    write_training_data(folder, {"train": [rows[:3]], "eval": [rows[3:]]}, vocab_size=len(tokenizer))
 
 
 def states_config(folder: Path, sshd: Sshd, layout: Layout, model: Path, **compute: Any) -> Any:
@@ -68,25 +38,8 @@ def states_config(folder: Path, sshd: Sshd, layout: Layout, model: Path, **compu
     config = write_pipeline(
         folder, sshd, layout, sections={"hidden_states": {**HIDDEN_STATES, "model": str(model)}}, **compute
     )
-    tiny_training_data(layout.local / "training_data", model)
+    tokenized_training_data(layout.local / "training_data", model)
     return config
-
-
-def materialize(
-    assets: list[Any], selection: list[str], config: PipelineConfig
-) -> tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]:
-    instance = dg.DagsterInstance.ephemeral()
-    return instance, dg.materialize(
-        assets, selection=selection, instance=instance, resources=pipeline_resources(config.source_file)
-    )
-
-
-def run_log(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [entry.user_message for entry in instance.all_logs(run_id)]
-
-
-def checks(result: dg.ExecuteInProcessResult) -> dict[str, tuple[bool, str]]:
-    return {e.check_name: (e.passed, e.severity.value) for e in result.get_asset_check_evaluations()}
 
 
 def store_identity(root: Path) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.store import ShardWriter
 from eagle3_pipeline.orchestration.compute import run_heavy_phase
 from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
+from eagle3_pipeline.testing.stores import shard_contents
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
 from eagle3_pipeline_tests.hidden_states.specforge_files import (
     LAYERS,
@@ -38,7 +39,6 @@ from eagle3_pipeline_tests.hidden_states.specforge_files import (
     write_specforge,
     write_training_data,
 )
-from eagle3_pipeline_tests.hidden_states.test_importer import shard_contents
 
 REPO = Path(__file__).resolve().parents[2]
 INDEX_AND_MANIFEST = ["hidden_states/index.parquet", "hidden_states/manifest.json"]

@@ -25,16 +25,15 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.extract import run
+from eagle3_pipeline.testing.extract_specs import transformers_spec
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.sshd_fixture import Sshd
+from eagle3_pipeline.testing.stores import assert_same_store
+from eagle3_pipeline.testing.training_data import tokenized_training_data
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
-from eagle3_pipeline_tests.compute.test_heavy_assets import checks, materialize, run_log, tiny_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.hidden_states.test_sglang_backend import (
-    Recorder,
-    assert_same_store,
-    standin_pythonpath,
-    transformers_spec,
-)
+from eagle3_pipeline_tests.dagster_runs import checks, materialize, run_log
+from eagle3_pipeline_tests.hidden_states.sglang_standins import standin_pythonpath
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the
 # process table take turns with them (root conftest `process_table`).
@@ -77,7 +76,7 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
     python = sglang_venv_python(tmp_path, "0.5.23")
     settings = {**SGLANG, "model": str(local_model), "sglang_python": str(python), "tp_size": 2}
     config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
-    tiny_training_data(layout.local / "training_data", local_model)
+    tokenized_training_data(layout.local / "training_data", local_model)
     instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
     lines = run_log(instance, result.run_id)
@@ -130,7 +129,7 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(
     python = sglang_venv_python(tmp_path, "0.5.14")
     settings = {**SGLANG, "model": str(local_model), "sglang_python": str(python), "tp_size": 1}
     config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings}, kind="local")
-    tiny_training_data(layout.local / "training_data", local_model)
+    tokenized_training_data(layout.local / "training_data", local_model)
     instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
     lines = run_log(instance, result.run_id)

@@ -25,21 +25,10 @@ from eagle3_pipeline.drafter.eval_results import (
 )
 from eagle3_pipeline.drafter.evaluate import EvaluateError, run, target_next_argmax
 from eagle3_pipeline.testing.eval_settings import eval_settings
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.stores import noisy_sample, periodic_sample, write_store, write_vocab
 from eagle3_pipeline.testing.tiny_store import random_target
 from eagle3_pipeline_tests.conftest import pipeline_resources
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.points: list[Mapping[str, Any]] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, Any]) -> None:
-        self.points.append(dict(metrics))
 
 
 @pytest.fixture

@@ -112,7 +112,7 @@ def test_a_kimi_export_writes_the_deepseek_rule_and_reads_back_the_trained_ids(t
     from eagle3_pipeline.drafter.draft_config import drafter_config
     from eagle3_pipeline.drafter.export import export_for_servers, load_export
     from eagle3_pipeline.drafter.model import Eagle3Drafter
-    from eagle3_pipeline_tests.drafter.test_yarn import tiny_kimi_text_config
+    from eagle3_pipeline.testing.drafter_reference import tiny_kimi_text_config
 
     target = tiny_kimi_text_config()
     model = Eagle3Drafter(drafter_config(target, 32, [1, 3, 4], {}))

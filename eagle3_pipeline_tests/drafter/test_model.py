@@ -4,48 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 import torch
 
-from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError
+from eagle3_pipeline.drafter.draft_config import DrafterConfigError
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
-from eagle3_pipeline.drafter.model import Eagle3Drafter
-from eagle3_pipeline.testing.drafter_reference import chain_draft
+from eagle3_pipeline.testing.drafter_reference import (
+    chain_draft,
+    tiny_drafter,
+    tiny_drafter_config,
+    tiny_drafter_inputs,
+)
 
 STEPS = 5
-
-
-def _config(**overrides: object) -> DrafterConfig:
-    base: dict[str, Any] = dict(
-        hidden_size=48, target_hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
-        head_dim=8, vocab_size=80, draft_vocab_size=24, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
-        max_position_embeddings=128, aux_layer_ids=[1, 3, 4],
-    )  # fmt: skip
-    base.update(overrides)
-    return DrafterConfig(**base)  # type: ignore[arg-type]
-
-
-def _model(config: DrafterConfig) -> Eagle3Drafter:
-    torch.manual_seed(0)
-    model = Eagle3Drafter(config)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    used = torch.sort(torch.randperm(config.vocab_size)[: config.draft_vocab_size]).values
-    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-    t2d[used] = True
-    model.set_vocab(used - torch.arange(config.draft_vocab_size), t2d)
-    return model.eval()
-
-
-def _inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(b, t, 3 * config.target_hidden_size, generator=g), torch.randint(
-        0, config.vocab_size, (b, t), generator=g
-    )
 
 
 @pytest.mark.parametrize(
@@ -62,9 +36,9 @@ def _inputs(config: DrafterConfig, b: int = 2, t: int = 14) -> tuple[torch.Tenso
     ],
 )
 def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | None) -> None:
-    config = _config(rope_scaling=scaling)
-    model = _model(config)
-    aux, ids = _inputs(config)
+    config = tiny_drafter_config(rope_scaling=scaling)
+    model = tiny_drafter(config)
+    aux, ids = tiny_drafter_inputs(config)
     with torch.no_grad():
         unrolled = model.ttt_forward(aux, ids, STEPS)
         for t in range(0, ids.shape[1] - STEPS - 1):
@@ -74,9 +48,9 @@ def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | No
 
 
 def test_padding_does_not_change_the_real_positions() -> None:
-    config = _config()
-    model = _model(config)
-    aux, ids = _inputs(config, b=1, t=10)
+    config = tiny_drafter_config()
+    model = tiny_drafter(config)
+    aux, ids = tiny_drafter_inputs(config, b=1, t=10)
     mask = torch.ones(1, 14, dtype=torch.bool)
     mask[:, 10:] = False
     padded_aux = torch.cat([aux, torch.randn(1, 4, aux.shape[-1])], dim=1)
@@ -92,9 +66,9 @@ def test_padding_does_not_change_the_real_positions() -> None:
 def test_kept_indices_get_the_logits_of_the_full_pass() -> None:
     """Training asks for the draft head's logits only where the loss counts; they are the full pass's
     logits at those indices, in row-major order."""
-    config = _config()
-    model = _model(config)
-    aux, ids = _inputs(config)
+    config = tiny_drafter_config()
+    model = tiny_drafter(config)
+    aux, ids = tiny_drafter_inputs(config)
     keep = [torch.rand(ids.shape, generator=torch.Generator().manual_seed(j)) < 0.4 for j in range(3)]
     with torch.no_grad():
         full = model.ttt_forward(aux, ids, 3)
@@ -105,8 +79,8 @@ def test_kept_indices_get_the_logits_of_the_full_pass() -> None:
 
 
 def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
-    config = _config(aux_layer_ids=[1, 14, 26], max_position_embeddings=64)
-    model = _model(config)
+    config = tiny_drafter_config(aux_layer_ids=[1, 14, 26], max_position_embeddings=64)
+    model = tiny_drafter(config)
     target_config = {"vocab_size": 80, "hidden_size": 48, "max_position_embeddings": 8192,
                      "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "eos_token_id": 2,
                      "num_attention_heads": 6, "intermediate_size": 96, "num_hidden_layers": 30}  # fmt: skip
@@ -141,7 +115,7 @@ def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
         "midlayer.mlp.down_proj.weight",
     } <= names
     reloaded = load_export(folder, target_model_dir=target_dir)
-    aux, ids = _inputs(config)
+    aux, ids = tiny_drafter_inputs(config)
     with torch.no_grad():
         for a, b in zip(model.ttt_forward(aux, ids, 3), reloaded.ttt_forward(aux, ids, 3), strict=True):
             assert torch.equal(a, b)
@@ -149,8 +123,8 @@ def test_export_round_trip_gives_identical_logits(tmp_path: Path) -> None:
 
 
 def test_bf16_export_carries_the_embedding_when_hidden_sizes_differ(tmp_path: Path) -> None:
-    config = _config(target_hidden_size=32)
-    model = _model(config)
+    config = tiny_drafter_config(target_hidden_size=32)
+    model = tiny_drafter(config)
     folder = export_for_servers(model, tmp_path / "export", {"vocab_size": 80, "hidden_size": 32})
     raw = json.loads((folder / "config.json").read_text())
     assert raw["target_hidden_size"] == 32 and raw["torch_dtype"] == "bfloat16"
@@ -162,15 +136,17 @@ def test_bf16_export_carries_the_embedding_when_hidden_sizes_differ(tmp_path: Pa
 
 
 def test_export_without_embedding_needs_the_target_folder(tmp_path: Path) -> None:
-    folder = export_for_servers(_model(_config()), tmp_path / "export", {"vocab_size": 80, "hidden_size": 48})
+    folder = export_for_servers(
+        tiny_drafter(tiny_drafter_config()), tmp_path / "export", {"vocab_size": 80, "hidden_size": 48}
+    )
     with pytest.raises(DrafterConfigError, match="target_model_dir"):
         load_export(folder)
 
 
 def test_bad_configs_name_the_field() -> None:
     with pytest.raises(DrafterConfigError, match="num_key_value_heads"):
-        _config(num_key_value_heads=4)
+        tiny_drafter_config(num_key_value_heads=4)
     with pytest.raises(DrafterConfigError, match="rope_type 'dynamic'"):
-        _config(rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+        tiny_drafter_config(rope_scaling={"rope_type": "dynamic", "factor": 4.0})
     with pytest.raises(DrafterConfigError, match="original_max_position_embeddings"):
-        _config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+        tiny_drafter_config(rope_scaling={"rope_type": "yarn", "factor": 4.0})

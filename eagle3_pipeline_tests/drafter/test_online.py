@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline.serving import free_port
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 
 # Its scripted servers run as `python -m sglang.launch_server …`: the health tests would see them.
@@ -29,18 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m eagle3_pipeline_tests.drafter.fake_spec_server"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.points: list[Mapping[str, Any]] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, Any]) -> None:
-        self.points.append(dict(metrics))
 
 
 def write_config(tmp_path: Path, server: str, **benchmark: Any) -> PipelineConfig:

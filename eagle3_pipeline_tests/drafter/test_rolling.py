@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from eagle3_pipeline.hidden_states.capture import Target, load_target
 from eagle3_pipeline.hidden_states.extract import run as extract_run
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline.testing.train_settings import train_settings
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
@@ -56,19 +57,6 @@ TRAIN = train_settings(
 
 class Killed(RuntimeError):
     """A simulated kill of the rolling run."""
-
-
-class Recorder:
-    def __init__(self, on_progress: Callable[[Mapping[str, Any]], None] | None = None) -> None:
-        self.lines: list[str] = []
-        self.on_progress = on_progress
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, Any]) -> None:
-        if self.on_progress is not None:
-            self.on_progress(metrics)
 
 
 @pytest.fixture(scope="module")

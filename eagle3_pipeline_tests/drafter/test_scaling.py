@@ -228,10 +228,10 @@ from eagle3_pipeline.drafter.checkpoint import checkpoint_dir
 from eagle3_pipeline.drafter.data import epoch_plan, store_rows
 from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.stores import HIDDEN, VOCAB, noisy_sample, periodic_sample, write_store, write_vocab
 from eagle3_pipeline.testing.tiny_store import random_target
 from eagle3_pipeline.testing.train_settings import train_settings
-from eagle3_pipeline_tests.drafter.test_train import ListReporter
 
 MAX_SEQ_LEN = 16
 SETTINGS = train_settings(ttt_steps=3, lr=3e-3, epochs=2, batch_tokens=48, max_seq_len=MAX_SEQ_LEN, checkpoint_every=2,
@@ -275,7 +275,7 @@ def test_the_tau_curve_is_recorded_at_each_checkpoint_and_survives_a_resume(tmp_
     write_vocab(tmp_path / "vocab", range(VOCAB))
     spec = {"store": str(tmp_path / "store"), "draft_vocab": str(tmp_path / "vocab"), "target_weights": str(target),
             "run_dir": str(tmp_path / "run"), "export_dir": str(tmp_path / "export"), "settings": SETTINGS}  # fmt: skip
-    result = run(spec, ListReporter())
+    result = run(spec, Recorder())
     recorded = result["tau_curve"]
     print("\n-- tau_curve:", json.dumps(recorded)[:600])
     steps = [p["step"] for p in recorded["points"]]
@@ -300,7 +300,7 @@ def test_the_tau_curve_is_recorded_at_each_checkpoint_and_survives_a_resume(tmp_
     for folder in kept[1:]:
         shutil.rmtree(folder)
     (tmp_path / "run" / "tau_curve.json").unlink()
-    resumed = run(spec, ListReporter())
+    resumed = run(spec, Recorder())
     assert resumed["resumed_from_step"] == steps[-3]
     assert resumed["tau_curve"] == recorded
     assert read_curve(tmp_path / "run") == recorded

@@ -17,7 +17,7 @@ import torch
 from eagle3_pipeline.drafter.draft_config import DrafterConfigError
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
 from eagle3_pipeline.drafter.speculators import to_speculators
-from eagle3_pipeline_tests.drafter.test_model import _config, _inputs, _model
+from eagle3_pipeline.testing.drafter_reference import tiny_drafter, tiny_drafter_config, tiny_drafter_inputs
 
 
 def _target(folder: Path, embedding: torch.Tensor) -> Path:
@@ -33,8 +33,8 @@ def _target(folder: Path, embedding: torch.Tensor) -> Path:
 
 
 def test_speculators_conversion_round_trips_with_identical_logits(tmp_path: Path) -> None:
-    config = _config(aux_layer_ids=[1, 14, 26])
-    model = _model(config)
+    config = tiny_drafter_config(aux_layer_ids=[1, 14, 26])
+    model = tiny_drafter(config)
     target = _target(tmp_path / "target", model.embed_tokens.weight.detach().clone())
     export = export_for_servers(
         model, tmp_path / "export", json.loads((target / "config.json").read_text()), dtype="float32"
@@ -65,7 +65,7 @@ def test_speculators_conversion_round_trips_with_identical_logits(tmp_path: Path
     assert not any(name.startswith("midlayer.") for name in names)
 
     reloaded = load_export(out)
-    aux, ids = _inputs(config)
+    aux, ids = tiny_drafter_inputs(config)
     with torch.no_grad():
         for a, b in zip(model.ttt_forward(aux, ids, 3), reloaded.ttt_forward(aux, ids, 3), strict=True):
             assert torch.equal(a, b)
@@ -73,7 +73,7 @@ def test_speculators_conversion_round_trips_with_identical_logits(tmp_path: Path
 
 
 def test_a_speculators_drafter_with_norm_before_residual_is_refused(tmp_path: Path) -> None:
-    model = _model(_config())
+    model = tiny_drafter(tiny_drafter_config())
     target = _target(tmp_path / "target", model.embed_tokens.weight.detach().clone())
     out = to_speculators(
         export_for_servers(model, tmp_path / "export", {"vocab_size": 80, "hidden_size": 48}), tmp_path / "sp", target

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,47 +23,17 @@ from eagle3_pipeline.drafter.export import load_export
 from eagle3_pipeline.drafter.spec import TrainError
 from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import save_draft_vocab
-from eagle3_pipeline.testing.tiny_store import random_store, random_target
-from eagle3_pipeline.testing.train_settings import train_settings
+from eagle3_pipeline.testing.reporter import Recorder
+from eagle3_pipeline.testing.train_settings import random_store_train_spec
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class ListReporter:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.points: list[dict[str, Any]] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Any) -> None:
-        self.points.append(dict(metrics))
-
-
-def _spec(tmp_path: Path, **settings: Any) -> dict[str, Any]:
-    target = random_target(tmp_path / "target")
-    if not (tmp_path / "store").exists():
-        random_store(tmp_path / "store", tmp_path / "vocab", target, samples=60, draft_vocab_size=40)
-    base = train_settings(
-        ttt_steps=3, lr=3e-3, epochs=2, batch_tokens=96, max_seq_len=32, checkpoint_every=4, log_every=2,
-        eval_samples=8, seed=7,
-    )  # fmt: skip
-    return {
-        "store": str(tmp_path / "store"),
-        "draft_vocab": str(tmp_path / "vocab"),
-        "target_weights": str(target),
-        "run_dir": str(tmp_path / "run"),
-        "export_dir": str(tmp_path / "export"),
-        "settings": {**base, **settings},
-    }
-
-
 def test_a_run_checkpoints_exports_and_a_rerun_is_a_no_op(tmp_path: Path) -> None:
-    spec = _spec(tmp_path)
-    report = ListReporter()
+    spec = random_store_train_spec(tmp_path)
+    report = Recorder()
     result = run(spec, report)
     assert result["steps"] == result["total_steps"] > 4
     assert [p["step"] for p in report.points] == [row["step"] for row in result["curve"]]
@@ -77,7 +46,7 @@ def test_a_run_checkpoints_exports_and_a_rerun_is_a_no_op(tmp_path: Path) -> Non
     assert "embed_tokens.weight" not in state["model"] and torch.equal(
         d2t, load_export(tmp_path / "export", tmp_path / "target").d2t
     )
-    again = run(spec, ListReporter())
+    again = run(spec, Recorder())
     assert again["resumed_from_step"] == result["steps"] and again["trained_tokens_this_run"] == 0
     assert again["curve"] == result["curve"]
 
@@ -85,7 +54,7 @@ def test_a_run_checkpoints_exports_and_a_rerun_is_a_no_op(tmp_path: Path) -> Non
 def test_kill_9_mid_training_resumes_from_the_last_checkpoint_and_ends_where_an_unbroken_run_does(
     tmp_path: Path,
 ) -> None:
-    spec = _spec(tmp_path / "a", epochs=3, checkpoint_every=3, batch_tokens=64)
+    spec = random_store_train_spec(tmp_path / "a", epochs=3, checkpoint_every=3, batch_tokens=64)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
     script = (
@@ -112,13 +81,13 @@ def test_kill_9_mid_training_resumes_from_the_last_checkpoint_and_ends_where_an_
     last = latest_checkpoint(Path(spec["run_dir"]))
     assert last is not None and killed_after is not None
     last_step = int(last.name.split("-")[1])
-    report = ListReporter()
+    report = Recorder()
     resumed = run(spec, report)
     assert resumed["resumed_from_step"] == last_step >= killed_after
     assert f"resuming from step-{last_step:08d}" in report.lines[0]
-    unbroken_spec = _spec(tmp_path / "a", epochs=3, checkpoint_every=3, batch_tokens=64)
+    unbroken_spec = random_store_train_spec(tmp_path / "a", epochs=3, checkpoint_every=3, batch_tokens=64)
     unbroken_spec.update(run_dir=str(tmp_path / "b" / "run"), export_dir=str(tmp_path / "b" / "export"))
-    unbroken = run(unbroken_spec, ListReporter())
+    unbroken = run(unbroken_spec, Recorder())
     assert resumed["steps"] == unbroken["steps"]
     assert resumed["curve"][-1]["loss"] == unbroken["curve"][-1]["loss"]
     a, _, _ = load_checkpoint(latest_checkpoint(Path(spec["run_dir"])))  # type: ignore[arg-type]
@@ -128,8 +97,8 @@ def test_kill_9_mid_training_resumes_from_the_last_checkpoint_and_ends_where_an_
 
 
 def test_a_torn_checkpoint_is_ignored(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, epochs=1)
-    first = run(spec, ListReporter())
+    spec = random_store_train_spec(tmp_path, epochs=1)
+    first = run(spec, Recorder())
     torn = tmp_path / "run" / "checkpoints" / "step-99999999"
     torn.mkdir()
     (torn / "state.pt").write_bytes(b"partial")
@@ -137,25 +106,25 @@ def test_a_torn_checkpoint_is_ignored(tmp_path: Path) -> None:
 
 
 def test_resuming_with_another_draft_vocabulary_is_refused(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, epochs=1)
-    run(spec, ListReporter())
+    spec = random_store_train_spec(tmp_path, epochs=1)
+    run(spec, Recorder())
     vocab = tmp_path / "vocab"
     t2d = torch.zeros(96, dtype=torch.bool)
     t2d[50:90] = True
     save_draft_vocab(vocab, torch.full((40,), 50, dtype=torch.int64), t2d, {"draft_vocab_size": 40})
     with pytest.raises(TrainError, match="another draft vocabulary"):
-        run(spec, ListReporter())
+        run(spec, Recorder())
 
 
 def test_resuming_under_other_settings_is_refused(tmp_path: Path) -> None:
-    run(_spec(tmp_path, epochs=1), ListReporter())
+    run(random_store_train_spec(tmp_path, epochs=1), Recorder())
     with pytest.raises(TrainError, match="settings"):
-        run(_spec(tmp_path, epochs=1, lr=1e-2), ListReporter())
+        run(random_store_train_spec(tmp_path, epochs=1, lr=1e-2), Recorder())
 
 
 def test_a_spec_with_an_unknown_setting_is_named(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match="learning_rate"):
-        run(_spec(tmp_path, learning_rate=1.0), ListReporter())
+        run(random_store_train_spec(tmp_path, learning_rate=1.0), Recorder())
 
 
 def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
@@ -170,7 +139,7 @@ def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
     from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
     from eagle3_pipeline.target_weights import load_target_weights
 
-    spec = _spec(tmp_path)
+    spec = random_store_train_spec(tmp_path)
     store = HiddenStateStore(Path(spec["store"]))
     d2t, t2d, _ = load_draft_vocab(Path(spec["draft_vocab"]))
     target = load_target_weights(Path(spec["target_weights"]))

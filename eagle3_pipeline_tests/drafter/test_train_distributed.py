@@ -32,7 +32,8 @@ from eagle3_pipeline.drafter.data import epoch_plan, store_rows
 from eagle3_pipeline.drafter.export import load_export
 from eagle3_pipeline.drafter.train import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
-from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec
+from eagle3_pipeline.testing.reporter import Recorder
+from eagle3_pipeline.testing.train_settings import random_store_train_spec
 
 pytestmark = pytest.mark.slow
 
@@ -94,10 +95,10 @@ def _metadata(log: Path) -> dict[str, Any]:
 
 
 def test_two_torchrun_processes_end_with_the_weights_of_one_process(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, **SETTINGS)
+    spec = random_store_train_spec(tmp_path, **SETTINGS)
     plan = epoch_plan(store_rows(HiddenStateStore(Path(spec["store"])), "train"), 7, 0, 40, 32)
     assert {len(rows) for rows in plan} == {1, 2}  # both a split batch and a stand-in rank occur
-    one = run(spec, ListReporter())
+    one = run(spec, Recorder())
 
     log = tmp_path / "torchrun.log"
     two_spec = _elsewhere(spec, tmp_path / "two")
@@ -120,7 +121,7 @@ def test_two_torchrun_processes_end_with_the_weights_of_one_process(tmp_path: Pa
 
 
 def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, **{**SETTINGS, "max_steps": 15})
+    spec = random_store_train_spec(tmp_path, **{**SETTINGS, "max_steps": 15})
     spec_file = _write(tmp_path, spec, "spec")
     process = _torchrun(spec_file, tmp_path / "first.log")
     killed_after = None
@@ -149,7 +150,7 @@ def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does
     assert second["resumed_from_step"] == last_step >= killed_after
     assert f"resuming from step-{last_step:08d}" in (tmp_path / "second.log").read_text()
 
-    unbroken = run(_elsewhere(spec, tmp_path / "unbroken"), ListReporter())
+    unbroken = run(_elsewhere(spec, tmp_path / "unbroken"), Recorder())
     print(
         f"\n-- killed after step {killed_after}, resumed from {last_step}; {second['steps']} steps, "
         f"last loss {second['last_loss']:.5f} (unbroken {unbroken['last_loss']:.5f})"
@@ -158,7 +159,7 @@ def test_kill_9_of_a_two_process_run_then_resume_ends_where_an_unbroken_run_does
     assert second["last_loss"] == pytest.approx(unbroken["last_loss"], rel=1e-4)
     _assert_same_weights(_final_state(spec["run_dir"]), _final_state(str(tmp_path / "unbroken" / "run")))
 
-    report = ListReporter()
+    report = Recorder()
     one = run(_elsewhere(spec, tmp_path / "one"), report)  # another number of processes: the data position holds
     assert one["resumed_from_step"] == last_step and one["steps"] == unbroken["steps"]
     assert report.lines[0].endswith("1 process (the checkpoint was written by a run of 2 processes)")

@@ -285,7 +285,8 @@ def test_the_activation_checkpointing_setting_reaches_the_training_steps(
     from eagle3_pipeline.config import load_config
     from eagle3_pipeline.drafter.spec import TrainSettings, train_spec
     from eagle3_pipeline.drafter.train import run
-    from eagle3_pipeline_tests.drafter.test_train import ListReporter, _spec
+    from eagle3_pipeline.testing.reporter import Recorder
+    from eagle3_pipeline.testing.train_settings import random_store_train_spec
 
     pipeline = load_config(None, runtime_checks=False)
     pipeline = pipeline.model_copy(
@@ -306,6 +307,7 @@ def test_the_activation_checkpointing_setting_reaches_the_training_steps(
 
     monkeypatch.setattr(model_module, "checkpoint", counted)
     result = run(
-        _spec(tmp_path, activation_checkpointing=True, epochs=1, max_steps=2, checkpoint_every=100), ListReporter()
+        random_store_train_spec(tmp_path, activation_checkpointing=True, epochs=1, max_steps=2, checkpoint_every=100),
+        Recorder(),
     )
     assert result["steps"] == 2 and calls == [True] * 2 * 3  # 2 training steps × ttt_steps 3; evaluation runs without

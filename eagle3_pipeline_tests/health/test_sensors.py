@@ -15,8 +15,8 @@ from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows
+from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-from eagle3_pipeline_tests.test_orchestration import sensor_resources
 
 
 def evaluate(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None = None):
@@ -139,21 +139,6 @@ def test_sensor_tick_against_a_hung_host_returns_within_20_s(
         assert not result.run_requests and "unknown" in (result.skip_message or "")
     finally:
         proxy.close()
-
-
-def start_stalled_generation(defs: dg.Definitions, instance: dg.DagsterInstance, artifacts_root: Path) -> dg.DagsterRun:
-    """A started `generation_job` run of B1 whose runner heartbeat is alive but whose checkpoint has
-    not grown for an hour: what `generation_stall` must flag once the stall window (1 s) has passed."""
-    run = instance.create_run_for_job(
-        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
-    )
-    checkpoint = artifacts_root / "responses" / "B1.checkpoint.jsonl"
-    checkpoint.parent.mkdir(parents=True)
-    checkpoint.write_text('{"id": "x"}\n')
-    os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
-    HeartbeatWriter(heartbeat_path(artifacts_root, "B1"), run.run_id).start()
-    time.sleep(1.5)
-    return run
 
 
 def test_stall_sensor_flags_a_generation_that_stopped_writing(

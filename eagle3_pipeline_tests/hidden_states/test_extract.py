@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from eagle3_pipeline.hidden_states.resume import RESULT_FILE
 from eagle3_pipeline.hidden_states.spot_check import spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError
+from eagle3_pipeline.testing.extract_specs import extract_spec
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
@@ -36,18 +37,6 @@ AUX = [1, 14, 26]
 # float32 reassociation (~1e-6 relative), so stored bf16 values may differ by at most one bf16 step
 # where a value sits on a rounding boundary: relative L2 error per sample and tensor ≤ 1e-3.
 BATCHING_TOLERANCE = 1e-3
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.points: list[dict[str, Any]] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, Any]) -> None:
-        self.points.append(dict(metrics))
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +53,9 @@ def data(tmp_path: Path) -> Path:
 
 
 def spec(data: Path, output: Path, model: Path, **settings: Any) -> dict[str, Any]:
-    return {
-        "training_data": str(data),
-        "output": str(output),
-        "model": str(model),
-        "target_name": "SmolLM2-135M-Instruct",
-        "device": "cpu",
-        "shard_tokens": 30,
-        "spot_check_samples": 1,
-        **settings,
-    }
+    """The embedded model on the CPU, shards of 30 tokens, one sample spot-checked unless ``settings`` say otherwise."""
+    small = {"device": "cpu", "shard_tokens": 30, "spot_check_samples": 1}
+    return extract_spec(data, output, model, "SmolLM2-135M-Instruct", **{**small, **settings})
 
 
 def stored(root: Path) -> dict[str, tuple[Any, Any]]:

@@ -23,11 +23,16 @@ from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError
 from eagle3_pipeline.hidden_states.spot_check import spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile
+from eagle3_pipeline.testing.extract_specs import extract_spec
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
-from eagle3_pipeline_tests.hidden_states.test_extract import Recorder, spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
+
+
+def spec(data: Path, output: Path, model: Path, **settings: Any) -> dict[str, Any]:
+    return extract_spec(data, output, model, "SmolLM2-135M-Instruct", device="cpu", shard_tokens=30, **settings)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ same samples, resume after a torn shard, and clear errors."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +13,8 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.hidden_states.importer import SpecForgeImportError, run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, ShardWriter, StoreError
+from eagle3_pipeline.testing.reporter import Recorder
+from eagle3_pipeline.testing.stores import shard_contents
 from eagle3_pipeline_tests.hidden_states.specforge_files import (
     import_spec,
     make_samples,
@@ -22,43 +23,8 @@ from eagle3_pipeline_tests.hidden_states.specforge_files import (
 )
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.points: list[dict[str, object]] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, float | int | str]) -> None:
-        self.points.append(dict(metrics))
-
-
 def files_of(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name.startswith("shard-")}
-
-
-def shard_contents(folder: Path) -> dict[str, object]:
-    """Per shard: each tensor's dtype, shape and raw bytes, the header metadata, and the index file's
-    bytes. (Whole safetensors files are not compared: the writer orders the header's metadata keys
-    differently from run to run, even for the same writer and tensors.)"""
-    from safetensors import safe_open
-
-    contents: dict[str, object] = {}
-    for path in sorted(folder.glob("shard-*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            tensors = {}
-            for key in sorted(handle.keys()):
-                tensor = handle.get_tensor(key)
-                tensors[key] = (
-                    str(tensor.dtype),
-                    tuple(tensor.shape),
-                    tensor.contiguous().view(torch.uint8).numpy().tobytes(),
-                )
-            contents[path.name] = (tensors, handle.metadata())
-        index = path.with_name(path.name.replace(".safetensors", ".index.parquet"))
-        contents[index.name] = index.read_bytes()
-    return contents
 
 
 def test_imported_shards_are_byte_identical_to_our_writer(tmp_path: Path) -> None:

@@ -13,10 +13,8 @@ worker's.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,37 +29,16 @@ from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.layer_ids import LayerIdError
+from eagle3_pipeline.testing.extract_specs import extract_spec, transformers_spec
 from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB
-from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
+from eagle3_pipeline.testing.reporter import Recorder
+from eagle3_pipeline.testing.stores import assert_same_store
+from eagle3_pipeline.testing.training_data import two_dataset_training_data
 from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_release
+from eagle3_pipeline_tests.hidden_states.sglang_standins import active_standin, standin_path
 from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401 - the shared session fixture
 
 pytestmark = pytest.mark.slow
-
-STANDIN = Path(__file__).parent / "sglang_standin"
-
-
-def standin_path(version: str) -> list[Path]:
-    """What goes on ``sys.path`` / ``PYTHONPATH`` for the stand-in of ``version``."""
-    return [STANDIN / version, STANDIN / "core"]
-
-
-def standin_pythonpath(version: str) -> str:
-    return os.pathsep.join(str(p) for p in standin_path(version))
-
-
-@contextmanager
-def active_standin(version: str) -> Iterator[None]:
-    """The stand-in ``sglang`` of ``version`` importable in this process, then forgotten (so another
-    release's stand-in can follow in the same test)."""
-    saved = list(sys.path)
-    sys.path[:0] = [str(p) for p in standin_path(version)]
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
-        for name in [m for m in sys.modules if m.split(".")[0] in ("sglang", "sglang_standin_core")]:
-            del sys.modules[name]
 
 
 @pytest.fixture(params=SUPPORTED_VERSIONS)
@@ -71,42 +48,9 @@ def standin(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, Any]) -> None:
-        return None
-
-
-def training_data(folder: Path, vocab: int) -> Path:
-    train = [
-        sample_rows("a", 5, seed=11, max_len=20, vocab=vocab),
-        sample_rows("b", 3, seed=12, max_len=20, vocab=vocab),
-    ]
-    return write_training_data(
-        folder, {"train": train, "eval": [sample_rows("e", 2, seed=13, max_len=20, vocab=vocab)]}, vocab_size=vocab
-    )
-
-
-def spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
-    return {
-        "training_data": str(data),
-        "output": str(output),
-        "model": str(model),
-        "target_name": name,
-        "shard_tokens": 40,
-        "spot_check_samples": 2,
-        **settings,
-    }
-
-
 def sglang_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
     """Packed batches of up to 4 requests (64 padded tokens), one process."""
-    return spec(
+    return extract_spec(
         data,
         output,
         model,
@@ -122,52 +66,10 @@ def sglang_spec(data: Path, output: Path, model: Path, name: str, **settings: An
     )
 
 
-def transformers_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
-    """Each sample alone."""
-    return spec(data, output, model, name, device="cpu", max_batch_size=1, **settings)
-
-
 def lengths(data: Path, shard: Any) -> Iterator[int]:
     rows = iter_rows(data / shard.source, ["num_tokens"], shard.start)
     for _ in shard.sample_ids:
         yield next(rows)["num_tokens"]
-
-
-def split_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
-    """A safetensors file's header (parsed) and its tensor bytes. The header is compared parsed: the
-    safetensors writer orders the ``__metadata__`` keys as its hash map iterates, which varies between
-    calls (two saves of the same tensors in one process can differ in those bytes only)."""
-    import json
-    import struct
-
-    raw = path.read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
-
-
-def assert_same_store(found: Path, expected: Path) -> dict[str, int]:
-    """The same shards (tensor bytes identical, headers equal), byte-identical shard indexes and
-    index, the same manifest identity. Returns what was compared."""
-    names = sorted(p.name for p in expected.glob("shard-*"))
-    assert sorted(p.name for p in found.glob("shard-*")) == names
-    compared = {"shards": 0, "tensor_bytes": 0, "index_bytes": 0}
-    for name in names:
-        if name.endswith(".safetensors"):
-            (header, data), (reference_header, reference_data) = (
-                split_safetensors(found / name),
-                split_safetensors(expected / name),
-            )
-            assert header == reference_header, name
-            assert data == reference_data, f"{name}: tensor bytes differ"
-            compared["shards"] += 1
-            compared["tensor_bytes"] += len(data)
-        else:
-            assert (found / name).read_bytes() == (expected / name).read_bytes(), name
-            compared["index_bytes"] += (found / name).stat().st_size
-    assert (found / "index.parquet").read_bytes() == (expected / "index.parquet").read_bytes()
-    compared["index_bytes"] += (found / "index.parquet").stat().st_size
-    assert HiddenStateStore(found).manifest().identity() == HiddenStateStore(expected).manifest().identity()
-    return compared
 
 
 def extract_both_releases(
@@ -183,7 +85,7 @@ def extract_both_releases(
 
 @pytest.mark.local_model
 def test_both_releases_write_the_transformers_extractors_bytes(tmp_path: Path, local_model: Path) -> None:
-    data = training_data(tmp_path / "training_data", 49152)
+    data = two_dataset_training_data(tmp_path / "training_data", 49152)
     name = "SmolLM2-135M-Instruct"
     theirs = run(transformers_spec(data, tmp_path / "transformers", local_model, name), Recorder())
     results = extract_both_releases(data, tmp_path / "sglang", local_model, name)
@@ -231,7 +133,7 @@ def test_a_kimi_target_gets_deepseeks_layer_rule_on_both_releases(
     handed to set_eagle3_layers_to_capture follow layer_ids.server_layer_ids, and the states are the
     outputs of the trained layers (the transformers extractor's bytes), handed over as a list on
     0.5.14 and as one packed tensor on 0.5.23."""
-    data = training_data(tmp_path / "training_data", KIMI_VOCAB)
+    data = two_dataset_training_data(tmp_path / "training_data", KIMI_VOCAB)
     settings = {"aux_layer_ids": [1, 3, 4], "trust_remote_code": True}
     run(transformers_spec(data, tmp_path / "transformers", kimi_checkpoint, "Kimi-K2.5", **settings), Recorder())
     results = extract_both_releases(data, tmp_path / "sglang", kimi_checkpoint, "Kimi-K2.5", **settings)
@@ -251,7 +153,7 @@ def test_a_kimi_target_refuses_a_first_id_other_than_1_before_extracting(
     tmp_path: Path,
     kimi_checkpoint: Path,  # noqa: F811 - the shared session fixture
 ) -> None:
-    data = training_data(tmp_path / "training_data", KIMI_VOCAB)
+    data = two_dataset_training_data(tmp_path / "training_data", KIMI_VOCAB)
     settings = {"aux_layer_ids": [2, 3, 4], "trust_remote_code": True}
     with pytest.raises(LayerIdError, match=r"aux layer ids \[2, 3, 4\]: a DeepSeek-family target"):
         run(sglang_spec(data, tmp_path / "sglang", kimi_checkpoint, "Kimi-K2.5", **settings), Recorder())
@@ -268,7 +170,7 @@ def test_aux_states_in_another_form_than_the_releases_are_refused(
     release = RELEASES["0.5.23"]
     wrong = tuple(replace(entry, form="list") if entry.decoder == "DeepseekV2Model" else entry for entry in release.aux)
     monkeypatch.setattr(type(release), "aux", wrong)
-    data = training_data(tmp_path / "training_data", KIMI_VOCAB)
+    data = two_dataset_training_data(tmp_path / "training_data", KIMI_VOCAB)
     settings = {"aux_layer_ids": [1, 3, 4], "trust_remote_code": True}
     with (
         active_standin("0.5.23"),
@@ -324,7 +226,7 @@ def test_another_sglang_version_a_name_not_listed_and_a_wrong_launch_are_refused
     ):
         SGLangApi()
     monkeypatch.setattr(sglang.version, "__version__", standin)
-    data = training_data(tmp_path / "training_data", 49152)
+    data = two_dataset_training_data(tmp_path / "training_data", 49152)
     with pytest.raises(SGLangError, match=r"hidden_states.tp_size is 2 but this launch has 1 process\(es\)"):
         run(sglang_spec(data, tmp_path / "store", tmp_path, "x", tp_size=2), Recorder())
 

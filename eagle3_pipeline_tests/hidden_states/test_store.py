@@ -20,20 +20,14 @@ from eagle3_pipeline.hidden_states.store import (
     load_draft_vocab,
     save_draft_vocab,
 )
+from eagle3_pipeline.testing.stores import random_states_sample
 
 H = 8
 
 
-def _sample(length: int, seed: int) -> tuple:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 100, (length,), generator=g)
-    mask = (torch.arange(length) >= length // 2).to(torch.uint8)
-    return ids, mask, torch.randn(length, 3 * H, generator=g), torch.randn(length, H, generator=g)
-
-
 def test_round_trip_keeps_every_sample_in_order(tmp_path: Path) -> None:
     writer = ShardWriter(tmp_path, 0)
-    originals = {f"s{i}": _sample(5 + i, i) for i in range(3)}
+    originals = {f"s{i}": random_states_sample(5 + i, i) for i in range(3)}
     for sid, (ids, mask, aux, hidden) in originals.items():
         writer.add(sid, "B1", "train", ids, mask, aux, hidden)
     writer.close()
@@ -52,12 +46,12 @@ def test_round_trip_keeps_every_sample_in_order(tmp_path: Path) -> None:
 
 def test_a_torn_shard_is_not_complete(tmp_path: Path) -> None:
     writer = ShardWriter(tmp_path, 0)
-    writer.add("s0", "B1", "train", *_sample(6, 0))
+    writer.add("s0", "B1", "train", *random_states_sample(6, 0))
     writer.close()
     (tmp_path / "shard-00000.index.parquet").unlink()
     assert not HiddenStateStore(tmp_path).shard_complete("shard-00000")
     writer = ShardWriter(tmp_path, 1)
-    writer.add("s1", "B1", "train", *_sample(6, 1))
+    writer.add("s1", "B1", "train", *random_states_sample(6, 1))
     writer.close()
     tensors = tmp_path / "shard-00001.safetensors"
     tensors.write_bytes(tensors.read_bytes()[:-10])
@@ -65,7 +59,7 @@ def test_a_torn_shard_is_not_complete(tmp_path: Path) -> None:
 
 
 def test_nan_states_are_rejected_with_the_sample_named(tmp_path: Path) -> None:
-    ids, mask, aux, hidden = _sample(4, 0)
+    ids, mask, aux, hidden = random_states_sample(4, 0)
     aux[2, 3] = float("nan")
     with pytest.raises(StoreError, match="s-bad: aux_hidden_states holds NaN"):
         ShardWriter(tmp_path, 0).add("s-bad", "B1", "train", ids, mask, aux, hidden)

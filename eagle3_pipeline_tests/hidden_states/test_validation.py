@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,31 +30,15 @@ from eagle3_pipeline.hidden_states.extract import _extract, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
 from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.target import decoder, language_model, load_tokenizer
+from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
 NAME = "SmolLM2-135M-Instruct"
-TEXTS = [
-    "The capital of France is Paris. It is known for the Eiffel Tower and its museums, and "
-    "many people visit it every year.",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # prints the sum of two numbers",
-    "Water boils at one hundred degrees Celsius at sea level, and it freezes at zero degrees.",
-    "Once upon a time there was a little girl who lived in a village near the forest with her grandmother.",
-]
 SETTINGS = ServingValidationConfig(samples=4, min_agreement=0.9, near_tie_logprob_margin=0.2)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-
-    def progress(self, metrics: Mapping[str, Any]) -> None:
-        pass
 
 
 class LogprobServer:
@@ -200,11 +184,6 @@ def training_data(folder: Path, tokenizer: Any) -> Path:
     return write_training_data(folder, {"train": [rows[:3]], "eval": [rows[3:]]})
 
 
-def reference_of(data: Path) -> Path:
-    """Where a test keeps the reference of ``data`` (the pipeline: <artifacts_root>/serving_reference.json)."""
-    return data.parent / "serving_reference.json"
-
-
 def spec(data: Path, output: Path, model: Path) -> dict[str, Any]:
     return {
         "training_data": str(data),
@@ -291,19 +270,6 @@ def test_vllm_prompt_logprobs_give_the_same_reference_from_the_first_server_that
     vllm = json.loads(reference_of(data).read_text())
     sglang = json.loads(reference_of(recorded).read_text())
     assert vllm["api"] == "vllm" and [s["top1"] for s in vllm["samples"]] == [s["top1"] for s in sglang["samples"]]
-
-
-def other_tokenizer(local_model: Path, folder: Path) -> Any:
-    """A tokenizer other than the served one: SmolLM2's with only its first 10000 BPE merges (as an
-    older or foreign tokenizer would split the same text into other ids)."""
-    from transformers import AutoTokenizer
-
-    folder.mkdir(parents=True)
-    spec = json.loads((local_model / "tokenizer.json").read_text())
-    spec["model"]["merges"] = spec["model"]["merges"][:10000]
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    (folder / "tokenizer_config.json").write_text((local_model / "tokenizer_config.json").read_text())
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def test_rows_of_another_tokenizer_stop_the_phase_with_the_first_differing_token(

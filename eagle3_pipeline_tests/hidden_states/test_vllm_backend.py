@@ -28,7 +28,9 @@ from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, first_difference, open_vllm_target, take_file
 from eagle3_pipeline.hidden_states.vllm_server import layer_ids_in, served_layer_ids
 from eagle3_pipeline.managed.launch import extraction_args, extraction_speculative_config
-from eagle3_pipeline_tests.hidden_states.test_sglang_backend import Recorder, spec, training_data
+from eagle3_pipeline.testing.extract_specs import extract_spec
+from eagle3_pipeline.testing.reporter import Recorder
+from eagle3_pipeline.testing.training_data import two_dataset_training_data
 from eagle3_pipeline_tests.hidden_states.vllm_standin import VllmStandin
 
 NAME = "SmolLM2-135M-Instruct"
@@ -51,7 +53,7 @@ def served(tmp_path: Path, local_model: Path) -> Iterator[tuple[VllmStandin, Pat
 def vllm_spec(
     data: Path, output: Path, model: Path, standin: VllmStandin, folder: Path, **settings: Any
 ) -> dict[str, Any]:
-    return spec(
+    return extract_spec(
         data,
         output,
         model,
@@ -69,7 +71,7 @@ def test_a_server_that_does_not_run_our_ids_is_refused_and_one_that_shows_no_ids
     tmp_path: Path, local_model: Path, served: tuple[VllmStandin, Path]
 ) -> None:
     standin, folder = served
-    data = training_data(tmp_path / "training_data", 49152)
+    data = two_dataset_training_data(tmp_path / "training_data", 49152)
     first = next(iter_rows(TrainingData.open(data).folder / "train-00000.parquet", ["id", "input_ids"], 0))
     target = list(first["input_ids"])
     standin.rewrite_prompt = lambda ids: ids[:3] + [ids[3] + 1] + ids[4:] if ids == target else ids

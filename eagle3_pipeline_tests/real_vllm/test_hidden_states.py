@@ -38,9 +38,10 @@ from eagle3_pipeline.hidden_states.vllm_capture import VllmError, open_vllm_targ
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import extraction_args
 from eagle3_pipeline.testing.real_vllm import RunningVllm, stop_group, vllm_server
+from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
+from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
-from eagle3_pipeline_tests.hidden_states.test_validation import TEXTS, Recorder, other_tokenizer, reference_of
 
 pytestmark = pytest.mark.local_model
 

@@ -1,0 +1,115 @@
+"""Driving and reading real Dagster runs in the tests (a helper module, not a test): assets materialized
+outside their Definitions, a sensor ticked and its runs executed without the daemon, the automation
+conditions evaluated at a time, a run's log lines, check results and materializations, a stalled
+generation run."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline_tests.conftest import pipeline_resources
+
+
+def materialize(
+    assets: list[Any], selection: list[str], config: PipelineConfig
+) -> tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]:
+    instance = dg.DagsterInstance.ephemeral()
+    return instance, dg.materialize(
+        assets, selection=selection, instance=instance, resources=pipeline_resources(config.source_file)
+    )
+
+
+def run_log(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [entry.user_message for entry in instance.all_logs(run_id)]
+
+
+def checks(result: dg.ExecuteInProcessResult) -> dict[str, tuple[bool, str]]:
+    return {e.check_name: (e.passed, e.severity.value) for e in result.get_asset_check_evaluations()}
+
+
+def start_stalled_generation(defs: dg.Definitions, instance: dg.DagsterInstance, artifacts_root: Path) -> dg.DagsterRun:
+    """A started `generation_job` run of B1 whose runner heartbeat is alive but whose checkpoint has
+    not grown for an hour: what `generation_stall` must flag once the stall window (1 s) has passed."""
+    run = instance.create_run_for_job(
+        defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
+    )
+    checkpoint = artifacts_root / "responses" / "B1.checkpoint.jsonl"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text('{"id": "x"}\n')
+    os.utime(checkpoint, (time.time() - 3600, time.time() - 3600))
+    HeartbeatWriter(heartbeat_path(artifacts_root, "B1"), run.run_id).start()
+    time.sleep(1.5)
+    return run
+
+
+def materialize_generation(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
+    defs = build_definitions(config)
+    assets: Any = list(defs.assets or [])
+    return dg.materialize(
+        assets,
+        selection=["prompts", "responses"],
+        partition_key="B1",
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
+    )
+
+
+def sensor_resources(defs: dg.Definitions, sensor: dg.SensorDefinition) -> dict[str, Any]:
+    """The Definitions' resources that the sensor requires, as the code server builds them for a tick."""
+    return {key: value for key, value in (defs.resources or {}).items() if key in sensor.required_resource_keys}
+
+
+class Daemonless:
+    """Ticks a sensor and executes the runs it requests, with the tags the sensor daemon adds."""
+
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance, sensor: str = "inference_health") -> None:
+        self.defs = defs
+        self.instance = instance
+        self.sensor = defs.resolve_sensor_def(sensor)
+        self.cursor: str | None = None
+        self.launched: list[str] = []
+
+    def tick(self) -> Any:
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursor,
+            definitions=self.defs,
+            resources=sensor_resources(self.defs, self.sensor),
+        )
+        result = self.sensor.evaluate_tick(context)
+        self.cursor = result.cursor
+        for request in result.run_requests or []:
+            run_key, job_name = request.run_key, self.sensor.job_name
+            assert run_key is not None and job_name is not None, "the sensor names its job and each run's key"
+            assert run_key not in self.launched, "a run key is launched once"
+            self.launched.append(run_key)
+            self.defs.resolve_job_def(job_name).execute_in_process(
+                partition_key=request.partition_key,
+                instance=self.instance,
+                tags={**request.tags, "dagster/run_key": run_key, "dagster/sensor_name": self.sensor.name},
+                raise_on_error=False,
+            )
+        return result
+
+
+def evaluate_at(defs: dg.Definitions, instance: dg.DagsterInstance, when: datetime.datetime, cursor: Any = None) -> Any:
+    """One evaluation of the automation conditions, as the `pipeline_automation` sensor makes it at `when`."""
+    return dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=when, cursor=cursor)
+
+
+def requested(result: Any, key: str) -> list[str]:
+    return sorted(result.get_requested_partitions(dg.AssetKey(key)))
+
+
+def materialized(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:
+    return list(instance.fetch_materializations(dg.AssetKey(key), limit=100).records)
