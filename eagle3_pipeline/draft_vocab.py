@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.dataprep.training_data import READ_BATCH_ROWS, TrainingData, TrainingDataError
+from eagle3_pipeline.dataprep.reader import READ_BATCH_ROWS, TrainingData, TrainingDataError
 from eagle3_pipeline.hidden_states.store import save_draft_vocab
 
 MIN_DEFAULT_SIZE = 1024

@@ -24,7 +24,7 @@ from eagle3_pipeline.dataprep.agreement import (
     TokenizeRouteMissing,
     remote_tokenizer,
 )
-from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
+from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 
 REFERENCE_FORMAT = 1
 

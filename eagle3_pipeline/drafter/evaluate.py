@@ -21,7 +21,7 @@ from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterConfig, DrafterEvalConfig
-from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
+from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.drafter.acceptance import (
     AcceptanceStats,
     target_reference,

@@ -17,7 +17,7 @@ from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetConfig
-from eagle3_pipeline.dataprep.training_data import TrainingData, TrainingDataError, iter_rows
+from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids, parse_spec
 from eagle3_pipeline.hidden_states.plan import PLAN_FILE, ROLLING_LAYOUT_FILE, PlannedShard, plan_shards

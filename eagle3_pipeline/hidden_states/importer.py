@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.dataprep.training_data import SPLITS, TrainingData
+from eagle3_pipeline.dataprep.reader import SPLITS, TrainingData
 from eagle3_pipeline.hidden_states.store import (
     BF16,
     STORAGE_DTYPES,

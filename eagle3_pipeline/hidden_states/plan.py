@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.dataprep.training_data import SPLITS, TrainingData, TrainingDataError, iter_rows, read_column
+from eagle3_pipeline.dataprep.reader import SPLITS, TrainingData, TrainingDataError, iter_rows, read_column
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, StoreError, shard_name
 
 PLAN_FILE = "plan.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.dataprep.training_data import TrainingData
+from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.hidden_states.capture import target_identity
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids
 from eagle3_pipeline.hidden_states.plan import (

@@ -20,6 +20,7 @@ from typing import Any
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
+from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError
 from eagle3_pipeline.dataprep.serving_reference import (
     ReferenceSample,
     ServingReference,
@@ -28,7 +29,6 @@ from eagle3_pipeline.dataprep.serving_reference import (
     record_from_first,
     tokenization_problems,
 )
-from eagle3_pipeline.dataprep.training_data import TrainingData, TrainingDataError
 from eagle3_pipeline.hidden_states.capture import SampleError
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec
 from eagle3_pipeline.hidden_states.sources import StateSource, decided

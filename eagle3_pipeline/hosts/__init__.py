@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eagle3_pipeline.hosts.base import (
+from eagle3_pipeline.hosts.host import (
     CommandResult,
     Host,
     HostAuthError,

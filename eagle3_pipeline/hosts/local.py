@@ -9,7 +9,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from eagle3_pipeline.hosts.base import CommandResult, Host, text
+from eagle3_pipeline.hosts.host import CommandResult, Host, text
 
 
 class LocalHost(Host):

@@ -18,7 +18,7 @@ from pathlib import Path
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
-from eagle3_pipeline.hosts.base import (
+from eagle3_pipeline.hosts.host import (
     CommandResult,
     Host,
     HostAuthError,

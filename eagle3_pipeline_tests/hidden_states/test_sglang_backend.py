@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
+from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.extract import batches, run
 from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError

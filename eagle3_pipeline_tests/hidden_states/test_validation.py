@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import ServingValidationConfig
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
+from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.dataprep.serving_reference import record_from_first, record_reference
-from eagle3_pipeline.dataprep.training_data import TrainingData
 from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target
 from eagle3_pipeline.hidden_states.extract import _extract, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec

@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import HiddenStatesConfig
-from eagle3_pipeline.dataprep.training_data import TrainingData, iter_rows
+from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, first_difference, open_vllm_target, take_file

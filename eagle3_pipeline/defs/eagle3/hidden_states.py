@@ -27,7 +27,7 @@ import dagster as dg
 
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.dataprep.training_data import TrainingDataError
+from eagle3_pipeline.dataprep.reader import TrainingDataError
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
