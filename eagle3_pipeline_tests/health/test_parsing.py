@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,23 +95,21 @@ def test_report_to_dict_and_summary() -> None:
 # -- settings ----------------------------------------------------------------------------------
 
 
+def server(**fields: Any) -> ServerSpec:
+    """An SGLang server on port 30000 of host ``h``, one rank, its kind's own process pattern."""
+    return ServerSpec(**{"kind": "sglang", "port": 30000, "base_url": "http://h:30000", "model": "m", "tp_size": 1,
+                         "process_pattern": "", **fields})  # fmt: skip
+
+
 def test_settings_validation() -> None:
     valid = thresholds_for(HealthConfig(), Path("/artifacts"))
     with pytest.raises(ValueError, match="artifacts_dir: expected an absolute path"):
         replace(valid, artifacts_dir="relative/dir")
     with pytest.raises(ValueError, match="process_pattern: required"):
-        ServerSpec(kind="custom", port=8000, base_url="http://h:8000", model="m", tp_size=1, process_pattern="")
+        server(kind="custom")
     with pytest.raises(ValueError, match="optional_checks: unknown"):
         replace(valid, optional_checks=frozenset({"gpu"}))
-    spec = ServerSpec(
-        kind="sglang",
-        port=30000,
-        base_url="http://h:30000/",
-        model="m",
-        tp_size=1,
-        process_pattern="",
-        api_key="sk-secret",
-    )
+    spec = server(base_url="http://h:30000/", api_key="sk-secret")
     assert "sk-secret" not in repr(spec) and spec.url("/metrics") == "http://h:30000/metrics"
 
 
@@ -121,15 +120,7 @@ def test_generation_target_names_its_url_without_credentials() -> None:
     assert target.label == "https://router.example:8443/api/v1" and target.hosted
     assert target.probe_url == "https://router.example:8443/api/v1/chat/completions"
     assert "sk-abc123" not in repr(target) and "pw" not in target.label
-    sglang = ServerSpec(
-        kind="sglang",
-        port=30000,
-        base_url="http://h:30000",
-        model="m",
-        tp_size=1,
-        process_pattern="",
-        generation_probe="health_generate",
-    )
+    sglang = server(generation_probe="health_generate")
     assert sglang.target().probe_url == "http://h:30000/health_generate" and not sglang.target().hosted
 
 
@@ -148,12 +139,12 @@ def test_generation_target_names_its_url_without_credentials() -> None:
     ],
 )
 def test_default_process_patterns(kind: str, args: str, matches: bool) -> None:
-    spec = ServerSpec(kind=kind, port=30000, base_url="http://h:30000", model="m", tp_size=1, process_pattern="")  # type: ignore[arg-type]
+    spec = server(kind=kind)
     assert bool(re.search(spec.command_pattern, args)) is matches
 
 
 def test_server_process_tree_ranks_and_own_probe_excluded() -> None:
-    spec = ServerSpec(kind="sglang", port=30000, base_url="http://h:30000", model="m", tp_size=2, process_pattern="")
+    spec = server(tp_size=2)
     processes = [
         ProcessInfo(10, 1, "python -m sglang.launch_server --tp-size 2"),
         ProcessInfo(11, 10, "sglang::scheduler_TP0"),
