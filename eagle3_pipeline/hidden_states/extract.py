@@ -202,11 +202,7 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
         )
         return {
             **done,
-            "shards_written": 0,
-            "shards_reused": done["shards"],
-            "tokens_extracted_now": 0,
-            "extract_seconds": 0.0,
-            "tokens_per_s": 0.0,
+            **_run_figures(0, done["shards"], 0, 0.0),
             "disk_free_bytes": free_bytes(Path(settings.output)),
             "disk_estimate_bytes": 0,
         }
@@ -246,35 +242,11 @@ def _extract(
     )
     if reused:
         report.log(f"extract: reusing {', '.join(s.name for s in reused)}")
-    rows = _Rows(data)
-    started, tokens_now = time.monotonic(), 0
-    for number, shard in enumerate(todo, start=1):
-        size = extract_shard(store, source, settings, aux_ids, shard, rows.take(shard))
-        tokens_now += shard.tokens
-        elapsed = time.monotonic() - started
-        report.log(
-            f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, "
-            f"{shard.tokens} tokens, {size} bytes)"
-        )
-        report.progress(
-            {
-                "shards_done": len(reused) + number,
-                "shards_planned": len(selected),
-                "tokens_done": tokens_now,
-                "tokens_per_s": round(tokens_now / elapsed, 1) if elapsed else 0.0,
-                "bytes_per_token": round(size / shard.tokens, 1),
-            }
-        )
-    extract_seconds = time.monotonic() - started
+    started = time.monotonic()
+    tokens_now = _write_shards(store, source, settings, aux_ids, data, todo, len(reused), len(selected), report)
+    this_run = _run_figures(len(todo), len(reused), tokens_now, time.monotonic() - started)
     if settings.shards is not None:
-        return {
-            "shards_written": len(todo),
-            "shards_reused": len(reused),
-            "tokens_extracted_now": tokens_now,
-            "extract_seconds": round(extract_seconds, 2),
-            "tokens_per_s": round(tokens_now / extract_seconds, 1) if tokens_now and extract_seconds else 0.0,
-            **(on_disk(store) if source.writer else {}),
-        }
+        return {**this_run, **(on_disk(store) if source.writer else {})}
     names = [s.name for s in selected]
     if source.writer:
         index = store.write_index(names)
@@ -294,7 +266,75 @@ def _extract(
         "max relative error "
         f"{checked['spot_check_max_rel_error']:.2e} (tolerance {tolerance})"
     )
+    meta = {
+        **_store_figures(store, settings, wanted, index, planned, len(selected), per_token),
+        **this_run,
+        **disk,
+        **checked,
+        **validated,
+    }
+    record_result(store, settings, meta)
+    return meta
+
+
+def _write_shards(
+    store: HiddenStateStore,
+    source: StateSource,
+    settings: ExtractSpec,
+    aux_ids: Sequence[int],
+    data: TrainingData,
+    todo: Sequence[PlannedShard],
+    done_before: int,
+    planned: int,
+    report: Reporter,
+) -> int:
+    """Extract and write ``todo`` in plan order, a progress point after each shard; the tokens written."""
+    rows = _Rows(data)
+    started, tokens_now = time.monotonic(), 0
+    for number, shard in enumerate(todo, start=1):
+        size = extract_shard(store, source, settings, aux_ids, shard, rows.take(shard))
+        tokens_now += shard.tokens
+        elapsed = time.monotonic() - started
+        report.log(
+            f"extract: wrote {shard.name} ({shard.split}, {len(shard.sample_ids)} samples, "
+            f"{shard.tokens} tokens, {size} bytes)"
+        )
+        report.progress(
+            {
+                "shards_done": done_before + number,
+                "shards_planned": planned,
+                "tokens_done": tokens_now,
+                "tokens_per_s": round(tokens_now / elapsed, 1) if elapsed else 0.0,
+                "bytes_per_token": round(size / shard.tokens, 1),
+            }
+        )
+    return tokens_now
+
+
+def _run_figures(written: int, reused: int, tokens: int, seconds: float) -> dict[str, Any]:
+    """What this run did: shards written and reused, tokens extracted, how long, how fast."""
+    return {
+        "shards_written": written,
+        "shards_reused": reused,
+        "tokens_extracted_now": tokens,
+        "extract_seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 1) if tokens and seconds else 0.0,
+    }
+
+
+def _store_figures(
+    store: HiddenStateStore,
+    settings: ExtractSpec,
+    manifest: StoreManifest,
+    index: Any,
+    planned: Sequence[PlannedShard],
+    shards: int,
+    per_token: int,
+) -> dict[str, Any]:
+    """What the completed store holds: samples, tokens and bytes, the layers and teacher, the target and
+    how its states were captured; in rolling mode, the train rows' layout."""
     splits = index.column("split").to_pylist()
+    identity = manifest.target
     rolling: dict[str, Any] = {}
     if settings.rolling_window_shards is not None:
         train = [s for s in planned if s.split == "train"]
@@ -304,41 +344,31 @@ def _extract(
             "rolling_train_tokens": sum(s.tokens for s in train),
             "rolling_layout": str(store.root / ROLLING_LAYOUT_FILE),
         }
-    meta = {
+    return {
         "store": str(store.root),
         "samples": index.num_rows,
         "train_samples": splits.count("train"),
         "eval_samples": splits.count("eval"),
-        "tokens": wanted.tokens,
-        "bytes": wanted.bytes,
-        "bytes_per_token": round(wanted.bytes_per_token, 2),
+        "tokens": manifest.tokens,
+        "bytes": manifest.bytes,
+        "bytes_per_token": round(manifest.bytes_per_token, 2),
         "bytes_per_token_formula": per_token,
-        "bytes_per_token_ratio": round(wanted.bytes_per_token / per_token, 4),
+        "bytes_per_token_ratio": round(manifest.bytes_per_token / per_token, 4),
         "storage_dtype": settings.storage_dtype,
         "disk_training_data_bytes": sum(s.tokens for s in planned) * per_token,
-        "shards": len(selected),
-        "shards_written": len(todo),
-        "shards_reused": len(reused),
-        "tokens_extracted_now": tokens_now,
-        "extract_seconds": round(extract_seconds, 2),
-        "tokens_per_s": round(tokens_now / extract_seconds, 1) if tokens_now and extract_seconds else 0.0,
-        "aux_layer_ids": list(aux_ids),
-        "layer_convention": wanted.layer_convention,
-        "teacher": wanted.teacher,
-        "capture": wanted.capture,
+        "shards": shards,
+        "aux_layer_ids": list(manifest.aux_layer_ids),
+        "layer_convention": manifest.layer_convention,
+        "teacher": manifest.teacher,
+        "capture": manifest.capture,
         "target": identity.name,
         "target_config_sha256": identity.config_sha256,
         "target_layers": identity.num_layers,
         "target_hidden_size": identity.hidden_size,
-        "training_data_version": wanted.training_data_version,
+        "training_data_version": manifest.training_data_version,
         "backend": settings.backend,
-        "device": wanted.capture.get("device", ""),
-        "dtype": wanted.capture.get("dtype", ""),
+        "device": manifest.capture.get("device", ""),
+        "dtype": manifest.capture.get("dtype", ""),
         "plan": str(store.root / PLAN_FILE),
-        **disk,
-        **checked,
         **rolling,
-        **validated,
     }
-    record_result(store, settings, meta)
-    return meta
