@@ -50,9 +50,9 @@ def spot_check(
 ) -> dict[str, Any]:
     """Re-compute ``count`` stored samples alone through the source's ``reference_states`` (every
     rank: the writer shares which); the writer compares them with the store in bf16, the fresh
-    states rounded as the store's ``dtype`` rounds them (fp8's own rounding, up to a few % per
-    sample, is the storage's cost, measured by benchmarks/store_dtype_tau.py; what the check looks
-    for is states that belong to another token, layer or sample)."""
+    states rounded as the store's ``dtype`` rounds them (fp8's own rounding is the storage's cost,
+    measured by benchmarks/store_dtype_tau.py; what the check looks for is states that belong to
+    another token, layer or sample)."""
     chosen: list[dict[str, Any]] = []
     if source.writer:
         rows = store.index().to_pylist()
