@@ -1,11 +1,12 @@
 """Driving and reading real Dagster runs in the tests (a helper module, not a test): assets materialized
 outside their Definitions, a sensor ticked and its runs executed without the daemon, the automation
 conditions evaluated at a time, a run's log lines, check results and materializations, a stalled
-generation run."""
+generation run; and the pipeline file those tests orchestrate (:func:`write_pipeline`)."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
-from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 
 
 def materialize(
@@ -113,3 +115,33 @@ def requested(result: Any, key: str) -> list[str]:
 
 def materialized(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:
     return list(instance.fetch_materializations(dg.AssetKey(key), limit=100).records)
+
+
+def write_pipeline(
+    folder: Path,
+    server: FakeOpenAI,
+    datasets: tuple[str, ...] = ("B1", "B2"),
+    without_source: tuple[str, ...] = (),
+    **extra: Any,
+) -> Path:
+    for name in datasets:
+        if name not in without_source:
+            write_jsonl(folder / f"{name}.jsonl", [sharegpt(f"{name} question {i}") for i in range(3)])
+    document = {
+        "name": "orchestrated",
+        "artifacts_root": str(folder / "out"),
+        "target": {"model": "fake", "tokenizer": str(extra.pop("tokenizer", "unused"))},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+        "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},  # the fake has no tokenizer
+        "health": {
+            "host": {"kind": "local"},
+            "min_disk_free_gb": 0.01,
+            "min_mem_free_gb": 0.01,
+            "max_truncation_rate": 0.5,
+        },
+        "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
+        **extra,
+    }
+    path = folder / "pipeline.yaml"
+    path.write_text(json.dumps(document))
+    return path

@@ -25,8 +25,7 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3.drafter_eval import DRAFTER_EVAL
 from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation
-from eagle3_pipeline_tests.test_orchestration import write_pipeline
+from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation, write_pipeline
 
 URL_VAR, KEY_VAR, PASS_VAR = "EAGLE3_TEST_ALERT_URL", "EAGLE3_TEST_API_KEY", "EAGLE3_TEST_KEY_PASSPHRASE"
 API_KEY = "sk-test-4f1d9c0b7e2a4c55a9d1"

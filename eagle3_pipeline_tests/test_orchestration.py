@@ -8,7 +8,6 @@ scripted OpenAI-compatible server on loopback; the health gate probes this machi
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -23,37 +22,7 @@ from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources
-
-
-def write_pipeline(
-    folder: Path,
-    server: FakeOpenAI,
-    datasets: tuple[str, ...] = ("B1", "B2"),
-    without_source: tuple[str, ...] = (),
-    **extra: Any,
-) -> Path:
-    for name in datasets:
-        if name not in without_source:
-            write_jsonl(folder / f"{name}.jsonl", [sharegpt(f"{name} question {i}") for i in range(3)])
-    document = {
-        "name": "orchestrated",
-        "artifacts_root": str(folder / "out"),
-        "target": {"model": "fake", "tokenizer": str(extra.pop("tokenizer", "unused"))},
-        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
-        "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},  # the fake has no tokenizer
-        "health": {
-            "host": {"kind": "local"},
-            "min_disk_free_gb": 0.01,
-            "min_mem_free_gb": 0.01,
-            "max_truncation_rate": 0.5,
-        },
-        "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
-        **extra,
-    }
-    path = folder / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return path
+from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources, write_pipeline
 
 
 def pipeline(folder: Path, server: FakeOpenAI, **kwargs: Any) -> PipelineConfig:

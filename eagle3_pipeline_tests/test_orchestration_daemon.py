@@ -22,9 +22,8 @@ import pytest
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.dagster_runs import materialized
+from eagle3_pipeline_tests.dagster_runs import materialized, write_pipeline
 from eagle3_pipeline_tests.locations import workspace_file
-from eagle3_pipeline_tests.test_orchestration import write_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.daemon]
 

@@ -16,7 +16,7 @@ from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.results import NO_LISTENER
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.test_orchestration import write_pipeline
+from eagle3_pipeline_tests.dagster_runs import write_pipeline
 
 KEY_VAR = "EAGLE3_TEST_SETTINGS_KEY"
 SECRET = "sk-test-settings-0123456789-SECRET"
