@@ -6,7 +6,8 @@ lines of its pipeline. :meth:`Supervisor.ensure` keeps a running server whose la
 for (or whose role the caller accepts, e.g. a server of the trained drafter for generation) and otherwise
 stops what runs and starts the right one; :meth:`Supervisor.release` stops it; :meth:`Supervisor.handover`
 releases it for a GPU-exclusive phase and afterwards starts what the caller says is needed then (nothing,
-when no work is left for a server). Every start, stop and reuse is reported to ``on_event`` as a
+when no work is left for a server); :meth:`Supervisor.serving` serves a phase's own purpose for a block
+(the extraction server) with the same afterwards. Every start, stop and reuse is reported to ``on_event`` as a
 :class:`ServerEvent`, which the Dagster layer records on the run and as an observation of the server.
 """
 
@@ -70,7 +71,10 @@ class Supervisor:
     def ensure(self, purpose: ServerPurpose, reason: str, accept: Collection[str] = ()) -> LaunchLine:
         """The server serving ``purpose``: kept when it runs that launch line (or a role in ``accept``),
         else what runs is stopped (verified) and the right one started. Returns the launch line serving now."""
-        wanted = self.launch(purpose)
+        return self.ensure_launch(self.launch(purpose), reason, accept)
+
+    def ensure_launch(self, wanted: LaunchLine, reason: str, accept: Collection[str] = ()) -> LaunchLine:
+        """:meth:`ensure` for a launch line given whole (e.g. a recorded one, to roll back to)."""
         status = self.server.status()
         record = status.record
         if status.state == "running" and record is not None:
@@ -102,14 +106,32 @@ class Supervisor:
     @contextmanager
     def handover(self, reason: str, after: Callable[[], ServerPurpose | None]) -> Iterator[None]:
         """The GPUs for the ``with`` block: the server is stopped first, and afterwards (also when the block
-        fails) started for ``after()``'s purpose, or left stopped when it returns None."""
+        fails) started for ``after()``'s purpose, or stopped when it returns None (a server the block
+        started for itself, e.g. the benchmark's, is not left holding the GPUs)."""
         self.release(f"{reason} needs the GPUs")
         try:
             yield
         finally:
-            purpose = after()
-            if purpose is not None:
-                self.ensure(purpose, f"after {reason}: {purpose.role} work remains")
+            self._afterwards(reason, after)
+
+    @contextmanager
+    def serving(
+        self, purpose: ServerPurpose, reason: str, after: Callable[[], ServerPurpose | None]
+    ) -> Iterator[LaunchLine]:
+        """The server for ``purpose`` during the ``with`` block (e.g. the extraction server for hidden_states),
+        then, as after :meth:`handover`, the one ``after()`` asks for, or none. Yields the launch line."""
+        launch = self.ensure(purpose, reason)
+        try:
+            yield launch
+        finally:
+            self._afterwards(reason, after)
+
+    def _afterwards(self, reason: str, after: Callable[[], ServerPurpose | None]) -> None:
+        purpose = after()
+        if purpose is not None:
+            self.ensure(purpose, f"after {reason}: {purpose.role} work remains")
+        else:
+            self.release(f"after {reason}: no work waits for the server")
 
     def _stop(self, reason: str) -> StopResult:
         result = self.server.stop(reason)
