@@ -10,6 +10,8 @@ Placement: the `inference_health` sensor tags each run request with its host (`e
 pool (`eagle3/pool`). A Dagster backfill — the scheduled one, or one launched from the UI — gives
 all its runs the backfill's tags, so it cannot place them in advance: a generation run without a
 host tag claims one when it starts (:func:`claim_host`, from the inference resource's setup).
+A GPU phase that hands over a host's managed server holds that host the same way for the rest of its
+run (:func:`hold_host`), once no other run holds it: no generation run is placed there meanwhile.
 """
 
 from __future__ import annotations
@@ -160,3 +162,39 @@ def claim_host(
             sleep(settings.host_poll_s)
     finally:
         hosts.close()
+
+
+def hold_host(
+    instance: dg.DagsterInstance,
+    run_id: str,
+    config: PipelineConfig,
+    host_name: str,
+    log: Callable[[str], None],
+    names: PipelineNames = DEFAULT_NAMES,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Make inference host ``host_name`` (and its pool) run ``run_id``'s, as :func:`claim_host` does for a
+    generation run, healthy or not (the phase stops its server anyway): once no other unfinished run holds it,
+    within `launch.host_wait_s` (:class:`NoHostFree` after, naming the runs that held it)."""
+    settings = config.launch
+    host = config.inference.host(host_name)
+    wanted = LaunchHost(host.name, host.pool_name)
+    deadline = time.monotonic() + settings.host_wait_s
+    said = ""
+    while True:
+        held = hosts_in_flight(instance, names, besides=run_id)
+        holders = list(held.hosts.get(host.name, []))
+        if not holders and host.pool_name not in held.pools:
+            first = claim(instance, run_id, wanted)
+            if first is None:
+                log(f"holding inference host {host.name} (pool {host.pool_name}) for this run")
+                return
+            holders = [first]
+        by = f"run(s) {', '.join(r[:8] for r in holders)}" if holders else "another run of its pool"
+        why = f"inference host {host.name} (pool {host.pool_name}) is held by {by}"
+        if time.monotonic() >= deadline:
+            raise NoHostFree(f"{why} for longer than launch.host_wait_s = {settings.host_wait_s:g} s")
+        if why != said:
+            log(f"waiting: {why}")
+            said = why
+        sleep(settings.host_poll_s)

@@ -3,7 +3,8 @@
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
   prompts       → eagle3_pipeline.prompts.write_prompts
-  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
+  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py; a
+                  managed server is started for it first when it is not serving: defs/managed.py)
   training_data → eagle3_pipeline.dataprep.phase.make_training_data
 """
 
@@ -22,6 +23,7 @@ from eagle3_pipeline.dataprep.phase import make_training_data
 from eagle3_pipeline.defs.generation.automation import scheduled_backfill
 from eagle3_pipeline.defs.generation.checks import build_response_checks, build_training_data_checks
 from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
+from eagle3_pipeline.defs.managed import serve_generation
 from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
@@ -194,6 +196,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
 
         def endpoints() -> list[Endpoint]:
+            serve_generation(context, config, names, host, f"responses {dataset.id} needs the generation server")
             resolved = inference.endpoints()
             heartbeat.start()
             return resolved

@@ -1,5 +1,6 @@
 """The inference servers as observed assets: `inference_server` (or one per host of
-`inference.hosts`), and the observation each health tick or preflight records on it."""
+`inference.hosts`), and the observation each health tick or preflight records on it, and each start,
+stop or reuse of a managed server (:func:`server_event_observation`)."""
 
 import inspect
 import warnings
@@ -9,6 +10,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.monitor import report_markdown, tokens_per_second
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
@@ -71,4 +73,17 @@ def health_observation(
     report: HealthReport, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
 ) -> dg.AssetObservation:
     metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
+    return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)
+
+
+def server_event_observation(
+    event: ServerEvent, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
+) -> dg.AssetObservation:
+    """A managed server's start, stop or reuse as an observation of its server asset: what was done, why, how
+    long it took, and who holds the GPUs afterwards (the role now served, or none)."""
+    holder = event.role if event.action in ("started", "kept") else "none"
+    metadata: dict[str, Any] = {"summary": event.line(), **event.as_metadata(), "gpus_held_by": holder or "none"}
+    metadata.setdefault("role", event.role or "none")
+    if host is not None:
+        metadata["inference_host"] = host
     return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)
