@@ -7,7 +7,8 @@ for (or whose role the caller accepts, e.g. a server of the trained drafter for 
 stops what runs and starts the right one; :meth:`Supervisor.release` stops it; :meth:`Supervisor.handover`
 releases it for a GPU-exclusive phase and afterwards starts what the caller says is needed then (nothing,
 when no work is left for a server); :meth:`Supervisor.serving` serves a phase's own purpose for a block
-(the extraction server) with the same afterwards. Every start, stop and reuse is reported to ``on_event`` as a
+(the extraction server) with the same afterwards. A start that fails is reported too (``failed``, with the
+last line of the server's log) before its error is raised. Every start, stop and reuse is reported to ``on_event`` as a
 :class:`ServerEvent`, which the Dagster layer records on the run and as an observation of the server.
 """
 
@@ -21,10 +22,10 @@ from typing import Any, Literal
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
-from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StopResult
+from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StartupFailedError, StopResult
 from eagle3_pipeline.managed.plan import launch_for, managed_server
 
-Action = Literal["started", "stopped", "kept"]
+Action = Literal["started", "stopped", "kept", "failed"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,9 @@ class ServerEvent:
 
     def line(self) -> str:
         role = f" ({self.role})" if self.role else ""
-        took = f" in {self.duration_s:.1f} s" if self.action != "kept" else ""
-        return f"managed server {self.server}{role} {self.action}{took}: {self.reason}"
+        took = f" in {self.duration_s:.1f} s" if self.action in ("started", "stopped") else ""
+        action = "failed to start" if self.action == "failed" else self.action
+        return f"managed server {self.server}{role} {action}{took}: {self.reason}"
 
     def as_metadata(self) -> dict[str, Any]:
         return {"event": self.action, **self.metadata, "reason": self.reason, "duration_s": round(self.duration_s, 3)}
@@ -92,7 +94,13 @@ class Supervisor:
             self._stop(f"{reason}: it runs as {record.role}, {wanted.purpose.role} is needed")
         elif status.state in ("orphaned", "foreign"):
             raise ManagedServerError(f"{self.server.plan.setting}: cannot start for {reason}: {status.detail}")
-        result = self.server.start(wanted, reason)
+        try:
+            result = self.server.start(wanted, reason)
+        except StartupFailedError as exc:
+            why = exc.log_tail.strip().splitlines()[-1] if exc.log_tail.strip() else str(exc).splitlines()[0]
+            stopped = exc.stop.as_metadata() if exc.stop is not None else {}
+            self.on_event(ServerEvent("failed", self.name, wanted.purpose.role, f"{reason}: {why}", metadata=stopped))
+            raise
         self.on_event(ServerEvent("started", self.name, result.role, reason, result.duration_s, result.as_metadata()))
         return wanted
 

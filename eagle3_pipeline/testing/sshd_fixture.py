@@ -219,8 +219,11 @@ def _kill(pid: int, sig: int) -> None:
 # -- fake SGLang server ----------------------------------------------------------------------------
 
 _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
-JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes."""
-import argparse, json, os, signal, subprocess, threading, time
+JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
+`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
+verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
+without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter."""
+import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
@@ -275,12 +278,20 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, b"")
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         s = scenario()
         if s.get("hang_all"):
             time.sleep(3600)
         if self.path == "/v1/chat/completions":
             self.generate(s, COMPLETION)
+        elif self.path == "/generate":
+            request = json.loads(body)
+            tokens = int(request["sampling_params"]["max_new_tokens"])
+            meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
+            if SPECULATIVE_STEPS:
+                steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
+                meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
+            self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
         else:
             self.reply(404, b"")
 
@@ -301,11 +312,22 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+SPECULATIVE_STEPS = 0
+
+
 def main():
+    global SPECULATIVE_STEPS
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--speculative-num-steps", type=int, default=0)
+    parser.add_argument("--speculative-draft-model-path")
     args, _ = parser.parse_known_args()
+    SPECULATIVE_STEPS = args.speculative_num_steps
+    drafter = args.speculative_draft_model_path
+    if drafter is not None and not os.path.isfile(os.path.join(drafter, "config.json")):
+        print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)
+        sys.exit(1)
     ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))
     for i in range(ranks):
         subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep")
