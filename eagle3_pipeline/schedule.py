@@ -95,6 +95,8 @@ def _generation_time(plan: Plan, server: ManagedServerPlan | None) -> tuple[floa
             name = row.backend.name if row is not None else "the managed endpoint"
             return None, f"no measured throughput of {name} for {dataset} (`plan --calibrate N`, or answers so far)"
         total += row.eta_s
+    if all(work.completion_left == 0 for work in plan.workloads.values()):
+        return 0.0, "the planner: nothing left to generate"
     return total, "the planner: tokens left / tokens/s of the answers so far or a calibration (table above)"
 
 

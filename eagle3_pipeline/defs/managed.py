@@ -123,10 +123,7 @@ def phase_server(
     """``plan``'s server serving ``purpose(supervisor)`` for the block (the extraction server of hidden_states),
     then, as after :func:`gpu_phase`, the generation server while work remains, or none."""
     with _phase_supervisor(context, config, names, plan, phase) as supervisor:
-        wanted = purpose(supervisor)
-        with supervisor.serving(
-            wanted, f"{phase} needs the {wanted.role} server", after=lambda: after_gpu_phase(config)
-        ):
+        with supervisor.serving(purpose(supervisor), phase, after=lambda: after_gpu_phase(config)):
             yield supervisor
 
 

@@ -124,15 +124,16 @@ class Supervisor:
 
     @contextmanager
     def serving(
-        self, purpose: ServerPurpose, reason: str, after: Callable[[], ServerPurpose | None]
+        self, purpose: ServerPurpose, phase: str, after: Callable[[], ServerPurpose | None]
     ) -> Iterator[LaunchLine]:
-        """The server for ``purpose`` during the ``with`` block (e.g. the extraction server for hidden_states),
-        then, as after :meth:`handover`, the one ``after()`` asks for, or none. Yields the launch line."""
-        launch = self.ensure(purpose, reason)
+        """The server for ``purpose`` during the ``with`` block of ``phase`` (e.g. the extraction server for
+        hidden_states), then, as after :meth:`handover`, the one ``after()`` asks for, or none. Yields the
+        launch line."""
+        launch = self.ensure(purpose, f"{phase} needs the {purpose.role} server")
         try:
             yield launch
         finally:
-            self._afterwards(reason, after)
+            self._afterwards(phase, after)
 
     def _afterwards(self, reason: str, after: Callable[[], ServerPurpose | None]) -> None:
         purpose = after()

@@ -15,6 +15,7 @@ import pytest
 from eagle3_pipeline.config import HostConfig
 from eagle3_pipeline.defs.health.observations import server_event_observation
 from eagle3_pipeline.defs.managed import gpu_phase, serve_generation
+from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint
 from eagle3_pipeline.hidden_states.vllm_server import (
     ExtractionServerError,
@@ -25,6 +26,8 @@ from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ServerEvent, ServerPurpose, managed_server, open_supervisor
 from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server, incomplete_partitions, same_machine
+from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
+from eagle3_pipeline.orchestration.launching import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, write_pipeline
 
@@ -190,3 +193,41 @@ def test_a_managed_vllm_server_is_the_extraction_server_with_the_stores_ids(tmp_
         },
     )
     assert managed_extraction_server(own) is None
+
+
+def test_a_gpu_phase_holds_its_inference_host_once_no_run_does(tmp_path: Path) -> None:
+    """With several inference hosts, a GPU phase takes its host's pool as a generation run does (the run tags
+    eagle3/host and eagle3/pool): it waits while another run holds the host, then holds it, so that no
+    generation run is placed there meanwhile; past launch.host_wait_s it gives up, naming the holder."""
+    hosts = [{"name": n, "endpoints": [{"base_url": f"http://127.0.0.1:{p}/v1"}]} for n, p in (("a", 9), ("b", 8))]
+    config = write_pipeline(
+        tmp_path, {"inference": {"kind": "endpoints", "hosts": hosts}, "launch": {"host_poll_s": 0.01}}
+    )
+    defs = build_definitions(config)
+    generation, downstream = (defs.resolve_job_def(name) for name in (GENERATION_JOB, "downstream_job"))
+    started = dg.DagsterRunStatus.STARTED
+    with dg.instance_for_test() as instance:
+        holder = instance.create_run_for_job(
+            generation, tags={HOST_TAG: "a", POOL_TAG: "gpu-a", "dagster/partition": "B1"}, status=started
+        )
+        phase = instance.create_run_for_job(downstream, status=started)
+        said: list[str] = []
+
+        def polled(seconds: float) -> None:
+            instance.report_run_failed(holder)
+
+        hold_host(instance, phase.run_id, config, "a", said.append, sleep=polled)
+        assert said == [
+            f"waiting: inference host a (pool gpu-a) is held by run(s) {holder.run_id[:8]}",
+            "holding inference host a (pool gpu-a) for this run",
+        ]
+        run = instance.get_run_by_id(phase.run_id)
+        assert run is not None and (run.tags[HOST_TAG], run.tags[POOL_TAG]) == ("a", "gpu-a")
+        assert hosts_in_flight(instance, DEFAULT_NAMES).hosts == {"a": [phase.run_id]}
+
+        other = instance.create_run_for_job(downstream, status=started)
+        impatient = config.model_copy(update={"launch": config.launch.model_copy(update={"host_wait_s": 0})})
+        with pytest.raises(
+            NoHostFree, match=rf"held by run\(s\) {phase.run_id[:8]} for longer than launch.host_wait_s"
+        ):
+            hold_host(instance, other.run_id, impatient, "a", said.append)
