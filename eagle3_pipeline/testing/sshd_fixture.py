@@ -222,7 +222,8 @@ _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loo
 JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
 `--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
 verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
-without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter."""
+folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
+(a path that is no folder here is taken as one on another host)."""
 import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -325,7 +326,7 @@ def main():
     args, _ = parser.parse_known_args()
     SPECULATIVE_STEPS = args.speculative_num_steps
     drafter = args.speculative_draft_model_path
-    if drafter is not None and not os.path.isfile(os.path.join(drafter, "config.json")):
+    if drafter is not None and os.path.isdir(drafter) and not os.path.isfile(os.path.join(drafter, "config.json")):
         print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)
         sys.exit(1)
     ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))

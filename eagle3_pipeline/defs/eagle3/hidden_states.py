@@ -293,6 +293,7 @@ def build_eagle3_assets(
             server = managed_extraction_server(config)
             if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
                 reference = {"serving_reference_status": "not needed: the store is complete for these settings"}
+                context.log.info(f"serving reference: {reference['serving_reference_status']}")
                 meta = extract()
             elif server is not None and config.compute.kind == "local":
                 # the reference from the extraction server itself, as from one the user started
