@@ -62,7 +62,8 @@ class DyingServer:
             return Recovered(False, "the server serves")
         with self.lock:
             self.down = False
-        return Recovered(True, "restarted", {"restart": len(self.calls), "reason": "died", "duration_s": self.pause_s})
+        restart = {"restart": len(self.calls), "reason": "died", "duration_s": self.pause_s}
+        return Recovered(True, "restarted", (restart,))
 
 
 def run_with(tmp_path: Path, fake: FakeOpenAI, script: DyingServer, **overrides: Any):
@@ -141,7 +142,8 @@ def test_a_recovery_that_gives_up_stops_the_run_with_its_message(tmp_path: Path,
     def give_up(failure: str) -> Recovered:
         script.calls.append(failure)
         time.sleep(0.2)
-        raise RecoveryFailed("the managed server failed again after 2 restart(s); log /x.log, last lines:\nOOM")
+        failed = [{"restart": n, "outcome": "failed: exited during start-up"} for n in (1, 2)]
+        raise RecoveryFailed("the managed server failed again after 2 restart(s); log /x.log, last lines:\nOOM", failed)
 
     fake_openai.script = script
     hook = ServerRecovery(frozenset({fake_openai.base_url}), give_up)
@@ -159,5 +161,6 @@ def test_a_recovery_that_gives_up_stops_the_run_with_its_message(tmp_path: Path,
     assert message.startswith("B1: the managed server failed again after 2 restart(s)") and "OOM" in message
     assert f"The {caught.value.summary.generated} answers of this run are checkpointed" in message
     assert len(script.calls) == 1, "one recovery for every request that failed on the dead server"
+    assert [r["restart"] for r in caught.value.summary.restarts] == [1, 2], "the failed restarts are recorded"
     ids = [r["id"] for r in lines(tmp_path / "ck.jsonl")]
     assert len(ids) == len(set(ids)) == caught.value.summary.generated >= 8

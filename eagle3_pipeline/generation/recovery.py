@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 SERVER_DOWN_KINDS = frozenset({"connection", "timeout"})
@@ -33,16 +33,22 @@ SERVER_DOWN_KINDS = frozenset({"connection", "timeout"})
 
 @dataclass(frozen=True)
 class Recovered:
-    """What ``recover`` found and did. ``restarted``: the server was restarted (the failed attempts are
-    sent again, uncounted); ``record``: the restart for the run's metadata (reason, duration, …)."""
+    """What ``recover`` found and did. ``restarted``: the server serves again after a restart (the failed
+    attempts are sent again, uncounted); ``restarts``: each restart it made, a failed one included, for
+    the run's metadata (reason, duration, …)."""
 
     restarted: bool
     detail: str
-    record: dict[str, Any] = field(default_factory=dict)
+    restarts: tuple[dict[str, Any], ...] = ()
 
 
 class RecoveryFailed(Exception):
-    """The server could not be brought back; the message says why, with the server's log tail."""
+    """The server could not be brought back; the message says why, with the server's log tail.
+    ``restarts``: the restarts this recovery made before it gave up (each failed)."""
+
+    def __init__(self, message: str, restarts: Sequence[dict[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self.restarts = tuple(restarts)
 
 
 @dataclass(frozen=True)
@@ -59,12 +65,19 @@ class ServerRecovery:
 
 
 class SharedRecovery:
-    """One recovery at a time for a run's requests (module doc); ``on_restart`` hears each restart
-    (the runner cancels the attempts still in flight on the old server and records it)."""
+    """One recovery at a time for a run's requests (module doc). ``on_restarts`` hears the restarts each
+    recovery made (also when it gave up), ``on_restarted`` each recovery that brought the server back
+    (the runner cancels the attempts still in flight on the old one)."""
 
-    def __init__(self, hook: ServerRecovery, on_restart: Callable[[Recovered], None]) -> None:
+    def __init__(
+        self,
+        hook: ServerRecovery,
+        on_restarts: Callable[[Sequence[dict[str, Any]]], None],
+        on_restarted: Callable[[], None],
+    ) -> None:
         self.hook = hook
-        self.on_restart = on_restart
+        self.on_restarts = on_restarts
+        self.on_restarted = on_restarted
         self.running: asyncio.Task[Recovered] | None = None
         self.last: tuple[float, Recovered] | None = None  # (when it started, its verdict)
         self.failed: RecoveryFailed | None = None
@@ -98,10 +111,12 @@ class SharedRecovery:
             verdict = await asyncio.to_thread(self.hook.recover, failure)
         except RecoveryFailed as exc:
             self.failed = exc
+            self.on_restarts(exc.restarts)
             raise
         finally:
             self.running = None
         self.last = (started, verdict)
+        self.on_restarts(verdict.restarts)
         if verdict.restarted:
-            self.on_restart(verdict)
+            self.on_restarted()
         return verdict

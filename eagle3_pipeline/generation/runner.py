@@ -40,7 +40,7 @@ from eagle3_pipeline.generation.endpoints import Endpoint, EndpointPool
 from eagle3_pipeline.generation.estimate import Workload, estimate_left
 from eagle3_pipeline.generation.failover import Failover, FailoverSettings
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
-from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery, SharedRecovery
+from eagle3_pipeline.generation.recovery import RecoveryFailed, ServerRecovery, SharedRecovery
 from eagle3_pipeline.generation.retry import backoff_s
 from eagle3_pipeline.prompts import estimate_tokens
 from eagle3_pipeline.records import Message, PromptRecord, normalized
@@ -159,7 +159,9 @@ class _Run:
     ) -> None:
         self.settings = settings
         self.failover = failover
-        self.recovery = SharedRecovery(recovery, self._restarted) if recovery is not None else None
+        self.recovery = (
+            SharedRecovery(recovery, summary.restarts.extend, self._restarted) if recovery is not None else None
+        )
         self.finished = (
             len(finished),
             sum(int(r.get("completion_tokens") or 0) for r in finished),
@@ -340,16 +342,15 @@ class _Run:
             raise self._lost(exc) from None
         return verdict.restarted
 
-    def _restarted(self, verdict: Recovered) -> None:
-        """A recovery restarted the server: record it, and cancel the attempts still in flight on the old
-        one (each is sent again by its request)."""
+    def _restarted(self) -> None:
+        """A recovery restarted the server: cancel the attempts still in flight on the old one (each is
+        sent again by its request)."""
         assert self.recovery is not None
         hook = self.recovery.hook
         for task, endpoint in self.attempts.items():
             if hook.serves(endpoint.base_url) and not task.done():
                 task.cancel()
                 self.summary.resent_after_restart += 1
-        self.summary.restarts.append(verdict.record)
 
     def _lost(self, exc: RecoveryFailed) -> ServerLost:
         self.stopping = True
