@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,7 +53,7 @@ def generation_server(
     with open_supervisor(config, on_event=events.append) as supervisor:
         assert supervisor is not None
         supervisor.ensure(GENERATION, "responses B1")
-        recovery = GenerationRecovery(supervisor, GENERATION, "responses B1", **({"sleep": sleep} if sleep else {}))
+        recovery = GenerationRecovery(supervisor, GENERATION, "responses B1", sleep=sleep or time.sleep)
         try:
             yield supervisor, recovery, events
         finally:
