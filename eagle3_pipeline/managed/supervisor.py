@@ -23,7 +23,8 @@ from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
 from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StopResult
 from eagle3_pipeline.managed.plan import launch_for, managed_server
 
-Action = Literal["started", "stopped", "kept"]
+# kept: a running server serves the purpose; failed: it was found dead or hung (or a restart failed)
+Action = Literal["started", "stopped", "kept", "failed"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class ServerEvent:
 
     def line(self) -> str:
         role = f" ({self.role})" if self.role else ""
-        took = f" in {self.duration_s:.1f} s" if self.action != "kept" else ""
+        took = f" in {self.duration_s:.1f} s" if self.action in ("started", "stopped") else ""
         return f"managed server {self.server}{role} {self.action}{took}: {self.reason}"
 
     def as_metadata(self) -> dict[str, Any]:
