@@ -8,8 +8,8 @@ UI shows who held the GPUs when.
   are incomplete; with `inference.hosts` the run holds that host (its pool) first;
 - :func:`phase_server`: the same, with the server serving the phase's own purpose during the block (the
   extraction server of `hidden_states.backend: vllm`); :func:`phase_supervisor`: the server of a phase's
-  machine, nothing handed over (the served drafter);
-- :func:`serve_generation`: the generation server, started on demand for a `responses` partition.
+  machine, nothing handed over (the served drafter).
+(`responses` makes the server serve generation itself: eagle3_pipeline.serving.InferenceProvider.)
 
 A server that cannot be started or stopped as asked fails the step with the lifecycle's message.
 """
@@ -34,14 +34,12 @@ from eagle3_pipeline.managed import (
     Supervisor,
     managed_server,
 )
-from eagle3_pipeline.managed.phases import GpuPhase, after_gpu_phase, generation_purpose, gpu_phase_server
+from eagle3_pipeline.managed.phases import GpuPhase, after_gpu_phase, gpu_phase_server
 from eagle3_pipeline.managed.supervisor import open_supervisor
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
 from eagle3_pipeline.orchestration.names import PipelineNames
 
 SERVER_ERRORS = (ManagedServerError, LaunchError, HostError)
-# A server that serves a drafter answers chat like the generation server (it is launched with the same parsers).
-GENERATION_ROLES = ("served-drafter",)
 
 
 @contextmanager
@@ -125,13 +123,3 @@ def phase_server(
     with _phase_supervisor(context, config, names, plan, phase) as supervisor:
         with supervisor.serving(purpose(supervisor), phase, after=lambda: after_gpu_phase(config)):
             yield supervisor
-
-
-def serve_generation(
-    context: Any, config: PipelineConfig, names: PipelineNames, host_name: str | None, why: str
-) -> None:
-    """The managed server of ``host_name`` serving generation (a server of the trained drafter does), started
-    if it is not; nothing when that server is not managed."""
-    with supervised(context, config, names, host_name) as supervisor:
-        if supervisor is not None:
-            supervisor.ensure(generation_purpose(config), why, accept=GENERATION_ROLES)

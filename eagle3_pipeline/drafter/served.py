@@ -39,7 +39,8 @@ from eagle3_pipeline.health import server_root
 from eagle3_pipeline.hosts import quote_args
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter, LaunchLine, ServerPurpose, StartupFailedError, Supervisor
-from eagle3_pipeline.managed.phases import needs_tools, phase_host, same_machine
+from eagle3_pipeline.managed.phases import phase_host, same_machine
+from eagle3_pipeline.managed.plan import generation_purpose
 from eagle3_pipeline.records import atomic_path
 
 SERVED_FOLDER = "served"
@@ -249,7 +250,7 @@ def serve_drafter(
     new = candidate(config, supervisor, evaluation)
     serve_new, why = decide(new, record)
     report.log(f"served_drafter: {why}")
-    tools = needs_tools(config)
+    tools = generation_purpose(config).needs_tools  # chat as generation serves it
     if serve_new:
         new = _served_copy(supervisor, new)
         purpose = ServerPurpose.served_drafter(EagleDrafter(new.drafter, new.steps), tools)

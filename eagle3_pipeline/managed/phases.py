@@ -10,8 +10,8 @@
   did not finish) nor than its prompts table (new prompts are not answered yet), and the checkpoint's
   stored fingerprint is the configured one (other generation settings mean a regeneration). A stat and
   a small JSON file per dataset.
-- **What the server serves afterwards**: the generation server when such work remains (with the tool-call
-  parser when a dataset's prompts carry tools), else nothing (it stays stopped).
+- **What the server serves afterwards**: the generation server when such work remains
+  (:func:`~eagle3_pipeline.managed.plan.generation_purpose`), else nothing (it stays stopped).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from eagle3_pipeline.generation.fingerprint import (
 )
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.managed.plan import ManagedServerPlan, managed_servers, prompts_need_tools
+from eagle3_pipeline.managed.plan import ManagedServerPlan, generation_purpose, managed_servers
 
 GpuPhase = Literal["hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"]
 ON_THE_SERVER_HOST: tuple[GpuPhase, ...] = ("drafter_benchmark", "served_drafter")
@@ -78,16 +78,6 @@ def partition_complete(config: PipelineConfig, dataset_id: str) -> bool:
 def incomplete_partitions(config: PipelineConfig) -> list[str]:
     """The datasets whose ``responses`` partition is not complete, in file order."""
     return [dataset for dataset in config.dataset_ids if not partition_complete(config, dataset)]
-
-
-def needs_tools(config: PipelineConfig) -> bool:
-    """Whether a prompt of the datasets (their ``prompts`` tables written so far) carries tools."""
-    layout = ArtifactLayout(config.artifacts_root)
-    return prompts_need_tools(path for d in config.dataset_ids if (path := layout.prompts(d)).is_file())
-
-
-def generation_purpose(config: PipelineConfig) -> ServerPurpose:
-    return ServerPurpose.generation(needs_tools(config))
 
 
 def after_gpu_phase(config: PipelineConfig) -> ServerPurpose | None:

@@ -25,6 +25,7 @@ from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
 from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StartupFailedError, StopResult
 from eagle3_pipeline.managed.plan import launch_for, managed_server
 
+# kept: a running server serves the purpose; failed: it was found dead or hung, or a start (a restart) failed
 Action = Literal["started", "stopped", "kept", "failed"]
 
 
@@ -42,8 +43,7 @@ class ServerEvent:
     def line(self) -> str:
         role = f" ({self.role})" if self.role else ""
         took = f" in {self.duration_s:.1f} s" if self.action in ("started", "stopped") else ""
-        action = "failed to start" if self.action == "failed" else self.action
-        return f"managed server {self.server}{role} {action}{took}: {self.reason}"
+        return f"managed server {self.server}{role} {self.action}{took}: {self.reason}"
 
     def as_metadata(self) -> dict[str, Any]:
         return {"event": self.action, **self.metadata, "reason": self.reason, "duration_s": round(self.duration_s, 3)}
@@ -99,7 +99,8 @@ class Supervisor:
         except StartupFailedError as exc:
             why = exc.log_tail.strip().splitlines()[-1] if exc.log_tail.strip() else str(exc).splitlines()[0]
             stopped = exc.stop.as_metadata() if exc.stop is not None else {}
-            self.on_event(ServerEvent("failed", self.name, wanted.purpose.role, f"{reason}: {why}", metadata=stopped))
+            failed = f"{reason}: it did not start: {why}"
+            self.on_event(ServerEvent("failed", self.name, wanted.purpose.role, failed, metadata=stopped))
             raise
         self.on_event(ServerEvent("started", self.name, result.role, reason, result.duration_s, result.as_metadata()))
         return wanted

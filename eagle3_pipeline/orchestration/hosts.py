@@ -26,6 +26,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport, TickState
+from eagle3_pipeline.managed import ManagedServer, managed_server, stopped_server
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.orchestration.launching import HostChoice, LaunchHost, claim, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -37,14 +38,23 @@ class NoHostFree(Exception):
 
 @dataclass(frozen=True)
 class HostVerdict:
-    """One host's report of one tick (`name` None: the single implicit host)."""
+    """One host's report of one tick (`name` None: the single implicit host). `stopped`: the host's
+    managed server is stopped and only its own checks fail (:func:`eagle3_pipeline.managed.stopped_server`,
+    why): the host is open, since the run that needs the server starts it."""
 
     name: str | None
     report: HealthReport
+    stopped: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Whether the host takes generation work: healthy, or its managed server merely stopped."""
+        return self.report.healthy or self.stopped is not None
 
     @property
     def line(self) -> str:
-        return self.report.summary() if self.name is None else f"host {self.name}: {self.report.summary()}"
+        summary = self.report.summary() if self.stopped is None else f"{self.stopped}, which a run starts"
+        return summary if self.name is None else f"host {self.name}: {summary}"
 
 
 class InferenceHosts:
@@ -63,24 +73,34 @@ class InferenceHosts:
         """Every host's report, and the cursor for the next tick (one host's TickState as before,
         or ``{"hosts": {name: TickState}}``)."""
         if not self.several:
-            report, state = self.monitors[None].tick(TickState.from_json(cursor))
-            return [HostVerdict(None, report)], state.to_json()
+            verdict, state = self._verdict(None, TickState.from_json(cursor))
+            return [verdict], state.to_json()
         previous = _host_states(cursor)
 
-        def one(name: str | None) -> tuple[HealthReport, TickState]:
-            return self.monitors[name].tick(TickState.from_json(previous.get(str(name))))
+        def one(name: str | None) -> tuple[HostVerdict, TickState]:
+            return self._verdict(name, TickState.from_json(previous.get(str(name))))
 
         with ThreadPoolExecutor(max_workers=len(self.monitors)) as pool:
             results = dict(zip(self.monitors, pool.map(one, self.monitors), strict=True))
-        verdicts = [HostVerdict(name, report) for name, (report, _) in results.items()]
+        verdicts = [verdict for verdict, _ in results.values()]
         states = {str(name): state.to_json() for name, (_, state) in results.items()}
         return verdicts, json.dumps({"hosts": states}, sort_keys=True)
+
+    def _verdict(self, name: str | None, state: TickState) -> tuple[HostVerdict, TickState]:
+        """The host's tick; when it is not healthy and the host has a managed server, whether that server
+        is merely stopped (its status read over the monitor's connection)."""
+        monitor = self.monitors[name]
+        report, state = monitor.tick(state)
+        plan = managed_server(monitor.config)
+        if report.healthy or plan is None:
+            return HostVerdict(name, report), state
+        return HostVerdict(name, report, stopped_server(report, ManagedServer(monitor.host, plan))), state
 
     def choice(self, verdicts: list[HostVerdict]) -> HostChoice | None:
         """The healthy hosts to place partitions on (None with the single implicit host)."""
         if not self.several:
             return None
-        healthy = {v.name for v in verdicts if v.report.healthy}
+        healthy = {v.name for v in verdicts if v.open}
         return HostChoice(
             healthy=[LaunchHost(h.name, h.pool_name) for h in self.config.inference.hosts if h.name in healthy],
             unhealthy=frozenset(h.name for h in self.config.inference.hosts if h.name not in healthy),
@@ -106,7 +126,7 @@ def gate_summary(verdicts: list[HostVerdict]) -> str:
 
 def sick_hosts_line(verdicts: list[HostVerdict]) -> str:
     """Why the unhealthy ones of several hosts get no new partition ("" when all are healthy)."""
-    sick = [v.line for v in verdicts if v.name is not None and not v.report.healthy]
+    sick = [v.line for v in verdicts if v.name is not None and not v.open]
     return "no new partitions for " + "; ".join(sick) if sick else ""
 
 

@@ -229,6 +229,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
 _tokens = [1000.0]
+_answered = [0]
 _lock = threading.Lock()
 
 
@@ -284,6 +285,12 @@ class Handler(BaseHTTPRequestHandler):
         if s.get("hang_all"):
             time.sleep(3600)
         if self.path == "/v1/chat/completions":
+            with _lock:
+                _answered[0] += 1
+                crash = 0 < s.get("crash_after", 0) <= _answered[0]
+            if crash:  # as a GPU fault takes a server down: an error in the log, the whole group gone
+                print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+                os.killpg(0, signal.SIGKILL)
             self.generate(s, COMPLETION)
         elif self.path == "/generate":
             request = json.loads(body)
@@ -298,6 +305,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def generate(self, s, body):
         mode = s.get("generate", "ok")
+        time.sleep(s.get("delay_s", 0))
         if mode == "hang":
             time.sleep(3600)
         if mode == "error":
@@ -374,7 +382,9 @@ class FakeSglang:
         return f"http://127.0.0.1:{self.port}"
 
     def set(self, **scenario: Any) -> None:
-        """health (HTTP code), generate (ok|hang|error), tokens (advance|frozen), running, hang_all."""
+        """health (HTTP code), generate (ok|hang|error), delay_s (before each generation), tokens
+        (advance|frozen), running, hang_all, crash_after (the Nth chat completion of a server process
+        kills its process group, a CUDA error in its log)."""
         _write(self.scenario_path, json.dumps(scenario))
 
     def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:

@@ -14,7 +14,7 @@ import pytest
 
 from eagle3_pipeline.config import HostConfig
 from eagle3_pipeline.defs.health.observations import server_event_observation
-from eagle3_pipeline.defs.managed import gpu_phase, serve_generation
+from eagle3_pipeline.defs.managed import gpu_phase, supervised
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint
 from eagle3_pipeline.hidden_states.vllm_server import (
@@ -122,7 +122,9 @@ def test_dagster_records_every_start_and_stop_as_an_observation(tmp_path: Path) 
 
     @dg.asset
     def training(context: dg.AssetExecutionContext) -> None:
-        serve_generation(context, config, DEFAULT_NAMES, None, "responses B1 needs the generation server")
+        with supervised(context, config, DEFAULT_NAMES) as supervisor:  # as responses makes it serve
+            assert supervisor is not None
+            supervisor.ensure(GENERATION, "responses B1")
         with gpu_phase(context, config, DEFAULT_NAMES, "eagle3_drafter") as supervisor:
             assert supervisor is not None and supervisor.server.status().state == "absent"
 
@@ -138,7 +140,7 @@ def test_dagster_records_every_start_and_stop_as_an_observation(tmp_path: Path) 
         ("started", "generation", "generation"),  # B1's responses are not complete
     ]
     assert [m["reason"] for m in seen] == [
-        "responses B1 needs the generation server",
+        "responses B1",
         "eagle3_drafter needs the GPUs",
         "after eagle3_drafter: generation work remains",
     ]

@@ -280,7 +280,7 @@ def test_every_start_and_stop_is_an_observation_with_its_reason_and_duration(run
     starts = [e for e in run.events if e["event"] == "started"]
     assert [e["role"] for e in starts] == ROLES and all(e["duration_s"] > 0 for e in starts)
     assert all(e["verified"] and e["signals"] == ["TERM"] for e in run.events if e["event"] == "stopped")
-    assert starts[0]["reason"] == f"responses {next(iter(DATASETS))} needs the generation server"
+    assert starts[0]["reason"] == f"responses {next(iter(DATASETS))}"
     extraction = starts[1]
     assert extraction["reason"] == "hidden_states needs the extraction server"
     # the extraction server's ids are the store's, in its launch line, not typed by anyone

@@ -1,6 +1,6 @@
 """The inference servers as observed assets: `inference_server` (or one per host of
-`inference.hosts`), and the observation each health tick or preflight records on it, and each start,
-stop or reuse of a managed server (:func:`server_event_observation`)."""
+`inference.hosts`), and the observations recorded on it: each health tick or preflight's report, and
+each start, stop, reuse or failure of a managed server (so the UI shows who held the GPUs when)."""
 
 import inspect
 import warnings
@@ -79,11 +79,12 @@ def health_observation(
 def server_event_observation(
     event: ServerEvent, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
 ) -> dg.AssetObservation:
-    """A managed server's start, stop or reuse as an observation of its server asset: what was done, why, how
-    long it took, and who holds the GPUs afterwards (the role now served, or none)."""
-    holder = event.role if event.action in ("started", "kept") else "none"
-    metadata: dict[str, Any] = {"summary": event.line(), **event.as_metadata(), "gpus_held_by": holder or "none"}
-    metadata.setdefault("role", event.role or "none")
+    """A managed server's event (started, stopped, kept, failed) on the `inference_server` asset of
+    `host` (None: the single implicit one), with the event's line, reason, duration and figures, and who
+    holds the GPUs afterwards (the role now served, or none)."""
+    metadata: dict[str, Any] = {"summary": event.line(), "server": event.server, "role": event.role}
+    metadata.update(event.as_metadata())
+    metadata["gpus_held_by"] = (event.role if event.action in ("started", "kept") else None) or "none"
     if host is not None:
         metadata["inference_host"] = host
     return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)
