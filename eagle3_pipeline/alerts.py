@@ -1,7 +1,8 @@
 """Notifications: a message with the report, POSTed to a webhook when something changes for the worse.
 
 Events: the health gate's verdict turns CRITICAL or UNKNOWN, a stall is detected, a dataset's token
-budget is reached, τ regresses (drafter_eval's check fails). Each event has a *subject* (e.g.
+budget is reached, τ regresses (drafter_eval's check fails), a managed server could not be brought back
+after dying mid-generation (its restarts spent). Each event has a *subject* (e.g.
 ``health``, ``budget:B1``) and a *state*; a message goes out only when the subject's state changes to
 an alerting one, so a host that stays CRITICAL for an hour sends one message, and a host that
 recovers and fails again sends a second. The last state of each subject is a small JSON file under
@@ -37,7 +38,7 @@ MAX_REPORT_CHARS = 3500  # Slack cuts a section at 3000 characters of text; keep
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # health | stall | budget | tau_regression
+    kind: str  # health | stall | budget | tau_regression | server_lost
     subject: str
     state: str
     title: str
@@ -170,11 +171,13 @@ class Alerter:
 HEALTH_ALERTING = ("critical", "unknown")
 
 
-def health_changed(alerter: Alerter, report: HealthReport, name: str | None = None) -> bool:
+def health_changed(alerter: Alerter, report: HealthReport, name: str | None = None, stopped: str | None = None) -> bool:
     """The gate's verdict on the inference host (the scheduled backfill and `inference_health` both call this);
-    `name`: which of several inference hosts (default: the health section's host name)."""
+    `name`: which of several inference hosts (default: the health section's host name). `stopped`: the
+    host's managed server is stopped and the run that needs it starts it (why), recorded as the state
+    ``stopped``, which does not alert: the pipeline stopped it, or will restart it."""
     host = name or alerter.host
-    overall = report.overall.value
+    overall = "stopped" if stopped is not None else report.overall.value
     return alerter.observe(
         f"health:{host}",
         overall,
@@ -186,6 +189,18 @@ def health_changed(alerter: Alerter, report: HealthReport, name: str | None = No
             f"health gate {overall.upper()} on {host}: {report.summary()}",
             report_markdown(report),
         ),
+    )
+
+
+def server_lost(alerter: Alerter, server: str, run_id: str, message: str) -> bool:
+    """A run's managed server died or hung and could not be brought back: `message` names its restarts and
+    its log's tail. One alert per run."""
+    subject = f"server_lost:{server}:{run_id}"
+    return alerter.observe(
+        subject,
+        "lost",
+        True,
+        lambda: Alert("server_lost", subject, "lost", f"managed server {server} lost (run {run_id[:8]})", message),
     )
 
 

@@ -1,4 +1,5 @@
-"""`eagle3-pipeline …`: run the main job on a Dagster instance, or show the pipeline's status."""
+"""`eagle3-pipeline …`: run the main job on a Dagster instance, show the pipeline's status or plan, or see
+and stop its managed inference server."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -369,9 +371,9 @@ class MainJob:
         return lines
 
 
-def _load(args: argparse.Namespace) -> PipelineConfig | None:
+def _load(args: argparse.Namespace, runtime_checks: bool = True) -> PipelineConfig | None:
     try:
-        return load_config(args.config)
+        return load_config(args.config, runtime_checks=runtime_checks)
     except ConfigError as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
         return None
@@ -449,12 +451,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    config = _load(args)
+    # The plan reads the artifacts, not the sources: a box whose prompt files are elsewhere plans too
+    # (a calibration's endpoints check their keys themselves).
+    config = _load(args, runtime_checks=False)
     if config is None:
         return 2
     from eagle3_pipeline.drafter.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
     from eagle3_pipeline.hidden_states.disk import config_disk_plan
+    from eagle3_pipeline.schedule import serving_schedule
 
     try:
         records = checkpoint_records(config)
@@ -479,6 +484,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = build_plan(config, throughput, records, args.max_cost)
     scaling = data_scaling(config, records, throughput)
     disk = config_disk_plan(config, records, {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()})
+    schedule = serving_schedule(config, plan, records)
     if args.json:
         more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
         disk_data = disk if isinstance(disk, str) else disk.as_dict()
@@ -489,6 +495,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "calibration_failed": failed,
                     "data_scaling": more_data,
                     "hidden_state_disk": disk_data,
+                    "schedule": schedule.as_dict(),
                 },
                 indent=2,
             )
@@ -499,7 +506,81 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"calibration of {name} failed: {reason}")
         print("\n" + (scaling if isinstance(scaling, str) else scaling.text()))
         print("\n" + (disk if isinstance(disk, str) else disk.text()))
+        print("\n" + schedule.text())
     return 0
+
+
+SERVER_EXIT = {"running": 0, "absent": 3, "exited": 3, "orphaned": 1, "foreign": 1}
+
+
+def _server_status_lines(plan: Any, status: Any) -> list[str]:
+    lines = [f"managed server {plan.name} ({plan.engine}, {plan.setting}) on port {plan.port}: {status.state}"]
+    record = status.record
+    if record is not None:
+        lines.append(
+            f"  role {record.role}, pid {record.pid} (process group {record.pgid}), started {record.started_at}: "
+            f"{record.reason}"
+        )
+        lines.append(f"  command: {shlex.join(record.argv)}")
+        lines.append(f"  log: {record.log_path}")
+    lines.append(f"  {status.detail}")
+    return lines
+
+
+def _stop_lines(result: Any) -> list[str]:
+    check = result.verification
+    if result.was_running:
+        head = (
+            f"stopped the {result.role} server (pid {result.pid}) on {result.host} in {result.duration_s:.1f} s "
+            f"({', '.join(result.signals)})"
+        )
+    else:
+        head = f"no server of the pipeline's was running on {result.host}"
+    return [
+        head,
+        f"  verified: {len(check.processes_left)} process(es) of it left; port {check.port} "
+        + ("free" if not check.port_holders else "held")
+        + f"; GPUs {check.gpu_check}",
+    ]
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """`server status|stop`: the managed server's state from its pid file, or its verified stop."""
+    try:
+        config = load_config(args.config, runtime_checks=False)
+    except ConfigError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 2
+    from eagle3_pipeline.hosts import build_host
+    from eagle3_pipeline.managed import ManagedServer, ManagedServerError, StopNotVerifiedError, managed_server
+
+    plan = managed_server(config, args.host)
+    if plan is None:
+        where = f"inference host {args.host!r}" if args.host else "it"
+        print(
+            f"eagle3-pipeline: {config.source_file}: no managed server (serving.managed) for {where}: the pipeline "
+            "starts and stops no server",
+            file=sys.stderr,
+        )
+        return 2
+    host = build_host(plan.host)
+    try:
+        server = ManagedServer(host, plan)
+        if args.action == "status":
+            status = server.status()
+            print("\n".join(_server_status_lines(plan, status)))
+            return SERVER_EXIT[status.state]
+        print("\n".join(_stop_lines(server.stop("eagle3-pipeline server stop"))))
+        return 0
+    except StopNotVerifiedError as exc:
+        print("\n".join(_stop_lines(exc.result)), file=sys.stderr)
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 1
+    except ManagedServerError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        host.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -521,7 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; "
         "then τ expected from more data of each dataset; "
-        "then the hidden states' disk per backend and storage dtype",
+        "then the hidden states' disk per backend and storage dtype; "
+        "then the schedule on the GPU host: the managed server's starts and stops before each phase, and each "
+        "phase's GPU time with its basis",
     )
     plan.add_argument(
         "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
@@ -538,6 +621,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the cost ceiling the best backend must finish within",
     )
     plan.set_defaults(func=cmd_plan)
+    server = sub.add_parser(
+        "server",
+        help="the managed inference server (serving.managed): its state (exit 0 running, 3 not running, 1 "
+        "processes of it left without its leader or a foreign pid), or stop it, verified (processes, port, GPUs)",
+    )
+    server.add_argument("action", choices=["status", "stop"])
+    server.add_argument(
+        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
+    )
+    server.add_argument("--host", help="with several inference hosts: whose managed server (default: the first)")
+    server.set_defaults(func=cmd_server)
     return parser
 
 

@@ -65,6 +65,11 @@ class ArtifactLayout:
         return self.root / "drafter_benchmark.json"
 
     @property
+    def served_drafter(self) -> Path:
+        """The drafter the managed server serves, the one it served before, and their launch lines."""
+        return self.root / "served_drafter.json"
+
+    @property
     def serving_reference(self) -> Path:
         """The serving target's answers for hidden_states' validation (beside training_data: a
         rebuilt training_data folder is replaced whole; the file names the version it is for)."""

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("training data", ("dataprep",)),
     ("hidden states and the draft vocabulary", ("hidden_states", "draft_vocab")),
     ("drafter", ("drafter",)),
-    ("tools over the domain: status, the tests' stand-ins", ("status", "testing")),
+    ("tools over the domain: status, the schedule, the tests' stand-ins", ("status", "schedule", "testing")),
     ("worker: a heavy phase's entry point on a GPU host (dagster-pipes only)", ("worker",)),
     ("Dagster layer: orchestration policy and the definitions", ("orchestration", "defs")),
     ("entry points", ("cli", "definitions")),

@@ -5,7 +5,8 @@ loopback as the inference endpoint; the embedded model's tokenizer, standing in 
 target's) is materialized with `eagle3-pipeline run`, one health tick is recorded on
 `inference_server` as the `inference_health` sensor records each tick, and then Debian's
 `chromium` + `chromium-driver` (no browser download) open the asset graph, a `responses`
-partition's materialization and the `inference_server` observation history. Screenshots go to
+partition's materialization, the `inference_server` observation history and a managed server's start
+recorded on it. Screenshots go to
 `$EAGLE3_UI_SCREENSHOTS` (default: a temp folder) and their paths are printed. Every process the
 test starts (`dagster dev` and its children, chromedriver and Chromium) is killed by process
 group, also on failure. Deselect with `-m "not browser"`.
@@ -35,7 +36,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.health.observations import health_observation
+from eagle3_pipeline.defs.health.observations import health_observation, server_event_observation
+from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.sshd_fixture import free_port
@@ -292,3 +294,24 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
         observations = re.findall(r"^[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2} [AP]M$", history, flags=re.MULTILINE)
         assert len(observations) >= 3, history[:1500]  # each run's preflight (B1, B2) and the tick
         _screenshot(driver, screenshots, "4_inference_server_health_history")
+
+        # a managed server's start, as the pipeline records each start and stop of it (defs/managed.py)
+        start = ServerEvent(
+            "started",
+            "serving",
+            "generation",
+            "responses B1 needs the generation server",
+            21.5,
+            {"pid": 4242, "port": 30000, "command": "python -m sglang.launch_server --port 30000"},
+        )
+        with dg.DagsterInstance.get() as instance:
+            instance.report_runless_asset_event(server_event_observation(start))
+        _open(
+            driver,
+            f"{base}/assets/inference_server?view=events",
+            "event\nstarted",
+            "reason\nresponses B1 needs the generation server",
+            "gpus_held_by\ngeneration",
+            "duration_s\n21.5",
+        )
+        _screenshot(driver, screenshots, "5_inference_server_managed_start")

@@ -210,14 +210,25 @@ BENCHMARK_PLACEHOLDERS = frozenset(
 class DrafterBenchmarkConfig(ConfigModel):
     """The online benchmark on the GPU host of `health.host`: the target served without and with the
     drafter by `launch_command` (`{speculative}` is empty for the baseline, `speculative_args` for the
-    drafter); None for the server's default command line."""
+    drafter); None for the server's default command line. When the managed server (`serving.managed`)
+    runs on that host, its arms are the managed server's own launch lines: `server` must be its engine,
+    `launch_command` and `speculative_args` stay unset, and the port, URL, tensor parallelism, process
+    pattern, log folder and start-up timeout are the managed server's."""
 
     server: Literal["sglang", "vllm"] = Field(default="sglang", description="The serving stack benchmarked.")
-    target_model_path: Annotated[str, Field(min_length=1)] = Field(
-        description="The target's folder on the GPU host ({target} in the launch command)."
+    target_model_path: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "The target's folder on the GPU host ({target} in the launch command); default: serving.model of the "
+            "managed server (required without one)."
+        ),
     )
-    draft_model_path: Annotated[str, Field(min_length=1)] = Field(
-        description="The exported drafter's folder on the GPU host ({drafter})."
+    draft_model_path: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "The exported drafter's folder on the GPU host ({drafter}); default: the drafter's export under the "
+            "artifacts root where it is trained (compute.artifacts_root on a GPU host)."
+        ),
     )
     port: Annotated[int, Field(gt=0, le=65535)] = Field(default=30100, description="The port the server is started on.")
     base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(

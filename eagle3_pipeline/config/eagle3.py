@@ -219,12 +219,13 @@ class HiddenStatesConfig(ConfigModel):
             "(Kimi-K2.5 "
             "INT4 at tp 8). The worker is written against sglang 0.5.14 and sglang 0.5.23 (the release found in "
             "sglang_python's venv; eagle3_pipeline.hidden_states.sglang_api.RELEASES) and refuses another version. "
-            "Stop the inference server first: the phase needs the GPUs it holds. vllm: a "
-            "vLLM "
-            "server already started with the extract_hidden_states speculative method and its "
+            "The phase needs the GPUs the inference server holds: a managed server (serving.managed) on that machine "
+            "is stopped for it and brought back when generation work remains; an unmanaged one must be stopped first. "
+            "vllm: a vLLM server started with the extract_hidden_states speculative method and its "
             "ExampleHiddenStatesConnector "
             "(vllm_base_url, vllm_output_dir; eagle3_pipeline.hidden_states.vllm_capture); the phase sends it our "
-            "input_ids."
+            "input_ids. A managed vLLM server (serving.managed, engine vllm) is that server: the pipeline starts it "
+            "with the store's layer ids."
         ),
     )
     vllm_base_url: Annotated[str, Field(min_length=1)] | None = Field(
@@ -235,14 +236,17 @@ class HiddenStatesConfig(ConfigModel):
             "ExampleHiddenStatesConnector as --kv-transfer-config, --no-enable-chunked-prefill and "
             "--no-enable-prefix-caching, on the machine where extraction runs (the phase reads the ids the server was "
             "started with from its command line there, and refuses other ids or none, naming the flags to start it "
-            "with; requests name the model it serves, GET /v1/models). Required with backend vllm."
+            "with; requests name the model it serves, GET /v1/models). Required with backend vllm; with a managed "
+            "vLLM server (serving.managed) it defaults to that server's URL, and the pipeline starts it with those "
+            "ids itself."
         ),
     )
     vllm_output_dir: Annotated[str, Field(min_length=1)] | None = Field(
         default=None,
         description=(
             "backend vllm: the folder the connector writes to (its shared_storage_path), as seen on the machine where "
-            "extraction runs; each request's file is read there and deleted once read. Required with backend vllm."
+            "extraction runs; each request's file is read there and deleted once read. Required with backend vllm; "
+            "with a managed vLLM server it defaults to vllm_connector under the artifacts root where extraction runs."
         ),
     )
     sglang_python: Annotated[str, Field(min_length=1)] | None = Field(
@@ -303,7 +307,7 @@ class HiddenStatesConfig(ConfigModel):
             raise ValueError(
                 "backend 'vllm' needs hidden_states.vllm_base_url (the …/v1 URL of a vLLM server started with "
                 "extract_hidden_states) and hidden_states.vllm_output_dir (its connector's shared_storage_path, as "
-                "seen here)"
+                "seen here), or a managed vLLM server (serving.managed with engine vllm), which the pipeline starts"
             )
         return self
 

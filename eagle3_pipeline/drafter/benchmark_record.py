@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig
-from eagle3_pipeline.drafter.online import Gate, run_benchmark
+from eagle3_pipeline.drafter.online import ArmServers, Gate, benchmark_path, run_benchmark
 from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.records import atomic_path
 
@@ -60,6 +61,10 @@ def record_result(path: Path, identity: Mapping[str, Any], result: Mapping[str, 
         tmp.write_text(json.dumps({"identity": dict(identity), "result": dict(result)}, indent=1))
 
 
+def no_servers() -> AbstractContextManager[ArmServers | None]:
+    return nullcontext(None)
+
+
 def run_or_reuse(
     settings: DrafterBenchmarkConfig,
     host: Host,
@@ -68,10 +73,12 @@ def run_or_reuse(
     gate: Gate,
     report: Reporter,
     record: Path,
+    servers: Callable[[], AbstractContextManager[ArmServers | None]] = no_servers,
 ) -> tuple[dict[str, Any], bool]:
     """The benchmark's metadata and whether it was reused: the result recorded at ``record`` for the
-    same identity, else :func:`~eagle3_pipeline.drafter.online.run_benchmark` (recorded after)."""
-    drafter = drafter_digest(host, settings.draft_model_path)
+    same identity, else :func:`~eagle3_pipeline.drafter.online.run_benchmark` (recorded after) with the
+    arms' servers ``servers()`` holds for the run (None: ``launch_command``'s)."""
+    drafter = drafter_digest(host, benchmark_path(settings, "draft_model_path"))
     identity = benchmark_identity(settings, base_url, prompts, drafter) if drafter is not None else None
     kept = recorded_result(record, identity) if identity is not None else None
     if kept is not None:
@@ -80,7 +87,8 @@ def run_or_reuse(
             f"{drafter[:12] if drafter else ''}), prompts and settings; no server started"
         )
         return kept, True
-    metadata = run_benchmark(settings, host, base_url, prompts, gate, report).as_metadata()
+    with servers() as arms:
+        metadata = run_benchmark(settings, host, base_url, prompts, gate, report, arms).as_metadata()
     if identity is not None:
         record_result(record, identity, metadata)
     return metadata, False

@@ -19,6 +19,11 @@ For each arm (``baseline``, then ``speculative``) on the GPU host (the hosts lay
    ``v1/spec_decode/metrics.py``, ``SpecDecodingProm``);
 5. the server's process group is stopped (TERM, then KILL).
 Tokens/s is completion tokens over the arm's wall time; speedup = speculative / baseline tokens/s.
+
+With a managed server on the benchmark's host (``serving.managed``) steps 2 and 5 are its supervisor's: each
+arm is the managed server started from its own launch lines (``ServerPurpose.benchmark``), ready on its health
+tick, and replaced by the next (:class:`ManagedServers`); the GPUs are handed over around both arms. The
+served drafter's τ is measured the same way (:func:`measure`).
 """
 
 from __future__ import annotations
@@ -30,15 +35,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.config import DrafterBenchmarkConfig
-from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick
+from eagle3_pipeline.config import DrafterBenchmarkConfig, PipelineConfig
+from eagle3_pipeline.drafter.spec import drafter_paths
+from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
 from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.managed import ManagedServerPlan, Supervisor
 from eagle3_pipeline.managed.launch import (
     EagleDrafter,
     EngineSettings,
@@ -47,6 +54,7 @@ from eagle3_pipeline.managed.launch import (
     drafter_args,
     vllm_eagle3_config,
 )
+from eagle3_pipeline.managed.phases import gpu_phase_server
 from eagle3_pipeline.monitor import UnhealthyError
 
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
@@ -77,13 +85,65 @@ def make_gate(host: Host, thresholds: HealthThresholds) -> Gate:
     return gate
 
 
+def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, ManagedServerPlan | None]:
+    """``drafter_benchmark`` with its paths filled in — the drafter's export under the artifacts root where
+    it is trained, the target the managed server serves — and the managed server on the benchmark's host
+    (None: the arms come from ``launch_command``). With a managed server the arms are its launch lines, so
+    the settings that would start another server are refused (:class:`BenchmarkError` naming them)."""
+    settings = config.drafter_benchmark
+    assert settings is not None
+    where = f"{config.source_file}: drafter_benchmark"
+    root = config.compute.artifacts_root if config.compute.kind != "local" else None
+    drafter = settings.draft_model_path or str(
+        drafter_paths(Path(root) if root else config.artifacts_root)["export_dir"]
+    )
+    plan = gpu_phase_server(config, "drafter_benchmark")
+    if plan is None:
+        if settings.target_model_path is None:
+            raise BenchmarkError(
+                f"{where}.target_model_path: required, since no managed server runs on the benchmark's host "
+                "(health.host)"
+            )
+        return settings.model_copy(update={"draft_model_path": drafter}), None
+    problems = [f"{name} is set" for name in ("launch_command", "speculative_args") if getattr(settings, name)]
+    if settings.server != plan.engine:
+        problems.append(f"server is {settings.server}, the managed server's engine is {plan.engine}")
+    if settings.target_model_path not in (None, plan.serving.model):
+        problems.append(
+            f"target_model_path is {settings.target_model_path}, the managed server's model {plan.serving.model}"
+        )
+    if problems:
+        raise BenchmarkError(
+            f"{where}: {'; '.join(problems)}; the arms run on the managed server ({plan.setting}) with its own "
+            "launch lines: leave launch_command, speculative_args and target_model_path out, and set server to its "
+            "engine"
+        )
+    update = {
+        "draft_model_path": drafter,
+        "target_model_path": plan.serving.model,
+        "port": plan.port,
+        "tp_size": plan.serving.tp_size,
+        "base_url": server_root(plan.base_url),
+    }
+    return settings.model_copy(update=update), plan
+
+
+def benchmark_path(settings: DrafterBenchmarkConfig, name: str) -> str:
+    """``target_model_path`` or ``draft_model_path``, which :func:`benchmark_settings` fills in."""
+    value = getattr(settings, name)
+    if not isinstance(value, str):
+        raise BenchmarkError(f"drafter_benchmark.{name}: not set (benchmark_settings fills it in from the pipeline)")
+    return value
+
+
 def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
     """The shell command line for one arm, every value quoted: the user's templates when set, else the
     servers' builder (:func:`eagle3_pipeline.managed.launch.build_launch`)."""
-    drafter = EagleDrafter(settings.draft_model_path, settings.steps)
+    target = benchmark_path(settings, "target_model_path")
+    drafter = EagleDrafter(benchmark_path(settings, "draft_model_path"), settings.steps)
     values: dict[str, Any] = {
-        "target": shlex.quote(settings.target_model_path),
-        "drafter": shlex.quote(settings.draft_model_path),
+        "target": shlex.quote(target),
+        "drafter": shlex.quote(drafter.path),
         "port": settings.port,
         "tp": settings.tp_size,
         "steps": settings.steps,
@@ -98,9 +158,7 @@ def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
         extra = shlex.join(drafter_args(settings.server, drafter))
     if settings.launch_command:
         return settings.launch_command.format(**values, speculative=extra).strip()
-    server = EngineSettings(
-        settings.server, "python", settings.target_model_path, settings.port, "0.0.0.0", settings.tp_size
-    )
+    server = EngineSettings(settings.server, "python", target, settings.port, "0.0.0.0", settings.tp_size)
     return f"{build_launch(server, ServerPurpose.benchmark(None)).shell()} {extra}".strip()
 
 
@@ -247,19 +305,19 @@ class RemoteServer:
 
 
 class _Client:
-    """Greedy requests by token ids, in the server's own protocol."""
+    """Greedy requests by token ids, in the server's own protocol (``server``: sglang or vllm)."""
 
-    def __init__(self, settings: DrafterBenchmarkConfig, base_url: str) -> None:
-        self.settings = settings
+    def __init__(self, server: str, base_url: str, timeout_s: float) -> None:
+        self.server = server
         self.root = base_url.rstrip("/")
-        self.http = httpx.Client(timeout=settings.request_timeout_s)
+        self.http = httpx.Client(timeout=timeout_s)
         self.model: str | None = None
 
     def close(self) -> None:
         self.http.close()
 
     def complete(self, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        if self.settings.server == "sglang":
+        if self.server == "sglang":
             body = {"input_ids": list(prompt), "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0}}
             reply = self.http.post(self.root + "/generate", json=body)
             reply.raise_for_status()
@@ -310,10 +368,104 @@ def _wait_ready(server: RemoteServer, client: _Client, timeout_s: float) -> None
     )
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Prompts sent to one server: completion tokens, wall time, and the acceptance when it speculates."""
+
+    requests: int
+    completion_tokens: int
+    wall_s: float
+    acceptance: Acceptance | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def measure(
+    server: str,
+    base_url: str,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    concurrency: int,
+    timeout_s: float,
+    speculative: bool,
+) -> Measured:
+    """``prompts`` sent greedily to a running server (``server``: sglang or vllm) at ``concurrency``; with
+    ``speculative``, τ as the server reports it (module doc, step 4): the served drafter's figure too."""
+    client = _Client(server, base_url, timeout_s)
+    try:
+        before = client.spec_counters() if speculative and server == "vllm" else None
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            answers = list(pool.map(lambda p: client.complete(p, max_tokens), prompts))
+        wall = time.monotonic() - started
+        acceptance = _acceptance(server, client, answers, before) if speculative else None
+    finally:
+        client.close()
+    return Measured(len(answers), sum(a["completion_tokens"] for a in answers), round(wall, 3), acceptance)
+
+
+class ArmServers(Protocol):
+    """How the benchmark gets the server of each arm: :meth:`start` returns once it answers, with what the
+    health gate checks on it; :meth:`stop` after the arm."""
+
+    def start(self, arm: str) -> ServerSpec: ...
+
+    def stop(self) -> None: ...
+
+
+class CommandServers:
+    """Each arm's server from ``launch_command`` (:func:`launch_command`), stopped after its arm."""
+
+    def __init__(self, settings: DrafterBenchmarkConfig, host: Host, base_url: str, report: Reporter) -> None:
+        self.settings = settings
+        self.host = host
+        self.base_url = base_url
+        self.report = report
+        self.server: RemoteServer | None = None
+
+    def start(self, arm: str) -> ServerSpec:
+        settings = self.settings
+        self.server = RemoteServer(
+            self.host, launch_command(settings, arm == "speculative"), f"{settings.log_dir}/{arm}.log"
+        )
+        self.report.log(f"{arm}: starting `{self.server.command}` on {self.host.name}")
+        self.server.start()
+        client = _Client(settings.server, self.base_url, settings.request_timeout_s)
+        try:
+            _wait_ready(self.server, client, settings.startup_timeout_s)
+        finally:
+            client.close()
+        return server_spec(settings, self.base_url)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class ManagedServers:
+    """Each arm's server from the managed server's launch lines (``ServerPurpose.benchmark``): the supervisor
+    replaces the previous arm's server with it, and is left to stop the last one."""
+
+    def __init__(self, supervisor: Supervisor, drafter: EagleDrafter) -> None:
+        self.supervisor = supervisor
+        self.drafter = drafter
+
+    def start(self, arm: str) -> ServerSpec:
+        purpose = ServerPurpose.benchmark(self.drafter if arm == "speculative" else None)
+        self.supervisor.ensure(purpose, f"drafter_benchmark: the {arm} arm")
+        return self.supervisor.server.plan.server_spec()
+
+    def stop(self) -> None:
+        return None
+
+
 def _run_arm(
     arm: str,
     settings: DrafterBenchmarkConfig,
-    host: Host,
+    servers: ArmServers,
     base_url: str,
     prompts: Sequence[Sequence[int]],
     gate: Gate,
@@ -321,27 +473,26 @@ def _run_arm(
 ) -> ArmResult:
     speculative = arm == "speculative"
     gate(None)
-    server = RemoteServer(host, launch_command(settings, speculative), f"{settings.log_dir}/{arm}.log")
-    client = _Client(settings, base_url)
     try:
-        report.log(f"{arm}: starting `{server.command}` on {host.name}")
-        server.start()
-        _wait_ready(server, client, settings.startup_timeout_s)
-        process = matched_process(gate(server_spec(settings, base_url)))
+        spec = servers.start(arm)
+        process = matched_process(gate(spec))
         report.log(f"{arm}: the health gate's server_process check matched {process}")
-        before = client.spec_counters() if speculative and settings.server == "vllm" else None
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
-            answers = list(pool.map(lambda p: client.complete(p, settings.max_tokens), prompts))
-        wall = time.monotonic() - started
-        tokens = sum(a["completion_tokens"] for a in answers)
-        acceptance = _acceptance(settings, client, answers, before) if speculative else None
+        measured = measure(
+            settings.server,
+            base_url,
+            prompts,
+            settings.max_tokens,
+            settings.concurrency,
+            settings.request_timeout_s,
+            speculative,
+        )
+        acceptance = measured.acceptance
         result = ArmResult(
             arm,
-            len(answers),
-            tokens,
-            round(wall, 3),
-            tokens / wall if wall > 0 else 0.0,
+            measured.requests,
+            measured.completion_tokens,
+            measured.wall_s,
+            measured.tokens_per_s,
             acceptance.tau if acceptance else None,
             acceptance.per_position if acceptance else None,
             acceptance.verify_steps if acceptance else None,
@@ -357,8 +508,7 @@ def _run_arm(
         )
         return result
     finally:
-        client.close()
-        server.stop()
+        servers.stop()
 
 
 def matched_process(report: HealthReport) -> str:
@@ -371,12 +521,9 @@ def matched_process(report: HealthReport) -> str:
 
 
 def _acceptance(
-    settings: DrafterBenchmarkConfig,
-    client: _Client,
-    answers: Sequence[dict[str, Any]],
-    before: SpecCounters | None,
+    server: str, client: _Client, answers: Sequence[dict[str, Any]], before: SpecCounters | None
 ) -> Acceptance:
-    if settings.server == "sglang":
+    if server == "sglang":
         steps = [a["verify_steps"] for a in answers]
         if any(s is None for s in steps) or not sum(steps):
             raise BenchmarkError("SGLang reported no spec_verify_ct in meta_info: is speculative decoding on?")
@@ -400,7 +547,7 @@ def server_spec(settings: DrafterBenchmarkConfig, base_url: str) -> ServerSpec:
         kind="custom" if custom else settings.server,
         port=port,
         base_url=base_url.rstrip("/"),
-        model=settings.target_model_path,
+        model=benchmark_path(settings, "target_model_path"),
         tp_size=settings.tp_size,
         process_pattern=settings.process_pattern,
     )
@@ -413,8 +560,11 @@ def run_benchmark(
     prompts: Sequence[Sequence[int]],
     gate: Gate,
     report: Reporter,
+    servers: ArmServers | None = None,
 ) -> BenchmarkResult:
-    """Both arms, one after the other on the same host and prompts (see the module doc)."""
-    baseline = _run_arm("baseline", settings, host, base_url, prompts, gate, report)
-    speculative = _run_arm("speculative", settings, host, base_url, prompts, gate, report)
+    """Both arms, one after the other on the same host and prompts (see the module doc); ``servers``:
+    where each arm's server comes from (default: ``launch_command`` on ``host``)."""
+    servers = servers or CommandServers(settings, host, base_url, report)
+    baseline = _run_arm("baseline", settings, servers, base_url, prompts, gate, report)
+    speculative = _run_arm("speculative", settings, servers, base_url, prompts, gate, report)
     return BenchmarkResult(settings.server, settings.steps, baseline, speculative)

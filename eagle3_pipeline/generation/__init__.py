@@ -14,7 +14,8 @@ from eagle3_pipeline.generation.dataset import DatasetResult, generate_dataset, 
 from eagle3_pipeline.generation.endpoints import Endpoint, Price
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint, partition_is_stale
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, format_duration
-from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate, generate_async
+from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery
+from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, ServerLost, generate, generate_async
 
 __all__ = [
     "RESPONSE_TABLE_SCHEMA",
@@ -28,7 +29,11 @@ __all__ = [
     "Price",
     "Progress",
     "ProgressSink",
+    "Recovered",
+    "RecoveryFailed",
     "ResponseCheckpoint",
+    "ServerLost",
+    "ServerRecovery",
     "budget_state",
     "configured_fingerprint",
     "format_duration",

@@ -53,7 +53,10 @@ class AttemptFailure:
     retryable: bool
     status: int | None = None
     retry_after_s: float | None = None
-    kind: str = "error"  # "empty": the server answered, but with no content and no tool calls
+    # "empty": the server answered, but with no content and no tool calls; "connection": no connection, or
+    # it was reset or dropped before an answer; "timeout": no answer in time (the last two: how a dead or
+    # hung server fails, see .recovery); "error": any other failure
+    kind: str = "error"
 
 
 def request_body(
@@ -87,11 +90,15 @@ async def attempt_completion(
     try:
         reply = await client.post(endpoint.chat_url, json=body, headers=endpoint.headers())
     except httpx.TimeoutException as exc:
-        return AttemptFailure(f"{type(exc).__name__}: no answer from {endpoint.base_url} in time", retryable=True)
+        return AttemptFailure(
+            f"{type(exc).__name__}: no answer from {endpoint.base_url} in time", retryable=True, kind="timeout"
+        )
     except httpx.HTTPError as exc:
         detail = f": {exc}" if str(exc) else " (connection dropped)"
         return AttemptFailure(
-            _excerpt(endpoint, f"{type(exc).__name__} talking to {endpoint.base_url}{detail}"), retryable=True
+            _excerpt(endpoint, f"{type(exc).__name__} talking to {endpoint.base_url}{detail}"),
+            retryable=True,
+            kind="connection" if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError) else "error",
         )
     latency = time.perf_counter() - started
     if reply.status_code != 200:

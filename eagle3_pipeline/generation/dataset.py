@@ -31,6 +31,7 @@ from eagle3_pipeline.generation.fingerprint import (
 )
 from eagle3_pipeline.generation.length import LengthCheck, check_lengths
 from eagle3_pipeline.generation.progress import ProgressSink
+from eagle3_pipeline.generation.recovery import ServerRecovery
 from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, atomic_path, write_parquet
@@ -114,6 +115,7 @@ def generate_dataset(
     tokenizer_name: str | None = None,
     host: str | None = None,
     tokenize_check: bool = False,
+    recovery: ServerRecovery | None = None,
 ) -> DatasetResult:
     """Answer the prompts still missing from the dataset's checkpoint (within its token budget),
     then write the responses table from the checkpoint; ``host`` names the inference host that
@@ -127,7 +129,8 @@ def generate_dataset(
     ``tokenize_check`` says training_data will ask it); a missing one raises :class:`CapabilityMissing`
     before any request of the partition goes out.
     With ``generation.failover`` the dataset is generated on one backend at a time, moving on by
-    deadline or sickness (decisions in ``responses/<dataset>.failover.jsonl``).
+    deadline or sickness (decisions in ``responses/<dataset>.failover.jsonl``). ``recovery`` brings a
+    dead or hung server back mid-run (:mod:`.recovery`; restarts in the summary's metadata).
     Raises :class:`GenerationFailed` if the run was stopped, or if more prompts failed than
     ``max_failed_fraction`` allows; the table is then left as it was."""
     checkpoint = ResponseCheckpoint(layout.checkpoint(dataset.id), settings.fsync, settings.fsync_interval_s)
@@ -168,6 +171,7 @@ def generate_dataset(
         dataset.token_budget,
         sinks,
         failover,
+        recovery,
     )
     _refuse_too_many_failed(dataset.id, summary, len(lengths.fits), settings.max_failed_fraction, layout)
     rows, held_back = _write_table(dataset, settings, layout, lengths, checkpoint)

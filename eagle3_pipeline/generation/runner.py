@@ -12,7 +12,10 @@ more CPU on that than on the requests. A request that fails for good goes to the
 ``max_consecutive_errors`` of them in a row stop the run, and so does an answer from another model
 than the dataset's answers so far (it is not written). With ``generation.failover`` the requests go
 to one backend at a time and a watcher moves the dataset on (see :mod:`.failover`): the requests in
-flight on the old backend are cancelled and each is sent again, once, to the new one.
+flight on the old backend are cancelled and each is sent again, once, to the new one. With a
+``recovery`` hook (a managed server), a request that fails the way a dead or hung server fails waits
+for one shared recovery; when it restarted the server, the failed requests and those in flight on the
+old server are sent again without counting as retries or errors (see :mod:`.recovery`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from eagle3_pipeline.generation.endpoints import Endpoint, EndpointPool
 from eagle3_pipeline.generation.estimate import Workload, estimate_left
 from eagle3_pipeline.generation.failover import Failover, FailoverSettings
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
+from eagle3_pipeline.generation.recovery import RecoveryFailed, ServerRecovery, SharedRecovery
 from eagle3_pipeline.generation.retry import backoff_s
 from eagle3_pipeline.prompts import estimate_tokens
 from eagle3_pipeline.records import Message, PromptRecord, normalized
@@ -70,6 +74,8 @@ class GenerationSummary:
     error_examples: list[str] = field(default_factory=list)
     failovers: list[dict[str, Any]] = field(default_factory=list)
     moved_in_flight: int = 0
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    resent_after_restart: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -94,6 +100,9 @@ class GenerationSummary:
             "endpoints": self.endpoints,
             "failover_decisions": self.failovers,
             "requests_moved_by_failover": self.moved_in_flight,
+            "server_restarts": len(self.restarts),
+            "restarts": self.restarts,
+            "requests_resent_after_restart": self.resent_after_restart,
         }
 
 
@@ -107,6 +116,10 @@ class GenerationFailed(RuntimeError):
 
 class ModelChanged(GenerationFailed):
     """An endpoint answered as another model than the dataset's other answers."""
+
+
+class ServerLost(GenerationFailed):
+    """The server died or hung and could not be brought back (:class:`~.recovery.RecoveryFailed`)."""
 
 
 class RequestFailed(Exception):
@@ -142,9 +155,13 @@ class _Run:
         model: str | None,
         failover: Failover | None = None,
         finished: Sequence[Mapping[str, Any]] = (),
+        recovery: ServerRecovery | None = None,
     ) -> None:
         self.settings = settings
         self.failover = failover
+        self.recovery = (
+            SharedRecovery(recovery, summary.restarts.extend, self._restarted) if recovery is not None else None
+        )
         self.finished = (
             len(finished),
             sum(int(r.get("completion_tokens") or 0) for r in finished),
@@ -254,11 +271,14 @@ class _Run:
         avoid: Endpoint | None = None
         attempt = 0
         while True:
+            if self.recovery is not None:
+                await self._server_back()
             attempt += 1
             endpoint = self.pool.acquire(avoid)
             body = request_body(
                 endpoint, messages, tools, settings.max_tokens, settings.temperature, settings.chat_template_kwargs
             )
+            sent_at = time.monotonic()
             attempt_task = asyncio.create_task(attempt_completion(client, endpoint, body, prompt_tokens_est))
             self.attempts[attempt_task] = endpoint
             try:
@@ -269,7 +289,7 @@ class _Run:
                 raise
             finally:
                 del self.attempts[attempt_task]
-            if attempt_task.cancelled():  # the dataset moved to another backend: send it there, once
+            if attempt_task.cancelled():  # moved to another backend, or its server restarted: send it again, once
                 self.pool.release(endpoint, ok=True)
                 attempt, avoid = attempt - 1, None
                 continue
@@ -279,6 +299,10 @@ class _Run:
                 if self.failover:
                     self.failover.answered(endpoint, outcome.completion_tokens)
                 return outcome
+            if await self._restarted_for(endpoint, outcome, sent_at):  # failed on the old server: send it again
+                self.summary.resent_after_restart += 1
+                attempt, avoid = attempt - 1, None
+                continue
             if (
                 self.failover
                 and outcome.retryable
@@ -297,6 +321,45 @@ class _Run:
             self.summary.retries += 1
             avoid = endpoint
             await asyncio.sleep(backoff_s(attempt, settings.retry, outcome.retry_after_s, self.rng))
+
+    async def _server_back(self) -> None:
+        """Wait while a recovery runs; its failure stops the run (:class:`ServerLost`)."""
+        assert self.recovery is not None
+        try:
+            await self.recovery.ready()
+        except RecoveryFailed as exc:
+            raise self._lost(exc) from None
+
+    async def _restarted_for(self, endpoint: Endpoint, outcome: AttemptFailure, sent_at: float) -> bool:
+        """Whether ``outcome`` is a dead or hung server's failure that a recovery answered by restarting it
+        (:mod:`.recovery`); False for any other failure, and when the server was found serving."""
+        recovery = self.recovery
+        if recovery is None or not recovery.covers(endpoint.base_url, outcome.kind):
+            return False
+        try:
+            verdict = await recovery.after_failure(self.pool.redact(outcome.reason), sent_at)
+        except RecoveryFailed as exc:
+            raise self._lost(exc) from None
+        return verdict.restarted
+
+    def _restarted(self) -> None:
+        """A recovery restarted the server: cancel the attempts still in flight on the old one (each is
+        sent again by its request)."""
+        assert self.recovery is not None
+        hook = self.recovery.hook
+        for task, endpoint in self.attempts.items():
+            if hook.serves(endpoint.base_url) and not task.done():
+                task.cancel()
+                self.summary.resent_after_restart += 1
+
+    def _lost(self, exc: RecoveryFailed) -> ServerLost:
+        self.stopping = True
+        summary = self.summary
+        return ServerLost(
+            f"{summary.dataset}: {exc}\nThe {summary.generated} answers of this run are checkpointed and a rerun "
+            "resumes from them.",
+            summary,
+        )
 
     def _left(self) -> Workload:
         """What is left of the dataset as this run stands: the prompts not yet ended, the mean
@@ -474,12 +537,14 @@ async def generate_async(
     token_budget: int | None = None,
     sinks: Sequence[ProgressSink] = (),
     failover: FailoverSettings | None = None,
+    recovery: ServerRecovery | None = None,
 ) -> GenerationSummary:
     """Answer every prompt not yet in the checkpoint, appending each answer as it finishes.
 
     ``resolve_endpoints`` is called only if there is work left and budget to do it, so a finished
-    dataset never starts or contacts a server. Raises :class:`GenerationFailed` when
-    ``max_consecutive_errors`` requests fail in a row."""
+    dataset never starts or contacts a server. ``recovery`` brings a dead or hung server back
+    mid-run (:mod:`.recovery`). Raises :class:`GenerationFailed` when ``max_consecutive_errors``
+    requests fail in a row, and :class:`ServerLost` when the recovery cannot bring the server back."""
     dataset = prompts[0].dataset if prompts else ""
     summary = GenerationSummary(dataset=dataset, total=len(prompts), token_budget=token_budget)
     with checkpoint.writer() as writer:
@@ -514,6 +579,7 @@ async def generate_async(
                 served_model(writer.done.values()),
                 switcher,
                 finished,
+                recovery,
             )
             await run.execute(todo)
         finally:
@@ -551,7 +617,10 @@ def generate(
     token_budget: int | None = None,
     sinks: Sequence[ProgressSink] = (),
     failover: FailoverSettings | None = None,
+    recovery: ServerRecovery | None = None,
 ) -> GenerationSummary:
     return asyncio.run(
-        generate_async(prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks, failover)
+        generate_async(
+            prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks, failover, recovery
+        )
     )

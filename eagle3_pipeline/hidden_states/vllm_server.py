@@ -18,6 +18,13 @@ vLLM 0.32's HTTP routes were read for the same evidence (``vllm/entrypoints``): 
 and ``/metrics`` carry no speculative config; ``/server_info`` does, only in development mode
 (``VLLM_SERVER_DEV_MODE=1``, which vLLM itself warns against outside development).
 
+A managed vLLM server (``serving.managed``, engine ``vllm``) is the extraction server when
+``hidden_states.vllm_base_url`` is its URL (what the file gets when it leaves the setting out):
+:func:`managed_extraction_server`. The pipeline then starts it itself for the store,
+:func:`extraction_purpose`: the ids from the server's own checkpoint (its ``config.json`` read on its
+host) and the store's aux layers, the connector's folder made there; the extractor's proof from the
+command line above still applies.
+
 No torch, no vLLM here: plain Python on ``/proc`` (Linux, as vLLM).
 """
 
@@ -29,6 +36,16 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.health import server_root
+from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
+from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
+from eagle3_pipeline.managed import LaunchError, ManagedServerPlan, ServerPurpose, managed_servers
+from eagle3_pipeline.target import TargetError, dimensions
+
+HOST_COMMAND_TIMEOUT_S = 60.0
 
 SPECULATIVE_FLAGS = ("--speculative-config", "-sc")
 LISTEN = "0A"  # the TCP state column of /proc/net/tcp for a listening socket
@@ -142,3 +159,48 @@ def served_layer_ids(host: str, port: int) -> tuple[list[int], int] | str:
         return f"the processes listening on port {port} were started with different ids ({list(started)})"
     pid = found.pids[0]
     return f"pid {pid} listening on port {port}: {readings[pid]}"  # not the whole command line: it may hold a key
+
+
+class ExtractionServerError(LaunchError):
+    """The managed extraction server's launch cannot be built: the message names the file and setting."""
+
+
+def managed_extraction_server(config: PipelineConfig) -> ManagedServerPlan | None:
+    """The managed vLLM server that serves ``hidden_states.vllm_base_url`` (backend vllm), or None: the
+    extraction server is then the user's."""
+    settings = config.hidden_states
+    if settings.backend != "vllm" or settings.vllm_base_url is None:
+        return None
+    url = server_root(settings.vllm_base_url)
+    return next((p for p in managed_servers(config) if p.engine == "vllm" and server_root(p.base_url) == url), None)
+
+
+def extraction_purpose(config: PipelineConfig, plan: ManagedServerPlan, host: Host) -> ServerPurpose:
+    """The managed server started for the store: ``extract_hidden_states`` with the ids of the store's aux
+    layers (``hidden_states.aux_layer_ids``, else the default for the server's checkpoint) and of its last
+    layer, read from ``serving.model``'s ``config.json`` on ``host``; the connector's folder
+    (``hidden_states.vllm_output_dir``) is made there."""
+    assert plan.serving.model is not None and config.hidden_states.vllm_output_dir is not None
+    path = f"{plan.serving.model.rstrip('/')}/config.json"
+    where = f"{plan.setting}.model: {path} on {host.name}"
+    read = host.run(quote_args("cat", path), HOST_COMMAND_TIMEOUT_S)
+    if not read.ok:
+        raise ExtractionServerError(
+            f"{config.source_file}: {where}: not readable ({read.stderr.strip()[:200] or 'no output'}); the "
+            "extraction server's layer ids come from the target's config.json in the checkpoint folder it serves"
+        )
+    try:
+        raw = json.loads(read.stdout)
+        layers = dimensions(raw, where).num_layers
+    except (ValueError, TargetError) as exc:
+        raise ExtractionServerError(f"{config.source_file}: {where}: {exc}") from None
+    output_ids = config.hidden_states.aux_layer_ids or default_aux_layer_ids(layers)
+    ids = extraction_layer_ids(target_family(raw), output_ids, layers)
+    folder = config.hidden_states.vllm_output_dir
+    made = host.run(quote_args("mkdir", "-p", folder), HOST_COMMAND_TIMEOUT_S)
+    if not made.ok:
+        raise ExtractionServerError(
+            f"{config.source_file}: hidden_states.vllm_output_dir: cannot make {folder} on {host.name} "
+            f"({made.stderr.strip()[:200]})"
+        )
+    return ServerPurpose.extraction_of(ids, folder)

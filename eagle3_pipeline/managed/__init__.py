@@ -1,11 +1,15 @@
 """Inference servers the pipeline runs itself (`serving.managed`): launch lines built from what the phases
 need (:mod:`.launch`), the pipeline file's managed servers resolved (:mod:`.plan`), their life on the host
-— start, ready, stop verified (:mod:`.lifecycle`) — and what the phases ask of them (:mod:`.supervisor`).
-No Dagster here: the Dagster layer turns the typed results and events into run events and observations.
+— start, ready, stop verified (:mod:`.lifecycle`) — what the phases ask of them (:mod:`.supervisor`), and
+a generation server brought back when it dies or hangs mid-run (:mod:`.recovery`), and why a stopped one
+does not close the health gate (:mod:`.gate`). No Dagster here: the
+Dagster layer turns the typed results and events into run events and observations.
 
-(``eagle3_pipeline.serving`` is the embedded profile's ``transformers serve``, which each run starts itself.)
+(``eagle3_pipeline.serving`` is the embedded profile's ``transformers serve``, which each run starts itself,
+and the inference provider a `responses` run asks for its endpoints: it serves them from the managed server.)
 """
 
+from eagle3_pipeline.managed.gate import SERVER_CHECKS, stopped_server
 from eagle3_pipeline.managed.launch import (
     FAMILY_PARSERS,
     EagleDrafter,
@@ -39,22 +43,28 @@ from eagle3_pipeline.managed.lifecycle import (
     StopVerification,
 )
 from eagle3_pipeline.managed.plan import (
+    GENERATION_ACCEPTS,
     ManagedServerPlan,
+    generation_purpose,
     launch_for,
     managed_server,
     managed_servers,
     prompts_need_tools,
     target_model_types,
 )
+from eagle3_pipeline.managed.recovery import GenerationRecovery
 from eagle3_pipeline.managed.supervisor import EventSink, ServerEvent, Supervisor, open_supervisor
 
 __all__ = [
     "FAMILY_PARSERS",
+    "GENERATION_ACCEPTS",
+    "SERVER_CHECKS",
     "AlreadyRunningError",
     "EagleDrafter",
     "EngineSettings",
     "EventSink",
     "FamilyParsers",
+    "GenerationRecovery",
     "HiddenStateExtraction",
     "LaunchError",
     "LaunchLine",
@@ -79,12 +89,14 @@ __all__ = [
     "drafter_args",
     "extraction_args",
     "family_parsers",
+    "generation_purpose",
     "launch_for",
     "managed_server",
     "managed_servers",
     "open_supervisor",
     "prompts_need_tools",
     "resolve_parser",
+    "stopped_server",
     "target_model_types",
     "vllm_eagle3_config",
 ]

@@ -10,6 +10,7 @@ from pathlib import Path
 from eagle3_pipeline.config import HostConfig, PipelineConfig, ServingConfig
 from eagle3_pipeline.config.serving import managed_base_url
 from eagle3_pipeline.health import HealthThresholds, ServerSpec, server_root
+from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import (
     EngineSettings,
     LaunchLine,
@@ -150,6 +151,19 @@ def prompts_need_tools(prompt_files: Iterable[Path]) -> bool:
         if tools.null_count < len(tools):
             return True
     return False
+
+
+# The roles a run that generates keeps serving: a server of the trained drafter generates the target's
+# own greedy tokens (speculative decoding changes the speed, not the answers).
+GENERATION_ACCEPTS = ("served-drafter",)
+
+
+def generation_purpose(config: PipelineConfig) -> ServerPurpose:
+    """Generation for the pipeline's datasets: with the tool-call parser when the prompts written so far
+    (every dataset's, so that one server serves each partition without a restart between them) carry tools."""
+    layout = ArtifactLayout(config.artifacts_root)
+    written = [path for path in map(layout.prompts, config.dataset_ids) if path.exists()]
+    return ServerPurpose.generation(needs_tools=prompts_need_tools(written))
 
 
 def launch_for(config: PipelineConfig, plan: ManagedServerPlan, purpose: ServerPurpose) -> LaunchLine:

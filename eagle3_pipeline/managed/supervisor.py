@@ -6,7 +6,9 @@ lines of its pipeline. :meth:`Supervisor.ensure` keeps a running server whose la
 for (or whose role the caller accepts, e.g. a server of the trained drafter for generation) and otherwise
 stops what runs and starts the right one; :meth:`Supervisor.release` stops it; :meth:`Supervisor.handover`
 releases it for a GPU-exclusive phase and afterwards starts what the caller says is needed then (nothing,
-when no work is left for a server). Every start, stop and reuse is reported to ``on_event`` as a
+when no work is left for a server); :meth:`Supervisor.serving` serves a phase's own purpose for a block
+(the extraction server) with the same afterwards. A start that fails is reported too (``failed``, with the
+last line of the server's log) before its error is raised. Every start, stop and reuse is reported to ``on_event`` as a
 :class:`ServerEvent`, which the Dagster layer records on the run and as an observation of the server.
 """
 
@@ -20,10 +22,11 @@ from typing import Any, Literal
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
-from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StopResult
+from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StartupFailedError, StopResult
 from eagle3_pipeline.managed.plan import launch_for, managed_server
 
-Action = Literal["started", "stopped", "kept"]
+# kept: a running server serves the purpose; failed: it was found dead or hung, or a start (a restart) failed
+Action = Literal["started", "stopped", "kept", "failed"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class ServerEvent:
 
     def line(self) -> str:
         role = f" ({self.role})" if self.role else ""
-        took = f" in {self.duration_s:.1f} s" if self.action != "kept" else ""
+        took = f" in {self.duration_s:.1f} s" if self.action in ("started", "stopped") else ""
         return f"managed server {self.server}{role} {self.action}{took}: {self.reason}"
 
     def as_metadata(self) -> dict[str, Any]:
@@ -70,7 +73,10 @@ class Supervisor:
     def ensure(self, purpose: ServerPurpose, reason: str, accept: Collection[str] = ()) -> LaunchLine:
         """The server serving ``purpose``: kept when it runs that launch line (or a role in ``accept``),
         else what runs is stopped (verified) and the right one started. Returns the launch line serving now."""
-        wanted = self.launch(purpose)
+        return self.ensure_launch(self.launch(purpose), reason, accept)
+
+    def ensure_launch(self, wanted: LaunchLine, reason: str, accept: Collection[str] = ()) -> LaunchLine:
+        """:meth:`ensure` for a launch line given whole (e.g. a recorded one, to roll back to)."""
         status = self.server.status()
         record = status.record
         if status.state == "running" and record is not None:
@@ -88,7 +94,14 @@ class Supervisor:
             self._stop(f"{reason}: it runs as {record.role}, {wanted.purpose.role} is needed")
         elif status.state in ("orphaned", "foreign"):
             raise ManagedServerError(f"{self.server.plan.setting}: cannot start for {reason}: {status.detail}")
-        result = self.server.start(wanted, reason)
+        try:
+            result = self.server.start(wanted, reason)
+        except StartupFailedError as exc:
+            why = exc.log_tail.strip().splitlines()[-1] if exc.log_tail.strip() else str(exc).splitlines()[0]
+            stopped = exc.stop.as_metadata() if exc.stop is not None else {}
+            failed = f"{reason}: it did not start: {why}"
+            self.on_event(ServerEvent("failed", self.name, wanted.purpose.role, failed, metadata=stopped))
+            raise
         self.on_event(ServerEvent("started", self.name, result.role, reason, result.duration_s, result.as_metadata()))
         return wanted
 
@@ -102,14 +115,33 @@ class Supervisor:
     @contextmanager
     def handover(self, reason: str, after: Callable[[], ServerPurpose | None]) -> Iterator[None]:
         """The GPUs for the ``with`` block: the server is stopped first, and afterwards (also when the block
-        fails) started for ``after()``'s purpose, or left stopped when it returns None."""
+        fails) started for ``after()``'s purpose, or stopped when it returns None (a server the block
+        started for itself, e.g. the benchmark's, is not left holding the GPUs)."""
         self.release(f"{reason} needs the GPUs")
         try:
             yield
         finally:
-            purpose = after()
-            if purpose is not None:
-                self.ensure(purpose, f"after {reason}: {purpose.role} work remains")
+            self._afterwards(reason, after)
+
+    @contextmanager
+    def serving(
+        self, purpose: ServerPurpose, phase: str, after: Callable[[], ServerPurpose | None]
+    ) -> Iterator[LaunchLine]:
+        """The server for ``purpose`` during the ``with`` block of ``phase`` (e.g. the extraction server for
+        hidden_states), then, as after :meth:`handover`, the one ``after()`` asks for, or none. Yields the
+        launch line."""
+        launch = self.ensure(purpose, f"{phase} needs the {purpose.role} server")
+        try:
+            yield launch
+        finally:
+            self._afterwards(phase, after)
+
+    def _afterwards(self, reason: str, after: Callable[[], ServerPurpose | None]) -> None:
+        purpose = after()
+        if purpose is not None:
+            self.ensure(purpose, f"after {reason}: {purpose.role} work remains")
+        else:
+            self.release(f"after {reason}: no work waits for the server")
 
     def _stop(self, reason: str) -> StopResult:
         result = self.server.stop(reason)

@@ -10,6 +10,8 @@ Placement: the `inference_health` sensor tags each run request with its host (`e
 pool (`eagle3/pool`). A Dagster backfill — the scheduled one, or one launched from the UI — gives
 all its runs the backfill's tags, so it cannot place them in advance: a generation run without a
 host tag claims one when it starts (:func:`claim_host`, from the inference resource's setup).
+A GPU phase that hands over a host's managed server holds that host the same way for the rest of its
+run (:func:`hold_host`), once no other run holds it: no generation run is placed there meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport, TickState
+from eagle3_pipeline.managed import ManagedServer, managed_server, stopped_server
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.orchestration.launching import HostChoice, LaunchHost, claim, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -35,14 +38,23 @@ class NoHostFree(Exception):
 
 @dataclass(frozen=True)
 class HostVerdict:
-    """One host's report of one tick (`name` None: the single implicit host)."""
+    """One host's report of one tick (`name` None: the single implicit host). `stopped`: the host's
+    managed server is stopped and only its own checks fail (:func:`eagle3_pipeline.managed.stopped_server`,
+    why): the host is open, since the run that needs the server starts it."""
 
     name: str | None
     report: HealthReport
+    stopped: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Whether the host takes generation work: healthy, or its managed server merely stopped."""
+        return self.report.healthy or self.stopped is not None
 
     @property
     def line(self) -> str:
-        return self.report.summary() if self.name is None else f"host {self.name}: {self.report.summary()}"
+        summary = self.report.summary() if self.stopped is None else f"{self.stopped}, which a run starts"
+        return summary if self.name is None else f"host {self.name}: {summary}"
 
 
 class InferenceHosts:
@@ -61,24 +73,34 @@ class InferenceHosts:
         """Every host's report, and the cursor for the next tick (one host's TickState as before,
         or ``{"hosts": {name: TickState}}``)."""
         if not self.several:
-            report, state = self.monitors[None].tick(TickState.from_json(cursor))
-            return [HostVerdict(None, report)], state.to_json()
+            verdict, state = self._verdict(None, TickState.from_json(cursor))
+            return [verdict], state.to_json()
         previous = _host_states(cursor)
 
-        def one(name: str | None) -> tuple[HealthReport, TickState]:
-            return self.monitors[name].tick(TickState.from_json(previous.get(str(name))))
+        def one(name: str | None) -> tuple[HostVerdict, TickState]:
+            return self._verdict(name, TickState.from_json(previous.get(str(name))))
 
         with ThreadPoolExecutor(max_workers=len(self.monitors)) as pool:
             results = dict(zip(self.monitors, pool.map(one, self.monitors), strict=True))
-        verdicts = [HostVerdict(name, report) for name, (report, _) in results.items()]
+        verdicts = [verdict for verdict, _ in results.values()]
         states = {str(name): state.to_json() for name, (_, state) in results.items()}
         return verdicts, json.dumps({"hosts": states}, sort_keys=True)
+
+    def _verdict(self, name: str | None, state: TickState) -> tuple[HostVerdict, TickState]:
+        """The host's tick; when it is not healthy and the host has a managed server, whether that server
+        is merely stopped (its status read over the monitor's connection)."""
+        monitor = self.monitors[name]
+        report, state = monitor.tick(state)
+        plan = managed_server(monitor.config)
+        if report.healthy or plan is None:
+            return HostVerdict(name, report), state
+        return HostVerdict(name, report, stopped_server(report, ManagedServer(monitor.host, plan))), state
 
     def choice(self, verdicts: list[HostVerdict]) -> HostChoice | None:
         """The healthy hosts to place partitions on (None with the single implicit host)."""
         if not self.several:
             return None
-        healthy = {v.name for v in verdicts if v.report.healthy}
+        healthy = {v.name for v in verdicts if v.open}
         return HostChoice(
             healthy=[LaunchHost(h.name, h.pool_name) for h in self.config.inference.hosts if h.name in healthy],
             unhealthy=frozenset(h.name for h in self.config.inference.hosts if h.name not in healthy),
@@ -104,7 +126,7 @@ def gate_summary(verdicts: list[HostVerdict]) -> str:
 
 def sick_hosts_line(verdicts: list[HostVerdict]) -> str:
     """Why the unhealthy ones of several hosts get no new partition ("" when all are healthy)."""
-    sick = [v.line for v in verdicts if v.name is not None and not v.report.healthy]
+    sick = [v.line for v in verdicts if v.name is not None and not v.open]
     return "no new partitions for " + "; ".join(sick) if sick else ""
 
 
@@ -160,3 +182,39 @@ def claim_host(
             sleep(settings.host_poll_s)
     finally:
         hosts.close()
+
+
+def hold_host(
+    instance: dg.DagsterInstance,
+    run_id: str,
+    config: PipelineConfig,
+    host_name: str,
+    log: Callable[[str], None],
+    names: PipelineNames = DEFAULT_NAMES,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Make inference host ``host_name`` (and its pool) run ``run_id``'s, as :func:`claim_host` does for a
+    generation run, healthy or not (the phase stops its server anyway): once no other unfinished run holds it,
+    within `launch.host_wait_s` (:class:`NoHostFree` after, naming the runs that held it)."""
+    settings = config.launch
+    host = config.inference.host(host_name)
+    wanted = LaunchHost(host.name, host.pool_name)
+    deadline = time.monotonic() + settings.host_wait_s
+    said = ""
+    while True:
+        held = hosts_in_flight(instance, names, besides=run_id)
+        holders = list(held.hosts.get(host.name, []))
+        if not holders and host.pool_name not in held.pools:
+            first = claim(instance, run_id, wanted)
+            if first is None:
+                log(f"holding inference host {host.name} (pool {host.pool_name}) for this run")
+                return
+            holders = [first]
+        by = f"run(s) {', '.join(r[:8] for r in holders)}" if holders else "another run of its pool"
+        why = f"inference host {host.name} (pool {host.pool_name}) is held by {by}"
+        if time.monotonic() >= deadline:
+            raise NoHostFree(f"{why} for longer than launch.host_wait_s = {settings.host_wait_s:g} s")
+        if why != said:
+            log(f"waiting: {why}")
+            said = why
+        sleep(settings.host_poll_s)

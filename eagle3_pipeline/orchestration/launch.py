@@ -4,7 +4,8 @@ Both ways generation launches by itself ask :func:`decide_generation`: the `infe
 sensor (it turns the plan's run requests into runs) and the scheduled backfill's condition
 (:class:`eagle3_pipeline.defs.generation.automation.GenerationDue`, which takes their partitions).
 One decision is: every host's health tick → an alert on each change of a host's verdict → the
-gate (at least one healthy host) → the partitions to generate (missing or stale,
+gate (at least one open host: healthy, or with its managed server merely stopped — the run starts
+it; a running but sick one blocks) → the partitions to generate (missing or stale,
 :mod:`.staleness`) → :func:`.launching.plan_launches` (in flight, backoff, given up, free hosts).
 """
 
@@ -53,9 +54,11 @@ class GenerationDecision:
 
     @property
     def notes(self) -> str:
-        """Why the sick hosts get nothing and why the other wanted partitions wait ("" if none)."""
+        """Whose managed server a run starts, why the sick hosts get nothing and why the other wanted
+        partitions wait ("" if none)."""
         reasons = self.plan.reasons() if self.plan is not None else ""
-        return "; ".join(line for line in (sick_hosts_line(self.verdicts), reasons) if line)
+        stopped = "; ".join(v.line for v in self.verdicts if v.stopped is not None)
+        return "; ".join(line for line in (stopped, sick_hosts_line(self.verdicts), reasons) if line)
 
     @property
     def why_nothing(self) -> str:
@@ -82,8 +85,9 @@ def decide_generation(
     finally:
         hosts.close()
     for verdict in verdicts:
-        health_changed(Alerter.for_pipeline(config.for_host(verdict.name), warn), verdict.report, verdict.name)
-    if not any(v.report.healthy for v in verdicts):
+        alerter = Alerter.for_pipeline(config.for_host(verdict.name), warn)
+        health_changed(alerter, verdict.report, verdict.name, verdict.stopped)
+    if not any(v.open for v in verdicts):
         return GenerationDecision(verdicts, next_cursor, {}, None)
     wanted = partitions_to_generate(instance, config, names)
     plan = plan_launches(instance, names, list(wanted), config.launch, tags=tags, hosts=hosts.choice(verdicts))

@@ -12,8 +12,6 @@ bf16, and a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE``; unset, the worker reserv
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -100,27 +98,6 @@ def server_command(
         *DEFAULT_ARGS,
         *extra_args,
     ]
-
-
-def benchmark_launch_command(python: Path) -> str:
-    """A ``drafter_benchmark.launch_command`` template that starts this venv's server as :func:`vllm_server`
-    does (its environment as ``sh -c`` assignments, our defaults), on ``{port}`` with ``{target}`` and
-    ``{speculative}`` left to the benchmark; literal braces doubled for the template."""
-    words = [
-        *(f"{name}={shlex.quote(value)}" for name, value in DEFAULT_ENV.items()),
-        shlex.quote(str(python)),
-        "-m",
-        SERVER_MODULE,
-        *(shlex.quote(arg) for arg in DEFAULT_ARGS),
-    ]
-    fixed = " ".join(words).replace("{", "{{").replace("}", "}}")
-    return f"{fixed} --model {{target}} --host 127.0.0.1 --port {{port}} {{speculative}}"
-
-
-def process_pattern(port: int) -> str:
-    """A health ``process_pattern`` that matches only the server of :data:`SERVER_MODULE` on ``port``
-    (its python process, not a shell that mentions it), whatever else runs on the machine."""
-    return rf"^\S*python[0-9.]*\s+-m\s+{re.escape(SERVER_MODULE)}\s.*--port\s+{port}(\s|$)"
 
 
 @contextmanager

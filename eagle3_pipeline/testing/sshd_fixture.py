@@ -219,12 +219,17 @@ def _kill(pid: int, sig: int) -> None:
 # -- fake SGLang server ----------------------------------------------------------------------------
 
 _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
-JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes."""
-import argparse, json, os, signal, subprocess, threading, time
+JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
+`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
+verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
+folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
+(a path that is no folder here is taken as one on another host)."""
+import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
 _tokens = [1000.0]
+_answered = [0]
 _lock = threading.Lock()
 
 
@@ -275,17 +280,32 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, b"")
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         s = scenario()
         if s.get("hang_all"):
             time.sleep(3600)
         if self.path == "/v1/chat/completions":
+            with _lock:
+                _answered[0] += 1
+                crash = 0 < s.get("crash_after", 0) <= _answered[0]
+            if crash:  # as a GPU fault takes a server down: an error in the log, the whole group gone
+                print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+                os.killpg(0, signal.SIGKILL)
             self.generate(s, COMPLETION)
+        elif self.path == "/generate":
+            request = json.loads(body)
+            tokens = int(request["sampling_params"]["max_new_tokens"])
+            meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
+            if SPECULATIVE_STEPS:
+                steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
+                meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
+            self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
         else:
             self.reply(404, b"")
 
     def generate(self, s, body):
         mode = s.get("generate", "ok")
+        time.sleep(s.get("delay_s", 0))
         if mode == "hang":
             time.sleep(3600)
         if mode == "error":
@@ -301,11 +321,22 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+SPECULATIVE_STEPS = 0
+
+
 def main():
+    global SPECULATIVE_STEPS
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--speculative-num-steps", type=int, default=0)
+    parser.add_argument("--speculative-draft-model-path")
     args, _ = parser.parse_known_args()
+    SPECULATIVE_STEPS = args.speculative_num_steps
+    drafter = args.speculative_draft_model_path
+    if drafter is not None and os.path.isdir(drafter) and not os.path.isfile(os.path.join(drafter, "config.json")):
+        print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)
+        sys.exit(1)
     ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))
     for i in range(ranks):
         subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep")
@@ -351,7 +382,9 @@ class FakeSglang:
         return f"http://127.0.0.1:{self.port}"
 
     def set(self, **scenario: Any) -> None:
-        """health (HTTP code), generate (ok|hang|error), tokens (advance|frozen), running, hang_all."""
+        """health (HTTP code), generate (ok|hang|error), delay_s (before each generation), tokens
+        (advance|frozen), running, hang_all, crash_after (the Nth chat completion of a server process
+        kills its process group, a CUDA error in its log)."""
         _write(self.scenario_path, json.dumps(scenario))
 
     def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:

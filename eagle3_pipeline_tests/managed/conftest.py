@@ -9,13 +9,19 @@ The real-vLLM versions of the same lifecycle are under eagle3_pipeline_tests/rea
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.managed import ServerRecord
 from eagle3_pipeline.testing.sshd_fixture import FakeSglang, Sshd, free_port
 from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
 
@@ -92,3 +98,14 @@ def ssh_health(sshd: Sshd, **overrides: Any) -> dict[str, Any]:  # noqa: F811 - 
         "min_mem_free_gb": 0.01,
         **overrides,
     }
+
+
+@pytest.fixture
+def stop_servers(tmp_path: Path) -> Iterator[None]:
+    """After the test, the process group of every stand-in still recorded in a pid file under ``tmp_path/logs``
+    (the ``log_dir`` of :func:`fake_sglang_serving`) is killed: a test that fails midway leaves none running."""
+    yield
+    for path in (tmp_path / "logs").glob("managed-*.json"):
+        record = ServerRecord.from_json(path.read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pgid, signal.SIGKILL)

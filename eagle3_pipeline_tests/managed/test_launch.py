@@ -50,7 +50,7 @@ def kimi_profile(tmp_path: Path, **serving: Any) -> Any:
     raw = yaml.safe_load(KIMI_PROFILE.read_text())
     raw["target"]["tokenizer"] = str(kimi_checkpoint(tmp_path / "Kimi-K2.5"))
     raw["serving"] = {**KIMI_SERVING, **serving}
-    del raw["health"]["server"]
+    raw["health"].pop("server", None)
     path = tmp_path / "kimi.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_config(path, runtime_checks=False)

@@ -253,6 +253,8 @@ def test_a_crashed_group_is_exited_and_starts_again(tmp_path: Path) -> None:
     server, launch = managed(tmp_path, LocalHost(), fake_sglang_serving(tmp_path))
     first = server.start(launch, "generation")
     os.killpg(first.pid, signal.SIGKILL)
+    # SIGKILL is delivered, not waited for: the group's processes go within moments, not at once.
+    wait_until(lambda: server.status().state == "exited", 10, "the group's death")
     status = server.status()
     assert status.state == "exited" and f"pid {first.pid} is gone" in status.detail
 

@@ -1,22 +1,28 @@
-"""The main job on the embedded model through real vLLM servers (the CPU build): `eagle3-pipeline run` as a
-real process on a temporary Dagster instance, once for the whole module, with `drafter_benchmark` in the
-same pipeline file.
+"""The main job on the embedded model with a managed real vLLM (the CPU build), from no server to a served
+drafter: `eagle3-pipeline run` as a real process on a temporary Dagster instance, once for the whole module,
+then `eagle3-pipeline server status` and `server stop`.
 
-The test starts two servers of the embedded model (SmolLM2-135M-Instruct) and the pipeline two more:
-- generation (`inference.kind: endpoints`): `--enable-auto-tool-choice --tool-call-parser hermes`, so the
-  tools dataset's requests (tools, tool_choice auto) are served. SmolLM2's chat template has no tool
-  markup; vLLM 0.32's hermes parser needs no special token (it looks for `<tool_call>` in the text) and
-  leaves a plain answer as content. The same server answers training_data's `/tokenize` agreement check
-  and the serving reference (`prompt_logprobs`) that hidden_states validates against;
-- extraction (`hidden_states.backend: vllm`): `extract_hidden_states` with the layer ids the store needs,
-  computed with the project's own functions (output-of-layer ids → vLLM's, plus the last layer);
-- `drafter_benchmark` (`server: vllm`): the pipeline starts the target without and with the exported
-  drafter through `launch_command` (the venv's python, `-m vllm.entrypoints.openai.api_server`: the `vllm`
-  command is broken in this build), with the environment as `sh -c` assignments, and stops each.
+The pipeline file describes the server once (`serving.managed`, engine vllm, the venv's python, the embedded
+model SmolLM2-135M-Instruct, the CPU settings in `extra_args` and `env`); it fills in the inference endpoint,
+the health checks' server and the extraction server's URL and folder. Nothing is started by the test. The
+pipeline starts, in turn (each start and stop an event on the run and an observation of `inference_server`):
+- the generation server, on demand for the first `responses` partition (kept for the others), with
+  `--enable-auto-tool-choice --tool-call-parser hermes` (named in `serving.tool_call_parser`: SmolLM2's
+  family has no known parser; vLLM 0.32's hermes parser needs no special token and leaves a plain answer as
+  content), so the tools dataset's requests are served; it also answers training_data's `/tokenize`
+  agreement check;
+- the extraction server for `hidden_states` (backend vllm), in place of the generation server, with the
+  layer ids the store needs, from the server's own config.json (the extractor proves them from its command
+  line); it records the serving reference and is stopped after (no generation work remains);
+- `eagle3_drafter` and `drafter_eval` find the GPUs free (nothing to hand over);
+- `drafter_benchmark`'s two arms: the managed server's launch lines without and with the exported drafter;
+- `served_drafter`: the server with the trained drafter (none was served), its τ from vLLM's counters.
+`server stop` stops it, verified (no process of its group, the port closed).
 
 Sized for CI: 8 prompts per shipped dataset, 64 tokens each, a few training epochs. The drafter is weak
 (τ ≈ 1.1 on these few rows); what is checked is that the server's τ agrees with drafter_eval's offline τ
 on the same eval prompts (see :func:`test_drafter_benchmark_tau_matches_drafter_eval` for the bound).
+This module replaces the earlier main-job run with servers the test started by hand: one run covers both.
 """
 
 from __future__ import annotations
@@ -38,17 +44,11 @@ import pytest
 
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
-from eagle3_pipeline.managed.launch import extraction_args
 from eagle3_pipeline.target import read_config
-from eagle3_pipeline.testing.real_vllm import (
-    benchmark_launch_command,
-    free_port,
-    process_pattern,
-    vllm_server,
-)
+from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 
-# The module's one pipeline run (four vLLM servers, generation, training, the benchmark) is in the first
-# test's setup: ~8 minutes on two quiet cores, more on a busy machine.
+# The module's one pipeline run (five vLLM servers in turn, generation, training, the benchmark, the served
+# drafter) is in the first test's setup: ~9 minutes on two quiet cores, more on a busy machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.local_model, pytest.mark.timeout(1800)]
 CLI_TIMEOUT_S = 1500
 
@@ -58,16 +58,20 @@ PER_DATASET = 8
 MAX_TOKENS = 64
 STEPS = 3
 SERVED = "smol"
+ROLES = ["generation", "extraction", "benchmark-baseline", "benchmark-speculative", "served-drafter"]
 
 
 @dataclass(frozen=True)
 class PipelineRun:
     result: subprocess.CompletedProcess[str]
+    status: subprocess.CompletedProcess[str]
+    stop: subprocess.CompletedProcess[str]
     out: Path
-    server_logs: list[Path]
+    server_log: Path
     server_layers: list[int]
-    benchmark_port: int
+    port: int
     metadata: dict[str, dict[str, Any]]  # asset → its latest materialization's metadata
+    events: list[dict[str, Any]]  # the observations of inference_server, in order
 
 
 def store_server_layers(model: Path) -> list[int]:
@@ -77,19 +81,31 @@ def store_server_layers(model: Path) -> list[int]:
     return extraction_layer_ids(target_family(config), default_aux_layer_ids(layers), layers)
 
 
-def pipeline_file(
-    root: Path, model: Path, python: Path, generation: Any, extraction: Any, states: Path, port: int
-) -> Path:
+def pipeline_file(root: Path, model: Path, python: Path, port: int) -> Path:
     document = {
         "name": "vllm_e2e",
         "artifacts_root": "out",
         "seed": 1234,
         "target": {"model": SERVED, "tokenizer": str(model), "max_seq_len": 2048},
-        "inference": {"kind": "endpoints", "endpoints": [{"base_url": generation.base_url}]},
+        "serving": {
+            "managed": True,
+            "engine": "vllm",
+            "python": str(python),
+            "model": str(model),
+            "served_name": SERVED,
+            "port": port,
+            "tool_call_parser": "hermes",
+            "extra_args": list(DEFAULT_ARGS),
+            "env": dict(DEFAULT_ENV),
+            "log_dir": str(root / "serving"),
+            "stop_grace_s": 30,
+            "startup_timeout_s": 600,
+            "gpu_release_timeout_s": 5,
+            "served_drafter_max_tokens": MAX_TOKENS,
+        },
         "generation": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "concurrency": 8},
         "health": {
             "host": {"kind": "local"},
-            "server": {"kind": "vllm", "port": generation.port, "process_pattern": process_pattern(generation.port)},
             "expected_gpus": 0,
             "min_disk_free_gb": 1,
             "min_mem_free_gb": 1,
@@ -101,8 +117,6 @@ def pipeline_file(
         "hidden_states": {
             "backend": "vllm",
             "model": str(model),
-            "vllm_base_url": extraction.base_url,
-            "vllm_output_dir": str(states),
             "shard_tokens": 4096,
             "validation": {"samples": 4},
         },
@@ -110,19 +124,10 @@ def pipeline_file(
         "drafter_eval": {"steps": [STEPS]},
         "drafter_benchmark": {
             "server": "vllm",
-            "target_model_path": str(model),
-            "draft_model_path": str(root / "out" / "drafter" / "export"),
-            "port": port,
-            "base_url": f"http://127.0.0.1:{port}",
             "steps": STEPS,
-            "launch_command": benchmark_launch_command(python),
-            # The generation and extraction servers (and other work's) are vLLM servers too.
-            "process_pattern": process_pattern(port),
-            "log_dir": str(root / "out" / "benchmark"),
             "prompts": 1000,  # every eval row: the prompts drafter_eval measures
             "max_tokens": MAX_TOKENS,  # the stored responses' budget
             "concurrency": 1,
-            "startup_timeout_s": 600,
         },
         "datasets": [
             {"id": name, "source": str(SAMPLES / source), "sample_size": PER_DATASET}
@@ -134,16 +139,16 @@ def pipeline_file(
     return path
 
 
-def run_cli(config: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    """`eagle3-pipeline run`; past the timeout it is interrupted (SIGINT) so that the step in flight stops
-    what it started (drafter_benchmark's servers run in sessions of their own), then killed."""
-    command = [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)]
+def cli(config: Path, home: Path, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    """`eagle3-pipeline ARGS --config CONFIG`; past the timeout it is interrupted (SIGINT) so that the step in
+    flight stops what it started, then killed."""
+    command = [sys.executable, "-m", "eagle3_pipeline.cli", *args, "--config", str(config)]
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=config.parent
     ) as process:
         try:
-            stdout, stderr = process.communicate(timeout=CLI_TIMEOUT_S)
+            stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGINT)
             try:
@@ -151,20 +156,24 @@ def run_cli(config: Path, home: Path) -> subprocess.CompletedProcess[str]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 stdout, stderr = process.communicate()
-            pytest.fail(f"eagle3-pipeline run took over {CLI_TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+            pytest.fail(f"eagle3-pipeline {args[0]} took over {timeout_s} s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def until_shutdown(log: str) -> str:
-    """A server log up to its first ``[shutdown]`` line: stopped with SIGTERM, vLLM 0.32 may log an
-    ``EngineDeadError`` traceback from its output handler as it tears the engine down (a race in
+    """Each start's part of the server log up to its ``[shutdown]`` line: stopped with SIGTERM, vLLM 0.32 may log
+    an ``EngineDeadError`` traceback from its output handler as it tears the engine down (a race in
     ``AsyncLLM.shutdown``, vllm-project/vllm#48745), which says nothing about how it served."""
-    lines = log.splitlines()
-    end = next((i for i, line in enumerate(lines) if "[shutdown]" in line), len(lines))
-    return "\n".join(lines[:end])
+    kept = []
+    for part in re.split(r"(?m)^=== .* eagle3-pipeline starts ", log):
+        lines = part.splitlines()
+        end = next((i for i, line in enumerate(lines) if "[shutdown]" in line), len(lines))
+        kept.append("\n".join(lines[:end]))
+    return "\n".join(kept)
 
 
-def latest_metadata(home: Path, assets: list[str]) -> dict[str, dict[str, Any]]:
+def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The latest materialization's metadata of each asset, and every observation of inference_server."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", str(home))
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -173,32 +182,48 @@ def latest_metadata(home: Path, assets: list[str]) -> dict[str, dict[str, Any]]:
                 event = instance.get_latest_materialization_event(dg.AssetKey(asset))
                 if event is not None and event.asset_materialization is not None:
                     found[asset] = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-            return found
+            records = instance.fetch_observations(dg.AssetKey("inference_server"), limit=1000, ascending=True).records
+            events = []
+            for record in records:
+                observation = record.asset_observation
+                assert observation is not None
+                metadata = {k: v.value for k, v in observation.metadata.items()}
+                if "event" in metadata:  # a start, stop or reuse (not a health report)
+                    events.append(metadata)
+            return found, events
+
+
+def group_left(pgid: int) -> list[int]:
+    """Live processes of the group on this machine."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            left.append(int(stat.parent.name))
+    return left
 
 
 @pytest.fixture(scope="module")
 def run(real_vllm_python: Path, local_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PipelineRun]:
     root = tmp_path_factory.mktemp("vllm_main_job")
-    states = root / "states"
-    states.mkdir()
-    layers = store_server_layers(local_model)
-    tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    with (
-        vllm_server(local_model, root / "generation.log", served_name=SERVED, extra_args=tools) as generation,
-        vllm_server(
-            local_model, root / "extraction.log", served_name=SERVED, extra_args=extraction_args(layers, states)
-        ) as extraction,
-    ):
-        port = free_port()
-        config = pipeline_file(root, local_model, real_vllm_python, generation, extraction, states, port)
-        home = root / "home"
-        result = run_cli(config, home)
-    assets = ["training_data", "hidden_states", "drafter_eval", "drafter_benchmark"]
-    logs = [root / "generation.log", root / "extraction.log", *sorted((root / "out" / "benchmark").glob("*.log"))]
-    yield PipelineRun(result, root / "out", logs, layers, port, latest_metadata(home, assets))
+    port = free_port()
+    config = pipeline_file(root, local_model, real_vllm_python, port)
+    home = root / "home"
+    try:
+        result = cli(config, home, "run", timeout_s=CLI_TIMEOUT_S)
+        status = cli(config, home, "server", "status")
+    finally:
+        stop = cli(config, home, "server", "stop")
+    assets = ["training_data", "hidden_states", "drafter_eval", "drafter_benchmark", "served_drafter"]
+    metadata, events = instance_records(home, assets)
+    log = root / "serving" / f"managed-{port}.log"
+    yield PipelineRun(result, status, stop, root / "out", log, store_server_layers(local_model), port, metadata, events)
 
 
-def test_main_job_through_real_vllm(run: PipelineRun) -> None:
+def test_main_job_through_a_managed_real_vllm(run: PipelineRun) -> None:
     result = run.result
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("B")}
@@ -224,15 +249,72 @@ def test_main_job_through_real_vllm(run: PipelineRun) -> None:
     # greedy answers of the same server: the stored tokens are (nearly all) its argmax
     assert evaluation["data_agreement/all"] >= 0.9
 
-    for log in run.server_logs:
-        served = until_shutdown(log.read_text(errors="replace"))
-        assert "Traceback" not in served, f"{log.name}:\n{served[-3000:]}"
-    assert [log.name for log in run.server_logs[2:]] == ["baseline.log", "speculative.log"]
+    served = until_shutdown(run.server_log.read_text(errors="replace"))
+    assert "Traceback" not in served, served[-3000:]
     print(result.stdout[result.stdout.index("dataset") :])
     print(
         f"validation: {states['serving_validation_detail']} (agreement {states['serving_agreement']}, "
         f"{states['serving_near_ties']} near-ties apart); tokenizer: {training['tokenizer_agreement_detail']}"
     )
+
+
+def test_every_start_and_stop_is_an_observation_with_its_reason_and_duration(run: PipelineRun) -> None:
+    """From no server to the served drafter: who held the GPUs when, as the UI shows it."""
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    for event in run.events:
+        print(f"{event['event']:>8} {event['role']:<22} {event['duration_s']:>7.1f} s  {event['reason']}")
+    moves = [(e["event"], e["role"]) for e in run.events if e["event"] != "kept"]
+    assert moves == [
+        ("started", "generation"),
+        ("stopped", "generation"),
+        ("started", "extraction"),
+        ("stopped", "extraction"),
+        ("started", "benchmark-baseline"),
+        ("stopped", "benchmark-baseline"),
+        ("started", "benchmark-speculative"),
+        ("stopped", "benchmark-speculative"),
+        ("started", "served-drafter"),
+    ]
+    kept = [e for e in run.events if e["event"] == "kept"]
+    assert [e["role"] for e in kept] == ["generation"] * (len(DATASETS) - 1)  # the other partitions
+    starts = [e for e in run.events if e["event"] == "started"]
+    assert [e["role"] for e in starts] == ROLES and all(e["duration_s"] > 0 for e in starts)
+    assert all(e["verified"] and e["signals"] == ["TERM"] for e in run.events if e["event"] == "stopped")
+    assert starts[0]["reason"] == f"responses {next(iter(DATASETS))}"
+    extraction = starts[1]
+    assert extraction["reason"] == "hidden_states needs the extraction server"
+    # the extraction server's ids are the store's, in its launch line, not typed by anyone
+    assert f'"eagle_aux_hidden_state_layer_ids": {json.dumps(run.server_layers)}' in extraction["command"]
+    assert "--speculative-config" in starts[3]["command"] and "--tool-call-parser hermes" in starts[4]["command"]
+    assert run.events[-1]["gpus_held_by"] == "served-drafter"
+
+
+def test_the_served_drafter_and_its_tau_from_the_servers_counters(run: PipelineRun) -> None:
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    served = run.metadata["served_drafter"]
+    assert served["decision"] == "served the new drafter: no drafter is served yet"
+    assert 1.0 <= served["tau_served"] <= STEPS + 1 and served["tau_served_verify_steps"] > 0
+    assert served["served_drafter"].startswith(f"{run.out}/drafter/served/")
+    assert served["candidate_tau_eval"] == pytest.approx(run.metadata["drafter_eval"][f"tau@{STEPS}/all"])
+    assert served["candidate_tau_benchmark"] == pytest.approx(run.metadata["drafter_benchmark"]["tau_server"])
+    record = json.loads((run.out / "served_drafter.json").read_text())
+    assert " ".join(record["current"]["argv"]) == served["command"] and record["previous"] is None
+    print(
+        f"served drafter τ@{STEPS} from vLLM's counters {served['tau_served']:.4f} over {served['tau_served_prompts']} "
+        f"eval prompts ({served['tau_served_verify_steps']} verify steps); drafter_eval {served['candidate_tau_eval']}"
+        f", benchmark {served['candidate_tau_benchmark']}"
+    )
+
+
+def test_server_status_then_stop_leaves_no_process(run: PipelineRun) -> None:
+    assert run.status.returncode == 0, run.status.stdout + run.status.stderr
+    assert f"on port {run.port}: running" in run.status.stdout and "role served-drafter" in run.status.stdout
+    assert run.stop.returncode == 0, run.stop.stdout + run.stop.stderr
+    assert "stopped the served-drafter server" in run.stop.stdout
+    assert f"0 process(es) of it left; port {run.port} free" in run.stop.stdout
+    print(run.status.stdout + run.stop.stdout)
+    pid = next(e["pid"] for e in reversed(run.events) if e["event"] == "started")
+    assert group_left(pid) == []
 
 
 def test_drafter_benchmark_tau_matches_drafter_eval(run: PipelineRun) -> None:
@@ -260,7 +342,7 @@ def test_drafter_benchmark_tau_matches_drafter_eval(run: PipelineRun) -> None:
         assert re.match(
             r"vllm server pid \d+: \S*python\S* -m vllm\.entrypoints\.openai\.api_server ", arm["server_process"]
         ), arm["server_process"]
-        assert f"--port {run.benchmark_port}" in arm["server_process"], arm["server_process"]
+        assert f"--port {run.port}" in arm["server_process"], arm["server_process"]
     assert "--speculative-config" in speculative["server_process"]
 
     steps = speculative["verify_steps"]

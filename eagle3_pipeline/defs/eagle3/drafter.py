@@ -13,6 +13,11 @@ With `hidden_states.rolling_window_shards` the asset runs the rolling loop
 three steps are the same heavy phases through `run_heavy_phase`: `extract` of a window's shards,
 `train` of that window, `extract` deleting the window's shards. Its state (`rolling.json`) lies
 beside the drafter's run folder on this machine.
+
+A managed server (`serving.managed`) on the machine where training runs is stopped for it and comes back as
+the generation server while `responses` partitions are incomplete (eagle3_pipeline.defs.managed:gpu_phase);
+in the rolling loop a managed extraction server serves each window's extraction and is stopped for its
+training.
 """
 
 from collections.abc import Mapping, Sequence
@@ -23,6 +28,7 @@ import dagster as dg
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.eagle3.hidden_states import extract_launch
+from eagle3_pipeline.defs.managed import gpu_phase
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
@@ -32,8 +38,10 @@ from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_con
 from eagle3_pipeline.hidden_states.extract import target_weights as extract_target
 from eagle3_pipeline.hidden_states.plan import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import StoreError
+from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.managed import Supervisor
 from eagle3_pipeline.orchestration.compute import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -70,9 +78,16 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def train_rolling(
-    context: dg.AssetExecutionContext, config: PipelineConfig, spec: dict[str, Any], ship: list[str], fetch: list[str]
+    context: dg.AssetExecutionContext,
+    config: PipelineConfig,
+    spec: dict[str, Any],
+    ship: list[str],
+    fetch: list[str],
+    supervisor: Supervisor | None = None,
 ) -> dict[str, Any]:
-    """The rolling loop with the heavy phases as its steps (see the module docstring)."""
+    """The rolling loop with the heavy phases as its steps (see the module docstring). ``supervisor``: the
+    managed server handed over for the loop; when it is also the extraction server (backend vllm), it serves
+    extraction for each window's extract step and is stopped again for its training."""
     layout = ArtifactLayout(config.artifacts_root)
     model = extract_target(config)
     extract_spec = spec_from_config(
@@ -80,12 +95,22 @@ def train_rolling(
     )
     extract_ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
 
+    server = managed_extraction_server(config)
+    extracting = supervisor is not None and server is not None and server.name == supervisor.name
+
     def extract(shards: list[str]) -> dict[str, Any]:
+        if extracting:
+            assert supervisor is not None and server is not None
+            purpose = extraction_purpose(config, server, supervisor.server.host)
+            supervisor.ensure(purpose, f"eagle3_drafter (rolling): extract {len(shards)} shard(s)")
         return run_heavy_phase(
             context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config)
         )
 
     def train(epoch: int, window: int) -> dict[str, Any]:
+        if extracting:
+            assert supervisor is not None
+            supervisor.release(f"eagle3_drafter (rolling): train epoch {epoch} window {window}")
         rolling_spec = {**spec, "rolling": {"epoch": epoch, "window": window}}
         return run_heavy_phase(
             context, config, "train", rolling_spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
@@ -128,12 +153,13 @@ def build_drafter_assets(config: PipelineConfig, names: PipelineNames = DEFAULT_
             ship = [str(paths["draft_vocab"])] + (
                 [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
             )
-            if config.hidden_states.rolling_window_shards is None:
-                result = run_heavy_phase(
-                    context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
-                )
-            else:
-                result = train_rolling(context, config, spec, ship, fetch)
+            with gpu_phase(context, config, names, "eagle3_drafter") as supervisor:
+                if config.hidden_states.rolling_window_shards is None:
+                    result = run_heavy_phase(
+                        context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+                    )
+                else:
+                    result = train_rolling(context, config, spec, ship, fetch, supervisor)
         except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
             raise dg.Failure(description=str(exc)) from None
         typed = DrafterResult.from_metadata(result)

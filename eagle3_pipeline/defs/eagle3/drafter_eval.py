@@ -1,6 +1,7 @@
 """The `drafter_eval` asset and its blocking check.
 
-Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate:run (the ``evaluate`` phase).
+Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate:run (the ``evaluate`` phase), with
+the GPUs of a managed server on its machine handed over (eagle3_pipeline.defs.managed:gpu_phase).
 Check `tau_regression` → eagle3_pipeline.drafter.evaluate.tau_regressions, over this and the previous
 materialization as the instance recorded them.
 """
@@ -13,6 +14,7 @@ import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, tau_checked
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.defs.managed import gpu_phase
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.eval_results import WARNING, tau_regressions
@@ -99,7 +101,10 @@ def build_drafter_eval(
     def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         config = pipeline_settings(context, names)
         require_passing_checks(context.instance, input_checks(names))
-        result = DrafterEvalResult.from_metadata(run_heavy_phase(context, config, "evaluate", evaluate_spec(config)))
+        with gpu_phase(context, config, names, "drafter_eval"):
+            result = DrafterEvalResult.from_metadata(
+                run_heavy_phase(context, config, "evaluate", evaluate_spec(config))
+            )
         getattr(context.resources, names.phase_listener).result("drafter_eval", None, result)
         for line in str(result.extra.get(WARNING, "")).splitlines():
             context.log.warning(line)

@@ -13,13 +13,19 @@ Asset → domain function:
                   eagle3_pipeline.hidden_states.extract:nothing_to_do; the phase then opens no state source
                   either, and the checks report what was recorded when the store was completed)
 
+A managed server (`serving.managed`) on the machine where extraction runs holds its GPUs: with `backend: vllm`
+it is the extraction server, started with the store's layer ids
+(eagle3_pipeline.hidden_states.vllm_server:extraction_purpose), otherwise it is stopped for the phase; either
+way it comes back as the generation server while `responses` partitions are incomplete
+(eagle3_pipeline.defs.managed).
+
 On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
 host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
 is then a path (or Hugging Face id) on the host: the host keeps its own copy of the target; it is
 shipped only when it lies under the local artifacts root.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,7 @@ import dagster as dg
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep.reader import TrainingDataError
+from eagle3_pipeline.defs.managed import gpu_phase, phase_server
 from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
@@ -35,8 +42,10 @@ from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
 from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference
+from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.managed import ManagedServerPlan, ServerPurpose, Supervisor
 from eagle3_pipeline.orchestration.compute import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -130,6 +139,11 @@ def extract_launch(config: PipelineConfig) -> dict[str, Any]:
         "python": (settings.sglang_python, "hidden_states.sglang_python"),
         "gpus": (settings.tp_size, "hidden_states.tp_size"),
     }
+
+
+def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> Callable[[Supervisor], ServerPurpose]:
+    """The managed extraction server's purpose for the store, built on its host once the host is connected."""
+    return lambda supervisor: extraction_purpose(config, server, supervisor.server.host)
 
 
 def _local_target_vocab_size(config: PipelineConfig) -> int | None:
@@ -259,17 +273,41 @@ def build_eagle3_assets(
             spec = spec_from_config(
                 config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
             )
-            reference = (
-                {"serving_reference_status": "not needed: the store is complete for these settings"}
-                if nothing_to_do(spec)
-                else preflight_reference(config, layout.training_data, tokenizer_name(config), layout.serving_reference)
-            )
-            context.log.info(f"serving reference: {reference['serving_reference_status']}")
-            recorded = layout.serving_reference.is_file()
-            spec["serving_reference"] = str(layout.serving_reference) if recorded else None
-            ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
-            ship += [model] if under_root(model, layout.root) else []
-            meta = run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
+
+            def record_reference() -> dict[str, Any]:
+                reference = preflight_reference(
+                    config, layout.training_data, tokenizer_name(config), layout.serving_reference
+                )
+                context.log.info(f"serving reference: {reference['serving_reference_status']}")
+                return reference
+
+            def extract() -> dict[str, Any]:
+                recorded = layout.serving_reference.is_file()
+                spec["serving_reference"] = str(layout.serving_reference) if recorded else None
+                ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
+                ship += [model] if under_root(model, layout.root) else []
+                return run_heavy_phase(
+                    context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config)
+                )
+
+            server = managed_extraction_server(config)
+            if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
+                reference = {"serving_reference_status": "not needed: the store is complete for these settings"}
+                context.log.info(f"serving reference: {reference['serving_reference_status']}")
+                meta = extract()
+            elif server is not None and config.compute.kind == "local":
+                # the reference from the extraction server itself, as from one the user started
+                with phase_server(context, config, names, server, "hidden_states", extraction_of(config, server)):
+                    reference = record_reference()
+                    meta = extract()
+            else:
+                reference = record_reference()  # from the serving target while it still serves
+                with (
+                    phase_server(context, config, names, server, "hidden_states", extraction_of(config, server))
+                    if server is not None
+                    else gpu_phase(context, config, names, "hidden_states")
+                ):
+                    meta = extract()
         except PHASE_ERRORS as exc:
             raise dg.Failure(description=str(exc)) from None
         passed, text = bytes_per_token_check(

@@ -15,28 +15,36 @@ from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline.alerts import Alerter, budget_reached
+from eagle3_pipeline.alerts import Alerter, budget_reached, server_lost
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
 from eagle3_pipeline.dataprep.phase import make_training_data
 from eagle3_pipeline.defs.generation.automation import scheduled_backfill
 from eagle3_pipeline.defs.generation.checks import build_response_checks, build_training_data_checks
-from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
+from eagle3_pipeline.defs.health.observations import health_observation, report_metadata, server_event_observation
 from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
-from eagle3_pipeline.generation import Endpoint, GenerationFailed, Progress, ProgressSink, generate_dataset
+from eagle3_pipeline.generation import (
+    Endpoint,
+    GenerationFailed,
+    Progress,
+    ProgressSink,
+    ServerLost,
+    generate_dataset,
+)
 from eagle3_pipeline.generation.capabilities import CapabilityMissing
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.managed import ManagedServerError, ServerEvent
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.orchestration.compute import quiet_pipes
 from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
 from eagle3_pipeline.prompts import write_prompts
 from eagle3_pipeline.records import read_prompts
-from eagle3_pipeline.serving import tokenizer_name
+from eagle3_pipeline.serving import ManagedGeneration, tokenizer_name
 
 PREVIEW_ROWS = 5
 HEARTBEAT_EVERY_S = 5.0
@@ -173,7 +181,8 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         op_tags=step_tags(config, "responses"),
         code_version=configured_fingerprint(config.generation, config.target, config.inference).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
-        "checkpointed at once; a rerun resumes by id with no duplicates. The code version is the digest of "
+        "checkpointed at once; a rerun resumes by id with no duplicates. A managed server is started when "
+        "work is left, restarted if it dies mid-run (bounded), and left running. The code version is the digest of "
         "the generation fingerprint (model, max_tokens, temperature, reasoning, regenerate_turns); each "
         "materialization's data version is the fingerprint its answers actually have, plus their ids.",
     )
@@ -193,8 +202,16 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
 
         heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
 
+        def server_event(event: ServerEvent) -> None:
+            context.log.info(event.line())
+            context.log_event(server_event_observation(event, host, names))
+
+        # A managed server is made to serve generation when work is left (endpoints() is asked only then),
+        # brought back if it dies mid-run, and left running afterwards.
+        managed = ManagedGeneration(f"responses {dataset.id}", server_event) if inference.managed else None
+
         def endpoints() -> list[Endpoint]:
-            resolved = inference.endpoints()
+            resolved = inference.endpoints(managed)
             heartbeat.start()
             return resolved
 
@@ -218,6 +235,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
                 host,
                 tokenize_check=config.inference.kind == "endpoints"
                 and config.training_data.tokenizer_check_samples > 0,
+                recovery=inference.recovery(managed),
             )
         except CapabilityMissing as exc:
             raise dg.Failure(description=str(exc), metadata={"server_capabilities": exc.report.as_metadata()}) from None
@@ -227,6 +245,12 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         except UnhealthyError as exc:
             context.log_event(health_observation(exc.report, host, names))
             raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
+        except ManagedServerError as exc:
+            raise dg.Failure(description=str(exc)) from None
+        except ServerLost as exc:
+            alerter = Alerter.for_pipeline(on_host, context.log.warning)
+            server_lost(alerter, host or "serving", context.run.run_id, str(exc))
+            raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         except GenerationFailed as exc:
             raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
         if inference.preflight_report is not None:

@@ -1,5 +1,6 @@
 """The inference servers as observed assets: `inference_server` (or one per host of
-`inference.hosts`), and the observation each health tick or preflight records on it."""
+`inference.hosts`), and the observations recorded on it: each health tick or preflight's report, and
+each start, stop, reuse or failure of a managed server (so the UI shows who held the GPUs when)."""
 
 import inspect
 import warnings
@@ -9,6 +10,7 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.monitor import report_markdown, tokens_per_second
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
@@ -71,4 +73,18 @@ def health_observation(
     report: HealthReport, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
 ) -> dg.AssetObservation:
     metadata = report_metadata(report) if host is None else {"host": host, **report_metadata(report)}
+    return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)
+
+
+def server_event_observation(
+    event: ServerEvent, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
+) -> dg.AssetObservation:
+    """A managed server's event (started, stopped, kept, failed) on the `inference_server` asset of
+    `host` (None: the single implicit one), with the event's line, reason, duration and figures, and who
+    holds the GPUs afterwards (the role now served, or none)."""
+    metadata: dict[str, Any] = {"summary": event.line(), "server": event.server, "role": event.role}
+    metadata.update(event.as_metadata())
+    metadata["gpus_held_by"] = (event.role if event.action in ("started", "kept") else None) or "none"
+    if host is not None:
+        metadata["inference_host"] = host
     return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)

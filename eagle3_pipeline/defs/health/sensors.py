@@ -33,7 +33,8 @@ def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_
         description="Runs the health checks each tick, records them on `inference_server` (one "
         "observation per tick; per host on `inference_server/<name>` with several hosts), and launches "
         "runs for missing or stale `responses` partitions only while every required check passes (on a "
-        "healthy host, one run per host); failed partitions are retried with backoff, then left alone.",
+        "healthy host, one run per host), or while a managed server is merely stopped (the run starts it); "
+        "failed partitions are retried with backoff, then left alone.",
     )
     def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         decision = decide_generation(

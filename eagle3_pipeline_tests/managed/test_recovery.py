@@ -1,0 +1,152 @@
+"""The managed generation server brought back mid-generation (managed/recovery.py) with the real lifecycle,
+the real generation engine and the SGLang stand-in of conftest as the engine (no SGLang engine, no GPU on
+this machine): a kill -9 of the server's whole process group mid-generation → one restart, 0 lost and 0
+duplicated answers; a hung server (its process alive, no generation) → stopped, verified, then started; a
+server that keeps dying → the bounded restarts, then the run stops with the restarts and the log's tail.
+The real-vLLM version of the kill is real_vllm/test_recovery_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.generation import Endpoint, GenerationSummary, ResponseCheckpoint, ServerLost, generate
+from eagle3_pipeline.managed import GenerationRecovery, ServerEvent, ServerPurpose, Supervisor, open_supervisor
+from eagle3_pipeline.testing.sshd_fixture import wait_until
+from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.test_lifecycle import processes_of
+from eagle3_pipeline_tests.test_generation import lines, make_prompts, settings
+
+GENERATION = ServerPurpose.generation(needs_tools=False)
+PROMPTS = 80
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_process_table_module_at_a_time(process_table: None) -> None:
+    """These tests start `python -m sglang.launch_server` stand-ins, which the health tests look for."""
+
+
+def pipeline(tmp_path: Path, scenario: dict[str, Any], **serving: Any) -> PipelineConfig:
+    section = fake_sglang_serving(tmp_path, **{"restart_backoff_s": 0, **serving})
+    Path(section["env"]["FAKE_SGLANG_SCENARIO"]).write_text(json.dumps(scenario))
+    return write_pipeline(
+        tmp_path, {"serving": section, "health": {"generation_timeout_s": 2, "min_disk_free_gb": 0.01}}
+    )
+
+
+@contextmanager
+def generation_server(
+    config: PipelineConfig, sleep: Callable[[float], None] | None = None
+) -> Iterator[tuple[Supervisor, GenerationRecovery, list[ServerEvent]]]:
+    """The managed server started for generation, its recovery hook and the events; stopped afterwards."""
+    events: list[ServerEvent] = []
+    with open_supervisor(config, on_event=events.append) as supervisor:
+        assert supervisor is not None
+        supervisor.ensure(GENERATION, "responses B1")
+        recovery = GenerationRecovery(supervisor, GENERATION, "responses B1", sleep=sleep or time.sleep)
+        try:
+            yield supervisor, recovery, events
+        finally:
+            supervisor.release("test over")
+
+
+def run(tmp_path: Path, supervisor: Supervisor, recovery: GenerationRecovery, **overrides: Any) -> GenerationSummary:
+    endpoint = Endpoint(supervisor.server.plan.base_url, "target")
+    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
+    config = settings(**{"retry": {"max_attempts": 1}, "max_consecutive_errors": 1, **overrides})
+    return generate(
+        make_prompts(PROMPTS), lambda: [endpoint], config, checkpoint, tmp_path / "err.jsonl", recovery=recovery.hook()
+    )
+
+
+def checkpoint_ids(tmp_path: Path) -> list[str]:
+    return [r["id"] for r in lines(tmp_path / "ck.jsonl")]
+
+
+def test_a_server_killed_mid_generation_is_restarted_and_no_answer_is_lost_or_written_twice(tmp_path: Path) -> None:
+    config = pipeline(tmp_path, {"delay_s": 0.05})
+    with generation_server(config) as (supervisor, recovery, events):
+        record = supervisor.server.read_record()
+        assert record is not None
+        before: list[int] = []
+
+        def kill_mid_generation() -> None:
+            wait_until(lambda: len(checkpoint_ids(tmp_path)) >= 20, 60, "20 answers")
+            before.append(len(checkpoint_ids(tmp_path)))
+            os.killpg(record.pgid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_mid_generation)
+        killer.start()
+        summary = run(tmp_path, supervisor, recovery)
+        killer.join()
+        restarted = supervisor.server.read_record()
+        assert restarted is not None and restarted.pid != record.pid
+    ids = checkpoint_ids(tmp_path)
+    assert 20 <= before[0] < PROMPTS, "the kill landed mid-generation"
+    assert len(ids) == len(set(ids)) == PROMPTS and set(ids) == {p.id for p in make_prompts(PROMPTS)}
+    assert (summary.failed, summary.retries) == (0, 0) and summary.resent_after_restart >= 1
+    [restart] = summary.restarts
+    assert restart["restart"] == 1 and restart["outcome"] == "serving" and restart["duration_s"] > 0
+    assert restart["reason"].startswith(("died: ", "orphaned: ", "hung: "))
+    assert [e.action for e in events] == [
+        "started",
+        "failed",
+        *(["stopped"] * (events[2].action == "stopped")),
+        "started",
+        "stopped",
+    ]
+    assert "restart 1 of at most 3" in events[-2].reason
+    assert processes_of(record.pgid) == [] and processes_of(restarted.pgid) == []
+
+
+def test_a_hung_server_is_stopped_verified_and_started_again(tmp_path: Path) -> None:
+    config = pipeline(tmp_path, {"delay_s": 0.02})
+    scenario = Path(config.serving.env["FAKE_SGLANG_SCENARIO"])
+
+    def recovered_while_stopped(backoff_s: float) -> None:
+        scenario.write_text(json.dumps({"delay_s": 0.02}))  # the next server generates again
+
+    with generation_server(config, sleep=recovered_while_stopped) as (supervisor, recovery, events):
+        record = supervisor.server.read_record()
+        assert record is not None
+
+        def hang_mid_generation() -> None:
+            wait_until(lambda: len(checkpoint_ids(tmp_path)) >= 10, 60, "10 answers")
+            scenario.write_text(json.dumps({"generate": "hang"}))
+
+        hanger = threading.Thread(target=hang_mid_generation)
+        hanger.start()
+        summary = run(tmp_path, supervisor, recovery, read_timeout_s=2)
+        hanger.join()
+    ids = checkpoint_ids(tmp_path)
+    assert len(ids) == len(set(ids)) == PROMPTS and summary.failed == 0
+    [restart] = summary.restarts
+    assert restart["reason"].startswith("hung: ") and "generation" in restart["reason"]
+    assert [e.action for e in events] == ["started", "failed", "stopped", "started", "stopped"]
+    assert events[2].metadata["verified"] is True and processes_of(record.pgid) == []
+
+
+def test_a_server_that_keeps_dying_stops_the_run_with_its_restarts_and_log_tail(tmp_path: Path) -> None:
+    config = pipeline(tmp_path, {"crash_after": 15}, max_restarts=2)
+    with generation_server(config) as (supervisor, recovery, events), pytest.raises(ServerLost) as caught:
+        run(tmp_path, supervisor, recovery)
+    message = str(caught.value)
+    print(f"\n{message}")
+    assert "failed again after 2 restart(s), the most serving.max_restarts = 2 allows in a run: died: " in message
+    assert "Restarts: 1. after died: " in message and "; 2. after died: " in message
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in message
+    assert f"Log {supervisor.server.log_path}, last lines:" in message
+    summary = caught.value.summary
+    ids = checkpoint_ids(tmp_path)
+    assert len(ids) == len(set(ids)) == summary.generated and len(summary.restarts) == 2
+    assert [e.action for e in events].count("started") == 3
