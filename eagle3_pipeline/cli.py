@@ -19,7 +19,14 @@ from typing import Any, TypeVar
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import CheckpointError, Progress
-from eagle3_pipeline.monitor import HealthMonitor
+from eagle3_pipeline.overview.status import (
+    RunInFlight,
+    dataset_progress,
+    exit_code,
+    extraction_status,
+    render_status,
+    status_document,
+)
 from eagle3_pipeline.results import (
     DrafterEvalResult,
     DrafterResult,
@@ -29,14 +36,7 @@ from eagle3_pipeline.results import (
     ResponsesResult,
     TrainingDataResult,
 )
-from eagle3_pipeline.status import (
-    RunInFlight,
-    dataset_progress,
-    exit_code,
-    extraction_status,
-    render_status,
-    status_document,
-)
+from eagle3_pipeline.watch.monitor import HealthMonitor
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
@@ -334,7 +334,7 @@ class MainJob:
         return "\n".join(lines)
 
     def eagle3_summary(self) -> list[str]:
-        from eagle3_pipeline.draft_vocab import DraftVocabResult
+        from eagle3_pipeline.hidden_states.draft_vocab import DraftVocabResult
 
         v = self.listener.require("draft_vocab", DraftVocabResult)
         h = self.listener.require("hidden_states", HiddenStatesResult)
@@ -459,7 +459,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from eagle3_pipeline.drafter.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
     from eagle3_pipeline.hidden_states.disk import config_disk_plan
-    from eagle3_pipeline.schedule import serving_schedule
+    from eagle3_pipeline.overview.schedule import serving_schedule
 
     try:
         records = checkpoint_records(config)

@@ -27,7 +27,7 @@ import pytest
 from eagle3_pipeline.cli import MainJob
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs import build_definitions
-from eagle3_pipeline.draft_vocab import DraftVocabResult
+from eagle3_pipeline.hidden_states.draft_vocab import DraftVocabResult
 from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl

@@ -34,7 +34,7 @@ from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.hosts import claim_host
-from eagle3_pipeline.orchestration.launching import LaunchHost, claim, failure_reason
+from eagle3_pipeline.orchestration.launch_plan import LaunchHost, claim, failure_reason
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline.testing.generation_runs import make_prompts

@@ -40,9 +40,9 @@ from eagle3_pipeline.generation.endpoints import Endpoint, EndpointPool
 from eagle3_pipeline.generation.estimate import Workload, estimate_left
 from eagle3_pipeline.generation.failover import Failover, FailoverSettings
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
+from eagle3_pipeline.generation.prompts import estimate_tokens
 from eagle3_pipeline.generation.recovery import RecoveryFailed, ServerRecovery, SharedRecovery
 from eagle3_pipeline.generation.retry import backoff_s
-from eagle3_pipeline.prompts import estimate_tokens
 from eagle3_pipeline.records import Message, PromptRecord, normalized
 
 ERROR_EXAMPLES = 5

@@ -28,7 +28,7 @@ import pytest
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
-from eagle3_pipeline.orchestration.launching import IN_FLIGHT
+from eagle3_pipeline.orchestration.launch_plan import IN_FLIGHT
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.sshd_fixture import free_port
 from eagle3_pipeline_tests.dagster_runs import materialized, write_pipeline

@@ -33,7 +33,6 @@ from eagle3_pipeline.health import (
 )
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
 from eagle3_pipeline.hosts import LocalHost, SshHost
-from eagle3_pipeline.monitor import thresholds_for as file_thresholds
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.sshd_fixture import (
     FakeBin,
@@ -50,6 +49,7 @@ from eagle3_pipeline.testing.sshd_fixture import (
     spec_for,
     thresholds_for,
 )
+from eagle3_pipeline.watch.monitor import thresholds_for as file_thresholds
 
 SHELL_CHECKS = ("server_process", "port", "gpus", "disk", "host_memory", "progress")
 

@@ -23,7 +23,7 @@ from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed import ManagedServer, managed_server, open_supervisor
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.orchestration.launch import decide_generation
+from eagle3_pipeline.orchestration.generation_decision import decide_generation
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.health.test_sensors import evaluate

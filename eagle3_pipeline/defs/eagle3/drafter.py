@@ -30,7 +30,6 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.defs.eagle3.hidden_states import extract_launch
 from eagle3_pipeline.defs.managed import gpu_phase
 from eagle3_pipeline.defs.resources import pipeline_settings
-from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
 from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
@@ -42,9 +41,10 @@ from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, manage
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import Supervisor
-from eagle3_pipeline.orchestration.compute import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.orchestration.step_tags import step_tags
 from eagle3_pipeline.results import DrafterResult
 
 

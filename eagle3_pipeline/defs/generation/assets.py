@@ -2,7 +2,7 @@
 
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
-  prompts       → eagle3_pipeline.prompts.write_prompts
+  prompts       → eagle3_pipeline.generation.prompts.write_prompts
   responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.phase.make_training_data
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline.alerts import Alerter, budget_reached, server_lost
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
 from eagle3_pipeline.dataprep.phase import make_training_data
@@ -24,7 +23,6 @@ from eagle3_pipeline.defs.generation.checks import build_response_checks, build_
 from eagle3_pipeline.defs.health.observations import health_observation, report_metadata, server_event_observation
 from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
 from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
-from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import (
     Endpoint,
     GenerationFailed,
@@ -35,16 +33,18 @@ from eagle3_pipeline.generation import (
 )
 from eagle3_pipeline.generation.capabilities import CapabilityMissing
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
+from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.generation.planning import dataset_plan
-from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline.generation.prompts import write_prompts
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerError, ServerEvent
-from eagle3_pipeline.monitor import UnhealthyError
-from eagle3_pipeline.orchestration.compute import quiet_pipes
 from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
-from eagle3_pipeline.prompts import write_prompts
+from eagle3_pipeline.orchestration.heavy_phase import quiet_pipes
+from eagle3_pipeline.orchestration.step_tags import step_tags
 from eagle3_pipeline.records import read_prompts
 from eagle3_pipeline.serving import ManagedGeneration, tokenizer_name
+from eagle3_pipeline.watch.alerts import Alerter, budget_reached, server_lost
+from eagle3_pipeline.watch.monitor import UnhealthyError
 
 PREVIEW_ROWS = 5
 HEARTBEAT_EVERY_S = 5.0
