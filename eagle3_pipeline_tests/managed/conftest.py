@@ -1,7 +1,7 @@
 """Fixtures for the managed-server tests: pipeline files with a managed server, and the health tests'
 loopback sshd and scripted nvidia-smi (this machine has no GPU).
 
-The engine here is the stand-in for SGLang (`sshd_fixture.FakeSglang`'s `python -m sglang.launch_server`:
+The engine here is the stand-in for SGLang (`fake_sglang.FakeSglang`'s `python -m sglang.launch_server`:
 a real loopback HTTP server with `sglang::scheduler_TP<i>` children in its process group; no SGLang
 engine runs on this machine), started by the pipeline's own launch line with the module on PYTHONPATH.
 The real-vLLM versions of the same lifecycle are under eagle3_pipeline_tests/real_vllm/.
@@ -22,7 +22,9 @@ import yaml
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.managed import ServerRecord
-from eagle3_pipeline.testing.sshd_fixture import FakeSglang, Sshd, free_port
+from eagle3_pipeline.testing.fake_sglang import FakeSglang
+from eagle3_pipeline.testing.processes import free_port
+from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
 
 __all__ = ["fakebin", "sshd"]
