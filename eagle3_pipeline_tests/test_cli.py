@@ -24,7 +24,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.cli.run import MainJob
+from eagle3_pipeline.cli.cmd_run import MainJob
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs import build_definitions
 from eagle3_pipeline.hidden_states.draft_vocab import DraftVocabResult

@@ -71,7 +71,7 @@ def masked_texts(out: Path, tokenizer: Any) -> dict[str, str]:
 
 def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> None:  # noqa: F811
     checkpoint = build_kimi_checkpoint(tmp_path / "Kimi-K2.5-tiny")
-    from eagle3_pipeline.target.loader import load_tokenizer
+    from eagle3_pipeline.target.folder import load_tokenizer
 
     tokenizer = load_tokenizer(str(checkpoint), trust_remote_code=True)
     # The server's tokenize route tokenizes with the target's own tokenizer, as SGLang's does.

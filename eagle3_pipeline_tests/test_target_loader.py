@@ -1,4 +1,4 @@
-"""The one target loader (`eagle3_pipeline.target.loader`) on checkpoints shaped like the real ones: a nested
+"""The one target loader (`eagle3_pipeline.target.folder`) on checkpoints shaped like the real ones: a nested
 `text_config`, `language_model.`-prefixed sharded weights, remote code, INT4, too large to run.
 
 The checkpoints here are written directly (config.json, an index and safetensors shards of the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.target.loader import (
+from eagle3_pipeline.target.folder import (
     TargetError,
     check_local_executable,
     check_remote_code,

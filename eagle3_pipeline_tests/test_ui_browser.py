@@ -39,7 +39,7 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.health.observations import health_observation, server_event_observation
 from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline.testing.processes import free_port
+from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.watch.monitor import HealthMonitor
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.locations import location_file

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from eagle3_pipeline.cli.plan import cmd_plan
-from eagle3_pipeline.cli.run import cmd_run
-from eagle3_pipeline.cli.server import cmd_server
-from eagle3_pipeline.cli.status import cmd_status
+from eagle3_pipeline.cli.cmd_plan import cmd_plan
+from eagle3_pipeline.cli.cmd_run import cmd_run
+from eagle3_pipeline.cli.cmd_server import cmd_server
+from eagle3_pipeline.cli.cmd_status import cmd_status
 
 
 def build_parser() -> argparse.ArgumentParser:

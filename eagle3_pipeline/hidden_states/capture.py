@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.hidden_states.store import TargetIdentity
-from eagle3_pipeline.target.layer_ids import LLAMA, server_layer_ids, target_family
-from eagle3_pipeline.target.loader import (
+from eagle3_pipeline.target.folder import (
     TargetError,
     config_sha256,
     decoder,
@@ -32,6 +31,7 @@ from eagle3_pipeline.target.loader import (
     load_causal_lm,
     read_config,
 )
+from eagle3_pipeline.target.layer_ids import LLAMA, server_layer_ids, target_family
 
 
 class TargetLoadError(TargetError):
@@ -97,7 +97,7 @@ def resolve_device(device: str) -> str:
 
 
 def load_target(model: str, name: str, device: str, dtype: str, trust_remote_code: bool) -> Target:
-    """The target through :func:`eagle3_pipeline.target.loader.load_causal_lm` (which refuses what this
+    """The target through :func:`eagle3_pipeline.target.folder.load_causal_lm` (which refuses what this
     path cannot execute), its identity from the language model's config. ``device``, ``dtype`` and
     ``trust_remote_code`` are the file's ``hidden_states`` and ``target`` settings (no default here)."""
     where = resolve_device(device)

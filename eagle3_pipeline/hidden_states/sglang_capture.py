@@ -22,8 +22,8 @@ from typing import Any
 from eagle3_pipeline.hidden_states.capture import target_identity
 from eagle3_pipeline.hidden_states.sglang_api import Ranks, SGLangApi, SGLangError, Started
 from eagle3_pipeline.hidden_states.store import TargetIdentity
+from eagle3_pipeline.target.folder import read_config
 from eagle3_pipeline.target.layer_ids import server_layer_ids, target_family
-from eagle3_pipeline.target.loader import read_config
 
 
 def _join(tp_size: int) -> Ranks:

@@ -25,8 +25,8 @@ from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, 
 from eagle3_pipeline.hidden_states.store import TargetIdentity
 from eagle3_pipeline.hidden_states.vllm_server import served_layer_ids
 from eagle3_pipeline.managed.launch import extraction_args
+from eagle3_pipeline.target.folder import drafter_tensor_names, read_config, read_tensors, text_config
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
-from eagle3_pipeline.target.loader import drafter_tensor_names, read_config, read_tensors, text_config
 
 URL_SETTING = "hidden_states.vllm_base_url"
 DIR_SETTING = "hidden_states.vllm_output_dir"

@@ -42,8 +42,8 @@ from eagle3_pipeline.health import server_root
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.managed import LaunchError, ManagedServerPlan, ServerPurpose, managed_servers
+from eagle3_pipeline.target.folder import TargetError, dimensions
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
-from eagle3_pipeline.target.loader import TargetError, dimensions
 
 HOST_COMMAND_TIMEOUT_S = 60.0
 

@@ -125,7 +125,7 @@ def target_model_types(config: PipelineConfig, plan: ManagedServerPlan | None = 
     """The target's model_type and its nested language model's, from a config.json readable here: the
     target.tokenizer folder, else the managed server's model folder when it runs on this machine.
     Empty when neither is a local folder (the parsers' auto then finds no family)."""
-    from eagle3_pipeline.target.loader import NESTED_CONFIG_KEYS, TargetError, read_config
+    from eagle3_pipeline.target.folder import NESTED_CONFIG_KEYS, TargetError, read_config
 
     folders = [config.target.tokenizer]
     if plan is not None and plan.host.kind == "local":

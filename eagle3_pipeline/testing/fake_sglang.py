@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.health import ServerSpec
-from eagle3_pipeline.testing.processes import free_port, kill_group, wait_until, write_atomic
+from eagle3_pipeline.testing.process_tools import free_port, kill_group, wait_until, write_atomic
 
 _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
 JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With

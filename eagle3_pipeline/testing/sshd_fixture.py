@@ -34,7 +34,7 @@ from eagle3_pipeline.config import HealthConfig
 from eagle3_pipeline.health import HealthThresholds
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS, REMAP_QUERY_FIELDS
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline.testing.processes import free_port, kill_group, wait_until, write_atomic
+from eagle3_pipeline.testing.process_tools import free_port, kill_group, wait_until, write_atomic
 
 SSHD = "/usr/sbin/sshd"
 # The --query-compute-apps fields of nvidia-smi (`nvidia-smi --help-query-compute-apps`; used_memory is an alias).

@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.store import ShardWriter
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
-from eagle3_pipeline.testing.processes import wait_until
+from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy
 from eagle3_pipeline.testing.stores import shard_contents
 from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline

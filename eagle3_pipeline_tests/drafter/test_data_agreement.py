@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 import dagster as dg
 
-from eagle3_pipeline.cli.run import CliListener, MainJob
+from eagle3_pipeline.cli.cmd_run import CliListener, MainJob
 from eagle3_pipeline.config import (
     DatasetConfig,
     PromptsConfig,

@@ -35,7 +35,7 @@ from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
 from eagle3_pipeline.hosts import LocalHost, SshHost
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.fake_sglang import FakeSglang, spec_for
-from eagle3_pipeline.testing.processes import free_port
+from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.testing.sshd_fixture import (
     FakeBin,
     Sshd,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.hidden_states.capture import batch_states, load_target, reference_states
-from eagle3_pipeline.target.loader import TargetError, load_tokenizer
+from eagle3_pipeline.target.folder import TargetError, load_tokenizer
 from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.kimi.fixture import TEXT_DIMS, VOCAB_SIZE
 

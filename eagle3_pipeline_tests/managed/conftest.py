@@ -23,7 +23,7 @@ import yaml
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.managed import ServerRecord
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
-from eagle3_pipeline.testing.processes import free_port
+from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
 

@@ -32,7 +32,7 @@ from eagle3_pipeline.managed import (
     managed_server,
 )
 from eagle3_pipeline.managed.lifecycle import parse_stat
-from eagle3_pipeline.testing.processes import free_port, wait_until
+from eagle3_pipeline.testing.process_tools import free_port, wait_until
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 from eagle3_pipeline_tests.managed.conftest import dying_sglang_serving, fake_sglang_serving, ssh_health, write_pipeline
 

@@ -51,7 +51,7 @@ from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.step_tags import step_tags
 from eagle3_pipeline.results import HiddenStatesResult
 from eagle3_pipeline.serving import tokenizer_name
-from eagle3_pipeline.target.loader import TargetError, dimensions, read_config
+from eagle3_pipeline.target.folder import TargetError, dimensions, read_config
 
 GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
