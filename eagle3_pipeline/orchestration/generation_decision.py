@@ -6,7 +6,7 @@ sensor (it turns the plan's run requests into runs) and the scheduled backfill's
 One decision is: every host's health tick → an alert on each change of a host's verdict → the
 gate (at least one open host: healthy, or with its managed server merely stopped — the run starts
 it; a running but sick one blocks) → the partitions to generate (missing or stale,
-:mod:`.staleness`) → :func:`.launching.plan_launches` (in flight, backoff, given up, free hosts).
+:mod:`.staleness`) → :func:`.launch_plan.plan_launches` (in flight, backoff, given up, free hosts).
 """
 
 from __future__ import annotations
