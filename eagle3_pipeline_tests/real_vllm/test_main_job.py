@@ -173,7 +173,8 @@ def until_shutdown(log: str) -> str:
 
 
 def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """The latest materialization's metadata of each asset, and every observation of inference_server."""
+    """The latest materialization's metadata of each asset and of each responses partition (as
+    ``responses/<dataset>``), and every observation of inference_server."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", str(home))
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -182,6 +183,13 @@ def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str,
                 event = instance.get_latest_materialization_event(dg.AssetKey(asset))
                 if event is not None and event.asset_materialization is not None:
                     found[asset] = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+            for partition in DATASETS:
+                [record] = instance.fetch_materializations(
+                    dg.AssetRecordsFilter(dg.AssetKey("responses"), asset_partitions=[partition]), limit=1
+                ).records
+                materialization = record.asset_materialization
+                assert materialization is not None
+                found[f"responses/{partition}"] = {k: v.value for k, v in materialization.metadata.items()}
             records = instance.fetch_observations(dg.AssetKey("inference_server"), limit=1000, ascending=True).records
             events = []
             for record in records:
@@ -248,6 +256,11 @@ def test_main_job_through_a_managed_real_vllm(run: PipelineRun) -> None:
     assert all(1.0 <= evaluation[f"tau@{STEPS}/{name}"] <= STEPS + 1 for name in DATASETS)
     # greedy answers of the same server: the stored tokens are (nearly all) its argmax
     assert evaluation["data_agreement/all"] >= 0.9
+
+    # the tools partition's probes passed on the managed server's hermes parser (the refusal without one:
+    # test_capabilities.py)
+    probes = {c["capability"]: c["status"] for c in run.metadata["responses/B2_tools"]["server_capabilities"]}
+    assert probes == {"tool_call_parser": "ok", "reasoning_parser": "unknown", "context_length": "ok", "tokenize": "ok"}
 
     served = until_shutdown(run.server_log.read_text(errors="replace"))
     assert "Traceback" not in served, served[-3000:]

@@ -1,7 +1,8 @@
 """A managed real vLLM (CPU build, the embedded model) started from the pipeline's own launch line: start →
-ready on the health tick → a generation → stop, verified (no process of its group left, port closed), on
-this machine and over SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in
-for the GPUs); and the builder's extraction line, whose connector writes the store's layers."""
+ready on the health tick → a generation → stop, verified (no process of its group left, port closed), over
+SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in for the GPUs); and on
+this machine the builder's extraction line, whose connector (the eagle3-vllm-cpu plugin's CPU path) writes
+the store's layers. The main job (test_main_job.py) starts and stops it on this machine five times more."""
 
 from __future__ import annotations
 
@@ -95,16 +96,6 @@ def report(where: str, started: StartResult, stopped: StopResult) -> None:
     print(f"\n{where}: start {json.dumps(started.as_metadata())}\n{where}: stop {json.dumps(stopped.as_metadata())}")
 
 
-def test_managed_vllm_on_this_machine(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
-    config = pipeline(tmp_path, real_vllm_python, local_model)
-    started, answer, stopped = lifecycle(config, LocalHost())
-    report("local", started, stopped)
-    assert started.report.healthy and answer
-    assert stopped.verified and stopped.was_running and stopped.signals == ("TERM",)
-    assert stopped.verification.gpu_check == "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
-    assert group_left(started.pid) == []
-
-
 def test_managed_vllm_over_ssh(
     real_vllm_python: Path,
     local_model: Path,
@@ -163,5 +154,8 @@ def test_the_builders_extraction_line_serves_the_stores_layers(
 
     tensors = load_file(str(path))
     assert list(tensors["hidden_states"].shape) == [len(ids), 4, 576] and tensors["token_ids"].tolist() == ids
-    assert stopped.verified and group_left(started.pid) == []
+    assert started.report.healthy
+    assert stopped.verified and stopped.was_running and stopped.signals == ("TERM",)
+    assert stopped.verification.gpu_check == "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
+    assert group_left(started.pid) == []
     assert os.path.exists(server.log_path)
