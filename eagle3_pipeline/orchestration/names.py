@@ -55,7 +55,7 @@ class PipelineNames:
 
     @property
     def pipeline(self) -> str:
-        """The key of the pipeline's settings resource (:class:`~eagle3_pipeline.defs.resources.PipelineResource`)."""
+        """The key of the pipeline's settings resource (:class:`~eagle3_pipeline.components.resources.PipelineResource`)."""
         return self.name("pipeline")
 
     @property

@@ -17,7 +17,7 @@ A managed server (`serving.managed`) on the machine where extraction runs holds 
 it is the extraction server, started with the store's layer ids
 (eagle3_pipeline.hidden_states.vllm_server:extraction_purpose), otherwise it is stopped for the phase; either
 way it comes back as the generation server while `responses` partitions are incomplete
-(eagle3_pipeline.defs.managed).
+(eagle3_pipeline.components.managed).
 
 On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
 host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
@@ -31,11 +31,11 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.managed import gpu_phase, phase_server
+from eagle3_pipeline.components.resources import pipeline_settings
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep.reader import TrainingDataError
-from eagle3_pipeline.defs.managed import gpu_phase, phase_server
-from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights

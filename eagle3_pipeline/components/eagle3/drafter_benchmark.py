@@ -4,7 +4,7 @@ Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.benchma
 eagle3_pipeline.drafter.online.run_benchmark on the host of `health.host`, behind the same health gate as
 generation, unless the result for the same drafter, prompts and settings is recorded). With a managed server
 on that host its two arms are the managed server's launch lines, with its GPUs handed over around them
-(eagle3_pipeline.defs.managed:gpu_phase; eagle3_pipeline.drafter.online:benchmark_settings).
+(eagle3_pipeline.components.managed:gpu_phase; eagle3_pipeline.drafter.online:benchmark_settings).
 """
 
 from collections.abc import Iterator
@@ -12,10 +12,10 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from eagle3_pipeline.components.health.observations import health_observation, report_metadata
+from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.resources import pipeline_settings
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.health.observations import health_observation, report_metadata
-from eagle3_pipeline.defs.managed import gpu_phase
-from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.drafter.benchmark_record import no_servers, run_or_reuse
 from eagle3_pipeline.drafter.online import (
     ArmServers,

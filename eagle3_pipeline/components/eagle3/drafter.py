@@ -15,7 +15,7 @@ three steps are the same heavy phases through `run_heavy_phase`: `extract` of a 
 beside the drafter's run folder on this machine.
 
 A managed server (`serving.managed`) on the machine where training runs is stopped for it and comes back as
-the generation server while `responses` partitions are incomplete (eagle3_pipeline.defs.managed:gpu_phase);
+the generation server while `responses` partitions are incomplete (eagle3_pipeline.components.managed:gpu_phase);
 in the rolling loop a managed extraction server serves each window's extraction and is stopped for its
 training.
 """
@@ -25,11 +25,11 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.eagle3.hidden_states import extract_launch
+from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.resources import pipeline_settings
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.eagle3.hidden_states import extract_launch
-from eagle3_pipeline.defs.managed import gpu_phase
-from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
 from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE

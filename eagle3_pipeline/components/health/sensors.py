@@ -8,9 +8,9 @@ starts running (it only observes, and terminates only with `health.terminate_sta
 import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, stall_detected
+from eagle3_pipeline.components.health.observations import health_observation
+from eagle3_pipeline.components.resources import pipeline_resource
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.health.observations import health_observation
-from eagle3_pipeline.defs.resources import pipeline_resource
 from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.launch import decide_generation

@@ -3,7 +3,7 @@
 `drafter_eval` (and `drafter_benchmark`).
 
 Asset → domain function: served_drafter → eagle3_pipeline.drafter.served.serve_drafter, on the managed server of
-the health host (eagle3_pipeline.defs.managed:phase_supervisor), with drafter_eval's latest figures.
+the health host (eagle3_pipeline.components.managed:phase_supervisor), with drafter_eval's latest figures.
 """
 
 from typing import Any
@@ -11,9 +11,9 @@ from typing import Any
 import dagster as dg
 import httpx
 
+from eagle3_pipeline.components.managed import phase_supervisor
+from eagle3_pipeline.components.resources import pipeline_settings
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.managed import phase_supervisor
-from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.drafter.online import BenchmarkError
 from eagle3_pipeline.drafter.served import ServedDrafterError, serve_drafter
 from eagle3_pipeline.managed import managed_servers

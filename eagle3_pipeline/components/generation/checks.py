@@ -13,9 +13,9 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.resources import pipeline_settings
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep import read_manifest
-from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout

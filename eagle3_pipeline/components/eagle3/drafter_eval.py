@@ -1,7 +1,7 @@
 """The `drafter_eval` asset and its blocking check.
 
 Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate:run (the ``evaluate`` phase), with
-the GPUs of a managed server on its machine handed over (eagle3_pipeline.defs.managed:gpu_phase).
+the GPUs of a managed server on its machine handed over (eagle3_pipeline.components.managed:gpu_phase).
 Check `tau_regression` → eagle3_pipeline.drafter.evaluate.tau_regressions, over this and the previous
 materialization as the instance recorded them.
 """
@@ -13,9 +13,9 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, tau_checked
+from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.resources import pipeline_settings
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.managed import gpu_phase
-from eagle3_pipeline.defs.resources import pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.eval_results import WARNING, tau_regressions
 from eagle3_pipeline.drafter.evaluate import held_out_spec

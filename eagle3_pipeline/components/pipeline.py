@@ -13,18 +13,18 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
+from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.components.eagle3.served_drafter import build_served_drafter
+from eagle3_pipeline.components.generation.assets import build_assets
+from eagle3_pipeline.components.health.observations import inference_server_specs
+from eagle3_pipeline.components.health.sensors import build_health_sensors
+from eagle3_pipeline.components.ops.automation import build_automation_sensor
+from eagle3_pipeline.components.ops.deploy import with_executor
+from eagle3_pipeline.components.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3.drafter_benchmark import build_drafter_benchmark
-from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
-from eagle3_pipeline.defs.eagle3.served_drafter import build_served_drafter
-from eagle3_pipeline.defs.generation.assets import build_assets
-from eagle3_pipeline.defs.health.observations import inference_server_specs
-from eagle3_pipeline.defs.health.sensors import build_health_sensors
-from eagle3_pipeline.defs.ops.automation import build_automation_sensor
-from eagle3_pipeline.defs.ops.deploy import with_executor
-from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.orchestration.launching import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import NO_LISTENER
@@ -83,7 +83,7 @@ def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None 
 
 def pipeline_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
     """One pipeline's definitions, without an executor (the code location sets one for all its
-    pipelines: :func:`~eagle3_pipeline.defs.ops.deploy.with_executor`). Their shape (assets, partitions
+    pipelines: :func:`~eagle3_pipeline.components.ops.deploy.with_executor`). Their shape (assets, partitions
     = the file's dataset ids) follows `config`, the file as loaded; every body reads its settings at run
     or tick time from `pipeline` (default: that file, no overrides). API keys reach the runs through
     `inference`, each set with `dg.EnvVar` of the variable the file names, so an unset variable fails

