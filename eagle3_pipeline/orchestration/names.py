@@ -55,7 +55,8 @@ class PipelineNames:
 
     @property
     def pipeline(self) -> str:
-        """The key of the pipeline's settings resource (:class:`~eagle3_pipeline.components.resources.PipelineResource`)."""
+        """The key of the pipeline's settings resource
+        (:class:`~eagle3_pipeline.components.resources.PipelineResource`)."""
         return self.name("pipeline")
 
     @property
