@@ -1,5 +1,5 @@
 """From an asset page to the code in one step: every asset carries a code reference to the function that
-computes it (the closure its factory builds), ahead of the component's defs.yaml; an observed server
+computes it (the module function named after it), ahead of the component's defs.yaml; an observed server
 asset points at the function that makes its observations. Real definitions, nothing stubbed."""
 
 from __future__ import annotations

