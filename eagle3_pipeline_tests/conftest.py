@@ -77,7 +77,7 @@ def sharegpt(text: str, answer: str | None = None) -> dict[str, object]:
 
 def pipeline_resources(config_path: Path) -> dict[str, object]:
     """The `pipeline` resource (and no phase listener), for assets materialized outside their Definitions."""
-    from eagle3_pipeline.defs.resources import PipelineResource
+    from eagle3_pipeline.components.resources import PipelineResource
     from eagle3_pipeline.results import NO_LISTENER
 
     return {"pipeline": PipelineResource(config_path=str(config_path)), "phase_listener": NO_LISTENER}

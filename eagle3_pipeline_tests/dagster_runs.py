@@ -14,8 +14,8 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl

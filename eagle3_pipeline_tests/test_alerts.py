@@ -21,9 +21,9 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.alerts import Alert, Alerter, health_changed
+from eagle3_pipeline.components.eagle3.drafter_eval import DRAFTER_EVAL
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.drafter_eval import DRAFTER_EVAL
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation, write_pipeline
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.defs.pipeline import build_definitions
 
 PROFILES = ("local", "kimi-k25")
 SNAPSHOTS = Path(__file__).parent / "snapshots"

@@ -25,8 +25,8 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.cli import MainJob
+from eagle3_pipeline.components import build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs import build_definitions
 from eagle3_pipeline.draft_vocab import DraftVocabResult
 from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI

@@ -1,5 +1,5 @@
 """From an asset page to the code in one step: every asset carries a code reference to the function that
-computes it (the closure its factory builds), ahead of the component's defs.yaml; an observed server
+computes it (the module function named after it), ahead of the component's defs.yaml; an observed server
 asset points at the function that makes its observations. Real definitions, nothing stubbed."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.defs.pipeline import build_definitions
 
 PACKAGE = Path(__file__).resolve().parents[1] / "eagle3_pipeline"
 DEF = re.compile(r"^\s*def (\w+)\(")
@@ -41,7 +41,7 @@ def _references(defs: dg.Definitions) -> dict[dg.AssetKey, tuple[list[dg.LocalFi
 def _assert_each_points_at_its_function(defs: dg.Definitions) -> None:
     for key, (references, materializable) in _references(defs).items():
         first = references[0]
-        assert Path(first.file_path).is_relative_to(PACKAGE / "defs") and first.file_path.endswith(".py"), first
+        assert Path(first.file_path).is_relative_to(PACKAGE / "components") and first.file_path.endswith(".py"), first
         expected = key.path[-1] if materializable else "health_observation"
         assert first.line_number is not None
         assert _function_at(first.file_path, first.line_number) == expected, (key.to_user_string(), first)

@@ -9,8 +9,8 @@ from typing import Any, cast
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline_tests.locations import location_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def dg_project(root: Path, instances: dict[str, str]) -> Path:
             f"datasets:\n  - {{id: D{name}, source: prompts.jsonl}}\n"
         )
         (defs / name / "defs.yaml").write_text(
-            f"type: eagle3_pipeline.defs.pipeline.Eagle3Pipeline\nattributes:\n{attributes}"
+            f"type: eagle3_pipeline.components.pipeline.Eagle3Pipeline\nattributes:\n{attributes}"
         )
     return root
 
@@ -224,4 +224,4 @@ def test_dg_lists_the_pipeline_component(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     keys = {item["key"] for item in json.loads(out.stdout)["items"]}
-    assert "eagle3_pipeline.defs.pipeline.Eagle3Pipeline" in keys
+    assert "eagle3_pipeline.components.pipeline.Eagle3Pipeline" in keys

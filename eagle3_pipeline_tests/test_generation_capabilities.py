@@ -18,8 +18,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.generation.capabilities import PROBE_PREFIX, CapabilityReport, ServerNeeds, probe_capabilities
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion

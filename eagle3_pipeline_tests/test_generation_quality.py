@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation.length import check_lengths
 from eagle3_pipeline.generation.quality import account_for_prompts
 from eagle3_pipeline.layout import ArtifactLayout

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.cli import main
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.hosts import claim_host

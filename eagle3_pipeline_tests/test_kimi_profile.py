@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.drafter.online import benchmark_settings
 from eagle3_pipeline.managed import EagleDrafter, ServerPurpose, launch_for, managed_server
 from eagle3_pipeline.managed.phases import gpu_phase_server

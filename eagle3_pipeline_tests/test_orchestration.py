@@ -15,8 +15,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.orchestration.launch import decide_generation
 from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES

@@ -11,9 +11,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
+from eagle3_pipeline.components.resources import PipelineResource
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
-from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.results import NO_LISTENER
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.dagster_runs import write_pipeline

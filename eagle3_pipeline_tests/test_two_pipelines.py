@@ -12,8 +12,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.ops.deploy import with_executor
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.ops.deploy import with_executor
 from eagle3_pipeline.orchestration.launching import partitions_in_flight
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
@@ -46,7 +46,8 @@ def write_instance(
     }
     (folder / "pipeline.yaml").write_text(json.dumps(document))
     (folder / "defs.yaml").write_text(
-        f"type: eagle3_pipeline.defs.pipeline.Eagle3Pipeline\nattributes:\n  config_file: pipeline.yaml\n{attributes}"
+        "type: eagle3_pipeline.components.pipeline.Eagle3Pipeline\n"
+        f"attributes:\n  config_file: pipeline.yaml\n{attributes}"
     )
     return folder
 

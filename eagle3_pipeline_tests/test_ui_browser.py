@@ -35,8 +35,8 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from eagle3_pipeline.components.health.observations import health_observation, server_event_observation
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.health.observations import health_observation, server_event_observation
 from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
@@ -295,7 +295,7 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
         assert len(observations) >= 3, history[:1500]  # each run's preflight (B1, B2) and the tick
         _screenshot(driver, screenshots, "4_inference_server_health_history")
 
-        # a managed server's start, as the pipeline records each start and stop of it (defs/managed.py)
+        # a managed server's start, as the pipeline records each start and stop of it (components/managed.py)
         start = ServerEvent(
             "started",
             "serving",

@@ -22,8 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.testing.extract_specs import transformers_spec
 from eagle3_pipeline.testing.reporter import Recorder

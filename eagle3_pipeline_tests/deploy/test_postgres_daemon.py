@@ -26,8 +26,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.orchestration.launching import IN_FLIGHT
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.sshd_fixture import free_port

@@ -11,8 +11,8 @@ import dagster as dg
 import numpy as np
 import pytest
 
+from eagle3_pipeline.components.eagle3.drafter_eval import DRAFTER_EVAL, build_drafter_eval, materialization_metadata
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.drafter_eval import DRAFTER_EVAL, build_drafter_eval, materialization_metadata
 from eagle3_pipeline.drafter.acceptance import target_reference
 from eagle3_pipeline.drafter.eval_results import (
     WARNING,

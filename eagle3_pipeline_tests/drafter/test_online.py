@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.eagle3.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_command, make_gate, run_benchmark
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.monitor import UnhealthyError, thresholds_for

@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.monitor import HealthMonitor, UnhealthyError
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, TcpProxy, healthy_gpu_rows

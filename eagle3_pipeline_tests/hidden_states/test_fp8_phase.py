@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 import dagster as dg
 
+from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError

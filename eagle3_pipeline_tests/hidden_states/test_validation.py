@@ -350,8 +350,8 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
     up is kept by the preflight, the phase validates first, the check reports the agreement."""
     import dagster as dg
 
+    from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
 
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])

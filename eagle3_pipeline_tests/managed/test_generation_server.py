@@ -18,8 +18,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed import ManagedServer, managed_server, open_supervisor
 from eagle3_pipeline.managed.launch import ServerPurpose

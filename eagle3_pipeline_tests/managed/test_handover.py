@@ -12,10 +12,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.health.observations import server_event_observation
+from eagle3_pipeline.components.managed import gpu_phase, supervised
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import HostConfig
-from eagle3_pipeline.defs.health.observations import server_event_observation
-from eagle3_pipeline.defs.managed import gpu_phase, supervised
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint
 from eagle3_pipeline.hidden_states.vllm_server import (
     ExtractionServerError,

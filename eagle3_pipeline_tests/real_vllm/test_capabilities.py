@@ -13,8 +13,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
 

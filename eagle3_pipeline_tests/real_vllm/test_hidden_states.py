@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch")
 import dagster as dg
 import httpx
 
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import ServingValidationConfig, load_config
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
 from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.dataprep.serving_reference import record_from_first
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec

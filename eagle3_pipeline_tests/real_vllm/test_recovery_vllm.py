@@ -22,8 +22,8 @@ import dagster as dg
 import pytest
 import yaml
 
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.managed import ManagedServer, managed_server

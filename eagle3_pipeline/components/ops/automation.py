@@ -1,6 +1,6 @@
 """What runs by itself, for the whole pipeline: one sensor, `pipeline_automation` (running by
 default), evaluates every asset's automation condition — the scheduled backfill of `responses`
-(:mod:`eagle3_pipeline.defs.generation.automation`) and :data:`FOLLOW_UPSTREAM`, which every phase
+(:mod:`eagle3_pipeline.components.generation.automation`) and :data:`FOLLOW_UPSTREAM`, which every phase
 downstream of `responses` declares. A downstream phase reads *all* partitions of its input, so it
 waits until none is missing or in progress, then runs once per change upstream.
 

@@ -17,7 +17,7 @@ A managed server (`serving.managed`) on the machine where extraction runs holds 
 it is the extraction server, started with the store's layer ids
 (eagle3_pipeline.hidden_states.vllm_server:extraction_purpose), otherwise it is stopped for the phase; either
 way it comes back as the generation server while `responses` partitions are incomplete
-(eagle3_pipeline.defs.managed).
+(eagle3_pipeline.components.managed).
 
 On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
 host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
@@ -31,12 +31,12 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.managed import gpu_phase, phase_server
+from eagle3_pipeline.components.policy import step_policy
+from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep.reader import TrainingDataError
-from eagle3_pipeline.defs.managed import gpu_phase, phase_server
-from eagle3_pipeline.defs.resources import pipeline_settings
-from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
@@ -146,6 +146,11 @@ def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> Callable
     return lambda supervisor: extraction_purpose(config, server, supervisor.server.host)
 
 
+def _training_data_checks(names: PipelineNames) -> list[dg.AssetCheckKey]:
+    """The blocking checks of training_data, honoured across runs (orchestration/gating.py)."""
+    return [names.check("training_data", "template_mismatch_rate")]
+
+
 def _local_target_vocab_size(config: PipelineConfig) -> int | None:
     """The language model's vocab_size from the target's config.json when it is on this machine
     (a Kimi-K2.5 checkpoint's lm_head may have more rows than its tokenizer has tokens); None when
@@ -159,16 +164,124 @@ def _local_target_vocab_size(config: PipelineConfig) -> int | None:
     return dimensions(read_config(model), str(Path(model, "config.json"))).vocab_size
 
 
+def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    names = resources.names
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    require_passing_checks(context.instance, _training_data_checks(names))
+    settings = config.draft_vocab
+    try:
+        target_vocab = settings.target_vocab_size or _local_target_vocab_size(config)
+        result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, target_vocab)
+    except (TrainingDataError, ValueError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    context.log.info(
+        f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
+        f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
+    )
+    resources.listener.result("draft_vocab", None, result)
+    return dg.MaterializeResult(
+        metadata={**result.as_metadata(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
+    )
+
+
+def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    from eagle3_pipeline.hidden_states.store import load_draft_vocab
+
+    resources = StepResources.of_asset(context)
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    try:
+        _, _, manifest = load_draft_vocab(layout.draft_vocab)
+    except StoreError as exc:
+        return dg.AssetCheckResult(passed=False, description=str(exc))
+    floor = config.draft_vocab.min_coverage
+    return dg.AssetCheckResult(
+        passed=manifest["coverage"] >= floor,
+        description=f"coverage {manifest['coverage']:.2%} of masked train tokens (floor {floor:.0%})",
+        metadata={"coverage": manifest["coverage"], "eval_coverage": manifest["eval_coverage"], "floor": floor},
+    )
+
+
+def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    names = resources.names
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    require_passing_checks(context.instance, _training_data_checks(names))
+    rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []
+    fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
+    try:
+        model = target_weights(config)
+        spec = spec_from_config(
+            config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
+        )
+
+        def record_reference() -> dict[str, Any]:
+            reference = preflight_reference(
+                config, layout.training_data, tokenizer_name(config), layout.serving_reference
+            )
+            context.log.info(f"serving reference: {reference['serving_reference_status']}")
+            return reference
+
+        def extract() -> dict[str, Any]:
+            recorded = layout.serving_reference.is_file()
+            spec["serving_reference"] = str(layout.serving_reference) if recorded else None
+            ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
+            ship += [model] if under_root(model, layout.root) else []
+            return run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
+
+        server = managed_extraction_server(config)
+        if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
+            reference = {"serving_reference_status": "not needed: the store is complete for these settings"}
+            context.log.info(f"serving reference: {reference['serving_reference_status']}")
+            meta = extract()
+        elif server is not None and config.compute.kind == "local":
+            # the reference from the extraction server itself, as from one the user started
+            with phase_server(context, config, names, server, "hidden_states", extraction_of(config, server)):
+                reference = record_reference()
+                meta = extract()
+        else:
+            reference = record_reference()  # from the serving target while it still serves
+            with (
+                phase_server(context, config, names, server, "hidden_states", extraction_of(config, server))
+                if server is not None
+                else gpu_phase(context, config, names, "hidden_states")
+            ):
+                meta = extract()
+    except PHASE_ERRORS as exc:
+        raise dg.Failure(description=str(exc)) from None
+    passed, text = bytes_per_token_check(
+        meta["bytes_per_token"],
+        meta["target_hidden_size"],
+        len(meta["aux_layer_ids"]),
+        config.hidden_states.storage_dtype,
+        BYTES_PER_TOKEN_TOLERANCE,
+    )
+    checks = [
+        _spot_check_result(meta),
+        _serving_agreement_result(meta),
+        dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
+    ]
+    result = HiddenStatesResult.from_metadata({**meta, **reference})
+    resources.listener.result("hidden_states", None, result)
+    metadata = {
+        **result.as_metadata(),
+        "store": dg.MetadataValue.path(result.store),
+        "aux_layer_ids": str(result.aux_layer_ids),
+    }
+    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
 def build_eagle3_assets(
-    config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
+    loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
 ) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    """`config` (the file at load) words the descriptions; bodies read the pipeline's settings
+    """`loaded` (the file at load) words the descriptions; bodies read the pipeline's settings
     resource (key `names.pipeline`)."""
     training_data = names.key("training_data")
-    # The blocking checks of training_data, honoured across runs (orchestration/gating.py).
-    training_data_checks = [names.check("training_data", "template_mismatch_rate")]
 
-    @dg.asset(
+    draft_vocab_asset = dg.asset(
         key_prefix=names.key_prefix,
         group_name=names.name(GROUP),
         kinds={"safetensors"},
@@ -176,59 +289,24 @@ def build_eagle3_assets(
         required_resource_keys={names.pipeline, names.phase_listener},
         description="The draft vocabulary: the draft_vocab.size most frequent target ids among the masked tokens "
         "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
-    )
-    def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context, names)
-        layout = ArtifactLayout(config.artifacts_root)
-        require_passing_checks(context.instance, training_data_checks)
-        settings = config.draft_vocab
-        try:
-            target_vocab = settings.target_vocab_size or _local_target_vocab_size(config)
-            result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, target_vocab)
-        except (TrainingDataError, ValueError) as exc:
-            raise dg.Failure(description=str(exc)) from None
-        context.log.info(
-            f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
-            f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
-        )
-        getattr(context.resources, names.phase_listener).result("draft_vocab", None, result)
-        return dg.MaterializeResult(
-            metadata={**result.as_metadata(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
-        )
+    )(draft_vocab)
 
-    @dg.asset_check(
-        asset=draft_vocab,
+    draft_vocab_coverage_check = dg.asset_check(
+        asset=draft_vocab_asset,
         name="coverage",
         blocking=True,
         required_resource_keys={names.pipeline},
         description="The draft vocabulary covers at least draft_vocab.min_coverage "
-        f"({config.draft_vocab.min_coverage:.0%}) "
+        f"({loaded.draft_vocab.min_coverage:.0%}) "
         "of the masked train tokens.",
-    )
-    def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from eagle3_pipeline.hidden_states.store import load_draft_vocab
+    )(draft_vocab_coverage)
 
-        config = pipeline_settings(context, names)
-        layout = ArtifactLayout(config.artifacts_root)
-        try:
-            _, _, manifest = load_draft_vocab(layout.draft_vocab)
-        except StoreError as exc:
-            return dg.AssetCheckResult(passed=False, description=str(exc))
-        floor = config.draft_vocab.min_coverage
-        return dg.AssetCheckResult(
-            passed=manifest["coverage"] >= floor,
-            description=f"coverage {manifest['coverage']:.2%} of masked train tokens (floor {floor:.0%})",
-            metadata={"coverage": manifest["coverage"], "eval_coverage": manifest["eval_coverage"], "floor": floor},
-        )
-
-    @dg.asset(
+    hidden_states_asset = dg.asset(
         key_prefix=names.key_prefix,
         group_name=names.name(GROUP),
         kinds={"safetensors", "parquet"},
         deps=[training_data],
-        pool="gpu",
         required_resource_keys={names.pipeline, names.phase_listener},
-        op_tags=step_tags(config, "hidden_states"),
         check_specs=[
             dg.AssetCheckSpec(
                 "spot_check",
@@ -261,74 +339,7 @@ def build_eagle3_assets(
         "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 "
         "with per-token scales: "
         "hidden_states.storage_dtype) + Parquet index.",
-    )
-    def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context, names)
-        layout = ArtifactLayout(config.artifacts_root)
-        require_passing_checks(context.instance, training_data_checks)
-        rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []
-        fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
-        try:
-            model = target_weights(config)
-            spec = spec_from_config(
-                config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
-            )
+        **step_policy(loaded, "hidden_states"),
+    )(hidden_states)
 
-            def record_reference() -> dict[str, Any]:
-                reference = preflight_reference(
-                    config, layout.training_data, tokenizer_name(config), layout.serving_reference
-                )
-                context.log.info(f"serving reference: {reference['serving_reference_status']}")
-                return reference
-
-            def extract() -> dict[str, Any]:
-                recorded = layout.serving_reference.is_file()
-                spec["serving_reference"] = str(layout.serving_reference) if recorded else None
-                ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
-                ship += [model] if under_root(model, layout.root) else []
-                return run_heavy_phase(
-                    context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config)
-                )
-
-            server = managed_extraction_server(config)
-            if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
-                reference = {"serving_reference_status": "not needed: the store is complete for these settings"}
-                context.log.info(f"serving reference: {reference['serving_reference_status']}")
-                meta = extract()
-            elif server is not None and config.compute.kind == "local":
-                # the reference from the extraction server itself, as from one the user started
-                with phase_server(context, config, names, server, "hidden_states", extraction_of(config, server)):
-                    reference = record_reference()
-                    meta = extract()
-            else:
-                reference = record_reference()  # from the serving target while it still serves
-                with (
-                    phase_server(context, config, names, server, "hidden_states", extraction_of(config, server))
-                    if server is not None
-                    else gpu_phase(context, config, names, "hidden_states")
-                ):
-                    meta = extract()
-        except PHASE_ERRORS as exc:
-            raise dg.Failure(description=str(exc)) from None
-        passed, text = bytes_per_token_check(
-            meta["bytes_per_token"],
-            meta["target_hidden_size"],
-            len(meta["aux_layer_ids"]),
-            config.hidden_states.storage_dtype,
-            BYTES_PER_TOKEN_TOLERANCE,
-        )
-        checks = [
-            _spot_check_result(meta),
-            _serving_agreement_result(meta),
-            dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
-        ]
-        result = HiddenStatesResult.from_metadata({**meta, **reference})
-        getattr(context.resources, names.phase_listener).result("hidden_states", None, result)
-        metadata = {
-            **result.as_metadata(),
-            "store": dg.MetadataValue.path(result.store),
-            "aux_layer_ids": str(result.aux_layer_ids),
-        }
-        return dg.MaterializeResult(metadata=metadata, check_results=checks)
-
-    return [draft_vocab, draft_vocab_coverage, hidden_states]
+    return [draft_vocab_asset, draft_vocab_coverage_check, hidden_states_asset]

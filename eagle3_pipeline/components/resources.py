@@ -11,7 +11,7 @@ descriptions — is read from the file when the code location loads.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
@@ -22,7 +22,10 @@ from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launching import HOST_TAG
 from eagle3_pipeline.orchestration.names import PipelineNames
+from eagle3_pipeline.results import PhaseListener
 from eagle3_pipeline.serving import InferenceProvider, ManagedGeneration
+
+T = TypeVar("T")
 
 
 def run_host(run: dg.DagsterRun | None) -> str | None:
@@ -55,14 +58,54 @@ class PipelineResource(dg.ConfigurableResource):
         return config
 
 
-def pipeline_resource(context: Any, names: PipelineNames) -> PipelineResource:
-    """This pipeline's settings resource (key `names.pipeline`) in an asset, check or sensor context."""
-    return getattr(context.resources, names.pipeline)
+class StepResources:
+    """One pipeline's resources in an asset, check or sensor, each as its type.
 
+    Dagster's typed resource parameters take their key from the parameter's name, and a code location
+    with two pipelines needs two keys for each: every pipeline resolves its own API-key variables and
+    claims its own inference hosts when a run sets up `inference`, so one resource shared by both would
+    fail one pipeline's runs on the other's unset key. The keys are therefore prefixed
+    (:class:`~eagle3_pipeline.orchestration.names.PipelineNames`), and this class is the one place that
+    reads a resource by its key; a resource of another type fails naming the key."""
 
-def pipeline_settings(context: Any, names: PipelineNames) -> PipelineConfig:
-    """The settings of this run, from the pipeline's settings resource (asset, check and sensor contexts)."""
-    return pipeline_resource(context, names).config()
+    def __init__(self, context: Any, names: PipelineNames) -> None:
+        self.context = context
+        self.names = names
+
+    @classmethod
+    def of_asset(cls, context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> StepResources:
+        """The resources of the pipeline the asset (or the checked asset) belongs to, known from its key."""
+        if isinstance(context, dg.AssetCheckExecutionContext):
+            key = context.check_specs[0].asset_key
+        else:
+            key = context.asset_key
+        return cls(context, PipelineNames.of_key(key))
+
+    def _get(self, key: str, kind: type[T]) -> T:
+        value = getattr(self.context.resources, key)
+        if not isinstance(value, kind):
+            raise TypeError(f"resource {key!r}: expected a {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    @property
+    def pipeline(self) -> PipelineResource:
+        return self._get(self.names.pipeline, PipelineResource)
+
+    def config(self) -> PipelineConfig:
+        """The settings of this run or tick: the pipeline file as read now (:meth:`PipelineResource.config`)."""
+        return self.pipeline.config()
+
+    @property
+    def inference(self) -> InferenceResource:
+        return self._get(self.names.inference, InferenceResource)
+
+    @property
+    def listener(self) -> PhaseListener:
+        return self._get(self.names.phase_listener, PhaseListener)  # type: ignore[type-abstract]
+
+    @property
+    def pipes(self) -> dg.PipesSubprocessClient:
+        return self._get(self.names.pipes_subprocess_client, dg.PipesSubprocessClient)
 
 
 def api_key_vars(config: PipelineConfig) -> list[str]:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from eagle3_pipeline.components.resources import PipelineResource
 from eagle3_pipeline.config import ConfigError, PipelineConfig
-from eagle3_pipeline.defs.resources import PipelineResource
 
 CELERY_BROKER_ENV = "DAGSTER_CELERY_BROKER_URL"
 CELERY_BACKEND_ENV = "DAGSTER_CELERY_BACKEND_URL"

@@ -1,6 +1,6 @@
 """The scheduled backfill of `responses` (only when the pipeline file sets `schedule.cron`; setting
 the cron is the opt-in): an automation condition that `responses` and `prompts` declare, evaluated
-by the `pipeline_automation` sensor (:mod:`eagle3_pipeline.defs.ops.automation`).
+by the `pipeline_automation` sensor (:mod:`eagle3_pipeline.components.ops.automation`).
 
 At the first evaluation after each cron tick, the partitions that are not in a run or backfill
 already and that the launch decision takes (:func:`eagle3_pipeline.orchestration.launch.decide_generation`,
@@ -21,8 +21,8 @@ import datetime
 
 import dagster as dg
 
+from eagle3_pipeline.components.resources import PipelineResource
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.resources import PipelineResource
 from eagle3_pipeline.orchestration.hosts import sick_hosts_line
 from eagle3_pipeline.orchestration.launch import ALL_CURRENT, decide_generation
 
@@ -79,9 +79,9 @@ class GenerationDue(dg.AutomationCondition):
         return due
 
 
-def scheduled_backfill(config: PipelineConfig, pipeline: PipelineResource) -> dg.AutomationCondition | None:
-    """The condition of `responses` and `prompts`, or None when `schedule.cron` is not set."""
-    settings = config.schedule
+def scheduled_backfill(loaded: PipelineConfig, pipeline: PipelineResource) -> dg.AutomationCondition | None:
+    """The condition of `responses` and `prompts`, or None when the file as loaded sets no `schedule.cron`."""
+    settings = loaded.schedule
     if settings.cron is None:
         return None
     return (

@@ -15,7 +15,7 @@ three steps are the same heavy phases through `run_heavy_phase`: `extract` of a 
 beside the drafter's run folder on this machine.
 
 A managed server (`serving.managed`) on the machine where training runs is stopped for it and comes back as
-the generation server while `responses` partitions are incomplete (eagle3_pipeline.defs.managed:gpu_phase);
+the generation server while `responses` partitions are incomplete (eagle3_pipeline.components.managed:gpu_phase);
 in the rolling loop a managed extraction server serves each window's extraction and is stopped for its
 training.
 """
@@ -25,12 +25,13 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.eagle3.drafter_eval import input_checks
+from eagle3_pipeline.components.eagle3.hidden_states import extract_launch
+from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.policy import step_policy
+from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.eagle3.hidden_states import extract_launch
-from eagle3_pipeline.defs.managed import gpu_phase
-from eagle3_pipeline.defs.resources import pipeline_settings
-from eagle3_pipeline.deploy import step_tags
 from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
 from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
@@ -124,48 +125,49 @@ def train_rolling(
     return run_rolling(state, windows, config.drafter.epochs, extract, train, delete, DagsterReporter(context))
 
 
-def build_drafter_assets(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
-    # The blocking checks of what the drafter trains on, honoured across runs (orchestration/gating.py).
-    input_checks = [names.check("hidden_states", "spot_check"), names.check("draft_vocab", "coverage")]
+def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    names = resources.names
+    config = resources.config()
+    require_passing_checks(context.instance, input_checks(names))
+    paths = drafter_paths(config.artifacts_root)
+    fetch = [
+        p.relative_to(config.artifacts_root).as_posix()
+        for p in (paths["export_dir"] / "config.json", paths["run_dir"] / TAU_CURVE_FILE)
+    ]
+    try:
+        spec = train_spec(config)
+        ship = [str(paths["draft_vocab"])] + (
+            [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
+        )
+        with gpu_phase(context, config, names, "eagle3_drafter") as supervisor:
+            if config.hidden_states.rolling_window_shards is None:
+                result = run_heavy_phase(
+                    context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+                )
+            else:
+                result = train_rolling(context, config, spec, ship, fetch, supervisor)
+    except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    typed = DrafterResult.from_metadata(result)
+    resources.listener.result("eagle3_drafter", None, typed)
+    where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
+    rolling = {k: v for k, v in result.items() if k.startswith("rolling_")}
+    return dg.MaterializeResult(metadata={**materialization_metadata(typed.as_metadata()), **where, **rolling})
 
-    @dg.asset(
+
+def build_drafter_assets(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
+
+    eagle3_drafter_asset = dg.asset(
         key_prefix=names.key_prefix,
         group_name=names.name("eagle3"),
         kinds={"pytorch", "safetensors"},
         deps=[names.key("draft_vocab"), names.key("hidden_states")],
-        pool="gpu",
         required_resource_keys={names.pipeline, names.phase_listener},
-        op_tags=step_tags(config, "eagle3_drafter"),
         description="The EAGLE-3 draft model trained on the target's hidden states (training-time test "
         "over drafter.ttt_steps, soft labels over the draft vocabulary), checkpointed and resumable, "
         "exported as a LlamaForCausalLMEagle3 folder that SGLang and vLLM load.",
-    )
-    def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        config = pipeline_settings(context, names)
-        require_passing_checks(context.instance, input_checks)
-        paths = drafter_paths(config.artifacts_root)
-        fetch = [
-            p.relative_to(config.artifacts_root).as_posix()
-            for p in (paths["export_dir"] / "config.json", paths["run_dir"] / TAU_CURVE_FILE)
-        ]
-        try:
-            spec = train_spec(config)
-            ship = [str(paths["draft_vocab"])] + (
-                [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
-            )
-            with gpu_phase(context, config, names, "eagle3_drafter") as supervisor:
-                if config.hidden_states.rolling_window_shards is None:
-                    result = run_heavy_phase(
-                        context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
-                    )
-                else:
-                    result = train_rolling(context, config, spec, ship, fetch, supervisor)
-        except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
-            raise dg.Failure(description=str(exc)) from None
-        typed = DrafterResult.from_metadata(result)
-        getattr(context.resources, names.phase_listener).result("eagle3_drafter", None, typed)
-        where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
-        rolling = {k: v for k, v in result.items() if k.startswith("rolling_")}
-        return dg.MaterializeResult(metadata={**materialization_metadata(typed.as_metadata()), **where, **rolling})
+        **step_policy(loaded, "eagle3_drafter"),
+    )(eagle3_drafter)
 
-    return [eagle3_drafter]
+    return [eagle3_drafter_asset]

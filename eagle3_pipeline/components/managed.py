@@ -22,8 +22,8 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.health.observations import server_event_observation
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.health.observations import server_event_observation
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.managed import (
     LaunchError,

@@ -8,9 +8,9 @@ starts running (it only observes, and terminates only with `health.terminate_sta
 import dagster as dg
 
 from eagle3_pipeline.alerts import Alerter, stall_detected
+from eagle3_pipeline.components.health.observations import health_observation
+from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.health.observations import health_observation
-from eagle3_pipeline.defs.resources import pipeline_resource
 from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.launch import decide_generation
@@ -19,10 +19,10 @@ from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
 
 
-def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.SensorDefinition]:
-    """`config` (the file at load) sets the tick intervals; each tick reads its settings from the
+def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.SensorDefinition]:
+    """`loaded` (the file as loaded) sets the tick intervals; each tick reads its settings from the
     pipeline's settings resource (key `names.pipeline`)."""
-    intervals = config.health
+    intervals = loaded.health
 
     @dg.sensor(
         name=names.name("inference_health"),
@@ -39,7 +39,7 @@ def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_
     def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         decision = decide_generation(
             context.instance,
-            pipeline_resource(context, names).config(),
+            StepResources(context, names).config(),
             context.log.warning,
             cursor=context.cursor,
             tags={"eagle3/launched_by": "inference_health"},
@@ -70,7 +70,7 @@ def build_health_sensors(config: PipelineConfig, names: PipelineNames = DEFAULT_
         "pool, a server start or the target's weights are not working yet.",
     )
     def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        config = pipeline_resource(context, names).config()
+        config = StepResources(context, names).config()
         stall = config.health
         stalled, events = [], []
         alerter = Alerter.for_pipeline(config, context.log.warning)

@@ -13,18 +13,18 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
+from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.components.eagle3.served_drafter import build_served_drafter
+from eagle3_pipeline.components.generation.assets import build_assets
+from eagle3_pipeline.components.health.observations import inference_server_specs
+from eagle3_pipeline.components.health.sensors import build_health_sensors
+from eagle3_pipeline.components.ops.automation import build_automation_sensor
+from eagle3_pipeline.components.ops.deploy import with_executor
+from eagle3_pipeline.components.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3.drafter_benchmark import build_drafter_benchmark
-from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
-from eagle3_pipeline.defs.eagle3.served_drafter import build_served_drafter
-from eagle3_pipeline.defs.generation.assets import build_assets
-from eagle3_pipeline.defs.health.observations import inference_server_specs
-from eagle3_pipeline.defs.health.sensors import build_health_sensors
-from eagle3_pipeline.defs.ops.automation import build_automation_sensor
-from eagle3_pipeline.defs.ops.deploy import with_executor
-from eagle3_pipeline.defs.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.orchestration.launching import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import NO_LISTENER
@@ -37,10 +37,10 @@ MAIN_PATH = (SETUP_JOB, GENERATION_JOB, DOWNSTREAM_JOB)
 CODE_REFERENCES_BETA = r".*`(with_source_code_references|LocalFileCodeReference|CodeReferencesMetadataValue)`"
 
 
-def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.UnresolvedAssetJobDefinition]:
+def build_jobs(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.UnresolvedAssetJobDefinition]:
     per_dataset = dg.AssetSelection.assets(*(names.key(asset) for asset in PER_DATASET))
     jobs = []
-    if config.inference.kind == "embedded":
+    if loaded.inference.kind == "embedded":
         jobs.append(
             dg.define_asset_job(
                 names.name("setup_job"),
@@ -66,9 +66,10 @@ def build_jobs(config: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> 
 
 
 def with_code_references(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    """Each asset with a code reference to the function that computes it (the closure its factory
-    builds): the UI's source link opens it (the component adds its defs.yaml after). Checks stay as they
-    are. Code references are a beta feature of Dagster, whose warnings are expected for this call only."""
+    """Each asset with a code reference to the function that computes it (the module function named after
+    it, which its factory decorates): the UI's source link opens it (the component adds its defs.yaml
+    after). Checks stay as they are. Code references are a beta feature of Dagster, whose warnings are
+    expected for this call only."""
     checks = [a for a in assets if isinstance(a, dg.AssetChecksDefinition)]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", CODE_REFERENCES_BETA, dg.BetaWarning)
@@ -76,42 +77,43 @@ def with_code_references(assets: Sequence[dg.AssetsDefinition]) -> list[dg.Asset
     return [a for a in referenced if isinstance(a, dg.AssetsDefinition)] + checks
 
 
-def build_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
+def build_definitions(loaded: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
     """A code location of one pipeline: :func:`pipeline_definitions` with the executor its file asks for."""
-    return with_executor(pipeline_definitions(config, pipeline), [config])
+    return with_executor(pipeline_definitions(loaded, pipeline), [loaded])
 
 
-def pipeline_definitions(config: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
+def pipeline_definitions(loaded: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
     """One pipeline's definitions, without an executor (the code location sets one for all its
-    pipelines: :func:`~eagle3_pipeline.defs.ops.deploy.with_executor`). Their shape (assets, partitions
-    = the file's dataset ids) follows `config`, the file as loaded; every body reads its settings at run
+    pipelines: :func:`~eagle3_pipeline.components.ops.deploy.with_executor`). Their shape (assets, partitions
+    = the file's dataset ids) follows `loaded`, the file as loaded; every body reads its settings at run
     or tick time from `pipeline` (default: that file, no overrides). API keys reach the runs through
     `inference`, each set with `dg.EnvVar` of the variable the file names, so an unset variable fails
     only the runs that need it. Every name (asset and check keys, jobs, sensors, resource keys) follows
-    `pipeline.key_prefix`."""
-    pipeline = pipeline or PipelineResource(config_path=str(config.source_file))
+    `pipeline.key_prefix`. Pools and step tags are each asset's
+    :func:`~eagle3_pipeline.components.policy.step_policy`."""
+    pipeline = pipeline or PipelineResource(config_path=str(loaded.source_file))
     names = pipeline.names()
     assets = [
-        *build_assets(config, pipeline),
-        *build_eagle3_assets(config, names),
-        *build_drafter_assets(config, names),
-        *build_drafter_eval(config, names),
-        *build_drafter_benchmark(config, names),
-        *build_served_drafter(config, names),
+        *build_assets(loaded, pipeline),
+        *build_eagle3_assets(loaded, names),
+        *build_drafter_assets(loaded, names),
+        *build_drafter_eval(loaded, names),
+        *build_drafter_benchmark(loaded, names),
+        *build_served_drafter(loaded, names),
     ]
-    observed = inference_server_specs(config, names)
+    observed = inference_server_specs(loaded, names)
     keys = [key for a in assets if isinstance(a, dg.AssetsDefinition) for key in a.keys]
     return dg.Definitions(
         assets=[*with_code_references(assets), *observed],
-        jobs=build_jobs(config, names),
+        jobs=build_jobs(loaded, names),
         sensors=[
-            *build_health_sensors(config, names),
+            *build_health_sensors(loaded, names),
             build_automation_sensor(names, keys + [s.key for s in observed]),
         ],
         resources={
             names.pipeline: pipeline,
             names.inference: InferenceResource(
-                pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(config)})
+                pipeline=pipeline, api_keys=ApiKeys(values={var: dg.EnvVar(var) for var in api_key_vars(loaded)})
             ),
             names.pipes_subprocess_client: dg.PipesSubprocessClient(),
             # `eagle3-pipeline run` passes its own, which hears progress and results in process.
