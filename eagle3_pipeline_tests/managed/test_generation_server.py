@@ -26,9 +26,9 @@ from eagle3_pipeline.managed.launch import ServerPurpose
 from eagle3_pipeline.orchestration.launch import decide_generation
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.health.test_alerts import URL_VAR, Receiver
 from eagle3_pipeline_tests.health.test_sensors import evaluate
 from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, ssh_health, write_pipeline
-from eagle3_pipeline_tests.test_alerts import URL_VAR, Receiver
 
 PROMPTS = 12
 

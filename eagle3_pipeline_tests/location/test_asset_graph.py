@@ -3,7 +3,7 @@
 kinds, deps, partitions, pools and checks (blocking or not). A change to the graph shows up as a diff of
 that text in review. After an intended change, rewrite the snapshots with::
 
-    .venv/bin/python -m eagle3_pipeline_tests.test_asset_graph
+    .venv/bin/python -m eagle3_pipeline_tests.location.test_asset_graph
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from eagle3_pipeline.defs.pipeline import build_definitions
 
 PROFILES = ("local", "kimi-k25")
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-UPDATE = ".venv/bin/python -m eagle3_pipeline_tests.test_asset_graph"
+UPDATE = ".venv/bin/python -m eagle3_pipeline_tests.location.test_asset_graph"
 
 
 def _partitions(definition: dg.PartitionsDefinition | None) -> str:

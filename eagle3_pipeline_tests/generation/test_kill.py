@@ -16,7 +16,7 @@ from eagle3_pipeline.generation import Endpoint, ResponseCheckpoint, generate
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.generation_runs import make_prompts, settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROMPTS = 400
 CONCURRENCY = 8
 KILLS = 4
@@ -37,7 +37,7 @@ def worker_main() -> None:
 
 
 def start_worker(base_url: str, checkpoint: Path) -> subprocess.Popen[bytes]:
-    code = "from eagle3_pipeline_tests.test_generation_kill import worker_main; worker_main()"
+    code = "from eagle3_pipeline_tests.generation.test_kill import worker_main; worker_main()"
     return subprocess.Popen([sys.executable, "-c", code, base_url, str(checkpoint)], cwd=REPO, stderr=subprocess.PIPE)
 
 

@@ -15,7 +15,7 @@ from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline_tests.locations import location_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_loading_definitions_imports_no_heavy_library() -> None:
@@ -110,7 +110,7 @@ def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
 
 def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path) -> None:
     """Missing source files and unset API-key variables do not stop the webserver or daemon from
-    loading the definitions; the run that needs them reports them (see test_orchestration)."""
+    loading the definitions; the run that needs them reports them (see orchestration/test_launching.py)."""
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(
         "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
@@ -148,7 +148,7 @@ def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkey
     assert f"{pipeline}: datasets[0] (id 'B1').source: file" in str(at_load.value)
     monkeypatch.setenv(
         "EAGLE3_UNSET_KEY", "set-while-the-missing-source-is-shown"
-    )  # an unset key fails the run first (test_settings_resources)
+    )  # an unset key fails the run first (location/test_settings_resources.py)
     result = (
         build_definitions(config)
         .resolve_job_def("generation_job")

@@ -40,7 +40,7 @@ from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline.testing.generation_runs import make_prompts
 from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources
-from eagle3_pipeline_tests.test_generation_planning import plan_cli
+from eagle3_pipeline_tests.generation.test_planning import plan_cli
 
 HOST = "eagle3/host"
 

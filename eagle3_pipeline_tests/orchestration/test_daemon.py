@@ -27,7 +27,7 @@ from eagle3_pipeline_tests.locations import workspace_file
 
 pytestmark = [pytest.mark.local_model, pytest.mark.daemon]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_follows(

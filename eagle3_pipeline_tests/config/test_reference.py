@@ -18,7 +18,7 @@ import eagle3_pipeline.config as config_package
 from eagle3_pipeline.config import GenerationConfig, PipelineConfig
 from eagle3_pipeline.config.reference import NOT_SETTINGS, REGENERATE, render
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "docs" / "settings.md"
 
 

@@ -17,7 +17,7 @@ from eagle3_pipeline.managed import EagleDrafter, ServerPurpose, launch_for, man
 from eagle3_pipeline.managed.phases import gpu_phase_server
 from eagle3_pipeline_tests.locations import location_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "eagle3_pipeline" / "profiles" / "kimi-k25.yaml"
 
 

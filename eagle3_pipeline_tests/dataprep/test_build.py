@@ -17,7 +17,7 @@ from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, read_m
 from eagle3_pipeline.prompts import parse_record
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
 
-SAMPLES = Path(__file__).resolve().parents[1] / "eagle3_pipeline" / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 
 pytestmark = pytest.mark.local_model
 

@@ -30,7 +30,7 @@ from eagle3_pipeline_tests.drafter.test_export_specforge import specforge  # noq
 pytestmark = [pytest.mark.e2e]
 
 CLI = [sys.executable, "-m", "eagle3_pipeline.cli"]
-SAMPLES = Path(__file__).resolve().parents[1] / "eagle3_pipeline" / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 
 
 def reasoning_for(body: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import pytest
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.defs.pipeline import build_definitions
 
-PACKAGE = Path(__file__).resolve().parents[1] / "eagle3_pipeline"
+PACKAGE = Path(__file__).resolve().parents[2] / "eagle3_pipeline"
 DEF = re.compile(r"^\s*def (\w+)\(")
 
 

@@ -13,7 +13,7 @@ from dagster import DagsterInstance
 
 from eagle3_pipeline.cli import ensure_dagster_home
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_data_is_the_root_file() -> None:
