@@ -29,8 +29,8 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs import build_definitions
 from eagle3_pipeline.draft_vocab import DraftVocabResult
 from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.local_model]

@@ -22,8 +22,8 @@ from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.generation.capabilities import PROBE_PREFIX, CapabilityReport, ServerNeeds, probe_capabilities
+from eagle3_pipeline.testing.datasets import write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.conftest import write_jsonl
 
 VLLM_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]

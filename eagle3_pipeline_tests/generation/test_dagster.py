@@ -15,8 +15,8 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.serving import InferenceProvider
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.dagster_runs import materialize_generation
 
 SECRET = "sk-or-v1-test-0123456789abcdef-SECRET"

@@ -15,8 +15,8 @@ import pytest
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint, configured_fingerprint, partition_is_stale
 from eagle3_pipeline.generation.fingerprint import GenerationFingerprint, endpoint_identity
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.dagster_runs import materialize_generation
 
 

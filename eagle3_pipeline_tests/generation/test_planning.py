@@ -9,9 +9,6 @@ faster is never a close call; the tests assert rankings and decisions, never dur
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -36,6 +33,7 @@ from eagle3_pipeline.records import (
 from eagle3_pipeline.serving import endpoints_from_config
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts
+from eagle3_pipeline_tests.cli_runs import plan_cli
 from eagle3_pipeline_tests.dagster_runs import materialize_generation
 
 SECRET = "sk-fast-0123456789abcdef-PLANNER-SECRET"
@@ -104,19 +102,6 @@ def materialize_prompts(config: PipelineConfig, n: int) -> list[PromptRecord]:
     return prompts
 
 
-def plan_cli(config: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.cli", "plan", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ},
-    )
-    assert done.returncode == 0, done.stderr
-    assert SECRET not in done.stdout + done.stderr, "the API key leaked into the plan"
-    return done.stdout
-
-
 def by_backend(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     [dataset] = document["datasets"]
     return {row["backend"]: row for row in dataset["backends"]}
@@ -131,7 +116,7 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         config = load_config(path)
         prompts = materialize_prompts(config, 40)
 
-        blind = json.loads(plan_cli(path, "--json"))
+        blind = json.loads(plan_cli(path, "--json", secret=SECRET))
         assert {row["tokens_per_s"] for row in by_backend(blind).values()} == {"unknown"}, (
             "no evidence: unknown, not a guess"
         )
@@ -141,7 +126,7 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         )
         assert len(slow.requests) == len(fast.requests) == 0, "without --calibrate nothing is sent"
 
-        calibrated = json.loads(plan_cli(path, "--json", "--calibrate", "4"))
+        calibrated = json.loads(plan_cli(path, "--json", "--calibrate", "4", secret=SECRET))
         rows = by_backend(calibrated)
         assert len(slow.requests) == len(fast.requests) == 4
         assert rows["fast-api"]["tokens_per_s"] > 3 * rows["slow-box"]["tokens_per_s"] > 0
@@ -154,12 +139,12 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
         assert rows["fast-api"]["eta_s"] < rows["slow-box"]["eta_s"]
         assert calibrated["datasets"][0]["best"] in {"fast-api", "no-price"}, "the fast ones finish first"
 
-        ceiling = json.loads(plan_cli(path, "--json", "--calibrate", "4", "--max-cost", "0.0005"))
+        ceiling = json.loads(plan_cli(path, "--json", "--calibrate", "4", "--max-cost", "0.0005", secret=SECRET))
         assert ceiling["datasets"][0]["best"] == "slow-box", (
             "the fast backends cost more than $0.0005 (or cannot be shown not to)"
         )
 
-        text = plan_cli(path, "--calibrate", "4", "--max-cost", "0.001")
+        text = plan_cli(path, "--calibrate", "4", "--max-cost", "0.001", secret=SECRET)
         (tmp_path / "plan.txt").write_text(text)
         [best_line] = [line for line in text.splitlines() if line.endswith("<- best")]
         assert best_line.startswith("B1") and "fast-api" in best_line and "calibration: 4 answers" in best_line
@@ -167,7 +152,7 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
 
         # After a run, the checkpoint is the evidence: no calibration needed.
         run_dataset(config, prompts[:20], lambda: endpoints_from_config(config)[1:2])
-        evidence = by_backend(json.loads(plan_cli(path, "--json")))
+        evidence = by_backend(json.loads(plan_cli(path, "--json", secret=SECRET)))
         assert evidence["fast-api"]["throughput_source"].startswith("checkpoint: 20 answers")
         assert evidence["slow-box"]["tokens_per_s"] == "unknown"
         assert evidence["fast-api"]["completion_tokens_left"] == 20 * 5, "20 pending × 5 tokens per answer so far"

@@ -17,9 +17,9 @@ from eagle3_pipeline.generation.length import check_lengths
 from eagle3_pipeline.generation.quality import account_for_prompts
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, content_id, message
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 
 
 def test_an_empty_answer_is_retried_then_failed_never_stored(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

@@ -24,7 +24,7 @@ from eagle3_pipeline.generation import (
     generate,
 )
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
-from eagle3_pipeline_tests.generation.test_run import lines, make_prompts, settings
+from eagle3_pipeline.testing.generation_runs import lines, make_prompts, settings
 
 PROMPTS = 40
 

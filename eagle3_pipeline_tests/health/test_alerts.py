@@ -10,12 +10,9 @@ the API key, the webhook URL's token and an SSH key passphrase.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
@@ -25,42 +22,13 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.defs.eagle3.drafter_eval import DRAFTER_EVAL
 from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.webhook import Receiver
 from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation, write_pipeline
 
 URL_VAR, KEY_VAR, PASS_VAR = "EAGLE3_TEST_ALERT_URL", "EAGLE3_TEST_API_KEY", "EAGLE3_TEST_KEY_PASSPHRASE"
 API_KEY = "sk-test-4f1d9c0b7e2a4c55a9d1"
 TOKEN = "T0SECRET/B0SECRET/xoxb9f8e7d6c5b4a"
 PASSPHRASE = "pass-phrase-7c1e0aa93b"
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1: records every POST body, answers 200."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.paths: list[str] = []
-        received = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                data = self.rfile.read(int(self.headers["Content-Length"]))
-                received.paths.append(self.path)
-                received.bodies.append(json.loads(data))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/{TOKEN}"
 
 
 @contextmanager
@@ -73,12 +41,12 @@ def instance_in(home: Path) -> Iterator[dg.DagsterInstance]:
 
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    server = Receiver()
+    server = Receiver(TOKEN)
     monkeypatch.setenv(URL_VAR, server.url)
     monkeypatch.setenv(KEY_VAR, API_KEY)
     monkeypatch.setenv(PASS_VAR, PASSPHRASE)
     yield server
-    server.server.shutdown()
+    server.stop()
 
 
 def pipeline(

@@ -19,8 +19,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_model]
 

@@ -25,7 +25,6 @@ import pytest
 
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline.testing.kimi.fixture import build_kimi_checkpoint
-from eagle3_pipeline_tests.drafter.test_export_specforge import specforge  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.e2e]
 
@@ -69,7 +68,7 @@ def masked_texts(out: Path, tokenizer: Any) -> dict[str, str]:
     return texts
 
 
-def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> None:  # noqa: F811
+def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> None:
     checkpoint = build_kimi_checkpoint(tmp_path / "Kimi-K2.5-tiny")
     from eagle3_pipeline.target import load_tokenizer
 

@@ -21,8 +21,8 @@ import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 
 pytestmark = [pytest.mark.local_model]
 

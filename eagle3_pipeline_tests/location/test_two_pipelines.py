@@ -17,8 +17,8 @@ from eagle3_pipeline.defs.ops.deploy import with_executor
 from eagle3_pipeline.orchestration.launching import partitions_in_flight
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.dagster_runs import Daemonless, sensor_resources
 
 OTHER = PipelineNames("other")

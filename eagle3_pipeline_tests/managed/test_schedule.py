@@ -10,7 +10,7 @@ from eagle3_pipeline.generation.planning import Throughput, build_plan
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.prompts import write_prompts
 from eagle3_pipeline.schedule import UNKNOWN, serving_schedule
-from eagle3_pipeline_tests.managed.conftest import write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
 SERVING = {"managed": True, "engine": "vllm", "model": "/models/t", "port": 8123}
 BENCHMARK = {"server": "vllm", "steps": 3}

@@ -36,11 +36,11 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launching import LaunchHost, claim, failure_reason
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline.testing.generation_runs import make_prompts
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline_tests.cli_runs import plan_cli
 from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources
-from eagle3_pipeline_tests.generation.test_planning import plan_cli
 
 HOST = "eagle3/host"
 

@@ -20,8 +20,8 @@ from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.orchestration.launch import decide_generation
 from eagle3_pipeline.orchestration.launching import backoff_s, plan_launches
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources, write_pipeline
 
 

@@ -12,7 +12,7 @@ import pytest
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig, load_config, local_profile_path
 from eagle3_pipeline.prompts import PromptSourceError, load_prompts
 from eagle3_pipeline.records import message, wire_message
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 
 SETTINGS = PromptsConfig(long_threshold_tokens=50)
 
