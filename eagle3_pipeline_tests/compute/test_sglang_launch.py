@@ -30,9 +30,8 @@ from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline.testing.stores import assert_same_store
 from eagle3_pipeline.testing.training_data import tokenized_training_data
-from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
-from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.dagster_runs import checks, materialize, run_log
+from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
+from eagle3_pipeline_tests.dagster_runs import checks, materialize, pipeline_resources, run_log
 from eagle3_pipeline_tests.hidden_states.sglang_standins import standin_pythonpath
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the

@@ -51,7 +51,7 @@ from eagle3_pipeline.hidden_states.store import (
 from eagle3_pipeline.prompts import load_prompts
 from eagle3_pipeline.target_weights import load_target_weights
 from eagle3_pipeline.testing.tiny_store import make_vocab
-from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 pytestmark = pytest.mark.local_model
 

@@ -21,8 +21,9 @@ from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline.serving import free_port
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.reporter import Recorder
-from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 # Its scripted servers run as `python -m sglang.launch_server …`: the health tests would see them.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]

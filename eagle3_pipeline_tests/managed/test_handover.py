@@ -29,7 +29,7 @@ from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server, in
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
 from eagle3_pipeline.orchestration.launching import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
-from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 SSH: dict[str, Any] = {"kind": "ssh", "hostname": "gpu-box.internal", "username": "eagle3"}

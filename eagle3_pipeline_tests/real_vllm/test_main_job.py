@@ -45,6 +45,7 @@ import pytest
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.target import read_config
+from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 
 # The module's one pipeline run (five vLLM servers in turn, generation, training, the benchmark, the served
@@ -201,19 +202,6 @@ def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str,
             return found, events
 
 
-def group_left(pgid: int) -> list[int]:
-    """Live processes of the group on this machine."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            left.append(int(stat.parent.name))
-    return left
-
-
 @pytest.fixture(scope="module")
 def run(real_vllm_python: Path, local_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PipelineRun]:
     root = tmp_path_factory.mktemp("vllm_main_job")
@@ -327,7 +315,7 @@ def test_server_status_then_stop_leaves_no_process(run: PipelineRun) -> None:
     assert f"0 process(es) of it left; port {run.port} free" in run.stop.stdout
     print(run.status.stdout + run.stop.stdout)
     pid = next(e["pid"] for e in reversed(run.events) if e["event"] == "started")
-    assert group_left(pid) == []
+    assert processes_of(pid) == []
 
 
 def test_drafter_benchmark_tau_matches_drafter_eval(run: PipelineRun) -> None:

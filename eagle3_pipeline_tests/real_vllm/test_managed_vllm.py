@@ -20,9 +20,9 @@ from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, LocalHost
 from eagle3_pipeline.layer_ids import extraction_layer_ids
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
+from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
-from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
 
 pytestmark = pytest.mark.local_model
 
@@ -56,19 +56,6 @@ def pipeline(folder: Path, python: Path, model: Path, health: dict[str, Any] | N
     return load_config(path, runtime_checks=False)
 
 
-def group_left(pgid: int) -> list[int]:
-    """Live processes of the group on this machine."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            left.append(int(stat.parent.name))
-    return left
-
-
 def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, StopResult]:
     """Start for generation, ask one chat completion, stop; returns the two results and the answer."""
     plan = managed_server(config)
@@ -100,8 +87,8 @@ def test_managed_vllm_over_ssh(
     real_vllm_python: Path,
     local_model: Path,
     tmp_path: Path,
-    sshd: Sshd,  # noqa: F811 - the imported fixture
-    fakebin: FakeBin,  # noqa: F811 - the imported fixture
+    sshd: Sshd,
+    fakebin: FakeBin,
 ) -> None:
     fakebin.reset()
     health = {
@@ -123,7 +110,7 @@ def test_managed_vllm_over_ssh(
     report("ssh", started, stopped)
     assert started.host == f"127.0.0.1:{sshd.port}" and answer
     assert stopped.verified and stopped.verification.gpu_check.startswith("ok: nvidia-smi lists 0 compute")
-    assert group_left(started.pid) == []
+    assert processes_of(started.pid) == []
 
 
 def test_the_builders_extraction_line_serves_the_stores_layers(
@@ -157,5 +144,5 @@ def test_the_builders_extraction_line_serves_the_stores_layers(
     assert started.report.healthy
     assert stopped.verified and stopped.was_running and stopped.signals == ("TERM",)
     assert stopped.verification.gpu_check == "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
-    assert group_left(started.pid) == []
+    assert processes_of(started.pid) == []
     assert os.path.exists(server.log_path)
