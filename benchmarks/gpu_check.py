@@ -66,7 +66,7 @@ then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 540`` and 
 
 (``$OUT/gpu_check.log`` comes back whole; the reply's ``output_tail`` holds only the last 12,000 characters.)
 
-On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/test_gpu_check.py``
+On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/benchmarks/test_gpu_check.py``
 runs it, so the script cannot rot)::
 
     .venv/bin/python -m benchmarks.gpu_check --smoke

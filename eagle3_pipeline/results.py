@@ -20,7 +20,7 @@ Phase (asset) → result type:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,6 +37,7 @@ class PhaseResult(Protocol):
     def as_metadata(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
 class PhaseListener(Protocol):
     """Hears a run's progress and phase results in the process the run executes in (the CLI);
     the UI and the daemon use `NO_LISTENER`, and read the same figures from the event log."""

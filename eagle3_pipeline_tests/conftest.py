@@ -1,14 +1,20 @@
-"""Shared fixtures: real loopback servers, a temporary Dagster home, the embedded model."""
+"""Shared fixtures: real loopback servers, a temporary Dagster home, the embedded model; the real sshd with its
+scripted nvidia-smi (health, compute, managed and real_vllm tests); the tiny Kimi-K2.5 checkpoints (kimi and
+hidden_states tests); SpecForge's model loaded from its wheel (drafter and location tests)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
+import os
+import shutil
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline.testing.kimi.fixture import build_kimi_checkpoint
+from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, Sshd
 
 # Tests with these markers are slow by nature (the main job, the daemon, a browser, a PostgreSQL server,
 # a real vLLM server).
@@ -63,21 +69,49 @@ def local_model() -> Path:
     return model_dir
 
 
-def write_jsonl(path: Path, records: Sequence[object]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
+@pytest.fixture(scope="session")
+def fakebin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeBin]:
+    fake = FakeBin(tmp_path_factory.mktemp("fakebin"))
+    yield fake
+    fake.release_wedged()
 
 
-def sharegpt(text: str, answer: str | None = None) -> dict[str, object]:
-    turns = [{"from": "human", "value": text}]
-    if answer is not None:
-        turns.append({"from": "gpt", "value": answer})
-    return {"conversations": turns}
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory, fakebin: FakeBin) -> Iterator[Sshd]:
+    if not Path(SSHD).exists():
+        pytest.fail(f"{SSHD} is missing: apt-get install -y openssh-server")
+    missing = [tool for tool in ("ss", "ps", "pgrep", "ssh-keygen", "timeout") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"the health probes need {', '.join(missing)}: apt-get install -y iproute2 procps openssh-client")
+    if os.geteuid() != 0:
+        pytest.fail("the sshd fixture runs sshd with privilege separation and needs root")
+    server = Sshd(tmp_path_factory.mktemp("sshd"), fakebin.dir).start()
+    yield server
+    server.stop()
 
 
-def pipeline_resources(config_path: Path) -> dict[str, object]:
-    """The `pipeline` resource (and no phase listener), for assets materialized outside their Definitions."""
-    from eagle3_pipeline.defs.resources import PipelineResource
-    from eagle3_pipeline.results import NO_LISTENER
+@pytest.fixture(scope="session")
+def kimi_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bf16 stand-in: remote code, slow tiktoken tokenizer, sharded random weights (read-only by convention)."""
+    return build_kimi_checkpoint(tmp_path_factory.mktemp("kimi") / "Kimi-K2.5")
 
-    return {"pipeline": PipelineResource(config_path=str(config_path)), "phase_listener": NO_LISTENER}
+
+@pytest.fixture(scope="session")
+def kimi_checkpoint_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same checkpoint with the INT4 release's compressed-tensors ``quantization_config``."""
+    return build_kimi_checkpoint(tmp_path_factory.mktemp("kimi_int4") / "Kimi-K2.5-int4", int4=True)
+
+
+@pytest.fixture(scope="session")
+def kimi_checkpoint_split_think(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same checkpoint whose tokenizer encodes ``<think>``/``</think>`` as ordinary byte tokens."""
+    return build_kimi_checkpoint(tmp_path_factory.mktemp("kimi_split") / "Kimi-K2.5-split-think", split_think=True)
+
+
+@pytest.fixture(scope="module")
+def specforge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.ModuleType]:
+    """SpecForge's ``llama3_eagle`` module, loaded from its wheel (`drafter/specforge_wheel.py`)."""
+    from eagle3_pipeline_tests.drafter.specforge_wheel import llama3_eagle
+
+    with llama3_eagle(tmp_path_factory.mktemp("specforge-wheel")) as module:
+        yield module

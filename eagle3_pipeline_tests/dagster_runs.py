@@ -14,11 +14,19 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+
+
+def pipeline_resources(config_path: Path) -> dict[str, object]:
+    """The `pipeline` resource (and no phase listener), for assets materialized outside their Definitions."""
+    from eagle3_pipeline.components.resources import PipelineResource
+    from eagle3_pipeline.results import NO_LISTENER
+
+    return {"pipeline": PipelineResource(config_path=str(config_path)), "phase_listener": NO_LISTENER}
 
 
 def materialize(
@@ -102,6 +110,15 @@ class Daemonless:
                 raise_on_error=False,
             )
         return result
+
+
+def evaluate_sensor(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None = None) -> Any:
+    """One tick of the sensor ``name`` on ``instance``, with the resources its definition asks for."""
+    sensor = defs.resolve_sensor_def(name)
+    context = dg.build_sensor_context(
+        instance=instance, cursor=cursor, definitions=defs, resources=sensor_resources(defs, sensor)
+    )
+    return sensor.evaluate_tick(context)
 
 
 def evaluate_at(defs: dg.Definitions, instance: dg.DagsterInstance, when: datetime.datetime, cursor: Any = None) -> Any:

@@ -13,7 +13,7 @@ def location_file(folder: Path, pipeline: Path) -> Path:
     path = folder / "location.py"
     path.write_text(
         "from eagle3_pipeline.config import load_config\n"
-        "from eagle3_pipeline.defs import build_definitions\n\n"
+        "from eagle3_pipeline.components import build_definitions\n\n"
         f"defs = build_definitions(load_config({str(pipeline.resolve())!r}, runtime_checks=False))\n"
     )
     return path

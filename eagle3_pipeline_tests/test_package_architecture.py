@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("drafter", ("drafter",)),
     ("tools over the domain: the status and schedule views, the tests' stand-ins", ("overview", "testing")),
     ("worker: a heavy phase's entry point on a GPU host (dagster-pipes only)", ("worker",)),
-    ("Dagster layer: orchestration policy and the definitions", ("orchestration", "defs")),
+    ("Dagster layer: orchestration policy and the definitions", ("orchestration", "components")),
     ("entry points", ("cli", "definitions")),
 )
 DAGSTER_LAYERS = frozenset({"Dagster layer: orchestration policy and the definitions", "entry points"})
@@ -275,8 +275,8 @@ def test_the_checks_find_a_package_cycle_an_upward_import_and_dagster_in_the_dom
             "dataprep/agreement.py": "X = 1\n",
             "hidden_states/validation.py": "from eagle3_pipeline.dataprep.agreement import X\n",
             "config/loader.py": "from eagle3_pipeline.drafter import train\n",
-            "drafter/train.py": "import dagster as dg\nfrom eagle3_pipeline.defs import pipeline\n",
-            "defs/pipeline.py": "import dagster\n",
+            "drafter/train.py": "import dagster as dg\nfrom eagle3_pipeline.components import pipeline\n",
+            "components/pipeline.py": "import dagster\n",
             "worker.py": "from dagster_pipes import open_dagster_pipes\n",
         },
     )
@@ -286,7 +286,7 @@ def test_the_checks_find_a_package_cycle_an_upward_import_and_dagster_in_the_dom
     assert [line.split(" (")[0] for line in upward_imports(graph)] == [
         "eagle3_pipeline.config.loader -> eagle3_pipeline.drafter.train",
         "eagle3_pipeline.dataprep.phase -> eagle3_pipeline.hidden_states.validation",
-        "eagle3_pipeline.drafter.train -> eagle3_pipeline.defs.pipeline",
+        "eagle3_pipeline.drafter.train -> eagle3_pipeline.components.pipeline",
     ]
     assert [line.split(" (")[0] for line in dagster_below_its_layer(outside_imports(package))] == [
         "eagle3_pipeline.drafter.train imports dagster"

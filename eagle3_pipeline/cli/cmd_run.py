@@ -245,7 +245,7 @@ class MainJob:
 
     def plan(self) -> list[tuple[str, str | None]]:
         """(job, partition) in execution order, from the code location's own jobs."""
-        from eagle3_pipeline.defs.pipeline import MAIN_PATH
+        from eagle3_pipeline.components.pipeline import MAIN_PATH
 
         jobs = {job.name: job for job in self.defs.resolve_all_job_defs()}
         steps: list[tuple[str, str | None]] = []
@@ -353,7 +353,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ensure_dagster_home()
     from dagster import DagsterInstance
 
-    from eagle3_pipeline.defs import build_definitions
+    from eagle3_pipeline.components import build_definitions
 
     defs = build_definitions(config)
     instance = DagsterInstance.get()

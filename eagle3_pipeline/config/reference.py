@@ -189,7 +189,7 @@ def render() -> str:
         "",
         f"    {REGENERATE}",
         "",
-        "so edit the models' field descriptions, not this file (`eagle3_pipeline_tests/test_settings_reference.py`",
+        "so edit the models' field descriptions, not this file (`eagle3_pipeline_tests/config/test_reference.py`",
         "checks that it is up to date).",
     ]
     for section in sections():

@@ -1,4 +1,4 @@
-"""Orchestration policy: plain typed Python that the Dagster layer (`eagle3_pipeline.defs`) calls.
+"""Orchestration policy: plain typed Python that the Dagster layer (`eagle3_pipeline.components`) calls.
 
 It decides, from Dagster's run and event records (read through the public `dagster` API), which
 `responses` partitions to launch and where (:mod:`.generation_decision`, :mod:`.launch_plan`,

@@ -2,7 +2,7 @@
 
 Both ways generation launches by itself ask :func:`decide_generation`: the `inference_health`
 sensor (it turns the plan's run requests into runs) and the scheduled backfill's condition
-(:class:`eagle3_pipeline.defs.generation.automation.GenerationDue`, which takes their partitions).
+(:class:`eagle3_pipeline.components.generation.automation.GenerationDue`, which takes their partitions).
 One decision is: every host's health tick → an alert on each change of a host's verdict → the
 gate (at least one open host: healthy, or with its managed server merely stopped — the run starts
 it; a running but sick one blocks) → the partitions to generate (missing or stale,

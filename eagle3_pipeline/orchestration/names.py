@@ -31,6 +31,11 @@ class PipelineNames:
                 f"key_prefix: expected letters, digits and underscores (a Dagster name), got {self.prefix!r}"
             )
 
+    @classmethod
+    def of_key(cls, key: dg.AssetKey) -> PipelineNames:
+        """The names of the pipeline that asset `key` belongs to (its first path component, when prefixed)."""
+        return cls(key.path[0] if len(key.path) > 1 else None)
+
     @property
     def key_prefix(self) -> list[str] | None:
         """The `key_prefix` of this pipeline's asset decorators."""
@@ -55,7 +60,8 @@ class PipelineNames:
 
     @property
     def pipeline(self) -> str:
-        """The key of the pipeline's settings resource (:class:`~eagle3_pipeline.defs.resources.PipelineResource`)."""
+        """The key of the pipeline's settings resource
+        (:class:`~eagle3_pipeline.components.resources.PipelineResource`)."""
         return self.name("pipeline")
 
     @property

@@ -29,6 +29,11 @@ Each module stands in for something a test or a benchmark cannot have here:
   over a small random store).
 - :mod:`~eagle3_pipeline.testing.eval_settings`: the ``evaluate`` phase's settings as a pipeline file's
   ``drafter_eval:`` section gives them, likewise.
+- :mod:`~eagle3_pipeline.testing.datasets`: JSONL dataset files of ShareGPT conversations, for a user's
+  datasets.
+- :mod:`~eagle3_pipeline.testing.webhook`: a webhook receiver on loopback, for the chat service alerts go to.
+- :mod:`~eagle3_pipeline.testing.process_groups`: the live processes of a process group, read from /proc,
+  for checking that a server's stop left none.
 
 torch, transformers and safetensors are imported inside the functions that need them.
 """

@@ -16,14 +16,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.hidden_states.store import StoreManifest
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
 from eagle3_pipeline.testing.training_data import tokenized_training_data
-from eagle3_pipeline_tests.compute.conftest import Layout, idle_gpu_rows, write_pipeline
+from eagle3_pipeline_tests.compute.pipelines import Layout, idle_gpu_rows, write_pipeline
 from eagle3_pipeline_tests.dagster_runs import checks, materialize, run_log
 
 pytestmark = pytest.mark.slow

@@ -31,7 +31,7 @@ from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
 from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy
 from eagle3_pipeline.testing.stores import shard_contents
-from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
+from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
 from eagle3_pipeline_tests.hidden_states.specforge_files import (
     LAYERS,
     TARGET,

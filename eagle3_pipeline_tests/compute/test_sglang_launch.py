@@ -22,17 +22,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.testing.extract_specs import transformers_spec
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline.testing.stores import assert_same_store
 from eagle3_pipeline.testing.training_data import tokenized_training_data
-from eagle3_pipeline_tests.compute.conftest import Layout, write_pipeline
-from eagle3_pipeline_tests.conftest import pipeline_resources
-from eagle3_pipeline_tests.dagster_runs import checks, materialize, run_log
+from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
+from eagle3_pipeline_tests.dagster_runs import checks, materialize, pipeline_resources, run_log
 from eagle3_pipeline_tests.hidden_states.sglang_standins import standin_pythonpath
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the

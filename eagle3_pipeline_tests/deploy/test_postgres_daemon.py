@@ -2,7 +2,7 @@
 in its own `dagster code-server` (deploy/workspace.yaml, unchanged; started on a location file of
 the test's pipeline file), and the real `dagster-daemon`.
 
-The scenario of test_orchestration_daemon.py on five datasets: B1 is materialized before the daemon
+The scenario of orchestration/test_daemon.py on five datasets: B1 is materialized before the daemon
 starts; B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued
 run coordinator) on the same inference host (`eagle3/host: gpu-a`); the scheduled backfill must then
 be one Dagster backfill of B4 and B5, the partitions neither materialized nor in flight. Then every
@@ -26,8 +26,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.orchestration.launch_plan import IN_FLIGHT
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.process_tools import free_port

@@ -22,13 +22,13 @@ torch = pytest.importorskip("torch")
 import dagster as dg
 
 from eagle3_pipeline.cli.cmd_run import CliListener, MainJob
+from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.config import (
     DatasetConfig,
     PromptsConfig,
     load_config,
     local_profile_path,
 )
-from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.drafter.acceptance import AcceptanceStats, target_reference
 from eagle3_pipeline.drafter.draft_config import drafter_config
 from eagle3_pipeline.drafter.eval_results import WARNING
@@ -51,7 +51,7 @@ from eagle3_pipeline.hidden_states.store import (
 )
 from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.tiny_store import make_vocab
-from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 pytestmark = pytest.mark.local_model
 

@@ -12,11 +12,11 @@ pytest.importorskip("torch")
 
 import dagster as dg
 
+from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
-from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 

@@ -11,8 +11,8 @@ import dagster as dg
 import numpy as np
 import pytest
 
+from eagle3_pipeline.components.eagle3.drafter_eval import DRAFTER_EVAL, build_drafter_eval, materialization_metadata
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.drafter_eval import DRAFTER_EVAL, build_drafter_eval, materialization_metadata
 from eagle3_pipeline.drafter.acceptance import target_reference
 from eagle3_pipeline.drafter.eval_results import (
     WARNING,
@@ -28,7 +28,7 @@ from eagle3_pipeline.testing.eval_settings import eval_settings
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.stores import noisy_sample, periodic_sample, write_store, write_vocab
 from eagle3_pipeline.testing.tiny_store import random_target
-from eagle3_pipeline_tests.conftest import pipeline_resources
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 
 @pytest.fixture

@@ -293,12 +293,13 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(
     instance, compute local (the phases in process; the embedded model is the target)."""
     import dagster as dg
 
+    from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+    from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
+    from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
-    from eagle3_pipeline.defs.eagle3.drafter_eval import build_drafter_eval
-    from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.drafter.spec import drafter_paths
-    from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+    from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
+    from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"

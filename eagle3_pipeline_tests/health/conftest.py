@@ -1,4 +1,5 @@
-"""Fixtures for the health tests: a real sshd, fake GPU tools and a fake SGLang process tree.
+"""Fixtures for the health tests: a connection to the real sshd (the root conftest's), fake GPU tools and a
+fake SGLang process tree.
 
 See `sshd_fixture` for what each stand-in is. This machine has no GPU: `FakeBin` stands in for
 `nvidia-smi` and `dmesg` on the SSH host's PATH.
@@ -6,8 +7,6 @@ See `sshd_fixture` for what each stand-in is. This machine has no GPU: `FakeBin`
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,28 +14,7 @@ import pytest
 
 from eagle3_pipeline.hosts import SshHost
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
-from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, Sshd, Watched, make_watched
-
-
-@pytest.fixture(scope="session")
-def fakebin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeBin]:
-    fake = FakeBin(tmp_path_factory.mktemp("fakebin"))
-    yield fake
-    fake.release_wedged()
-
-
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory, fakebin: FakeBin) -> Iterator[Sshd]:
-    if not Path(SSHD).exists():
-        pytest.fail(f"{SSHD} is missing: apt-get install -y openssh-server")
-    missing = [tool for tool in ("ss", "ps", "pgrep", "ssh-keygen", "timeout") if shutil.which(tool) is None]
-    if missing:
-        pytest.fail(f"the health probes need {', '.join(missing)}: apt-get install -y iproute2 procps openssh-client")
-    if os.geteuid() != 0:
-        pytest.fail("the sshd fixture runs sshd with privilege separation and needs root")
-    server = Sshd(tmp_path_factory.mktemp("sshd"), fakebin.dir).start()
-    yield server
-    server.stop()
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, Watched, make_watched
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 from eagle3_pipeline.testing.sshd_fixture import Sshd
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
 
 
 def write_config(

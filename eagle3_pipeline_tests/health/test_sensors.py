@@ -11,21 +11,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.defs.pipeline import build_definitions
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, TcpProxy, healthy_gpu_rows
 from eagle3_pipeline.watch.monitor import HealthMonitor, UnhealthyError
-from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation
+from eagle3_pipeline_tests.dagster_runs import evaluate_sensor, start_stalled_generation
 from eagle3_pipeline_tests.health.pipeline_files import write_config
-
-
-def evaluate(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None = None):
-    sensor = defs.resolve_sensor_def(name)
-    context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, definitions=defs, resources=sensor_resources(defs, sensor)
-    )
-    return sensor.evaluate_tick(context)
 
 
 def observations(instance: dg.DagsterInstance, key: str) -> list[dict]:
@@ -45,7 +37,7 @@ def test_sensor_launches_nothing_while_a_check_is_critical(
     sglang.start()
     gpus.set_gpus(healthy_gpu_rows(7))
     defs = build_definitions(write_config(tmp_path, sshd, sglang))
-    result = evaluate(defs, "inference_health", instance)
+    result = evaluate_sensor(defs, "inference_health", instance)
     assert not result.run_requests
     skipped = result.skip_message or ""
     assert "not launching generation" in skipped and "gpus critical" in skipped
@@ -59,7 +51,7 @@ def test_sensor_launches_nothing_while_a_check_is_unknown(
     sglang.start()
     gpus.set_mode("hang")
     defs = build_definitions(write_config(tmp_path, sshd, sglang, shell_section_timeout_s=1))
-    result = evaluate(defs, "inference_health", instance)
+    result = evaluate_sensor(defs, "inference_health", instance)
     assert not result.run_requests and "gpus unknown" in (result.skip_message or "")
 
 
@@ -70,13 +62,13 @@ def test_sensor_launches_missing_partitions_once_healthy(
     sglang.start()
     config = write_config(tmp_path, sshd, sglang)
     defs = build_definitions(config)
-    result = evaluate(defs, "inference_health", instance)
+    result = evaluate_sensor(defs, "inference_health", instance)
     assert sorted(str(r.partition_key) for r in result.run_requests or []) == ["B1", "B2"]
     assert [e.metadata["healthy"].value for e in result.asset_events] == [True]
 
     job = defs.resolve_job_def("generation_job")
     assert job.execute_in_process(partition_key="B1", instance=instance).success
-    again = evaluate(defs, "inference_health", instance, cursor=result.cursor)
+    again = evaluate_sensor(defs, "inference_health", instance, cursor=result.cursor)
     assert [r.partition_key for r in again.run_requests or []] == ["B2"]
 
 
@@ -135,7 +127,7 @@ def test_sensor_tick_against_a_hung_host_returns_within_20_s(
         proxy.freeze()
         sglang.set(hang_all=True)
         started = time.monotonic()
-        result = evaluate(defs, "inference_health", instance)
+        result = evaluate_sensor(defs, "inference_health", instance)
         assert time.monotonic() - started < 20
         assert not result.run_requests and "unknown" in (result.skip_message or "")
     finally:
@@ -148,7 +140,7 @@ def test_stall_sensor_flags_a_generation_that_stopped_writing(
     config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
     defs = build_definitions(config)
     run = start_stalled_generation(defs, instance, config.artifacts_root)
-    result = evaluate(defs, "generation_stall", instance)
+    result = evaluate_sensor(defs, "generation_stall", instance)
     said = result.skip_message or ""
     assert said.startswith("stalled: B1") and run.run_id[:8] in said
     [flagged] = result.asset_events
@@ -156,7 +148,7 @@ def test_stall_sensor_flags_a_generation_that_stopped_writing(
     assert flagged.metadata["stalled"].value is True
 
     (config.artifacts_root / "responses" / "B1.checkpoint.jsonl").write_text('{"id": "x"}\n{"id": "y"}\n')
-    assert "made progress" in (evaluate(defs, "generation_stall", instance).skip_message or "")
+    assert "made progress" in (evaluate_sensor(defs, "generation_stall", instance).skip_message or "")
 
 
 def test_stall_sensor_ignores_runs_that_have_not_started_generating(
@@ -173,7 +165,7 @@ def test_stall_sensor_ignores_runs_that_have_not_started_generating(
     earlier.start()
     os.utime(heartbeat_path(config.artifacts_root, "B1"), (time.time() - 3600, time.time() - 3600))
     time.sleep(1.5)
-    result = evaluate(defs, "generation_stall", instance)
+    result = evaluate_sensor(defs, "generation_stall", instance)
     assert "made progress" in (result.skip_message or "") and not result.asset_events
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
-from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 pytestmark = pytest.mark.local_model
 

@@ -15,18 +15,19 @@ torch = pytest.importorskip("torch")
 
 import dagster as dg
 
+from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.defs.eagle3.drafter import build_drafter_assets
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError
 from eagle3_pipeline.hidden_states.spot_check import spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.extract_specs import extract_spec
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
-from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 

@@ -36,7 +36,6 @@ from eagle3_pipeline.testing.stores import assert_same_store
 from eagle3_pipeline.testing.training_data import two_dataset_training_data
 from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_release
 from eagle3_pipeline_tests.hidden_states.sglang_standins import active_standin, standin_path
-from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401 - the shared session fixture
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +126,7 @@ def test_both_releases_write_the_transformers_extractors_bytes(tmp_path: Path, l
 
 def test_a_kimi_target_gets_deepseeks_layer_rule_on_both_releases(
     tmp_path: Path,
-    kimi_checkpoint: Path,  # noqa: F811 - the shared session fixture
+    kimi_checkpoint: Path,
 ) -> None:
     """SGLang's DeepSeek-V3 (which Kimi-K2.5 wraps) adds 1 to the ids when the first is 1: the ids
     handed to set_eagle3_layers_to_capture follow layer_ids.server_layer_ids, and the states are the
@@ -151,7 +150,7 @@ def test_a_kimi_target_gets_deepseeks_layer_rule_on_both_releases(
 def test_a_kimi_target_refuses_a_first_id_other_than_1_before_extracting(
     standin: str,
     tmp_path: Path,
-    kimi_checkpoint: Path,  # noqa: F811 - the shared session fixture
+    kimi_checkpoint: Path,
 ) -> None:
     data = two_dataset_training_data(tmp_path / "training_data", KIMI_VOCAB)
     settings = {"aux_layer_ids": [2, 3, 4], "trust_remote_code": True}
@@ -163,7 +162,7 @@ def test_a_kimi_target_refuses_a_first_id_other_than_1_before_extracting(
 def test_aux_states_in_another_form_than_the_releases_are_refused(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    kimi_checkpoint: Path,  # noqa: F811 - the shared session fixture
+    kimi_checkpoint: Path,
 ) -> None:
     """0.5.23's DeepSeek decoder hands one packed tensor: a release table that said "list" would
     mis-split it, so the worker refuses instead."""

@@ -33,7 +33,6 @@ from eagle3_pipeline.target.folder import decoder, language_model, load_tokenize
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
-from eagle3_pipeline_tests.kimi.conftest import kimi_checkpoint  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
@@ -350,9 +349,10 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
     up is kept by the preflight, the phase validates first, the check reports the agreement."""
     import dagster as dg
 
+    from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
-    from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+    from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
+    from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
     write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
     path = tmp_path / "pipeline.yaml"
@@ -390,7 +390,7 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
     assert meta["serving_samples"] == 2 and meta["serving_agreement"] >= 0.95
 
 
-def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: Path, kimi_checkpoint: Path) -> None:  # noqa: F811
+def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: Path, kimi_checkpoint: Path) -> None:
     """The tiny Kimi-K2.5 stand-in (remote code, nested text config, ``language_model.lm_head`` in
     shards, TikToken tokenizer). Its random weights put every top-2 margin under 0.2 nats, so the
     near-tie margin is 0.001 here; a teacher shifted by a position still fails."""

@@ -18,19 +18,20 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed import ManagedServer, managed_server, open_supervisor
 from eagle3_pipeline.managed.launch import ServerPurpose
 from eagle3_pipeline.orchestration.generation_decision import decide_generation
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
-from eagle3_pipeline_tests.conftest import sharegpt, write_jsonl
-from eagle3_pipeline_tests.health.test_sensors import evaluate
-from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, ssh_health, write_pipeline
-from eagle3_pipeline_tests.test_alerts import URL_VAR, Receiver
+from eagle3_pipeline.testing.webhook import Receiver
+from eagle3_pipeline_tests.dagster_runs import evaluate_sensor
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health, write_pipeline
 
 PROMPTS = 12
+URL_VAR = "EAGLE3_TEST_ALERT_URL"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,7 +130,7 @@ def test_responses_starts_the_managed_server_it_needs_and_leaves_it_running(
 def test_a_server_that_keeps_dying_fails_the_run_with_its_log_tail_and_an_alert(
     tmp_path: Path, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    receiver = Receiver()
+    receiver = Receiver("server-lost")
     monkeypatch.setenv(URL_VAR, receiver.url)
     config = pipeline(
         tmp_path,
@@ -143,7 +144,7 @@ def test_a_server_that_keeps_dying_fails_the_run_with_its_log_tail_and_an_alert(
     finally:
         managed.stop("test over")
         managed.host.close()
-        receiver.server.shutdown()
+        receiver.stop()
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     error = failure.step_failure_data.user_failure_data
@@ -160,7 +161,7 @@ def test_a_server_that_keeps_dying_fails_the_run_with_its_log_tail_and_an_alert(
 
 
 def gate(config: PipelineConfig, instance: dg.DagsterInstance) -> Any:
-    return evaluate(build_definitions(config), "inference_health", instance)
+    return evaluate_sensor(build_definitions(config), "inference_health", instance)
 
 
 def test_a_stopped_managed_server_does_not_block_the_launch_a_sick_one_does(

@@ -12,10 +12,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.health.observations import server_event_observation
+from eagle3_pipeline.components.managed import gpu_phase, supervised
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import HostConfig
-from eagle3_pipeline.defs.health.observations import server_event_observation
-from eagle3_pipeline.defs.managed import gpu_phase, supervised
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint
 from eagle3_pipeline.hidden_states.vllm_server import (
     ExtractionServerError,
@@ -29,7 +29,7 @@ from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server, in
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
 from eagle3_pipeline.orchestration.launch_plan import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
-from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 SSH: dict[str, Any] = {"kind": "ssh", "hostname": "gpu-box.internal", "username": "eagle3"}

@@ -22,7 +22,7 @@ from eagle3_pipeline.managed import (
     target_model_types,
 )
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids
-from eagle3_pipeline_tests.managed.conftest import write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
 KIMI_PROFILE = Path(__file__).parents[2] / "eagle3_pipeline" / "profiles" / "kimi-k25.yaml"
 KIMI_SERVING = {

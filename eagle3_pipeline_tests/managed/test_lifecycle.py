@@ -32,29 +32,20 @@ from eagle3_pipeline.managed import (
     managed_server,
 )
 from eagle3_pipeline.managed.lifecycle import parse_stat
+from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.process_tools import free_port, wait_until
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
-from eagle3_pipeline_tests.managed.conftest import dying_sglang_serving, fake_sglang_serving, ssh_health, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import (
+    dying_sglang_serving,
+    fake_sglang_serving,
+    ssh_health,
+    write_pipeline,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_process_table_module_at_a_time(process_table: None) -> None:
     """These tests start `python -m sglang.launch_server` stand-ins, which the health tests look for."""
-
-
-def processes_of(pgid: int) -> list[int]:
-    """Live processes of a process group on this machine (zombies aside)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            info = parse_stat((entry / "stat").read_text())
-        except (OSError, ValueError, IndexError):
-            continue
-        if info.pgid == pgid and info.live:
-            found.append(info.pid)
-    return found
 
 
 GENERATION = ServerPurpose.generation(needs_tools=False)

@@ -7,8 +7,8 @@ import pytest
 
 from eagle3_pipeline.cli import main
 from eagle3_pipeline.managed import ServerPurpose, open_supervisor
-from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, write_pipeline
-from eagle3_pipeline_tests.managed.test_lifecycle import processes_of
+from eagle3_pipeline.testing.process_groups import processes_of
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 pytestmark = pytest.mark.usefixtures("stop_servers")
 

@@ -11,10 +11,10 @@ import yaml
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, ServingConfig, load_config
 from eagle3_pipeline.managed import managed_server, managed_servers
-from eagle3_pipeline_tests.managed.conftest import write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
 PROFILES = sorted((Path(__file__).parents[2] / "eagle3_pipeline" / "profiles").glob("*.yaml"))
-# The profiles whose server is the user's (the Kimi profile's is managed: eagle3_pipeline_tests/test_kimi_profile.py).
+# The profiles whose server is the user's (the Kimi profile's is managed: location/test_kimi_profile.py).
 UNMANAGED = [p for p in PROFILES if "serving" not in yaml.safe_load(p.read_text())]
 KIMI_SERVING = {
     "managed": True,

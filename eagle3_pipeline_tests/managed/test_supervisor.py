@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.managed import EagleDrafter, ServerEvent, ServerPurpose, open_supervisor
-from eagle3_pipeline_tests.managed.conftest import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 

@@ -1,7 +1,7 @@
-"""The capability probe against real vLLM: the shipped tools samples through `responses`, first to the
-embedded model served without a tool-call parser (the partition fails before any of its requests, and
-the error names the flags), then to the same model served with `--enable-auto-tool-choice
---tool-call-parser hermes` (SmolLM2's ChatML turns are Hermes' format; the partition generates)."""
+"""The capability probe against real vLLM: the shipped tools samples through `responses` to the embedded
+model served without a tool-call parser: the partition fails before any of its requests, and the error
+names the flags. The same samples served with `--enable-auto-tool-choice --tool-call-parser hermes`
+generate in the main job (test_main_job.py, whose tools partition records every probe as ok)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
 
@@ -68,37 +68,21 @@ def chat_requests(server: RunningVllm) -> list[str]:
     return re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d+)', server.log.read_text(errors="replace"))
 
 
-def test_tools_fail_before_any_request_without_a_parser_and_pass_with_hermes(
+def test_tools_fail_before_any_request_without_a_tool_parser(
     real_vllm_python: Path, local_model: Path, tmp_path: Path
 ) -> None:
     with dg.DagsterInstance.ephemeral() as instance:
         with vllm_server(local_model, tmp_path / "bare.log", served_name="smol") as bare:
             failed = materialize(pipeline(tmp_path, bare, local_model), instance)
             statuses = chat_requests(bare)
-        assert not failed.success
-        message = failure_description(failed)
-        print(f"\nthe partition's error without a tool parser:\n{message}\nchat completions served: {statuses}")
-        assert message.startswith("tools: the server lacks what this dataset needs, so no request of the partition")
-        assert VLLM_REFUSAL in message
-        assert "start vLLM with --enable-auto-tool-choice --tool-call-parser <name>" in message
-        assert "SGLang with --tool-call-parser <name>" in message
-        assert statuses.count("400") == 1, "the one probe with tools was refused, no request of the partition"
-        assert len(statuses) <= 3, "the health gate's completion and the two probes, nothing else"
-        assert not ResponseCheckpoint(tmp_path / "out" / "responses" / "tools.checkpoint.jsonl").load()
-        assert not (tmp_path / "out" / "responses" / "tools.errors.jsonl").exists(), "no request failed"
-
-        parser = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-        with vllm_server(local_model, tmp_path / "hermes.log", served_name="smol", extra_args=parser) as served:
-            passed = materialize(pipeline(tmp_path, served, local_model), instance)
-    assert passed.success, failure_description(passed)
-    [materialization] = passed.asset_materializations_for_node("responses")
-    metadata = {key: value.value for key, value in materialization.metadata.items()}
-    checks: Any = metadata["server_capabilities"]
-    print(f"capabilities with hermes: {json.dumps(checks, indent=1)}")
-    assert {c["capability"]: c["status"] for c in checks} == {
-        "tool_call_parser": "ok",
-        "reasoning_parser": "unknown",  # SmolLM2 does not reason
-        "context_length": "ok",
-        "tokenize": "ok",
-    }
-    assert metadata["generated_now"] == PROMPTS and metadata["failed"] == 0
+    assert not failed.success
+    message = failure_description(failed)
+    print(f"\nthe partition's error without a tool parser:\n{message}\nchat completions served: {statuses}")
+    assert message.startswith("tools: the server lacks what this dataset needs, so no request of the partition")
+    assert VLLM_REFUSAL in message
+    assert "start vLLM with --enable-auto-tool-choice --tool-call-parser <name>" in message
+    assert "SGLang with --tool-call-parser <name>" in message
+    assert statuses.count("400") == 1, "the one probe with tools was refused, no request of the partition"
+    assert len(statuses) <= 3, "the health gate's completion and the two probes, nothing else"
+    assert not ResponseCheckpoint(tmp_path / "out" / "responses" / "tools.checkpoint.jsonl").load()
+    assert not (tmp_path / "out" / "responses" / "tools.errors.jsonl").exists(), "no request failed"

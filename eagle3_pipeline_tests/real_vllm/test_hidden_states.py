@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch")
 import dagster as dg
 import httpx
 
+from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import ServingValidationConfig, load_config
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
 from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.dataprep.serving_reference import record_from_first
-from eagle3_pipeline.defs.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
@@ -37,11 +37,12 @@ from eagle3_pipeline.hidden_states.validation import validate_first
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, open_vllm_target, reply_file_taker
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import extraction_args
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.real_vllm import RunningVllm, stop_group, vllm_server
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
-from eagle3_pipeline_tests.conftest import pipeline_resources, sharegpt, write_jsonl
+from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 pytestmark = pytest.mark.local_model
 

@@ -45,6 +45,7 @@ import pytest
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.target.folder import read_config
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
+from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 
 # The module's one pipeline run (five vLLM servers in turn, generation, training, the benchmark, the served
@@ -173,7 +174,8 @@ def until_shutdown(log: str) -> str:
 
 
 def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """The latest materialization's metadata of each asset, and every observation of inference_server."""
+    """The latest materialization's metadata of each asset and of each responses partition (as
+    ``responses/<dataset>``), and every observation of inference_server."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", str(home))
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -182,6 +184,13 @@ def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str,
                 event = instance.get_latest_materialization_event(dg.AssetKey(asset))
                 if event is not None and event.asset_materialization is not None:
                     found[asset] = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+            for partition in DATASETS:
+                [record] = instance.fetch_materializations(
+                    dg.AssetRecordsFilter(dg.AssetKey("responses"), asset_partitions=[partition]), limit=1
+                ).records
+                materialization = record.asset_materialization
+                assert materialization is not None
+                found[f"responses/{partition}"] = {k: v.value for k, v in materialization.metadata.items()}
             records = instance.fetch_observations(dg.AssetKey("inference_server"), limit=1000, ascending=True).records
             events = []
             for record in records:
@@ -191,19 +200,6 @@ def instance_records(home: Path, assets: list[str]) -> tuple[dict[str, dict[str,
                 if "event" in metadata:  # a start, stop or reuse (not a health report)
                     events.append(metadata)
             return found, events
-
-
-def group_left(pgid: int) -> list[int]:
-    """Live processes of the group on this machine."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            left.append(int(stat.parent.name))
-    return left
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +244,11 @@ def test_main_job_through_a_managed_real_vllm(run: PipelineRun) -> None:
     assert all(1.0 <= evaluation[f"tau@{STEPS}/{name}"] <= STEPS + 1 for name in DATASETS)
     # greedy answers of the same server: the stored tokens are (nearly all) its argmax
     assert evaluation["data_agreement/all"] >= 0.9
+
+    # the tools partition's probes passed on the managed server's hermes parser (the refusal without one:
+    # test_capabilities.py)
+    probes = {c["capability"]: c["status"] for c in run.metadata["responses/B2_tools"]["server_capabilities"]}
+    assert probes == {"tool_call_parser": "ok", "reasoning_parser": "unknown", "context_length": "ok", "tokenize": "ok"}
 
     served = until_shutdown(run.server_log.read_text(errors="replace"))
     assert "Traceback" not in served, served[-3000:]
@@ -314,7 +315,7 @@ def test_server_status_then_stop_leaves_no_process(run: PipelineRun) -> None:
     assert f"0 process(es) of it left; port {run.port} free" in run.stop.stdout
     print(run.status.stdout + run.stop.stdout)
     pid = next(e["pid"] for e in reversed(run.events) if e["event"] == "started")
-    assert group_left(pid) == []
+    assert processes_of(pid) == []
 
 
 def test_drafter_benchmark_tau_matches_drafter_eval(run: PipelineRun) -> None:

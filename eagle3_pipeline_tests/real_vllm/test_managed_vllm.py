@@ -1,7 +1,8 @@
 """A managed real vLLM (CPU build, the embedded model) started from the pipeline's own launch line: start →
-ready on the health tick → a generation → stop, verified (no process of its group left, port closed), on
-this machine and over SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in
-for the GPUs); and the builder's extraction line, whose connector writes the store's layers."""
+ready on the health tick → a generation → stop, verified (no process of its group left, port closed), over
+SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in for the GPUs); and on
+this machine the builder's extraction line, whose connector (the eagle3-vllm-cpu plugin's CPU path) writes
+the store's layers. The main job (test_main_job.py) starts and stops it on this machine five times more."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, LocalHost
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids
+from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
-from eagle3_pipeline_tests.health.conftest import fakebin, sshd  # noqa: F401 - shared fixtures
 
 pytestmark = pytest.mark.local_model
 
@@ -55,19 +56,6 @@ def pipeline(folder: Path, python: Path, model: Path, health: dict[str, Any] | N
     return load_config(path, runtime_checks=False)
 
 
-def group_left(pgid: int) -> list[int]:
-    """Live processes of the group on this machine."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            left.append(int(stat.parent.name))
-    return left
-
-
 def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, StopResult]:
     """Start for generation, ask one chat completion, stop; returns the two results and the answer."""
     plan = managed_server(config)
@@ -95,22 +83,12 @@ def report(where: str, started: StartResult, stopped: StopResult) -> None:
     print(f"\n{where}: start {json.dumps(started.as_metadata())}\n{where}: stop {json.dumps(stopped.as_metadata())}")
 
 
-def test_managed_vllm_on_this_machine(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
-    config = pipeline(tmp_path, real_vllm_python, local_model)
-    started, answer, stopped = lifecycle(config, LocalHost())
-    report("local", started, stopped)
-    assert started.report.healthy and answer
-    assert stopped.verified and stopped.was_running and stopped.signals == ("TERM",)
-    assert stopped.verification.gpu_check == "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
-    assert group_left(started.pid) == []
-
-
 def test_managed_vllm_over_ssh(
     real_vllm_python: Path,
     local_model: Path,
     tmp_path: Path,
-    sshd: Sshd,  # noqa: F811 - the imported fixture
-    fakebin: FakeBin,  # noqa: F811 - the imported fixture
+    sshd: Sshd,
+    fakebin: FakeBin,
 ) -> None:
     fakebin.reset()
     health = {
@@ -132,7 +110,7 @@ def test_managed_vllm_over_ssh(
     report("ssh", started, stopped)
     assert started.host == f"127.0.0.1:{sshd.port}" and answer
     assert stopped.verified and stopped.verification.gpu_check.startswith("ok: nvidia-smi lists 0 compute")
-    assert group_left(started.pid) == []
+    assert processes_of(started.pid) == []
 
 
 def test_the_builders_extraction_line_serves_the_stores_layers(
@@ -163,5 +141,8 @@ def test_the_builders_extraction_line_serves_the_stores_layers(
 
     tensors = load_file(str(path))
     assert list(tensors["hidden_states"].shape) == [len(ids), 4, 576] and tensors["token_ids"].tolist() == ids
-    assert stopped.verified and group_left(started.pid) == []
+    assert started.report.healthy
+    assert stopped.verified and stopped.was_running and stopped.signals == ("TERM",)
+    assert stopped.verification.gpu_check == "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
+    assert processes_of(started.pid) == []
     assert os.path.exists(server.log_path)

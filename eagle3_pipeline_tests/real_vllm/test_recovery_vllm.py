@@ -22,14 +22,14 @@ import dagster as dg
 import pytest
 import yaml
 
+from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.defs.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.managed import ManagedServer, managed_server
 from eagle3_pipeline.records import read_prompts
+from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
-from eagle3_pipeline_tests.real_vllm.test_managed_vllm import group_left
 
 pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
 
@@ -157,4 +157,4 @@ def test_kill_9_of_the_managed_vllm_mid_generation(real_vllm_python: Path, local
     assert "restart 1 of at most 2" in events[-1]["reason"] and events[-1]["duration_s"] > 0
     assert any(line.startswith("managed server serving (generation) failed: responses B1: ") for line in logged)
     assert status.state == "running", "the generation server is left running for the next partition"
-    assert stopped.verified and group_left(killed["pgid"]) == [] and group_left(stopped.pid or 0) == []
+    assert stopped.verified and processes_of(killed["pgid"]) == [] and processes_of(stopped.pid or 0) == []

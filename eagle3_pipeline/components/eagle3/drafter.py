@@ -1,0 +1,173 @@
+"""The `eagle3_drafter` asset: train the EAGLE-3 drafter on the hidden states and export it.
+
+Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run (the ``train`` phase),
+through `run_heavy_phase` wherever `compute:` says (for `command` too: the user command replaces
+only extraction). On a GPU host the draft_vocab folder is shipped, the hidden states are already
+there (phase A left them under the host's artifacts root), the checkpoints and the export stay on
+the host, and only the export's config.json and the run's tau_curve.json (τ against the training
+tokens seen, which `drafter_eval` and `eagle3-pipeline plan` read) come back. `drafter.target_weights` is then a path on
+the host.
+
+With `hidden_states.rolling_window_shards` the asset runs the rolling loop
+(eagle3_pipeline.drafter.rolling:run_rolling) over the windows the hidden_states phase recorded; its
+three steps are the same heavy phases through `run_heavy_phase`: `extract` of a window's shards,
+`train` of that window, `extract` deleting the window's shards. Its state (`rolling.json`) lies
+beside the drafter's run folder on this machine.
+
+A managed server (`serving.managed`) on the machine where training runs is stopped for it and comes back as
+the generation server while `responses` partitions are incomplete (eagle3_pipeline.components.managed:gpu_phase);
+in the rolling loop a managed extraction server serves each window's extraction and is stopped for its
+training.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+
+from eagle3_pipeline.components.eagle3.drafter_eval import input_checks
+from eagle3_pipeline.components.eagle3.hidden_states import extract_launch
+from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.policy import step_policy
+from eagle3_pipeline.components.resources import StepResources
+from eagle3_pipeline.compute.remote import RemoteError
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
+from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE
+from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
+from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config
+from eagle3_pipeline.hidden_states.extract import target_weights as extract_target
+from eagle3_pipeline.hidden_states.plan import read_rolling_layout
+from eagle3_pipeline.hidden_states.store import StoreError
+from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
+from eagle3_pipeline.hosts import HostError
+from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.managed import Supervisor
+from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter, run_heavy_phase, under_root
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.results import DrafterResult
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
+    columns = list(rows[0]) if rows else ["step"]
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({c: float(row.get(c, float("nan"))) for c in columns}) for row in rows],
+        schema=dg.TableSchema(columns=[dg.TableColumn(c, "float") for c in columns]),
+    )
+
+
+def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
+    last_eval = result["evals"][-1] if result["evals"] else {}
+    return {
+        "steps": result["steps"],
+        "total_steps": result["total_steps"],
+        "resumed_from_step": result["resumed_from_step"] if result["resumed_from_step"] is not None else -1,
+        "first_loss": result["first_loss"],
+        "last_loss": result["last_loss"],
+        **{k: round(v, 4) for k, v in last_eval.items() if k != "step"},
+        "wall_s": result["wall_s"],
+        "device": result["device"],
+        "processes": result["processes"],
+        "training_curve": _table(result["curve"]),
+        "eval_at_checkpoints": _table(result["evals"]),
+        "tau_curve": dg.MetadataValue.json(result["tau_curve"]),
+        "export_dir": dg.MetadataValue.path(result["export_dir"]),
+        "checkpoint": dg.MetadataValue.path(result["checkpoint"]),
+        "drafter": dg.MetadataValue.json(result["drafter"]),
+    }
+
+
+def train_rolling(
+    context: dg.AssetExecutionContext,
+    config: PipelineConfig,
+    spec: dict[str, Any],
+    ship: list[str],
+    fetch: list[str],
+    supervisor: Supervisor | None = None,
+) -> dict[str, Any]:
+    """The rolling loop with the heavy phases as its steps (see the module docstring). ``supervisor``: the
+    managed server handed over for the loop; when it is also the extraction server (backend vllm), it serves
+    extraction for each window's extract step and is stopped again for its training."""
+    layout = ArtifactLayout(config.artifacts_root)
+    model = extract_target(config)
+    extract_spec = spec_from_config(
+        config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
+    )
+    extract_ship = [str(layout.training_data)] + ([model] if under_root(model, layout.root) else [])
+
+    server = managed_extraction_server(config)
+    extracting = supervisor is not None and server is not None and server.name == supervisor.name
+
+    def extract(shards: list[str]) -> dict[str, Any]:
+        if extracting:
+            assert supervisor is not None and server is not None
+            purpose = extraction_purpose(config, server, supervisor.server.host)
+            supervisor.ensure(purpose, f"eagle3_drafter (rolling): extract {len(shards)} shard(s)")
+        return run_heavy_phase(
+            context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config)
+        )
+
+    def train(epoch: int, window: int) -> dict[str, Any]:
+        if extracting:
+            assert supervisor is not None
+            supervisor.release(f"eagle3_drafter (rolling): train epoch {epoch} window {window}")
+        rolling_spec = {**spec, "rolling": {"epoch": epoch, "window": window}}
+        return run_heavy_phase(
+            context, config, "train", rolling_spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+        )
+
+    def delete(shards: list[str]) -> dict[str, Any]:
+        return run_heavy_phase(context, config, "extract", {**extract_spec, "delete_shards": shards})
+
+    windows = read_rolling_layout(layout.hidden_states).windows
+    state = drafter_paths(config.artifacts_root)["run_dir"] / STATE_FILE
+    return run_rolling(state, windows, config.drafter.epochs, extract, train, delete, DagsterReporter(context))
+
+
+def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    names = resources.names
+    config = resources.config()
+    require_passing_checks(context.instance, input_checks(names))
+    paths = drafter_paths(config.artifacts_root)
+    fetch = [
+        p.relative_to(config.artifacts_root).as_posix()
+        for p in (paths["export_dir"] / "config.json", paths["run_dir"] / TAU_CURVE_FILE)
+    ]
+    try:
+        spec = train_spec(config)
+        ship = [str(paths["draft_vocab"])] + (
+            [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
+        )
+        with gpu_phase(context, config, names, "eagle3_drafter") as supervisor:
+            if config.hidden_states.rolling_window_shards is None:
+                result = run_heavy_phase(
+                    context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+                )
+            else:
+                result = train_rolling(context, config, spec, ship, fetch, supervisor)
+    except (DrafterSpecError, RemoteError, HostError, RollingError, ExtractionError, StoreError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    typed = DrafterResult.from_metadata(result)
+    resources.listener.result("eagle3_drafter", None, typed)
+    where = {k: result[k] for k in ("compute", "host", "remote_artifacts_root") if k in result}
+    rolling = {k: v for k, v in result.items() if k.startswith("rolling_")}
+    return dg.MaterializeResult(metadata={**materialization_metadata(typed.as_metadata()), **where, **rolling})
+
+
+def build_drafter_assets(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
+
+    eagle3_drafter_asset = dg.asset(
+        key_prefix=names.key_prefix,
+        group_name=names.name("eagle3"),
+        kinds={"pytorch", "safetensors"},
+        deps=[names.key("draft_vocab"), names.key("hidden_states")],
+        required_resource_keys={names.pipeline, names.phase_listener},
+        description="The EAGLE-3 draft model trained on the target's hidden states (training-time test "
+        "over drafter.ttt_steps, soft labels over the draft vocabulary), checkpointed and resumable, "
+        "exported as a LlamaForCausalLMEagle3 folder that SGLang and vLLM load.",
+        **step_policy(loaded, "eagle3_drafter"),
+    )(eagle3_drafter)
+
+    return [eagle3_drafter_asset]

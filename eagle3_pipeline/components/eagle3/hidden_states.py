@@ -1,0 +1,345 @@
+"""EAGLE-3 phase A as assets (group ``eagle3``): the draft vocabulary and the hidden states.
+
+Asset → domain function:
+  draft_vocab   → eagle3_pipeline.hidden_states.draft_vocab.build_draft_vocab         (check: coverage floor)
+  hidden_states → the heavy phase `extract` (eagle3_pipeline.hidden_states.extract:run) through
+                  `run_heavy_phase`, wherever `compute:` says (`hidden_states.backend: sglang`:
+                  `tp_size` torchrun ranks with `sglang_python`; `vllm`: requests to a vLLM server
+                  started with extract_hidden_states); with `compute: command` the
+                  user's command and then `import-specforge` (checks, from the phase's own
+                  metadata: spot_check, serving_agreement, bytes_per_token; before it, the
+                  serving target's reference answers: eagle3_pipeline.hidden_states.validation:preflight_reference,
+                  unless the store here is already complete for these settings:
+                  eagle3_pipeline.hidden_states.extract:nothing_to_do; the phase then opens no state source
+                  either, and the checks report what was recorded when the store was completed)
+
+A managed server (`serving.managed`) on the machine where extraction runs holds its GPUs: with `backend: vllm`
+it is the extraction server, started with the store's layer ids
+(eagle3_pipeline.hidden_states.vllm_server:extraction_purpose), otherwise it is stopped for the phase; either
+way it comes back as the generation server while `responses` partitions are incomplete
+(eagle3_pipeline.components.managed).
+
+On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
+host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
+is then a path (or Hugging Face id) on the host: the host keeps its own copy of the target; it is
+shipped only when it lies under the local artifacts root.
+"""
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from eagle3_pipeline.components.managed import gpu_phase, phase_server
+from eagle3_pipeline.components.policy import step_policy
+from eagle3_pipeline.components.resources import StepResources
+from eagle3_pipeline.compute.remote import RemoteError
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.dataprep.reader import TrainingDataError
+from eagle3_pipeline.hidden_states.draft_vocab import build_draft_vocab
+from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
+from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
+from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
+from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference
+from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
+from eagle3_pipeline.hosts import HostError
+from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline.managed import ManagedServerPlan, ServerPurpose, Supervisor
+from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_root
+from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.results import HiddenStatesResult
+from eagle3_pipeline.serving import tokenizer_name
+from eagle3_pipeline.target.folder import TargetError, dimensions, read_config
+
+GROUP = "eagle3"
+BYTES_PER_TOKEN_TOLERANCE = 0.05
+PHASE_ERRORS = (
+    ExtractionError,
+    StoreError,
+    TrainingDataError,
+    TargetError,
+    RemoteError,
+    HostError,
+    ServingReferenceError,
+)
+STORE_FILES = ("index.parquet", "manifest.json")
+
+
+def _as_recorded(meta: Mapping[str, Any]) -> str:
+    """A check of a run that found the store complete: its figures are the completing run's."""
+    return f" (as recorded when the store was completed, {meta['completed_at']})" if "completed_at" in meta else ""
+
+
+def _spot_check_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
+    if "spot_check_passed" not in meta:
+        return dg.AssetCheckResult(
+            check_name="spot_check",
+            passed=False,
+            severity=dg.AssetCheckSeverity.WARN,
+            description="not run: the states were imported from compute.command's output, not extracted with "
+            "transformers "
+            f"(input_ids checked against training_data; {meta.get('loss_mask_disagreements', 0)} loss-mask "
+            "disagreement(s))",
+        )
+    return dg.AssetCheckResult(
+        check_name="spot_check",
+        passed=bool(meta["spot_check_passed"]),
+        description=f"{meta['spot_check_samples']} samples re-computed {meta['spot_check_method']}, max relative error "
+        f"{meta['spot_check_max_rel_error']:.2e} (tolerance {meta['spot_check_tolerance']}; worst "
+        f"{meta['spot_check_worst_sample'] or '-'}){_as_recorded(meta)}",
+    )
+
+
+def _serving_agreement_result(meta: Mapping[str, Any]) -> dg.AssetCheckResult:
+    """Passed only when the phase compared the states with the serving target; a phase that saw no
+    reference (or imported the states) reports that it did not validate, as a failing WARN."""
+    status = meta.get("serving_validation")
+    if status == "passed":
+        near = (
+            f"; near-ties apart: {meta['serving_near_ties']}"
+            if meta["serving_near_ties_known"]
+            else "; near-ties unknown (no logprobs)"
+        )
+        return dg.AssetCheckResult(
+            check_name="serving_agreement",
+            passed=True,
+            description="argmax(lm_head(teacher)) = the serving target's greedy token at "
+            f"{meta['serving_agreement']:.1%} of "
+            f"{meta['serving_positions']} positions of {meta['serving_samples']} samples (floor "
+            f"{meta['serving_min_agreement']:.0%}) "
+            f"against {meta['serving_reference']}{near}{_as_recorded(meta)}",
+            metadata={
+                k: meta[k] for k in ("serving_agreement", "serving_positions", "serving_samples", "serving_near_ties")
+            },
+        )
+    detail = (
+        meta.get("serving_validation_detail")
+        or "the states were imported from compute.command's output, not extracted by the phase"
+    )
+    return dg.AssetCheckResult(
+        check_name="serving_agreement",
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"not validated against the serving target: {detail}{_as_recorded(meta)}",
+    )
+
+
+def extract_launch(config: PipelineConfig) -> dict[str, Any]:
+    """How the `extract` worker starts for ``hidden_states.backend: sglang``: ``tp_size`` torchrun
+    ranks with SGLang's venv python, that many free GPUs on the host. ``compute.kind: command``
+    extracts with the user's command instead, and ``backend: transformers`` needs nothing more."""
+    settings = config.hidden_states
+    if settings.backend != "sglang" or config.compute.kind == "command":
+        return {}
+    assert settings.sglang_python is not None  # HiddenStatesConfig requires it with backend sglang
+    return {
+        "processes": settings.tp_size,
+        "python": (settings.sglang_python, "hidden_states.sglang_python"),
+        "gpus": (settings.tp_size, "hidden_states.tp_size"),
+    }
+
+
+def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> Callable[[Supervisor], ServerPurpose]:
+    """The managed extraction server's purpose for the store, built on its host once the host is connected."""
+    return lambda supervisor: extraction_purpose(config, server, supervisor.server.host)
+
+
+def _training_data_checks(names: PipelineNames) -> list[dg.AssetCheckKey]:
+    """The blocking checks of training_data, honoured across runs (orchestration/gating.py)."""
+    return [names.check("training_data", "template_mismatch_rate")]
+
+
+def _local_target_vocab_size(config: PipelineConfig) -> int | None:
+    """The language model's vocab_size from the target's config.json when it is on this machine
+    (a Kimi-K2.5 checkpoint's lm_head may have more rows than its tokenizer has tokens); None when
+    the target folder is only on the GPU host (training_data's tokenizer length is then used)."""
+    try:
+        model = target_weights(config)
+    except ExtractionError:
+        return None
+    if not Path(model, "config.json").is_file():
+        return None
+    return dimensions(read_config(model), str(Path(model, "config.json"))).vocab_size
+
+
+def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    names = resources.names
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    require_passing_checks(context.instance, _training_data_checks(names))
+    settings = config.draft_vocab
+    try:
+        target_vocab = settings.target_vocab_size or _local_target_vocab_size(config)
+        result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, target_vocab)
+    except (TrainingDataError, ValueError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    context.log.info(
+        f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
+        f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
+    )
+    resources.listener.result("draft_vocab", None, result)
+    return dg.MaterializeResult(
+        metadata={**result.as_metadata(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
+    )
+
+
+def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    from eagle3_pipeline.hidden_states.store import load_draft_vocab
+
+    resources = StepResources.of_asset(context)
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    try:
+        _, _, manifest = load_draft_vocab(layout.draft_vocab)
+    except StoreError as exc:
+        return dg.AssetCheckResult(passed=False, description=str(exc))
+    floor = config.draft_vocab.min_coverage
+    return dg.AssetCheckResult(
+        passed=manifest["coverage"] >= floor,
+        description=f"coverage {manifest['coverage']:.2%} of masked train tokens (floor {floor:.0%})",
+        metadata={"coverage": manifest["coverage"], "eval_coverage": manifest["eval_coverage"], "floor": floor},
+    )
+
+
+def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    resources = StepResources.of_asset(context)
+    names = resources.names
+    config = resources.config()
+    layout = ArtifactLayout(config.artifacts_root)
+    require_passing_checks(context.instance, _training_data_checks(names))
+    rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []
+    fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
+    try:
+        model = target_weights(config)
+        spec = spec_from_config(
+            config.hidden_states, config.target, str(layout.training_data), str(layout.hidden_states), model
+        )
+
+        def record_reference() -> dict[str, Any]:
+            reference = preflight_reference(
+                config, layout.training_data, tokenizer_name(config), layout.serving_reference
+            )
+            context.log.info(f"serving reference: {reference['serving_reference_status']}")
+            return reference
+
+        def extract() -> dict[str, Any]:
+            recorded = layout.serving_reference.is_file()
+            spec["serving_reference"] = str(layout.serving_reference) if recorded else None
+            ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
+            ship += [model] if under_root(model, layout.root) else []
+            return run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
+
+        server = managed_extraction_server(config)
+        if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
+            reference = {"serving_reference_status": "not needed: the store is complete for these settings"}
+            context.log.info(f"serving reference: {reference['serving_reference_status']}")
+            meta = extract()
+        elif server is not None and config.compute.kind == "local":
+            # the reference from the extraction server itself, as from one the user started
+            with phase_server(context, config, names, server, "hidden_states", extraction_of(config, server)):
+                reference = record_reference()
+                meta = extract()
+        else:
+            reference = record_reference()  # from the serving target while it still serves
+            with (
+                phase_server(context, config, names, server, "hidden_states", extraction_of(config, server))
+                if server is not None
+                else gpu_phase(context, config, names, "hidden_states")
+            ):
+                meta = extract()
+    except PHASE_ERRORS as exc:
+        raise dg.Failure(description=str(exc)) from None
+    passed, text = bytes_per_token_check(
+        meta["bytes_per_token"],
+        meta["target_hidden_size"],
+        len(meta["aux_layer_ids"]),
+        config.hidden_states.storage_dtype,
+        BYTES_PER_TOKEN_TOLERANCE,
+    )
+    checks = [
+        _spot_check_result(meta),
+        _serving_agreement_result(meta),
+        dg.AssetCheckResult(check_name="bytes_per_token", passed=passed, description=text),
+    ]
+    result = HiddenStatesResult.from_metadata({**meta, **reference})
+    resources.listener.result("hidden_states", None, result)
+    metadata = {
+        **result.as_metadata(),
+        "store": dg.MetadataValue.path(result.store),
+        "aux_layer_ids": str(result.aux_layer_ids),
+    }
+    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def build_eagle3_assets(
+    loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
+) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+    """`loaded` (the file at load) words the descriptions; bodies read the pipeline's settings
+    resource (key `names.pipeline`)."""
+    training_data = names.key("training_data")
+
+    draft_vocab_asset = dg.asset(
+        key_prefix=names.key_prefix,
+        group_name=names.name(GROUP),
+        kinds={"safetensors"},
+        deps=[training_data],
+        required_resource_keys={names.pipeline, names.phase_listener},
+        description="The draft vocabulary: the draft_vocab.size most frequent target ids among the masked tokens "
+        "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
+    )(draft_vocab)
+
+    draft_vocab_coverage_check = dg.asset_check(
+        asset=draft_vocab_asset,
+        name="coverage",
+        blocking=True,
+        required_resource_keys={names.pipeline},
+        description="The draft vocabulary covers at least draft_vocab.min_coverage "
+        f"({loaded.draft_vocab.min_coverage:.0%}) "
+        "of the masked train tokens.",
+    )(draft_vocab_coverage)
+
+    hidden_states_asset = dg.asset(
+        key_prefix=names.key_prefix,
+        group_name=names.name(GROUP),
+        kinds={"safetensors", "parquet"},
+        deps=[training_data],
+        required_resource_keys={names.pipeline, names.phase_listener},
+        check_specs=[
+            dg.AssetCheckSpec(
+                "spot_check",
+                asset=names.key("hidden_states"),
+                blocking=True,
+                description="Sampled sequences re-computed alone (transformers: the whole causal LM with "
+                "output_hidden_states, no padding; sglang: one request per forward through the same runner; "
+                "vllm: the same "
+                "request sent again to the server) "
+                "match the stored states within hidden_states.spot_check_tolerance.",
+            ),
+            dg.AssetCheckSpec(
+                "serving_agreement",
+                asset=names.key("hidden_states"),
+                blocking=True,
+                description="Before the extraction, hidden_states.validation.samples samples re-computed through the "
+                "state source: every state finite and of the manifest's shape, argmax(lm_head(teacher)) equal to the "
+                "serving server's greedy token at ≥ hidden_states.validation.min_agreement of the positions (near-ties "
+                "apart), the server's tokenization of the text equal to ours; the phase refuses to extract otherwise. "
+                "No reference recorded (no server was up): a failing WARN, not a pass.",
+            ),
+            dg.AssetCheckSpec(
+                "bytes_per_token",
+                asset=names.key("hidden_states"),
+                description="Bytes on disk per token within 5 % of the formula for hidden_states.storage_dtype: "
+                "(3 aux + teacher) × hidden × 2 + 5 in bfloat16, (3 aux + teacher) × (hidden + 4) + 5 in float8_e4m3.",
+            ),
+        ],
+        description="The target's hidden states for every train and eval sample: 3 aux layers (output-of-layer ids) "
+        "and the teacher (final hidden state after the final norm), safetensors shards (bf16, or fp8 "
+        "with per-token scales: "
+        "hidden_states.storage_dtype) + Parquet index.",
+        **step_policy(loaded, "hidden_states"),
+    )(hidden_states)
+
+    return [draft_vocab_asset, draft_vocab_coverage_check, hidden_states_asset]

@@ -1,0 +1,125 @@
+"""The managed server (`serving.managed`) in a Dagster run: every start, stop and reuse of it is a line of the
+run's log and an observation of its server asset (`inference_server`, or `inference_server/<host>`), so the
+UI shows who held the GPUs when.
+
+- :func:`supervised`: the server's supervisor for a block (None when the server is not managed);
+- :func:`gpu_phase`: the GPUs of a phase's machine for a block (eagle3_pipeline.managed.phases): its managed
+  server stopped (verified) first, and afterwards the generation server again while `responses` partitions
+  are incomplete; with `inference.hosts` the run holds that host (its pool) first;
+- :func:`phase_server`: the same, with the server serving the phase's own purpose during the block (the
+  extraction server of `hidden_states.backend: vllm`); :func:`phase_supervisor`: the server of a phase's
+  machine, nothing handed over (the served drafter).
+(`responses` makes the server serve generation itself: eagle3_pipeline.serving.InferenceProvider.)
+
+A server that cannot be started or stopped as asked fails the step with the lifecycle's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+
+from eagle3_pipeline.components.health.observations import server_event_observation
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.hosts import HostError
+from eagle3_pipeline.managed import (
+    LaunchError,
+    ManagedServerError,
+    ManagedServerPlan,
+    ServerEvent,
+    ServerPurpose,
+    Supervisor,
+    managed_server,
+)
+from eagle3_pipeline.managed.phases import GpuPhase, after_gpu_phase, gpu_phase_server
+from eagle3_pipeline.managed.supervisor import open_supervisor
+from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
+from eagle3_pipeline.orchestration.names import PipelineNames
+
+SERVER_ERRORS = (ManagedServerError, LaunchError, HostError)
+
+
+@contextmanager
+def supervised(
+    context: Any, config: PipelineConfig, names: PipelineNames, host_name: str | None = None
+) -> Iterator[Supervisor | None]:
+    """The supervisor of the managed server of ``host_name`` (None: the pipeline's only or first one), its
+    events recorded on the run (``context``: an asset's); None when that server is not managed."""
+    plan = managed_server(config, host_name)
+    if plan is None:
+        yield None
+        return
+    observed = plan.name if config.inference.hosts else None
+
+    def record(event: ServerEvent) -> None:
+        context.log.info(event.line())
+        context.log_event(server_event_observation(event, observed, names))
+
+    try:
+        with open_supervisor(config, plan.name, record) as supervisor:
+            yield supervisor
+    except SERVER_ERRORS as exc:
+        raise dg.Failure(description=str(exc)) from None
+
+
+@contextmanager
+def _phase_supervisor(
+    context: Any, config: PipelineConfig, names: PipelineNames, plan: ManagedServerPlan, phase: GpuPhase
+) -> Iterator[Supervisor]:
+    """The supervisor of ``plan``'s server for a GPU phase; with `inference.hosts` its host held first."""
+    if config.inference.hosts:
+        try:
+            hold_host(context.instance, context.run_id, config, plan.name, context.log.info, names)
+        except NoHostFree as exc:
+            raise dg.Failure(description=f"{phase} needs the GPUs of {plan.setting}: {exc}") from None
+    with supervised(context, config, names, plan.name) as supervisor:
+        assert supervisor is not None
+        yield supervisor
+
+
+@contextmanager
+def phase_supervisor(
+    context: Any, config: PipelineConfig, names: PipelineNames, phase: GpuPhase
+) -> Iterator[Supervisor | None]:
+    """The supervisor of the managed server on ``phase``'s machine, its host held as for :func:`gpu_phase`,
+    nothing handed over (None: no managed server there)."""
+    plan = gpu_phase_server(config, phase)
+    if plan is None:
+        yield None
+        return
+    with _phase_supervisor(context, config, names, plan, phase) as supervisor:
+        yield supervisor
+
+
+@contextmanager
+def gpu_phase(
+    context: Any, config: PipelineConfig, names: PipelineNames, phase: GpuPhase
+) -> Iterator[Supervisor | None]:
+    """The GPUs of ``phase``'s machine for the block (module doc); yields the supervisor (None: no managed
+    server there, nothing to hand over)."""
+    plan = gpu_phase_server(config, phase)
+    if plan is None:
+        yield None
+        return
+    with _phase_supervisor(context, config, names, plan, phase) as supervisor:
+        with supervisor.handover(phase, after=lambda: after_gpu_phase(config)):
+            yield supervisor
+
+
+@contextmanager
+def phase_server(
+    context: Any,
+    config: PipelineConfig,
+    names: PipelineNames,
+    plan: ManagedServerPlan,
+    phase: GpuPhase,
+    purpose: Callable[[Supervisor], ServerPurpose],
+) -> Iterator[Supervisor]:
+    """``plan``'s server serving ``purpose(supervisor)`` for the block (the extraction server of hidden_states),
+    then, as after :func:`gpu_phase`, the generation server while work remains, or none."""
+    with _phase_supervisor(context, config, names, plan, phase) as supervisor:
+        with supervisor.serving(purpose(supervisor), phase, after=lambda: after_gpu_phase(config)):
+            yield supervisor

@@ -1,0 +1,174 @@
+"""The main job end to end: `eagle3-pipeline run` as a real process on a real Dagster instance.
+
+The first test serves the real embedded model (SmolLM2-135M-Instruct, the stand-in for the
+target). The kill test needs a server slow enough to kill mid-generation on demand, so it points
+the pipeline at a scripted OpenAI-compatible server on loopback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
+
+pytestmark = [pytest.mark.e2e, pytest.mark.local_model]
+
+CLI = [sys.executable, "-m", "eagle3_pipeline.cli"]
+
+
+def run_cli(config: Path, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    return subprocess.run(
+        [*CLI, "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=config.parent,
+    )
+
+
+def checkpoint_ids(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def open_instance(home: Path, monkeypatch: pytest.MonkeyPatch) -> dg.DagsterInstance:
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("a", "b"):
+        write_jsonl(tmp_path / f"{name}.jsonl", [sharegpt(f"Say the word {name} {i}.") for i in range(3)])
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        "name: e2e\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\n"
+        "generation: {max_tokens: 8, concurrency: 4}\nhealth: {max_truncation_rate: 1.0}\n"
+        # Six samples: half of them held out, so drafter_eval has an eval split; two training steps.
+        "training_data: {eval_fraction: 0.5}\ndrafter: {ttt_steps: 2, max_steps: 2, batch_tokens: 512}\n"
+        "datasets:\n  - {id: B1, source: a.jsonl}\n  - {id: B2, source: b.jsonl}\n"
+    )
+    home = tmp_path / "home"
+
+    first = run_cli(config, home)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "training_data: 6 rows" in first.stdout
+    # Every phase ran here, the Pipes steps (target_model, the heavy phases) included: none warns.
+    assert not re.findall(r"\w+Warning: .*", first.stderr), "a normal run prints no Python warning"
+    out = tmp_path / "out"
+    assert len(checkpoint_ids(out / "responses" / "B1.checkpoint.jsonl")) == 3
+    assert (out / "training_data" / "manifest.json").exists()
+    assert "hidden_states: 6 samples" in first.stdout and "bytes/token (formula 4613)" in first.stdout
+    assert (out / "hidden_states" / "index.parquet").exists() and (out / "draft_vocab" / "vocab.safetensors").exists()
+    assert "eagle3_drafter: " in first.stdout and (out / "drafter" / "export" / "config.json").exists()
+    assert "acceptance length τ on the eval split" in first.stdout and "| all |" in first.stdout
+    assert not (out / "logs" / "embedded-server.log").read_text().count("Traceback")
+
+    log_size = (out / "logs" / "embedded-server.log").stat().st_size
+    second = run_cli(config, home)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (out / "logs" / "embedded-server.log").stat().st_size == log_size, (
+        "no server is started when nothing is left"
+    )
+    assert [line.split()[3] for line in second.stdout.splitlines() if line.startswith("B")] == ["0", "0"]
+    assert "0 shards written" in second.stdout, "a rerun keeps every finished hidden-state shard"
+
+    instance = open_instance(home, monkeypatch)
+    for partition in ("B1", "B2"):
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("responses"), asset_partitions=[partition]), limit=5
+        ).records
+        assert len(records) == 2, "one materialization per run of the main job"
+        assert all(r.asset_materialization and r.asset_materialization.metadata["rows"].value == 3 for r in records)
+    assert instance.get_latest_materialization_event(dg.AssetKey("training_data")) is not None
+    servers = subprocess.run(["pgrep", "-f", "eagle3_pipeline.serving"], capture_output=True, text=True).stdout.split()
+    ours = [pid for pid in servers if Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()]
+    assert not ours, "the embedded server stops with the run (servers of other work on this machine aside)"
+
+
+def test_killed_mid_generation_resumes_without_loss_or_duplicates(
+    tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = FakeOpenAI(delay_s=0.15).start()
+    try:
+        prompts = [sharegpt(f"Prompt number {i}") for i in range(40)]
+        write_jsonl(tmp_path / "p.jsonl", prompts)
+        config = tmp_path / "pipeline.yaml"
+        config.write_text(
+            f"name: kill\nartifacts_root: out\ntarget: {{model: fake, tokenizer: {local_model}}}\n"
+            f"inference: {{kind: endpoints, endpoints: [{{base_url: '{server.base_url}'}}]}}\n"
+            "generation: {max_tokens: 8, concurrency: 3}\nhealth: {max_truncation_rate: 1.0}\n"
+            # 40 samples at the default 5 % may leave no eval row, and drafter_eval needs one.
+            "training_data: {eval_fraction: 0.2}\n"
+            # Two drafter steps: the default is a production recipe (10 epochs), and this test is about generation.
+            "drafter: {ttt_steps: 2, max_steps: 2, batch_tokens: 512}\n"
+            "datasets:\n  - {id: B1, source: p.jsonl}\n"
+        )
+        home = tmp_path / "home"
+        checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
+        env = {**os.environ, "DAGSTER_HOME": str(home)}
+        kept: list[str] = []
+        for target in (6, 18):
+            proc = subprocess.Popen(
+                [*CLI, "run", "--config", str(config)],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 120
+            while len(checkpoint_ids(checkpoint)) < target and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            now = checkpoint_ids(checkpoint)
+            assert now[: len(kept)] == kept, "finished responses were lost or rewritten"
+            assert 0 < len(now) < len(prompts), "the kill did not land mid-generation"
+            kept = now
+
+        final = run_cli(config, home, timeout=300)
+        assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+        assert "marked run" in final.stdout, "the killed run is reported and its pool slot freed"
+        ids = checkpoint_ids(checkpoint)
+        assert len(ids) == len(set(ids)) == len(prompts)
+        assert ids[: len(kept)] == kept
+        # The validation's reference requests (POST /generate, no max_tokens) are not generation requests.
+        generation_requests = [r for r in server.requests if r.get("max_tokens") == 8]
+        assert len(generation_requests) <= len(prompts) + 2 * 3, "at most the requests in flight are sent again"
+        instance = open_instance(home, monkeypatch)
+        failed = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+        assert len(failed) == 2
+    finally:
+        server.stop()
+
+
+def test_a_failed_blocking_check_stops_the_main_job_with_its_verdict(tmp_path: Path) -> None:
+    server = FakeOpenAI(script=lambda body, n: Reply(payload=echo_completion(body, finish_reason="length"))).start()
+    try:
+        write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"Prompt number {i}") for i in range(4)])
+        config = tmp_path / "pipeline.yaml"
+        config.write_text(
+            "name: trunc\nartifacts_root: out\ntarget: {model: fake, tokenizer: unused}\n"
+            f"inference: {{kind: endpoints, endpoints: [{{base_url: '{server.base_url}'}}]}}\n"
+            "generation: {length_estimator: chars}\nhealth: {max_truncation_rate: 0.5}\n"
+            "datasets:\n  - {id: B1, source: p.jsonl}\n"
+        )
+        result = run_cli(config, tmp_path / "home", timeout=120)
+        assert result.returncode == 1
+        assert "check truncation_rate on responses: 4 of 4 truncated (100%; limit 50%)" in result.stderr
+        assert "» generation_job [B1]" in result.stdout and "downstream_job" not in result.stdout
+    finally:
+        server.stop()
