@@ -18,14 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eagle3_pipeline.health import TickState, run_health_tick
-from eagle3_pipeline.testing.sshd_fixture import (
-    FakeBin,
-    FakeSglang,
-    Sshd,
-    make_watched,
-    spec_for,
-    thresholds_for,
-)
+from eagle3_pipeline.testing.fake_sglang import FakeSglang, spec_for
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, make_watched, thresholds_for
 
 
 def _timed(call: Callable[[], object]) -> float:

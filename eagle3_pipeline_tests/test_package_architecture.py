@@ -26,17 +26,14 @@ TOP = PACKAGE.name
 # (name, the packages and top-level modules of eagle3_pipeline in it), lowest first.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config: the pipeline file as validated models", ("config",)),
-    (
-        "records: plain records and leaf adapters",
-        ("records", "results", "layout", "layer_ids", "heartbeat", "target", "target_weights", "deploy", "hosts"),
-    ),
+    ("records: plain records and leaf adapters", ("records", "results", "layout", "target", "hosts")),
     ("machinery: health probes, where a heavy phase runs", ("health", "compute")),
-    ("generation: prompts and the target's responses", ("prompts", "generation")),
-    ("servers: the health gate, serving, managed servers, alerts", ("monitor", "serving", "managed", "alerts")),
+    ("generation: prompts and the target's responses", ("generation",)),
+    ("servers: the health gate and alerts, managed servers, serving", ("watch", "managed", "serving")),
     ("training data", ("dataprep",)),
-    ("hidden states and the draft vocabulary", ("hidden_states", "draft_vocab")),
+    ("hidden states and the draft vocabulary", ("hidden_states",)),
     ("drafter", ("drafter",)),
-    ("tools over the domain: status, the schedule, the tests' stand-ins", ("status", "schedule", "testing")),
+    ("tools over the domain: the status and schedule views, the tests' stand-ins", ("overview", "testing")),
     ("worker: a heavy phase's entry point on a GPU host (dagster-pipes only)", ("worker",)),
     ("Dagster layer: orchestration policy and the definitions", ("orchestration", "components")),
     ("entry points", ("cli", "definitions")),

@@ -25,7 +25,7 @@ from eagle3_pipeline.components.ops.automation import build_automation_sensor
 from eagle3_pipeline.components.ops.deploy import with_executor
 from eagle3_pipeline.components.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.orchestration.launching import GENERATION_JOB, PER_DATASET
+from eagle3_pipeline.orchestration.launch_plan import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import NO_LISTENER
 

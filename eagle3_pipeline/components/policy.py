@@ -1,13 +1,14 @@
 """Where each step runs, decided once for all of a pipeline's assets: the `gpu` pool of the steps that hold
-GPUs, and the executor's step tags of their phase (:func:`eagle3_pipeline.deploy.step_tags`). Every factory
-passes ``**step_policy(loaded, asset)`` to its asset decorator, so no factory decides either itself."""
+GPUs, and the executor's step tags of their phase
+(:func:`eagle3_pipeline.orchestration.step_tags.step_tags`). Every factory passes
+``**step_policy(loaded, asset)`` to its asset decorator, so no factory decides either itself."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
 from eagle3_pipeline.config import GpuPhase, PipelineConfig
-from eagle3_pipeline.deploy import step_tags
+from eagle3_pipeline.orchestration.step_tags import step_tags
 
 GPU_POOL = "gpu"
 # The assets whose steps hold GPUs (of this machine or of a GPU host), one at a time through the pool.

@@ -20,7 +20,7 @@ from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint, ServerRecovery
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.orchestration.hosts import claim_host
-from eagle3_pipeline.orchestration.launching import HOST_TAG
+from eagle3_pipeline.orchestration.launch_plan import HOST_TAG
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.results import PhaseListener
 from eagle3_pipeline.serving import InferenceProvider, ManagedGeneration

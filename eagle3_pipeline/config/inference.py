@@ -38,8 +38,8 @@ class TargetConfig(ConfigModel):
         description=(
             "Run the Python code a target checkpoint ships (auto_map in its config.json or tokenizer_config.json), "
             "e.g. Kimi-K2.5's kimi_k25 model and TikToken tokenizer. Reaches every config, tokenizer and model "
-            "load of every phase (eagle3_pipeline.target); off, such a checkpoint is refused with an error naming "
-            "this setting."
+            "load of every phase (eagle3_pipeline.target.folder); off, such a checkpoint is refused with an error "
+            "naming this setting."
         ),
     )
 

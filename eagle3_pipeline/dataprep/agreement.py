@@ -222,7 +222,7 @@ def tokenizer_agreement(
 ) -> dict[str, Any]:
     """The ``training_data`` preflight: ``samples`` rendered conversations tokenized by the target's
     tokenizer (as the rows are) and by the first serving endpoint with a tokenize route."""
-    from eagle3_pipeline.target import load_tokenizer
+    from eagle3_pipeline.target.folder import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
     texts = rendered_samples(response_files, tokenizer, samples, chat_template_kwargs)

@@ -47,7 +47,7 @@ from eagle3_pipeline.dataprep.masks import (
     tokenize_row,
 )
 from eagle3_pipeline.records import atomic_directory
-from eagle3_pipeline.target import load_tokenizer as load_target_tokenizer
+from eagle3_pipeline.target.folder import load_tokenizer as load_target_tokenizer
 
 # pyarrow.compute defines its kernels (list_flatten, is_in, ...) at import time, out of a type checker's sight.
 pc: Any = pyarrow_compute

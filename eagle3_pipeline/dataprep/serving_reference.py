@@ -388,7 +388,7 @@ def record_from_first(
         return {"serving_reference_status": "off (hidden_states.validation.samples is 0)"}
     if not endpoints:
         return {"serving_reference_status": "not recorded: no serving endpoint to ask"}
-    from eagle3_pipeline.target import load_tokenizer
+    from eagle3_pipeline.target.folder import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name, trust_remote_code)
     reasons = []

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eagle3_pipeline.drafter.spec import TrainError
-from eagle3_pipeline.target import is_mla
+from eagle3_pipeline.target.folder import is_mla
 
 
 class DrafterConfigError(ValueError):

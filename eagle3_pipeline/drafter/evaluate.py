@@ -267,7 +267,7 @@ def load_target_head(spec: EvalSpec, manifest: StoreManifest, device: Any) -> An
     Refuses a target of another hidden or vocabulary size than the store's."""
     import torch
 
-    from eagle3_pipeline.target_weights import load_target_weights
+    from eagle3_pipeline.target.weights import load_target_weights
 
     if spec.target_weights is None:
         return None

@@ -7,12 +7,12 @@ take through transformers 4 or 5; YaRN in the form
 :func:`~eagle3_pipeline.drafter.draft_config.yarn_for_servers` gives, with both ``rope_type`` and ``type``,
 which every reader interprets as trained), ``max_position_embeddings`` of the drafter (at least the
 target's), and the captured layers written for both servers by
-:func:`eagle3_pipeline.layer_ids.server_layer_ids` for the target's family:
+:func:`eagle3_pipeline.target.layer_ids.server_layer_ids` for the target's family:
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang) and the top-level
 ``eagle_aux_hidden_state_layer_ids`` (vLLM, input of layer: the trained output-of-layer ids + 1, which
 :func:`load_export` reads back). ``eagle3_pipeline`` records the target family those ids were written
 for and the SGLang releases that read them as trained (``sglang_versions``,
-:data:`eagle3_pipeline.layer_ids.SGLANG_RELEASES`); the servers ignore the key.
+:data:`eagle3_pipeline.target.layer_ids.SGLANG_RELEASES`); the servers ignore the key.
 
 ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
 ``t2d``; ``embed_tokens.weight`` only when the draft hidden size differs from the target's (the
@@ -34,7 +34,7 @@ from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigErr
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
-from eagle3_pipeline.layer_ids import SGLANG_RELEASES, output_layer_ids, server_layer_ids, target_family
+from eagle3_pipeline.target.layer_ids import SGLANG_RELEASES, output_layer_ids, server_layer_ids, target_family
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TARGET_FIELDS_KEPT = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -149,7 +149,7 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     speculators layout (:mod:`eagle3_pipeline.drafter.speculators`) loads too."""
     from safetensors.torch import load_file
 
-    from eagle3_pipeline.target_weights import embedding_tensor
+    from eagle3_pipeline.target.weights import embedding_tensor
 
     folder = Path(folder)
     config_path = folder / CONFIG_FILE

@@ -55,7 +55,7 @@ from eagle3_pipeline.managed.launch import (
     vllm_eagle3_config,
 )
 from eagle3_pipeline.managed.phases import gpu_phase_server
-from eagle3_pipeline.monitor import UnhealthyError
+from eagle3_pipeline.watch.monitor import UnhealthyError
 
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"

@@ -8,7 +8,7 @@ and vLLM's ``transformers_utils/configs/speculators/{base,algos}.py``:
   ``transformer_layer_config`` (the Llama config of the one decoder layer: target vocabulary,
   draft dimensions, RoPE), ``draft_vocab_size``, ``target_hidden_size``,
   ``eagle_aux_hidden_state_layer_ids`` (our export's vLLM value, input of layer, used as-is; see
-  :mod:`eagle3_pipeline.layer_ids`), ``norm_before_residual: false`` written out (vLLM's adapter
+  :mod:`eagle3_pipeline.target.layer_ids`), ``norm_before_residual: false`` written out (vLLM's adapter
   assumes true when it is absent; our layer keeps the un-normed residual), and ``speculators_config``:
   ``algorithm``, one greedy proposal method with ``speculative_tokens``, and the ``verifier``
   (``name_or_path``, ``architectures``).
@@ -26,7 +26,7 @@ from typing import Any
 
 from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
-from eagle3_pipeline.layer_ids import output_layer_ids
+from eagle3_pipeline.target.layer_ids import output_layer_ids
 
 SPECULATORS_TYPE = "eagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
@@ -112,7 +112,7 @@ def to_speculators(
     architectures; ``verifier`` is what vLLM loads as the target (default: that folder)."""
     from safetensors.torch import load_file, save_file
 
-    from eagle3_pipeline.target_weights import embedding_tensor
+    from eagle3_pipeline.target.weights import embedding_tensor
 
     if speculative_tokens < 1:
         raise DrafterConfigError(f"speculative_tokens {speculative_tokens}: expected at least 1")

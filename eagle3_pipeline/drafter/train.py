@@ -32,7 +32,7 @@ from eagle3_pipeline.drafter.scaling import new_curve
 from eagle3_pipeline.drafter.spec import TrainError, TrainSettings, parse_spec
 from eagle3_pipeline.hidden_states.plan import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
-from eagle3_pipeline.target_weights import TargetWeights, load_target_weights
+from eagle3_pipeline.target.weights import TargetWeights, load_target_weights
 
 
 def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:

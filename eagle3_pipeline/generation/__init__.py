@@ -13,9 +13,10 @@ from eagle3_pipeline.generation.conversation import RESPONSE_TABLE_SCHEMA, respo
 from eagle3_pipeline.generation.dataset import DatasetResult, generate_dataset, table_budget_state
 from eagle3_pipeline.generation.endpoints import Endpoint, Price
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint, partition_is_stale
+from eagle3_pipeline.generation.outcome import GenerationFailed, GenerationSummary, ServerLost
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, format_duration
 from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery
-from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, ServerLost, generate, generate_async
+from eagle3_pipeline.generation.runner import generate, generate_async
 
 __all__ = [
     "RESPONSE_TABLE_SCHEMA",

@@ -30,9 +30,10 @@ from eagle3_pipeline.generation.fingerprint import (
     settle_fingerprint,
 )
 from eagle3_pipeline.generation.length import LengthCheck, check_lengths
+from eagle3_pipeline.generation.outcome import GenerationFailed, GenerationSummary
 from eagle3_pipeline.generation.progress import ProgressSink
 from eagle3_pipeline.generation.recovery import ServerRecovery
-from eagle3_pipeline.generation.runner import GenerationFailed, GenerationSummary, generate
+from eagle3_pipeline.generation.runner import generate
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import PromptRecord, atomic_path, write_parquet
 from eagle3_pipeline.results import ResponsesResult

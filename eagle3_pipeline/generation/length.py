@@ -4,7 +4,7 @@
 With ``generation.length_estimator: tokenizer`` the prompt is rendered with the target's own chat
 template (generation prompt included, with the ``chat_template_kwargs`` the server gets) and
 tokenized with its tokenizer, fast or slow (Kimi-K2.5's remote-code ``TikTokenTokenizer``, loaded
-through :func:`eagle3_pipeline.target.load_tokenizer` with ``target.trust_remote_code``); a
+through :func:`eagle3_pipeline.target.folder.load_tokenizer` with ``target.trust_remote_code``); a
 prompt the template cannot render falls back to the character estimate, and is counted. With
 ``chars`` the tokenizer-free estimate of the prompts phase is used (4 characters a token).
 """
@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.prompts import estimate_tokens
+from eagle3_pipeline.generation.prompts import estimate_tokens
 from eagle3_pipeline.records import PromptRecord, wire_message
-from eagle3_pipeline.target import TargetError, load_tokenizer
+from eagle3_pipeline.target.folder import TargetError, load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.hidden_states.store import TargetIdentity
-from eagle3_pipeline.layer_ids import LLAMA, server_layer_ids, target_family
-from eagle3_pipeline.target import (
+from eagle3_pipeline.target.folder import (
     TargetError,
     config_sha256,
     decoder,
@@ -32,6 +31,7 @@ from eagle3_pipeline.target import (
     load_causal_lm,
     read_config,
 )
+from eagle3_pipeline.target.layer_ids import LLAMA, server_layer_ids, target_family
 
 
 class TargetLoadError(TargetError):
@@ -71,7 +71,7 @@ class Target:
 
     def capture(self, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
         """How the states are captured, for the store's manifest. Layers no drafter config could
-        make the servers read (:func:`eagle3_pipeline.layer_ids.server_layer_ids`) are refused
+        make the servers read (:func:`eagle3_pipeline.target.layer_ids.server_layer_ids`) are refused
         here, before anything is extracted."""
         server_layer_ids(self.family, aux_layer_ids)
         return {"backend": "transformers", "device": self.device, "dtype": self.dtype}
@@ -97,7 +97,7 @@ def resolve_device(device: str) -> str:
 
 
 def load_target(model: str, name: str, device: str, dtype: str, trust_remote_code: bool) -> Target:
-    """The target through :func:`eagle3_pipeline.target.load_causal_lm` (which refuses what this
+    """The target through :func:`eagle3_pipeline.target.folder.load_causal_lm` (which refuses what this
     path cannot execute), its identity from the language model's config. ``device``, ``dtype`` and
     ``trust_remote_code`` are the file's ``hidden_states`` and ``target`` settings (no default here)."""
     where = resolve_device(device)

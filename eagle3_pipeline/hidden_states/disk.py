@@ -174,7 +174,7 @@ def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] |
     """The target's config.json from a folder on this machine (``hidden_states.model``,
     ``target.tokenizer``, the embedded model), or why there is none; nothing is downloaded."""
     from eagle3_pipeline.serving import local_model_dir
-    from eagle3_pipeline.target import TargetError, read_config
+    from eagle3_pipeline.target.folder import TargetError, read_config
 
     candidates = [
         config.hidden_states.model,
@@ -227,7 +227,7 @@ def config_disk_plan(
 ) -> DiskPlan | str:
     """:func:`disk_plan` for the configured target and training tokens, or the sentence saying what is unknown."""
     from eagle3_pipeline.hidden_states.resume import free_bytes
-    from eagle3_pipeline.target import dimensions
+    from eagle3_pipeline.target.folder import dimensions
 
     found = _local_target_config(config)
     if isinstance(found, str):

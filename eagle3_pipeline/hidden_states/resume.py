@@ -29,7 +29,7 @@ from eagle3_pipeline.hidden_states.store import (
     StoreManifest,
     identity_mismatch,
 )
-from eagle3_pipeline.target import TargetError
+from eagle3_pipeline.target.folder import TargetError
 
 # The metadata of the run that completed the store, with the settings its checks ran under
 # (:func:`finished_result`); removed before a run changes the store.

@@ -22,8 +22,8 @@ from typing import Any
 from eagle3_pipeline.hidden_states.capture import target_identity
 from eagle3_pipeline.hidden_states.sglang_api import Ranks, SGLangApi, SGLangError, Started
 from eagle3_pipeline.hidden_states.store import TargetIdentity
-from eagle3_pipeline.layer_ids import server_layer_ids, target_family
-from eagle3_pipeline.target import read_config
+from eagle3_pipeline.target.folder import read_config
+from eagle3_pipeline.target.layer_ids import server_layer_ids, target_family
 
 
 def _join(tp_size: int) -> Ranks:
@@ -135,7 +135,7 @@ class SGLangTarget:
             raise SGLangError(
                 f"SGLang {type(model).__name__}.set_eagle3_layers_to_capture({written}) captures the inputs "
                 f"of layers {captured}; hidden_states.aux_layer_ids {wanted} (outputs of those layers) need "
-                f"the inputs of {expected}: the {self.family!r} family rule of eagle3_pipeline.layer_ids "
+                f"the inputs of {expected}: the {self.family!r} family rule of eagle3_pipeline.target.layer_ids "
                 "does not hold for this model class"
             )
         self._layers = wanted

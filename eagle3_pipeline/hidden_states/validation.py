@@ -32,7 +32,7 @@ from eagle3_pipeline.dataprep.serving_reference import (
 from eagle3_pipeline.hidden_states.capture import SampleError
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec
 from eagle3_pipeline.hidden_states.sources import StateSource, decided
-from eagle3_pipeline.target import TargetError
+from eagle3_pipeline.target.folder import TargetError
 
 # Disagreeing positions named in a failure.
 SHOWN = 8
@@ -47,8 +47,8 @@ class ValidationFailed(RuntimeError):
 def load_lm_head(model: str) -> Any:
     """The target's ``lm_head`` [vocab, hidden] read by name from its checkpoint folder (a Hugging
     Face id: its snapshot in the local cache, where transformers loaded it from)."""
-    from eagle3_pipeline.target import TargetError
-    from eagle3_pipeline.target_weights import load_target_weights
+    from eagle3_pipeline.target.folder import TargetError
+    from eagle3_pipeline.target.weights import load_target_weights
 
     folder = Path(model)
     if not folder.is_dir():
@@ -190,8 +190,8 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
             return done
         reasons.append(done["serving_reference_status"].removeprefix("not recorded: "))
     from eagle3_pipeline.config import ConfigError
-    from eagle3_pipeline.monitor import UnhealthyError
     from eagle3_pipeline.serving import InferenceProvider, ModelNotAvailable, ServerStartError
+    from eagle3_pipeline.watch.monitor import UnhealthyError
 
     endpoints = []
     provider = InferenceProvider(config)

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, target_identity
 from eagle3_pipeline.hidden_states.store import TargetIdentity
 from eagle3_pipeline.hidden_states.vllm_server import served_layer_ids
-from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.managed.launch import extraction_args
-from eagle3_pipeline.target import drafter_tensor_names, read_config, read_tensors, text_config
+from eagle3_pipeline.target.folder import drafter_tensor_names, read_config, read_tensors, text_config
+from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
 
 URL_SETTING = "hidden_states.vllm_base_url"
 DIR_SETTING = "hidden_states.vllm_output_dir"

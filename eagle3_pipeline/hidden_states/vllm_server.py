@@ -1,5 +1,5 @@
 """The vLLM extraction server as a process: the ids it was started with, read from its command line on this
-machine (the ids for a store: :func:`eagle3_pipeline.layer_ids.extraction_layer_ids`; the flags to start it
+machine (the ids for a store: :func:`eagle3_pipeline.target.layer_ids.extraction_layer_ids`; the flags to start it
 with: :func:`eagle3_pipeline.managed.launch.extraction_args`).
 
 The connector's file says how many layers the server captures, not which: a server started with other ids of
@@ -41,9 +41,9 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import server_root
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, quote_args
-from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.managed import LaunchError, ManagedServerPlan, ServerPurpose, managed_servers
-from eagle3_pipeline.target import TargetError, dimensions
+from eagle3_pipeline.target.folder import TargetError, dimensions
+from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
 
 HOST_COMMAND_TIMEOUT_S = 60.0
 

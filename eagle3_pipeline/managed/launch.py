@@ -8,7 +8,7 @@ Nobody types a launch line: :func:`build_launch` makes the argv from an :class:`
   target's family and, when a dataset's prompts carry tools, its tool-call parser (vLLM:
   ``--enable-auto-tool-choice`` too; HTTP 400 without it);
 - hidden-state extraction (vLLM): ``--speculative-config`` with ``extract_hidden_states`` and the
-  store's layer ids (:func:`eagle3_pipeline.layer_ids.extraction_layer_ids`), the connector's
+  store's layer ids (:func:`eagle3_pipeline.target.layer_ids.extraction_layer_ids`), the connector's
   ``--kv-transfer-config`` with its folder, chunked prefill and prefix caching off;
 - the EAGLE-3 drafter (the benchmark's speculative arm, the served drafter): :func:`drafter_args`.
 

@@ -19,7 +19,7 @@ from eagle3_pipeline.managed.launch import (
     family_parsers,
     resolve_parser,
 )
-from eagle3_pipeline.monitor import thresholds_for
+from eagle3_pipeline.watch.monitor import thresholds_for
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def target_model_types(config: PipelineConfig, plan: ManagedServerPlan | None = 
     """The target's model_type and its nested language model's, from a config.json readable here: the
     target.tokenizer folder, else the managed server's model folder when it runs on this machine.
     Empty when neither is a local folder (the parsers' auto then finds no family)."""
-    from eagle3_pipeline.target import NESTED_CONFIG_KEYS, TargetError, read_config
+    from eagle3_pipeline.target.folder import NESTED_CONFIG_KEYS, TargetError, read_config
 
     folders = [config.target.tokenizer]
     if plan is not None and plan.host.kind == "local":

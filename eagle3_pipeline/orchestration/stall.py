@@ -9,7 +9,7 @@ import time
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.heartbeat import heartbeat_path, read_heartbeat
+from eagle3_pipeline.generation.heartbeat import heartbeat_path, read_heartbeat
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 

@@ -9,9 +9,7 @@
   has no GPU; they stand in for the hardware and its kernel log, with scripted answers (healthy,
   ECC errors, pending or failed row remaps, a renamed field, a driver without the remap query, a
   restricted dmesg, a hang, a process wedged beyond `timeout`, the compute processes holding GPU memory).
-- `FakeSglang`: a real process with argv `python -m sglang.launch_server --port P --tp-size 8`
-  (a tiny module on PYTHONPATH) serving /health, /health_generate, /v1/chat/completions and
-  /metrics on loopback, with `sglang::scheduler_TP<i>` children; a JSON scenario file scripts it.
+- The scripted SGLang server they watch is :class:`~eagle3_pipeline.testing.fake_sglang.FakeSglang`.
 - `TcpProxy`: a loopback TCP forwarder that can freeze (a hung host) or cut (a dropped link).
 """
 
@@ -19,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import os
 import select
 import shutil
@@ -27,7 +24,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -35,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config import HealthConfig
-from eagle3_pipeline.health import HealthThresholds, ServerSpec
+from eagle3_pipeline.health import HealthThresholds
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS, REMAP_QUERY_FIELDS
 from eagle3_pipeline.hosts import SshHost
+from eagle3_pipeline.testing.process_tools import free_port, kill_group, wait_until, write_atomic
 
 SSHD = "/usr/sbin/sshd"
 # The --query-compute-apps fields of nvidia-smi (`nvidia-smi --help-query-compute-apps`; used_memory is an alias).
@@ -51,20 +48,6 @@ COMPUTE_APP_FIELDS = (
     "used_gpu_memory",
     "used_memory",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not ready after {timeout_s} s")
-        time.sleep(0.02)
 
 
 def bus_id(index: int) -> str:
@@ -160,32 +143,32 @@ class FakeBin:
         self.set_journal([])
 
     def set_gpus(self, rows: list[str]) -> None:
-        _write(self.dir / "gpu.csv", "".join(row + "\n" for row in rows))
+        write_atomic(self.dir / "gpu.csv", "".join(row + "\n" for row in rows))
 
     def set_remaps(self, rows: list[str] | None) -> None:
         """`--query-remapped-rows` rows; None: a driver that does not know the query."""
         if rows is None:
             (self.dir / "remap.fields").unlink(missing_ok=True)
             return
-        _write(self.dir / "remap.fields", "".join(f + "\n" for f in REMAP_QUERY_FIELDS))
-        _write(self.dir / "remap.csv", "".join(row + "\n" for row in rows))
+        write_atomic(self.dir / "remap.fields", "".join(f + "\n" for f in REMAP_QUERY_FIELDS))
+        write_atomic(self.dir / "remap.csv", "".join(row + "\n" for row in rows))
 
     def set_compute_apps(self, rows: list[str]) -> None:
         """`--query-compute-apps` rows, e.g. "1234, 8192" for pid,used_memory (csv,noheader,nounits)."""
-        _write(self.dir / "apps.fields", "".join(f + "\n" for f in COMPUTE_APP_FIELDS))
-        _write(self.dir / "apps.csv", "".join(row + "\n" for row in rows))
+        write_atomic(self.dir / "apps.fields", "".join(f + "\n" for f in COMPUTE_APP_FIELDS))
+        write_atomic(self.dir / "apps.csv", "".join(row + "\n" for row in rows))
 
     def set_mode(self, mode: str) -> None:
         """ok | hang (sleeps until killed) | wedged (also stops its `timeout` parent)."""
-        _write(self.dir / "mode", mode + "\n")
+        write_atomic(self.dir / "mode", mode + "\n")
 
     def set_fields(self, fields: tuple[str, ...] | list[str]) -> None:
         """The query fields this fake driver knows; others fail as a real nvidia-smi does."""
-        _write(self.dir / "gpu.fields", "".join(f + "\n" for f in fields))
+        write_atomic(self.dir / "gpu.fields", "".join(f + "\n" for f in fields))
 
     def set_dmesg(self, lines: list[str], *, restricted: bool = False) -> None:
         """The kernel ring buffer; `restricted` makes dmesg fail as with kernel.dmesg_restrict=1."""
-        _write(self.dir / "dmesg.txt", "".join(line + "\n" for line in lines))
+        write_atomic(self.dir / "dmesg.txt", "".join(line + "\n" for line in lines))
         restriction = self.dir / "dmesg.restricted"
         if restricted:
             restriction.touch()
@@ -194,7 +177,7 @@ class FakeBin:
 
     def set_journal(self, lines: list[str]) -> None:
         """What `journalctl -k` shows this user (nothing: no access to the system journal)."""
-        _write(self.dir / "journal.txt", "".join(line + "\n" for line in lines))
+        write_atomic(self.dir / "journal.txt", "".join(line + "\n" for line in lines))
 
     def release_wedged(self) -> None:
         pids = self.dir / "wedged.pids"
@@ -205,214 +188,9 @@ class FakeBin:
         pids.unlink()
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _kill(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-# -- fake SGLang server ----------------------------------------------------------------------------
-
-_LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
-JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
-`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
-verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
-folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
-(a path that is no folder here is taken as one on another host)."""
-import argparse, json, math, os, signal, subprocess, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
-_tokens = [1000.0]
-_answered = [0]
-_lock = threading.Lock()
-
-
-def scenario():
-    with open(SCENARIO) as handle:
-        return json.load(handle)
-
-
-def metrics(s):
-    with _lock:
-        if s.get("tokens", "advance") == "advance":
-            _tokens[0] += 128
-        tokens = _tokens[0]
-    return (
-        "# HELP sglang:generation_tokens_total Number of generation tokens processed.\\n"
-        "# TYPE sglang:generation_tokens_total counter\\n"
-        f'sglang:generation_tokens_total{{model_name="fake"}} {tokens}\\n'
-        "# HELP sglang:num_running_reqs The number of running requests.\\n"
-        "# TYPE sglang:num_running_reqs gauge\\n"
-        f'sglang:num_running_reqs{{model_name="fake"}} {s.get("running", 0)}\\n'
-    )
-
-
-COMPLETION = json.dumps({
-    "id": "fake", "object": "chat.completion", "model": "fake",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-}).encode()
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        s = scenario()
-        if s.get("hang_all"):
-            time.sleep(3600)
-        if self.path == "/health":
-            self.reply(s.get("health", 200), b"")
-        elif self.path == "/health_generate":
-            self.generate(s, b"")
-        elif self.path == "/metrics":
-            self.reply(200, metrics(s).encode(), "text/plain; version=0.0.4")
-        else:
-            self.reply(404, b"")
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        s = scenario()
-        if s.get("hang_all"):
-            time.sleep(3600)
-        if self.path == "/v1/chat/completions":
-            with _lock:
-                _answered[0] += 1
-                crash = 0 < s.get("crash_after", 0) <= _answered[0]
-            if crash:  # as a GPU fault takes a server down: an error in the log, the whole group gone
-                print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
-                os.killpg(0, signal.SIGKILL)
-            self.generate(s, COMPLETION)
-        elif self.path == "/generate":
-            request = json.loads(body)
-            tokens = int(request["sampling_params"]["max_new_tokens"])
-            meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
-            if SPECULATIVE_STEPS:
-                steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
-                meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
-            self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
-        else:
-            self.reply(404, b"")
-
-    def generate(self, s, body):
-        mode = s.get("generate", "ok")
-        time.sleep(s.get("delay_s", 0))
-        if mode == "hang":
-            time.sleep(3600)
-        if mode == "error":
-            self.reply(500, b'{"error": "internal server error"}')
-        else:
-            self.reply(200, body)
-
-    def reply(self, code, body, content_type="application/json"):
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-SPECULATIVE_STEPS = 0
-
-
-def main():
-    global SPECULATIVE_STEPS
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--tp-size", type=int, default=1)
-    parser.add_argument("--speculative-num-steps", type=int, default=0)
-    parser.add_argument("--speculative-draft-model-path")
-    args, _ = parser.parse_known_args()
-    SPECULATIVE_STEPS = args.speculative_num_steps
-    drafter = args.speculative_draft_model_path
-    if drafter is not None and os.path.isdir(drafter) and not os.path.isfile(os.path.join(drafter, "config.json")):
-        print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)
-        sys.exit(1)
-    ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))
-    for i in range(ranks):
-        subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep")
-    server = None
-    if os.environ.get("FAKE_SGLANG_BIND", "1") == "1":
-        ThreadingHTTPServer.daemon_threads = True
-        server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    open(os.environ["FAKE_SGLANG_READY"], "w").close()
-    if server is not None:
-        server.serve_forever()
-    else:
-        signal.pause()
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-
-class FakeSglang:
-    """A scripted `python -m sglang.launch_server --port P --tp-size N` process tree."""
-
-    def __init__(self, workdir: Path, tp_size: int = 8) -> None:
-        self.workdir = workdir
-        self.tp_size = tp_size
-        self.port = free_port()
-        self.scenario_path = workdir / "scenario.json"
-        self.process: subprocess.Popen[bytes] | None = None
-        package = workdir / "pythonpath" / "sglang"
-        package.mkdir(parents=True, exist_ok=True)
-        (package / "__init__.py").write_text("")
-        (package / "launch_server.py").write_text(_LAUNCH_SERVER)
-        self.set()
-
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise RuntimeError("the fake sglang server is not running")
-        return self.process.pid
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def set(self, **scenario: Any) -> None:
-        """health (HTTP code), generate (ok|hang|error), delay_s (before each generation), tokens
-        (advance|frozen), running, hang_all, crash_after (the Nth chat completion of a server process
-        kills its process group, a CUDA error in its log)."""
-        _write(self.scenario_path, json.dumps(scenario))
-
-    def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:
-        ready = self.workdir / "ready"
-        ready.unlink(missing_ok=True)
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(self.workdir / "pythonpath"),
-            "FAKE_SGLANG_SCENARIO": str(self.scenario_path),
-            "FAKE_SGLANG_READY": str(ready),
-            "FAKE_SGLANG_RANKS": str(self.tp_size if ranks is None else ranks),
-            "FAKE_SGLANG_BIND": "1" if bind else "0",
-        }
-        argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), "--tp-size", str(self.tp_size)]
-        self.process = subprocess.Popen(argv, env=env, cwd=self.workdir, start_new_session=True)
-        wait_until(ready.exists, 15, "fake sglang server")
-        return self
-
-    def stop(self) -> None:
-        if self.process is not None:
-            _kill_group(self.process)
-            self.process = None
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 # -- sshd ------------------------------------------------------------------------------------------
@@ -502,7 +280,7 @@ class Sshd:
 
     def stop(self) -> None:
         if self.process is not None:
-            _kill_group(self.process)
+            kill_group(self.process)
             self.process = None
 
 
@@ -594,19 +372,6 @@ def make_watched(root: Path) -> Watched:
     log = root / "server.log"
     log.write_text("Decode batch. #running-req: 4, gen throughput (token/s): 1234.5\n")
     return Watched(artifacts, log)
-
-
-def spec_for(server: FakeSglang, **overrides: Any) -> ServerSpec:
-    options: dict[str, Any] = {
-        "kind": "sglang",
-        "port": server.port,
-        "base_url": server.base_url,
-        "model": "fake",
-        "tp_size": server.tp_size,
-        "process_pattern": "",
-    }
-    options.update(overrides)
-    return ServerSpec(**options)
 
 
 def thresholds_for(watched: Watched | None = None, **overrides: Any) -> HealthThresholds:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig
+from eagle3_pipeline.generation.prompts import load_prompts
 from eagle3_pipeline.hidden_states.store import (
     HiddenStateStore,
     ShardWriter,
@@ -24,7 +25,6 @@ from eagle3_pipeline.hidden_states.store import (
     default_aux_layer_ids,
     save_draft_vocab,
 )
-from eagle3_pipeline.prompts import load_prompts
 
 if TYPE_CHECKING:
     import torch

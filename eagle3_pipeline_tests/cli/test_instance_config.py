@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from eagle3_pipeline.cli import ensure_dagster_home
+from eagle3_pipeline.cli.shared import ensure_dagster_home
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.cli import MainJob
+from eagle3_pipeline.cli.cmd_run import MainJob
 from eagle3_pipeline.components import build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.draft_vocab import DraftVocabResult
+from eagle3_pipeline.hidden_states.draft_vocab import DraftVocabResult
 from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI

@@ -13,7 +13,7 @@ import pytest
 from eagle3_pipeline.compute.remote import RemoteRun
 from eagle3_pipeline.config import ConfigError, HostConfig, load_config
 from eagle3_pipeline.hosts import SshHost, build_host
-from eagle3_pipeline.orchestration.compute import run_heavy_phase
+from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.specforge_files import import_spec, make_samples, write_specforge
 

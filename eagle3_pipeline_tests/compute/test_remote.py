@@ -27,8 +27,9 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.store import ShardWriter
-from eagle3_pipeline.orchestration.compute import run_heavy_phase
-from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
+from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
+from eagle3_pipeline.testing.process_tools import wait_until
+from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy
 from eagle3_pipeline.testing.stores import shard_contents
 from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
 from eagle3_pipeline_tests.hidden_states.specforge_files import (

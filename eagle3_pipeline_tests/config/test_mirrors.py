@@ -30,7 +30,7 @@ from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings
 from eagle3_pipeline.health import HealthThresholds, ServerSpec
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline.monitor import thresholds_for
+from eagle3_pipeline.watch.monitor import thresholds_for
 
 PROFILES = Path(local_profile_path()).parent
 

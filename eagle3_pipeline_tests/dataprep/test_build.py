@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, read_manifest, split_of
-from eagle3_pipeline.prompts import parse_record
+from eagle3_pipeline.generation.prompts import parse_record
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_pipeline.testing.sshd_fixture import free_port
+from eagle3_pipeline.testing.process_tools import free_port
 
 SYSTEM_USER = "postgres"
 

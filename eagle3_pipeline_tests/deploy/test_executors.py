@@ -20,7 +20,7 @@ from dagster._core.execution.api import create_execution_plan
 from eagle3_pipeline.components.ops.deploy import CELERY_BACKEND_ENV, CELERY_BROKER_ENV
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.deploy import CELERY_QUEUE_TAG, K8S_CONFIG_TAG, gpu_phases
+from eagle3_pipeline.orchestration.step_tags import CELERY_QUEUE_TAG, K8S_CONFIG_TAG, gpu_phases
 
 kubernetes = pytest.importorskip("kubernetes")
 dagster_k8s_job = pytest.importorskip("dagster_k8s.job")

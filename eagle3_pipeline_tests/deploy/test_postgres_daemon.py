@@ -28,9 +28,9 @@ import pytest
 
 from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.orchestration.launching import IN_FLIGHT
+from eagle3_pipeline.orchestration.launch_plan import IN_FLIGHT
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline.testing.sshd_fixture import free_port
+from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline_tests.dagster_runs import materialized, write_pipeline
 from eagle3_pipeline_tests.deploy.postgres_server import Postgres
 from eagle3_pipeline_tests.locations import location_file

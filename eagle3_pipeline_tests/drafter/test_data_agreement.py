@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 import dagster as dg
 
-from eagle3_pipeline.cli import CliListener, MainJob
+from eagle3_pipeline.cli.cmd_run import CliListener, MainJob
 from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
 from eagle3_pipeline.config import (
     DatasetConfig,
@@ -36,6 +36,7 @@ from eagle3_pipeline.drafter.evaluate import read_rows, select_rows, target_next
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.drafter.train import build_model
+from eagle3_pipeline.generation.prompts import load_prompts
 from eagle3_pipeline.hidden_states.store import (
     HIDDEN_KEY,
     IDS_KEY,
@@ -48,8 +49,7 @@ from eagle3_pipeline.hidden_states.store import (
     load_draft_vocab,
     save_draft_vocab,
 )
-from eagle3_pipeline.prompts import load_prompts
-from eagle3_pipeline.target_weights import load_target_weights
+from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 

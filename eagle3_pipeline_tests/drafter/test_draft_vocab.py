@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError
-from eagle3_pipeline.draft_vocab import build_draft_vocab, default_draft_vocab_size
+from eagle3_pipeline.hidden_states.draft_vocab import build_draft_vocab, default_draft_vocab_size
 from eagle3_pipeline.hidden_states.store import load_draft_vocab
 from eagle3_pipeline.testing.training_data import write_training_data
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.layer_ids import (
+from eagle3_pipeline.target.layer_ids import (
     DEEPSEEK,
     LLAMA,
     SGLANG_RELEASES,

@@ -19,10 +19,10 @@ from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_be
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_command, make_gate, run_benchmark
 from eagle3_pipeline.hosts import LocalHost
-from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline.serving import free_port
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.reporter import Recorder
+from eagle3_pipeline.watch.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 # Its scripted servers run as `python -m sglang.launch_server …`: the health tests would see them.

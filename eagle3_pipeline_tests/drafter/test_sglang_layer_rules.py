@@ -1,5 +1,5 @@
 """SGLang's layer-id rules, read from its wheels (``ast``; nothing imported): which model classes add
-1 to a drafter's ids only when the first id is 1 (``eagle3_pipeline.layer_ids.DEEPSEEK_ARCHITECTURES``),
+1 to a drafter's ids only when the first id is 1 (``eagle3_pipeline.target.layer_ids.DEEPSEEK_ARCHITECTURES``),
 from which release (0.5.13; 0.5.10 to 0.5.12 add 1 to every id), and that Llama adds 1 to every id
 throughout. The releases read: the first with Kimi-K2.5's EAGLE-3 hook (0.5.10), the last of the old
 rule (0.5.12.post1), the first of the new (0.5.13), SpecForge's pin (0.5.14) and the current (0.5.23)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_pipeline.layer_ids import DEEPSEEK_ARCHITECTURES
+from eagle3_pipeline.target.layer_ids import DEEPSEEK_ARCHITECTURES
 from eagle3_pipeline_tests.hidden_states.sglang_source import (
     EVERY_ID,
     FIRST_ID_1,

@@ -137,7 +137,7 @@ def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
     from eagle3_pipeline.drafter.draft_config import drafter_config
     from eagle3_pipeline.drafter.train import build_model
     from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
-    from eagle3_pipeline.target_weights import load_target_weights
+    from eagle3_pipeline.target.weights import load_target_weights
 
     spec = random_store_train_spec(tmp_path)
     store = HiddenStateStore(Path(spec["store"]))

@@ -4,7 +4,7 @@ YaRN is checked against transformers' DeepSeek-V3 (the target's own implementati
 embedding's ``inv_freq``/``attention_scaling`` and ``DeepseekV3Attention.scaling``) over every position
 up to 262144, and the exported config.json against transformers' Llama reading it (the reader SGLang
 and vLLM load a Llama drafter's config through). Target configs are plain dicts of the language model,
-as :mod:`eagle3_pipeline.target` gives them: the checkpoint's ``text_config`` (legacy
+as :mod:`eagle3_pipeline.target.folder` gives them: the checkpoint's ``text_config`` (legacy
 ``rope_theta``/``rope_scaling``) or a transformers-5 ``DeepseekV3Config`` dict (``rope_parameters``).
 """
 

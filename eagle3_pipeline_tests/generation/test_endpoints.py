@@ -167,8 +167,8 @@ def test_every_configured_endpoint_is_probed_before_use(
     tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
 ) -> None:
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.monitor import UnhealthyError
     from eagle3_pipeline.serving import InferenceProvider
+    from eagle3_pipeline.watch.monitor import UnhealthyError
 
     (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
 

@@ -120,7 +120,7 @@ def test_tool_schemas_are_sent_and_tool_calls_kept(tmp_path: Path, fake_openai: 
 
 
 def test_progress_reaches_each_sink_on_its_cadence_and_at_the_end(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    from eagle3_pipeline.cli import ProgressBar
+    from eagle3_pipeline.cli.cmd_run import ProgressBar
     from eagle3_pipeline.generation import ProgressSink
 
     fake_openai.delay_s = 0.02

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, Watched, make_watched
+from eagle3_pipeline.testing.fake_sglang import FakeSglang
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, Watched, make_watched
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
-from eagle3_pipeline.testing.sshd_fixture import FakeSglang, Sshd
+from eagle3_pipeline.testing.fake_sglang import FakeSglang
+from eagle3_pipeline.testing.sshd_fixture import Sshd
 
 
 def write_config(

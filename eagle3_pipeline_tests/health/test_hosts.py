@@ -28,7 +28,8 @@ from eagle3_pipeline.hosts import (
     host_key_fingerprint,
     quote_args,
 )
-from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy, wait_until
+from eagle3_pipeline.testing.process_tools import wait_until
+from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy
 
 HOSTILE = [
     "'; touch {pwned} #",

@@ -16,7 +16,9 @@ from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline.testing.sshd_fixture import FakeBin, FakeSglang, Sshd, free_port, healthy_gpu_rows
+from eagle3_pipeline.testing.fake_sglang import FakeSglang
+from eagle3_pipeline.testing.process_tools import free_port
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
 from eagle3_pipeline_tests.dagster_runs import sensor_resources
 from eagle3_pipeline_tests.health.pipeline_files import write_config
 

@@ -3,7 +3,7 @@
 This machine has no GPU: the `nvidia-smi` and `dmesg` the probes meet on the SSH host's PATH
 are scripted stand-ins for the hardware (`sshd_fixture.FakeBin`). The SGLang server is a real
 process with the argv `python -m sglang.launch_server --port P --tp-size 8` serving HTTP on
-loopback, with real `sglang::scheduler_TP<i>` child processes (`sshd_fixture.FakeSglang`).
+loopback, with real `sglang::scheduler_TP<i>` child processes (`fake_sglang.FakeSglang`).
 """
 
 from __future__ import annotations
@@ -33,23 +33,22 @@ from eagle3_pipeline.health import (
 )
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
 from eagle3_pipeline.hosts import LocalHost, SshHost
-from eagle3_pipeline.monitor import thresholds_for as file_thresholds
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
+from eagle3_pipeline.testing.fake_sglang import FakeSglang, spec_for
+from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.testing.sshd_fixture import (
     FakeBin,
-    FakeSglang,
     Sshd,
     TcpProxy,
     Watched,
-    free_port,
     gpu_row,
     healthy_gpu_rows,
     healthy_remap_rows,
     make_watched,
     remap_row,
-    spec_for,
     thresholds_for,
 )
+from eagle3_pipeline.watch.monitor import thresholds_for as file_thresholds
 
 SHELL_CHECKS = ("server_process", "port", "gpus", "disk", "host_memory", "progress")
 

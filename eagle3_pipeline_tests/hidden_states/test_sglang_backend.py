@@ -28,7 +28,7 @@ from eagle3_pipeline.hidden_states.extract import batches, run
 from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
-from eagle3_pipeline.layer_ids import LayerIdError
+from eagle3_pipeline.target.layer_ids import LayerIdError
 from eagle3_pipeline.testing.extract_specs import extract_spec, transformers_spec
 from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB
 from eagle3_pipeline.testing.reporter import Recorder

@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.target import decoder
+from eagle3_pipeline.target.folder import decoder
 
 
 class VllmStandin:

@@ -17,7 +17,7 @@ from eagle3_pipeline.dataprep.agreement import (
     check_agreement,
     remote_tokenizer,
 )
-from eagle3_pipeline.target import load_tokenizer
+from eagle3_pipeline.target.folder import load_tokenizer
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 
 KEY = "sk-agreement-secret"

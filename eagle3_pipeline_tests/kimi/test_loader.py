@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.hidden_states.capture import batch_states, load_target, reference_states
-from eagle3_pipeline.target import TargetError, load_tokenizer
-from eagle3_pipeline.target_weights import load_target_weights
+from eagle3_pipeline.target.folder import TargetError, load_tokenizer
+from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.kimi.fixture import TEXT_DIMS, VOCAB_SIZE
 
 torch = pytest.importorskip("torch")

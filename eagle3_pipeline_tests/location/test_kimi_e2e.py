@@ -70,7 +70,7 @@ def masked_texts(out: Path, tokenizer: Any) -> dict[str, str]:
 
 def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> None:
     checkpoint = build_kimi_checkpoint(tmp_path / "Kimi-K2.5-tiny")
-    from eagle3_pipeline.target import load_tokenizer
+    from eagle3_pipeline.target.folder import load_tokenizer
 
     tokenizer = load_tokenizer(str(checkpoint), trust_remote_code=True)
     # The server's tokenize route tokenizes with the target's own tokenizer, as SGLang's does.
@@ -128,7 +128,7 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    from eagle3_pipeline.target_weights import load_target_weights
+    from eagle3_pipeline.target.weights import load_target_weights
 
     folder = out / "drafter" / "export"
     export = json.loads((folder / "config.json").read_text())

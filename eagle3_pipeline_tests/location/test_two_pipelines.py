@@ -14,7 +14,7 @@ import pytest
 
 from eagle3_pipeline.components.ops.deploy import with_executor
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.orchestration.launching import partitions_in_flight
+from eagle3_pipeline.orchestration.launch_plan import partitions_in_flight
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl

@@ -38,10 +38,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 from eagle3_pipeline.components.health.observations import health_observation, server_event_observation
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.managed import ServerEvent
-from eagle3_pipeline.monitor import HealthMonitor
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline.testing.sshd_fixture import free_port
+from eagle3_pipeline.testing.process_tools import free_port
+from eagle3_pipeline.watch.monitor import HealthMonitor
 from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.local_model]

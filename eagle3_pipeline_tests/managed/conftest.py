@@ -1,7 +1,7 @@
 """Fixtures for the managed-server tests (their pipeline files: `managed/pipelines.py`; the loopback sshd and
 scripted nvidia-smi, for this machine has no GPU: the root conftest).
 
-The engine here is the stand-in for SGLang (`sshd_fixture.FakeSglang`'s `python -m sglang.launch_server`:
+The engine here is the stand-in for SGLang (`fake_sglang.FakeSglang`'s `python -m sglang.launch_server`:
 a real loopback HTTP server with `sglang::scheduler_TP<i>` children in its process group; no SGLang
 engine runs on this machine), started by the pipeline's own launch line with the module on PYTHONPATH.
 The real-vLLM versions of the same lifecycle are under eagle3_pipeline_tests/real_vllm/.

@@ -1,5 +1,5 @@
 """Pipeline files with a managed server for the managed-server tests (a helper module, not a test): the engine
-is the stand-in for SGLang (`sshd_fixture.FakeSglang`'s `python -m sglang.launch_server`), started by the
+is the stand-in for SGLang (`fake_sglang.FakeSglang`'s `python -m sglang.launch_server`), started by the
 pipeline's own launch line with the module on PYTHONPATH; the GPU host, where one is named, is the loopback sshd."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.testing.sshd_fixture import FakeSglang, Sshd, free_port
+from eagle3_pipeline.testing.fake_sglang import FakeSglang
+from eagle3_pipeline.testing.process_tools import free_port
+from eagle3_pipeline.testing.sshd_fixture import Sshd
 
 # A stand-in for an SGLang that dies during start-up, as one does on a GPU that is already full.
 _DYING_SERVER = """import sys, time

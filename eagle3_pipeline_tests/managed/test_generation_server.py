@@ -23,7 +23,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed import ManagedServer, managed_server, open_supervisor
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.orchestration.launch import decide_generation
+from eagle3_pipeline.orchestration.generation_decision import decide_generation
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
 from eagle3_pipeline.testing.webhook import Receiver

@@ -27,7 +27,7 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ServerEvent, ServerPurpose, managed_server, open_supervisor
 from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server, incomplete_partitions, same_machine
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
-from eagle3_pipeline.orchestration.launching import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
+from eagle3_pipeline.orchestration.launch_plan import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 

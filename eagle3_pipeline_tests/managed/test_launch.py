@@ -12,7 +12,6 @@ import yaml
 
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.drafter.online import launch_command
-from eagle3_pipeline.layer_ids import extraction_layer_ids
 from eagle3_pipeline.managed import (
     EagleDrafter,
     LaunchError,
@@ -22,6 +21,7 @@ from eagle3_pipeline.managed import (
     managed_server,
     target_model_types,
 )
+from eagle3_pipeline.target.layer_ids import extraction_layer_ids
 from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
 KIMI_PROFILE = Path(__file__).parents[2] / "eagle3_pipeline" / "profiles" / "kimi-k25.yaml"

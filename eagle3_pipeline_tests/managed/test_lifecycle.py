@@ -33,7 +33,8 @@ from eagle3_pipeline.managed import (
 )
 from eagle3_pipeline.managed.lifecycle import parse_stat
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, free_port, wait_until
+from eagle3_pipeline.testing.process_tools import free_port, wait_until
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 from eagle3_pipeline_tests.managed.pipelines import (
     dying_sglang_serving,
     fake_sglang_serving,

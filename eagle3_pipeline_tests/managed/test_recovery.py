@@ -24,7 +24,7 @@ from eagle3_pipeline.generation import Endpoint, GenerationSummary, ResponseChec
 from eagle3_pipeline.managed import GenerationRecovery, ServerEvent, ServerPurpose, Supervisor, open_supervisor
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts, settings
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline.testing.sshd_fixture import wait_until
+from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)

@@ -25,7 +25,7 @@ from eagle3_pipeline.drafter.served import ServedDrafter, ServedDrafterError, Se
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter, ServerEvent, ServerPurpose, open_supervisor
-from eagle3_pipeline.monitor import thresholds_for
+from eagle3_pipeline.watch.monitor import thresholds_for
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 STEPS = 3

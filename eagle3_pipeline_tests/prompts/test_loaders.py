@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig, load_config, local_profile_path
-from eagle3_pipeline.prompts import PromptSourceError, load_prompts
+from eagle3_pipeline.generation.prompts import PromptSourceError, load_prompts
 from eagle3_pipeline.records import message, wire_message
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 

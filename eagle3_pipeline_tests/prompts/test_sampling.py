@@ -8,7 +8,7 @@ from pathlib import Path
 
 from eagle3_pipeline.config import DatasetConfig, PromptsConfig
 from eagle3_pipeline.generation import ResponseCheckpoint, response_rows
-from eagle3_pipeline.prompts import load_prompts
+from eagle3_pipeline.generation.prompts import load_prompts
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.generation_runs import run, settings

@@ -43,8 +43,8 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
-from eagle3_pipeline.layer_ids import extraction_layer_ids, target_family
-from eagle3_pipeline.target import read_config
+from eagle3_pipeline.target.folder import read_config
+from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 

@@ -18,8 +18,8 @@ import yaml
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, LocalHost
-from eagle3_pipeline.layer_ids import extraction_layer_ids
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
+from eagle3_pipeline.target.layer_ids import extraction_layer_ids
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd

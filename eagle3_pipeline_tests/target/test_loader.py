@@ -1,4 +1,4 @@
-"""The one target loader (`eagle3_pipeline.target`) on checkpoints shaped like the real ones: a nested
+"""The one target loader (`eagle3_pipeline.target.folder`) on checkpoints shaped like the real ones: a nested
 `text_config`, `language_model.`-prefixed sharded weights, remote code, INT4, too large to run.
 
 The checkpoints here are written directly (config.json, an index and safetensors shards of the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.target import (
+from eagle3_pipeline.target.folder import (
     TargetError,
     check_local_executable,
     check_remote_code,
@@ -138,7 +138,7 @@ PEAK_RSS = """
 import json, sys
 from pathlib import Path
 import torch, safetensors.torch
-from eagle3_pipeline.target_weights import load_target_weights
+from eagle3_pipeline.target.weights import load_target_weights
 def peak_kib():  # VmHWM: this process's own peak (ru_maxrss would carry the forking parent's over exec)
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
 before = peak_kib()

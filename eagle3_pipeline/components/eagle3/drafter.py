@@ -43,8 +43,8 @@ from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, manage
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import Supervisor
-from eagle3_pipeline.orchestration.compute import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter, run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import DrafterResult
 

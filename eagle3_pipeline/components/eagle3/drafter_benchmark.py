@@ -29,9 +29,9 @@ from eagle3_pipeline.drafter.online import (
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter
-from eagle3_pipeline.monitor import UnhealthyError, thresholds_for
-from eagle3_pipeline.orchestration.compute import DagsterReporter
+from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.watch.monitor import UnhealthyError, thresholds_for
 
 UPSTREAM = ("eagle3_drafter", "training_data")
 

@@ -1,7 +1,7 @@
 """EAGLE-3 phase A as assets (group ``eagle3``): the draft vocabulary and the hidden states.
 
 Asset → domain function:
-  draft_vocab   → eagle3_pipeline.draft_vocab.build_draft_vocab         (check: coverage floor)
+  draft_vocab   → eagle3_pipeline.hidden_states.draft_vocab.build_draft_vocab         (check: coverage floor)
   hidden_states → the heavy phase `extract` (eagle3_pipeline.hidden_states.extract:run) through
                   `run_heavy_phase`, wherever `compute:` says (`hidden_states.backend: sglang`:
                   `tp_size` torchrun ranks with `sglang_python`; `vllm`: requests to a vLLM server
@@ -37,7 +37,7 @@ from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep.reader import TrainingDataError
-from eagle3_pipeline.draft_vocab import build_draft_vocab
+from eagle3_pipeline.hidden_states.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
@@ -46,12 +46,12 @@ from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, manage
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerPlan, ServerPurpose, Supervisor
-from eagle3_pipeline.orchestration.compute import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.gating import require_passing_checks
+from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import HiddenStatesResult
 from eagle3_pipeline.serving import tokenizer_name
-from eagle3_pipeline.target import TargetError, dimensions, read_config
+from eagle3_pipeline.target.folder import TargetError, dimensions, read_config
 
 GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05

@@ -18,7 +18,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.drafter.online import BenchmarkError
 from eagle3_pipeline.drafter.served import ServedDrafterError, serve_drafter
 from eagle3_pipeline.managed import managed_servers
-from eagle3_pipeline.orchestration.compute import DagsterReporter
+from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 
 

@@ -2,7 +2,7 @@
 
 Asset → domain function:
   target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
-  prompts       → eagle3_pipeline.prompts.write_prompts
+  prompts       → eagle3_pipeline.generation.prompts.write_prompts
   responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in components/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.phase.make_training_data
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline.alerts import Alerter, budget_reached, server_lost
 from eagle3_pipeline.components.generation.automation import scheduled_backfill
 from eagle3_pipeline.components.generation.checks import (
     build_response_checks,
@@ -40,16 +39,17 @@ from eagle3_pipeline.generation import (
 )
 from eagle3_pipeline.generation.capabilities import CapabilityMissing
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
+from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.generation.planning import dataset_plan
-from eagle3_pipeline.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline.generation.prompts import write_prompts
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerError, ServerEvent
-from eagle3_pipeline.monitor import UnhealthyError
-from eagle3_pipeline.orchestration.compute import quiet_pipes
 from eagle3_pipeline.orchestration.gating import require_passing_checks
-from eagle3_pipeline.prompts import write_prompts
+from eagle3_pipeline.orchestration.heavy_phase import quiet_pipes
 from eagle3_pipeline.records import read_prompts
 from eagle3_pipeline.serving import ManagedGeneration, tokenizer_name
+from eagle3_pipeline.watch.alerts import Alerter, budget_reached, server_lost
+from eagle3_pipeline.watch.monitor import UnhealthyError
 
 PREVIEW_ROWS = 5
 HEARTBEAT_EVERY_S = 5.0

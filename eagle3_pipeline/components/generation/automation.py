@@ -3,7 +3,7 @@ the cron is the opt-in): an automation condition that `responses` and `prompts` 
 by the `pipeline_automation` sensor (:mod:`eagle3_pipeline.components.ops.automation`).
 
 At the first evaluation after each cron tick, the partitions that are not in a run or backfill
-already and that the launch decision takes (:func:`eagle3_pipeline.orchestration.launch.decide_generation`,
+already and that the launch decision takes (:func:`eagle3_pipeline.orchestration.generation_decision.decide_generation`,
 the one the `inference_health` sensor asks too: missing or stale, the health gate passing, neither
 backing off nor given up after failures, at most one per free healthy host) are requested. The
 sensor emits one Dagster backfill for all of them (one run when a single partition is due); with
@@ -23,15 +23,15 @@ import dagster as dg
 
 from eagle3_pipeline.components.resources import PipelineResource
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.orchestration.generation_decision import ALL_CURRENT, decide_generation
 from eagle3_pipeline.orchestration.hosts import sick_hosts_line
-from eagle3_pipeline.orchestration.launch import ALL_CURRENT, decide_generation
 
 
 class GenerationDue(dg.AutomationCondition):
     """True for the dataset partitions to (re)generate now: `responses` is missing or stale, every
     required health check passes (on at least one host, and then no more partitions than free
     healthy hosts), and the partition is neither backing off nor given up after failed runs
-    (:func:`eagle3_pipeline.orchestration.launch.decide_generation`). Decided once per evaluation
+    (:func:`eagle3_pipeline.orchestration.generation_decision.decide_generation`). Decided once per evaluation
     (shared by `prompts` and `responses`), with the settings of the `pipeline` resource at that
     moment; the reasons go to the sensor tick's log."""
 

@@ -1,7 +1,7 @@
 """The code location's one executor: the one its pipeline files ask for (`deploy.executor`), set once
 over all of them (:func:`with_executor`, called by `eagle3_pipeline/definitions.py`), not per pipeline:
 `Definitions.merge` refuses two executor objects, and Dagster has one default executor per code
-location. The per-step tags come from :mod:`eagle3_pipeline.deploy`. The integration libraries are the
+location. The per-step tags come from :mod:`eagle3_pipeline.orchestration.step_tags`. The integration libraries are the
 `k8s` / `celery` extras, imported only when a file selects them."""
 
 from __future__ import annotations

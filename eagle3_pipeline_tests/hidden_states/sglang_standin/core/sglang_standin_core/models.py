@@ -71,7 +71,7 @@ class CausalLM(torch.nn.Module):
 
     def __init__(self, language_model: Any) -> None:
         super().__init__()
-        from eagle3_pipeline.target import decoder
+        from eagle3_pipeline.target.folder import decoder
 
         self.config = language_model.config
         self.model = self.decoder_class(decoder(language_model))
@@ -109,7 +109,7 @@ def deepseek_rule(model: CausalLM, layer_ids: list[int] | None) -> None:
 
 def load_model(model_config: Any, classes: dict[str, type[torch.nn.Module]]) -> torch.nn.Module:
     """The checkpoint's architecture as the release's model class, on the CPU."""
-    from eagle3_pipeline.target import language_model, load_causal_lm
+    from eagle3_pipeline.target.folder import language_model, load_causal_lm
 
     [architecture] = model_config.hf_config.architectures
     if architecture not in classes:

@@ -1,6 +1,6 @@
 """Which `responses` partitions to launch now, with which run key — the state is Dagster's run history.
 
-The last step of the one launch decision (:func:`eagle3_pipeline.orchestration.launch.decide_generation`)
+The last step of the one launch decision (:func:`eagle3_pipeline.orchestration.generation_decision.decide_generation`)
 that the `inference_health` sensor and the scheduled backfill's condition share, so neither thrashes.
 A partition's runs are those tagged with it that ran `generation_job` or selected `prompts` or
 `responses` (a backfill's runs):

@@ -1,7 +1,7 @@
 """What the drafter (and the teacher's check against the served model) needs from the target model
 folder: its language model's config, input embedding and ``lm_head``.
 
-Read through :mod:`eagle3_pipeline.target`: the config resolved to the language model (Kimi-K2.5's
+Read through :mod:`eagle3_pipeline.target.folder`: the config resolved to the language model (Kimi-K2.5's
 nested ``text_config``), the tensor names under the prefix the checkpoint's index shows
 (``language_model.`` for Kimi-K2.5), and only the shards that hold those two tensors opened. torch is
 imported only by the readers, so this module stays light for the layers below the drafter.
@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eagle3_pipeline.target import TargetError, dimensions, drafter_tensor_names, read_config, read_tensors, text_config
+from eagle3_pipeline.target.folder import (
+    TargetError,
+    dimensions,
+    drafter_tensor_names,
+    read_config,
+    read_tensors,
+    text_config,
+)
 
 if TYPE_CHECKING:
     import torch

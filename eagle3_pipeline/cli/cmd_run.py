@@ -1,25 +1,20 @@
-"""`eagle3-pipeline …`: run the main job on a Dagster instance, show the pipeline's status or plan, or see
-and stop its managed inference server."""
+"""`eagle3-pipeline run`: the main job on the Dagster instance at $DAGSTER_HOME, with a progress bar, each
+phase's result as it lands, and why a run failed in the phase's own words."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import shlex
-import shutil
 import socket
 import sys
 import time
 from collections.abc import Sequence
-from importlib import resources
-from pathlib import Path
 from typing import Any, TypeVar
 
-from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
-from eagle3_pipeline.generation import CheckpointError, Progress
-from eagle3_pipeline.monitor import HealthMonitor
+from eagle3_pipeline.cli.shared import ensure_dagster_home, load_or_report
+from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.generation import Progress
 from eagle3_pipeline.results import (
     DrafterEvalResult,
     DrafterResult,
@@ -29,33 +24,13 @@ from eagle3_pipeline.results import (
     ResponsesResult,
     TrainingDataResult,
 )
-from eagle3_pipeline.status import (
-    RunInFlight,
-    dataset_progress,
-    exit_code,
-    extraction_status,
-    render_status,
-    status_document,
-)
 
 RUN_TAG_PID = "eagle3/cli_pid"
 RUN_TAG_HOST = "eagle3/cli_host"
-DEFAULT_DAGSTER_HOME = ".dagster_home"
 R = TypeVar("R")
 # Steps run inside the CLI's process (`execute_in_process`: no per-step interpreter start-up, the
 # listener is an object of this process); the UI re-executes the same jobs with their default executor.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-
-
-def ensure_dagster_home() -> Path:
-    """`$DAGSTER_HOME`, default ./.dagster_home, holding this project's dagster.yaml."""
-    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / DEFAULT_DAGSTER_HOME).resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(home)
-    target = home / "dagster.yaml"
-    if not target.exists():
-        shutil.copyfile(str(resources.files("eagle3_pipeline") / "dagster.yaml"), target)
-    return home
 
 
 def _pid_alive(pid: int) -> bool:
@@ -334,7 +309,7 @@ class MainJob:
         return "\n".join(lines)
 
     def eagle3_summary(self) -> list[str]:
-        from eagle3_pipeline.draft_vocab import DraftVocabResult
+        from eagle3_pipeline.hidden_states.draft_vocab import DraftVocabResult
 
         v = self.listener.require("draft_vocab", DraftVocabResult)
         h = self.listener.require("hidden_states", HiddenStatesResult)
@@ -371,65 +346,8 @@ class MainJob:
         return lines
 
 
-def _load(args: argparse.Namespace, runtime_checks: bool = True) -> PipelineConfig | None:
-    try:
-        return load_config(args.config, runtime_checks=runtime_checks)
-    except ConfigError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return None
-
-
-def runs_in_flight() -> list[RunInFlight]:
-    """Unfinished runs on the instance at $DAGSTER_HOME (default ./.dagster_home), if it exists."""
-    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / DEFAULT_DAGSTER_HOME)
-    if not (home / "dagster.yaml").exists():
-        return []
-    os.environ["DAGSTER_HOME"] = str(home.resolve())
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-
-    unfinished = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
-    now = time.time()
-    with DagsterInstance.get() as instance:
-        records = instance.get_run_records(RunsFilter(statuses=unfinished))
-    return [
-        RunInFlight(
-            r.dagster_run.run_id,
-            r.dagster_run.job_name,
-            r.dagster_run.tags.get("dagster/partition"),
-            r.dagster_run.status.value,
-            now - r.start_time if r.start_time else None,
-        )
-        for r in records
-    ]
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    config = _load(args)
-    if config is None:
-        return 2
-    try:
-        monitor = HealthMonitor(config.for_host(args.host))
-    except ConfigError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 2
-    try:
-        report, _ = monitor.tick()
-    finally:
-        monitor.close()
-    try:
-        progress = dataset_progress(config.artifacts_root, config.datasets)
-    except CheckpointError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(status_document(report, progress), indent=2))
-    else:
-        print(render_status(report, progress, runs_in_flight(), extraction_status(config.artifacts_root)))
-    return exit_code(report)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load(args)
+    config = load_or_report(args)
     if config is None:
         return 2
     ensure_dagster_home()
@@ -448,197 +366,3 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    # The plan reads the artifacts, not the sources: a box whose prompt files are elsewhere plans too
-    # (a calibration's endpoints check their keys themselves).
-    config = _load(args, runtime_checks=False)
-    if config is None:
-        return 2
-    from eagle3_pipeline.drafter.scaling import data_scaling
-    from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
-    from eagle3_pipeline.hidden_states.disk import config_disk_plan
-    from eagle3_pipeline.schedule import serving_schedule
-
-    try:
-        records = checkpoint_records(config)
-    except CheckpointError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
-    throughput = throughput_evidence(config.inference, config.target.model, records)
-    failed: dict[str, str] = {}
-    if args.calibrate:
-        from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config
-
-        provider = InferenceProvider(config)
-        try:
-            endpoints = provider.endpoints() if provider.embedded else endpoints_from_config(config)
-            measured, failed = calibrate(config, endpoints, args.calibrate)
-        except (ConfigError, RuntimeError) as exc:
-            print(f"eagle3-pipeline: calibration impossible: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            provider.close()
-        throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
-    plan = build_plan(config, throughput, records, args.max_cost)
-    scaling = data_scaling(config, records, throughput)
-    disk = config_disk_plan(config, records, {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()})
-    schedule = serving_schedule(config, plan, records)
-    if args.json:
-        more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
-        disk_data = disk if isinstance(disk, str) else disk.as_dict()
-        print(
-            json.dumps(
-                {
-                    **plan.as_dict(),
-                    "calibration_failed": failed,
-                    "data_scaling": more_data,
-                    "hidden_state_disk": disk_data,
-                    "schedule": schedule.as_dict(),
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(plan.text())
-        for name, reason in failed.items():
-            print(f"calibration of {name} failed: {reason}")
-        print("\n" + (scaling if isinstance(scaling, str) else scaling.text()))
-        print("\n" + (disk if isinstance(disk, str) else disk.text()))
-        print("\n" + schedule.text())
-    return 0
-
-
-SERVER_EXIT = {"running": 0, "absent": 3, "exited": 3, "orphaned": 1, "foreign": 1}
-
-
-def _server_status_lines(plan: Any, status: Any) -> list[str]:
-    lines = [f"managed server {plan.name} ({plan.engine}, {plan.setting}) on port {plan.port}: {status.state}"]
-    record = status.record
-    if record is not None:
-        lines.append(
-            f"  role {record.role}, pid {record.pid} (process group {record.pgid}), started {record.started_at}: "
-            f"{record.reason}"
-        )
-        lines.append(f"  command: {shlex.join(record.argv)}")
-        lines.append(f"  log: {record.log_path}")
-    lines.append(f"  {status.detail}")
-    return lines
-
-
-def _stop_lines(result: Any) -> list[str]:
-    check = result.verification
-    if result.was_running:
-        head = (
-            f"stopped the {result.role} server (pid {result.pid}) on {result.host} in {result.duration_s:.1f} s "
-            f"({', '.join(result.signals)})"
-        )
-    else:
-        head = f"no server of the pipeline's was running on {result.host}"
-    return [
-        head,
-        f"  verified: {len(check.processes_left)} process(es) of it left; port {check.port} "
-        + ("free" if not check.port_holders else "held")
-        + f"; GPUs {check.gpu_check}",
-    ]
-
-
-def cmd_server(args: argparse.Namespace) -> int:
-    """`server status|stop`: the managed server's state from its pid file, or its verified stop."""
-    try:
-        config = load_config(args.config, runtime_checks=False)
-    except ConfigError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 2
-    from eagle3_pipeline.hosts import build_host
-    from eagle3_pipeline.managed import ManagedServer, ManagedServerError, StopNotVerifiedError, managed_server
-
-    plan = managed_server(config, args.host)
-    if plan is None:
-        where = f"inference host {args.host!r}" if args.host else "it"
-        print(
-            f"eagle3-pipeline: {config.source_file}: no managed server (serving.managed) for {where}: the pipeline "
-            "starts and stops no server",
-            file=sys.stderr,
-        )
-        return 2
-    host = build_host(plan.host)
-    try:
-        server = ManagedServer(host, plan)
-        if args.action == "status":
-            status = server.status()
-            print("\n".join(_server_status_lines(plan, status)))
-            return SERVER_EXIT[status.state]
-        print("\n".join(_stop_lines(server.stop("eagle3-pipeline server stop"))))
-        return 0
-    except StopNotVerifiedError as exc:
-        print("\n".join(_stop_lines(exc.result)), file=sys.stderr)
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
-    except ManagedServerError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        host.close()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle3-pipeline", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="materialize every asset and partition (the main job)")
-    run.add_argument(
-        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
-    )
-    run.set_defaults(func=cmd_run)
-    status = sub.add_parser("status", help="health checks, per-dataset progress and runs in flight")
-    status.add_argument(
-        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
-    )
-    status.add_argument("--json", action="store_true", help="print {overall, checks, datasets} as JSON")
-    status.add_argument("--host", help="with several inference hosts: the one to check (default: the first listed)")
-    status.set_defaults(func=cmd_status)
-    plan = sub.add_parser(
-        "plan",
-        help="per dataset and backend: tokens/s, tokens left, ETA, cost, and the best backend; "
-        "then τ expected from more data of each dataset; "
-        "then the hidden states' disk per backend and storage dtype; "
-        "then the schedule on the GPU host: the managed server's starts and stops before each phase, and each "
-        "phase's GPU time with its basis",
-    )
-    plan.add_argument(
-        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
-    )
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.add_argument(
-        "--calibrate", type=int, metavar="N", default=0, help="measure each backend with N real requests first"
-    )
-    plan.add_argument(
-        "--max-cost",
-        type=float,
-        metavar="USD",
-        default=None,
-        help="the cost ceiling the best backend must finish within",
-    )
-    plan.set_defaults(func=cmd_plan)
-    server = sub.add_parser(
-        "server",
-        help="the managed inference server (serving.managed): its state (exit 0 running, 3 not running, 1 "
-        "processes of it left without its leader or a foreign pid), or stop it, verified (processes, port, GPUs)",
-    )
-    server.add_argument("action", choices=["status", "stop"])
-    server.add_argument(
-        "--config", help="pipeline file (default: the shipped local profile, the one the code location loads)"
-    )
-    server.add_argument("--host", help="with several inference hosts: whose managed server (default: the first)")
-    server.set_defaults(func=cmd_server)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

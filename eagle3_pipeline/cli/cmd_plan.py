@@ -1,0 +1,72 @@
+"""`eagle3-pipeline plan`: per dataset and backend the ETA and cost, τ expected from more data, the hidden
+states' disk and the schedule on the GPU host."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eagle3_pipeline.cli.shared import load_or_report
+from eagle3_pipeline.config import ConfigError
+from eagle3_pipeline.generation import CheckpointError
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    # The plan reads the artifacts, not the sources: a box whose prompt files are elsewhere plans too
+    # (a calibration's endpoints check their keys themselves).
+    config = load_or_report(args, runtime_checks=False)
+    if config is None:
+        return 2
+    from eagle3_pipeline.drafter.scaling import data_scaling
+    from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
+    from eagle3_pipeline.hidden_states.disk import config_disk_plan
+    from eagle3_pipeline.overview.schedule import serving_schedule
+
+    try:
+        records = checkpoint_records(config)
+    except CheckpointError as exc:
+        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
+        return 1
+    throughput = throughput_evidence(config.inference, config.target.model, records)
+    failed: dict[str, str] = {}
+    if args.calibrate:
+        from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config
+
+        provider = InferenceProvider(config)
+        try:
+            endpoints = provider.endpoints() if provider.embedded else endpoints_from_config(config)
+            measured, failed = calibrate(config, endpoints, args.calibrate)
+        except (ConfigError, RuntimeError) as exc:
+            print(f"eagle3-pipeline: calibration impossible: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            provider.close()
+        throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
+    plan = build_plan(config, throughput, records, args.max_cost)
+    scaling = data_scaling(config, records, throughput)
+    disk = config_disk_plan(config, records, {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()})
+    schedule = serving_schedule(config, plan, records)
+    if args.json:
+        more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
+        disk_data = disk if isinstance(disk, str) else disk.as_dict()
+        print(
+            json.dumps(
+                {
+                    **plan.as_dict(),
+                    "calibration_failed": failed,
+                    "data_scaling": more_data,
+                    "hidden_state_disk": disk_data,
+                    "schedule": schedule.as_dict(),
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(plan.text())
+        for name, reason in failed.items():
+            print(f"calibration of {name} failed: {reason}")
+        print("\n" + (scaling if isinstance(scaling, str) else scaling.text()))
+        print("\n" + (disk if isinstance(disk, str) else disk.text()))
+        print("\n" + schedule.text())
+    return 0
