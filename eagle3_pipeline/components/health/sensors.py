@@ -48,6 +48,24 @@ def inference_health(context: dg.SensorEvaluationContext, names: PipelineNames) 
     return dg.SensorResult(run_requests=decision.plan.requests, cursor=decision.cursor, asset_events=events)
 
 
+def _flag_stall(
+    context: dg.SensorEvaluationContext,
+    alerter: Alerter,
+    subject: str,
+    run_id: str,
+    quiet: float,
+    what: str,
+    terminate: bool,
+) -> tuple[dict[str, bool | int | str], str]:
+    """A stalled run (`subject`: its partition, or `hidden_states`), terminated when `terminate`: its
+    observation's metadata and its line in the tick's skip reason, alerted."""
+    terminated = terminate and context.instance.run_launcher.terminate(run_id)
+    metadata = {"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated}
+    line = f"{subject} (run {run_id[:8]}, no {what} for {quiet:.0f} s{', terminated' if terminated else ''})"
+    stall_detected(alerter, subject, run_id, line)
+    return metadata, line
+
+
 def generation_stall(context: dg.SensorEvaluationContext, names: PipelineNames) -> dg.SensorResult:
     """The `generation_stall` sensor of the pipeline named by `names`: one tick."""
     config = StepResources(context, names).config()
@@ -60,41 +78,21 @@ def generation_stall(context: dg.SensorEvaluationContext, names: PipelineNames) 
         quiet = quiet_seconds(config, partition, run_id)
         if quiet is None or quiet <= stall.stall_window_s:
             continue
-        terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
-        events.append(
-            dg.AssetObservation(
-                asset_key=names.key("responses"),
-                partition=partition,
-                metadata={
-                    "stalled": True,
-                    "seconds_without_progress": round(quiet),
-                    "run_id": run_id,
-                    "terminated": terminated,
-                },
-            )
+        metadata, line = _flag_stall(
+            context, alerter, partition, run_id, quiet, "new response", stall.terminate_stalled_runs
         )
-        stalled.append(
-            f"{partition} (run {run_id[:8]}, no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
-        )
-        stall_detected(alerter, partition, run_id, stalled[-1])
+        events.append(dg.AssetObservation(asset_key=names.key("responses"), partition=partition, metadata=metadata))
+        stalled.append(line)
     for record in extracting_runs(context.instance, names) if config.compute.kind == "local" else []:
         quiet = extraction_quiet_seconds(ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0)
         if quiet is None or quiet <= stall.stall_window_s:
             continue
         run_id = record.dagster_run.run_id
-        terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
-        metadata = {
-            "stalled": True,
-            "seconds_without_progress": round(quiet),
-            "run_id": run_id,
-            "terminated": terminated,
-        }
-        events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
-        stalled.append(
-            f"hidden_states (run {run_id[:8]}, "
-            f"no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
+        metadata, line = _flag_stall(
+            context, alerter, "hidden_states", run_id, quiet, "shard written", stall.terminate_stalled_runs
         )
-        stall_detected(alerter, "hidden_states", run_id, stalled[-1])
+        events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
+        stalled.append(line)
     if stalled:
         return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)
     return dg.SensorResult(skip_reason="every generating or extracting run made progress within the stall window")
