@@ -3,7 +3,12 @@ on them, :mod:`.observations`), and the stall sensor that watches running genera
 
 Default states: `inference_health` starts stopped (it launches work continuously; the scheduled
 backfill is the default way to launch, turn the sensor on instead of or beside it); `generation_stall`
-starts running (it only observes, and terminates only with `health.terminate_stalled_runs`)."""
+starts running (it only observes, and terminates only with `health.terminate_stalled_runs`).
+
+Each sensor's body is the module function named after it; the factory binds the pipeline's names to it
+(a sensor's context does not say which pipeline it belongs to) and decorates it."""
+
+from functools import partial
 
 import dagster as dg
 
@@ -19,12 +24,85 @@ from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
 from eagle3_pipeline.watch.alerts import Alerter, stall_detected
 
 
-def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.SensorDefinition]:
-    """`loaded` (the file as loaded) sets the tick intervals; each tick reads its settings from the
-    pipeline's settings resource (key `names.pipeline`)."""
-    intervals = loaded.health
+def inference_health(context: dg.SensorEvaluationContext, names: PipelineNames) -> dg.SensorResult:
+    """The `inference_health` sensor of the pipeline named by `names`: one tick."""
+    decision = decide_generation(
+        context.instance,
+        StepResources(context, names).config(),
+        context.log.warning,
+        cursor=context.cursor,
+        tags={"eagle3/launched_by": "inference_health"},
+        names=names,
+    )
+    events = [health_observation(v.report, v.name, names) for v in decision.verdicts]
+    if not decision.gate_open:
+        return dg.SensorResult(
+            skip_reason=f"not launching generation: {decision.gate}", cursor=decision.cursor, asset_events=events
+        )
+    if decision.notes:
+        context.log.info(decision.notes)
+    if decision.plan is None or not decision.plan.requests:
+        return dg.SensorResult(
+            skip_reason=f"{decision.gate}; {decision.why_nothing}", cursor=decision.cursor, asset_events=events
+        )
+    return dg.SensorResult(run_requests=decision.plan.requests, cursor=decision.cursor, asset_events=events)
 
-    @dg.sensor(
+
+def _flag_stall(
+    context: dg.SensorEvaluationContext,
+    alerter: Alerter,
+    subject: str,
+    run_id: str,
+    quiet: float,
+    what: str,
+    terminate: bool,
+) -> tuple[dict[str, bool | int | str], str]:
+    """A stalled run (`subject`: its partition, or `hidden_states`), terminated when `terminate`: its
+    observation's metadata and its line in the tick's skip reason, alerted."""
+    terminated = terminate and context.instance.run_launcher.terminate(run_id)
+    metadata = {"stalled": True, "seconds_without_progress": round(quiet), "run_id": run_id, "terminated": terminated}
+    line = f"{subject} (run {run_id[:8]}, no {what} for {quiet:.0f} s{', terminated' if terminated else ''})"
+    stall_detected(alerter, subject, run_id, line)
+    return metadata, line
+
+
+def generation_stall(context: dg.SensorEvaluationContext, names: PipelineNames) -> dg.SensorResult:
+    """The `generation_stall` sensor of the pipeline named by `names`: one tick."""
+    config = StepResources(context, names).config()
+    stall = config.health
+    stalled, events = [], []
+    alerter = Alerter.for_pipeline(config, context.log.warning)
+    for partition, run_id in partitions_in_flight(context.instance, names).items():
+        if partition not in config.dataset_ids:
+            continue
+        quiet = quiet_seconds(config, partition, run_id)
+        if quiet is None or quiet <= stall.stall_window_s:
+            continue
+        metadata, line = _flag_stall(
+            context, alerter, partition, run_id, quiet, "new response", stall.terminate_stalled_runs
+        )
+        events.append(dg.AssetObservation(asset_key=names.key("responses"), partition=partition, metadata=metadata))
+        stalled.append(line)
+    for record in extracting_runs(context.instance, names) if config.compute.kind == "local" else []:
+        quiet = extraction_quiet_seconds(ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0)
+        if quiet is None or quiet <= stall.stall_window_s:
+            continue
+        run_id = record.dagster_run.run_id
+        metadata, line = _flag_stall(
+            context, alerter, "hidden_states", run_id, quiet, "shard written", stall.terminate_stalled_runs
+        )
+        events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
+        stalled.append(line)
+    if stalled:
+        return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)
+    return dg.SensorResult(skip_reason="every generating or extracting run made progress within the stall window")
+
+
+def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.SensorDefinition]:
+    """The two sensors of the pipeline named by `names`: `loaded` (the file as loaded) sets the tick
+    intervals; each tick reads its settings from the pipeline's settings resource (key `names.pipeline`)."""
+    intervals = loaded.health
+    inference_health_sensor = dg.sensor(
         name=names.name("inference_health"),
         job_name=names.generation_job,
         required_resource_keys={names.pipeline},
@@ -35,30 +113,8 @@ def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_
         "runs for missing or stale `responses` partitions only while every required check passes (on a "
         "healthy host, one run per host), or while a managed server is merely stopped (the run starts it); "
         "failed partitions are retried with backoff, then left alone.",
-    )
-    def inference_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        decision = decide_generation(
-            context.instance,
-            StepResources(context, names).config(),
-            context.log.warning,
-            cursor=context.cursor,
-            tags={"eagle3/launched_by": "inference_health"},
-            names=names,
-        )
-        events = [health_observation(v.report, v.name, names) for v in decision.verdicts]
-        if not decision.gate_open:
-            return dg.SensorResult(
-                skip_reason=f"not launching generation: {decision.gate}", cursor=decision.cursor, asset_events=events
-            )
-        if decision.notes:
-            context.log.info(decision.notes)
-        if decision.plan is None or not decision.plan.requests:
-            return dg.SensorResult(
-                skip_reason=f"{decision.gate}; {decision.why_nothing}", cursor=decision.cursor, asset_events=events
-            )
-        return dg.SensorResult(run_requests=decision.plan.requests, cursor=decision.cursor, asset_events=events)
-
-    @dg.sensor(
+    )(partial(inference_health, names=names))
+    generation_stall_sensor = dg.sensor(
         name=names.name("generation_stall"),
         required_resource_keys={names.pipeline},
         minimum_interval_seconds=max(30, int(intervals.stall_window_s // 4)),
@@ -68,58 +124,6 @@ def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_
         "extraction (compute: local) that wrote no shard within the window since it planned its shards "
         "(an observation on `hidden_states`); terminates them if configured. Runs waiting for the `gpu` "
         "pool, a server start or the target's weights are not working yet.",
-    )
-    def generation_stall(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        config = StepResources(context, names).config()
-        stall = config.health
-        stalled, events = [], []
-        alerter = Alerter.for_pipeline(config, context.log.warning)
-        for partition, run_id in partitions_in_flight(context.instance, names).items():
-            if partition not in config.dataset_ids:
-                continue
-            quiet = quiet_seconds(config, partition, run_id)
-            if quiet is None or quiet <= stall.stall_window_s:
-                continue
-            terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
-            events.append(
-                dg.AssetObservation(
-                    asset_key=names.key("responses"),
-                    partition=partition,
-                    metadata={
-                        "stalled": True,
-                        "seconds_without_progress": round(quiet),
-                        "run_id": run_id,
-                        "terminated": terminated,
-                    },
-                )
-            )
-            stalled.append(
-                f"{partition} (run {run_id[:8]}, "
-                f"no new response for {quiet:.0f} s{', terminated' if terminated else ''})"
-            )
-            stall_detected(alerter, partition, run_id, stalled[-1])
-        for record in extracting_runs(context.instance, names) if config.compute.kind == "local" else []:
-            quiet = extraction_quiet_seconds(
-                ArtifactLayout(config.artifacts_root).hidden_states, record.start_time or 0.0
-            )
-            if quiet is None or quiet <= stall.stall_window_s:
-                continue
-            run_id = record.dagster_run.run_id
-            terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
-            metadata = {
-                "stalled": True,
-                "seconds_without_progress": round(quiet),
-                "run_id": run_id,
-                "terminated": terminated,
-            }
-            events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
-            stalled.append(
-                f"hidden_states (run {run_id[:8]}, "
-                f"no shard written for {quiet:.0f} s{', terminated' if terminated else ''})"
-            )
-            stall_detected(alerter, "hidden_states", run_id, stalled[-1])
-        if stalled:
-            return dg.SensorResult(skip_reason="stalled: " + "; ".join(stalled), asset_events=events)
-        return dg.SensorResult(skip_reason="every generating or extracting run made progress within the stall window")
+    )(partial(generation_stall, names=names))
 
-    return [inference_health, generation_stall]
+    return [inference_health_sensor, generation_stall_sensor]
