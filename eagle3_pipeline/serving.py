@@ -342,7 +342,7 @@ class InferenceProvider:
     def _serve(self, managed: ManagedGeneration) -> None:
         supervisor = self._managed.enter_context(open_supervisor(self.config, on_event=managed.on_event))
         assert supervisor is not None  # self.plan is its server's
-        purpose = generation_purpose(self.config)
+        purpose = generation_purpose(ArtifactLayout(self.config.artifacts_root), self.config.dataset_ids)
         self._recovery = GenerationRecovery(supervisor, purpose, managed.reason, GENERATION_ACCEPTS)
         supervisor.ensure(purpose, managed.reason, accept=GENERATION_ACCEPTS)
 
