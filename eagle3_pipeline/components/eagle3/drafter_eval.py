@@ -87,7 +87,8 @@ def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     for line in str(result.extra.get(WARNING, "")).splitlines():
         context.log.warning(line)
     # data_scaling: what more data of each dataset buys
-    scaling = {"data_scaling": dg.MetadataValue.md(data_scaling_markdown(config))}
+    table = data_scaling_markdown(config.artifacts_root, config.inference, config.target.model, config.dataset_ids)
+    scaling = {"data_scaling": dg.MetadataValue.md(table)}
     return dg.MaterializeResult(metadata=materialization_metadata({**result.as_metadata(), **scaling}))
 
 
