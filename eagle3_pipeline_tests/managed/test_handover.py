@@ -180,12 +180,12 @@ def test_a_managed_vllm_server_is_the_extraction_server_with_the_stores_ids(tmp_
     assert plan is not None and config.hidden_states.vllm_base_url == "http://127.0.0.1:8123/v1"
     folder = Path(str(config.hidden_states.vllm_output_dir))
     assert folder == config.artifacts_root / "vllm_connector" and not folder.exists()
-    purpose = extraction_purpose(config, plan, LocalHost())
+    purpose = extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
     assert purpose.extraction is not None and purpose.extraction.layer_ids == (2, 15, 27, 30)  # [1, 14, 26] + 1, N
     assert folder.is_dir()
     (model / "config.json").unlink()
     with pytest.raises(ExtractionServerError, match=r"serving\.model: .*config\.json on localhost: not readable"):
-        extraction_purpose(config, plan, LocalHost())
+        extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
     # a URL of the user's own extraction server: not the managed one's
     own = write_pipeline(
         tmp_path,

@@ -102,7 +102,7 @@ def train_rolling(
     def extract(shards: list[str]) -> dict[str, Any]:
         if extracting:
             assert supervisor is not None and server is not None
-            purpose = extraction_purpose(config, server, supervisor.server.host)
+            purpose = extraction_purpose(config.hidden_states, config.source_file, server, supervisor.server.host)
             supervisor.ensure(purpose, f"eagle3_drafter (rolling): extract {len(shards)} shard(s)")
         return run_heavy_phase(
             context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config)

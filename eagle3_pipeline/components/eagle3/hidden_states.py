@@ -143,7 +143,9 @@ def extract_launch(config: PipelineConfig) -> dict[str, Any]:
 
 def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> Callable[[Supervisor], ServerPurpose]:
     """The managed extraction server's purpose for the store, built on its host once the host is connected."""
-    return lambda supervisor: extraction_purpose(config, server, supervisor.server.host)
+    return lambda supervisor: extraction_purpose(
+        config.hidden_states, config.source_file, server, supervisor.server.host
+    )
 
 
 def _training_data_checks(names: PipelineNames) -> list[dg.AssetCheckKey]:
