@@ -77,7 +77,7 @@ def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_
         for partition, run_id in partitions_in_flight(context.instance, names).items():
             if partition not in config.dataset_ids:
                 continue
-            quiet = quiet_seconds(config, partition, run_id)
+            quiet = quiet_seconds(config.artifacts_root, partition, run_id)
             if quiet is None or quiet <= stall.stall_window_s:
                 continue
             terminated = stall.terminate_stalled_runs and context.instance.run_launcher.terminate(run_id)
