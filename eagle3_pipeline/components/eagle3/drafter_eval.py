@@ -82,7 +82,9 @@ def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     config = resources.config()
     require_passing_checks(context.instance, input_checks(names))
     with gpu_phase(context, config, names, "drafter_eval"):
-        result = DrafterEvalResult.from_metadata(run_heavy_phase(context, config, "evaluate", evaluate_spec(config)))
+        result = DrafterEvalResult.from_metadata(
+            run_heavy_phase(context, config.compute, config.artifacts_root, "evaluate", evaluate_spec(config))
+        )
     resources.listener.result("drafter_eval", None, result)
     for line in str(result.extra.get(WARNING, "")).splitlines():
         context.log.warning(line)

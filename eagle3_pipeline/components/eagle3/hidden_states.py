@@ -232,7 +232,16 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
             spec["serving_reference"] = str(layout.serving_reference) if recorded else None
             ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
             ship += [model] if under_root(model, layout.root) else []
-            return run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
+            return run_heavy_phase(
+                context,
+                config.compute,
+                config.artifacts_root,
+                "extract",
+                spec,
+                ship=ship,
+                fetch=fetch,
+                **extract_launch(config),
+            )
 
         server = managed_extraction_server(config)
         if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
