@@ -222,7 +222,10 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 
         def record_reference() -> dict[str, Any]:
             reference = preflight_reference(
-                config, layout.training_data, tokenizer_name(config), layout.serving_reference
+                config,
+                layout.training_data,
+                tokenizer_name(config.target, config.inference, config.source_file),
+                layout.serving_reference,
             )
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
             return reference
