@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import InferenceConfig, PipelineConfig, TargetConfig
 from eagle3_pipeline.generation import Endpoint, Price, Recovered, RecoveryFailed, ServerRecovery
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.layout import ArtifactLayout
@@ -249,13 +249,13 @@ class EmbeddedServer:
         self.stop()
 
 
-def tokenizer_name(config: PipelineConfig) -> str:
+def tokenizer_name(target: TargetConfig, inference: InferenceConfig, source_file: Path) -> str:
     """The target's tokenizer: `target.tokenizer`, else the embedded model's folder."""
-    if config.target.tokenizer:
-        return config.target.tokenizer
-    if config.inference.kind == "embedded":
+    if target.tokenizer:
+        return target.tokenizer
+    if inference.kind == "embedded":
         return str(local_model_dir())
-    raise ValueError(f"{config.source_file}: target.tokenizer is not set")
+    raise ValueError(f"{source_file}: target.tokenizer is not set")
 
 
 def endpoints_from_config(config: PipelineConfig, api_keys: Mapping[str, str] | None = None) -> list[Endpoint]:
@@ -342,7 +342,7 @@ class InferenceProvider:
     def _serve(self, managed: ManagedGeneration) -> None:
         supervisor = self._managed.enter_context(open_supervisor(self.config, on_event=managed.on_event))
         assert supervisor is not None  # self.plan is its server's
-        purpose = generation_purpose(self.config)
+        purpose = generation_purpose(ArtifactLayout(self.config.artifacts_root), self.config.dataset_ids)
         self._recovery = GenerationRecovery(supervisor, purpose, managed.reason, GENERATION_ACCEPTS)
         supervisor.ensure(purpose, managed.reason, accept=GENERATION_ACCEPTS)
 
@@ -352,7 +352,8 @@ class InferenceProvider:
         return self._recovery(failure)
 
     def tokenizer_name(self) -> str:
-        return tokenizer_name(self.config)
+        config = self.config
+        return tokenizer_name(config.target, config.inference, config.source_file)
 
     def _start_embedded(self) -> Endpoint:
         settings = self.config.inference.embedded

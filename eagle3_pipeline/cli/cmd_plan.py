@@ -10,6 +10,7 @@ import sys
 from eagle3_pipeline.cli.shared import load_or_report
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.generation import CheckpointError
+from eagle3_pipeline.layout import ArtifactLayout
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -24,7 +25,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from eagle3_pipeline.overview.schedule import serving_schedule
 
     try:
-        records = checkpoint_records(config)
+        records = checkpoint_records(ArtifactLayout(config.artifacts_root), config.dataset_ids)
     except CheckpointError as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
         return 1
@@ -44,7 +45,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             provider.close()
         throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
     plan = build_plan(config, throughput, records, args.max_cost)
-    scaling = data_scaling(config, records, throughput)
+    scaling = data_scaling(
+        config.artifacts_root, config.inference, config.target.model, config.dataset_ids, records, throughput
+    )
     disk = config_disk_plan(config, records, {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()})
     schedule = serving_schedule(config, plan, records)
     if args.json:

@@ -72,7 +72,9 @@ def _phase_supervisor(
     """The supervisor of ``plan``'s server for a GPU phase; with `inference.hosts` its host held first."""
     if config.inference.hosts:
         try:
-            hold_host(context.instance, context.run_id, config, plan.name, context.log.info, names)
+            hold_host(
+                context.instance, context.run_id, config.launch, config.inference, plan.name, context.log.info, names
+            )
         except NoHostFree as exc:
             raise dg.Failure(description=f"{phase} needs the GPUs of {plan.setting}: {exc}") from None
     with supervised(context, config, names, plan.name) as supervisor:

@@ -22,4 +22,4 @@ def step_policy(loaded: PipelineConfig, asset: str) -> dict[str, Any]:
     if asset not in GPU_STEPS:
         return {}
     pool = None if asset == "responses" and loaded.inference.hosts else GPU_POOL
-    return {"pool": pool, "op_tags": step_tags(loaded, cast(GpuPhase, asset))}
+    return {"pool": pool, "op_tags": step_tags(loaded.deploy, loaded.inference, loaded.compute, cast(GpuPhase, asset))}

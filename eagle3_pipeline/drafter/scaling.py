@@ -24,7 +24,7 @@ import numpy as np
 from eagle3_pipeline.drafter.acceptance import ALL, AcceptanceStats
 
 if TYPE_CHECKING:
-    from eagle3_pipeline.config import PipelineConfig
+    from eagle3_pipeline.config import InferenceConfig
     from eagle3_pipeline.generation.planning import Backend, Throughput
 
 TAU_CURVE_FILE = "tau_curve.json"
@@ -453,7 +453,10 @@ def generated_tokens(records: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
 
 
 def data_scaling(
-    config: PipelineConfig,
+    artifacts_root: Path,
+    inference: InferenceConfig,
+    target_model: str,
+    dataset_ids: Sequence[str],
     records: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     throughput: Mapping[str, Throughput | None] | None = None,
 ) -> ScalingTable | str:
@@ -462,19 +465,22 @@ def data_scaling(
     (its evidence when not given); a sentence instead when no drafter run has recorded a curve."""
     from eagle3_pipeline.drafter.spec import drafter_paths
     from eagle3_pipeline.generation.planning import checkpoint_records, configured_backends, throughput_evidence
+    from eagle3_pipeline.layout import ArtifactLayout
 
-    run_dir = drafter_paths(config.artifacts_root)["run_dir"]
+    run_dir = drafter_paths(artifacts_root)["run_dir"]
     curve = read_curve(run_dir)
     if curve is None or not curve["points"]:
         return f"τ against training data: no curve under {run_dir} (eagle3_drafter writes it at each checkpoint)"
-    records = checkpoint_records(config) if records is None else records
+    records = checkpoint_records(ArtifactLayout(artifacts_root), dataset_ids) if records is None else records
     if throughput is None:
-        throughput = throughput_evidence(config.inference, config.target.model, records)
-    backends = configured_backends(config.inference, config.target.model)
+        throughput = throughput_evidence(inference, target_model, records)
+    backends = configured_backends(inference, target_model)
     return scaling_table(curve, backends, throughput, generated_tokens(records))
 
 
-def data_scaling_markdown(config: PipelineConfig) -> str:
+def data_scaling_markdown(
+    artifacts_root: Path, inference: InferenceConfig, target_model: str, dataset_ids: Sequence[str]
+) -> str:
     """What ``drafter_eval`` shows as its ``data_scaling`` metadata (markdown)."""
-    table = data_scaling(config)
+    table = data_scaling(artifacts_root, inference, target_model, dataset_ids)
     return table if isinstance(table, str) else table.markdown()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import ComputeConfig, DrafterBenchmarkConfig, DrafterEvalConfig, PipelineConfig
 from eagle3_pipeline.drafter.benchmark_record import drafter_digest
 from eagle3_pipeline.drafter.online import Measured, eval_prompts, measure
 from eagle3_pipeline.drafter.spec import drafter_paths
@@ -139,52 +139,54 @@ class ServedResult:
         }
 
 
-def drafter_depth(config: PipelineConfig, evaluation: Mapping[str, Any]) -> int:
+def drafter_depth(
+    benchmark: DrafterBenchmarkConfig | None, drafter_eval: DrafterEvalConfig, evaluation: Mapping[str, Any]
+) -> int:
     """K: drafter_benchmark's when configured, else drafter_eval's K with the best estimated speedup (its first
     K when none is recorded)."""
-    if config.drafter_benchmark is not None:
-        return config.drafter_benchmark.steps
-    speedups = {k: evaluation.get(f"speedup_est@{k}/all") for k in config.drafter_eval.steps}
+    if benchmark is not None:
+        return benchmark.steps
+    speedups = {k: evaluation.get(f"speedup_est@{k}/all") for k in drafter_eval.steps}
     known = {k: float(v) for k, v in speedups.items() if isinstance(v, (int, float))}
-    return max(known, key=lambda k: known[k]) if known else config.drafter_eval.steps[0]
+    return max(known, key=lambda k: known[k]) if known else drafter_eval.steps[0]
 
 
-def host_root(config: PipelineConfig) -> str:
+def host_root(compute: ComputeConfig, artifacts_root: Path) -> str:
     """The artifacts root where the drafter is trained and exported (the GPU host's with compute ssh)."""
-    if config.compute.kind != "local" and config.compute.artifacts_root is not None:
-        return config.compute.artifacts_root
-    return str(config.artifacts_root)
+    if compute.kind != "local" and compute.artifacts_root is not None:
+        return compute.artifacts_root
+    return str(artifacts_root)
 
 
 def candidate(config: PipelineConfig, supervisor: Supervisor, evaluation: Mapping[str, Any]) -> ServedDrafter:
     """The drafter just trained, as exported on the server's host, with its τ (module doc, step 1)."""
     plan = supervisor.server.plan
-    trained_on = phase_host(config, "eagle3_drafter")
+    trained_on = phase_host(config.compute, config.health, "eagle3_drafter")
     if not same_machine(trained_on, plan.host):
         raise ServedDrafterError(
             f"{config.source_file}: the drafter is trained and exported on "
             f"{trained_on.hostname or 'this machine'} (compute), but the managed server ({plan.setting}) runs on "
             f"{plan.host.hostname or 'this machine'}: it cannot load the export from there"
         )
-    export = str(drafter_paths(Path(host_root(config)))["export_dir"])
+    export = str(drafter_paths(Path(host_root(config.compute, config.artifacts_root)))["export_dir"])
     host = supervisor.server.host
     digest = drafter_digest(host, export)
     if digest is None:
         raise ServedDrafterError(f"{export} on {host.name}: no exported drafter to serve; materialize eagle3_drafter")
-    steps = drafter_depth(config, evaluation)
+    steps = drafter_depth(config.drafter_benchmark, config.drafter_eval, evaluation)
     tau_eval = evaluation.get(f"tau@{steps}/all")
     return ServedDrafter(
         drafter=export,
         digest=digest,
         steps=steps,
         tau_eval=float(tau_eval) if isinstance(tau_eval, (int, float)) else None,
-        tau_benchmark=benchmark_tau(config, digest, steps),
+        tau_benchmark=benchmark_tau(ArtifactLayout(config.artifacts_root), digest, steps),
     )
 
 
-def benchmark_tau(config: PipelineConfig, digest: str, steps: int) -> float | None:
+def benchmark_tau(layout: ArtifactLayout, digest: str, steps: int) -> float | None:
     """drafter_benchmark's τ from the server's counters, when it recorded one for this drafter at ``steps``."""
-    path = ArtifactLayout(config.artifacts_root).drafter_benchmark
+    path = layout.drafter_benchmark
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -250,7 +252,7 @@ def serve_drafter(
     new = candidate(config, supervisor, evaluation)
     serve_new, why = decide(new, record)
     report.log(f"served_drafter: {why}")
-    tools = generation_purpose(config).needs_tools  # chat as generation serves it
+    tools = generation_purpose(layout, config.dataset_ids).needs_tools  # chat as generation serves it
     if serve_new:
         new = _served_copy(supervisor, new)
         purpose = ServerPurpose.served_drafter(EagleDrafter(new.drafter, new.steps), tools)
@@ -282,7 +284,7 @@ def serve_drafter(
         line = supervisor.ensure_launch(_recorded_line(supervisor, served, purpose), f"served_drafter: {why}")
         now = ServedRecord(replace(served, argv=line.argv), record.previous)
         decision = "kept the served drafter"
-    measured = measure_served(config, supervisor)
+    measured = measure_served(layout, supervisor)
     acceptance = measured.acceptance
     tau = acceptance.tau if acceptance is not None else None
     now = replace(now, current=replace(now.current, tau_served=round(tau, 4) if tau is not None else None))
@@ -294,11 +296,11 @@ def serve_drafter(
     return ServedResult(f"{decision}: {why}", now.current, new, measured)
 
 
-def measure_served(config: PipelineConfig, supervisor: Supervisor) -> Measured:
+def measure_served(layout: ArtifactLayout, supervisor: Supervisor) -> Measured:
     """τ of the running served drafter from its server's counters over a few eval prompts (module doc, step 4)."""
     plan = supervisor.server.plan
     count = plan.serving.served_drafter_prompts
-    prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, count)
+    prompts = eval_prompts(layout.training_data, count)
     return measure(
         plan.engine,
         server_root(plan.base_url),

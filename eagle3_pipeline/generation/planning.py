@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_pipeline.config import InferenceConfig, PipelineConfig
+from eagle3_pipeline.config import DatasetConfig, GenerationConfig, InferenceConfig, PipelineConfig
 from eagle3_pipeline.generation.budget import counted_tokens
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.client import Completion, attempt_completion, request_body
@@ -98,9 +98,8 @@ def observed_throughput(records: Iterable[Mapping[str, Any]]) -> Throughput | No
     return Throughput(tokens / seconds, len(stretch), seconds, "checkpoint")
 
 
-def checkpoint_records(config: PipelineConfig) -> dict[str, dict[str, dict[str, Any]]]:
-    layout = ArtifactLayout(config.artifacts_root)
-    return {d: ResponseCheckpoint(layout.checkpoint(d)).load() for d in config.dataset_ids}
+def checkpoint_records(layout: ArtifactLayout, dataset_ids: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    return {d: ResponseCheckpoint(layout.checkpoint(d)).load() for d in dataset_ids}
 
 
 def throughput_evidence(
@@ -118,10 +117,11 @@ def throughput_evidence(
     return {b.name: observed_throughput(by_url[b.base_url]) for b in backends}
 
 
-def workload(config: PipelineConfig, dataset_id: str, done: Mapping[str, Mapping[str, Any]]) -> Workload:
-    layout = ArtifactLayout(config.artifacts_root)
-    settings = config.generation
-    budget = config.dataset(dataset_id).token_budget
+def workload(
+    layout: ArtifactLayout, settings: GenerationConfig, dataset: DatasetConfig, done: Mapping[str, Mapping[str, Any]]
+) -> Workload:
+    dataset_id = dataset.id
+    budget = dataset.token_budget
     answers = list(done.values())
     counted = sum(counted_tokens(r, settings.budget_counts) for r in answers)
     if not layout.prompts(dataset_id).exists():
@@ -252,9 +252,10 @@ def build_plan(
 ) -> Plan:
     """The plan for ``datasets`` (default: all) over every configured backend."""
     plan = Plan(max_cost, {}, [])
+    layout = ArtifactLayout(config.artifacts_root)
     backends = configured_backends(config.inference, config.target.model)
     for dataset in datasets or config.dataset_ids:
-        work = workload(config, dataset, records.get(dataset, {}))
+        work = workload(layout, config.generation, config.dataset(dataset), records.get(dataset, {}))
         plan.workloads[dataset] = work
         rows = []
         for backend in backends:
@@ -288,18 +289,17 @@ def _best(rows: Sequence[PlanRow], work: Workload, max_cost: float | None) -> tu
 
 def dataset_plan(config: PipelineConfig, dataset_id: str) -> Plan:
     """One dataset's plan from the checkpoints' evidence (what each `responses` materialization shows)."""
-    records = checkpoint_records(config)
+    records = checkpoint_records(ArtifactLayout(config.artifacts_root), config.dataset_ids)
     return build_plan(
         config, throughput_evidence(config.inference, config.target.model, records), records, datasets=[dataset_id]
     )
 
 
-def calibration_prompts(config: PipelineConfig, n: int) -> list[list[dict[str, Any]]]:
+def calibration_prompts(layout: ArtifactLayout, dataset_ids: Iterable[str], n: int) -> list[list[dict[str, Any]]]:
     """``n`` conversations to calibrate on: pending prompts of the datasets (in id order, taken in
     turn from each), or a fixed question when no prompts are materialized."""
-    layout = ArtifactLayout(config.artifacts_root)
     per_dataset = []
-    for dataset in config.dataset_ids:
+    for dataset in dataset_ids:
         if layout.prompts(dataset).exists():
             done = ResponseCheckpoint(layout.checkpoint(dataset)).load()
             per_dataset.append(
@@ -313,11 +313,10 @@ def calibration_prompts(config: PipelineConfig, n: int) -> list[list[dict[str, A
 
 
 async def _calibrate_one(
-    config: PipelineConfig, endpoint: Endpoint, prompts: Sequence[list[dict[str, Any]]]
+    settings: GenerationConfig, endpoint: Endpoint, prompts: Sequence[list[dict[str, Any]]]
 ) -> Throughput | str:
     from eagle3_pipeline.generation.runner import _client_factory
 
-    settings = config.generation
     width = min(len(prompts), settings.concurrency.short)
     idle = [_client_factory(settings, 1)() for _ in range(width)]
     slots = asyncio.Semaphore(width)
@@ -363,11 +362,11 @@ def calibrate(
     :func:`configured_backends`), ``min(n, concurrency.short)`` at a time, with the run's
     ``max_tokens`` and temperature; nothing is written. Returns the throughputs by backend name,
     and the (redacted) reason for each backend whose calibration failed."""
-    prompts = calibration_prompts(config, n)
+    prompts = calibration_prompts(ArtifactLayout(config.artifacts_root), config.dataset_ids, n)
     measured: dict[str, Throughput | None] = {}
     failed: dict[str, str] = {}
     for backend, endpoint in zip(configured_backends(config.inference, config.target.model), endpoints, strict=True):
-        outcome = asyncio.run(_calibrate_one(config, endpoint, prompts))
+        outcome = asyncio.run(_calibrate_one(config.generation, endpoint, prompts))
         if isinstance(outcome, Throughput):
             measured[backend.name] = outcome
         else:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import HiddenStatesConfig, InferenceConfig, PipelineConfig, TargetConfig
 from eagle3_pipeline.hidden_states.store import BF16_BYTES, STORAGE_DTYPES, bytes_per_token
 from eagle3_pipeline.layout import ArtifactLayout
 
@@ -170,16 +170,18 @@ def disk_plan(
     return DiskPlan(hidden_size, aux_layers, tokens, tokens_basis, rows, configured, free_bytes, free_where)
 
 
-def _local_target_config(config: PipelineConfig) -> tuple[dict[str, Any], str] | str:
+def _local_target_config(
+    hidden_states: HiddenStatesConfig, target: TargetConfig, inference: InferenceConfig
+) -> tuple[dict[str, Any], str] | str:
     """The target's config.json from a folder on this machine (``hidden_states.model``,
     ``target.tokenizer``, the embedded model), or why there is none; nothing is downloaded."""
     from eagle3_pipeline.serving import local_model_dir
     from eagle3_pipeline.target.folder import TargetError, read_config
 
     candidates = [
-        config.hidden_states.model,
-        config.target.tokenizer,
-        str(local_model_dir()) if config.inference.kind == "embedded" else None,
+        hidden_states.model,
+        target.tokenizer,
+        str(local_model_dir()) if inference.kind == "embedded" else None,
     ]
     tried = [c for c in candidates if c]
     for model in tried:
@@ -229,7 +231,7 @@ def config_disk_plan(
     from eagle3_pipeline.hidden_states.resume import free_bytes
     from eagle3_pipeline.target.folder import dimensions
 
-    found = _local_target_config(config)
+    found = _local_target_config(config.hidden_states, config.target, config.inference)
     if isinstance(found, str):
         return f"hidden-state disk: {found}"
     raw, where = found

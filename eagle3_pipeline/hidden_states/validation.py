@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.config import PipelineConfig, ServingValidationConfig
+from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, ServingValidationConfig, TargetConfig
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint
 from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError
 from eagle3_pipeline.dataprep.serving_reference import (
@@ -185,7 +185,7 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
     reasons = []
     extraction = config.hidden_states
     if extraction.backend == "vllm" and extraction.vllm_base_url and config.compute.kind == "local":
-        done = _record_from_extraction_server(config, training_data, tokenizer_name, out)
+        done = _record_from_extraction_server(extraction, config.target, training_data, tokenizer_name, out)
         if done["serving_reference_status"].startswith("recorded"):
             return done
         reasons.append(done["serving_reference_status"].removeprefix("not recorded: "))
@@ -211,13 +211,12 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
 
 
 def _record_from_extraction_server(
-    config: PipelineConfig, training_data: Path, tokenizer_name: str, out: Path
+    extraction: HiddenStatesConfig, target: TargetConfig, training_data: Path, tokenizer_name: str, out: Path
 ) -> dict[str, Any]:
     import httpx
 
     from eagle3_pipeline.hidden_states.vllm_capture import VllmError, reply_file_taker, served_model
 
-    extraction = config.hidden_states
     assert extraction.vllm_base_url is not None and extraction.vllm_output_dir is not None  # backend vllm
     url = extraction.vllm_base_url.rstrip("/")
     try:
@@ -229,7 +228,7 @@ def _record_from_extraction_server(
         training_data,
         [ServerEndpoint(url, served)],
         tokenizer_name,
-        config.target.trust_remote_code,
+        target.trust_remote_code,
         extraction.validation,
         out,
         reply_file_taker(Path(extraction.vllm_output_dir)),

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
 from eagle3_pipeline.health import server_root
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, quote_args
@@ -175,32 +175,34 @@ def managed_extraction_server(config: PipelineConfig) -> ManagedServerPlan | Non
     return next((p for p in managed_servers(config) if p.engine == "vllm" and server_root(p.base_url) == url), None)
 
 
-def extraction_purpose(config: PipelineConfig, plan: ManagedServerPlan, host: Host) -> ServerPurpose:
+def extraction_purpose(
+    hidden_states: HiddenStatesConfig, source_file: Path, plan: ManagedServerPlan, host: Host
+) -> ServerPurpose:
     """The managed server started for the store: ``extract_hidden_states`` with the ids of the store's aux
     layers (``hidden_states.aux_layer_ids``, else the default for the server's checkpoint) and of its last
     layer, read from ``serving.model``'s ``config.json`` on ``host``; the connector's folder
     (``hidden_states.vllm_output_dir``) is made there."""
-    assert plan.serving.model is not None and config.hidden_states.vllm_output_dir is not None
+    assert plan.serving.model is not None and hidden_states.vllm_output_dir is not None
     path = f"{plan.serving.model.rstrip('/')}/config.json"
     where = f"{plan.setting}.model: {path} on {host.name}"
     read = host.run(quote_args("cat", path), HOST_COMMAND_TIMEOUT_S)
     if not read.ok:
         raise ExtractionServerError(
-            f"{config.source_file}: {where}: not readable ({read.stderr.strip()[:200] or 'no output'}); the "
+            f"{source_file}: {where}: not readable ({read.stderr.strip()[:200] or 'no output'}); the "
             "extraction server's layer ids come from the target's config.json in the checkpoint folder it serves"
         )
     try:
         raw = json.loads(read.stdout)
         layers = dimensions(raw, where).num_layers
     except (ValueError, TargetError) as exc:
-        raise ExtractionServerError(f"{config.source_file}: {where}: {exc}") from None
-    output_ids = config.hidden_states.aux_layer_ids or default_aux_layer_ids(layers)
+        raise ExtractionServerError(f"{source_file}: {where}: {exc}") from None
+    output_ids = hidden_states.aux_layer_ids or default_aux_layer_ids(layers)
     ids = extraction_layer_ids(target_family(raw), output_ids, layers)
-    folder = config.hidden_states.vllm_output_dir
+    folder = hidden_states.vllm_output_dir
     made = host.run(quote_args("mkdir", "-p", folder), HOST_COMMAND_TIMEOUT_S)
     if not made.ok:
         raise ExtractionServerError(
-            f"{config.source_file}: hidden_states.vllm_output_dir: cannot make {folder} on {host.name} "
+            f"{source_file}: hidden_states.vllm_output_dir: cannot make {folder} on {host.name} "
             f"({made.stderr.strip()[:200]})"
         )
     return ServerPurpose.extraction_of(ids, folder)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from eagle3_pipeline.config import HostConfig, PipelineConfig
+from eagle3_pipeline.config import ComputeConfig, HealthConfig, HostConfig, PipelineConfig
 from eagle3_pipeline.generation.fingerprint import (
     FingerprintMismatch,
     configured_fingerprint,
@@ -42,22 +42,22 @@ def same_machine(a: HostConfig, b: HostConfig) -> bool:
     return (a.hostname or "").lower() == (b.hostname or "").lower() and a.port == b.port
 
 
-def phase_host(config: PipelineConfig, phase: GpuPhase) -> HostConfig:
+def phase_host(compute: ComputeConfig, health: HealthConfig, phase: GpuPhase) -> HostConfig:
     """The machine whose GPUs ``phase`` uses (module doc)."""
     if phase in ON_THE_SERVER_HOST:
-        return config.health.host
-    return HostConfig() if config.compute.kind == "local" else config.compute.host
+        return health.host
+    return HostConfig() if compute.kind == "local" else compute.host
 
 
 def gpu_phase_server(config: PipelineConfig, phase: GpuPhase) -> ManagedServerPlan | None:
     """The managed server on the machine ``phase`` uses, or None (no managed server there)."""
-    where = phase_host(config, phase)
+    where = phase_host(config.compute, config.health, phase)
     return next((plan for plan in managed_servers(config) if same_machine(plan.host, where)), None)
 
 
-def partition_complete(config: PipelineConfig, dataset_id: str) -> bool:
-    """Whether the ``responses`` partition of ``dataset_id`` is complete (module doc)."""
-    layout = ArtifactLayout(config.artifacts_root)
+def partition_complete(layout: ArtifactLayout, configured: str, dataset_id: str) -> bool:
+    """Whether the ``responses`` partition of ``dataset_id`` is complete (module doc); ``configured``: the digest
+    of the configured generation fingerprint."""
     table = layout.responses(dataset_id)
     if not table.is_file():
         return False
@@ -71,15 +71,18 @@ def partition_complete(config: PipelineConfig, dataset_id: str) -> bool:
         stored = read_fingerprint(layout.fingerprint(dataset_id))
     except FingerprintMismatch:
         return False
-    configured = configured_fingerprint(config.generation, config.target, config.inference)
-    return stored is None or digest_of(stored["fingerprint"]) == configured.digest
+    return stored is None or digest_of(stored["fingerprint"]) == configured
 
 
 def incomplete_partitions(config: PipelineConfig) -> list[str]:
     """The datasets whose ``responses`` partition is not complete, in file order."""
-    return [dataset for dataset in config.dataset_ids if not partition_complete(config, dataset)]
+    layout = ArtifactLayout(config.artifacts_root)
+    configured = configured_fingerprint(config.generation, config.target, config.inference).digest
+    return [dataset for dataset in config.dataset_ids if not partition_complete(layout, configured, dataset)]
 
 
 def after_gpu_phase(config: PipelineConfig) -> ServerPurpose | None:
     """What the server serves once a GPU phase is done: generation while work remains, else nothing."""
-    return generation_purpose(config) if incomplete_partitions(config) else None
+    if not incomplete_partitions(config):
+        return None
+    return generation_purpose(ArtifactLayout(config.artifacts_root), config.dataset_ids)

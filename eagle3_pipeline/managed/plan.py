@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_pipeline.config import HostConfig, PipelineConfig, ServingConfig
+from eagle3_pipeline.config import HealthConfig, HostConfig, PipelineConfig, ServingConfig, TargetConfig
 from eagle3_pipeline.config.serving import managed_base_url
 from eagle3_pipeline.health import HealthThresholds, ServerSpec, server_root
 from eagle3_pipeline.layout import ArtifactLayout
@@ -86,30 +86,34 @@ class ManagedServerPlan:
         )
 
 
-def _plan(config: PipelineConfig, name: str, setting: str) -> ManagedServerPlan:
-    """``config`` as one host sees it (:meth:`PipelineConfig.for_host`)."""
-    health = config.health
+def _plan(
+    serving: ServingConfig, health: HealthConfig, target: TargetConfig, artifacts_root: Path, name: str, setting: str
+) -> ManagedServerPlan:
+    """One managed server from the sections as its host sees them (:meth:`PipelineConfig.for_host`)."""
     return ManagedServerPlan(
         name=name,
         setting=setting,
-        serving=config.serving,
+        serving=serving,
         host=health.host,
-        base_url=managed_base_url(config.serving, health.model_dump()),
-        served_name=config.serving.served_name or config.target.model,
+        base_url=managed_base_url(serving, health.model_dump()),
+        served_name=serving.served_name or target.model,
         expected_gpus=health.expected_gpus,
-        thresholds=thresholds_for(health, config.artifacts_root),
+        thresholds=thresholds_for(health, artifacts_root),
     )
 
 
 def managed_servers(config: PipelineConfig) -> list[ManagedServerPlan]:
     """Every managed server of the pipeline: the top-level one, or one per managed inference host."""
     if not config.inference.hosts:
-        return [_plan(config, "serving", "serving")] if config.serving.managed else []
+        if not config.serving.managed:
+            return []
+        return [_plan(config.serving, config.health, config.target, config.artifacts_root, "serving", "serving")]
     plans = []
     for index, host in enumerate(config.inference.hosts):
         seen = config.for_host(host.name)
         if seen.serving.managed:
-            plans.append(_plan(seen, host.name, f"inference.hosts[{index}] (name {host.name!r}).serving"))
+            setting = f"inference.hosts[{index}] (name {host.name!r}).serving"
+            plans.append(_plan(seen.serving, seen.health, seen.target, seen.artifacts_root, host.name, setting))
     return plans
 
 
@@ -121,13 +125,13 @@ def managed_server(config: PipelineConfig, host_name: str | None = None) -> Mana
     return next((plan for plan in plans if plan.name == host_name), None)
 
 
-def target_model_types(config: PipelineConfig, plan: ManagedServerPlan | None = None) -> list[str | None]:
+def target_model_types(target: TargetConfig, plan: ManagedServerPlan | None = None) -> list[str | None]:
     """The target's model_type and its nested language model's, from a config.json readable here: the
     target.tokenizer folder, else the managed server's model folder when it runs on this machine.
     Empty when neither is a local folder (the parsers' auto then finds no family)."""
     from eagle3_pipeline.target.folder import NESTED_CONFIG_KEYS, TargetError, read_config
 
-    folders = [config.target.tokenizer]
+    folders = [target.tokenizer]
     if plan is not None and plan.host.kind == "local":
         folders.append(plan.serving.model)
     for folder in folders:
@@ -158,15 +162,14 @@ def prompts_need_tools(prompt_files: Iterable[Path]) -> bool:
 GENERATION_ACCEPTS = ("served-drafter",)
 
 
-def generation_purpose(config: PipelineConfig) -> ServerPurpose:
+def generation_purpose(layout: ArtifactLayout, dataset_ids: Iterable[str]) -> ServerPurpose:
     """Generation for the pipeline's datasets: with the tool-call parser when the prompts written so far
     (every dataset's, so that one server serves each partition without a restart between them) carry tools."""
-    layout = ArtifactLayout(config.artifacts_root)
-    written = [path for path in map(layout.prompts, config.dataset_ids) if path.exists()]
+    written = [path for path in map(layout.prompts, dataset_ids) if path.exists()]
     return ServerPurpose.generation(needs_tools=prompts_need_tools(written))
 
 
-def launch_for(config: PipelineConfig, plan: ManagedServerPlan, purpose: ServerPurpose) -> LaunchLine:
+def launch_for(target: TargetConfig, plan: ManagedServerPlan, purpose: ServerPurpose) -> LaunchLine:
     """The server's launch line for ``purpose``, from the pipeline's target and the plan's serving section."""
-    settings = plan.engine_settings(config.target.trust_remote_code, target_model_types(config, plan))
+    settings = plan.engine_settings(target.trust_remote_code, target_model_types(target, plan))
     return build_launch(settings, purpose)

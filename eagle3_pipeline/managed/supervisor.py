@@ -161,6 +161,6 @@ def open_supervisor(
         return
     host = build_host(plan.host)
     try:
-        yield Supervisor(ManagedServer(host, plan), lambda purpose: launch_for(config, plan, purpose), on_event)
+        yield Supervisor(ManagedServer(host, plan), lambda purpose: launch_for(config.target, plan, purpose), on_event)
     finally:
         host.close()

@@ -41,7 +41,7 @@ from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD
 
 from eagle3_pipeline.compute import local_gpu_count, resolve_processes, run_local, worker_argv
 from eagle3_pipeline.compute.remote import COMMAND, MESSAGES, SPEC, WORKER, Fate, RemoteError, RemoteRun
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import ComputeConfig
 from eagle3_pipeline.hosts import HostError, SshHost, build_host
 from eagle3_pipeline.worker import PROGRESS_MESSAGE
 
@@ -246,7 +246,8 @@ def _run_worker(
 
 def run_heavy_phase(
     context: dg.AssetExecutionContext,
-    config: PipelineConfig,
+    compute: ComputeConfig,
+    artifacts_root: Path,
     phase: str,
     spec: dict[str, Any],
     ship: Sequence[str] = (),
@@ -255,7 +256,7 @@ def run_heavy_phase(
     python: Interpreter | None = None,
     gpus: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``phase`` with ``spec`` (local paths) where ``config.compute`` says; returns its metadata.
+    """Run ``phase`` with ``spec`` (local paths) where ``compute`` says; returns its metadata.
 
     ``ship``: local files or folders under the artifacts root to copy to the host first;
     ``fetch``: paths relative to the artifacts root to copy back afterwards (the index and the
@@ -266,7 +267,6 @@ def run_heavy_phase(
     SGLang's venv; ``gpus``: ``(count, setting)`` when the phase needs more free GPUs on the host
     than ``compute.gpus``.
     """
-    compute = config.compute
     if compute.kind == "local":
         count = resolve_processes(processes, local_gpu_count() if processes == "auto" else 0)
         if count > 1 or python is not None:
@@ -280,7 +280,7 @@ def run_heavy_phase(
         raise RemoteError(f"compute.kind {compute.kind!r} needs an SSH host")
     need, need_setting = gpus if gpus is not None and gpus[0] > compute.gpus else (compute.gpus, "compute.gpus")
     with host:
-        remote = RemoteRun(host, compute, config.artifacts_root, context.run.run_id, phase, warn=context.log.warning)
+        remote = RemoteRun(host, compute, artifacts_root, context.run.run_id, phase, warn=context.log.warning)
         context.log.info(f"GPU check: {remote.check_gpus(need, need_setting)}")
         if python is not None:
             remote.check_python(*python)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import InferenceConfig, LaunchConfig, PipelineConfig
 from eagle3_pipeline.health import HealthReport, TickState
 from eagle3_pipeline.managed import ManagedServer, managed_server, stopped_server
 from eagle3_pipeline.orchestration.launch_plan import HostChoice, LaunchHost, claim, hosts_in_flight
@@ -187,7 +187,8 @@ def claim_host(
 def hold_host(
     instance: dg.DagsterInstance,
     run_id: str,
-    config: PipelineConfig,
+    launch: LaunchConfig,
+    inference: InferenceConfig,
     host_name: str,
     log: Callable[[str], None],
     names: PipelineNames = DEFAULT_NAMES,
@@ -196,10 +197,9 @@ def hold_host(
     """Make inference host ``host_name`` (and its pool) run ``run_id``'s, as :func:`claim_host` does for a
     generation run, healthy or not (the phase stops its server anyway): once no other unfinished run holds it,
     within `launch.host_wait_s` (:class:`NoHostFree` after, naming the runs that held it)."""
-    settings = config.launch
-    host = config.inference.host(host_name)
+    host = inference.host(host_name)
     wanted = LaunchHost(host.name, host.pool_name)
-    deadline = time.monotonic() + settings.host_wait_s
+    deadline = time.monotonic() + launch.host_wait_s
     said = ""
     while True:
         held = hosts_in_flight(instance, names, besides=run_id)
@@ -213,8 +213,8 @@ def hold_host(
         by = f"run(s) {', '.join(r[:8] for r in holders)}" if holders else "another run of its pool"
         why = f"inference host {host.name} (pool {host.pool_name}) is held by {by}"
         if time.monotonic() >= deadline:
-            raise NoHostFree(f"{why} for longer than launch.host_wait_s = {settings.host_wait_s:g} s")
+            raise NoHostFree(f"{why} for longer than launch.host_wait_s = {launch.host_wait_s:g} s")
         if why != said:
             log(f"waiting: {why}")
             said = why
-        sleep(settings.host_poll_s)
+        sleep(launch.host_poll_s)

@@ -5,10 +5,10 @@ showed progress (its heartbeat, its checkpoint, the shards it writes), read by t
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import dagster as dg
 
-from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation.heartbeat import heartbeat_path, read_heartbeat
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -20,13 +20,13 @@ def extracting_runs(instance: dg.DagsterInstance, names: PipelineNames = DEFAULT
     return [r for r in records if names.key("hidden_states") in (r.dagster_run.asset_selection or set())]
 
 
-def quiet_seconds(config: PipelineConfig, partition: str, run_id: str, now: float | None = None) -> float | None:
+def quiet_seconds(artifacts_root: Path, partition: str, run_id: str, now: float | None = None) -> float | None:
     """Seconds since `run_id` last showed progress on `partition`: since it started generating (its
     heartbeat) or its checkpoint last grew, whichever is later; None while it is not generating."""
-    beat = read_heartbeat(heartbeat_path(config.artifacts_root, partition))
+    beat = read_heartbeat(heartbeat_path(artifacts_root, partition))
     if beat is None or beat.run_id != run_id:
         return None
-    checkpoint = ArtifactLayout(config.artifacts_root).checkpoint(partition)
+    checkpoint = ArtifactLayout(artifacts_root).checkpoint(partition)
     try:
         written = checkpoint.stat().st_mtime
     except FileNotFoundError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3_pipeline.config import GpuPhase, GpuPoolConfig, PipelineConfig
+from eagle3_pipeline.config import ComputeConfig, DeployConfig, GpuPhase, GpuPoolConfig, InferenceConfig
 
 K8S_CONFIG_TAG = "dagster-k8s/config"
 CELERY_QUEUE_TAG = "dagster-celery/queue"
@@ -24,17 +24,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 HEAVY_PHASES: tuple[GpuPhase, ...] = ("hidden_states", "eagle3_drafter", "drafter_eval")
 
 
-def gpu_phases(config: PipelineConfig) -> list[GpuPhase]:
-    """The phases whose own process needs a GPU under this pipeline file."""
-    phases: list[GpuPhase] = ["responses"] if config.inference.kind == "embedded" else []
-    if config.compute.kind == "local":
+def gpu_phases(inference: InferenceConfig, compute: ComputeConfig) -> list[GpuPhase]:
+    """The phases whose own process needs a GPU under these settings."""
+    phases: list[GpuPhase] = ["responses"] if inference.kind == "embedded" else []
+    if compute.kind == "local":
         phases.extend(HEAVY_PHASES)
     return phases
 
 
-def pool_for(config: PipelineConfig, phase: GpuPhase) -> tuple[str, GpuPoolConfig]:
-    pools = config.deploy.gpu_pools
-    name = config.deploy.phase_pools.get(phase, next(iter(pools)))
+def pool_for(deploy: DeployConfig, phase: GpuPhase) -> tuple[str, GpuPoolConfig]:
+    pools = deploy.gpu_pools
+    name = deploy.phase_pools.get(phase, next(iter(pools)))
     return name, pools[name]
 
 
@@ -49,13 +49,15 @@ def k8s_step_config(pool: GpuPoolConfig) -> dict[str, Any]:
     return config
 
 
-def step_tags(config: PipelineConfig, phase: GpuPhase) -> dict[str, str]:
+def step_tags(
+    deploy: DeployConfig, inference: InferenceConfig, compute: ComputeConfig, phase: GpuPhase
+) -> dict[str, str]:
     """The op tags of `phase` for the configured executor; none for the default executor or a
     phase that does no GPU work in its own process."""
-    executor = config.deploy.executor
-    if executor == "default" or phase not in gpu_phases(config):
+    executor = deploy.executor
+    if executor == "default" or phase not in gpu_phases(inference, compute):
         return {}
-    name, pool = pool_for(config, phase)
+    name, pool = pool_for(deploy, phase)
     if executor == "k8s":
         return {K8S_CONFIG_TAG: json.dumps(k8s_step_config(pool), sort_keys=True)}
     return {CELERY_QUEUE_TAG: pool.queue or name}

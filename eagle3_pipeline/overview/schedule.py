@@ -25,7 +25,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config import ComputeConfig, HiddenStatesConfig, PipelineConfig
 from eagle3_pipeline.generation.planning import Plan
 from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.hidden_states.disk import training_tokens
@@ -101,9 +101,8 @@ def _generation_time(plan: Plan, server: ManagedServerPlan | None) -> tuple[floa
 
 
 def _extraction_time(
-    config: PipelineConfig, records: dict[str, dict[str, dict[str, Any]]], plan: Plan
+    layout: ArtifactLayout, records: dict[str, dict[str, dict[str, Any]]], plan: Plan
 ) -> tuple[float | None, str]:
-    layout = ArtifactLayout(config.artifacts_root)
     left = {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()}
     tokens = training_tokens(layout.training_data, records, left)
     if isinstance(tokens, str):
@@ -121,9 +120,9 @@ def _extraction_time(
     return tokens[0] / rate, f"{tokens[0]:,} tokens / {rate:,.0f} tokens/s of the last extraction into the store"
 
 
-def _benchmark_time(config: PipelineConfig) -> tuple[float | None, str]:
+def _benchmark_time(layout: ArtifactLayout) -> tuple[float | None, str]:
     try:
-        result = json.loads(ArtifactLayout(config.artifacts_root).drafter_benchmark.read_text())["result"]
+        result = json.loads(layout.drafter_benchmark.read_text())["result"]
         wall = sum(float(arm["wall_s"]) for arm in result["arms"])
     except (OSError, ValueError, KeyError, TypeError):
         return None, "no benchmark recorded here (drafter_benchmark.json)"
@@ -169,14 +168,20 @@ def serving_schedule(config: PipelineConfig, plan: Plan, records: dict[str, dict
             before, holder = f"{_stop(state)}start baseline, then with the drafter (K={k}); stop", "benchmark servers"
             state = None
         elif shared is not None:
-            before, holder = (f"stop {state} (verified)" if state else "— (stopped)"), _holder(config, phase)
+            before, holder = (
+                (f"stop {state} (verified)" if state else "— (stopped)"),
+                _holder(config.compute, config.hidden_states, phase),
+            )
             state = None
         else:
-            before, holder = "— (no managed server on its machine)", _holder(config, phase)
+            before, holder = (
+                "— (no managed server on its machine)",
+                _holder(config.compute, config.hidden_states, phase),
+            )
         if phase == "hidden_states":
-            seconds, basis = _extraction_time(config, records, plan)
+            seconds, basis = _extraction_time(ArtifactLayout(config.artifacts_root), records, plan)
         elif phase == "drafter_benchmark":
-            seconds, basis = _benchmark_time(config)
+            seconds, basis = _benchmark_time(ArtifactLayout(config.artifacts_root))
         else:
             seconds, basis = None, "no training or evaluation rate is recorded where this command runs"
         steps.append(Step(phase, before, holder, seconds, basis, gpu=True))
@@ -215,10 +220,10 @@ def _stop(state: str | None) -> str:
     return f"stop {state}, " if state else ""
 
 
-def _holder(config: PipelineConfig, phase: GpuPhase) -> str:
-    where = "this machine" if config.compute.kind == "local" else f"{config.compute.host.hostname}"
+def _holder(compute: ComputeConfig, hidden_states: HiddenStatesConfig, phase: GpuPhase) -> str:
+    where = "this machine" if compute.kind == "local" else f"{compute.host.hostname}"
     if phase == "hidden_states":
-        backend = config.hidden_states.backend
-        ranks = f", TP {config.hidden_states.tp_size}" if backend == "sglang" else ""
+        backend = hidden_states.backend
+        ranks = f", TP {hidden_states.tp_size}" if backend == "sglang" else ""
         return f"hidden_states ({backend}{ranks}) on {where}"
     return f"{phase} on {where}"

@@ -85,20 +85,24 @@ def generation_targets(
     ]
 
 
-def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> ServerSpec | None:
+def server_spec_for(
+    health: HealthConfig,
+    inference: InferenceConfig,
+    target_model: str,
+    source_file: Path,
+    running: Endpoint | None = None,
+) -> ServerSpec | None:
     """The server whose process, port and throughput are checked on the host: the configured one;
     the embedded one once started; else none."""
-    server = config.health.server
+    server = health.server
     if server is not None:
-        endpoint = config.inference.endpoints[0] if config.inference.endpoints else None
+        endpoint = inference.endpoints[0] if inference.endpoints else None
         base_url = (
             server.base_url or (endpoint.base_url if endpoint else None) or (running.base_url if running else None)
         )
         if base_url is None:
-            raise ValueError(
-                f"{config.source_file}: health.server.base_url is needed (no inference endpoint to default to)"
-            )
-        model = (endpoint.model if endpoint else None) or config.target.model
+            raise ValueError(f"{source_file}: health.server.base_url is needed (no inference endpoint to default to)")
+        model = (endpoint.model if endpoint else None) or target_model
         return ServerSpec(
             kind=server.kind,
             port=server.port,
@@ -109,7 +113,7 @@ def server_spec_for(config: PipelineConfig, running: Endpoint | None = None) -> 
             generation_probe=server.generation_probe,
             api_key=_key(endpoint.api_key_env) if endpoint else None,
         )
-    if running is not None and config.inference.kind == "embedded":
+    if running is not None and inference.kind == "embedded":
         port = urlsplit(running.base_url).port
         assert port is not None
         return ServerSpec(
@@ -149,7 +153,8 @@ class HealthMonitor:
         `generation` is UNKNOWN and optional: the run that starts the server probes it first."""
         targets = generation_targets(self.config.inference, self.config.target.model, sending_to)
         deferred = EMBEDDED_NOT_RUNNING if self.config.inference.kind == "embedded" and running is None else None
-        spec = server_spec_for(self.config, running)
+        config = self.config
+        spec = server_spec_for(config.health, config.inference, config.target.model, config.source_file, running)
         return run_health_tick(self.host, spec, self.thresholds, state, targets=targets, deferred=deferred)
 
     def preflight(self, running: Endpoint | None = None, sending_to: Sequence[Endpoint] | None = None) -> HealthReport:

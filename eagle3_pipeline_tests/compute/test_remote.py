@@ -54,7 +54,11 @@ def heavy_asset(
     @dg.asset(name="hidden_states")
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         config = load_config(config_path)
-        return dg.MaterializeResult(metadata=run_heavy_phase(context, config, phase, spec, ship=ship, fetch=fetch))
+        return dg.MaterializeResult(
+            metadata=run_heavy_phase(
+                context, config.compute, config.artifacts_root, phase, spec, ship=ship, fetch=fetch
+            )
+        )
 
     return hidden_states
 

@@ -89,7 +89,12 @@ def test_k8s_step_jobs_request_gpus_on_each_pools_nodes(tmp_path: Path) -> None:
         "phase_pools": {"drafter_eval": "a100"},
     }
     config = load_config(write_pipeline(tmp_path, deploy), runtime_checks=False)
-    assert gpu_phases(config) == ["responses", "hidden_states", "eagle3_drafter", "drafter_eval"]
+    assert gpu_phases(config.inference, config.compute) == [
+        "responses",
+        "hidden_states",
+        "eagle3_drafter",
+        "drafter_eval",
+    ]
     defs = build_definitions(config)
     assert defs.resolve_job_def("downstream_job").executor_def.name == "k8s"
 
@@ -119,7 +124,7 @@ def test_remote_compute_and_endpoints_keep_gpu_requests_off_the_step_pods(tmp_pa
         write_pipeline(tmp_path, {"executor": "k8s", "gpu_pools": {"h200": {"node_selector": H200}}}, "ssh", endpoints),
         runtime_checks=False,
     )
-    assert gpu_phases(config) == []
+    assert gpu_phases(config.inference, config.compute) == []
     defs = build_definitions(config)
     for asset in ("responses", *GPU_ASSETS):
         assert K8S_CONFIG_TAG not in op_tags(defs, asset), asset

@@ -146,19 +146,24 @@ def write_answers(config: Any, dataset: str, endpoint: str, times: list[float], 
 
 def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_prices(tmp_path: Path) -> None:
     config = load_config(two_backend_pipeline(tmp_path))
-    assert data_scaling(config).startswith("τ against training data: no curve under")  # type: ignore[union-attr]
+    none = data_scaling(config.artifacts_root, config.inference, config.target.model, config.dataset_ids)
+    assert isinstance(none, str) and none.startswith("τ against training data: no curve under")
     # box: 3 answers of 50 tokens over 2 s -> 50 tok/s; api: 3 of 100 over 1 s -> 200 tok/s
     # (planning.observed_throughput).
     write_answers(config, "B1", "http://127.0.0.1:9/v1", [1000.0, 1001.0, 1002.0], completion=50, prompt=20)
     write_answers(config, "B2", "http://127.0.0.2:9/v1", [1000.0, 1000.5, 1001.0], completion=100, prompt=10)
-    measured = throughput_evidence(config.inference, config.target.model, checkpoint_records(config))
+    measured = throughput_evidence(
+        config.inference,
+        config.target.model,
+        checkpoint_records(ArtifactLayout(config.artifacts_root), config.dataset_ids),
+    )
     assert {name: t.tokens_per_s for name, t in measured.items() if t} == {"box": 50.0, "api": 200.0}
     data = {"B1": 100, "B2": 300}  # training tokens: B1 cost 150 completion tokens for 100, B2 300 for 300
     run_dir = drafter_paths(config.artifacts_root)["run_dir"]
     run_dir.mkdir(parents=True)
     (run_dir / "tau_curve.json").write_text(json.dumps(curve(data)))
 
-    table = data_scaling(config)
+    table = data_scaling(config.artifacts_root, config.inference, config.target.model, config.dataset_ids)
     assert not isinstance(table, str)
     print("\n" + table.text())
     fits = fit_curve(read_curve(run_dir))  # type: ignore[arg-type]
@@ -209,7 +214,7 @@ def test_a_dataset_without_generation_records_or_eval_rows_gets_unknown_or_no_fi
     run_dir = drafter_paths(config.artifacts_root)["run_dir"]
     run_dir.mkdir(parents=True)
     (run_dir / "tau_curve.json").write_text(json.dumps(recorded))
-    table = data_scaling(config)
+    table = data_scaling(config.artifacts_root, config.inference, config.target.model, config.dataset_ids)
     assert not isinstance(table, str)
     assert table.fits["B3"] == NoFit("B3", "no eval sample of this dataset: τ is not measured")
     assert all(

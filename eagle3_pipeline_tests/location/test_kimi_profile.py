@@ -60,11 +60,11 @@ def test_the_profile_runs_its_sglang_server_with_no_edit() -> None:
     for phase in ("hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"):
         assert gpu_phase_server(config, phase) == plan, phase
     tools = "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2"
-    assert tools in launch_for(config, plan, ServerPurpose.generation(needs_tools=True)).shell()
+    assert tools in launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True)).shell()
     settings, managed = benchmark_settings(config)
     assert managed == plan and settings.target_model_path == "/models/Kimi-K2.5"
     assert settings.draft_model_path == "/data/eagle3/kimi_k25/drafter/export"  # compute.artifacts_root
-    speculative = launch_for(config, plan, ServerPurpose.benchmark(EagleDrafter(settings.draft_model_path, 3)))
+    speculative = launch_for(config.target, plan, ServerPurpose.benchmark(EagleDrafter(settings.draft_model_path, 3)))
     assert "--speculative-num-draft-tokens 4" in speculative.shell() and "--reasoning-parser" not in speculative.argv
 
 

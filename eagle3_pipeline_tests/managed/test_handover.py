@@ -180,12 +180,12 @@ def test_a_managed_vllm_server_is_the_extraction_server_with_the_stores_ids(tmp_
     assert plan is not None and config.hidden_states.vllm_base_url == "http://127.0.0.1:8123/v1"
     folder = Path(str(config.hidden_states.vllm_output_dir))
     assert folder == config.artifacts_root / "vllm_connector" and not folder.exists()
-    purpose = extraction_purpose(config, plan, LocalHost())
+    purpose = extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
     assert purpose.extraction is not None and purpose.extraction.layer_ids == (2, 15, 27, 30)  # [1, 14, 26] + 1, N
     assert folder.is_dir()
     (model / "config.json").unlink()
     with pytest.raises(ExtractionServerError, match=r"serving\.model: .*config\.json on localhost: not readable"):
-        extraction_purpose(config, plan, LocalHost())
+        extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
     # a URL of the user's own extraction server: not the managed one's
     own = write_pipeline(
         tmp_path,
@@ -218,7 +218,7 @@ def test_a_gpu_phase_holds_its_inference_host_once_no_run_does(tmp_path: Path) -
         def polled(seconds: float) -> None:
             instance.report_run_failed(holder)
 
-        hold_host(instance, phase.run_id, config, "a", said.append, sleep=polled)
+        hold_host(instance, phase.run_id, config.launch, config.inference, "a", said.append, sleep=polled)
         assert said == [
             f"waiting: inference host a (pool gpu-a) is held by run(s) {holder.run_id[:8]}",
             "holding inference host a (pool gpu-a) for this run",
@@ -232,4 +232,4 @@ def test_a_gpu_phase_holds_its_inference_host_once_no_run_does(tmp_path: Path) -
         with pytest.raises(
             NoHostFree, match=rf"held by run\(s\) {phase.run_id[:8]} for longer than launch.host_wait_s"
         ):
-            hold_host(instance, other.run_id, impatient, "a", said.append)
+            hold_host(instance, other.run_id, impatient.launch, impatient.inference, "a", said.append)

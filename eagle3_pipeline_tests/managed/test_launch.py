@@ -61,14 +61,14 @@ def test_the_kimi_profile_generation_server(tmp_path: Path) -> None:
     config = kimi_profile(tmp_path)
     plan = managed_server(config)
     assert plan is not None
-    assert target_model_types(config, plan) == ["kimi_k25", "deepseek_v3"]
-    launch = launch_for(config, plan, ServerPurpose.generation(needs_tools=True))
+    assert target_model_types(config.target, plan) == ["kimi_k25", "deepseek_v3"]
+    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
     assert launch.shell() == (
         "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5 --host 0.0.0.0 "
         "--port 30000 --tp-size 8 --served-model-name kimi-k2.5 --trust-remote-code --reasoning-parser kimi_k2 "
         "--tool-call-parser kimi_k2 --mem-fraction-static 0.88 --enable-hierarchical-cache"
     )
-    without_tools = launch_for(config, plan, ServerPurpose.generation(needs_tools=False))
+    without_tools = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False))
     assert "--tool-call-parser" not in without_tools.argv and "--reasoning-parser" in without_tools.argv
 
 
@@ -76,7 +76,7 @@ def test_the_kimi_profile_on_vllm_takes_vllms_flags(tmp_path: Path) -> None:
     config = kimi_profile(tmp_path, engine="vllm", python="/opt/vllm/bin/python", extra_args=[])
     plan = managed_server(config)
     assert plan is not None
-    launch = launch_for(config, plan, ServerPurpose.generation(needs_tools=True))
+    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
     assert launch.argv == (
         "/opt/vllm/bin/python",
         "-m",
@@ -118,7 +118,7 @@ def test_a_vllm_extraction_server_captures_the_stores_layers(tmp_path: Path) -> 
     config, plan = vllm_smol(tmp_path, extra_args=["--enforce-eager"])
     layers = extraction_layer_ids("llama", [1, 14, 26], 30)
     assert layers == [2, 15, 27, 30]
-    launch = launch_for(config, plan, ServerPurpose.extraction_of(layers, "/data/states"))
+    launch = launch_for(config.target, plan, ServerPurpose.extraction_of(layers, "/data/states"))
     argv = list(launch.argv)
     speculative = json.loads(argv[argv.index("--speculative-config") + 1])
     connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
@@ -148,7 +148,7 @@ def test_sglang_serves_no_extraction(tmp_path: Path) -> None:
     plan = managed_server(config)
     assert plan is not None
     with pytest.raises(LaunchError, match=r"serving.engine: hidden states from a server are vLLM's"):
-        launch_for(config, plan, ServerPurpose.extraction_of([2, 30, 58, 61], "/data/states"))
+        launch_for(config.target, plan, ServerPurpose.extraction_of([2, 30, 58, 61], "/data/states"))
 
 
 def test_the_drafter_flags_for_the_benchmark_and_the_served_drafter(tmp_path: Path) -> None:
@@ -156,17 +156,17 @@ def test_the_drafter_flags_for_the_benchmark_and_the_served_drafter(tmp_path: Pa
     plan = managed_server(config)
     assert plan is not None
     drafter = EagleDrafter("/data/drafter", 3)
-    served = launch_for(config, plan, ServerPurpose.served_drafter(drafter, needs_tools=True))
+    served = launch_for(config.target, plan, ServerPurpose.served_drafter(drafter, needs_tools=True))
     assert served.purpose.role == "served-drafter"
     assert served.shell().endswith(
         "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --speculative-algorithm EAGLE3 "
         "--speculative-draft-model-path /data/drafter --speculative-num-steps 3 --speculative-eagle-topk 1 "
         "--speculative-num-draft-tokens 4"
     )
-    arm = launch_for(config, plan, ServerPurpose.benchmark(drafter))
+    arm = launch_for(config.target, plan, ServerPurpose.benchmark(drafter))
     assert arm.purpose.role == "benchmark-speculative" and "--reasoning-parser" not in arm.argv
     vllm_config, vllm_plan = vllm_smol(tmp_path)
-    vllm_arm = launch_for(vllm_config, vllm_plan, ServerPurpose.benchmark(drafter))
+    vllm_arm = launch_for(vllm_config.target, vllm_plan, ServerPurpose.benchmark(drafter))
     assert vllm_arm.argv[-2:] == (
         "--speculative-config",
         '{"method": "eagle3", "model": "/data/drafter", "num_speculative_tokens": 3}',
@@ -202,23 +202,23 @@ def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
 def test_tools_without_a_parser_are_refused(tmp_path: Path, parser: str | None, message: str) -> None:
     config, plan = vllm_smol(tmp_path, tool_call_parser=parser)
     with pytest.raises(LaunchError, match=message):
-        launch_for(config, plan, ServerPurpose.generation(needs_tools=True))
-    assert "--tool-call-parser" not in launch_for(config, plan, ServerPurpose.generation(needs_tools=False)).argv
+        launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
+    assert "--tool-call-parser" not in launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).argv
 
 
 def test_the_users_parsers_win(tmp_path: Path) -> None:
     config, plan = vllm_smol(tmp_path, tool_call_parser="hermes", reasoning_parser="qwen3")
-    argv = launch_for(config, plan, ServerPurpose.generation(needs_tools=False)).argv
+    argv = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).argv
     assert argv[-5:] == ("--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     kimi = kimi_profile(tmp_path, reasoning_parser=None)
     plan = managed_server(kimi)
     assert plan is not None
-    assert "--reasoning-parser" not in launch_for(kimi, plan, ServerPurpose.generation(needs_tools=False)).argv
+    assert "--reasoning-parser" not in launch_for(kimi.target, plan, ServerPurpose.generation(needs_tools=False)).argv
 
 
 def test_values_are_quoted_and_secrets_stay_out_of_the_display(tmp_path: Path) -> None:
     config, plan = vllm_smol(tmp_path, env={"HF_TOKEN": "hf_secret value"}, extra_args=["--chat-template", "a b;c"])
-    launch = launch_for(config, plan, ServerPurpose.generation(needs_tools=False))
+    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False))
     assert shlex.split(launch.shell()) == ["env", "HF_TOKEN=hf_secret value", *launch.argv]
     assert "hf_secret" not in launch.display() and launch.display().startswith("HF_TOKEN=… /v/bin/python -m vllm")
     assert launch.shell().endswith("--chat-template 'a b;c'")

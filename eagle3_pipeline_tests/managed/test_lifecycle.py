@@ -61,7 +61,7 @@ def managed(
     config = write_pipeline(tmp_path, sections)
     plan = managed_server(config)
     assert plan is not None
-    return ManagedServer(host, plan), launch_for(config, plan, GENERATION)
+    return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_the_same_lifecycle_over_ssh(tmp_path: Path, sshd: Sshd, fakebin: FakeBi
     host = sshd.host()
     try:
         server = ManagedServer(host, plan)
-        started = server.start(launch_for(config, plan, GENERATION), "generation")
+        started = server.start(launch_for(config.target, plan, GENERATION), "generation")
         assert started.host == f"127.0.0.1:{sshd.port}" and started.report.healthy
         assert {c.name: c.status.value for c in started.report.checks}["gpus"] == "ok"
         stopped = server.stop("done")

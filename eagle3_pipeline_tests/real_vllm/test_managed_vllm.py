@@ -62,7 +62,7 @@ def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, Sto
     assert plan is not None
     server = ManagedServer(host, plan)
     assert server.status().state == "absent"
-    started = server.start(launch_for(config, plan, ServerPurpose.generation(needs_tools=False)), "generation")
+    started = server.start(launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)), "generation")
     try:
         reply = httpx.post(
             f"{plan.base_url}/chat/completions",
@@ -123,7 +123,9 @@ def test_the_builders_extraction_line_serves_the_stores_layers(
     folder.mkdir()
     layers = extraction_layer_ids("llama", default_aux_layer_ids(30), 30)
     server = ManagedServer(LocalHost(), plan)
-    started = server.start(launch_for(config, plan, ServerPurpose.extraction_of(layers, str(folder))), "extraction")
+    started = server.start(
+        launch_for(config.target, plan, ServerPurpose.extraction_of(layers, str(folder))), "extraction"
+    )
     try:
         ids = [1, 2, 3, 4, 5, 6, 7]
         reply = httpx.post(

@@ -102,10 +102,16 @@ def train_rolling(
     def extract(shards: list[str]) -> dict[str, Any]:
         if extracting:
             assert supervisor is not None and server is not None
-            purpose = extraction_purpose(config, server, supervisor.server.host)
+            purpose = extraction_purpose(config.hidden_states, config.source_file, server, supervisor.server.host)
             supervisor.ensure(purpose, f"eagle3_drafter (rolling): extract {len(shards)} shard(s)")
         return run_heavy_phase(
-            context, config, "extract", {**extract_spec, "shards": shards}, ship=extract_ship, **extract_launch(config)
+            context,
+            config.compute,
+            config.artifacts_root,
+            "extract",
+            {**extract_spec, "shards": shards},
+            ship=extract_ship,
+            **extract_launch(config),
         )
 
     def train(epoch: int, window: int) -> dict[str, Any]:
@@ -114,11 +120,20 @@ def train_rolling(
             supervisor.release(f"eagle3_drafter (rolling): train epoch {epoch} window {window}")
         rolling_spec = {**spec, "rolling": {"epoch": epoch, "window": window}}
         return run_heavy_phase(
-            context, config, "train", rolling_spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+            context,
+            config.compute,
+            config.artifacts_root,
+            "train",
+            rolling_spec,
+            ship=ship,
+            fetch=fetch,
+            processes=config.drafter.nproc_per_node,
         )
 
     def delete(shards: list[str]) -> dict[str, Any]:
-        return run_heavy_phase(context, config, "extract", {**extract_spec, "delete_shards": shards})
+        return run_heavy_phase(
+            context, config.compute, config.artifacts_root, "extract", {**extract_spec, "delete_shards": shards}
+        )
 
     windows = read_rolling_layout(layout.hidden_states).windows
     state = drafter_paths(config.artifacts_root)["run_dir"] / STATE_FILE
@@ -143,7 +158,14 @@ def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         with gpu_phase(context, config, names, "eagle3_drafter") as supervisor:
             if config.hidden_states.rolling_window_shards is None:
                 result = run_heavy_phase(
-                    context, config, "train", spec, ship=ship, fetch=fetch, processes=config.drafter.nproc_per_node
+                    context,
+                    config.compute,
+                    config.artifacts_root,
+                    "train",
+                    spec,
+                    ship=ship,
+                    fetch=fetch,
+                    processes=config.drafter.nproc_per_node,
                 )
             else:
                 result = train_rolling(context, config, spec, ship, fetch, supervisor)

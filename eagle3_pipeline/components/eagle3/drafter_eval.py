@@ -82,12 +82,15 @@ def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     config = resources.config()
     require_passing_checks(context.instance, input_checks(names))
     with gpu_phase(context, config, names, "drafter_eval"):
-        result = DrafterEvalResult.from_metadata(run_heavy_phase(context, config, "evaluate", evaluate_spec(config)))
+        result = DrafterEvalResult.from_metadata(
+            run_heavy_phase(context, config.compute, config.artifacts_root, "evaluate", evaluate_spec(config))
+        )
     resources.listener.result("drafter_eval", None, result)
     for line in str(result.extra.get(WARNING, "")).splitlines():
         context.log.warning(line)
     # data_scaling: what more data of each dataset buys
-    scaling = {"data_scaling": dg.MetadataValue.md(data_scaling_markdown(config))}
+    table = data_scaling_markdown(config.artifacts_root, config.inference, config.target.model, config.dataset_ids)
+    scaling = {"data_scaling": dg.MetadataValue.md(table)}
     return dg.MaterializeResult(metadata=materialization_metadata({**result.as_metadata(), **scaling}))
 
 

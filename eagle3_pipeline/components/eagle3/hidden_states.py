@@ -143,7 +143,9 @@ def extract_launch(config: PipelineConfig) -> dict[str, Any]:
 
 def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> Callable[[Supervisor], ServerPurpose]:
     """The managed extraction server's purpose for the store, built on its host once the host is connected."""
-    return lambda supervisor: extraction_purpose(config, server, supervisor.server.host)
+    return lambda supervisor: extraction_purpose(
+        config.hidden_states, config.source_file, server, supervisor.server.host
+    )
 
 
 def _training_data_checks(names: PipelineNames) -> list[dg.AssetCheckKey]:
@@ -220,7 +222,10 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 
         def record_reference() -> dict[str, Any]:
             reference = preflight_reference(
-                config, layout.training_data, tokenizer_name(config), layout.serving_reference
+                config,
+                layout.training_data,
+                tokenizer_name(config.target, config.inference, config.source_file),
+                layout.serving_reference,
             )
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
             return reference
@@ -230,7 +235,16 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
             spec["serving_reference"] = str(layout.serving_reference) if recorded else None
             ship = [str(layout.training_data), *([str(layout.serving_reference)] if recorded else [])]
             ship += [model] if under_root(model, layout.root) else []
-            return run_heavy_phase(context, config, "extract", spec, ship=ship, fetch=fetch, **extract_launch(config))
+            return run_heavy_phase(
+                context,
+                config.compute,
+                config.artifacts_root,
+                "extract",
+                spec,
+                ship=ship,
+                fetch=fetch,
+                **extract_launch(config),
+            )
 
         server = managed_extraction_server(config)
         if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU

@@ -274,7 +274,7 @@ def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     missing = [d for d, f in zip(config.dataset_ids, files, strict=True) if not f.exists()]
     if missing:
         raise dg.Failure(description=f"responses are not materialized for: {', '.join(missing)}")
-    tokenizer = tokenizer_name(config)
+    tokenizer = tokenizer_name(config.target, config.inference, config.source_file)
     try:
         phase = make_training_data(
             files,

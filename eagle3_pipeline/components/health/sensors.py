@@ -75,7 +75,7 @@ def generation_stall(context: dg.SensorEvaluationContext, names: PipelineNames) 
     for partition, run_id in partitions_in_flight(context.instance, names).items():
         if partition not in config.dataset_ids:
             continue
-        quiet = quiet_seconds(config, partition, run_id)
+        quiet = quiet_seconds(config.artifacts_root, partition, run_id)
         if quiet is None or quiet <= stall.stall_window_s:
             continue
         metadata, line = _flag_stall(
