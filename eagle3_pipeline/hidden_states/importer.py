@@ -195,8 +195,6 @@ def spec_from_extract(extract: Mapping[str, Any], input_dir: str) -> dict[str, A
 
 def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     """Import a SpecForge offline folder into a hidden-state store; returns the metadata."""
-    import torch
-
     if "extract" in spec:
         extra = {key: value for key, value in spec.items() if key not in ("extract", "input_dir")}
         spec = {**spec_from_extract(spec["extract"], str(_required(spec, "input_dir"))), **extra}
@@ -205,16 +203,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     if per_shard <= 0:
         raise SpecForgeImportError(f"spec.samples_per_shard: expected > 0, got {per_shard}")
     wanted = _manifest(spec)
-    hidden = wanted.target.hidden_size
-    aux_width = len(wanted.aux_layer_ids) * hidden
-    store = HiddenStateStore(output_dir)
-    if store.manifest_path.is_file():
-        differences = identity_mismatch(store.manifest(), wanted)
-        if differences:
-            raise StoreError(
-                f"{store.manifest_path}: the store was made under other settings: " + "; ".join(differences)
-            )
-    store.write_manifest(wanted)
+    store = _open_store(output_dir, wanted)
     samples = find_samples(input_dir)
     rows = _TrainingRows(spec["training_data"]) if spec.get("training_data") else None
     groups = [samples[i : i + per_shard] for i in range(0, len(samples), per_shard)]
@@ -228,41 +217,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         if store.shard_complete(name):
             skipped += 1
         else:
-            writer = ShardWriter(output_dir, number, wanted.dtype)
-            for idx, path in group:
-                sample = load_sample(path)
-                if sample["aux"].shape[1] != aux_width or sample["hidden"].shape[1] != hidden:
-                    raise SpecForgeImportError(
-                        f"{path}: expected aux width {aux_width} and hidden {hidden} "
-                        f"(target.hidden_size × {len(wanted.aux_layer_ids)} layers), got "
-                        f"{sample['aux'].shape[1]} and {sample['hidden'].shape[1]}"
-                    )
-                mask = sample["loss_mask"]
-                if rows is None:
-                    row = _Row(f"specforge-{idx}", "specforge", "train", None, None)
-                else:
-                    row = rows.row(idx)
-                    if row.input_ids != sample["input_ids"].tolist():
-                        raise SpecForgeImportError(
-                            f"{path}: input_ids differ from training_data row {idx} (sample {row.sample_id}); "
-                            "SpecForge was given other data or another tokenizer"
-                        )
-                    ours = torch.tensor(row.loss_mask, dtype=torch.uint8)
-                    disagreements += int(not torch.equal(ours, mask.to(torch.uint8)))
-                    mask = ours
-                try:
-                    writer.add(
-                        row.sample_id,
-                        row.dataset,
-                        row.split,
-                        sample["input_ids"],
-                        mask,
-                        sample["aux"],
-                        sample["hidden"],
-                    )
-                except StoreError as exc:
-                    raise SpecForgeImportError(f"{path}: {exc}") from None
-            writer.close()
+            disagreements += _write_shard(output_dir, number, group, wanted, rows)
         tokens += sum(
             pq.read_table(output_dir / f"{name}.index.parquet", columns=["length"]).column("length").to_pylist()
         )
@@ -287,9 +242,7 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
         bytes=total_bytes,
     )
     store.write_manifest(final)
-    formula = bytes_per_token(hidden, len(wanted.aux_layer_ids), wanted.dtype)
-    indices = [idx for idx, _ in samples]
-    expected = rows.total if rows is not None else indices[-1] + 1
+    expected = rows.total if rows is not None else samples[-1][0] + 1
     missing = expected - len(samples)
     report.log(
         f"imported {index.num_rows} samples, {tokens} tokens, {total_bytes} bytes in {len(names)} shard(s) ({skipped} "
@@ -298,17 +251,88 @@ def run(spec: dict[str, Any], report: Reporter) -> dict[str, Any]:
     return {
         "store": str(output_dir),
         "source": str(input_dir),
-        "samples": index.num_rows,
-        "tokens": tokens,
         "shards": len(names),
         "shards_skipped": skipped,
-        "bytes": total_bytes,
+        "samples_without_states": missing,
+        "loss_mask_disagreements": disagreements,
+        **_store_metadata(final),
+    }
+
+
+def _open_store(output_dir: Path, wanted: StoreManifest) -> HiddenStateStore:
+    """The store at ``output_dir``, refused when it was made under other settings, with ``wanted``'s manifest."""
+    store = HiddenStateStore(output_dir)
+    if store.manifest_path.is_file():
+        differences = identity_mismatch(store.manifest(), wanted)
+        if differences:
+            raise StoreError(
+                f"{store.manifest_path}: the store was made under other settings: " + "; ".join(differences)
+            )
+    store.write_manifest(wanted)
+    return store
+
+
+def _write_shard(
+    output_dir: Path, number: int, group: Sequence[tuple[int, Path]], wanted: StoreManifest, rows: _TrainingRows | None
+) -> int:
+    """One shard from SpecForge's samples; returns how many loss masks differ from training_data's."""
+    writer = ShardWriter(output_dir, number, wanted.dtype)
+    disagreements = 0
+    for idx, path in group:
+        sample = load_sample(path)
+        _check_widths(path, sample, wanted)
+        row, mask, differs = _row_and_mask(path, idx, sample, rows)
+        disagreements += differs
+        try:
+            writer.add(
+                row.sample_id, row.dataset, row.split, sample["input_ids"], mask, sample["aux"], sample["hidden"]
+            )
+        except StoreError as exc:
+            raise SpecForgeImportError(f"{path}: {exc}") from None
+    writer.close()
+    return disagreements
+
+
+def _check_widths(path: Path, sample: Mapping[str, Any], wanted: StoreManifest) -> None:
+    hidden = wanted.target.hidden_size
+    aux_width = len(wanted.aux_layer_ids) * hidden
+    if sample["aux"].shape[1] != aux_width or sample["hidden"].shape[1] != hidden:
+        raise SpecForgeImportError(
+            f"{path}: expected aux width {aux_width} and hidden {hidden} "
+            f"(target.hidden_size × {len(wanted.aux_layer_ids)} layers), got "
+            f"{sample['aux'].shape[1]} and {sample['hidden'].shape[1]}"
+        )
+
+
+def _row_and_mask(path: Path, idx: int, sample: Mapping[str, Any], rows: _TrainingRows | None) -> tuple[_Row, Any, int]:
+    """The sample's row (training_data's where given, whose ids must be the sample's) and the loss mask to store:
+    training_data's over SpecForge's; 1 where the two masks differ."""
+    import torch
+
+    mask = sample["loss_mask"]
+    if rows is None:
+        return _Row(f"specforge-{idx}", "specforge", "train", None, None), mask, 0
+    row = rows.row(idx)
+    if row.input_ids != sample["input_ids"].tolist():
+        raise SpecForgeImportError(
+            f"{path}: input_ids differ from training_data row {idx} (sample {row.sample_id}); "
+            "SpecForge was given other data or another tokenizer"
+        )
+    ours = torch.tensor(row.loss_mask, dtype=torch.uint8)
+    return row, ours, int(not torch.equal(ours, mask.to(torch.uint8)))
+
+
+def _store_metadata(final: StoreManifest) -> dict[str, Any]:
+    """What the completed store holds, with its bytes per token against the formula's."""
+    formula = bytes_per_token(final.target.hidden_size, len(final.aux_layer_ids), final.dtype)
+    return {
+        "samples": final.samples,
+        "tokens": final.tokens,
+        "bytes": final.bytes,
         "bytes_per_token": round(final.bytes_per_token, 2),
         "bytes_per_token_formula": formula,
         "bytes_per_token_ratio": round(final.bytes_per_token / formula, 4),
         "storage_dtype": final.dtype,
-        "samples_without_states": missing,
-        "loss_mask_disagreements": disagreements,
         "layer_convention": final.layer_convention,
         "teacher": final.teacher,
         "aux_layer_ids": list(final.aux_layer_ids),
