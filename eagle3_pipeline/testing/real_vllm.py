@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,6 +32,25 @@ STOP_GRACE_S = 20.0
 # Eager mode, bf16 and a short context: what a CPU test server needs (each can be overridden by extra args).
 DEFAULT_ARGS = ("--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048")
 DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def managed_serving(python: Path, model: Path, port: int, log_dir: Path, **more: Any) -> dict[str, Any]:
+    """A pipeline file's ``serving:`` section for a managed real vLLM with the CPU settings above (eager, bf16,
+    1 GiB KV cache), a 30 s stop grace, 600 s to start and 5 s for the GPUs' release; ``more`` adds settings."""
+    return {
+        "managed": True,
+        "engine": "vllm",
+        "python": str(python),
+        "model": str(model),
+        "port": port,
+        "extra_args": list(DEFAULT_ARGS),
+        "env": dict(DEFAULT_ENV),
+        "log_dir": str(log_dir),
+        "stop_grace_s": 30,
+        "startup_timeout_s": 600,
+        "gpu_release_timeout_s": 5,
+        **more,
+    }
 
 
 class VllmUnavailable(RuntimeError):

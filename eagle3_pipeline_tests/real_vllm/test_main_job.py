@@ -46,7 +46,7 @@ from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.target.folder import read_config
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
+from eagle3_pipeline.testing.real_vllm import free_port, managed_serving
 
 # The module's one pipeline run (five vLLM servers in turn, generation, training, the benchmark, the served
 # drafter) is in the first test's setup: ~9 minutes on two quiet cores, more on a busy machine.
@@ -88,22 +88,15 @@ def pipeline_file(root: Path, model: Path, python: Path, port: int) -> Path:
         "artifacts_root": "out",
         "seed": 1234,
         "target": {"model": SERVED, "tokenizer": str(model), "max_seq_len": 2048},
-        "serving": {
-            "managed": True,
-            "engine": "vllm",
-            "python": str(python),
-            "model": str(model),
-            "served_name": SERVED,
-            "port": port,
-            "tool_call_parser": "hermes",
-            "extra_args": list(DEFAULT_ARGS),
-            "env": dict(DEFAULT_ENV),
-            "log_dir": str(root / "serving"),
-            "stop_grace_s": 30,
-            "startup_timeout_s": 600,
-            "gpu_release_timeout_s": 5,
-            "served_drafter_max_tokens": MAX_TOKENS,
-        },
+        "serving": managed_serving(
+            python,
+            model,
+            port,
+            root / "serving",
+            served_name=SERVED,
+            tool_call_parser="hermes",
+            served_drafter_max_tokens=MAX_TOKENS,
+        ),
         "generation": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "concurrency": 8},
         "health": {
             "host": {"kind": "local"},

@@ -21,7 +21,7 @@ from eagle3_pipeline.hosts import Host, LocalHost
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
+from eagle3_pipeline.testing.real_vllm import free_port, managed_serving
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 
 pytestmark = pytest.mark.local_model
@@ -34,20 +34,7 @@ def pipeline(folder: Path, python: Path, model: Path, health: dict[str, Any] | N
         "name": "managed_vllm",
         "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model)},
-        "serving": {
-            "managed": True,
-            "engine": "vllm",
-            "python": str(python),
-            "model": str(model),
-            "port": free_port(),
-            "bind_host": "127.0.0.1",
-            "extra_args": list(DEFAULT_ARGS),
-            "env": dict(DEFAULT_ENV),
-            "log_dir": str(folder / "logs"),
-            "stop_grace_s": 30,
-            "startup_timeout_s": 600,
-            "gpu_release_timeout_s": 5,
-        },
+        "serving": managed_serving(python, model, free_port(), folder / "logs", bind_host="127.0.0.1"),
         "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 60, **(health or {})},
         "datasets": [{"id": "B1", "source": "B1.jsonl"}],
     }

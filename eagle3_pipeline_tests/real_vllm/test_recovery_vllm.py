@@ -29,7 +29,7 @@ from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.managed import ManagedServer, managed_server
 from eagle3_pipeline.records import read_prompts
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, free_port
+from eagle3_pipeline.testing.real_vllm import free_port, managed_serving
 
 pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
 
@@ -43,22 +43,9 @@ def pipeline(folder: Path, python: Path, model: Path) -> PipelineConfig:
         "name": "recovery_vllm",
         "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model), "max_seq_len": 2048},
-        "serving": {
-            "managed": True,
-            "engine": "vllm",
-            "python": str(python),
-            "model": str(model),
-            "port": free_port(),
-            "bind_host": "127.0.0.1",
-            "extra_args": list(DEFAULT_ARGS),
-            "env": dict(DEFAULT_ENV),
-            "log_dir": str(folder / "logs"),
-            "stop_grace_s": 30,
-            "startup_timeout_s": 600,
-            "gpu_release_timeout_s": 5,
-            "max_restarts": 2,
-            "restart_backoff_s": 1,
-        },
+        "serving": managed_serving(
+            python, model, free_port(), folder / "logs", bind_host="127.0.0.1", max_restarts=2, restart_backoff_s=1
+        ),
         "generation": {
             "max_tokens": 32,
             "temperature": 0.0,
