@@ -61,17 +61,28 @@ def start_stalled_generation(defs: dg.Definitions, instance: dg.DagsterInstance,
     return run
 
 
-def materialize_generation(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
+def materialize_generation(
+    config: PipelineConfig, instance: dg.DagsterInstance, partition: str = "B1"
+) -> dg.ExecuteInJobResult:
+    """prompts and responses of one dataset's partition, through the pipeline's own Definitions."""
     defs = build_definitions(config)
     assets: Any = list(defs.assets or [])
     return dg.materialize(
         assets,
         selection=["prompts", "responses"],
-        partition_key="B1",
+        partition_key=partition,
         instance=instance,
         resources=defs.resources,
         raise_on_error=False,
     )
+
+
+def failure_description(result: dg.ExecuteInJobResult) -> str:
+    """The description of the run's one failed step, raised as a ``dg.Failure``."""
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    data = failure.step_failure_data
+    assert data.user_failure_data is not None and data.user_failure_data.description
+    return data.user_failure_data.description
 
 
 def sensor_resources(defs: dg.Definitions, sensor: dg.SensorDefinition) -> dict[str, Any]:

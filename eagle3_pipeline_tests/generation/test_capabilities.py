@@ -18,12 +18,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.generation.capabilities import PROBE_PREFIX, CapabilityReport, ServerNeeds, probe_capabilities
 from eagle3_pipeline.testing.datasets import write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
+from eagle3_pipeline_tests.dagster_runs import failure_description, materialize_generation
 
 VLLM_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
@@ -158,25 +158,6 @@ def tool_prompts(count: int) -> list[dict[str, Any]]:
     return [{"messages": [{"role": "user", "content": f"look up item {i}"}], "tools": TOOLS} for i in range(count)]
 
 
-def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
-    defs = build_definitions(config)
-    return dg.materialize(
-        list(defs.assets or []),  # type: ignore[arg-type]
-        selection=["prompts", "responses"],
-        partition_key="T1",
-        instance=instance,
-        resources=defs.resources,
-        raise_on_error=False,
-    )
-
-
-def failure_description(result: dg.ExecuteInJobResult) -> str:
-    [failure] = [e for e in result.all_events if e.is_step_failure]
-    data = failure.step_failure_data
-    assert data.user_failure_data is not None and data.user_failure_data.description
-    return data.user_failure_data.description
-
-
 def test_the_partition_fails_before_any_request_then_runs_once_the_server_has_the_parser(
     tmp_path: Path, fake_openai: FakeOpenAI
 ) -> None:
@@ -184,7 +165,7 @@ def test_the_partition_fails_before_any_request_then_runs_once_the_server_has_th
     fake_openai.max_model_len = 4096
     config = pipeline(tmp_path, fake_openai, tool_prompts(24))
     with dg.DagsterInstance.ephemeral() as instance:
-        failed = materialize(config, instance)
+        failed = materialize_generation(config, instance, "T1")
         assert not failed.success
         description = failure_description(failed)
         assert description.startswith("T1: the server lacks what this dataset needs, so no request of the partition")
@@ -196,7 +177,7 @@ def test_the_partition_fails_before_any_request_then_runs_once_the_server_has_th
         assert probes == [(True, 1), (False, 16)], "one probe per capability: tools, then reasoning"
 
         fake_openai.script = None  # the server restarted with its tool-call parser
-        passed = materialize(config, instance)
+        passed = materialize_generation(config, instance, "T1")
     assert passed.success
     [materialization] = passed.asset_materializations_for_node("responses")
     checks = {c["capability"]: c["status"] for c in materialization.metadata["server_capabilities"].value}  # type: ignore[union-attr]

@@ -8,15 +8,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
+from eagle3_pipeline_tests.dagster_runs import failure_description, materialize_generation
 
 pytestmark = pytest.mark.local_model
 
@@ -42,27 +41,6 @@ def pipeline(folder: Path, server: RunningVllm, model: Path) -> PipelineConfig:
     return load_config(folder / "pipeline.yaml")
 
 
-def materialize(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
-    defs = build_definitions(config)
-    assets: Any = list(defs.assets or [])
-    return dg.materialize(
-        assets,
-        selection=["prompts", "responses"],
-        partition_key="tools",
-        instance=instance,
-        resources=defs.resources,
-        raise_on_error=False,
-    )
-
-
-def failure_description(result: dg.ExecuteInJobResult) -> str:
-    [failure] = [e for e in result.all_events if e.is_step_failure]
-    data = failure.step_failure_data
-    if data.user_failure_data is not None and data.user_failure_data.description:
-        return data.user_failure_data.description
-    return data.error.to_string() if data.error is not None else "no error recorded"
-
-
 def chat_requests(server: RunningVllm) -> list[str]:
     """The statuses of the chat completions the server's access log shows."""
     return re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d+)', server.log.read_text(errors="replace"))
@@ -73,7 +51,7 @@ def test_tools_fail_before_any_request_without_a_tool_parser(
 ) -> None:
     with dg.DagsterInstance.ephemeral() as instance:
         with vllm_server(local_model, tmp_path / "bare.log", served_name="smol") as bare:
-            failed = materialize(pipeline(tmp_path, bare, local_model), instance)
+            failed = materialize_generation(pipeline(tmp_path, bare, local_model), instance, "tools")
             statuses = chat_requests(bare)
     assert not failed.success
     message = failure_description(failed)
