@@ -21,8 +21,6 @@ RMSNorm, rotary and RoPE helpers are compiled functions).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
 import types
 import warnings
@@ -34,36 +32,11 @@ from typing import Any
 
 import pytest
 
-SPECFORGE = "specforge==0.2.0"
+from eagle3_pipeline_tests.wheels import download_wheel
+
+SPECFORGE_VERSION = "0.2.0"
 PACKAGE = "specforge.modeling.draft"
 MODEL_FILES = ("base", "llama3_eagle")  # specforge/modeling/draft/{name}.py, loaded in this order
-
-
-def _fetch_wheel(folder: Path) -> Path:
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "-d",
-        str(folder),
-        SPECFORGE,
-    ]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-        problem = None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-800:]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        problem = str(exc)
-    wheels = sorted(folder.glob("specforge-*.whl"))
-    if problem or not wheels:
-        message = f"could not download {SPECFORGE} with `{' '.join(command)}`: {problem or 'no wheel written'}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return wheels[0]
 
 
 def _stub(name: str, **attributes: Any) -> types.ModuleType:
@@ -86,7 +59,7 @@ def llama3_eagle(folder: Path) -> Iterator[types.ModuleType]:
     the module docstring; the stubs and the module leave ``sys.modules`` on exit."""
     import torch
 
-    wheel = _fetch_wheel(folder)
+    wheel = download_wheel("specforge", SPECFORGE_VERSION, folder, timeout_s=300)
     stubs = {
         "specforge": _stub("specforge"),
         "specforge.modeling": _stub("specforge.modeling"),

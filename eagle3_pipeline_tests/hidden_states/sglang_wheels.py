@@ -6,15 +6,11 @@ fails with ``CI`` set, and is skipped otherwise."""
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree
+from eagle3_pipeline_tests.wheels import download_wheel
 
 
 def wheel_cache() -> Path:
@@ -22,35 +18,7 @@ def wheel_cache() -> Path:
 
 
 def release_wheel(version: str) -> Path:
-    folder = wheel_cache()
-    found = sorted(folder.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "-d",
-        str(folder),
-        f"sglang=={version}",
-    ]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-        problem = None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-800:]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        problem = str(exc)
-    found = sorted(folder.glob(f"sglang-{version}-*.whl"))
-    if problem or not found:
-        message = f"could not download sglang=={version} with `{' '.join(command)}`: {problem or 'no wheel written'}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found[0]
+    return download_wheel("sglang", version, wheel_cache(), timeout_s=600)
 
 
 @functools.cache
