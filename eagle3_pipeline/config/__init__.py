@@ -51,6 +51,7 @@ from eagle3_pipeline.config.loader import (
     load_config,
     local_profile_path,
 )
+from eagle3_pipeline.config.machine import MachineConfig
 from eagle3_pipeline.config.ops import (
     CRON_PATTERN,
     POOL_NAME_PATTERN,
@@ -95,6 +96,7 @@ __all__ = [
     "FailoverConfig",
     "GenerationConfig",
     "GpuPhase",
+    "MachineConfig",
     "GpuPoolConfig",
     "HealthConfig",
     "HiddenStatesConfig",

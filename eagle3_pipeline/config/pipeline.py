@@ -16,6 +16,7 @@ from eagle3_pipeline.config.eagle3 import DraftVocabConfig, HiddenStatesConfig, 
 from eagle3_pipeline.config.generation import DatasetConfig, FailoverConfig, GenerationConfig, PromptsConfig
 from eagle3_pipeline.config.health import HealthConfig
 from eagle3_pipeline.config.inference import EndpointConfig, InferenceConfig, TargetConfig
+from eagle3_pipeline.config.machine import MachineConfig
 from eagle3_pipeline.config.ops import AlertsConfig, DeployConfig, LaunchConfig, ScheduleConfig
 from eagle3_pipeline.config.serving import ServingConfig, check_managed_server, provide_managed_defaults
 
@@ -79,6 +80,10 @@ class PipelineConfig(ConfigModel):
         default=DeployConfig(), description="The Dagster executor and the GPU pools (see its fields)."
     )
     alerts: AlertsConfig = Field(default=AlertsConfig(), description="Webhook notifications (see its fields).")
+    machine: MachineConfig = Field(
+        default=MachineConfig(),
+        description="The GPU host as declared for the resource model (`plan`, each GPU phase's fit check; see its fields).",
+    )
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)] = Field(
         description="The prompt sources, one partition each (see their fields)."
     )
