@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("training data", ("dataprep",)),
     ("hidden states and the draft vocabulary", ("hidden_states",)),
     ("drafter", ("drafter",)),
-    ("tools over the domain: the status and schedule views, the tests' stand-ins", ("overview", "testing")),
+    ("tools over the domain: the status and schedule views, the tests' stand-ins", ("overview", "testing", "fit")),
     ("worker: a heavy phase's entry point on a GPU host (dagster-pipes only)", ("worker",)),
     ("Dagster layer: orchestration policy and the definitions", ("orchestration", "components")),
     ("entry points", ("cli", "definitions")),

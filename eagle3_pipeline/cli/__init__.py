@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from eagle3_pipeline.cli.cmd_fit import add_fit_parser
 from eagle3_pipeline.cli.cmd_plan import cmd_plan
 from eagle3_pipeline.cli.cmd_run import cmd_run
 from eagle3_pipeline.cli.cmd_server import cmd_server
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the cost ceiling the best backend must finish within",
     )
     plan.set_defaults(func=cmd_plan)
+    add_fit_parser(sub)
     server = sub.add_parser(
         "server",
         help="the managed inference server (serving.managed): its state (exit 0 running, 3 not running, 1 "

@@ -6,11 +6,36 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from eagle3_pipeline.cli.shared import load_or_report
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.generation import CheckpointError
+from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.layout import ArtifactLayout
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.fit.report import FitReport
+    from eagle3_pipeline.overview.schedule import Schedule
+
+
+def with_fit_times(schedule: Schedule, fit: FitReport | str) -> Schedule:
+    """The schedule with the resource model's time figure (labelled) where it had none."""
+    if isinstance(fit, str):
+        return schedule
+    steps = []
+    for step in schedule.steps:
+        phase = fit.phase(step.phase.split(" ")[0])
+        if step.gpu and step.gpu_time_s is None and phase is not None and phase.time_s is not None:
+            step = replace(step, gpu_time_s=phase.time_s, basis=phase.time_basis)
+        steps.append(step)
+    gpu = [step for step in steps if step.gpu]
+    missing = [step.phase for step in gpu if step.gpu_time_s is None]
+    total = format_duration(sum(step.gpu_time_s or 0.0 for step in gpu))
+    known = f"GPU time known: {total}" + (f"; UNKNOWN for {', '.join(missing)}" if missing else "")
+    notes = [known if note.startswith("GPU time known") else note for note in schedule.notes]
+    return replace(schedule, steps=steps, notes=notes)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -50,6 +75,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     disk = config_disk_plan(config, records, {d: (w.prompt_left, w.completion_left) for d, w in plan.workloads.items()})
     schedule = serving_schedule(config, plan, records)
+    from eagle3_pipeline.fit.runtime import declared_machine, report_for
+
+    fit = report_for(config, declared_machine(config))
+    schedule = with_fit_times(schedule, fit)
     if args.json:
         more_data = scaling if isinstance(scaling, str) else scaling.as_dict()
         disk_data = disk if isinstance(disk, str) else disk.as_dict()
@@ -61,6 +90,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "data_scaling": more_data,
                     "hidden_state_disk": disk_data,
                     "schedule": schedule.as_dict(),
+                    "fit": fit if isinstance(fit, str) else fit.as_dict(),
                 },
                 indent=2,
             )
@@ -71,5 +101,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"calibration of {name} failed: {reason}")
         print("\n" + (scaling if isinstance(scaling, str) else scaling.text()))
         print("\n" + (disk if isinstance(disk, str) else disk.text()))
+        print("\n" + (fit if isinstance(fit, str) else fit.text()))
         print("\n" + schedule.text())
     return 0

@@ -144,14 +144,15 @@ class DrafterConfig(ConfigModel):
             "the embedding when the target ties them."
         ),
     )
-    activation_checkpointing: bool = Field(
+    activation_checkpointing: Literal["auto"] | bool = Field(
         default=False,
         description=(
             "Recompute each training-time-test step's decoder layer (norms, q/k/v, attention, MLP) in the "
             "backward pass instead of keeping its activations: about a third more compute for the layer, and per "
             "token and step only its hidden state, keys and values (and the logits at counted positions) stay in "
             "memory. For long sequences or a wide drafter (the MLP's activations dominate otherwise). Results are "
-            "the same; a run may resume with it switched."
+            "the same; a run may resume with it switched. auto: on when a step of batch_tokens would not fit the GPU "
+            "without it (eagle3_pipeline.fit, at the phase's preflight)."
         ),
     )
     nproc_per_node: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(

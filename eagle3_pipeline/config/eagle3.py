@@ -160,8 +160,13 @@ class HiddenStatesConfig(ConfigModel):
         default=32768,
         description="Tokens per store shard (never spanning two training_data shards); memory: this × bytes per token.",
     )
-    batch_tokens: Annotated[int, Field(gt=0)] = Field(
-        default=8192, description="Padded tokens per forward pass (right-padded batches of length-sorted samples)."
+    batch_tokens: Literal["auto"] | Annotated[int, Field(gt=0)] = Field(
+        default=8192,
+        description=(
+            "Padded tokens per forward pass (right-padded batches of length-sorted samples). auto (backend sglang): "
+            "the largest of 32768…2048 that SGLang's KV pool and the memory beside it hold on the GPUs found at the "
+            "phase's preflight (eagle3_pipeline.fit); elsewhere auto is 8192."
+        ),
     )
     max_batch_size: Annotated[int, Field(gt=0)] = Field(default=32, description="Rows per forward pass.")
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -266,11 +271,13 @@ class HiddenStatesConfig(ConfigModel):
             "(Kimi-K2.5: --tp-size 8). With compute ssh/command that many GPUs must be free on the host."
         ),
     )
-    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] = Field(
-        default=0.75,
+    mem_fraction_static: Literal["auto"] | Annotated[float, Field(gt=0, lt=1)] = Field(
+        default="auto",
         description=(
-            "backend sglang: share of each GPU's memory for weights and the KV pool (SGLang's --mem-fraction-static); "
-            "0.75 as SpecForge's DeepSeek-V3 hidden-state recipe. The KV pool bounds batch_tokens."
+            "backend sglang: share of each GPU's memory for weights and the KV pool (SGLang's --mem-fraction-static). "
+            "auto: chosen at the phase's preflight from the checkpoint and the GPUs found (eagle3_pipeline.fit): the "
+            "rest holds one prefill of batch_tokens, the pool the rest (`eagle3-pipeline plan` shows the choice). A "
+            "number is kept, and refused with the figures when the weights and one batch cannot fit in it."
         ),
     )
     rolling_window_shards: Annotated[int, Field(gt=0)] | None = Field(

@@ -100,7 +100,7 @@ def parse_inventory(text: str) -> list[Gpu]:
     """The GPUs in the output of :data:`INVENTORY_QUERY` (memory in MiB)."""
     gpus = []
     for number, line in enumerate(line for line in text.splitlines() if line.strip()):
-        fields = [field.strip() for field in line.rsplit(",", 2)]
+        fields = [field.strip() for field in line.split(",")]
         if len(fields) != 3:
             raise InventoryError(
                 f"nvidia-smi line {number + 1}: expected 'name, memory.total, memory.used', got {line!r}"

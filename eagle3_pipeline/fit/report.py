@@ -11,6 +11,7 @@ utilisation), ``measured`` (a rate an earlier run recorded).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -340,14 +341,16 @@ def _capture_fraction(inputs: Inputs, before: float, weights: float, per_token: 
         reserve = capture_activation_bytes(inputs.raw, tp, batch)
         fraction = hs.mem_fraction_static
         if fraction == "auto":
-            fraction = min(AUTO_CAPTURE_MAX, round(1 - reserve / before, 3))
+            fraction = min(AUTO_CAPTURE_MAX, math.floor((1 - reserve / before) * 1000) / 1000)
         pool = before * float(fraction) - weights
         if pool >= batch * per_token and before * (1 - float(fraction)) >= reserve:
             return float(fraction), batch
     batch = candidates[-1]
     fraction = hs.mem_fraction_static
     if fraction == "auto":
-        fraction = min(AUTO_CAPTURE_MAX, round(1 - capture_activation_bytes(inputs.raw, tp, batch) / before, 3))
+        fraction = min(
+            AUTO_CAPTURE_MAX, math.floor((1 - capture_activation_bytes(inputs.raw, tp, batch) / before) * 1000) / 1000
+        )
     return float(fraction), batch
 
 

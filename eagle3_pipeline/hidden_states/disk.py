@@ -33,6 +33,7 @@ BACKENDS = ("transformers", "sglang", "vllm", "command")
 VLLM_TOKEN_ID_BYTES = 8
 SPECFORGE_ID_AND_MASK_BYTES = 8 + 8
 GB = 1e9
+AUTO_BATCH_TOKENS = 8192  # batch_tokens auto outside SGLang's capture (config/eagle3.py)
 
 
 def vllm_file_bytes_per_token(hidden_size: int, aux_layers: int = 3) -> int:
@@ -170,7 +171,7 @@ def disk_plan(
     return DiskPlan(hidden_size, aux_layers, tokens, tokens_basis, rows, configured, free_bytes, free_where)
 
 
-def _local_target_config(
+def local_target_folder(
     hidden_states: HiddenStatesConfig, target: TargetConfig, inference: InferenceConfig
 ) -> tuple[dict[str, Any], str] | str:
     """The target's config.json from a folder on this machine (``hidden_states.model``,
@@ -183,7 +184,7 @@ def _local_target_config(
         target.tokenizer,
         str(local_model_dir()) if inference.kind == "embedded" else None,
     ]
-    tried = [c for c in candidates if c]
+    tried = list(dict.fromkeys(c for c in candidates if c))
     for model in tried:
         if (Path(model) / "config.json").is_file():
             try:
@@ -231,7 +232,7 @@ def config_disk_plan(
     from eagle3_pipeline.hidden_states.resume import free_bytes
     from eagle3_pipeline.target.folder import dimensions
 
-    found = _local_target_config(config.hidden_states, config.target, config.inference)
+    found = local_target_folder(config.hidden_states, config.target, config.inference)
     if isinstance(found, str):
         return f"hidden-state disk: {found}"
     raw, where = found
@@ -254,7 +255,7 @@ def config_disk_plan(
         aux_layers,
         tokens[0],
         tokens[1],
-        config.hidden_states.batch_tokens,
+        config.hidden_states.batch_tokens if isinstance(config.hidden_states.batch_tokens, int) else AUTO_BATCH_TOKENS,
         (backend, config.hidden_states.storage_dtype),
         free,
         free_where,

@@ -4,9 +4,9 @@ by :func:`eagle3_pipeline.hidden_states.extract.spec_from_config`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from eagle3_pipeline.config import HiddenStatesConfig
 from eagle3_pipeline.hidden_states.store import TargetIdentity, default_aux_layer_ids
@@ -25,6 +25,8 @@ class ExtractSpec(HiddenStatesConfig):
     # Required here where the settings allow None (the resolved model folder); pydantic lets a subclass
     # narrow a field, pyright wants the default kept.
     model: str  # pyright: ignore[reportGeneralTypeIssues]
+    # auto is chosen before the spec is built (eagle3_pipeline.fit.runtime.resolved).
+    batch_tokens: Annotated[int, Field(gt=0)]  # pyright: ignore[reportIncompatibleVariableOverride, reportGeneralTypeIssues]
     target_name: str
     trust_remote_code: bool = False
     shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store

@@ -54,6 +54,11 @@ def open_source(settings: ExtractSpec) -> Iterator[StateSource]:
     if settings.backend == "sglang":
         from eagle3_pipeline.hidden_states.sglang_capture import open_sglang_target
 
+        if settings.mem_fraction_static == "auto":
+            raise ExtractionError(
+                "hidden_states.mem_fraction_static is auto but was not chosen: the GPUs' memory was unknown at the "
+                "phase's preflight (machine.check off, or nvidia-smi did not answer); set a number or machine.gpu"
+            )
         with open_sglang_target(
             settings.model,
             settings.target_name,

@@ -27,6 +27,7 @@ import dagster as dg
 
 from eagle3_pipeline.components.eagle3.drafter_eval import input_checks
 from eagle3_pipeline.components.eagle3.hidden_states import extract_launch
+from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.managed import gpu_phase
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
@@ -143,7 +144,7 @@ def train_rolling(
 def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
     names = resources.names
-    config = resources.config()
+    config = fitted(context, resources.config(), "eagle3_drafter")
     require_passing_checks(context.instance, input_checks(names))
     paths = drafter_paths(config.artifacts_root)
     fetch = [

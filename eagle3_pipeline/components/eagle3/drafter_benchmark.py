@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.health.observations import health_observation, report_metadata
 from eagle3_pipeline.components.managed import gpu_phase
 from eagle3_pipeline.components.policy import step_policy
@@ -39,7 +40,7 @@ UPSTREAM = ("eagle3_drafter", "training_data")
 def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
     names = resources.names
-    config = resources.config()
+    config = fitted(context, resources.config(), "drafter_benchmark")
     if config.drafter_benchmark is None:
         raise dg.Failure(
             description=f"{config.source_file}: drafter_benchmark: the section was removed since the code location "

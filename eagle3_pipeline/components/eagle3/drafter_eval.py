@@ -12,6 +12,7 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.managed import gpu_phase
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
@@ -79,7 +80,7 @@ def _numbers(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, float]:
 def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
     names = resources.names
-    config = resources.config()
+    config = fitted(context, resources.config(), "drafter_eval")
     require_passing_checks(context.instance, input_checks(names))
     with gpu_phase(context, config, names, "drafter_eval"):
         result = DrafterEvalResult.from_metadata(

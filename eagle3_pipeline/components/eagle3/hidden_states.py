@@ -31,6 +31,7 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.managed import gpu_phase, phase_server
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
@@ -209,7 +210,7 @@ def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetChec
 def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
     names = resources.names
-    config = resources.config()
+    config = fitted(context, resources.config(), "hidden_states")
     layout = ArtifactLayout(config.artifacts_root)
     require_passing_checks(context.instance, _training_data_checks(names))
     rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []

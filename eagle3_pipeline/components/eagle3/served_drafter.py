@@ -11,6 +11,7 @@ from typing import Any
 import dagster as dg
 import httpx
 
+from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.managed import phase_supervisor
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
@@ -34,7 +35,7 @@ def _figures(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str, Any]:
 def served_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
     names = resources.names
-    config = resources.config()
+    config = fitted(context, resources.config(), "served_drafter")
     evaluation = _figures(context.instance, names.key("drafter_eval"))
     with phase_supervisor(context, config, names, "served_drafter") as supervisor:
         if supervisor is None:

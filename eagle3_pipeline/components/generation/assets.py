@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.generation.automation import scheduled_backfill
 from eagle3_pipeline.components.generation.checks import (
     build_response_checks,
@@ -152,7 +153,7 @@ def prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 
 def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
-    config = resources.config()
+    config = fitted(context, resources.config(), "responses")
     dataset = config.dataset(context.partition_key)
     inference = resources.inference
     host = inference.host
