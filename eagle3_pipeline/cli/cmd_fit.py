@@ -90,9 +90,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
     print(f"  weights per GPU      {serving.weights / GIB:.2f} GiB")
     print(f"  KV per token per GPU {serving.kv_per_token:,.0f} bytes ({args.kv_dtype})")
-    print(
-        f"  serving ({args.engine} fraction {serving.fraction:g}): {'fits' if serving.fits else 'DOES NOT FIT'}: {serving.reason()}"
-    )
+    verdict = "fits" if serving.fits else "DOES NOT FIT"
+    print(f"  serving ({args.engine} fraction {serving.fraction:g}): {verdict}: {serving.reason()}")
     for row in out["capture"]:
         print(
             f"  capture (SGLang in process) batch_tokens {row['batch_tokens']:,}: mem_fraction_static "

@@ -23,7 +23,7 @@ class MachineConfig(ConfigModel):
     )
     gpu_memory_gib: Annotated[float, Field(gt=0)] | None = Field(
         default=None,
-        description="Memory per GPU in GiB as nvidia-smi reports memory.total / 1024 (a '96 GB' card: 95.6); overrides gpu.",
+        description="Memory per GPU in GiB, nvidia-smi's memory.total / 1024 (a '96 GB' card: 95.6); overrides gpu.",
     )
     gpus: Annotated[int, Field(gt=0)] | None = Field(default=None, description="GPUs on the host.")
     host_memory_gib: Annotated[float, Field(gt=0)] | None = Field(

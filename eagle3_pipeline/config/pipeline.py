@@ -82,7 +82,7 @@ class PipelineConfig(ConfigModel):
     alerts: AlertsConfig = Field(default=AlertsConfig(), description="Webhook notifications (see its fields).")
     machine: MachineConfig = Field(
         default=MachineConfig(),
-        description="The GPU host as declared for the resource model (`plan`, each GPU phase's fit check; see its fields).",
+        description="The GPU host as declared for the resource model (`plan`, the GPU phases' fit; see its fields).",
     )
     datasets: Annotated[list[DatasetConfig], Field(min_length=1)] = Field(
         description="The prompt sources, one partition each (see their fields)."

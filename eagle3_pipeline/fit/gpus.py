@@ -33,21 +33,21 @@ class GpuSpec:
 
 
 GPU_SPECS: tuple[GpuSpec, ...] = (
-    GpuSpec("H100 SXM", 81559, 3.35, 989, 1979, "NVIDIA H100 Tensor Core GPU datasheet (SXM5)", ("h100 80gb hbm3", "h100-sxm", "h100")),
-    GpuSpec("H100 PCIe", 81559, 2.0, 756, 1513, "NVIDIA H100 Tensor Core GPU datasheet (PCIe)", ("h100 pcie",)),
-    GpuSpec("H100 NVL", 95830, 3.9, 835, 1671, "NVIDIA H100 Tensor Core GPU datasheet (NVL)", ("h100 nvl",)),
-    GpuSpec("H200", 143771, 4.8, 989, 1979, "NVIDIA H200 Tensor Core GPU datasheet (SXM)", ("h200",)),
-    GpuSpec("B200", 183359, 8.0, 2250, 4500, "NVIDIA DGX B200 datasheet (1,440 GB over 8 GPUs; per-GPU dense)", ("b200",)),
-    GpuSpec("A100 80GB", 81920, 2.039, 312, None, "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB)", ("a100-sxm4-80gb", "a100 80gb")),
-    GpuSpec("A100 40GB", 40960, 1.555, 312, None, "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB)", ("a100-sxm4-40gb", "a100")),
+    GpuSpec("H100 SXM", 81559, 3.35, 989, 1979, "H100 datasheet (SXM5)", ("h100 80gb", "h100")),
+    GpuSpec("H100 PCIe", 81559, 2.0, 756, 1513, "H100 datasheet (PCIe)", ("h100 pcie",)),
+    GpuSpec("H100 NVL", 95830, 3.9, 835, 1671, "H100 datasheet (NVL)", ("h100 nvl",)),
+    GpuSpec("H200", 143771, 4.8, 989, 1979, "H200 datasheet (SXM)", ("h200",)),
+    GpuSpec("B200", 183359, 8.0, 2250, 4500, "DGX B200 datasheet, per GPU", ("b200",)),
+    GpuSpec("A100 80GB", 81920, 2.039, 312, None, "A100 datasheet (SXM 80GB)", ("a100-sxm4-80gb", "a100 80gb")),
+    GpuSpec("A100 40GB", 40960, 1.555, 312, None, "A100 datasheet (SXM 40GB)", ("a100-sxm4-40gb", "a100")),
     GpuSpec("L40S", 46068, 0.864, 362, 733, "NVIDIA L40S datasheet (dense = half the sparse figures)", ("l40s",)),
     GpuSpec(
         "RTX PRO 6000 Blackwell", 97887, 1.792, 500, 1000,
         "NVIDIA RTX PRO 6000 Blackwell datasheet (4 PFLOPS FP4 sparse: FP8 dense = /4, BF16 dense = /8)",
         ("rtx pro 6000 blackwell", "rtx pro 6000"),
     ),
-    GpuSpec("RTX 5090", 32607, 1.792, 209.5, 419, "NVIDIA RTX Blackwell GPU architecture whitepaper (FP32 accumulate)", ("rtx 5090",)),
-    GpuSpec("RTX 4090", 24564, 1.008, 165.2, 330.3, "NVIDIA Ada GPU architecture whitepaper (FP32 accumulate)", ("rtx 4090",)),
+    GpuSpec("RTX 5090", 32607, 1.792, 209.5, 419, "RTX Blackwell whitepaper, FP32 acc.", ("rtx 5090",)),
+    GpuSpec("RTX 4090", 24564, 1.008, 165.2, 330.3, "Ada whitepaper, FP32 acc.", ("rtx 4090",)),
     GpuSpec("MI300X", 196592, 5.3, 1307, 2615, "AMD Instinct MI300X datasheet", ("mi300x",)),
     GpuSpec("MI355X", 294896, 8.0, 2500, 5000, "AMD Instinct MI355X datasheet", ("mi355x",)),
 )  # fmt: skip

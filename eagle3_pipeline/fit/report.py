@@ -544,7 +544,7 @@ def _drafter(inputs: Inputs) -> PhaseFit:
             "gpu",
             need,
             have,
-            f"fit: {trained / 1e9:.2f} B trained parameters × {TRAIN_BYTES_PER_PARAM} B + frozen embedding and lm_head + "
+            f"fit: {trained / 1e9:.2f} B trained parameters × {TRAIN_BYTES_PER_PARAM} B + frozen embedding, lm_head + "
             f"activations of {tokens:,} tokens (activation_checkpointing {checkpointing}); each DDP rank holds it all",
             "drafter.batch_tokens / drafter.activation_checkpointing",
         )
@@ -565,8 +565,8 @@ def _drafter(inputs: Inputs) -> PhaseFit:
         flops = 6 * trained * train_tokens * config.drafter.ttt_steps * (4 / 3 if checkpointing else 1)
         phase.time_s = flops / (gpus * spec.bf16_tflops * 1e12 * TRAIN_MFU)
         phase.time_basis = (
-            f"estimate: 6 × {trained / 1e9:.2f} B × {train_tokens:,.0f} tokens × {config.drafter.ttt_steps} TTT steps at "
-            f"{TRAIN_MFU:.0%} of {gpus} × {spec.bf16_tflops:g} TFLOPS"
+            f"estimate: 6 × {trained / 1e9:.2f} B × {train_tokens:,.0f} tokens × {config.drafter.ttt_steps} TTT steps "
+            f"at {TRAIN_MFU:.0%} of {gpus} × {spec.bf16_tflops:g} TFLOPS"
         )
     return phase
 
