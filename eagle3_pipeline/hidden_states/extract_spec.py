@@ -26,7 +26,7 @@ class ExtractSpec(HiddenStatesConfig):
     # narrow a field, pyright wants the default kept.
     model: str  # pyright: ignore[reportGeneralTypeIssues]
     # auto is chosen before the spec is built (eagle3_pipeline.fit.runtime.resolved).
-    batch_tokens: Annotated[int, Field(gt=0)]  # pyright: ignore[reportIncompatibleVariableOverride, reportGeneralTypeIssues]
+    batch_tokens: Annotated[int, Field(gt=0)] = 8192  # pyright: ignore[reportIncompatibleVariableOverride]
     target_name: str
     trust_remote_code: bool = False
     shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
