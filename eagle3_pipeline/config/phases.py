@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-GpuPhase = Literal["responses", "hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"]
+GpuPhase = Literal[
+    "responses", "hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"
+]
 Machine = Literal["server", "compute"]
 Holder = Literal["server", "process"]
 Handover = Literal["serves", "stops", "purpose", "arms", "keeps"]
