@@ -24,6 +24,7 @@ import dagster as dg
 
 from eagle3_pipeline.components.health.observations import server_event_observation
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config.phases import GpuPhase
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.managed import (
     LaunchError,
@@ -34,7 +35,7 @@ from eagle3_pipeline.managed import (
     Supervisor,
     managed_server,
 )
-from eagle3_pipeline.managed.phases import GpuPhase, after_gpu_phase, gpu_phase_server
+from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server
 from eagle3_pipeline.managed.supervisor import open_supervisor
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
 from eagle3_pipeline.orchestration.names import PipelineNames

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eagle3_pipeline.config import ComputeConfig, HiddenStatesConfig, PipelineConfig
+from eagle3_pipeline.config.phases import GpuPhase
 from eagle3_pipeline.generation.planning import Plan
 from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.hidden_states.disk import training_tokens
@@ -33,7 +34,7 @@ from eagle3_pipeline.hidden_states.resume import RESULT_FILE
 from eagle3_pipeline.hidden_states.vllm_server import managed_extraction_server
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerPlan, managed_server
-from eagle3_pipeline.managed.phases import GpuPhase, gpu_phase_server, incomplete_partitions
+from eagle3_pipeline.managed.phases import gpu_phase_server, incomplete_partitions
 
 UNKNOWN = "UNKNOWN"
 NO_GPU = "runs on this machine, no GPU"
