@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.health.observations import server_event_observation
-from eagle3_pipeline.components.managed import gpu_phase, supervised
+from eagle3_pipeline.components.managed import hand_over, supervised
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import HostConfig
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint
@@ -125,7 +125,7 @@ def test_dagster_records_every_start_and_stop_as_an_observation(tmp_path: Path) 
         with supervised(context, config, DEFAULT_NAMES) as supervisor:  # as responses makes it serve
             assert supervisor is not None
             supervisor.ensure(GENERATION, "responses B1")
-        with gpu_phase(context, config, DEFAULT_NAMES, "eagle3_drafter") as supervisor:
+        with hand_over(context, config, DEFAULT_NAMES, "eagle3_drafter") as supervisor:
             assert supervisor is not None and supervisor.server.status().state == "absent"
 
     with dg.DagsterInstance.ephemeral() as instance:
