@@ -3,13 +3,13 @@ run's log and an observation of its server asset (`inference_server`, or `infere
 UI shows who held the GPUs when.
 
 - :func:`supervised`: the server's supervisor for a block (None when the server is not managed);
-- :func:`gpu_phase`: the GPUs of a phase's machine for a block (eagle3_pipeline.managed.phases): its managed
-  server stopped (verified) first, and afterwards the generation server again while `responses` partitions
-  are incomplete; with `inference.hosts` the run holds that host (its pool) first;
-- :func:`phase_server`: the same, with the server serving the phase's own purpose during the block (the
-  extraction server of `hidden_states.backend: vllm`); :func:`phase_supervisor`: the server of a phase's
-  machine, nothing handed over (the served drafter).
-(`responses` makes the server serve generation itself: eagle3_pipeline.serving.InferenceProvider.)
+- :func:`hand_over`: the managed server on a GPU phase's machine around its block, as the phase's row in
+  eagle3_pipeline.config.phases says: ``stops`` and ``arms`` — stopped (verified) first, and afterwards the
+  generation server again while `responses` partitions are incomplete (the benchmark starts its arms on it
+  itself); ``purpose`` — the same, with the server serving the phase's own launch line during the block
+  (the extraction server of `hidden_states.backend: vllm`); ``keeps`` — nothing handed over (the served
+  drafter). With `inference.hosts` the run holds that host (its pool) first.
+(`responses`, ``serves``, makes the server serve generation itself: eagle3_pipeline.serving.InferenceProvider.)
 
 A server that cannot be started or stopped as asked fails the step with the lifecycle's message.
 """
@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.components.health.observations import server_event_observation
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.config.phases import GpuPhase, phase_row
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.managed import (
     LaunchError,
@@ -34,7 +36,7 @@ from eagle3_pipeline.managed import (
     Supervisor,
     managed_server,
 )
-from eagle3_pipeline.managed.phases import GpuPhase, after_gpu_phase, gpu_phase_server
+from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server
 from eagle3_pipeline.managed.supervisor import open_supervisor
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
 from eagle3_pipeline.orchestration.names import PipelineNames
@@ -82,46 +84,36 @@ def _phase_supervisor(
         yield supervisor
 
 
+@dataclass(frozen=True)
+class OwnLaunch:
+    """What a ``purpose`` phase has the managed server serve: ``server`` (the extraction server of
+    hidden_states, a managed vLLM) serving ``purpose(supervisor)``, built once its host is connected."""
+
+    server: ManagedServerPlan
+    purpose: Callable[[Supervisor], ServerPurpose]
+
+
 @contextmanager
-def phase_supervisor(
-    context: Any, config: PipelineConfig, names: PipelineNames, phase: GpuPhase
+def hand_over(
+    context: Any, config: PipelineConfig, names: PipelineNames, phase: GpuPhase, own: OwnLaunch | None = None
 ) -> Iterator[Supervisor | None]:
-    """The supervisor of the managed server on ``phase``'s machine, its host held as for :func:`gpu_phase`,
-    nothing handed over (None: no managed server there)."""
-    plan = gpu_phase_server(config, phase)
+    """The managed server around ``phase``'s block, as its row's ``handover`` says (module doc); ``own``: the
+    launch line of a ``purpose`` phase, else it stops as for ``stops``. Yields the supervisor (None: no
+    managed server there, nothing to hand over)."""
+    handover = phase_row(phase).handover
+    if handover == "serves":
+        raise ValueError(f"{phase}: the server serves it (eagle3_pipeline.serving); nothing is handed over")
+    serves_own = own if handover == "purpose" else None
+    plan = serves_own.server if serves_own is not None else gpu_phase_server(config, phase)
     if plan is None:
         yield None
         return
     with _phase_supervisor(context, config, names, plan, phase) as supervisor:
-        yield supervisor
-
-
-@contextmanager
-def gpu_phase(
-    context: Any, config: PipelineConfig, names: PipelineNames, phase: GpuPhase
-) -> Iterator[Supervisor | None]:
-    """The GPUs of ``phase``'s machine for the block (module doc); yields the supervisor (None: no managed
-    server there, nothing to hand over)."""
-    plan = gpu_phase_server(config, phase)
-    if plan is None:
-        yield None
-        return
-    with _phase_supervisor(context, config, names, plan, phase) as supervisor:
-        with supervisor.handover(phase, after=lambda: after_gpu_phase(config)):
+        if handover == "keeps":
             yield supervisor
-
-
-@contextmanager
-def phase_server(
-    context: Any,
-    config: PipelineConfig,
-    names: PipelineNames,
-    plan: ManagedServerPlan,
-    phase: GpuPhase,
-    purpose: Callable[[Supervisor], ServerPurpose],
-) -> Iterator[Supervisor]:
-    """``plan``'s server serving ``purpose(supervisor)`` for the block (the extraction server of hidden_states),
-    then, as after :func:`gpu_phase`, the generation server while work remains, or none."""
-    with _phase_supervisor(context, config, names, plan, phase) as supervisor:
-        with supervisor.serving(purpose(supervisor), phase, after=lambda: after_gpu_phase(config)):
-            yield supervisor
+        elif serves_own is not None:
+            with supervisor.serving(serves_own.purpose(supervisor), phase, after=lambda: after_gpu_phase(config)):
+                yield supervisor
+        else:
+            with supervisor.handover(phase, after=lambda: after_gpu_phase(config)):
+                yield supervisor

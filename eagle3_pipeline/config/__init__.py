@@ -57,11 +57,11 @@ from eagle3_pipeline.config.ops import (
     POOL_NAME_PATTERN,
     AlertsConfig,
     DeployConfig,
-    GpuPhase,
     GpuPoolConfig,
     LaunchConfig,
     ScheduleConfig,
 )
+from eagle3_pipeline.config.phases import GpuPhase
 from eagle3_pipeline.config.pipeline import PipelineConfig, check_runtime, check_secrets, check_sources
 from eagle3_pipeline.config.serving import DEFAULT_PORTS, Engine, ServingConfig
 

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel
+from eagle3_pipeline.config.phases import GpuPhase
 
 CRON_PATTERN = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\S+( \S+){4})$"
-GpuPhase = Literal["responses", "hidden_states", "eagle3_drafter", "drafter_eval"]
 POOL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$"
 
 
@@ -77,7 +77,12 @@ class DeployConfig(ConfigModel):
         Field(default={"gpu": GpuPoolConfig()}, description="The GPU pools by name (see their fields).")
     )
     phase_pools: dict[GpuPhase, str] = Field(
-        default={}, description="A GPU phase → one of gpu_pools; an unlisted phase goes to the first pool."
+        default={},
+        description=(
+            "A GPU phase → one of gpu_pools; an unlisted phase goes to the first pool. Only a step whose own "
+            "process uses GPUs goes to a pool: responses with inference.kind embedded, hidden_states, "
+            "eagle3_drafter and drafter_eval with compute.kind local."
+        ),
     )
 
     @model_validator(mode="after")

@@ -30,14 +30,10 @@ def declared_machine(config: PipelineConfig) -> Machine:
 
 def phase_machine(config: PipelineConfig, phase: GpuPhase) -> Machine:
     """The machine of ``phase`` (config/phases.py ``machine``), read live on it, the declaration filling gaps."""
-    from eagle3_pipeline.config import HostConfig
-    from eagle3_pipeline.config.phases import phase_row
     from eagle3_pipeline.hosts import build_host
+    from eagle3_pipeline.managed.phases import phase_host
 
-    if phase_row(phase).machine == "server":
-        host_config = config.health.host
-    else:
-        host_config = HostConfig() if config.compute.kind == "local" else config.compute.host
+    host_config = phase_host(config.compute, config.health, phase)
     where = host_config.hostname or "this machine"
     root = config.compute.artifacts_root if config.compute.kind != "local" else None
     with build_host(host_config) as host:

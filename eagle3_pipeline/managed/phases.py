@@ -1,9 +1,9 @@
 """What the GPU phases ask of the managed server: which one shares their GPUs, and what it serves afterwards.
 
-- **Where a phase's GPUs are.** The heavy phases (``hidden_states``, ``eagle3_drafter``, ``drafter_eval``)
-  run where ``compute:`` says: this machine (``local``) or ``compute.host``; ``drafter_benchmark`` and the
-  served drafter run on the health host, the managed server's own. A phase shares its GPUs with the
-  managed server on the same machine (:func:`same_machine`); a server on another machine is left alone.
+- **Where a phase's GPUs are**: its row's ``machine`` (eagle3_pipeline.config.phases): ``compute`` — where
+  ``compute:`` says, this machine (``local``) or ``compute.host``; ``server`` — the health host, the managed
+  server's own. A phase shares its GPUs with the managed server on the same machine (:func:`same_machine`);
+  a server on another machine is left alone.
 - **Generation work remains** while some ``responses`` partition is not complete. Decided from the
   artifacts alone, without the Dagster instance: a partition is complete when its responses table exists,
   is not older than its checkpoint (an answer appended after the table was written belongs to a run that
@@ -16,9 +16,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from eagle3_pipeline.config import ComputeConfig, HealthConfig, HostConfig, PipelineConfig
+from eagle3_pipeline.config.phases import GpuPhase, phase_row
 from eagle3_pipeline.generation.fingerprint import (
     FingerprintMismatch,
     configured_fingerprint,
@@ -28,9 +27,6 @@ from eagle3_pipeline.generation.fingerprint import (
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import ServerPurpose
 from eagle3_pipeline.managed.plan import ManagedServerPlan, generation_purpose, managed_servers
-
-GpuPhase = Literal["hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"]
-ON_THE_SERVER_HOST: tuple[GpuPhase, ...] = ("drafter_benchmark", "served_drafter")
 
 
 def same_machine(a: HostConfig, b: HostConfig) -> bool:
@@ -44,7 +40,7 @@ def same_machine(a: HostConfig, b: HostConfig) -> bool:
 
 def phase_host(compute: ComputeConfig, health: HealthConfig, phase: GpuPhase) -> HostConfig:
     """The machine whose GPUs ``phase`` uses (module doc)."""
-    if phase in ON_THE_SERVER_HOST:
+    if phase_row(phase).machine == "server":
         return health.host
     return HostConfig() if compute.kind == "local" else compute.host
 

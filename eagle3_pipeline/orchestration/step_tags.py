@@ -1,9 +1,11 @@
 """Where each step runs under the Kubernetes or Celery executor: the step tags those executors read.
 
 A phase gets a GPU of its own only where its own process does GPU work: `responses` when the
-pipeline serves the model itself (`inference.kind: embedded`), and `hidden_states`, `eagle3_drafter`,
-`drafter_eval` when `compute.kind` is `local`. With `compute: ssh`/`command` or remote endpoints the
-step only drives a GPU host over the network, so it runs on an ordinary node or worker.
+pipeline serves the model itself (`inference.kind: embedded`), and the heavy phases
+(eagle3_pipeline.config.phases: `hidden_states`, `eagle3_drafter`, `drafter_eval`) when `compute.kind` is
+`local`. With `compute: ssh`/`command` or remote endpoints the step only drives a GPU host over the
+network, so it runs on an ordinary node or worker; the phases on the managed server's host
+(`drafter_benchmark`, `served_drafter`) only drive its server.
 
 - `k8s`: the `dagster-k8s/config` tag — the step pod's container asks for `gpus` × `nvidia.com/gpu`
   (limit = request) and the pod lands on the pool's nodes (`node_selector`).
@@ -17,19 +19,18 @@ import json
 from typing import Any
 
 from eagle3_pipeline.config import ComputeConfig, DeployConfig, GpuPhase, GpuPoolConfig, InferenceConfig
+from eagle3_pipeline.config.phases import PHASES
 
 K8S_CONFIG_TAG = "dagster-k8s/config"
 CELERY_QUEUE_TAG = "dagster-celery/queue"
 GPU_RESOURCE = "nvidia.com/gpu"
-HEAVY_PHASES: tuple[GpuPhase, ...] = ("hidden_states", "eagle3_drafter", "drafter_eval")
 
 
 def gpu_phases(inference: InferenceConfig, compute: ComputeConfig) -> list[GpuPhase]:
-    """The phases whose own process needs a GPU under these settings."""
-    phases: list[GpuPhase] = ["responses"] if inference.kind == "embedded" else []
-    if compute.kind == "local":
-        phases.extend(HEAVY_PHASES)
-    return phases
+    """The phases whose own process needs a GPU under these settings (module doc), in the table's order: the
+    phase the server serves when that server is our own process, the heavy ones when they run here."""
+    embedded, local = inference.kind == "embedded", compute.kind == "local"
+    return [row.phase for row in PHASES if (row.handover == "serves" and embedded) or (row.heavy and local)]
 
 
 def pool_for(deploy: DeployConfig, phase: GpuPhase) -> tuple[str, GpuPoolConfig]:

@@ -2,10 +2,11 @@
 managed server does before it (which role starts or stops) and who holds the GPUs during it, and the GPU time
 of the phase with what that figure is based on — UNKNOWN where the project has no basis, never a guess.
 
-The server transitions follow the rules the phases apply at run time (eagle3_pipeline.managed.phases): a phase
-hands over the managed server of its own machine; a managed vLLM server is the extraction server of
-``hidden_states.backend: vllm``; the benchmark's arms and the served drafter are the managed server's launch
-lines; after a GPU phase the generation server comes back while ``responses`` partitions are incomplete.
+The phases and the server's transition before each are the table's (eagle3_pipeline.config.phases), the rules the
+phases apply at run time (eagle3_pipeline.components.managed): a phase hands over the managed server of its own
+machine as its row's ``handover`` says (:func:`server_before`); a managed vLLM server is the extraction server of
+``hidden_states.backend: vllm``; after a GPU phase the generation server comes back while ``responses``
+partitions are incomplete.
 
 The GPU time of each phase and its basis:
 - ``responses``: the planner's ETA on the managed server's endpoint (tokens left over the throughput its
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eagle3_pipeline.config import ComputeConfig, HiddenStatesConfig, PipelineConfig
+from eagle3_pipeline.config.phases import PHASES, GpuPhase, Handover
 from eagle3_pipeline.generation.planning import Plan
 from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.hidden_states.disk import training_tokens
@@ -33,11 +35,10 @@ from eagle3_pipeline.hidden_states.resume import RESULT_FILE
 from eagle3_pipeline.hidden_states.vllm_server import managed_extraction_server
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerPlan, managed_server
-from eagle3_pipeline.managed.phases import GpuPhase, gpu_phase_server, incomplete_partitions
+from eagle3_pipeline.managed.phases import gpu_phase_server, incomplete_partitions
 
 UNKNOWN = "UNKNOWN"
 NO_GPU = "runs on this machine, no GPU"
-HEAVY: tuple[GpuPhase, ...] = ("hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark")
 
 
 @dataclass(frozen=True)
@@ -141,61 +142,37 @@ def serving_schedule(config: PipelineConfig, plan: Plan, records: dict[str, dict
             f"({server.setting}, port {server.port}, TP {server.serving.tp_size}), in the main job's order"
         )
     generation_s, generation_basis = _generation_time(plan, server)
-    serving = "generation server" if server else "the user's server"
+    responses, *after = PHASES
+    start, held = server_before(responses.handover, None, server is not None)
+    serving = held or "the user's server"
     steps = [
-        Step(
-            f"responses ×{len(config.dataset_ids)}",
-            "start generation" if server else "—",
-            serving,
-            generation_s,
-            generation_basis,
-            gpu=True,
-        ),
+        Step(f"responses ×{len(config.dataset_ids)}", start, serving, generation_s, generation_basis, gpu=True),
         Step("training_data", "—", f"{serving} (its /tokenize check)", None, NO_GPU),
         Step("draft_vocab", "—", serving, None, NO_GPU),
     ]
     state = "generation" if server else None  # the managed server's role as the main job goes
-    extractor = managed_extraction_server(config)
-    for phase in HEAVY:
+    extraction = managed_extraction_server(config) is not None
+    k = config.drafter_benchmark.steps if config.drafter_benchmark else 0
+    for row in after:
+        phase = row.phase
         if phase == "drafter_benchmark" and config.drafter_benchmark is None:
             continue
-        shared = gpu_phase_server(config, phase)
-        if phase == "hidden_states" and extractor is not None:
-            before, holder = f"{_stop(state)}start extraction (the store's layer ids)", "extraction server"
-            state = None  # stopped after it: every partition is generated
-        elif phase == "drafter_benchmark" and shared is not None:
-            k = config.drafter_benchmark.steps if config.drafter_benchmark else 0
-            before, holder = f"{_stop(state)}start baseline, then with the drafter (K={k}); stop", "benchmark servers"
+        if phase == "served_drafter" and (server is None or not server.serving.serve_drafter):
+            continue
+        shared = gpu_phase_server(config, phase) is not None
+        before, held = server_before(row.handover, state, shared, extraction, k)
+        holder = held or _holder(config.compute, config.hidden_states, phase)
+        if held or shared:
             state = None
-        elif shared is not None:
-            before, holder = (
-                (f"stop {state} (verified)" if state else "— (stopped)"),
-                _holder(config.compute, config.hidden_states, phase),
-            )
-            state = None
-        else:
-            before, holder = (
-                "— (no managed server on its machine)",
-                _holder(config.compute, config.hidden_states, phase),
-            )
         if phase == "hidden_states":
             seconds, basis = _extraction_time(ArtifactLayout(config.artifacts_root), records, plan)
         elif phase == "drafter_benchmark":
             seconds, basis = _benchmark_time(ArtifactLayout(config.artifacts_root))
+        elif phase == "served_drafter":
+            seconds, basis = None, "one server start and a few eval prompts; no rate recorded"
         else:
             seconds, basis = None, "no training or evaluation rate is recorded where this command runs"
         steps.append(Step(phase, before, holder, seconds, basis, gpu=True))
-    if server is not None and server.serving.serve_drafter:
-        steps.append(
-            Step(
-                "served_drafter",
-                "start served-drafter if its τ beats the served one's (else the served one again)",
-                "served-drafter server",
-                None,
-                "one server start and a few eval prompts; no rate recorded",
-                gpu=True,
-            )
-        )
     notes = []
     if server is not None:
         settings = server.serving
@@ -214,6 +191,30 @@ def serving_schedule(config: PipelineConfig, plan: Plan, records: dict[str, dict
         f"GPU time known: {format_duration(total)}" + (f"; UNKNOWN for {', '.join(missing)}" if missing else "")
     )
     return Schedule(heading, steps, notes)
+
+
+def server_before(
+    handover: Handover, state: str | None, shared: bool, extraction: bool = False, steps: int = 0
+) -> tuple[str, str | None]:
+    """What the managed server does before a phase whose row's hand-over is ``handover``, and the managed server
+    that holds the GPUs during it (None: none of ours, the phase's own process or the user's server).
+    ``state``: the role the server serves (None: stopped); ``shared``: a managed server runs on the phase's
+    machine; ``extraction``: a managed server is the extraction server (``purpose``); ``steps``: the
+    benchmark drafter's K (``arms``)."""
+    if handover == "serves":
+        return ("start generation", "generation server") if shared else ("—", None)
+    if handover == "keeps":
+        return (
+            "start served-drafter if its τ beats the served one's (else the served one again)",
+            "served-drafter server",
+        )
+    if handover == "purpose" and extraction:
+        return f"{_stop(state)}start extraction (the store's layer ids)", "extraction server"
+    if not shared:
+        return "— (no managed server on its machine)", None
+    if handover == "arms":
+        return f"{_stop(state)}start baseline, then with the drafter (K={steps}); stop", "benchmark servers"
+    return (f"stop {state} (verified)" if state else "— (stopped)"), None
 
 
 def _stop(state: str | None) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
+from eagle3_pipeline.config.phases import GPU_PHASES
 from eagle3_pipeline.drafter.online import benchmark_settings
 from eagle3_pipeline.managed import EagleDrafter, ServerPurpose, launch_for, managed_server
 from eagle3_pipeline.managed.phases import gpu_phase_server
@@ -57,7 +58,7 @@ def test_the_profile_runs_its_sglang_server_with_no_edit() -> None:
     assert plan.base_url == "http://gpu-box.internal:30000/v1" == config.inference.endpoints[0].base_url
     assert config.health.server is not None and config.health.server.log_path == plan.serving.log_path
     assert config.hidden_states.backend == "sglang" and config.hidden_states.tp_size == 8
-    for phase in ("hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"):
+    for phase in GPU_PHASES:
         assert gpu_phase_server(config, phase) == plan, phase
     tools = "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2"
     assert tools in launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True)).shell()

@@ -13,9 +13,10 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.health.observations import server_event_observation
-from eagle3_pipeline.components.managed import gpu_phase, supervised
+from eagle3_pipeline.components.managed import hand_over, supervised
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import HostConfig
+from eagle3_pipeline.config.phases import GPU_PHASES
 from eagle3_pipeline.generation.fingerprint import configured_fingerprint
 from eagle3_pipeline.hidden_states.vllm_server import (
     ExtractionServerError,
@@ -57,7 +58,7 @@ def test_a_phase_hands_over_the_managed_server_of_its_own_machine(tmp_path: Path
     assert gpu_phase_server(on_box, "drafter_benchmark") == managed_server(on_box)
     remote = {"kind": "ssh", "host": SSH, "workdir": "/w", "artifacts_root": "/a"}
     both = write_pipeline(tmp_path, {"serving": serving, "health": {"host": SSH}, "compute": remote})
-    for phase in ("hidden_states", "eagle3_drafter", "drafter_eval", "served_drafter"):
+    for phase in GPU_PHASES:
         assert gpu_phase_server(both, phase) == managed_server(both), phase
     assert gpu_phase_server(write_pipeline(tmp_path, {}), "eagle3_drafter") is None  # nothing managed
 
@@ -125,7 +126,7 @@ def test_dagster_records_every_start_and_stop_as_an_observation(tmp_path: Path) 
         with supervised(context, config, DEFAULT_NAMES) as supervisor:  # as responses makes it serve
             assert supervisor is not None
             supervisor.ensure(GENERATION, "responses B1")
-        with gpu_phase(context, config, DEFAULT_NAMES, "eagle3_drafter") as supervisor:
+        with hand_over(context, config, DEFAULT_NAMES, "eagle3_drafter") as supervisor:
             assert supervisor is not None and supervisor.server.status().state == "absent"
 
     with dg.DagsterInstance.ephemeral() as instance:

@@ -15,7 +15,7 @@ three steps are the same heavy phases through `run_heavy_phase`: `extract` of a 
 beside the drafter's run folder on this machine.
 
 A managed server (`serving.managed`) on the machine where training runs is stopped for it and comes back as
-the generation server while `responses` partitions are incomplete (eagle3_pipeline.components.managed:gpu_phase);
+the generation server while `responses` partitions are incomplete (eagle3_pipeline.components.managed:hand_over);
 in the rolling loop a managed extraction server serves each window's extraction and is stopped for its
 training.
 """
@@ -28,7 +28,7 @@ import dagster as dg
 from eagle3_pipeline.components.eagle3.drafter_eval import input_checks
 from eagle3_pipeline.components.eagle3.hidden_states import extract_launch
 from eagle3_pipeline.components.fit import fitted
-from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
@@ -156,7 +156,7 @@ def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ship = [str(paths["draft_vocab"])] + (
             [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
         )
-        with gpu_phase(context, config, names, "eagle3_drafter") as supervisor:
+        with hand_over(context, config, names, "eagle3_drafter") as supervisor:
             if config.hidden_states.rolling_window_shards is None:
                 result = run_heavy_phase(
                     context,

@@ -4,7 +4,7 @@ Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.benchma
 eagle3_pipeline.drafter.online.run_benchmark on the host of `health.host`, behind the same health gate as
 generation, unless the result for the same drafter, prompts and settings is recorded). With a managed server
 on that host its two arms are the managed server's launch lines, with its GPUs handed over around them
-(eagle3_pipeline.components.managed:gpu_phase; eagle3_pipeline.drafter.online:benchmark_settings).
+(eagle3_pipeline.components.managed:hand_over; eagle3_pipeline.drafter.online:benchmark_settings).
 """
 
 from collections.abc import Iterator
@@ -14,7 +14,7 @@ import dagster as dg
 
 from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.health.observations import health_observation, report_metadata
-from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
@@ -59,7 +59,7 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
     @contextmanager
     def servers() -> Iterator[ArmServers | None]:
         """The managed server's GPUs for both arms, each arm its launch line (None: launch_command)."""
-        with gpu_phase(context, config, names, "drafter_benchmark") as supervisor:
+        with hand_over(context, config, names, "drafter_benchmark") as supervisor:
             yield ManagedServers(supervisor, drafter) if supervisor is not None else None
 
     try:

@@ -1,7 +1,7 @@
 """The `drafter_eval` asset and its blocking check.
 
 Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate:run (the ``evaluate`` phase), with
-the GPUs of a managed server on its machine handed over (eagle3_pipeline.components.managed:gpu_phase).
+the GPUs of a managed server on its machine handed over (eagle3_pipeline.components.managed:hand_over).
 Check `tau_regression` → eagle3_pipeline.drafter.evaluate.tau_regressions, over this and the previous
 materialization as the instance recorded them.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.components.fit import fitted
-from eagle3_pipeline.components.managed import gpu_phase
+from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
@@ -82,7 +82,7 @@ def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     names = resources.names
     config = fitted(context, resources.config(), "drafter_eval")
     require_passing_checks(context.instance, input_checks(names))
-    with gpu_phase(context, config, names, "drafter_eval"):
+    with hand_over(context, config, names, "drafter_eval"):
         result = DrafterEvalResult.from_metadata(
             run_heavy_phase(context, config.compute, config.artifacts_root, "evaluate", evaluate_spec(config))
         )

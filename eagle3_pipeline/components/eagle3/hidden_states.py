@@ -25,14 +25,14 @@ is then a path (or Hugging Face id) on the host: the host keeps its own copy of 
 shipped only when it lies under the local artifacts root.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from eagle3_pipeline.components.fit import fitted
-from eagle3_pipeline.components.managed import gpu_phase, phase_server
+from eagle3_pipeline.components.managed import OwnLaunch, hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
@@ -46,7 +46,7 @@ from eagle3_pipeline.hidden_states.validation import ServingReferenceError, pref
 from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.managed import ManagedServerPlan, ServerPurpose, Supervisor
+from eagle3_pipeline.managed import ManagedServerPlan
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -142,10 +142,11 @@ def extract_launch(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> Callable[[Supervisor], ServerPurpose]:
-    """The managed extraction server's purpose for the store, built on its host once the host is connected."""
-    return lambda supervisor: extraction_purpose(
-        config.hidden_states, config.source_file, server, supervisor.server.host
+def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> OwnLaunch:
+    """The managed extraction server serving the store, its purpose built on its host once the host is connected."""
+    return OwnLaunch(
+        server,
+        lambda supervisor: extraction_purpose(config.hidden_states, config.source_file, server, supervisor.server.host),
     )
 
 
@@ -248,22 +249,19 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
             )
 
         server = managed_extraction_server(config)
+        own = extraction_of(config, server) if server is not None else None
         if nothing_to_do(spec):  # a complete store opens no state source: no server, no GPU
             reference = {"serving_reference_status": "not needed: the store is complete for these settings"}
             context.log.info(f"serving reference: {reference['serving_reference_status']}")
             meta = extract()
-        elif server is not None and config.compute.kind == "local":
+        elif own is not None and config.compute.kind == "local":
             # the reference from the extraction server itself, as from one the user started
-            with phase_server(context, config, names, server, "hidden_states", extraction_of(config, server)):
+            with hand_over(context, config, names, "hidden_states", own):
                 reference = record_reference()
                 meta = extract()
         else:
             reference = record_reference()  # from the serving target while it still serves
-            with (
-                phase_server(context, config, names, server, "hidden_states", extraction_of(config, server))
-                if server is not None
-                else gpu_phase(context, config, names, "hidden_states")
-            ):
+            with hand_over(context, config, names, "hidden_states", own):
                 meta = extract()
     except PHASE_ERRORS as exc:
         raise dg.Failure(description=str(exc)) from None

@@ -3,7 +3,7 @@
 `drafter_eval` (and `drafter_benchmark`).
 
 Asset → domain function: served_drafter → eagle3_pipeline.drafter.served.serve_drafter, on the managed server of
-the health host (eagle3_pipeline.components.managed:phase_supervisor), with drafter_eval's latest figures.
+the health host (eagle3_pipeline.components.managed:hand_over), with drafter_eval's latest figures.
 """
 
 from typing import Any
@@ -12,7 +12,7 @@ import dagster as dg
 import httpx
 
 from eagle3_pipeline.components.fit import fitted
-from eagle3_pipeline.components.managed import phase_supervisor
+from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
@@ -37,7 +37,7 @@ def served_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     names = resources.names
     config = fitted(context, resources.config(), "served_drafter")
     evaluation = _figures(context.instance, names.key("drafter_eval"))
-    with phase_supervisor(context, config, names, "served_drafter") as supervisor:
+    with hand_over(context, config, names, "served_drafter") as supervisor:
         if supervisor is None:
             raise dg.Failure(
                 description=f"{config.source_file}: no managed server runs on the health host (serving.managed) "
