@@ -28,4 +28,9 @@ def fitted(context: Any, config: PipelineConfig, phase: GpuPhase) -> PipelineCon
 
 def _has_auto(config: PipelineConfig) -> bool:
     hs = config.hidden_states
-    return "auto" in (hs.batch_tokens, hs.mem_fraction_static, config.drafter.activation_checkpointing)
+    return "auto" in (
+        hs.batch_tokens,
+        hs.mem_fraction_static,
+        hs.rolling_window_shards,
+        config.drafter.activation_checkpointing,
+    )

@@ -280,10 +280,12 @@ class HiddenStatesConfig(ConfigModel):
             "number is kept, and refused with the figures when the weights and one batch cannot fit in it."
         ),
     )
-    rolling_window_shards: Annotated[int, Field(gt=0)] | None = Field(
+    rolling_window_shards: Literal["auto"] | Annotated[int, Field(gt=0)] | None = Field(
         default=None,
         description=(
-            "Rolling mode, for a store larger than the disk (null: off, the whole store is extracted once). With N, "
+            "Rolling mode, for a store larger than the disk (null: off, the whole store is extracted once; auto: off "
+            "when the whole store fits the free disk found at hidden_states' preflight, else the largest N it holds, "
+            "and afterwards whatever the store was extracted with — eagle3_pipeline.fit). With N, "
             "hidden_states extracts only the eval shards (drafter_eval reads them) and records the train shards' "
             "layout; "
             "eagle3_drafter then, per epoch and per window of N train shards (shard_tokens each): extracts the window, "

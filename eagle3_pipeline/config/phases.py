@@ -1,4 +1,4 @@
-"""The one table of the phases that use GPUs: which machine's GPUs, what holds them, what the managed server
+"""The one table of the phases that use GPUs: which machine's GPUs, what the managed server
 does for the phase (its hand-over), and whether the step joins the `gpu` pool. The run-time hand-overs
 (eagle3_pipeline.components.managed), `plan`'s schedule (eagle3_pipeline.overview.schedule), the step
 policy (eagle3_pipeline.components.policy, orchestration/step_tags.py) and the resource model
@@ -8,9 +8,6 @@ Rows are in the main job's order. The fields:
 
 - ``machine``: ``server`` — the health host, the managed server's own (generation, the benchmark's arms,
   the served drafter); ``compute`` — where ``compute:`` runs heavy phases (this machine or ``compute.host``).
-- ``holder``: what holds the GPUs during the phase — ``server`` (an inference server: the generation server,
-  the extraction server of ``hidden_states.backend: vllm``, the benchmark's arms, the served drafter) or
-  ``process`` (our own process: the in-process SGLang capture or transformers, training, evaluation).
 - ``handover``: what the managed server on the phase's machine does — ``serves`` (it is the phase's server:
   generation), ``stops`` (stopped, verified, for the phase; the generation server comes back after it while
   ``responses`` partitions are incomplete), ``purpose`` (it serves the phase's own launch line: the
@@ -30,7 +27,6 @@ GpuPhase = Literal[
     "responses", "hidden_states", "eagle3_drafter", "drafter_eval", "drafter_benchmark", "served_drafter"
 ]
 Machine = Literal["server", "compute"]
-Holder = Literal["server", "process"]
 Handover = Literal["serves", "stops", "purpose", "arms", "keeps"]
 
 
@@ -38,18 +34,17 @@ Handover = Literal["serves", "stops", "purpose", "arms", "keeps"]
 class PhaseRow:
     phase: GpuPhase
     machine: Machine
-    holder: Holder
     handover: Handover
     heavy: bool
 
 
 PHASES: tuple[PhaseRow, ...] = (
-    PhaseRow("responses", "server", "server", "serves", heavy=False),
-    PhaseRow("hidden_states", "compute", "process", "purpose", heavy=True),
-    PhaseRow("eagle3_drafter", "compute", "process", "stops", heavy=True),
-    PhaseRow("drafter_eval", "compute", "process", "stops", heavy=True),
-    PhaseRow("drafter_benchmark", "server", "server", "arms", heavy=False),
-    PhaseRow("served_drafter", "server", "server", "keeps", heavy=False),
+    PhaseRow("responses", "server", "serves", heavy=False),
+    PhaseRow("hidden_states", "compute", "purpose", heavy=True),
+    PhaseRow("eagle3_drafter", "compute", "stops", heavy=True),
+    PhaseRow("drafter_eval", "compute", "stops", heavy=True),
+    PhaseRow("drafter_benchmark", "server", "arms", heavy=False),
+    PhaseRow("served_drafter", "server", "keeps", heavy=False),
 )
 GPU_PHASES: tuple[GpuPhase, ...] = tuple(row.phase for row in PHASES)
 HEAVY_PHASES: tuple[GpuPhase, ...] = tuple(row.phase for row in PHASES if row.heavy)

@@ -196,7 +196,7 @@ class PipelineConfig(ConfigModel):
     def _rolling_extracts_with_our_phase(self) -> PipelineConfig:
         """Rolling windows are extracted by our `extract` phase; compute.kind command's extractor writes a
         whole store."""
-        if self.hidden_states.rolling_window_shards is not None and self.compute.kind == "command":
+        if isinstance(self.hidden_states.rolling_window_shards, int) and self.compute.kind == "command":
             raise ValueError(
                 "hidden_states.rolling_window_shards: not supported with compute.kind 'command' (the user's extractor "
                 "writes the "

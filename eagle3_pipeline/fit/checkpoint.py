@@ -129,6 +129,7 @@ class Module:
     layer: int | None
     split: Split
     bytes: float
+    fp32: bool = False  # stored in float32: the engines serve it in bfloat16 (dtype auto downcasts)
 
 
 @dataclass
@@ -147,20 +148,24 @@ class Weights:
     def loaded(self, with_mtp: bool = False) -> list[Module]:
         return [m for m in self.modules if with_mtp or m.layer is None or m.layer < self.num_layers]
 
-    def per_gpu_bytes(self, tp: int, attention_tp: int | None = None, with_mtp: bool = False) -> float:
+    def per_gpu_bytes(
+        self, tp: int, attention_tp: int | None = None, with_mtp: bool = False, downcast_fp32: bool = True
+    ) -> float:
         """Bytes of weights on each of ``tp`` GPUs (``attention_tp``: the attention's own TP degree under data-
-        parallel attention; default ``tp``)."""
+        parallel attention; default ``tp``). ``downcast_fp32``: float32 modules count as bfloat16, as SGLang and
+        vLLM load them with dtype auto (vLLM logs "Downcasting torch.float32 to torch.bfloat16")."""
         attn_tp = attention_tp or tp
         total = 0.0
         for module in self.loaded(with_mtp):
             attention = ".self_attn." in module.name or module.name.endswith("self_attn")
             ranks = attn_tp if attention else tp
+            size = module.bytes / 2 if downcast_fp32 and module.fp32 else module.bytes
             if module.split == "replicated":
-                total += module.bytes
+                total += size
             elif module.split == "kv":
-                total += module.bytes * max(1 / ranks, 1 / max(self.kv_heads, 1))
+                total += size * max(1 / ranks, 1 / max(self.kv_heads, 1))
             else:
-                total += module.bytes / ranks
+                total += size / ranks
         return total
 
 
@@ -319,8 +324,9 @@ def _header_bytes(entry: Mapping[str, Any], where: str) -> float:
 
 
 def _base_bytes(raw: Mapping[str, Any]) -> int:
-    dtype = str(text_config(raw).get("torch_dtype") or raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
-    return TORCH_DTYPE_BYTES.get(dtype, 2)
+    text = text_config(raw)
+    dtype = text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
+    return TORCH_DTYPE_BYTES.get(str(dtype), 2)
 
 
 def read_config_json(folder: Path) -> dict[str, Any]:
@@ -361,9 +367,12 @@ def read_weights(folder: Path | str, raw: Mapping[str, Any] | None = None) -> We
     weights_of = _from_headers(folder)
     if weights_of is not None:
         by_module: dict[str, float] = {}
-        for tensor, size in weights_of.items():
-            by_module[module_of(tensor)] = by_module.get(module_of(tensor), 0.0) + size
-        modules = [Module(m, _layer_of(m), split_of(m, mla), b) for m, b in sorted(by_module.items())]
+        fp32: dict[str, bool] = {}
+        for tensor, (size, dtype) in weights_of.items():
+            module = module_of(tensor)
+            by_module[module] = by_module.get(module, 0.0) + size
+            fp32[module] = fp32.get(module, True) and dtype == "F32"
+        modules = [Module(m, _layer_of(m), split_of(m, mla), b, fp32[m]) for m, b in sorted(by_module.items())]
         return Weights(modules, "headers", sum(by_module.values()), layers, kv_heads, quant.method)
     index = _read_index(folder)
     if index is not None:
@@ -396,7 +405,8 @@ def _from_names(
         if size is None:
             unknown.append(name)
             continue
-        modules.append(Module(name, _layer_of(name), split_of(name, mla), size))
+        quantized = quant.method != "none" and quant.applies(name)
+        modules.append(Module(name, _layer_of(name), split_of(name, mla), size, base == 4 and not quantized))
     known = sum(m.bytes for m in modules)
     basis: Basis = "index" if total is not None else "config"
     weights = Weights(modules, basis, known, layers, kv_heads, quant.method)
@@ -412,7 +422,7 @@ def _from_names(
         )
     elif known > 0:
         weights.scale = total / known
-        weights.modules = [Module(m.name, m.layer, m.split, m.bytes * weights.scale) for m in modules]
+        weights.modules = [Module(m.name, m.layer, m.split, m.bytes * weights.scale, m.fp32) for m in modules]
         weights.notes.append(f"module sizes from config.json scaled ×{weights.scale:.4f} to the index's total_size")
     return weights
 
@@ -430,8 +440,8 @@ def _read_index(folder: Path) -> tuple[list[str], float] | None:
     return list(weight_map), total
 
 
-def _from_headers(folder: Path) -> dict[str, float] | None:
-    """Tensor → bytes from every shard's header; None unless every shard named by the index is here."""
+def _from_headers(folder: Path) -> dict[str, tuple[float, str]] | None:
+    """Tensor → (bytes, dtype) from every shard's header; None unless every shard named by the index is here."""
     index = folder / INDEX_FILE
     if index.is_file():
         try:
@@ -443,8 +453,8 @@ def _from_headers(folder: Path) -> dict[str, float] | None:
     paths = [folder / f for f in files]
     if not paths or not all(p.is_file() for p in paths):
         return None
-    sizes: dict[str, float] = {}
+    sizes: dict[str, tuple[float, str]] = {}
     for path in paths:
         for tensor, entry in read_header(path).items():
-            sizes[tensor] = _header_bytes(entry, f"{path} tensor {tensor!r}")
+            sizes[tensor] = (_header_bytes(entry, f"{path} tensor {tensor!r}"), str(entry.get("dtype")))
     return sizes

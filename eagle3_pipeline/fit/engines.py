@@ -46,21 +46,19 @@ class DraftShape:
     kv_bytes_per_token: float
 
 
-def kv_bytes(kv_dtype: str, raw: Mapping[str, Any]) -> int:
+def kv_bytes(kv_dtype: str) -> int:
     if kv_dtype not in KV_DTYPE_BYTES:
         raise FitError(f"kv dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPE_BYTES)}")
     found = KV_DTYPE_BYTES[kv_dtype]
-    if found is not None:
-        return found
-    dtype = str(text_config(raw).get("torch_dtype") or raw.get("torch_dtype") or "bfloat16")
-    return 4 if dtype == "float32" else 2
+    # auto: the serving dtype, bfloat16 or float16 (a float32 checkpoint is served downcast to bfloat16)
+    return found if found is not None else 2
 
 
 def kv_per_token(raw: Mapping[str, Any], tp: int, kv_dtype: str = "auto", dp_attention: bool = False) -> float:
     """KV-cache bytes one token takes on each GPU (module doc)."""
     text = text_config(raw)
     layers = int(text["num_hidden_layers"])
-    size = kv_bytes(kv_dtype, raw)
+    size = kv_bytes(kv_dtype)
     if is_mla(text):
         return (int(text["kv_lora_rank"]) + int(text["qk_rope_head_dim"])) * layers * size
     heads = int(text["num_attention_heads"])

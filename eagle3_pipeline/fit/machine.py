@@ -119,8 +119,14 @@ def live(host: Host, root: str, where: str) -> Machine:
 
 def combined(live_machine: Machine, declared_machine: Machine) -> Machine:
     """What was measured, the declaration where a measurement is missing."""
+    if live_machine.gpus:
+        source = live_machine.source
+    elif live_machine.disk_bytes or live_machine.host_bytes:
+        source = f"GPUs {declared_machine.source} (none found live); {live_machine.source}"
+    else:
+        source = declared_machine.source
     return Machine(
-        live_machine.source if live_machine.gpus else declared_machine.source,
+        source,
         gpu_name=live_machine.gpu_name or declared_machine.gpu_name,
         gpu_bytes=live_machine.gpu_bytes or declared_machine.gpu_bytes,
         gpus=live_machine.gpus or declared_machine.gpus,

@@ -38,10 +38,14 @@ DECODE_BANDWIDTH_UTIL = 0.6
 PREFILL_MFU = 0.4
 TRAIN_MFU = 0.3
 # The drafter's training memory, docs/measurements.md "Drafter memory" (benchmarks/drafter_train.py --memory):
-# per token of a step, a part that scales with the draft's width (KiB at hidden 896, × hidden/896) and a
-# part that scales with the draft vocabulary (KiB at 32000 ids); fixed: 18 bytes per trained parameter.
+# per token of a step at 7 TTT steps, a part that scales with the draft's width (KiB at hidden 896, × hidden/896)
+# and a part that scales with the draft vocabulary (KiB at 32000 ids), both proportional to the TTT steps
+# (measured: 52–54 KiB per token and step on the embedded draft at 3 and 7 steps); with checkpointing a further
+# 83 KiB per token that depends on neither (measured on the embedded draft, not in the kimi-like fit);
+# fixed: 18 bytes per trained parameter.
 TRAIN_KIB_PER_TOKEN = {False: (496.9, 625.1), True: (26.3, 624.7)}  # activation_checkpointing → (width, vocab)
-TRAIN_FIT_HIDDEN, TRAIN_FIT_VOCAB = 896, 32000
+TRAIN_FIT_HIDDEN, TRAIN_FIT_VOCAB, TRAIN_FIT_STEPS = 896, 32000, 7
+TRAIN_CHECKPOINTING_KIB = 83.0
 TRAIN_BYTES_PER_PARAM = 18
 CUDA_SLACK = 2 * GIB
 MARGIN = 0.95  # of a GPU's memory a phase may plan to use
@@ -414,7 +418,10 @@ def _hidden_states(inputs: Inputs, store_per_token: int) -> PhaseFit:
         weights = inputs.weights.per_gpu_bytes(1) / machine.gpus
         phase.needs.append(
             _gpu_need(
-                weights * 1.1 + CUDA_SLACK, machine, f"transformers, device_map over {machine.gpus} GPUs (+10 %, 2 GiB)"
+                weights * 1.1 + CUDA_SLACK,
+                machine,
+                f"transformers, device_map over {machine.gpus} GPUs (+10 %, 2 GiB)",
+                "hidden_states.backend sglang or vllm (tensor parallelism)",
             )
         )
     phase.needs += _store_disk(inputs, store_per_token)
@@ -452,7 +459,12 @@ def _store_disk(inputs: Inputs, per_token: int) -> list[Need]:
     eval_tokens = tokens * config.training_data.eval_fraction
     window = hs.rolling_window_shards
     if window == "auto":
-        if have is None or store <= have:
+        if config.compute.kind == "command":
+            inputs.choices.append(
+                Choice("hidden_states.rolling_window_shards", None, "compute.kind command extracts a whole store: off")
+            )
+            window = None
+        elif have is None or store <= have:
             inputs.choices.append(
                 Choice(
                     "hidden_states.rolling_window_shards",
@@ -511,7 +523,9 @@ def train_memory(config: PipelineConfig, raw: Mapping[str, Any], checkpointing: 
         config.drafter.model.model_dump(exclude_none=True),
     )
     width, vocab = TRAIN_KIB_PER_TOKEN[checkpointing]
-    per_token = 1024 * (width * draft.hidden_size / TRAIN_FIT_HIDDEN + vocab * draft.draft_vocab_size / TRAIN_FIT_VOCAB)
+    steps = config.drafter.ttt_steps / TRAIN_FIT_STEPS
+    scaled = width * draft.hidden_size / TRAIN_FIT_HIDDEN + vocab * draft.draft_vocab_size / TRAIN_FIT_VOCAB
+    per_token = 1024 * (scaled * steps + (TRAIN_CHECKPOINTING_KIB if checkpointing else 0.0))
     return trained * TRAIN_BYTES_PER_PARAM + frozen + CUDA_SLACK + per_token * tokens
 
 

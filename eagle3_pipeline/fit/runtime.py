@@ -16,6 +16,7 @@ from eagle3_pipeline.fit.machine import Machine, combined, declared, live
 from eagle3_pipeline.fit.report import FitReport, Workload, workload_from_budgets
 from eagle3_pipeline.fit.report import fit_report as build_report
 from eagle3_pipeline.hidden_states.disk import local_target_folder
+from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.resume import RESULT_FILE
 from eagle3_pipeline.layout import ArtifactLayout
 
@@ -85,6 +86,8 @@ def resolved(config: PipelineConfig, report: FitReport | str) -> PipelineConfig:
         hidden["batch_tokens"] = chosen.get("hidden_states.batch_tokens", AUTO_FALLBACK["batch_tokens"])
     if config.hidden_states.mem_fraction_static == "auto" and "hidden_states.mem_fraction_static" in chosen:
         hidden["mem_fraction_static"] = chosen["hidden_states.mem_fraction_static"]
+    if config.hidden_states.rolling_window_shards == "auto":
+        hidden["rolling_window_shards"] = _rolling_as_extracted(config, chosen)
     drafter: dict[str, Any] = {}
     if config.drafter.activation_checkpointing == "auto":
         drafter["activation_checkpointing"] = chosen.get(
@@ -96,6 +99,20 @@ def resolved(config: PipelineConfig, report: FitReport | str) -> PipelineConfig:
             "drafter": config.drafter.model_copy(update=drafter),
         }
     )
+
+
+def _rolling_as_extracted(config: PipelineConfig, chosen: Mapping[str, Any]) -> int | None:
+    """rolling_window_shards auto: the window of the store already extracted (its rolling layout), off for a whole
+    store already extracted, else the model's choice (off when it could not choose)."""
+    store = ArtifactLayout(config.artifacts_root).hidden_states
+    try:
+        return int(json.loads((store / ROLLING_LAYOUT_FILE).read_text())["window_shards"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if (store / RESULT_FILE).is_file():
+        return None
+    value = chosen.get("hidden_states.rolling_window_shards")
+    return value if isinstance(value, int) else None
 
 
 def refusal(config: PipelineConfig, report: FitReport | str, phase: GpuPhase) -> str | None:

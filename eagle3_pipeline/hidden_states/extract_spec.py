@@ -27,6 +27,7 @@ class ExtractSpec(HiddenStatesConfig):
     model: str  # pyright: ignore[reportGeneralTypeIssues]
     # auto is chosen before the spec is built (eagle3_pipeline.fit.runtime.resolved).
     batch_tokens: Annotated[int, Field(gt=0)] = 8192  # pyright: ignore[reportIncompatibleVariableOverride]
+    rolling_window_shards: Annotated[int, Field(gt=0)] | None = None  # pyright: ignore[reportIncompatibleVariableOverride]
     target_name: str
     trust_remote_code: bool = False
     shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store

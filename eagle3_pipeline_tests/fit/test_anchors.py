@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.fit.checkpoint import read_config_json, read_weights
-from eagle3_pipeline.fit.engines import kv_per_token
+from eagle3_pipeline.fit.engines import kv_per_token, serving_fit
 
 GIB = 1 << 30
 DATA = Path(__file__).parent / "data" / "anchors"
@@ -45,5 +45,21 @@ def test_prediction_matches_the_published_log(anchor: dict) -> None:
         predicted_tokens = logged["available_kv_gib"] * GIB / per_token
         print(f"{anchor['id']}: KV tokens {predicted_tokens:,.0f} vs {logged['kv_tokens']:,} logged")
         assert abs(predicted_tokens / logged["kv_tokens"] - 1) <= 0.10
+        checked += 1
+    if (
+        anchor["engine"] == "sglang"
+        and logged["kv_tokens"]
+        and logged["avail_after_load_gib"]
+        and logged["weights_gib"]
+    ):
+        # SGLang's budget rule with the log's own weights and free memory: pool = before × fraction − weights.
+        fraction = anchor["mem_fraction"] or 0.88
+        before = (logged["avail_after_load_gib"] + logged["weights_gib"]) * GIB
+        fit = serving_fit(
+            "sglang", weights, raw, tp=anchor["tp"], gpu_bytes=int(before), fraction=fraction,
+            weights_per_gpu=logged["weights_gib"] * GIB, free_before_load=before,
+        )  # fmt: skip
+        print(f"{anchor['id']}: SGLang pool {fit.kv_tokens:,} tokens vs {logged['kv_tokens']:,} logged")
+        assert abs(fit.kv_tokens / logged["kv_tokens"] - 1) <= 0.10
         checked += 1
     assert checked, "an anchor with nothing to compare"

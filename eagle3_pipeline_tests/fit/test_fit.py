@@ -38,6 +38,7 @@ def test_the_kimi_profile_fits_its_declared_box(tmp_path: Path) -> None:
     chosen = {c.setting: c.value for c in report.choices}
     assert 0.75 < chosen["hidden_states.mem_fraction_static"] < 0.96
     assert chosen["drafter.activation_checkpointing"] is True
+    assert isinstance(chosen["hidden_states.rolling_window_shards"], int), "the ~50 TiB store exceeds 30,000 GiB"
     fitted = resolved(config, report)
     assert fitted.hidden_states.mem_fraction_static == chosen["hidden_states.mem_fraction_static"]
     assert isinstance(fitted.hidden_states.batch_tokens, int)
@@ -64,7 +65,8 @@ def test_capture_at_the_old_default_is_refused_before_generation(tmp_path: Path)
 
 def test_a_disk_too_small_for_the_store_is_refused(tmp_path: Path) -> None:
     path = kimi_profile(
-        tmp_path, **{"  rolling_window_shards: 1024\n": "", "disk_free_gib: 30000": "disk_free_gib: 2000"}
+        tmp_path,
+        **{"rolling_window_shards: auto": "rolling_window_shards: null", "disk_free_gib: 30000": "disk_free_gib: 2000"},
     )
     config = load_config(path, runtime_checks=False)
     report = report_for(config, declared_machine(config))

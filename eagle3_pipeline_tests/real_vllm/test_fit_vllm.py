@@ -8,10 +8,10 @@ KV cache: the CPU worker logs ``Explicitly set (1.0/23.54) GiB for KV cache on n
 down to a multiple of 128: checked to within one block (and ≤ the prediction), far inside 10 %.
 
 Weights: the CPU build prints no ``Model loading took X GiB`` (only the GPU model runners do); the figure it logs
-is ``Checkpoint size: 0.50 GiB`` (weight_utils, the files' bytes), which ``read_weights(folder).per_gpu_bytes(1)``
-must match within 5 %. What the server holds is less: this checkpoint is float32 and vLLM downcasts it
-(``Downcasting torch.float32 to torch.bfloat16``), so it keeps 2 bytes per parameter, half the files' bytes;
-the test prints that figure and the ratio (``read_weights`` counts the files' dtype, not the serving dtype).
+is ``Checkpoint size: 0.50 GiB`` (weight_utils, the files' bytes), which ``read_weights(folder).total_bytes`` (the
+safetensors headers) must match within 5 %. What the server holds: this checkpoint is float32 and vLLM downcasts
+it (``Downcasting torch.float32 to torch.bfloat16``), so 2 bytes per parameter — ``per_gpu_bytes(1)``, which
+counts float32 modules as bfloat16, is half the files' bytes.
 
 One server per KV setting (two starts in all), each started once for the module.
 """
@@ -74,28 +74,24 @@ def test_kv_tokens_and_weights_match_the_fit(started: Started, local_model: Path
     rounded = math.floor(predicted_tokens / CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
 
     weights = read_weights(local_model)
-    predicted_weights = weights.per_gpu_bytes(1)
+    files = weights.total_bytes
+    held = weights.per_gpu_bytes(1)
     checkpoint_gib = float(one(CHECKPOINT_LINE, started.log).group(1))
-    downcast = DOWNCAST_LINE.search(started.log)
-    held = predicted_weights / 2 if downcast and (downcast.group(1), downcast.group(2)) == ("float32", "bfloat16") else None
+    downcast = one(DOWNCAST_LINE, started.log)
 
     kv_error = (predicted_tokens - measured_tokens) / measured_tokens
-    weight_error = (predicted_weights / GIB - checkpoint_gib) / checkpoint_gib
+    weight_error = (files / GIB - checkpoint_gib) / checkpoint_gib
     print(
         f"\nVLLM_CPU_KVCACHE_SPACE={started.space_gib}: logged {kv_line.group(0)!r}, space {space_logged} GiB; "
         f"predicted {started.space_gib} × 2^30 / {per_token:,.0f} B/token = {predicted_tokens:,.1f} tokens "
         f"({kv_error:+.3%}), in whole {CPU_BLOCK_SIZE}-token blocks {rounded:,}"
-        f"\nweights: read_weights per_gpu_bytes(1) = {predicted_weights / GIB:.4f} GiB ({weights.basis}) vs logged "
-        f"'Checkpoint size: {checkpoint_gib:.2f} GiB' ({weight_error:+.2%})"
-        + (
-            f"; vLLM holds them in bf16 ({downcast.group(0)!r}): {held / GIB:.4f} GiB, the prediction is "
-            f"{predicted_weights / held:.2f}× that"
-            if held
-            else ""
-        )
+        f"\nweights: the files {files / GIB:.4f} GiB ({weights.basis}) vs logged 'Checkpoint size: "
+        f"{checkpoint_gib:.2f} GiB' ({weight_error:+.2%}); served after {downcast.group(0)!r}: {held / GIB:.4f} GiB"
     )
     assert space_logged == pytest.approx(started.space_gib)
     assert measured_tokens == rounded, "the prediction rounded down to whole blocks is exactly what vLLM allocates"
     assert 0 <= predicted_tokens - measured_tokens < CPU_BLOCK_SIZE
     assert abs(kv_error) < 0.10
     assert abs(weight_error) < 0.05
+    assert (downcast.group(1), downcast.group(2)) == ("float32", "bfloat16")
+    assert held == pytest.approx(files / 2, rel=1e-6)
