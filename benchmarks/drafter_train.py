@@ -162,6 +162,9 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=1, help="--memory: timed steps after one warm-up step; the fastest is reported"
     )
+    parser.add_argument(
+        "--ttt-steps", type=int, default=MEMORY_TTT_STEPS, help="--memory: TTT steps of the pass (the fit's: 7)"
+    )
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -242,6 +245,7 @@ class MemoryJob:
     length: int
     dtype: str
     repeats: int
+    ttt_steps: int = MEMORY_TTT_STEPS
 
 
 def _rss_bytes() -> int:
@@ -285,10 +289,10 @@ def memory_child(job: MemoryJob) -> None:
         started, cpu_started = time.perf_counter(), time.process_time()
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             if job.pass_name == "old":
-                loss = reference_ttt_loss(model, batch, lm_head, MEMORY_TTT_STEPS)
+                loss = reference_ttt_loss(model, batch, lm_head, job.ttt_steps)
             else:
                 loss = ttt_loss(
-                    model, batch, lm_head, MEMORY_TTT_STEPS, activation_checkpointing=job.pass_name == "new+ckpt"
+                    model, batch, lm_head, job.ttt_steps, activation_checkpointing=job.pass_name == "new+ckpt"
                 ).loss
         loss.backward()
         if device.type == "cuda":
@@ -402,7 +406,7 @@ def memory_main(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()[0]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"training-step memory ({'max_memory_allocated' if device == 'cuda' else 'peak RSS of a fresh process'}) "
-          f"and time; {device}, autocast {args.dtype}, {MEMORY_TTT_STEPS} TTT steps, batch of one sequence of T "
+          f"and time; {device}, autocast {args.dtype}, {args.ttt_steps} TTT steps, batch of one sequence of T "
           f"tokens, limit {args.limit_gib} GiB")  # fmt: skip
     results: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
     for shape in shapes:
@@ -423,13 +427,14 @@ def memory_main(args: argparse.Namespace) -> None:
                             flush=True,
                         )
                         continue
-                out = _run_child(MemoryJob(shape, pass_name, t, args.dtype, args.repeats), args.limit_gib)
+                job = MemoryJob(shape, pass_name, t, args.dtype, args.repeats, args.ttt_steps)
+                out = _run_child(job, args.limit_gib)
                 if "killed_gib" in out:
                     print(f"{key}: did not fit (killed at {out['killed_gib']:.1f} GiB)", flush=True)
                     continue
                 measured[t] = out
                 print(
-                    f"{key}: peak {out['peak_gib']:6.2f} GiB, step memory {out['step_gib']:6.2f} GiB, "
+                    f"{key}: peak {out['peak_gib']:6.3f} GiB, step memory {out['step_gib']:6.3f} GiB, "
                     f"{out['step_s']:7.2f} s/step ({out['cpu_s']:.1f} CPU s)",
                     flush=True,
                 )
