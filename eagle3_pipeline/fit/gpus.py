@@ -1,5 +1,4 @@
-"""The GPUs a phase can run on: a spec table of the common cards, and the inventory of a machine as
-``nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits`` prints it.
+"""The GPUs a phase can run on: a spec table of the common cards, found by the name ``nvidia-smi`` prints.
 
 Throughput figures are the vendors' datasheets (dense tensor throughput, no 2:4 sparsity); memory is
 ``memory.total`` as ``nvidia-smi`` reports it for that card (a "96 GB" card shows 97,887 MiB). Each row names
@@ -73,43 +72,3 @@ def gpu_spec(name: str) -> GpuSpec | None:
 
 def known_gpus() -> str:
     return ", ".join(spec.name for spec in GPU_SPECS)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU of a machine: its name, total and used memory in bytes (used None when unknown)."""
-
-    index: int
-    name: str
-    total_bytes: int
-    used_bytes: int | None = None
-
-    @property
-    def spec(self) -> GpuSpec | None:
-        return gpu_spec(self.name)
-
-
-class InventoryError(ValueError):
-    """nvidia-smi's output cannot be read as the inventory query's CSV."""
-
-
-INVENTORY_QUERY = "nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits"
-
-
-def parse_inventory(text: str) -> list[Gpu]:
-    """The GPUs in the output of :data:`INVENTORY_QUERY` (memory in MiB)."""
-    gpus = []
-    for number, line in enumerate(line for line in text.splitlines() if line.strip()):
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) != 3:
-            raise InventoryError(
-                f"nvidia-smi line {number + 1}: expected 'name, memory.total, memory.used', got {line!r}"
-            )
-        name, total, used = fields
-        try:
-            gpus.append(Gpu(number, name, int(float(total) * MIB), int(float(used) * MIB)))
-        except ValueError:
-            raise InventoryError(
-                f"nvidia-smi line {number + 1}: memory.total/memory.used are not MiB numbers: {line!r}"
-            ) from None
-    return gpus

@@ -1,5 +1,6 @@
 """The machine a phase runs on: declared in the pipeline file (``machine:``) or read live on the host in one
-command (``nvidia-smi`` inventory, free disk under the artifacts root, ``MemAvailable``)."""
+command: the health check's ``nvidia-smi --query-gpu`` (name, memory.total, memory.used among its fields,
+eagle3_pipeline.health.checks.gpus), the free disk under the artifacts root, ``MemAvailable``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from eagle3_pipeline.config import MachineConfig
-from eagle3_pipeline.fit.gpus import GIB, INVENTORY_QUERY, GpuSpec, InventoryError, gpu_spec, parse_inventory
+from eagle3_pipeline.fit.gpus import GIB, MIB, GpuSpec, gpu_spec
+from eagle3_pipeline.health.checks.gpus import GpuParseError, nvidia_smi_argv, parse_gpu_csv
 from eagle3_pipeline.hosts import Host, HostError
 
 LIVE_TIMEOUT_S = 20.0
@@ -76,7 +78,7 @@ def live_command(root: str) -> str:
     MemAvailable; each part may fail alone."""
     quoted = shlex.quote(root)
     return (
-        f"{INVENTORY_QUERY} 2>/dev/null; echo {_SEPARATOR}; "
+        f"{shlex.join(nvidia_smi_argv())} 2>/dev/null; echo {_SEPARATOR}; "
         f'd={quoted}; while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname "$d"); done; '
         f'df -B1 --output=avail "$d" 2>/dev/null | tail -n 1; echo {_SEPARATOR}; '
         "grep MemAvailable /proc/meminfo 2>/dev/null"
@@ -87,8 +89,8 @@ def parse_live(text: str, where: str) -> Machine:
     """The machine from :func:`live_command`'s output; a part that did not answer stays unknown."""
     parts = (text.split(_SEPARATOR) + ["", "", ""])[:3]
     try:
-        gpus = parse_inventory(parts[0])
-    except InventoryError:
+        gpus = [g for g in parse_gpu_csv(parts[0]) if g.memory_total_mib is not None]
+    except GpuParseError:
         gpus = []
     disk = parts[1].strip()
     memory = parts[2].split()
@@ -102,9 +104,9 @@ def parse_live(text: str, where: str) -> Machine:
     return replace(
         machine,
         gpu_name=gpus[0].name,
-        gpu_bytes=min(g.total_bytes for g in gpus),
+        gpu_bytes=int(min(g.memory_total_mib or 0 for g in gpus) * MIB),
         gpus=len(gpus),
-        used_bytes=tuple(g.used_bytes or 0 for g in gpus),
+        used_bytes=tuple(int((g.memory_used_mib or 0) * MIB) for g in gpus),
     )
 
 
