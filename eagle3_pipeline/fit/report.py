@@ -30,6 +30,7 @@ from eagle3_pipeline.fit.engines import (
 )
 from eagle3_pipeline.fit.gpus import GIB
 from eagle3_pipeline.fit.machine import Machine
+from eagle3_pipeline.hidden_states.disk import specforge_bytes_per_token, vllm_file_bytes_per_token
 from eagle3_pipeline.target.folder import text_config
 
 Verdict = Literal["fits", "does not fit", "UNKNOWN"]
@@ -225,6 +226,13 @@ class Inputs:
     workload: Workload
     extraction_rate: float | None = None  # tokens/s an earlier extraction recorded
     choices: list[Choice] = field(default_factory=list)
+    store_peak: float | None = None  # the hidden-state store's peak on disk, which training shares
+
+    def checkpoints_disk(self) -> float:
+        """The drafter's checkpoints and export on disk (formula): kept + 1 being written, fp32 weights and
+        AdamW moments, and the bf16 export."""
+        trained, _, _, _ = draft_shape(self.config, self.raw)
+        return (self.config.drafter.keep_checkpoints + 1) * trained * 12 + trained * 2
 
 
 def _gpu_need(need: float | None, machine: Machine, detail: str, setting: str = "") -> Need:
@@ -425,26 +433,48 @@ def _hidden_states(inputs: Inputs, store_per_token: int) -> PhaseFit:
             )
         )
     phase.needs += _store_disk(inputs, store_per_token)
+    buffered = hs.shard_tokens + (hs.batch_tokens if isinstance(hs.batch_tokens, int) else AUTO_BATCH_TOKENS[0])
+    phase.needs.append(
+        Need(
+            "host",
+            buffered * store_per_token,
+            machine.host_bytes,
+            f"formula: the shard being written and one batch's states ({buffered:,} tokens × {store_per_token:,} B)",
+            "hidden_states.shard_tokens",
+        )
+    )
     spec = machine.spec
     tokens = inputs.workload.tokens
+    chosen = {c.setting: c.value for c in inputs.choices}
+    window = (
+        hs.rolling_window_shards
+        if hs.rolling_window_shards != "auto"
+        else chosen.get("hidden_states.rolling_window_shards")
+    )
+    # rolling: the eval tokens once here, the train tokens once per epoch in eagle3_drafter's windows
+    passes = (
+        1.0
+        if window is None
+        else config.training_data.eval_fraction + (1 - config.training_data.eval_fraction) * config.drafter.epochs
+    )
+    rolling = "" if window is None else f" × {passes:.2f} (rolling: the train tokens once per epoch)"
     if tokens is not None and inputs.extraction_rate:
-        phase.time_s = tokens / inputs.extraction_rate
+        phase.time_s = tokens * passes / inputs.extraction_rate
         phase.time_basis = (
-            f"measured: {tokens:,} tokens / {inputs.extraction_rate:,.0f} tokens/s of the last extraction"
+            f"measured: {tokens:,} tokens{rolling} / {inputs.extraction_rate:,.0f} tokens/s of the last extraction"
         )
     elif tokens is not None and spec is not None and machine.gpus:
-        flops = 2 * _active_params(inputs) * tokens
+        flops = 2 * _active_params(inputs) * tokens * passes
         rate_flops = machine.gpus * spec.bf16_tflops * 1e12 * PREFILL_MFU
         phase.time_s = flops / rate_flops
         phase.time_basis = (
-            f"estimate: 2 × {_active_params(inputs) / 1e9:.1f} B active parameters × {tokens:,} tokens at "
+            f"estimate: 2 × {_active_params(inputs) / 1e9:.1f} B active parameters × {tokens:,} tokens{rolling} at "
             f"{PREFILL_MFU:.0%} of {machine.gpus} × {spec.bf16_tflops:g} TFLOPS bf16"
         )
-        rolling = hs.rolling_window_shards
-        if rolling is not None and phase.time_s is not None:
-            phase.notes.append(
-                f"rolling: each of drafter.epochs = {config.drafter.epochs} epochs re-extracts the train tokens"
-            )
+    if window is not None:
+        phase.notes.append(
+            "rolling: one target load per window per epoch, each at most serving.startup_timeout_s, not counted"
+        )
     return phase
 
 
@@ -457,6 +487,14 @@ def _store_disk(inputs: Inputs, per_token: int) -> list[Need]:
         return [Need("disk", None, have, f"the store's tokens are unknown ({inputs.workload.basis})")]
     store = tokens * per_token * hs.disk_margin
     eval_tokens = tokens * config.training_data.eval_fraction
+    hidden = int(text_config(inputs.raw)["hidden_size"])
+    batch = hs.batch_tokens if isinstance(hs.batch_tokens, int) else AUTO_BATCH_TOKENS[-1]
+    if config.compute.kind == "command":
+        transient, what = tokens * specforge_bytes_per_token(hidden), "SpecForge's output beside it until imported"
+    elif hs.backend == "vllm":
+        transient, what = batch * vllm_file_bytes_per_token(hidden), "the connector's files of one batch"
+    else:
+        transient, what = 0, ""
     window = hs.rolling_window_shards
     if window == "auto":
         if config.compute.kind == "command":
@@ -474,7 +512,7 @@ def _store_disk(inputs: Inputs, per_token: int) -> list[Need]:
             )
             window = None
         else:
-            room = have / hs.disk_margin / per_token - eval_tokens
+            room = (have - inputs.checkpoints_disk() - transient) / hs.disk_margin / per_token - eval_tokens
             chosen = int(room // hs.shard_tokens) - 1
             if chosen < 1:
                 return [
@@ -496,18 +534,31 @@ def _store_disk(inputs: Inputs, per_token: int) -> list[Need]:
             )
             window = chosen
     if isinstance(window, int):
-        peak = (eval_tokens + (window + 1) * hs.shard_tokens) * per_token * hs.disk_margin
+        peak = (eval_tokens + (window + 1) * hs.shard_tokens) * per_token * hs.disk_margin + transient
+        inputs.store_peak = peak - transient
         detail = f"rolling, {window} shards a window: the eval shards + {window + 1} shards × {per_token:,} B/token"
-        return [Need("disk", peak, have, detail, "hidden_states.rolling_window_shards")]
+        return [
+            Need("disk", peak, have, detail + (f" + {what}" if what else ""), "hidden_states.rolling_window_shards")
+        ]
+    inputs.store_peak = store
     return [
         Need(
             "disk",
-            store,
+            store + transient,
             have,
-            f"the store: {tokens:,} tokens × {per_token:,} B/token × {hs.disk_margin:g} ({inputs.workload.basis})",
+            f"the store: {tokens:,} tokens × {per_token:,} B/token × {hs.disk_margin:g} ({inputs.workload.basis})"
+            + (f" + {what}" if what else ""),
             "hidden_states.rolling_window_shards (auto chooses a window) / hidden_states.storage_dtype float8_e4m3",
         )
     ]
+
+
+def _store_per_token(inputs: Inputs) -> int:
+    from eagle3_pipeline.hidden_states.store import bytes_per_token
+
+    aux = len(inputs.config.hidden_states.aux_layer_ids or (0, 0, 0))
+    hidden = int(text_config(inputs.raw)["hidden_size"])
+    return bytes_per_token(hidden, aux, inputs.config.hidden_states.storage_dtype)
 
 
 def train_memory(config: PipelineConfig, raw: Mapping[str, Any], checkpointing: bool, tokens: int) -> float:
@@ -563,14 +614,30 @@ def _drafter(inputs: Inputs) -> PhaseFit:
             "drafter.batch_tokens / drafter.activation_checkpointing",
         )
     )
+    ranks = (
+        config.drafter.nproc_per_node if isinstance(config.drafter.nproc_per_node, int) else (inputs.machine.gpus or 1)
+    )
+    per_token_store = _store_per_token(inputs)
+    loaded = (config.hidden_states.shard_tokens + tokens) * per_token_store * ranks
+    phase.needs.append(
+        Need(
+            "host",
+            loaded,
+            inputs.machine.host_bytes,
+            f"formula: each of {ranks} training processes reads one store shard and a batch of states",
+            "hidden_states.shard_tokens / drafter.nproc_per_node",
+        )
+    )
     keep = config.drafter.keep_checkpoints
+    store = inputs.store_peak
     phase.needs.append(
         Need(
             "disk",
-            (keep + 1) * trained * 12 + trained * 2,
+            inputs.checkpoints_disk() + (store or 0.0),
             inputs.machine.disk_bytes,
-            f"formula: {keep} kept checkpoints + 1 being written (fp32 weights and AdamW moments) and the export",
-            "drafter.keep_checkpoints",
+            f"formula: {keep} kept checkpoints + 1 being written (fp32 weights and AdamW moments) and the export"
+            + (f", beside the hidden-state store's {store / GIB:,.0f} GiB" if store else ""),
+            "drafter.keep_checkpoints / hidden_states.rolling_window_shards",
         )
     )
     spec, gpus = inputs.machine.spec, inputs.machine.gpus
@@ -599,6 +666,15 @@ def _eval(inputs: Inputs) -> PhaseFit:
     phase.needs.append(
         _gpu_need(need, inputs.machine, "formula: the draft in bf16, the frozen embedding and lm_head, one batch")
     )
+    spec, gpus, tokens = inputs.machine.spec, inputs.machine.gpus, inputs.workload.tokens
+    if tokens is not None and spec and gpus:
+        eval_tokens = tokens * config.training_data.eval_fraction
+        flops = 2 * trained * eval_tokens * config.drafter.ttt_steps
+        phase.time_s = flops / (gpus * spec.bf16_tflops * 1e12 * TRAIN_MFU)
+        phase.time_basis = (
+            f"estimate: forward only, 2 × {trained / 1e9:.2f} B × {eval_tokens:,.0f} eval tokens × "
+            f"{config.drafter.ttt_steps} TTT steps at {TRAIN_MFU:.0%} of {gpus} × {spec.bf16_tflops:g} TFLOPS"
+        )
     return phase
 
 
