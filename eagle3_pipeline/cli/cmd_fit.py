@@ -29,7 +29,13 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from eagle3_pipeline.fit.checkpoint import CheckpointError, read_config_json, read_weights
-    from eagle3_pipeline.fit.engines import CONTEXT_BYTES, FitError, capture_activation_bytes, serving_fit
+    from eagle3_pipeline.fit.engines import (
+        CONTEXT_BYTES,
+        FitError,
+        capture_activation_bytes,
+        capture_share,
+        serving_fit,
+    )
     from eagle3_pipeline.fit.gpus import GIB, gpu_spec, known_gpus
 
     if args.gpu is not None:
@@ -55,7 +61,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         capture = {}
         for batch in (16384, 8192, 4096):
             reserve = capture_activation_bytes(raw, args.tp, batch)
-            fraction = min(0.95, round(1 - reserve / before, 3))
+            fraction = capture_share(raw, args.tp, batch, before)
             pool = before * fraction - serving.weights
             capture[batch] = (fraction, pool, reserve)
     except (CheckpointError, FitError, KeyError, ValueError) as exc:

@@ -18,6 +18,7 @@ default, a conservative count) and its own layers' KV per token to the same budg
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -184,6 +185,17 @@ def serving_fit(
         reserve = vllm_activation_bytes(raw, tp) + VLLM_NON_TORCH
         pool = gpu_bytes * share - per_gpu - draft_weights - reserve
     return ServingFit(engine, tp, gpu_bytes, share, per_gpu, draft_weights, per_token, pool, reserve, context_len)
+
+
+AUTO_CAPTURE_MAX = 0.95
+AUTO_RESERVE_HEADROOM = 1.25  # an auto share leaves this much more than the formula's prefill memory
+
+
+def capture_share(raw: Mapping[str, Any], tp: int, batch_tokens: int, before: float) -> float:
+    """SGLang's --mem-fraction-static for the capture (auto): what is left beside the pool holds one prefill of
+    ``batch_tokens`` with the headroom; at most 0.95. ``before``: free memory per GPU before the weights load."""
+    reserve = capture_activation_bytes(raw, tp, batch_tokens) * AUTO_RESERVE_HEADROOM
+    return min(AUTO_CAPTURE_MAX, math.floor((1 - reserve / before) * 1000) / 1000)
 
 
 def capture_activation_bytes(raw: Mapping[str, Any], tp: int, batch_tokens: int) -> float:

@@ -11,7 +11,6 @@ utilisation), ``measured`` (a rate an earlier run recorded).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from eagle3_pipeline.fit.engines import (
     Engine,
     ServingFit,
     capture_activation_bytes,
+    capture_share,
     kv_per_token,
     serving_fit,
 )
@@ -50,8 +50,7 @@ TRAIN_CHECKPOINTING_KIB = 83.0
 TRAIN_BYTES_PER_PARAM = 18
 CUDA_SLACK = 2 * GIB
 MARGIN = 0.95  # of a GPU's memory a phase may plan to use
-AUTO_CAPTURE_MAX = 0.95
-AUTO_BATCH_TOKENS = (32768, 16384, 8192, 4096, 2048)
+AUTO_BATCH_TOKENS = (16384, 8192, 4096, 2048)
 
 
 @dataclass(frozen=True)
@@ -344,26 +343,22 @@ def _responses(inputs: Inputs) -> PhaseFit:
 
 
 def _capture_fraction(inputs: Inputs, before: float, weights: float, per_token: float) -> tuple[float, int]:
-    """(mem_fraction_static, batch_tokens) for SGLang's capture: the user's where set, else chosen."""
+    """(mem_fraction_static, batch_tokens) for SGLang's capture: the user's where set; else the largest batch whose
+    prefill fits beside a pool that holds it, the share leaving the formula's prefill memory × the headroom."""
     hs = inputs.config.hidden_states
-    tp = hs.tp_size
     fixed_batch = hs.batch_tokens if isinstance(hs.batch_tokens, int) else None
     candidates = [fixed_batch] if fixed_batch else list(AUTO_BATCH_TOKENS)
+    chosen: tuple[float, int] | None = None
     for batch in candidates:
-        reserve = capture_activation_bytes(inputs.raw, tp, batch)
+        reserve = capture_activation_bytes(inputs.raw, hs.tp_size, batch)
         fraction = hs.mem_fraction_static
         if fraction == "auto":
-            fraction = min(AUTO_CAPTURE_MAX, math.floor((1 - reserve / before) * 1000) / 1000)
-        pool = before * float(fraction) - weights
-        if pool >= batch * per_token and before * (1 - float(fraction)) >= reserve:
-            return float(fraction), batch
-    batch = candidates[-1]
-    fraction = hs.mem_fraction_static
-    if fraction == "auto":
-        fraction = min(
-            AUTO_CAPTURE_MAX, math.floor((1 - capture_activation_bytes(inputs.raw, tp, batch) / before) * 1000) / 1000
-        )
-    return float(fraction), batch
+            fraction = capture_share(inputs.raw, hs.tp_size, batch, before)
+        chosen = (float(fraction), batch)
+        if before * chosen[0] - weights >= batch * per_token and before * (1 - chosen[0]) >= reserve:
+            return chosen
+    assert chosen is not None
+    return chosen
 
 
 def _hidden_states(inputs: Inputs, store_per_token: int) -> PhaseFit:
