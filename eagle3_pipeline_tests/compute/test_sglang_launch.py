@@ -38,7 +38,11 @@ from eagle3_pipeline_tests.hidden_states.sglang_standins import standin_pythonpa
 # process table take turns with them (root conftest `process_table`).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
 REPO = Path(__file__).resolve().parents[2]
-SGLANG = {"backend": "sglang", "shard_tokens": 24, "spot_check_samples": 1, "batch_tokens": 64, "max_batch_size": 4}
+# mem_fraction_static set: the stand-in's machine has no GPU, so auto could not be chosen (the preflight says so)
+SGLANG = {
+    "backend": "sglang", "shard_tokens": 24, "spot_check_samples": 1, "batch_tokens": 64, "max_batch_size": 4,
+    "mem_fraction_static": 0.75,
+}  # fmt: skip
 
 
 def sglang_venv_python(folder: Path, version: str) -> Path:

@@ -115,3 +115,11 @@ def test_fit_command(gpu: str, fraction: str, code: int, capsys: pytest.CaptureF
 def test_fit_command_names_a_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fit", "--model", str(tmp_path), "--gpu", "H100"]) == 2
     assert f"{tmp_path}/config.json: missing" in capsys.readouterr().err
+
+
+def test_an_auto_capture_share_on_unknown_gpus_is_refused_at_its_phase(tmp_path: Path) -> None:
+    path = kimi_profile(tmp_path, **{"  gpu: RTX PRO 6000 Blackwell\n": ""})
+    config = load_config(path, runtime_checks=False)
+    report = report_for(config, declared_machine(config))
+    reason = refusal(config, report, "hidden_states")
+    assert reason is not None and "mem_fraction_static is auto but the GPUs' memory is unknown" in reason

@@ -48,7 +48,8 @@ def standin(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def sglang_spec(data: Path, output: Path, model: Path, name: str, **settings: Any) -> dict[str, Any]:
-    """Packed batches of up to 4 requests (64 padded tokens), one process."""
+    """Packed batches of up to 4 requests (64 padded tokens), one process; the memory share a number, as the
+    pipeline writes it once the resource model has chosen (a spec carries no auto)."""
     return extract_spec(
         data,
         output,
@@ -60,6 +61,7 @@ def sglang_spec(data: Path, output: Path, model: Path, name: str, **settings: An
             "tp_size": 1,
             "batch_tokens": 64,
             "max_batch_size": 4,
+            "mem_fraction_static": 0.75,
             **settings,
         },
     )
