@@ -12,8 +12,8 @@ prediction for dataset X is the half run's fit at N_half · D_full/D_half (its t
 the growth of its distinct training tokens), exactly what the planner's table assumes for "more data
 of X".
 
-The store is the embedded default's (``eagle3-pipeline run`` writes it under ``./artifacts/local``;
-``--artifacts`` names another); the half store is a second index over the same shard files
+The store is the embedded default's (``eagle3-pipeline run`` writes it under the artifacts root it
+prints; ``--artifacts`` names another); the half store is a second index over the same shard files
 (symlinks) under ``--work``, where both runs' checkpoints go too (a rerun with the same --work
 resumes them: nothing is trained again).
 
@@ -79,11 +79,12 @@ def train(spec: dict[str, Any], name: str) -> tuple[dict[str, Any], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts/local"))
+    parser.add_argument("--artifacts", type=Path, help="default: the embedded default's artifacts root")
     parser.add_argument("--work", type=Path, default=Path("/tmp/eagle3_tau_scaling"))
     parser.add_argument("--checkpoint-every", type=int, default=10)
     args = parser.parse_args()
     config = load_config(local_profile_path())
+    args.artifacts = args.artifacts or config.artifacts_root
     base = train_spec(config, args.artifacts.resolve())
     if not Path(base["store"], "index.parquet").is_file():
         sys.exit(f"no hidden-state store under {args.artifacts}: run `eagle3-pipeline run` first (or pass --artifacts)")

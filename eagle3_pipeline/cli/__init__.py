@@ -11,10 +11,19 @@ from eagle3_pipeline.cli.cmd_plan import cmd_plan
 from eagle3_pipeline.cli.cmd_run import cmd_run
 from eagle3_pipeline.cli.cmd_server import cmd_server
 from eagle3_pipeline.cli.cmd_status import cmd_status
+from eagle3_pipeline.cli.errors import report
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle3-pipeline", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="eagle3-pipeline",
+        description=__doc__,
+        epilog="A command that fails ends in one line on stderr saying what is wrong and what to do; its exit "
+        "code: 0 done / healthy / running, 1 unhealthy / failed / left behind / does not fit, 2 bad pipeline file "
+        "or command line, 3 server not running, 4 host unreachable, 5 host key unknown or changed, 6 host refused "
+        "the credentials, 70 unexpected error (a bug).",
+    )
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error as well")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="materialize every asset and partition (the main job)")
     run.add_argument(
@@ -55,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     server = sub.add_parser(
         "server",
         help="the managed inference server (serving.managed): its state (exit 0 running, 3 not running, 1 "
-        "processes of it left without its leader or a foreign pid), or stop it, verified (processes, port, GPUs)",
+        "processes of it left without its leader or a foreign pid, 2 no managed server), or stop it, verified "
+        "(processes, port, GPUs)",
     )
     server.add_argument("action", choices=["status", "stop"])
     server.add_argument(
@@ -68,4 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except Exception as exc:
+        return report(exc, debug=args.debug)

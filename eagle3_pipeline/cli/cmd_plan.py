@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from eagle3_pipeline.cli.errors import ExitCode, fail
 from eagle3_pipeline.cli.shared import load_or_report
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.generation import CheckpointError
@@ -43,7 +43,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # (a calibration's endpoints check their keys themselves).
     config = load_or_report(args, runtime_checks=False)
     if config is None:
-        return 2
+        return ExitCode.BAD_INPUT
     from eagle3_pipeline.drafter.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
     from eagle3_pipeline.hidden_states.disk import config_disk_plan
@@ -52,8 +52,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         records = checkpoint_records(ArtifactLayout(config.artifacts_root), config.dataset_ids)
     except CheckpointError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), ExitCode.UNHEALTHY)
     throughput = throughput_evidence(config.inference, config.target.model, records)
     failed: dict[str, str] = {}
     if args.calibrate:
@@ -64,8 +63,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             endpoints = provider.endpoints() if provider.embedded else endpoints_from_config(config)
             measured, failed = calibrate(config, endpoints, args.calibrate)
         except (ConfigError, RuntimeError) as exc:
-            print(f"eagle3-pipeline: calibration impossible: {exc}", file=sys.stderr)
-            return 1
+            return fail(f"calibration impossible: {exc}", ExitCode.UNHEALTHY)
         finally:
             provider.close()
         throughput = {name: measured.get(name) or throughput.get(name) for name in throughput}
@@ -103,4 +101,5 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n" + (disk if isinstance(disk, str) else disk.text()))
         print("\n" + (fit if isinstance(fit, str) else fit.text()))
         print("\n" + schedule.text())
-    return 0
+        print(f"\nartifacts: {config.artifacts_root}")
+    return ExitCode.OK

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from eagle3_pipeline.cli.errors import HOST_ERROR_CODES, ExitCode
 from eagle3_pipeline.cli.shared import ensure_dagster_home, load_or_report
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import Progress
@@ -108,10 +109,30 @@ def _stops_the_run(evaluation: Any) -> bool:
     return bool(evaluation.blocking) and evaluation.severity == AssetCheckSeverity.ERROR
 
 
-def _root_message(error: Any) -> str:
+def _root(error: Any) -> Any:
     while error.cause is not None:
         error = error.cause
-    return error.message.strip()
+    return error
+
+
+def _root_message(error: Any) -> str:
+    return _root(error).message.strip()
+
+
+class RunFailed(RuntimeError):
+    """A run of the main job failed; ``error_class`` is the class name of the first failed step's root error."""
+
+    def __init__(self, message: str, error_class: str | None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+def root_error_class(events: Sequence[Any]) -> str | None:
+    """The class name of the root error of the run's first failed step, None if no step failed with one."""
+    for event in events:
+        if event.is_step_failure and event.step_failure_data.error is not None:
+            return _root(event.step_failure_data.error).cls_name
+    return None
 
 
 def _step_cause(failure: Any, stopping: Sequence[Any]) -> str:
@@ -273,10 +294,11 @@ class MainJob:
             raise_on_error=False,
         )
         if not result.success:
-            raise RuntimeError(
+            raise RunFailed(
                 f"run {result.run_id} of {job_name} failed: {failure_detail(result.all_events)}\n"
                 f"  error, traceback and logs: run {result.run_id} in the Dagster UI "
-                f"(DAGSTER_HOME={os.environ.get('DAGSTER_HOME', '')} dagster dev)"
+                f"(DAGSTER_HOME={os.environ.get('DAGSTER_HOME', '')} dagster dev)",
+                root_error_class(result.all_events),
             )
 
     def run(self) -> None:
@@ -349,7 +371,8 @@ class MainJob:
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_or_report(args)
     if config is None:
-        return 2
+        return ExitCode.BAD_INPUT
+    print(f"artifacts: {config.artifacts_root}", flush=True)
     ensure_dagster_home()
     from dagster import DagsterInstance
 
@@ -362,7 +385,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = MainJob(config, defs, instance)
     try:
         job.run()
-    except RuntimeError as exc:
+    except RunFailed as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return HOST_ERROR_CODES.get(exc.error_class or "", ExitCode.UNHEALTHY)
+    return ExitCode.OK

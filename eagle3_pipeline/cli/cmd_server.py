@@ -8,9 +8,16 @@ import shlex
 import sys
 from typing import Any
 
-from eagle3_pipeline.config import ConfigError, load_config
+from eagle3_pipeline.cli.errors import ExitCode, fail, report
+from eagle3_pipeline.cli.shared import load_or_report
 
-SERVER_EXIT = {"running": 0, "absent": 3, "exited": 3, "orphaned": 1, "foreign": 1}
+SERVER_EXIT = {
+    "running": ExitCode.OK,
+    "absent": ExitCode.NOT_RUNNING,
+    "exited": ExitCode.NOT_RUNNING,
+    "orphaned": ExitCode.UNHEALTHY,
+    "foreign": ExitCode.UNHEALTHY,
+}
 
 
 def _server_status_lines(plan: Any, status: Any) -> list[str]:
@@ -46,23 +53,21 @@ def _stop_lines(result: Any) -> list[str]:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """`server status|stop`: the managed server's state from its pid file, or its verified stop."""
-    try:
-        config = load_config(args.config, runtime_checks=False)
-    except ConfigError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 2
-    from eagle3_pipeline.hosts import build_host
+    config = load_or_report(args, runtime_checks=False)
+    if config is None:
+        return ExitCode.BAD_INPUT
+    from eagle3_pipeline.hosts import HostError, build_host
     from eagle3_pipeline.managed import ManagedServer, ManagedServerError, StopNotVerifiedError, managed_server
 
     plan = managed_server(config, args.host)
     if plan is None:
         where = f"inference host {args.host!r}" if args.host else "it"
-        print(
-            f"eagle3-pipeline: {config.source_file}: no managed server (serving.managed) for {where}: the pipeline "
-            "starts and stops no server",
-            file=sys.stderr,
+        return fail(
+            f"no managed server (serving.managed) for {where}: the pipeline starts and stops no server; "
+            "set serving.managed: true to have it run one",
+            ExitCode.BAD_INPUT,
+            config.source_file,
         )
-        return 2
     host = build_host(plan.host)
     try:
         server = ManagedServer(host, plan)
@@ -74,10 +79,10 @@ def cmd_server(args: argparse.Namespace) -> int:
         return 0
     except StopNotVerifiedError as exc:
         print("\n".join(_stop_lines(exc.result)), file=sys.stderr)
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), ExitCode.UNHEALTHY)
     except ManagedServerError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), ExitCode.UNHEALTHY)
+    except HostError as exc:
+        return report(exc, config.source_file, args.debug)
     finally:
         host.close()

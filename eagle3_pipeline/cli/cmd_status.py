@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
+from eagle3_pipeline.cli.errors import ExitCode, fail
 from eagle3_pipeline.cli.shared import DEFAULT_DAGSTER_HOME, load_or_report
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.generation import CheckpointError
@@ -48,25 +48,25 @@ def runs_in_flight() -> list[RunInFlight]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    config = load_or_report(args)
+    # What this machine lacks (prompt files, API keys) is a finding of the report, not a bad file.
+    config = load_or_report(args, runtime_checks=False)
     if config is None:
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         monitor = HealthMonitor(config.for_host(args.host))
     except ConfigError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc), ExitCode.BAD_INPUT)
     try:
         report, _ = monitor.tick()
     finally:
         monitor.close()
     try:
-        progress = dataset_progress(config.artifacts_root, config.datasets)
+        progress = dataset_progress(config)
     except CheckpointError as exc:
-        print(f"eagle3-pipeline: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), ExitCode.UNHEALTHY)
     if args.json:
         print(json.dumps(status_document(report, progress), indent=2))
     else:
         print(render_status(report, progress, runs_in_flight(), extraction_status(config.artifacts_root)))
+        print(f"artifacts: {config.artifacts_root}")
     return exit_code(report)

@@ -24,8 +24,34 @@ ARTIFACTS_ENV_VAR = "EAGLE3_ARTIFACTS_ROOT"
 LOCAL_PROFILE = "local"
 
 
+def profiles_dir() -> Path:
+    """The profiles shipped inside the package."""
+    return Path(str(resources.files("eagle3_pipeline") / "profiles")).resolve()
+
+
 def local_profile_path() -> Path:
-    return Path(str(resources.files("eagle3_pipeline") / "profiles" / f"{LOCAL_PROFILE}.yaml"))
+    return profiles_dir() / f"{LOCAL_PROFILE}.yaml"
+
+
+def user_data_dir() -> Path:
+    """This user's data folder for the package: ``$XDG_DATA_HOME/eagle3_pipeline``, else
+    ``~/.local/share/eagle3_pipeline``."""
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "eagle3_pipeline"
+
+
+def default_artifacts_root(file: Path, name: str) -> Path:
+    """Where a pipeline file without ``artifacts_root`` writes, whatever the current directory:
+    ``$EAGLE3_ARTIFACTS_ROOT/<name>``; else, for a profile shipped in the package (whose folder may be
+    read-only and is replaced by an upgrade), ``<user data folder>/<name>``; else
+    ``<the file's folder>/artifacts/<name>``."""
+    folder = file.resolve().parent
+    if os.environ.get(ARTIFACTS_ENV_VAR):
+        parent = _resolve(os.environ[ARTIFACTS_ENV_VAR], folder)
+    elif folder == profiles_dir():
+        parent = user_data_dir()
+    else:
+        parent = folder / "artifacts"
+    return parent / name
 
 
 def _field_path(loc: tuple[Any, ...], raw: Any) -> str:
@@ -73,9 +99,8 @@ def load_config(path: str | os.PathLike[str] | None = None, runtime_checks: bool
     API-key variables are checked when a run needs them, with the same errors, so the webserver and
     daemon load the definitions in any environment.
 
-    ``artifacts_root`` may be omitted: then it is ``<name>`` under ``$EAGLE3_ARTIFACTS_ROOT`` or
-    under ``./artifacts`` in the current working directory, so the shipped profile never writes
-    inside the package and two pipelines never share files.
+    ``artifacts_root`` may be omitted: then it is :func:`default_artifacts_root`, scoped by the
+    pipeline's name and independent of the current directory.
     """
     file = Path(path) if path is not None else local_profile_path()
     try:
@@ -99,9 +124,8 @@ def load_config(path: str | os.PathLike[str] | None = None, runtime_checks: bool
     base = file.resolve().parent
     data = dict(raw)
     if data.get("artifacts_root") is None:
-        parent = Path(os.environ.get(ARTIFACTS_ENV_VAR) or Path.cwd() / "artifacts")
         name = data.get("name")
-        data["artifacts_root"] = str(parent / name if isinstance(name, str) else parent)
+        data["artifacts_root"] = str(default_artifacts_root(file, name if isinstance(name, str) else ""))
     if isinstance(data.get("artifacts_root"), str):
         data["artifacts_root"] = str(_resolve(data["artifacts_root"], base))
     datasets = data.get("datasets")

@@ -30,7 +30,9 @@ class PipelineConfig(ConfigModel):
     artifacts_root: Path = Field(
         description=(
             "Where every phase writes (relative paths resolve against the pipeline file); default: <name> under "
-            "$EAGLE3_ARTIFACTS_ROOT, or under ./artifacts in the current working directory."
+            "$EAGLE3_ARTIFACTS_ROOT, else for a profile shipped in the package under the user's data folder "
+            "($XDG_DATA_HOME/eagle3_pipeline, else ~/.local/share/eagle3_pipeline), else under artifacts/ beside "
+            "the pipeline file; never the current directory."
         ),
     )
     seed: int = Field(default=0, description="Seeds the prompt sample, the train/eval split and the shuffles.")

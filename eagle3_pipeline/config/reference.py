@@ -21,7 +21,10 @@ REGENERATE = "python -m eagle3_pipeline.config.reference docs/settings.md"
 # Fields of the root model that are no setting: the loader fills them in and refuses them in a file.
 NOT_SETTINGS = frozenset({"source_file"})
 # Required by the model, but given a default by the loader when the file leaves them out.
-LOADER_DEFAULTS = {"artifacts_root": "`$EAGLE3_ARTIFACTS_ROOT/<name>` or `./artifacts/<name>`"}
+LOADER_DEFAULTS = {
+    "artifacts_root": "`$EAGLE3_ARTIFACTS_ROOT/<name>`, `~/.local/share/eagle3_pipeline/<name>` (shipped profiles) "
+    "or `<file's folder>/artifacts/<name>`"
+}
 
 _BOUNDS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
 

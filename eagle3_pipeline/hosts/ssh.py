@@ -104,6 +104,15 @@ class SshHost(Host):
     def _host_key_name(self) -> str:
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
+    @property
+    def _unreachable_fix(self) -> str:
+        return "check the host's hostname and port, and that it is up and reachable from here"
+
+    @property
+    def _keyscan(self) -> str:
+        port = "" if self.port == 22 else f"-p {self.port} "
+        return f"ssh-keyscan {port}{self.hostname} >> {self._known_hosts}"
+
     def run(self, command: str, timeout_s: float) -> CommandResult:
         started = time.monotonic()
         deadline = started + timeout_s
@@ -167,9 +176,13 @@ class SshHost(Host):
         try:
             return socket.create_connection((self.hostname, self.port), timeout=timeout)
         except TimeoutError:
-            raise HostConnectError(f"timed out connecting to {self._where} after {timeout:.0f} s") from None
+            raise HostConnectError(
+                f"timed out connecting to {self._where} after {timeout:.0f} s; {self._unreachable_fix}"
+            ) from None
         except OSError as exc:
-            raise HostConnectError(f"cannot connect to {self._where}: {exc.strerror or exc}") from None
+            raise HostConnectError(
+                f"cannot connect to {self._where}: {exc.strerror or exc}; {self._unreachable_fix}"
+            ) from None
 
     def _handshake(self, transport: paramiko.Transport, deadline: float) -> paramiko.PKey:
         """Banner and key exchange; returns the server's host key."""
@@ -209,8 +222,9 @@ class SshHost(Host):
         if known is None:
             if not self._trust_on_first_use:
                 raise HostKeyError(
-                    f"unknown host key for {self._host_key_name} ({key.get_name()} {offered}); "
-                    f"verify it and add it to {self._known_hosts}, or enable trust on first use",
+                    f"unknown host key for {self._host_key_name} ({key.get_name()} {offered}); check that "
+                    f"fingerprint with the host's administrator, then add the key: {self._keyscan} "
+                    "(or set the host's trust_on_first_use: true)",
                     host=self._host_key_name,
                     fingerprint=offered,
                 )
@@ -221,7 +235,8 @@ class SshHost(Host):
             expected_text = ", ".join(host_key_fingerprint(k) for k in known.values())
             raise HostKeyError(
                 f"host key for {self._host_key_name} changed: server offered {key.get_name()} "
-                f"{offered}, {self._known_hosts} has {expected_text}; refusing to connect",
+                f"{offered}, {self._known_hosts} has {expected_text}; refusing to connect. Only if the host was "
+                f"reinstalled: ssh-keygen -R '{self._host_key_name}' -f {self._known_hosts}, then {self._keyscan}",
                 host=self._host_key_name,
                 fingerprint=offered,
             )
@@ -256,8 +271,13 @@ class SshHost(Host):
         if file_error is not None:
             raise file_error
         if not keys:
-            raise HostAuthError(f"no SSH key for {self._where}: no key file given and no agent key")
-        raise HostAuthError(f"authentication failed for {self._where}: {self._key_description(len(keys))} refused")
+            raise HostAuthError(
+                f"no SSH key for {self._where}: no key file given and no agent key; set the host's key_file"
+            )
+        raise HostAuthError(
+            f"authentication failed for {self._where}: {self._key_description(len(keys))} refused; check the "
+            f"host's username and key_file (the key's .pub must be in ~{self.username}/.ssh/authorized_keys there)"
+        )
 
     def _try_key(self, transport: paramiko.Transport, key: paramiko.PKey) -> bool:
         """One publickey attempt: True if accepted, False if refused; raises on a broken connection."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.config import DatasetConfig
+from eagle3_pipeline.config import ConfigError, DatasetConfig, PipelineConfig, check_sources
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.hidden_states.plan import ExtractionProgress, extraction_progress
@@ -25,6 +25,7 @@ class DatasetProgress:
     completion_tokens: int
     token_budget: int | None
     last_write_age_s: float | None
+    source_problem: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -34,23 +35,32 @@ class DatasetProgress:
             "completion_tokens": self.completion_tokens,
             "token_budget": self.token_budget,
             "last_write_age_s": None if self.last_write_age_s is None else round(self.last_write_age_s, 1),
+            "source_problem": self.source_problem,
         }
 
 
-def dataset_progress(
-    artifacts_root: Path, datasets: Sequence[DatasetConfig], now: float | None = None
-) -> list[DatasetProgress]:
-    """Each dataset's prompts, answers, completion tokens and checkpoint age, read from its files."""
-    layout = ArtifactLayout(artifacts_root)
+def source_problem(config: PipelineConfig, dataset: DatasetConfig) -> str | None:
+    """Why ``dataset``'s source file cannot be read on this machine (its field and path), None if it can."""
+    try:
+        check_sources(config, only=[dataset])
+    except ConfigError as exc:
+        return str(exc).removeprefix(f"{config.source_file}: ")
+    return None
+
+
+def dataset_progress(config: PipelineConfig, now: float | None = None) -> list[DatasetProgress]:
+    """Each dataset's prompts, answers, completion tokens and checkpoint age, read from its files, and
+    whether its source file is readable here."""
+    layout = ArtifactLayout(config.artifacts_root)
     now = time.time() if now is None else now
     rows = []
-    for ds in datasets:
+    for ds in config.datasets:
         prompts_path, checkpoint = layout.prompts(ds.id), layout.checkpoint(ds.id)
         prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else None
         records = ResponseCheckpoint(checkpoint).load().values()
         done, tokens = len(records), sum(int(r.get("completion_tokens") or 0) for r in records)
         age = now - checkpoint.stat().st_mtime if checkpoint.exists() else None
-        rows.append(DatasetProgress(ds.id, prompts, done, tokens, ds.token_budget, age))
+        rows.append(DatasetProgress(ds.id, prompts, done, tokens, ds.token_budget, age, source_problem(config, ds)))
     return rows
 
 
@@ -110,6 +120,10 @@ def render_status(
             f"  {p.id:<16}{prompts:>9}{p.responses:>11}{p.completion_tokens:>10}{budget:>10}"
             f"{_age(p.last_write_age_s):>12}"
         )
+    missing = [p.source_problem for p in progress if p.source_problem is not None]
+    if missing:
+        lines += ["", "  sources a run cannot read on this machine (it fails where it has to read its prompts):"]
+        lines += [f"    {problem}" for problem in missing]
     if extraction is not None:
         lines += ["", f"  {extraction.line()}, last shard written {_age(extraction.last_write_age_s)} ago"]
     lines.append("")

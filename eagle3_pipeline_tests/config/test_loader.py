@@ -40,11 +40,43 @@ def error_for(folder: Path, text: str) -> str:
 def test_shipped_local_profile_loads_with_four_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EAGLE3_ARTIFACTS_ROOT", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     config = load_config(local_profile_path())
     assert len(config.datasets) >= 4
     assert config.inference.kind == "embedded"
-    assert config.artifacts_root == tmp_path / "artifacts" / "local", "scoped by the pipeline name"
+    assert config.artifacts_root == tmp_path / "data" / "eagle3_pipeline" / "local", "the user's, by pipeline name"
     assert all(Path(ds.source).is_file() for ds in config.datasets)
+
+
+def test_a_shipped_profile_writes_in_the_user_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not inside the installed package, not under the current directory."""
+    monkeypatch.delenv("EAGLE3_ARTIFACTS_ROOT", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(local_profile_path())
+    assert config.artifacts_root == tmp_path / ".local" / "share" / "eagle3_pipeline" / "local"
+
+
+@pytest.mark.parametrize("shipped", [False, True])
+def test_the_default_artifacts_root_does_not_depend_on_the_current_directory(
+    shipped: bool, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EAGLE3_ARTIFACTS_ROOT", raising=False)
+    path = local_profile_path() if shipped else write(folder, VALID)
+    roots = set()
+    for cwd in (folder / "one", folder / "two"):
+        cwd.mkdir()
+        monkeypatch.chdir(cwd)
+        roots.add(load_config(path).artifacts_root)
+    [root] = roots
+    if not shipped:
+        assert root == folder / "artifacts" / "demo", "beside the pipeline file, scoped by its name"
+
+
+def test_the_artifacts_variable_comes_first(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EAGLE3_ARTIFACTS_ROOT", str(folder / "all"))
+    assert load_config(write(folder, VALID)).artifacts_root == folder / "all" / "demo"
+    assert load_config(local_profile_path()).artifacts_root == folder / "all" / "local"
 
 
 def test_relative_paths_resolve_against_the_file(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,7 +60,16 @@ def test_json_shape_progress_and_exit_code_when_healthy(
         "disk",
     }
     b1, b2 = document["datasets"]
-    assert set(b1) == {"id", "prompts", "responses", "completion_tokens", "token_budget", "last_write_age_s"}
+    assert set(b1) == {
+        "id",
+        "prompts",
+        "responses",
+        "completion_tokens",
+        "token_budget",
+        "last_write_age_s",
+        "source_problem",
+    }
+    assert b1["source_problem"] is None, "its source file is here"
     assert (b1["id"], b1["responses"], b1["completion_tokens"]) == ("B1", 2, 12)
     assert b1["last_write_age_s"] >= 0 and b2["responses"] == 0 and b2["last_write_age_s"] is None
     assert checkpoint.read_text().endswith('"compl'), "status never cuts a line a running generation is writing"
