@@ -1,4 +1,4 @@
-"""The one short check for a lent GPU (one H200): what this project's CPU machines cannot measure.
+"""The check to run on a GPU machine (sized for one H200): what a CPU cannot measure.
 
 Sections, each printing its figures as it finishes (and a ``FIGURES {json}`` line), so a run stopped
 by the time guard still leaves the sections before:
@@ -35,36 +35,17 @@ by the time guard still leaves the sections before:
        /opt/sglang-0.5.23/bin/python -m benchmarks.gpu_check --sglang 2>&1 | tee gpu_check_sglang_0.5.23.log
        /opt/sglang-0.5.14/bin/python -m benchmarks.gpu_check --sglang 2>&1 | tee gpu_check_sglang_0.5.14.log
 
-   (each venv: ``pip install sglang==VERSION`` and this package, as ``hidden_states.sglang_python``
-   needs). **Not on this workplace's lent GPU as it stands**: the image has torch 2.11 and no SGLang,
-   and an SGLang install is far over what one device call carries (64 MiB): measured wheels
-   (``pip download --no-deps``, cp312 manylinux) — 0.5.14: sglang 12.2 MB, sglang-kernel 0.4.4
-   615.1 MB, flashinfer-cubin 0.6.12 447.5 MB, flashinfer-python 14.0 MB, transformers 5.8.1 10.6 MB,
-   torchao 3.2 MB, sgl-deep-gemm 4.6 MB (≥ 1.1 GB before ~60 smaller requirements; the image's torch
-   2.11 is the pinned one); 0.5.23: sglang 39.0 MB, sglang-kernel 0.4.10 373.0 MB, torch 2.14.1
-   554.6 MB, flashinfer-python 0.7.2 65.2 MB, sgl-deep-ep 15.4 MB, transformers 5.19 12.6 MB,
-   sgl-flash-mla 9.9 MB, sgl-deep-gemm 4.7 MB (≥ 1.07 GB). That is 18 or more calls of 64 MiB per
-   release, each held warm for 30 s at most, before anything runs: it does not fit 15 minutes of
-   device time. docs/measurements.md#gpu-check has the commands for a device that can carry it.
+   (each venv: sglang and this project installed, as ``hidden_states.sglang_python`` needs; see
+   docs/eagle3.md, "Kimi-K2.5 step by step").
 
-Everything is built here from configs with random weights and a fixed seed (the device machine has
-no network and no model files). The first lines say what was measured on. ``--time-limit`` (default
-450 s) ends the run, whatever it is doing, with what was printed so far.
+Everything is built from configs with random weights and a fixed seed: no model download, no network.
+The first line (``MEASURED ON {json}``) says what was measured on. ``--time-limit`` (default 450 s) ends the
+run, whatever it is doing, with what was printed so far.
 
-Run on a lent GPU (device tool; the command runs in the repository root). The device image has
-torch, transformers, safetensors, pyarrow and PyYAML but not pydantic, which the phases' settings
-need: carry its wheels. Once, on a machine with pip and network, in the repository root::
+Run it on your GPU machine, in the repository root of a checkout with the project installed (the ``local``
+extra: CUDA torch from PyPI)::
 
-    echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux2014_x86_64 -d .whl pydantic==2.14.4 pydantic-core==2.50.5 \
-        annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
-
-then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 540`` and the command::
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && \
-        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check 2>&1 | tee $OUT/gpu_check.log
-
-(``$OUT/gpu_check.log`` comes back whole; the reply's ``output_tail`` holds only the last 12,000 characters.)
+    .venv/bin/python -m benchmarks.gpu_check 2>&1 | tee gpu_check.log
 
 On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/benchmarks/test_gpu_check.py``
 runs it, so the script cannot rot)::
@@ -570,8 +551,8 @@ def main() -> int:
         import pydantic  # noqa: F401
     except ImportError:
         say(
-            "pydantic is missing (the phases' settings need it): carry its wheels, see this script's "
-            "docstring (benchmarks/gpu_check.py)"
+            "pydantic is missing: run this script with the python of a venv where this project is installed "
+            "(docs/measurements.md, GPU check)"
         )
         return 2
     if args.sglang:

@@ -83,13 +83,13 @@ def test_the_time_guard_ends_the_run_and_says_so() -> None:
     assert "done in" not in done.stdout
 
 
-def test_without_pydantic_it_says_how_to_carry_it(tmp_path: Path) -> None:
-    """The device image has no pydantic: a package that fails to import stands in for that image."""
+def test_without_pydantic_it_says_to_run_it_where_the_project_is_installed(tmp_path: Path) -> None:
+    """A python without the project's dependencies: a pydantic that fails to import stands in for it."""
     (tmp_path / "pydantic").mkdir()
-    (tmp_path / "pydantic" / "__init__.py").write_text('raise ImportError("no pydantic in this image")\n')
+    (tmp_path / "pydantic" / "__init__.py").write_text('raise ImportError("no pydantic in this python")\n')
     done = run_script("--smoke", path=(tmp_path,))
     assert done.returncode == 2, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "pydantic is missing" in done.stdout and "carry its wheels" in done.stdout
+    assert "pydantic is missing" in done.stdout and "where this project is installed" in done.stdout
     assert "FIGURES" not in done.stdout
 
 
