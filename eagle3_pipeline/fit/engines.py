@@ -1,7 +1,7 @@
 """GPU memory of a serving engine on one GPU: weights, the KV cache per token, the engine's budget rule,
 and so the KV tokens it will allocate and the largest batch they hold.
 
-Budget rules (``../shared/EAGLE3.md`` §13, read in the engines' sources):
+Budget rules, read in the engines' sources:
 
 - **SGLang** (``model_runner_kv_cache_mixin.py``, 0.5.14): the KV pool gets
   ``free after load − free before load × (1 − mem_fraction_static)``, i.e. ``before × fraction − weights``;
