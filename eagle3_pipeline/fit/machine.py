@@ -27,7 +27,6 @@ class Machine:
     gpus: int | None = None
     host_bytes: int | None = None
     disk_bytes: int | None = None
-    used_bytes: tuple[int, ...] = ()  # per GPU, live only
 
     @property
     def spec(self) -> GpuSpec | None:
@@ -106,7 +105,6 @@ def parse_live(text: str, where: str) -> Machine:
         gpu_name=gpus[0].name,
         gpu_bytes=int(min(g.memory_total_mib or 0 for g in gpus) * MIB),
         gpus=len(gpus),
-        used_bytes=tuple(int((g.memory_used_mib or 0) * MIB) for g in gpus),
     )
 
 
@@ -134,5 +132,4 @@ def combined(live_machine: Machine, declared_machine: Machine) -> Machine:
         gpus=live_machine.gpus or declared_machine.gpus,
         host_bytes=live_machine.host_bytes or declared_machine.host_bytes,
         disk_bytes=live_machine.disk_bytes or declared_machine.disk_bytes,
-        used_bytes=live_machine.used_bytes,
     )

@@ -140,9 +140,3 @@ def refusal(config: PipelineConfig, report: FitReport | str, phase: GpuPhase) ->
         else f"{phase} cannot fit this machine"
     )
     return f"{lead} — " + " | ".join(p.refusal() for p in unfit) + f" [{report.machine.describe()}]"
-
-
-def choices_metadata(report: FitReport | str) -> Mapping[str, Any]:
-    if isinstance(report, str):
-        return {"fit": report}
-    return {"fit": report.text()}

@@ -19,7 +19,6 @@ def test_live_machine_over_ssh(sshd: Sshd, fakebin: FakeBin, tmp_path: Path) -> 
     with sshd.host() as host:
         machine = live(host, str(tmp_path / "not" / "yet"), "127.0.0.1")
     assert (machine.gpus, machine.gpu_name, machine.gpu_bytes) == (8, "NVIDIA H200", 143771 * MIB)
-    assert machine.used_bytes == (130000 * MIB,) * 8
     assert machine.spec is not None and machine.spec.name == "H200"
     assert machine.disk_bytes and machine.host_bytes, "df under the nearest existing folder, MemAvailable"
     kept = combined(machine, declared(MachineConfig(gpu="RTX 4090", gpus=1, disk_free_gib=1)))
