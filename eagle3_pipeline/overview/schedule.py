@@ -93,7 +93,8 @@ def _generation_time(plan: Plan, server: ManagedServerPlan | None) -> tuple[floa
         if work.completion_left == 0:
             continue
         if row is None or row.eta_s is None:
-            name = row.backend.name if row is not None else "the managed endpoint"
+            where = "the managed endpoint" if server is not None else "any backend"
+            name = row.backend.name if row is not None else where
             return None, f"no measured throughput of {name} for {dataset} (`plan --calibrate N`, or answers so far)"
         total += row.eta_s
     if all(work.completion_left == 0 for work in plan.workloads.values()):
