@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.config.phases import PHASES, GpuPhase
@@ -32,6 +32,9 @@ from eagle3_pipeline.fit.gpus import GIB
 from eagle3_pipeline.fit.machine import Machine
 from eagle3_pipeline.hidden_states.disk import specforge_bytes_per_token, vllm_file_bytes_per_token
 from eagle3_pipeline.target.folder import text_config
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.drafter.draft_config import DrafterConfig
 
 Verdict = Literal["fits", "does not fit", "UNKNOWN"]
 # Utilisation of the datasheet figures for the time estimates (stated on every figure).
@@ -194,14 +197,20 @@ def workload_from_budgets(config: PipelineConfig) -> Workload:
     return Workload(total, total, f"the datasets' token budgets ({total:,} tokens of {unit.replace('_', ' ')})")
 
 
-def draft_shape(config: PipelineConfig, raw: Mapping[str, Any]) -> tuple[int, int, int, int]:
-    """(trained parameters, frozen bytes, KV bytes per token, served weight bytes) of the EAGLE-3 draft."""
+def _draft(config: PipelineConfig, raw: Mapping[str, Any]) -> DrafterConfig:
+    """The draft the trainer builds for this target (aux layer ids do not change its shape: any three do)."""
     from eagle3_pipeline.drafter.draft_config import drafter_config
 
     text = text_config(raw)
     layer_ids = config.hidden_states.aux_layer_ids or [1, 2, 3]
     overrides = config.drafter.model.model_dump(exclude_none=True)
-    draft = drafter_config(text, config.draft_vocab.size or int(text["vocab_size"]), layer_ids, overrides)
+    return drafter_config(text, config.draft_vocab.size or int(text["vocab_size"]), layer_ids, overrides)
+
+
+def draft_shape(config: PipelineConfig, raw: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(trained parameters, frozen bytes, KV bytes per token, served weight bytes) of the EAGLE-3 draft."""
+    text = text_config(raw)
+    draft = _draft(config, raw)
     hidden, inter = draft.hidden_size, draft.intermediate_size
     heads, kv_heads = draft.num_attention_heads, draft.num_key_value_heads
     head_dim = draft.head_dim or hidden // heads
@@ -260,7 +269,7 @@ def _serving(
     )
 
 
-def _serving_needs(fit: ServingFit | None, machine: Machine, setting: str) -> list[Need]:
+def _serving_needs(fit: ServingFit | None, setting: str) -> list[Need]:
     if fit is None:
         return [Need("gpu", None, None, "the GPU's memory is unknown (declare machine.gpu or run on the host)")]
     share = fit.fraction * fit.usable - (0 if fit.engine == "sglang" else fit.reserve)
@@ -328,7 +337,7 @@ def _responses(inputs: Inputs) -> PhaseFit:
         phase.notes.append("the inference server is the user's (serving.managed is false): its memory is not modelled")
         return phase
     fit = _serving(inputs, serving.engine, serving.tp_size, serving.extra_args, None)
-    phase.needs += _serving_needs(fit, inputs.machine, "--mem-fraction-static / --context-length in serving.extra_args")
+    phase.needs += _serving_needs(fit, "--mem-fraction-static / --context-length in serving.extra_args")
     cache = _hicache(serving.extra_args, fit, serving.tp_size, inputs.machine)
     if cache:
         phase.needs.append(cache)
@@ -416,7 +425,7 @@ def _hidden_states(inputs: Inputs, store_per_token: int) -> PhaseFit:
         )
     elif backend == "vllm":
         fit = _serving(inputs, "vllm", config.serving.tp_size, config.serving.extra_args, None)
-        phase.needs += _serving_needs(fit, machine, "--gpu-memory-utilization in serving.extra_args")
+        phase.needs += _serving_needs(fit, "--gpu-memory-utilization in serving.extra_args")
     elif backend == "transformers" and machine.gpus:
         weights = inputs.weights.per_gpu_bytes(1) / machine.gpus
         phase.needs.append(
@@ -559,15 +568,7 @@ def _store_per_token(inputs: Inputs) -> int:
 def train_memory(config: PipelineConfig, raw: Mapping[str, Any], checkpointing: bool, tokens: int) -> float:
     """Peak GPU memory of one training step of ``tokens`` padded tokens (fit + formula, module doc)."""
     trained, frozen, _, _ = draft_shape(config, raw)
-    from eagle3_pipeline.drafter.draft_config import drafter_config
-
-    text = text_config(raw)
-    draft = drafter_config(
-        text,
-        config.draft_vocab.size or int(text["vocab_size"]),
-        config.hidden_states.aux_layer_ids or [1, 2, 3],
-        config.drafter.model.model_dump(exclude_none=True),
-    )
+    draft = _draft(config, raw)
     width, vocab = TRAIN_KIB_PER_TOKEN[checkpointing]
     steps = config.drafter.ttt_steps / TRAIN_FIT_STEPS
     scaled = width * draft.hidden_size / TRAIN_FIT_HIDDEN + vocab * draft.draft_vocab_size / TRAIN_FIT_VOCAB
@@ -683,7 +684,7 @@ def _drafter_server(inputs: Inputs, name: GpuPhase) -> PhaseFit:
     _, _, kv, served = draft_shape(config, inputs.raw)
     draft = DraftShape(served, kv)
     fit = _serving(inputs, serving.engine, serving.tp_size, serving.extra_args, draft)
-    phase.needs += _serving_needs(fit, inputs.machine, "--mem-fraction-static in serving.extra_args")
+    phase.needs += _serving_needs(fit, "--mem-fraction-static in serving.extra_args")
     bench = config.drafter_benchmark
     if name == "drafter_benchmark" and bench is not None:
         rate = _decode_rate(inputs, serving.tp_size, max(1, bench.concurrency))
