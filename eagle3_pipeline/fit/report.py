@@ -468,11 +468,11 @@ def _hidden_states(inputs: Inputs, store_per_token: int) -> PhaseFit:
             f"measured: {tokens:,} tokens{rolling} / {inputs.extraction_rate:,.0f} tokens/s of the last extraction"
         )
     elif tokens is not None and spec is not None and machine.gpus:
-        flops = 2 * _active_params(inputs) * tokens * passes
+        active = _active_params(inputs)
         rate_flops = machine.gpus * spec.bf16_tflops * 1e12 * PREFILL_MFU
-        phase.time_s = flops / rate_flops
+        phase.time_s = 2 * active * tokens * passes / rate_flops
         phase.time_basis = (
-            f"estimate: 2 × {_active_params(inputs) / 1e9:.1f} B active parameters × {tokens:,} tokens{rolling} at "
+            f"estimate: 2 × {active / 1e9:.1f} B active parameters × {tokens:,} tokens{rolling} at "
             f"{PREFILL_MFU:.0%} of {machine.gpus} × {spec.bf16_tflops:g} TFLOPS bf16"
         )
     if window is not None:
@@ -707,15 +707,10 @@ def fit_report(
     extraction_rate: float | None = None,
 ) -> FitReport:
     """The fit of every GPU phase of ``config`` (module doc), in the phase table's order."""
-    from eagle3_pipeline.hidden_states.store import bytes_per_token
-
     inputs = Inputs(config, raw, weights, machine, workload, extraction_rate)
-    text = text_config(raw)
-    aux = len(config.hidden_states.aux_layer_ids or (0, 0, 0))
-    store_per_token = bytes_per_token(int(text["hidden_size"]), aux, config.hidden_states.storage_dtype)
     builders = {
         "responses": lambda: _responses(inputs),
-        "hidden_states": lambda: _hidden_states(inputs, store_per_token),
+        "hidden_states": lambda: _hidden_states(inputs, _store_per_token(inputs)),
         "eagle3_drafter": lambda: _drafter(inputs),
         "drafter_eval": lambda: _eval(inputs),
         "drafter_benchmark": lambda: _drafter_server(inputs, "drafter_benchmark"),

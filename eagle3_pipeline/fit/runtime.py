@@ -17,7 +17,7 @@ from eagle3_pipeline.fit.report import FitReport, Workload, workload_from_budget
 from eagle3_pipeline.fit.report import fit_report as build_report
 from eagle3_pipeline.hidden_states.disk import local_target_folder
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
-from eagle3_pipeline.hidden_states.resume import RESULT_FILE
+from eagle3_pipeline.hidden_states.resume import RESULT_FILE, recorded_rate
 from eagle3_pipeline.layout import ArtifactLayout
 
 # What an ``auto`` setting becomes when the model could not choose (the GPU's memory unknown).
@@ -54,15 +54,6 @@ def workload(config: PipelineConfig) -> Workload:
     return workload_from_budgets(config)
 
 
-def _extraction_rate(config: PipelineConfig) -> float | None:
-    try:
-        recorded = json.loads((ArtifactLayout(config.artifacts_root).hidden_states / RESULT_FILE).read_text())
-        rate = float(recorded["metadata"]["tokens_per_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return rate if rate > 0 else None
-
-
 def report_for(config: PipelineConfig, machine: Machine) -> FitReport | str:
     """The fit of every GPU phase on ``machine``, or the sentence saying why it cannot be made here."""
     found = local_target_folder(config.hidden_states, config.target, config.inference)
@@ -71,7 +62,14 @@ def report_for(config: PipelineConfig, machine: Machine) -> FitReport | str:
     raw, folder = found
     try:
         weights = read_weights(Path(folder), raw)
-        return build_report(config, raw, weights, machine, workload(config), _extraction_rate(config))
+        return build_report(
+            config,
+            raw,
+            weights,
+            machine,
+            workload(config),
+            recorded_rate(ArtifactLayout(config.artifacts_root).hidden_states),
+        )
     except (CheckpointError, ValueError, KeyError) as exc:
         return f"fit: unknown: {folder}: {exc}"
 

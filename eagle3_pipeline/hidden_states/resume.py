@@ -37,6 +37,15 @@ RESULT_FILE = "result.json"
 GB = 1e9
 
 
+def recorded_rate(store: Path) -> float | None:
+    """The tokens/s the last extraction into ``store`` recorded in its result file (None: none recorded)."""
+    try:
+        rate = float(json.loads((Path(store) / RESULT_FILE).read_text())["metadata"]["tokens_per_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return rate if rate > 0 else None
+
+
 def free_bytes(folder: Path) -> int:
     """Free bytes on the filesystem that holds ``folder`` (or its nearest existing parent)."""
     probe = folder.resolve()

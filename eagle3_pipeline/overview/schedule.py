@@ -31,7 +31,7 @@ from eagle3_pipeline.config.phases import PHASES, GpuPhase, Handover
 from eagle3_pipeline.generation.planning import Plan
 from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.hidden_states.disk import training_tokens
-from eagle3_pipeline.hidden_states.resume import RESULT_FILE
+from eagle3_pipeline.hidden_states.resume import RESULT_FILE, recorded_rate
 from eagle3_pipeline.hidden_states.vllm_server import managed_extraction_server
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerPlan, managed_server
@@ -109,12 +109,8 @@ def _extraction_time(
     tokens = training_tokens(layout.training_data, records, left)
     if isinstance(tokens, str):
         return None, tokens
-    try:
-        recorded = json.loads((layout.hidden_states / RESULT_FILE).read_text())["metadata"]
-        rate = float(recorded["tokens_per_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        rate = 0.0
-    if rate <= 0:
+    rate = recorded_rate(layout.hidden_states)
+    if rate is None:
         return (
             None,
             f"{tokens[0]:,} tokens to extract, but no extraction rate recorded here (hidden_states/{RESULT_FILE})",
