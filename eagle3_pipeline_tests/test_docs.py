@@ -30,16 +30,20 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
-def _prose_lines(text: str) -> list[str]:
-    """The lines outside fenced code blocks."""
+def _lines(text: str) -> list[tuple[bool, str]]:
+    """Each line but the fences themselves, with whether it lies inside a fenced code block."""
     lines, fenced = [], False
     for line in text.splitlines():
         if FENCE.match(line):
             fenced = not fenced
             continue
-        if not fenced:
-            lines.append(line)
+        lines.append((fenced, line))
     return lines
+
+
+def _prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks."""
+    return [line for fenced, line in _lines(text) if not fenced]
 
 
 def github_slug(heading: str) -> str:
@@ -173,15 +177,9 @@ ENGINE_MODULES = {"sglang", "vllm"}
 
 def _code(text: str) -> list[str]:
     """The code of a Markdown page: every fenced block's lines and every inline code span."""
-    found, fenced = [], False
-    for line in text.splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        if fenced:
-            found.append(line)
-        else:
-            found.extend(span.strip("`") for span in INLINE_CODE.findall(line))
+    found: list[str] = []
+    for fenced, line in _lines(text):
+        found.extend([line] if fenced else (span.strip("`") for span in INLINE_CODE.findall(line)))
     return found
 
 
