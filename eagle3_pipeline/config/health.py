@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -47,6 +48,16 @@ class HostConfig(ConfigModel):
     connect_timeout_s: Annotated[float, Field(gt=0)] = Field(
         default=10.0, description="Seconds to wait for the SSH connection."
     )
+
+    def state_dir(self, artifacts_root: str, leaf: str) -> str:
+        """The default folder of the pipeline's private state on this host (pid files, logs, env files):
+        ``<artifacts_root>/<leaf>`` on this machine; on an SSH host, under the SSH user's home
+        (``/home/<user>``, ``/root`` for root), ``.local/state/eagle3_pipeline/<leaf>``."""
+        if self.kind == "local":
+            return f"{artifacts_root.rstrip('/')}/{leaf}"
+        user = self.username or getpass.getuser()
+        home = "/root" if user == "root" else f"/home/{user}"
+        return f"{home}/.local/state/eagle3_pipeline/{leaf}"
 
     @model_validator(mode="after")
     def _ssh_needs_a_hostname(self) -> HostConfig:

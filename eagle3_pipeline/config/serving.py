@@ -88,9 +88,9 @@ class ServingConfig(ConfigModel):
     env: dict[Annotated[str, Field(pattern=ENV_VAR_PATTERN)], str] = Field(
         default={},
         description=(
-            "Environment variables the server starts with. Records and logs name them without their values; they "
-            "still pass through the host's shell, so a secret (e.g. HF_TOKEN) belongs in the host user's own "
-            "environment, which the server inherits."
+            "Environment variables the server starts with. Records and logs name them without their values; the "
+            "values reach the host on the command's stdin and the server through a 0600 file in log_dir that it "
+            "sources, never on a command line."
         ),
     )
     reasoning_parser: str | None = Field(
@@ -107,9 +107,15 @@ class ServingConfig(ConfigModel):
             "dataset's prompts carry tools; a name: always; null: never (a dataset with tools is then refused)."
         ),
     )
-    log_dir: Annotated[str, Field(pattern=r"^/")] = Field(
-        default="/tmp/eagle3_serving",
-        description="Absolute folder on the host for the server's log (managed-<port>.log) and pid file.",
+    log_dir: Annotated[str, Field(pattern=r"^/")] | None = Field(
+        default=None,
+        description=(
+            "Absolute folder on the host for the server's log (managed-<port>.log), pid file (.json) and env file "
+            "(.env, 0600: how `env` reaches the server). It must be the host user's own and not writable by group or "
+            "others (it is created 0700; anything else is refused, as is a file in it that is a symbolic link). "
+            "Default: <artifacts_root>/serving on this machine; /home/<user>/.local/state/eagle3_pipeline/serving "
+            "(/root/… for root) on an SSH host."
+        ),
     )
     startup_timeout_s: Annotated[float, Field(gt=0)] = Field(
         default=1800.0, description="Seconds the server may take to pass the health tick after it is started."
@@ -164,12 +170,22 @@ class ServingConfig(ConfigModel):
         return rf"(?:^|\s)-m\s+{module}\s(?:.*\s)?--port[\s=]{self.listen_port}(?:\s|$)"
 
     @property
+    def state_dir(self) -> str:
+        """``log_dir`` (a managed server's is filled in at load, :func:`provide_managed_defaults`)."""
+        assert self.log_dir is not None, "serving.log_dir is filled in for a managed server"
+        return self.log_dir.rstrip("/")
+
+    @property
     def log_path(self) -> str:
-        return f"{self.log_dir.rstrip('/')}/managed-{self.listen_port}.log"
+        return f"{self.state_dir}/managed-{self.listen_port}.log"
 
     @property
     def pid_path(self) -> str:
-        return f"{self.log_dir.rstrip('/')}/managed-{self.listen_port}.json"
+        return f"{self.state_dir}/managed-{self.listen_port}.json"
+
+    @property
+    def env_path(self) -> str:
+        return f"{self.state_dir}/managed-{self.listen_port}.env"
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:
@@ -185,6 +201,24 @@ def host_address(health: Mapping[str, Any] | None) -> tuple[str, bool]:
     if host.get("kind", "local") == "local":
         return "127.0.0.1", True
     return str(host.get("hostname") or ""), False
+
+
+def _with_state_dir(
+    serving: ServingConfig, section: dict[str, Any], health: Mapping[str, Any], artifacts_root: Any
+) -> ServingConfig:
+    """A managed server's `log_dir` when the file leaves it out (:meth:`HostConfig.state_dir`), set in
+    ``section`` (the raw `serving` the file's value is read from) too."""
+    if serving.log_dir is not None:
+        return serving
+    from eagle3_pipeline.config.health import HostConfig
+
+    try:
+        host = HostConfig.model_validate(_mapping(health.get("host")) or {})
+    except ValidationError:
+        host = HostConfig()  # the host's own validation reports it, and the file is refused
+    folder = host.state_dir(str(artifacts_root or "/"), "serving")
+    section["log_dir"] = folder
+    return serving.model_copy(update={"log_dir": folder})
 
 
 def managed_base_url(serving: ServingConfig, health: Mapping[str, Any] | None) -> str:
@@ -215,7 +249,8 @@ def monitored_server(serving: ServingConfig, base_url: str) -> dict[str, Any]:
 
 def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A pipeline file's raw sections with what its managed server(s) provide filled in: the inference
-    endpoint (and `inference.kind: endpoints`) and `health.server`, where the file leaves them out.
+    endpoint (and `inference.kind: endpoints`), `health.server` and `serving.log_dir`, where the file leaves
+    them out.
     A file with no managed server is returned as it is."""
     try:
         top = ServingConfig.model_validate(_mapping(data.get("serving")) or {})
@@ -240,6 +275,9 @@ def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
             host = dict(host)
             host_health = _mapping(host.get("health")) or {}
             effective_health = {**health, **host_health}
+            own_section = _mapping(host.get("serving")) or {}
+            serving = _with_state_dir(serving, own_section, effective_health, data.get("artifacts_root"))
+            host["serving"] = own_section
             url = managed_base_url(serving, effective_health)
             if not host.get("endpoints"):
                 host["endpoints"] = [{"name": "managed", "base_url": url}]
@@ -248,6 +286,9 @@ def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
             filled.append(host)
         inference["hosts"] = filled
     else:
+        section = _mapping(data.get("serving")) or {}
+        top = _with_state_dir(top, section, health, data.get("artifacts_root"))
+        data["serving"] = section
         url = managed_base_url(top, health)
         if not inference.get("endpoints"):
             inference["endpoints"] = [{"name": "managed", "base_url": url}]

@@ -62,8 +62,9 @@ class Host(ABC):
     name: str
 
     @abstractmethod
-    def run(self, command: str, timeout_s: float) -> CommandResult:
-        """Run `command` with a POSIX shell; `timeout_s` bounds the whole call."""
+    def run(self, command: str, timeout_s: float, stdin: bytes = b"") -> CommandResult:
+        """Run `command` with a POSIX shell; `timeout_s` bounds the whole call. `stdin` is what the command
+        reads (then end of file): the way a secret reaches the host without being on a command line."""
 
     @abstractmethod
     def close(self) -> None:

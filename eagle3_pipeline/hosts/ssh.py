@@ -113,11 +113,11 @@ class SshHost(Host):
         port = "" if self.port == 22 else f"-p {self.port} "
         return f"ssh-keyscan {port}{self.hostname} >> {self._known_hosts}"
 
-    def run(self, command: str, timeout_s: float) -> CommandResult:
+    def run(self, command: str, timeout_s: float, stdin: bytes = b"") -> CommandResult:
         started = time.monotonic()
         deadline = started + timeout_s
         channel = self._open_channel(deadline)
-        return self._execute(channel, command, started, deadline)
+        return self._execute(channel, command, started, deadline, stdin)
 
     def close(self) -> None:
         with self._lock:
@@ -319,11 +319,16 @@ class SshHost(Host):
 
     # -- commands ---------------------------------------------------------------------------
 
-    def _execute(self, channel: paramiko.Channel, command: str, started: float, deadline: float) -> CommandResult:
+    def _execute(
+        self, channel: paramiko.Channel, command: str, started: float, deadline: float, stdin: bytes = b""
+    ) -> CommandResult:
         transport = channel.get_transport()
         with _Watchdog(deadline, transport.close) as watchdog:
             try:
                 channel.exec_command(command)
+                if stdin:
+                    channel.sendall(stdin)
+                    channel.shutdown_write()
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 if watchdog.fired:
                     return CommandResult(None, "", "", time.monotonic() - started, True)

@@ -37,6 +37,7 @@ from typing import NoReturn
 from eagle3_pipeline.health import HealthReport, Status, run_health_tick
 from eagle3_pipeline.health.script import Section, SectionOutput, run_shell_probes, section_failure
 from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.hosts.private import PrivateStateError, env_file, read_private, write_private
 from eagle3_pipeline.managed.launch import LaunchLine
 from eagle3_pipeline.managed.outcomes import ServerStatus, StartResult, StopResult, StopVerification
 from eagle3_pipeline.managed.plan import ManagedServerPlan
@@ -125,10 +126,17 @@ class ManagedServer:
             raise ManagedServerError(f"{self._where}: a host command failed ({state}): {why[:300]}")
         return result.stdout
 
+    @property
+    def _state_setting(self) -> str:
+        return f"{self.plan.setting}.log_dir"
+
     def read_record(self) -> ServerRecord | None:
-        """The pid file, or None when there is none."""
-        text = self._run(f"if [ -e {shlex.quote(self.pid_path)} ]; then cat {shlex.quote(self.pid_path)}; fi")
-        if not text.strip():
+        """The pid file, or None when there is none (read only from a private folder, never through a link)."""
+        try:
+            text = read_private(self.host, self.pid_path, self._state_setting)
+        except PrivateStateError as exc:
+            raise ManagedServerError(f"{self._where}: {exc}; nothing was signalled") from None
+        if text is None or not text.strip():
             return None
         try:
             return ServerRecord.from_json(text)
@@ -138,9 +146,14 @@ class ManagedServer:
                 "nothing was signalled"
             ) from None
 
+    def _write_private(self, path: str, data: str) -> None:
+        try:
+            write_private(self.host, path, data.encode(), self._state_setting)
+        except PrivateStateError as exc:
+            raise ManagedServerError(f"{self._where}: {exc}") from None
+
     def _write_record(self, record: ServerRecord) -> None:
-        path = shlex.quote(self.pid_path)
-        self._run(f"printf '%s\\n' {shlex.quote(record.to_json())} >{path}.tmp && mv {path}.tmp {path}")
+        self._write_private(self.pid_path, record.to_json() + "\n")
 
     def _remove_record(self) -> None:
         self._run(f"rm -f {shlex.quote(self.pid_path)}")
@@ -280,8 +293,10 @@ class ManagedServer:
     def _launch(self, launch: LaunchLine, reason: str) -> ServerRecord:
         now = datetime.now(UTC).isoformat(timespec="seconds")
         header = f"=== {now} eagle3-pipeline starts the {launch.purpose.role} server ({reason}): {launch.display()}"
-        env = [f"{name}={value}" for name, value in sorted(launch.env.items())]
-        command = ["env", *env, *launch.argv] if env else list(launch.argv)
+        # The env's values reach the server through a 0600 file it sources, never its command line.
+        env_path = self.plan.serving.env_path
+        self._write_private(env_path, env_file(launch.env).decode())
+        command = ["sh", "-c", '. "$0" && exec "$@"', env_path, *launch.argv]
         tmp = f"{self.pid_path}.launch"
         out = self._run(quote_args("sh", "-c", LAUNCH_SCRIPT, "sh", self.log_path, tmp, header, *command))
         values: dict[str, str] = {}

@@ -31,9 +31,10 @@ exit 0
 """
 # Starts argv detached: `setsid` makes it a session (and group) leader; the shell it runs writes its own
 # pid (the same process once it execs argv) to a temporary file, which this script prints with the stat
-# line. $1 = log, $2 = pid tmp file, $3 = header line, the rest = the command (env assignments first).
+# line. $1 = log, $2 = pid tmp file, $3 = header line, the rest = the command. The log's folder is private
+# (:mod:`eagle3_pipeline.hosts.private`); a log that is a symbolic link is refused, not followed.
 LAUNCH_SCRIPT = r"""log=$1; tmp=$2; header=$3; shift 3
-mkdir -p "$(dirname "$log")" || exit 3
+[ ! -L "$log" ] || { printf 'the log %s is a symbolic link: refused\n' "$log" >&2; exit 5; }
 printf '%s\n' "$header" >>"$log" || exit 3
 rm -f "$tmp"
 setsid sh -c 'echo $$ >"$0"; exec "$@"' "$tmp" "$@" >>"$log" 2>&1 </dev/null &
