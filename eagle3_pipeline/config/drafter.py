@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from eagle3_pipeline.config.base import ConfigModel
+from eagle3_pipeline.config.base import ConfigModel, HttpUrl
 
 
 class DrafterModelConfig(ConfigModel):
@@ -232,7 +232,7 @@ class DrafterBenchmarkConfig(ConfigModel):
         ),
     )
     port: Annotated[int, Field(gt=0, le=65535)] = Field(default=30100, description="The port the server is started on.")
-    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+    base_url: HttpUrl | None = Field(
         default=None, description="Where the server is reached; default: http://<health.host.hostname>:<port>."
     )
     tp_size: Annotated[int, Field(gt=0)] = Field(default=1, description="Tensor-parallel ranks of the server ({tp}).")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from eagle3_pipeline.config.base import ConfigModel
+from eagle3_pipeline.config.base import ConfigModel, HttpUrl
 
 
 class TrainingDataConfig(ConfigModel):
@@ -233,7 +233,7 @@ class HiddenStatesConfig(ConfigModel):
             "with the store's layer ids."
         ),
     )
-    vllm_base_url: Annotated[str, Field(min_length=1)] | None = Field(
+    vllm_base_url: HttpUrl | None = Field(
         default=None,
         description=(
             "backend vllm: the OpenAI-compatible base URL (…/v1) of a vLLM server already started with "

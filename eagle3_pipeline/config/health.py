@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel
+from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel, HttpUrl
 
 
 class HostConfig(ConfigModel):
@@ -80,7 +80,7 @@ class MonitoredServerConfig(ConfigModel):
     port: Annotated[int, Field(gt=0, le=65535)] = Field(
         description="The port the server listens on (the port check wants it owned by the server's process)."
     )
-    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+    base_url: HttpUrl | None = Field(
         default=None,
         description=(
             "The server's base URL for the generation probe; default: the first inference endpoint's (required "

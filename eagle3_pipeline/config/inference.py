@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from eagle3_pipeline.config.base import DATASET_ID_PATTERN, ENV_VAR_PATTERN, ConfigModel
+from eagle3_pipeline.config.base import DATASET_ID_PATTERN, ENV_VAR_PATTERN, ConfigModel, HttpUrl
 from eagle3_pipeline.config.health import SENSOR_ONLY_HEALTH_FIELDS, HealthConfig
 from eagle3_pipeline.config.serving import ServingConfig
 
@@ -56,9 +56,7 @@ class PriceConfig(ConfigModel):
 class EndpointConfig(ConfigModel):
     """One OpenAI-compatible server the prompts are sent to (SGLang, vLLM, transformers serve or a hosted API)."""
 
-    base_url: Annotated[str, Field(pattern=r"^https?://")] = Field(
-        description="The server's OpenAI-compatible base URL, e.g. http://gpu-box:30000/v1."
-    )
+    base_url: HttpUrl = Field(description="The server's OpenAI-compatible base URL, e.g. http://gpu-box:30000/v1.")
     name: Annotated[str, Field(pattern=DATASET_ID_PATTERN)] | None = Field(
         default=None,
         description="How the planner and generation.failover name this endpoint; default: its base URL.",

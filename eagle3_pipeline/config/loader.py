@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from eagle3_pipeline.config.base import ConfigError
+from eagle3_pipeline.config.base import URL_CREDENTIALS, ConfigError
 from eagle3_pipeline.config.pipeline import PipelineConfig, check_runtime
 
 ARTIFACTS_ENV_VAR = "EAGLE3_ARTIFACTS_ROOT"
@@ -82,6 +82,8 @@ def _describe(error: Mapping[str, Any], raw: Any) -> str:
         return f"{where}: unknown key (check the spelling; every allowed key is listed in docs/settings.md)"
     if kind == "missing":
         return f"{where}: required field is missing"
+    if kind == URL_CREDENTIALS:
+        return f"{where}: {error['msg']}"  # never the value: it holds the secret
     shown = error.get("input")
     value = "" if isinstance(shown, (dict, list)) else f" (got {shown!r})"
     return f"{where}: {error['msg']}{value}"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel
+from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel, HttpUrl
 from eagle3_pipeline.config.health import HealthConfig
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class ServingConfig(ConfigModel):
         default=None,
         description="The address it binds (--host); default: 0.0.0.0 on an SSH host, 127.0.0.1 on this machine.",
     )
-    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+    base_url: HttpUrl | None = Field(
         default=None,
         description=(
             "How the pipeline reaches it (…/v1); default: http://<health.host.hostname, or 127.0.0.1 for a local "

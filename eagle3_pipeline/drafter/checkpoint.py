@@ -91,6 +91,6 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(folder: Path) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     from safetensors.torch import load_file
 
-    state: dict[str, Any] = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
+    state: dict[str, Any] = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
     vocab = load_file(str(folder / VOCAB_FILE))
     return state, vocab["d2t"], vocab["t2d"]

@@ -153,6 +153,24 @@ def test_secret_value_never_appears_in_errors(folder: Path, monkeypatch: pytest.
     assert "sk-very-secret-value" not in message
 
 
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        (
+            "inference:\n  kind: endpoints\n  endpoints:\n    - {name: box, base_url: '%s'}\n",
+            "inference.endpoints[0] (name 'box').base_url",
+        ),
+        ("health:\n  server: {kind: sglang, port: 30000, base_url: '%s'}\n", "health.server.base_url"),
+        ("serving: {base_url: '%s'}\n", "serving.base_url"),
+    ],
+)
+def test_a_base_url_with_credentials_is_refused_without_echoing_them(folder: Path, section: str, where: str) -> None:
+    url = "https://alice:hunter2-secret@gpu-box:30000/v1"
+    message = error_for(folder, VALID.replace("target: {model: m}", "target: {model: m, tokenizer: t}") + section % url)
+    assert f"{where}: a URL with credentials (user:password@) is refused" in message
+    assert "hunter2-secret" not in message and "alice" not in message
+
+
 def test_endpoints_kind_needs_an_endpoint(folder: Path) -> None:
     message = error_for(
         folder,
