@@ -2,7 +2,8 @@
 
 One :class:`RemoteRun` is one phase run on the host, in its own folder
 ``<workdir>/runs/<run>-<phase>-<stamp>/`` holding ``spec.json``, the Pipes message file, and for
-each process it starts (``worker``, ``command``): ``NAME.pid`` (the process group), ``NAME.log``
+each process it starts (``worker``, ``command``): ``NAME.pid`` (the process group), ``NAME.id`` (its pid,
+start time and boot id), ``NAME.log``
 (its stdout and stderr) and ``NAME.status`` (its exit status, written when it exits).
 
 - Paths: the local artifacts root maps onto ``compute.artifacts_root`` on the host; every string
@@ -15,7 +16,9 @@ each process it starts (``worker``, ``command``): ``NAME.pid`` (the process grou
   process's fate and continues from the byte it had reached (a host that cannot be reached at
   the start is retried the same way, so a process that never started is reported as such).
 - :meth:`RemoteRun.kill` ends the whole process group (SIGTERM, then SIGKILL after
-  ``compute.kill_grace_s``) and says whether anything is left.
+  ``compute.kill_grace_s``) and says whether anything is left, only while the group's leader is the
+  process recorded in ``NAME.id`` when it started (pid, start time, boot id): a pid reused after the
+  process exited, or after a reboot, is never signalled.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ from eagle3_pipeline.hosts import (
     HostDisconnectedError,
     HostError,
     SshHost,
-    kill_process_group,
     quote_args,
 )
+from eagle3_pipeline.hosts.identity import RECORD_IDENTITY, ProcessIdentity, kill_recorded_group
 
 WORKER = "worker"
 COMMAND = "command"
@@ -277,7 +280,7 @@ class RemoteRun:
         script = (
             f"cd {quote_args(self.run_dir)} || exit 97; : >> {shlex.quote(follow)}; "
             f"( setsid sh -c {shlex.quote(_with_status(command, name))} </dev/null >{name}.log 2>&1 "
-            f"& echo $! > {name}.pid ); " + _tail(name, follow, 0)
+            f"& p=$!; echo $p > {name}.pid; {RECORD_IDENTITY} > {name}.id ); " + _tail(name, follow, 0)
         )
         return self._follow(name, follow, script, on_line)
 
@@ -339,10 +342,20 @@ class RemoteRun:
         )
 
     def kill(self, name: str) -> Fate:
-        """End process group ``name`` (SIGTERM, SIGKILL after the grace time); returns its fate."""
+        """End process group ``name`` (SIGTERM, SIGKILL after the grace time) while its leader is the process
+        recorded in ``NAME.id`` (pid, start time, boot id); a reused pid is left alone, and said so. Returns
+        its fate."""
         fate = self.fate(name)
-        if fate.pid is not None:
-            kill_process_group(self.host, fate.pid, self.compute.kill_grace_s)
+        if fate.pid is None:
+            return fate
+        text = self.host.run(f"cat {quote_args(self.run_dir / f'{name}.id')}", timeout_s=30.0).stdout
+        identity = ProcessIdentity.parse(text.strip())
+        if identity is None or identity.pid != fate.pid:
+            self.warn(f"the {name} of {self.run_dir} has no identity recorded ({name}.id): nothing was signalled")
+            return fate
+        outcome = kill_recorded_group(self.host, identity, self.compute.kill_grace_s)
+        if outcome.refused is not None:
+            self.warn(f"not signalling the {name} of {self.run_dir}: {outcome.refused}; nothing was signalled")
         return self.fate(name)
 
     def log_tail(self, name: str, lines: int = 30) -> str:

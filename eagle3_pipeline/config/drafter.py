@@ -267,8 +267,14 @@ class DrafterBenchmarkConfig(ConfigModel):
             "'-m vllm\\.entrypoints\\.openai\\.api_server\\s.*--port\\s+30100(\\s|$)'."
         ),
     )
-    log_dir: Annotated[str, Field(pattern=r"^/")] = Field(
-        default="/tmp/eagle3_benchmark", description="Absolute folder on the GPU host for the servers' logs."
+    log_dir: Annotated[str, Field(pattern=r"^/")] | None = Field(
+        default=None,
+        description=(
+            "Absolute folder on the GPU host for the servers' logs (launch_command's servers). It must be the host "
+            "user's own and not writable by group or others (created 0700; anything else is refused). Default: "
+            "<artifacts_root>/benchmark on this machine; /home/<user>/.local/state/eagle3_pipeline/benchmark (/root/… "
+            "for root) on an SSH host."
+        ),
     )
     prompts: Annotated[int, Field(gt=0)] = Field(
         default=32, description="Eval prompts sent (token ids from the eval shards)."

@@ -45,6 +45,8 @@ from eagle3_pipeline.config import DrafterBenchmarkConfig, PipelineConfig
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
 from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.hosts.identity import RECORD_IDENTITY, ProcessIdentity, kill_recorded_group
+from eagle3_pipeline.hosts.private import PrivateStateError, ensure_private_dir
 from eagle3_pipeline.managed import ManagedServerPlan, Supervisor
 from eagle3_pipeline.managed.launch import (
     EagleDrafter,
@@ -87,9 +89,10 @@ def make_gate(host: Host, thresholds: HealthThresholds) -> Gate:
 
 def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, ManagedServerPlan | None]:
     """``drafter_benchmark`` with its paths filled in — the drafter's export under the artifacts root where
-    it is trained, the target the managed server serves — and the managed server on the benchmark's host
-    (None: the arms come from ``launch_command``). With a managed server the arms are its launch lines, so
-    the settings that would start another server are refused (:class:`BenchmarkError` naming them)."""
+    it is trained, the target the managed server serves, the private folder of the servers' logs — and the
+    managed server on the benchmark's host (None: the arms come from ``launch_command``). With a managed server
+    the arms are its launch lines, so the settings that would start another server are refused
+    (:class:`BenchmarkError` naming them)."""
     settings = config.drafter_benchmark
     assert settings is not None
     where = f"{config.source_file}: drafter_benchmark"
@@ -104,7 +107,8 @@ def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, 
                 f"{where}.target_model_path: required, since no managed server runs on the benchmark's host "
                 "(health.host)"
             )
-        return settings.model_copy(update={"draft_model_path": drafter}), None
+        log_dir = settings.log_dir or config.health.host.state_dir(str(config.artifacts_root), "benchmark")
+        return settings.model_copy(update={"draft_model_path": drafter, "log_dir": log_dir}), None
     problems = [f"{name} is set" for name in ("launch_command", "speculative_args") if getattr(settings, name)]
     if settings.server != plan.engine:
         problems.append(f"server is {settings.server}, the managed server's engine is {plan.engine}")
@@ -129,7 +133,7 @@ def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, 
 
 
 def benchmark_path(settings: DrafterBenchmarkConfig, name: str) -> str:
-    """``target_model_path`` or ``draft_model_path``, which :func:`benchmark_settings` fills in."""
+    """``target_model_path``, ``draft_model_path`` or ``log_dir``, which :func:`benchmark_settings` fills in."""
     value = getattr(settings, name)
     if not isinstance(value, str):
         raise BenchmarkError(f"drafter_benchmark.{name}: not set (benchmark_settings fills it in from the pipeline)")
@@ -262,26 +266,37 @@ class BenchmarkResult:
 
 
 class RemoteServer:
-    """One server process group on the host, started in its own session and stopped by group."""
+    """One server process group on the host, started in its own session, its log in a private folder
+    (:mod:`eagle3_pipeline.hosts.private`), and stopped by group only while its leader is the process started
+    (pid, start time, boot id: :func:`eagle3_pipeline.hosts.identity.kill_recorded_group`)."""
 
     def __init__(self, host: Host, command: str, log_path: str) -> None:
         self.host = host
         self.command = command
         self.log_path = log_path
-        self.pid: int | None = None
+        self.identity: ProcessIdentity | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.identity.pid if self.identity is not None else None
 
     def start(self) -> None:
-        folder = str(Path(self.log_path).parent)
+        try:
+            ensure_private_dir(self.host, str(Path(self.log_path).parent), "drafter_benchmark.log_dir")
+        except PrivateStateError as exc:
+            raise BenchmarkError(str(exc)) from None
+        log = shlex.quote(self.log_path)
         line = (
-            f"mkdir -p {shlex.quote(folder)} || exit 1; setsid sh -c {shlex.quote(self.command)} "
-            f"> {shlex.quote(self.log_path)} 2>&1 < /dev/null & echo $!"
+            f"if [ -L {log} ]; then echo 'the log is a symbolic link: refused' >&2; exit 1; fi; "
+            f"setsid sh -c {shlex.quote(self.command)} > {log} 2>&1 < /dev/null & p=$!; {RECORD_IDENTITY}"
         )
         result = self.host.run(line, HOST_COMMAND_TIMEOUT_S)
-        if not result.ok or not result.stdout.strip().isdigit():
+        identity = ProcessIdentity.parse(result.stdout.strip()) if result.ok else None
+        if identity is None:
             raise BenchmarkError(
                 f"{self.host.name}: could not start the server ({result.stderr.strip() or result.stdout.strip()})"
             )
-        self.pid = int(result.stdout.strip())
+        self.identity = identity
 
     def alive(self) -> bool:
         return (
@@ -292,16 +307,11 @@ class RemoteServer:
         return self.host.run(quote_args("tail", "-n", str(lines), self.log_path), HOST_COMMAND_TIMEOUT_S).stdout
 
     def stop(self) -> None:
-        if self.pid is None:
+        if self.identity is None:
             return
-        pid = int(self.pid)
-        # `kill -SIG -PGID` (no `--`): the form dash's builtin kill accepts as well as bash's
-        script = (
-            f"kill -TERM -{pid} 2>/dev/null; for i in $(seq {STOP_GRACE_S}); do "
-            f"pgrep -g {pid} >/dev/null || exit 0; sleep 1; done; kill -KILL -{pid} 2>/dev/null; exit 0"
-        )
-        self.host.run(script, STOP_GRACE_S + HOST_COMMAND_TIMEOUT_S)
-        self.pid = None
+        # Refused only when its pid is another process's or the host rebooted: the server is gone either way.
+        kill_recorded_group(self.host, self.identity, STOP_GRACE_S)
+        self.identity = None
 
 
 class _Client:
@@ -428,7 +438,9 @@ class CommandServers:
     def start(self, arm: str) -> ServerSpec:
         settings = self.settings
         self.server = RemoteServer(
-            self.host, launch_command(settings, arm == "speculative"), f"{settings.log_dir}/{arm}.log"
+            self.host,
+            launch_command(settings, arm == "speculative"),
+            f"{benchmark_path(settings, 'log_dir')}/{arm}.log",
         )
         self.report.log(f"{arm}: starting `{self.server.command}` on {self.host.name}")
         self.server.start()

@@ -28,7 +28,6 @@ from eagle3_pipeline.hosts.host import (
     HostDisconnectedError,
     HostError,
     HostKeyError,
-    kill_process_group,
     quote_args,
 )
 from eagle3_pipeline.hosts.local import LocalHost
@@ -49,7 +48,6 @@ __all__ = [
     "SshHost",
     "build_host",
     "host_key_fingerprint",
-    "kill_process_group",
     "quote_args",
 ]
 

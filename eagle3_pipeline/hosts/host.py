@@ -84,17 +84,3 @@ class Host(ABC):
 
 def text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
-
-
-def kill_process_group(host: Host, pgid: int, grace_s: float) -> bool:
-    """SIGTERM the process group `pgid` on `host`, SIGKILL it after `grace_s`; True when no live
-    process of the group is left (zombies waiting for their parent do not count)."""
-    live = f"ps -eo pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' | grep -q ."
-    script = (
-        f"env kill -TERM -- -{int(pgid)} 2>/dev/null; i=0; "
-        f"while {live} && [ $i -lt {max(1, int(grace_s * 10))} ]; do sleep 0.1; i=$((i+1)); done; "
-        f"env kill -KILL -- -{int(pgid)} 2>/dev/null; sleep 0.2; "
-        f"if {live}; then echo alive; else echo gone; fi"
-    )
-    result = host.run(script, timeout_s=grace_s + 30.0)
-    return result.stdout.strip().endswith("gone")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,17 @@ import pytest
 
 from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.drafter.online import BenchmarkError, eval_prompts, launch_command, make_gate, run_benchmark
+from eagle3_pipeline.drafter.online import (
+    BenchmarkError,
+    RemoteServer,
+    benchmark_settings,
+    eval_prompts,
+    launch_command,
+    make_gate,
+    run_benchmark,
+)
 from eagle3_pipeline.hosts import LocalHost
+from eagle3_pipeline.hosts.identity import ProcessIdentity
 from eagle3_pipeline.serving import free_port
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.reporter import Recorder
@@ -243,3 +253,44 @@ def test_a_recorded_benchmark_of_the_same_drafter_starts_no_server(tmp_path: Pat
 
     (drafter / "model.safetensors").write_bytes(b"weights v2")
     assert materialize()["reused"] is False, "another drafter is benchmarked again"
+
+
+def test_the_servers_logs_default_to_a_private_folder_under_the_artifacts_root(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "vllm", log_dir=None)
+    settings, _ = benchmark_settings(config)
+    assert settings.log_dir == f"{tmp_path / 'out'}/benchmark"
+    server = RemoteServer(LocalHost(), "sleep 300", f"{settings.log_dir}/baseline.log")
+    server.start()
+    try:
+        assert oct((tmp_path / "out" / "benchmark").stat().st_mode & 0o777) == "0o700" and server.alive()
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+def test_a_log_folder_others_can_write_or_a_log_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(BenchmarkError, match=r"drafter_benchmark\.log_dir: the state folder .*/open on localhost is"):
+        RemoteServer(LocalHost(), "sleep 300", f"{tmp_path / 'open'}/baseline.log").start()
+    (tmp_path / "logs").mkdir(mode=0o700)
+    (tmp_path / "victim").write_text("precious\n")
+    (tmp_path / "logs" / "baseline.log").symlink_to(tmp_path / "victim")
+    with pytest.raises(BenchmarkError, match="the log is a symbolic link: refused"):
+        RemoteServer(LocalHost(), "sleep 300", f"{tmp_path / 'logs'}/baseline.log").start()
+    assert (tmp_path / "victim").read_text() == "precious\n"
+
+
+def test_a_stop_leaves_a_process_that_reused_the_servers_pid_alone(tmp_path: Path) -> None:
+    """The server exited; its pid now names a bystander in a session of its own, started later."""
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        stat = Path(f"/proc/{bystander.pid}/stat").read_text().rpartition(")")[2].split()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        server = RemoteServer(LocalHost(), "sleep 300", f"{tmp_path}/logs/baseline.log")
+        server.identity = ProcessIdentity(bystander.pid, int(stat[19]) - 5, boot)
+        server.stop()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
