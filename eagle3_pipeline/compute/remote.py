@@ -241,6 +241,13 @@ class RemoteRun:
             self.host.upload(local, target)
         return target
 
+    def remove(self, folder: str) -> None:
+        """Delete ``folder`` on the host, which must be under its artifacts root (e.g. an imported output)."""
+        path = PurePosixPath(folder)
+        if self.remote_root not in path.parents or ".." in path.parts:
+            raise RemoteError(f"refusing to delete {folder}: not under the host's artifacts root {self.remote_root}")
+        self._run_checked(f"rm -rf {quote_args(path)}", f"delete {folder}")
+
     def fetch(self, relative_paths: Sequence[str]) -> list[Path]:
         """Download files under the host's artifacts root to the same place under the local root."""
         fetched = []

@@ -16,6 +16,8 @@
   run's log; ``{spec}`` is the extract spec, host paths), then the worker's ``import-specforge``
   phase turns its output folder into our store there, building the store's identity from that
   extract spec on the host (:func:`eagle3_pipeline.hidden_states.importer.spec_from_extract`).
+  The output folder, ``<artifacts_root>/specforge/<training data version>``, is emptied before the
+  command runs and deleted once the import succeeded (a SpecForge output is TB for a 1T target).
   Every other phase (``train``, ``evaluate``) runs our worker on that host as for ``ssh``.
 
 Outputs stay on the host under ``compute.artifacts_root``; only the ``fetch`` paths come back.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -153,6 +156,15 @@ def _guarded(
                 f"it is {fate.describe()}"
             )
         raise
+
+
+def _output_name(spec: Mapping[str, Any]) -> str:
+    """The command's output folder: named by the training data's version, so that a retry rewrites the same
+    folder (emptied first) instead of writing a whole SpecForge output beside the last."""
+    from eagle3_pipeline.dataprep.reader import TrainingData
+
+    version = TrainingData.open(Path(spec["training_data"])).version()
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", version).strip(".-")[:80] or "training-data"
 
 
 def _require_success(remote: RemoteRun, name: str, fate: Fate) -> None:
@@ -294,7 +306,7 @@ def run_heavy_phase(
         extra: dict[str, Any] = {}
         if compute.kind == "command" and phase == COMMAND_PHASE:
             assert compute.command is not None
-            output_dir = str(remote.remote_root / "specforge" / remote.run_dir.name)
+            output_dir = str(remote.remote_root / "specforge" / _output_name(spec))
             remote.write_spec(remote_spec)
             user = remote.user_command(compute.command, output_dir)
             context.log.info(
@@ -304,7 +316,7 @@ def run_heavy_phase(
                 context,
                 remote,
                 COMMAND,
-                f"mkdir -p {shlex.quote(output_dir)} && {user}",
+                f"rm -rf {shlex.quote(output_dir)} && mkdir -p {shlex.quote(output_dir)} && {user}",
                 f"{COMMAND}.log",
                 lambda line: context.log.info(f"[command] {line}"),
             )
@@ -315,6 +327,9 @@ def run_heavy_phase(
         remote.write_spec(remote_spec)
         count = resolve_processes(processes, remote.gpu_count() if processes == "auto" else 0)
         metadata = _run_worker(context, remote, phase, python[0] if python is not None else compute.python, count)
+        if "command_output" in extra:
+            remote.remove(extra["command_output"])
+            context.log.info(f"imported, so deleted the command's output {extra['command_output']} on {host.name}")
         fetched = remote.fetch(fetch)
     return {
         **metadata,

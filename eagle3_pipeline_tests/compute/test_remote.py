@@ -349,7 +349,10 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(
     assert command_lines[-1] == "[command] wrote 10 files"
     assert any(m.startswith("importing 10 SpecForge samples") for m in lines)
     [materialization] = result.asset_materializations_for_node("hidden_states")
-    assert str(materialization.metadata["command_output"].value).startswith(str(layout.remote / "specforge"))
+    output = layout.remote / "specforge" / "td-test"  # named by the training data's version
+    assert materialization.metadata["command_output"].value == str(output)
+    assert any(m.startswith(f"imported, so deleted the command's output {output}") for m in lines)
+    assert not output.exists() and list((layout.remote / "specforge").iterdir()) == []
     assert materialization.metadata["loss_mask_disagreements"].value == 0
     manifest = json.loads((layout.local / "hidden_states" / "manifest.json").read_text())
     assert manifest["training_data_version"] == "td-test" and manifest["aux_layer_ids"] == LAYERS
