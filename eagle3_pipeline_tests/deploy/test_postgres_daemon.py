@@ -1,6 +1,6 @@
 """deploy/ for real: a PostgreSQL-backed instance (deploy/dagster.yaml, unchanged), the code location
-in its own `dagster code-server` (deploy/workspace.yaml, unchanged; started on a location file of
-the test's pipeline file), and the real `dagster-daemon`.
+in its own `dagster code-server` (deploy/workspace.yaml, unchanged; started by the command line it documents,
+on a location file of the test's pipeline file: it listens on 127.0.0.1 only), and the real `dagster-daemon`.
 
 The scenario of orchestration/test_daemon.py on five datasets: B1 is materialized before the daemon
 starts; B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -40,6 +41,19 @@ pytestmark = [pytest.mark.local_model, pytest.mark.daemon, pytest.mark.postgres]
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOST_TAG = "eagle3/host"
+
+
+def documented_code_server(location: Path, port: int) -> list[str]:
+    """The `dagster code-server start -f location.py …` line of deploy/workspace.yaml as written, with the test's
+    location file and port."""
+    [line] = [
+        text.lstrip("# ").strip()
+        for text in (REPO / "deploy" / "workspace.yaml").read_text().splitlines()
+        if "code-server start -f" in text
+    ]
+    argv = shlex.split(line)
+    replaced = {"dagster": str(BIN / "dagster"), "location.py": str(location), "4000": str(port)}
+    return [replaced.get(word, word) for word in argv]
 
 
 @contextmanager
@@ -101,22 +115,13 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
     assert defs.resolve_job_def(GENERATION_JOB).execute_in_process(partition_key="B1", instance=instance).success
 
     logs = [tmp_path / "code_server.log", tmp_path / "daemon.log"]
-    code_server_argv = [
-        str(BIN / "dagster"),
-        "code-server",
-        "start",
-        "-f",
-        str(location_file(tmp_path, config_path)),
-        "--location-name",
-        "eagle3_pipeline",
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(code_port),
-    ]
+    code_server_argv = documented_code_server(location_file(tmp_path, config_path), code_port)
     with process(code_server_argv, logs[0], tmp_path) as code_server:
         health = [str(BIN / "dagster"), "api", "grpc-health-check", "--host", "127.0.0.1", "--port", str(code_port)]
         wait_for(lambda: subprocess.run(health, capture_output=True).returncode == 0, 180, logs, [code_server])
+        listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True, check=True).stdout.split()
+        assert f"127.0.0.1:{code_port}" in listening  # the documented binding: loopback only
+        assert not {f"0.0.0.0:{code_port}", f"*:{code_port}", f"[::]:{code_port}"} & set(listening)
 
         submitted = {}
         for partition in ("B2", "B3"):
