@@ -187,3 +187,30 @@ def test_one_host_managed_among_unmanaged_ones(tmp_path: Path) -> None:
     assert [e.base_url for e in mine.inference.endpoints] == ["http://127.0.0.1:30000/v1"]
     assert managed_server(config, "mine") is not None and managed_server(config, "mine").bind_host == "127.0.0.1"  # type: ignore[union-attr]
     assert config.for_host("theirs").health.server is None
+
+
+def test_the_state_folder_defaults_to_the_artifacts_root_or_the_ssh_users_home(tmp_path: Path) -> None:
+    """No `/tmp`: a local server's state is under the artifacts root, an SSH host's under its user's home (each
+    inference host its own), and the health checks watch that log."""
+    serving = {key: value for key, value in KIMI_SERVING.items() if key != "log_dir"}
+    local = write_pipeline(tmp_path, {"serving": serving})
+    assert local.serving.log_dir == f"{tmp_path / 'artifacts'}/serving"
+    assert (
+        local.health.server is not None
+        and local.health.server.log_path == f"{tmp_path / 'artifacts'}/serving/managed-30000.log"
+    )
+    remote = write_pipeline(tmp_path, {"serving": serving, "health": GPU_BOX})
+    assert remote.serving.pid_path == "/home/eagle3/.local/state/eagle3_pipeline/serving/managed-30000.json"
+    root = {**GPU_BOX, "host": {**GPU_BOX["host"], "username": "root"}}
+    assert write_pipeline(tmp_path, {"serving": serving, "health": root}).serving.log_dir == (
+        "/root/.local/state/eagle3_pipeline/serving"
+    )
+    hosts = [
+        {"name": "a", "health": {"host": {"kind": "ssh", "hostname": "a.internal", "username": "ann"}}},
+        {"name": "b", "health": {"host": {"kind": "local"}}},
+    ]
+    config = write_pipeline(tmp_path, {"serving": serving, "inference": {"kind": "endpoints", "hosts": hosts}})
+    assert [plan.serving.log_dir for plan in managed_servers(config)] == [
+        "/home/ann/.local/state/eagle3_pipeline/serving",
+        f"{tmp_path / 'artifacts'}/serving",
+    ]
