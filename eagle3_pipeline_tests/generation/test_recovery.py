@@ -121,7 +121,7 @@ def test_a_server_found_serving_leaves_the_failure_an_ordinary_one(tmp_path: Pat
 
 
 def test_failures_that_are_not_a_dead_server_never_call_the_hook(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    fake_openai.script = lambda body, number: Reply(status=503) if number in (3, 4) else Reply()
+    fake_openai.script = lambda body, number: Reply(status=429) if number in (3, 4) else Reply()
     calls: list[str] = []
     hook = ServerRecovery(frozenset({fake_openai.base_url}), lambda f: calls.append(f) or Recovered(False, ""))
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
