@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from eagle3_pipeline.config import ServingConfig
+from eagle3_pipeline.health import HealthReport, Status
+from eagle3_pipeline.managed.lifecycle import READY_CHECKS
 
 # The default window: this share of the server's measured start time (of serving.startup_timeout_s before one
 # was measured), at least hang_probes × hang_probe_timeout_s.
@@ -111,3 +113,15 @@ class HangWatch:
             f"{len(self.probes)} probe(s): {failed} failed in a row over {span:.1f} s, {unknown} could not tell "
             f"(hung takes {self.policy.describe()})"
         )
+
+
+def probe_outcome(report: HealthReport) -> tuple[ProbeOutcome, str]:
+    """A probe's outcome from its health tick: answered (process, port and generation OK or WARN, e.g. a
+    429), failed (one of them CRITICAL), else unknown; and what the checks that are not OK said."""
+    checks = [c for c in report.checks if c.name in READY_CHECKS]
+    shown = "; ".join(f"{c.name} {c.status.value}: {c.detail}" for c in checks if c.status != Status.OK)
+    if any(c.status == Status.CRITICAL for c in checks):
+        return "failed", shown
+    if all(c.status in (Status.OK, Status.WARN) for c in checks) and len(checks) == len(READY_CHECKS):
+        return "answered", shown or report.summary()
+    return "unknown", shown or "the probe's checks did not report"

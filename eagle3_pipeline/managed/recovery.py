@@ -36,10 +36,10 @@ from typing import Any
 
 from eagle3_pipeline.config import ServingConfig
 from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery
-from eagle3_pipeline.health import HealthReport, Status, run_health_tick
-from eagle3_pipeline.managed.hang import HangPolicy, HangWatch, ProbeOutcome
+from eagle3_pipeline.health import run_health_tick
+from eagle3_pipeline.managed.hang import HangPolicy, HangWatch, probe_outcome
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.managed.lifecycle import READY_CHECKS, ManagedServerError
+from eagle3_pipeline.managed.lifecycle import ManagedServerError
 from eagle3_pipeline.managed.outcomes import ServerStatus
 from eagle3_pipeline.managed.supervisor import Action, ServerEvent, Supervisor
 
@@ -111,7 +111,7 @@ class GenerationRecovery:
                     return died
             started = time.monotonic() - began
             report, _ = run_health_tick(server.host, server.plan.server_spec(), thresholds)
-            outcome, detail = _probe_outcome(report)
+            outcome, detail = probe_outcome(report)
             verdict = watch.add(outcome, started, time.monotonic() - began, detail)
             self._probed(watch.probes[-1])
             if verdict == "serving":
@@ -216,15 +216,3 @@ class GenerationRecovery:
         """A ``probed`` event: one probe of the hang check, its outcome and what it found."""
         why = f"{self.reason}: hang check probe {probe['probe']}: {probe['outcome']} ({probe['detail']})"
         self.supervisor.on_event(ServerEvent("probed", self.supervisor.name, self.purpose.role, why, metadata=probe))
-
-
-def _probe_outcome(report: HealthReport) -> tuple[ProbeOutcome, str]:
-    """A probe's outcome from its health tick: answered (process, port and generation OK or WARN, e.g. a
-    429), failed (one of them CRITICAL), else unknown; and the checks that are not OK."""
-    checks = [c for c in report.checks if c.name in READY_CHECKS]
-    shown = "; ".join(f"{c.name} {c.status.value}: {c.detail}" for c in checks if c.status != Status.OK)
-    if any(c.status == Status.CRITICAL for c in checks):
-        return "failed", shown
-    if all(c.status in (Status.OK, Status.WARN) for c in checks) and len(checks) == len(READY_CHECKS):
-        return "answered", shown or report.summary()
-    return "unknown", shown or "the probe's checks did not report"

@@ -6,13 +6,15 @@ managed/test_recovery.py and against the real vLLM in real_vllm/test_recovery_po
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from eagle3_pipeline.config import HealthConfig, ServingConfig
-from eagle3_pipeline.managed.hang import HangPolicy, HangWatch
+from eagle3_pipeline.health import CheckResult, HealthReport, Status
+from eagle3_pipeline.managed.hang import HangPolicy, HangWatch, probe_outcome
 
 POLICY = HangPolicy(probes=3, window_s=60.0, probe_timeout_s=30.0)
 
@@ -88,3 +90,23 @@ def test_a_health_tick_shorter_than_its_generation_check_is_refused() -> None:
         HealthConfig(generation_timeout_s=30, tick_timeout_s=15)
     defaults = HealthConfig()
     assert defaults.generation_timeout_s > 20 and defaults.tick_timeout_s > defaults.generation_timeout_s
+
+
+def report(**statuses: Status) -> HealthReport:
+    checks = tuple(CheckResult(name, status, f"{name} said so", "box") for name, status in statuses.items())
+    return HealthReport(checks, datetime.now(UTC))
+
+
+def test_a_probe_is_answered_failed_or_unknown_from_its_tick() -> None:
+    ok, warn, unknown, critical = Status.OK, Status.WARN, Status.UNKNOWN, Status.CRITICAL
+    assert probe_outcome(report(server_process=ok, port=ok, generation=ok, gpus=critical))[0] == "answered"
+    assert probe_outcome(report(server_process=ok, port=ok, generation=warn)) == (
+        "answered",
+        "generation warn: generation said so",
+    ), "a 429 is a server that answers"
+    assert probe_outcome(report(server_process=unknown, port=ok, generation=critical)) == (
+        "failed",
+        "server_process unknown: server_process said so; generation critical: generation said so",
+    )
+    assert probe_outcome(report(server_process=unknown, port=unknown, generation=ok))[0] == "unknown"
+    assert probe_outcome(report(server_process=ok, port=ok)) == ("unknown", "the probe's checks did not report")
