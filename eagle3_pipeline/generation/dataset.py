@@ -211,9 +211,11 @@ def _refuse_too_many_failed(
     dataset_id: str, summary: GenerationSummary, sent: int, max_failed_fraction: float, layout: ArtifactLayout
 ) -> None:
     allowed = int(max_failed_fraction * sent)
-    if summary.failed > allowed:
+    failed = summary.failed + summary.quarantined_earlier  # a prompt quarantined earlier is not sent again
+    if failed > allowed:
         raise GenerationFailed(
-            f"{dataset_id}: {summary.failed} of {sent} requests failed (allowed: {allowed}); the finished "
+            f"{dataset_id}: {failed} of {sent} requests failed (allowed: {allowed}; quarantined: "
+            f"{summary.quarantined + summary.quarantined_earlier}); the finished "
             f"answers are checkpointed and a rerun retries only the rest. "
             f"First errors: {'; '.join(summary.error_examples)}. "
             f"All of them: {layout.errors(dataset_id)}",

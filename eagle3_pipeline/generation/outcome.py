@@ -34,6 +34,8 @@ class GenerationSummary:
     moved_in_flight: int = 0
     restarts: list[dict[str, Any]] = field(default_factory=list)
     resent_after_restart: int = 0
+    quarantined: int = 0  # prompts quarantined in this run (in `failed` too)
+    quarantined_earlier: int = 0  # prompts an earlier run quarantined, not sent
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,6 +63,8 @@ class GenerationSummary:
             "server_restarts": len(self.restarts),
             "restarts": self.restarts,
             "requests_resent_after_restart": self.resent_after_restart,
+            "quarantined_now": self.quarantined,
+            "quarantined_earlier": self.quarantined_earlier,
         }
 
 

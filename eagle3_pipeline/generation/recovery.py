@@ -4,15 +4,17 @@ The caller hands the engine a :class:`ServerRecovery`: the endpoints it covers a
 blocking callable (for a managed server: :class:`eagle3_pipeline.managed.recovery.GenerationRecovery`,
 which checks the server and restarts it). When an attempt on one of those endpoints fails the way a
 dead or hung server fails (:data:`SERVER_DOWN_KINDS`: the connection refused, reset or dropped, no
-answer in time), :class:`SharedRecovery` runs ``recover`` in a thread, once: attempts that fail while
+answer in time, an HTTP 5xx — vLLM answers 500 to the requests in flight when its engine died),
+:class:`SharedRecovery` runs ``recover`` in a thread, once: attempts that fail while
 it runs wait for it and take its verdict, and no request is sent until it is over.
 
 - ``recover`` found the server serving (:attr:`Recovered.restarted` false): the failure is an ordinary
   one (retried and counted as before).
 - it restarted the server: the attempts that failed on the old one, and those still in flight on it
   (cancelled), are sent again and count against neither ``retry.max_attempts`` nor
-  ``max_consecutive_errors``. An answer is written only when its request returns, so a request in
-  flight when the server died is neither lost nor answered twice.
+  ``max_consecutive_errors``; one at a time, and a prompt in flight at two crashes is quarantined
+  (:mod:`.quarantine`). An answer is written only when its request returns, so a request in flight when
+  the server died is neither lost nor answered twice.
 - it could not bring the server back (the restarts it allows are spent, or a start failed): it raises
   :class:`RecoveryFailed`, and the run stops with that message.
 
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-SERVER_DOWN_KINDS = frozenset({"connection", "timeout"})
+SERVER_DOWN_KINDS = frozenset({"connection", "timeout", "server_error"})
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,14 @@ class ServerRecovery:
 class SharedRecovery:
     """One recovery at a time for a run's requests (module doc). ``on_restarts`` hears the restarts each
     recovery made (also when it gave up), ``on_restarted`` each recovery that brought the server back
-    (the runner cancels the attempts still in flight on the old one)."""
+    (the runner cancels the attempts still in flight on the old one), with when that recovery started and
+    its verdict."""
 
     def __init__(
         self,
         hook: ServerRecovery,
         on_restarts: Callable[[Sequence[dict[str, Any]]], None],
-        on_restarted: Callable[[], None],
+        on_restarted: Callable[[float, Recovered], None],
     ) -> None:
         self.hook = hook
         self.on_restarts = on_restarts
@@ -118,5 +121,5 @@ class SharedRecovery:
         self.last = (started, verdict)
         self.on_restarts(verdict.restarts)
         if verdict.restarted:
-            self.on_restarted()
+            self.on_restarted(started, verdict)
         return verdict

@@ -15,7 +15,8 @@ to one backend at a time and a watcher moves the dataset on (see :mod:`.failover
 flight on the old backend are cancelled and each is sent again, once, to the new one. With a
 ``recovery`` hook (a managed server), a request that fails the way a dead or hung server fails waits
 for one shared recovery; when it restarted the server, the failed requests and those in flight on the
-old server are sent again without counting as retries or errors (see :mod:`.recovery`).
+old server are sent again without counting as retries or errors (see :mod:`.recovery`), one at a time, and
+a prompt in flight at two crashes is quarantined (see :mod:`.quarantine`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from eagle3_pipeline.generation.failover import Failover, FailoverSettings
 from eagle3_pipeline.generation.outcome import GenerationFailed, GenerationSummary, ModelChanged, ServerLost
 from eagle3_pipeline.generation.progress import Progress, ProgressSink, eta_s
 from eagle3_pipeline.generation.prompts import estimate_tokens
-from eagle3_pipeline.generation.recovery import RecoveryFailed, ServerRecovery, SharedRecovery
+from eagle3_pipeline.generation.quarantine import QUARANTINED_KIND, Quarantine, Quarantined, quarantined_ids
+from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery, SharedRecovery
 from eagle3_pipeline.generation.retry import backoff_s
 from eagle3_pipeline.records import Message, PromptRecord, normalized
 
@@ -89,6 +91,9 @@ class _Run:
         self.recovery = (
             SharedRecovery(recovery, summary.restarts.extend, self._restarted) if recovery is not None else None
         )
+        self.quarantine = Quarantine() if recovery is not None else None
+        self.sent: dict[asyncio.Task[Any], tuple[str, float]] = {}  # attempt → (prompt id, when it was sent)
+        self.awaiting: dict[str, float] = {}  # prompt id → when its failed attempt was sent, while it awaits a verdict
         self.finished = (
             len(finished),
             sum(int(r.get("completion_tokens") or 0) for r in finished),
@@ -155,7 +160,11 @@ class _Run:
             self._succeeded(record)
         except RequestFailed as failed:
             self._failed(prompt, failed)
+        except Quarantined as quarantined:
+            self._quarantined(prompt, str(quarantined))
         finally:
+            if self.quarantine is not None:
+                await self.quarantine.finished(prompt.id)
             idle.append(client)
             slot.release()
             self.remaining -= 1
@@ -167,7 +176,7 @@ class _Run:
         keep = self.settings.reasoning == "keep"
         turns: list[tuple[int, Completion]] = []
         for index in [*turns_to_regenerate(history, self.settings.regenerate_turns), len(history)]:
-            turn = await self._complete(client, history[:index], tools, prompt.tools)
+            turn = await self._complete(client, prompt.id, history[:index], tools, prompt.tools)
             self._same_model(prompt, turn)
             history[index : index + 1] = [generated_message(turn, keep)]
             turns.append((index, turn))
@@ -189,6 +198,7 @@ class _Run:
     async def _complete(
         self,
         client: httpx.AsyncClient,
+        prompt_id: str,
         messages: list[Message],
         tools: list[dict[str, Any]] | None,
         tools_text: str | None,
@@ -200,6 +210,8 @@ class _Run:
         while True:
             if self.recovery is not None:
                 await self._server_back()
+            if self.quarantine is not None:
+                await self.quarantine.turn(prompt_id)
             attempt += 1
             endpoint = self.pool.acquire(avoid)
             body = request_body(
@@ -208,6 +220,7 @@ class _Run:
             sent_at = time.monotonic()
             attempt_task = asyncio.create_task(attempt_completion(client, endpoint, body, prompt_tokens_est))
             self.attempts[attempt_task] = endpoint
+            self.sent[attempt_task] = (prompt_id, sent_at)
             try:
                 await asyncio.wait({attempt_task})
             except BaseException:
@@ -215,21 +228,25 @@ class _Run:
                 self.pool.release(endpoint, ok=False)
                 raise
             finally:
-                del self.attempts[attempt_task]
-            if attempt_task.cancelled():  # moved to another backend, or its server restarted: send it again, once
-                self.pool.release(endpoint, ok=True)
-                attempt, avoid = attempt - 1, None
-                continue
-            outcome = attempt_task.result()
-            self.pool.release(endpoint, ok=isinstance(outcome, Completion))
-            if isinstance(outcome, Completion):
-                if self.failover:
-                    self.failover.answered(endpoint, outcome.completion_tokens)
-                return outcome
-            if await self._restarted_for(endpoint, outcome, sent_at):  # failed on the old server: send it again
-                self.summary.resent_after_restart += 1
-                attempt, avoid = attempt - 1, None
-                continue
+                del self.attempts[attempt_task], self.sent[attempt_task]
+            try:  # in flight for the quarantine's gate until a failure is judged: nothing slips in before a recovery
+                if attempt_task.cancelled():  # moved to another backend, or its server restarted: send it again, once
+                    self.pool.release(endpoint, ok=True)
+                    attempt, avoid = attempt - 1, None
+                    continue
+                outcome = attempt_task.result()
+                self.pool.release(endpoint, ok=isinstance(outcome, Completion))
+                if isinstance(outcome, Completion):
+                    if self.failover:
+                        self.failover.answered(endpoint, outcome.completion_tokens)
+                    return outcome
+                if await self._restarted_for(endpoint, outcome, prompt_id, sent_at):  # failed on the old server
+                    self.summary.resent_after_restart += 1
+                    attempt, avoid = attempt - 1, None
+                    continue
+            finally:
+                if self.quarantine is not None:
+                    await self.quarantine.sent(prompt_id)
             if (
                 self.failover
                 and outcome.retryable
@@ -257,27 +274,37 @@ class _Run:
         except RecoveryFailed as exc:
             raise self._lost(exc) from None
 
-    async def _restarted_for(self, endpoint: Endpoint, outcome: AttemptFailure, sent_at: float) -> bool:
+    async def _restarted_for(self, endpoint: Endpoint, outcome: AttemptFailure, prompt_id: str, sent_at: float) -> bool:
         """Whether ``outcome`` is a dead or hung server's failure that a recovery answered by restarting it
         (:mod:`.recovery`); False for any other failure, and when the server was found serving."""
         recovery = self.recovery
         if recovery is None or not recovery.covers(endpoint.base_url, outcome.kind):
             return False
+        self.awaiting[prompt_id] = sent_at
         try:
             verdict = await recovery.after_failure(self.pool.redact(outcome.reason), sent_at)
         except RecoveryFailed as exc:
             raise self._lost(exc) from None
+        finally:
+            self.awaiting.pop(prompt_id, None)
         return verdict.restarted
 
-    def _restarted(self) -> None:
-        """A recovery restarted the server: cancel the attempts still in flight on the old one (each is
-        sent again by its request)."""
-        assert self.recovery is not None
+    def _restarted(self, started: float, verdict: Recovered) -> None:
+        """A recovery that started at ``started`` restarted the server: the prompts in flight on the old one
+        (sent before it started) are suspects or quarantined (:mod:`.quarantine`), and the attempts still in
+        flight are cancelled (each is sent again by its request)."""
+        assert self.recovery is not None and self.quarantine is not None
         hook = self.recovery.hook
+        crashed = {p for p, sent_at in self.awaiting.items() if sent_at < started}
         for task, endpoint in self.attempts.items():
             if hook.serves(endpoint.base_url) and not task.done():
+                prompt_id, sent_at = self.sent[task]
+                if sent_at < started:
+                    crashed.add(prompt_id)
                 task.cancel()
                 self.summary.resent_after_restart += 1
+        why = verdict.restarts[-1]["reason"] if verdict.restarts else verdict.detail
+        self.quarantine.crashed(crashed, len(self.summary.restarts), why)
 
     def _lost(self, exc: RecoveryFailed) -> ServerLost:
         self.stopping = True
@@ -368,6 +395,15 @@ class _Run:
         summary.truncated += record["finish_reason"] == "length"
         summary.usage_estimated += bool(record.get("usage_estimated"))
         self.consecutive_failures = 0
+
+    def _quarantined(self, prompt: PromptRecord, reason: str) -> None:
+        """A quarantined prompt: failed, in the errors file as such (the next run leaves it out)."""
+        entry = {"id": prompt.id, "dataset": prompt.dataset, "reason": reason, "kind": QUARANTINED_KIND}
+        self.errors.append({**entry, "quarantined": True, "retryable": False, "at": time.time()})
+        self.summary.failed += 1
+        self.summary.quarantined += 1
+        if len(self.summary.error_examples) < ERROR_EXAMPLES:
+            self.summary.error_examples.append(f"{prompt.id}: {reason}")
 
     def _failed(self, prompt: PromptRecord, failed: RequestFailed) -> None:
         reason = self.pool.redact(str(failed))
@@ -479,6 +515,9 @@ async def generate_async(
         finished = [record for key, record in writer.done.items() if key in ids]
         todo = pending(prompts, writer.done)
         summary.already_done = len(prompts) - len(todo)
+        earlier = quarantined_ids(errors_path)
+        summary.quarantined_earlier = sum(p.id in earlier for p in todo)
+        todo = [p for p in todo if p.id not in earlier]
         counted = sum(counted_tokens(r, settings.budget_counts) for r in finished)
         budget = TokenBudget(token_budget, counted, len(finished), _first_guess(todo, settings))
         if not todo:

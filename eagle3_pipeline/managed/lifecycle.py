@@ -272,7 +272,8 @@ class ManagedServer:
             time.sleep(self.poll_s)
         snap = self._snapshot(record.pid, record.pgid)
         seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
-        record = replace(record, cmdline=snap.leader_cmdline, members=seen.refs())
+        ready_s = round(time.monotonic() - started, 3)
+        record = replace(record, cmdline=snap.leader_cmdline, members=seen.refs(), ready_s=ready_s)
         self._write_record(record)
         return StartResult(
             server=self.plan.name,

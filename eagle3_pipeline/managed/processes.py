@@ -116,6 +116,7 @@ class ServerRecord:
     log_path: str
     cmdline: tuple[str, ...] | None = None  # as /proc/<pid>/cmdline shows it once ready
     members: tuple[ProcessRef, ...] = ()  # the group's processes seen, the leader included
+    ready_s: float | None = None  # seconds from the start to ready (what a restart costs), once ready
 
     def to_json(self) -> str:
         return json.dumps({"version": RECORD_VERSION, **asdict(self)}, sort_keys=True)

@@ -4,11 +4,15 @@ hung server fails.
 
 :class:`GenerationRecovery` (blocking; the engine runs it in a thread, once for all the failed requests):
 
-1. what the pid file and ``/proc`` say (:meth:`ManagedServer.status`): ``running`` → the health tick
-   (process, port, a generation): all pass → the server serves, nothing is done (the failure was an
-   ordinary one); else it is **hung**. ``exited`` / ``absent`` → it **died** (crashed, killed);
-   ``orphaned`` → it died and left processes; ``foreign`` → the pid file names a process the pipeline
-   did not start: the run fails, nothing is signalled.
+1. what the pid file and ``/proc`` say (:meth:`ManagedServer.status`): ``exited`` / ``absent`` → it
+   **died** (crashed, killed); ``orphaned`` → it died and left processes; ``foreign`` → the pid file
+   names a process the pipeline did not start: the run fails, nothing is signalled. ``running`` → the
+   server is probed (the health tick's process, port and generation checks, each generation probe given
+   ``serving.hang_probe_timeout_s``) on the window of :mod:`.hang`: one probe that answers → it
+   **serves**, nothing is done (the failure was an ordinary one); ``serving.hang_probes`` failed probes in
+   a row over the window → **hung**; probes that cannot tell (UNKNOWN) never restart it: past the
+   window's bound the check reports that it cannot tell, and the failures stay ordinary ones. The status
+   is read again before each probe, so a server that dies meanwhile is found dead.
 2. a restart, at most ``serving.max_restarts`` in the run: wait ``serving.restart_backoff_s`` (doubled
    for each further restart), stop what is left of it (verified; a hung or orphaned server only), start
    the generation server again (:meth:`Supervisor.ensure`, its events on the run). A start that fails
@@ -16,38 +20,44 @@ hung server fails.
 3. past the bound: :class:`~eagle3_pipeline.generation.RecoveryFailed` naming each restart and the server
    log's tail (the run fails with it; the Dagster layer alerts).
 
-Each finding is a ``failed`` :class:`ServerEvent` (state, why, the request failure that led to it), and
-each restart a record (reason, backoff, duration) for the run's metadata.
+Each probe is a ``probed`` :class:`ServerEvent` (its outcome and detail), each finding a ``failed`` one
+(state, why, the request failure that led to it) or, for a server that serves or cannot be judged, a
+``kept`` one; each restart is a record (reason, the probes that decided it, backoff, duration) for the
+run's metadata.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from eagle3_pipeline.config import ServingConfig
 from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery
-from eagle3_pipeline.health import Status, run_health_tick
+from eagle3_pipeline.health import run_health_tick
+from eagle3_pipeline.managed.hang import HangPolicy, HangWatch, probe_outcome
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.managed.lifecycle import READY_CHECKS, ManagedServerError
-from eagle3_pipeline.managed.supervisor import ServerEvent, Supervisor
+from eagle3_pipeline.managed.lifecycle import ManagedServerError
+from eagle3_pipeline.managed.outcomes import ServerStatus
+from eagle3_pipeline.managed.supervisor import Action, ServerEvent, Supervisor
 
 FAILED_TAIL_LINES = 40
+STATUS_POLL_S = 5.0  # how often the pid file and /proc are read while the hang check waits for its next probe
 
 
 @dataclass(frozen=True)
 class Finding:
     """What the server was found to be after requests failed; ``restart`` false when it serves."""
 
-    state: str  # serving | hung | died | orphaned
+    state: str  # serving | unknown (the probes could not tell) | hung | died | orphaned
     detail: str
+    probes: tuple[dict[str, Any], ...] = field(default=())
 
     @property
     def restart(self) -> bool:
-        return self.state != "serving"
+        return self.state not in ("serving", "unknown")
 
 
 class GenerationRecovery:
@@ -78,7 +88,51 @@ class GenerationRecovery:
         return ServerRecovery(frozenset({self.supervisor.server.plan.base_url}), self)
 
     def inspect(self) -> Finding:
-        """Whether the server serves, is hung, died or left processes (module doc, step 1)."""
+        """Whether the server serves, is hung, died or left processes, or the probes cannot tell (module
+        doc, step 1)."""
+        server = self.supervisor.server
+        status = self._status()
+        if status.state != "running":
+            return Finding("orphaned" if status.state == "orphaned" else "died", status.detail)
+        record = status.record
+        policy = HangPolicy.of(self.serving, record.ready_s if record is not None else None)
+        thresholds = server.plan.thresholds
+        thresholds = replace(
+            thresholds,
+            generation_timeout_s=policy.probe_timeout_s,
+            tick_timeout_s=policy.probe_timeout_s + thresholds.shell_section_timeout_s,
+        )
+        watch = HangWatch(policy)
+        began = time.monotonic()
+        while True:
+            if watch.probes:
+                died = self._until(began + watch.next_probe_at(), watch)
+                if died is not None:
+                    return died
+            started = time.monotonic() - began
+            report, _ = run_health_tick(server.host, server.plan.server_spec(), thresholds)
+            outcome, detail = probe_outcome(report)
+            verdict = watch.add(outcome, started, time.monotonic() - began, detail)
+            self._probed(watch.probes[-1])
+            if verdict == "serving":
+                return Finding("serving", f"{status.detail}; it answers ({detail})", tuple(watch.probes))
+            if verdict is not None:
+                return Finding(verdict, f"{status.detail}, but {watch.summary()}; last: {detail}", tuple(watch.probes))
+
+    def _until(self, when: float, watch: HangWatch) -> Finding | None:
+        """Wait until ``when`` (``time.monotonic``) for the next probe, reading the pid file and ``/proc`` every
+        :data:`STATUS_POLL_S`: the finding when the server died meanwhile, else None."""
+        while True:
+            status = self._status()
+            if status.state != "running":
+                state = "orphaned" if status.state == "orphaned" else "died"
+                return Finding(state, f"{status.detail} (while probed: {watch.summary()})", tuple(watch.probes))
+            wait = when - time.monotonic()
+            if wait <= 0:
+                return None
+            time.sleep(min(wait, STATUS_POLL_S))
+
+    def _status(self) -> ServerStatus:
         server = self.supervisor.server
         status = server.status()
         if status.state == "foreign":
@@ -86,25 +140,17 @@ class GenerationRecovery:
                 f"the managed server {self.supervisor.name} cannot be recovered: {status.detail}; "
                 f"nothing was signalled (pid file {server.pid_path})"
             )
-        if status.state == "orphaned":
-            return Finding("orphaned", status.detail)
-        if status.state != "running":
-            return Finding("died", status.detail)
-        plan = server.plan
-        report, _ = run_health_tick(server.host, plan.server_spec(), plan.thresholds)
-        failing = [c for c in report.checks if c.name in READY_CHECKS and c.status != Status.OK]
-        if not failing:
-            return Finding("serving", f"{status.detail}; it answers ({report.summary()})")
-        shown = "; ".join(f"{c.name} {c.status.value}: {c.detail}" for c in failing)
-        return Finding("hung", f"{status.detail}, but {shown}")
+        return status
 
     def __call__(self, failure: str) -> Recovered:
         made = len(self.restarts)
         try:
             finding = self.inspect()
             if not finding.restart:
-                return Recovered(False, f"the managed server serves: {finding.detail}")
-            self._failed(f"{finding.state}: {finding.detail}", {"state": finding.state, "failure": failure})
+                what = "serves" if finding.state == "serving" else "could not be judged, so it is not restarted"
+                self._event("kept", f"{finding.state}: {finding.detail}", {"state": finding.state, "failure": failure})
+                return Recovered(False, f"the managed server {what}: {finding.detail}")
+            self._event("failed", f"{finding.state}: {finding.detail}", {"state": finding.state, "failure": failure})
             return Recovered(True, self._restart(finding, failure), tuple(self.restarts[made:]))
         except ManagedServerError as exc:
             message = f"the managed server {self.supervisor.name} could not be recovered: {exc}"
@@ -130,6 +176,7 @@ class GenerationRecovery:
                 "restart": number,
                 "reason": why,
                 "request_failure": failure,
+                "probes": list(finding.probes),
                 "backoff_s": round(backoff, 3),
                 "at": datetime.now(UTC).isoformat(timespec="seconds"),
             }
@@ -141,7 +188,7 @@ class GenerationRecovery:
                 record.update(duration_s=round(time.monotonic() - started, 3), outcome=f"failed: {exc}")
                 self.restarts.append(record)
                 why = f"restart {number} failed: {exc}"
-                self._failed(why, {"state": "start failed"})
+                self._event("failed", why, {"state": "start failed"})
                 finding = Finding("died", str(exc))
                 continue
             record.update(duration_s=round(time.monotonic() - started, 3), outcome="serving")
@@ -159,8 +206,13 @@ class GenerationRecovery:
             f"run: {why}. Restarts: {done or 'none'}. Log {server.log_path}, last lines:\n{tail}"
         )
 
-    def _failed(self, why: str, metadata: dict[str, Any]) -> None:
-        """A ``failed`` event: what was found (or a restart that failed)."""
+    def _event(self, action: Action, why: str, metadata: dict[str, Any]) -> None:
+        """A ``failed`` event (what was found, or a restart that failed) or a ``kept`` one (no restart)."""
         self.supervisor.on_event(
-            ServerEvent("failed", self.supervisor.name, self.purpose.role, f"{self.reason}: {why}", metadata=metadata)
+            ServerEvent(action, self.supervisor.name, self.purpose.role, f"{self.reason}: {why}", metadata=metadata)
         )
+
+    def _probed(self, probe: dict[str, Any]) -> None:
+        """A ``probed`` event: one probe of the hang check, its outcome and what it found."""
+        why = f"{self.reason}: hang check probe {probe['probe']}: {probe['outcome']} ({probe['detail']})"
+        self.supervisor.on_event(ServerEvent("probed", self.supervisor.name, self.purpose.role, why, metadata=probe))

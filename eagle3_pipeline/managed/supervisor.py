@@ -25,8 +25,9 @@ from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
 from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StartupFailedError, StopResult
 from eagle3_pipeline.managed.plan import launch_for, managed_server
 
-# kept: a running server serves the purpose; failed: it was found dead or hung, or a start (a restart) failed
-Action = Literal["started", "stopped", "kept", "failed"]
+# kept: a running server serves the purpose (or is left running by a recovery that did not restart it); failed:
+# it was found dead or hung, or a start (a restart) failed; probed: one probe of a recovery's hang check
+Action = Literal["started", "stopped", "kept", "failed", "probed"]
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.reply(s.get("health", 200), b"")
         elif self.path == "/health_generate":
-            self.generate(s, b"")
+            if s.get("generate") == "hang":  # SGLang answers 503 once its HEALTH_CHECK_TIMEOUT (20 s) is over
+                time.sleep(s.get("health_timeout_s", 20))
+                self.reply(503, b"")
+            else:
+                self.generate(s, b"")
         elif self.path == "/metrics":
             self.reply(200, metrics(s).encode(), "text/plain; version=0.0.4")
         else:
@@ -85,6 +89,7 @@ class Handler(BaseHTTPRequestHandler):
             with _lock:
                 _answered[0] += 1
                 crash = 0 < s.get("crash_after", 0) <= _answered[0]
+            crash = crash or bool(s.get("poison") and s["poison"].encode() in body)
             if crash:  # as a GPU fault takes a server down: an error in the log, the whole group gone
                 print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
                 os.killpg(0, signal.SIGKILL)
@@ -181,7 +186,9 @@ class FakeSglang:
     def set(self, **scenario: Any) -> None:
         """health (HTTP code), generate (ok|hang|error), delay_s (before each generation), tokens
         (advance|frozen), running, hang_all, crash_after (the Nth chat completion of a server process
-        kills its process group, a CUDA error in its log)."""
+        kills its process group, a CUDA error in its log), poison (so does a chat completion whose body
+        holds this text), health_timeout_s (how long a hung server's /health_generate waits before its
+        503; default SGLang's 20)."""
         write_atomic(self.scenario_path, json.dumps(scenario))
 
     def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:

@@ -199,3 +199,31 @@ def test_the_target_tokenizer_estimates_prompt_lengths(local_model: Path) -> Non
     assert fit.estimator == f"tokenizer:{local_model}" and fit.fallbacks == 0
     assert [p.id for p in fit.over_length] == [prompts[2].id] and len(fit.fits) == 2
     assert 3000 <= fit.longest <= 3100, "the chat template's tokens, not 4 characters a token"
+
+
+def test_a_prompt_quarantined_earlier_is_not_sent_and_counts_against_max_failed_fraction(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    """The errors file's quarantined line (as a run that found the prompt in flight at two crashes writes it,
+    generation/quarantine.py) is read by the next run: not sent, counted as failed."""
+    fake_openai.script = lambda body, n: (
+        Reply(status=400) if body["messages"][-1]["content"] == "question 3" else Reply()
+    )
+    first = materialize(pipeline(tmp_path, fake_openai, max_failed_fraction=0.5))
+    assert first.success, checks(first)
+    errors = ArtifactLayout(tmp_path / "out").errors("B1")
+    [failed] = lines(errors)
+    reason = "quarantined: its request was in flight at 2 server crashes (restarts 1 and 2; ...)"
+    errors.write_text(json.dumps({**failed, "reason": reason, "kind": "quarantined", "quarantined": True}) + "\n")
+    sent = len(fake_openai.requests)
+
+    refused = materialize(pipeline(tmp_path, fake_openai, max_failed_fraction=0.0))
+    failure = next(e for e in refused.all_events if e.is_step_failure)
+    assert not refused.success and "1 of 10 requests failed (allowed: 0; quarantined: 1)" in str(
+        failure.event_specific_data
+    )
+    kept = materialize(pipeline(tmp_path, fake_openai, max_failed_fraction=0.5))
+    assert kept.success, checks(kept)
+    [mat] = kept.asset_materializations_for_node("responses")
+    assert (mat.metadata["quarantined_earlier"].value, mat.metadata["generated_now"].value) == (1, 0)
+    assert len(fake_openai.requests) == sent, "the quarantined prompt was never sent again"

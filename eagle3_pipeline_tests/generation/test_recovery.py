@@ -3,7 +3,7 @@
 "restarts" it; the managed server's own hook is tested in managed/test_recovery.py and, with a kill -9 of a
 real vLLM, in real_vllm/test_recovery_vllm.py): one shared recovery for every failed request, the failed
 and in-flight requests sent again without counting as retries or errors, 0 lost and 0 duplicated answers,
-and a recovery that gives up stopping the run."""
+a recovery that gives up stopping the run, and an HTTP 5xx checked as a dead server's answer."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_a_server_found_serving_leaves_the_failure_an_ordinary_one(tmp_path: Pat
 
 
 def test_failures_that_are_not_a_dead_server_never_call_the_hook(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    fake_openai.script = lambda body, number: Reply(status=503) if number in (3, 4) else Reply()
+    fake_openai.script = lambda body, number: Reply(status=429) if number in (3, 4) else Reply()
     calls: list[str] = []
     hook = ServerRecovery(frozenset({fake_openai.base_url}), lambda f: calls.append(f) or Recovered(False, ""))
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
@@ -134,6 +134,24 @@ def test_failures_that_are_not_a_dead_server_never_call_the_hook(tmp_path: Path,
         recovery=hook,
     )
     assert calls == [] and summary.retries == 2 and summary.generated == 10
+
+
+def test_an_http_5xx_asks_the_hook_whether_the_server_died(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """vLLM answers 500 to the requests in flight when its engine dies, then exits: a 5xx is checked."""
+    fake_openai.script = lambda body, number: Reply(status=500) if number == 3 else Reply()
+    calls: list[str] = []
+    hook = ServerRecovery(frozenset({fake_openai.base_url}), lambda f: calls.append(f) or Recovered(False, "serves"))
+    checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
+    summary = generate(
+        make_prompts(10),
+        lambda: [Endpoint(fake_openai.base_url, "m")],
+        settings(),
+        checkpoint,
+        tmp_path / "e",
+        recovery=hook,
+    )
+    assert len(calls) == 1 and calls[0].startswith("HTTP 500 from ")
+    assert (summary.retries, summary.generated, summary.restarts) == (1, 10, [])
 
 
 def test_a_recovery_that_gives_up_stops_the_run_with_its_message(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

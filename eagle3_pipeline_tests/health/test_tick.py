@@ -334,7 +334,8 @@ def test_cpu_profile_needs_no_gpus(ssh_host: SshHost, sglang: FakeSglang, gpus: 
 
 @pytest.mark.slow
 def test_hung_host_tick_returns_within_20_s(sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, tmp_path: Path) -> None:
-    """Default timeouts; the link freezes (no RST, no data) and the server stops answering."""
+    """The file's timeouts at 10 s for the generation check and 15 s for the tick; the link freezes (no RST,
+    no data) and the server stops answering."""
     proxy = TcpProxy(sshd.port)
     try:
         host = sshd.host(
@@ -345,7 +346,9 @@ def test_hung_host_tick_returns_within_20_s(sshd: Sshd, sglang: FakeSglang, gpus
         )
         sglang.start()
         watched = make_watched(tmp_path)
-        health = HealthConfig(expected_gpus=8, min_disk_free_gb=0.01, min_mem_free_gb=0.01)  # the file's timeouts
+        health = HealthConfig(
+            expected_gpus=8, min_disk_free_gb=0.01, min_mem_free_gb=0.01, generation_timeout_s=10, tick_timeout_s=15
+        )
         thresholds = replace(file_thresholds(health, watched.artifacts_dir), log_path=str(watched.log_path))
         spec = spec_for(sglang)
         assert host.run("true", timeout_s=10).exit_code == 0  # connected before the host hangs

@@ -1,9 +1,11 @@
 """The managed generation server brought back mid-generation (managed/recovery.py) with the real lifecycle,
 the real generation engine and the SGLang stand-in of conftest as the engine (no SGLang engine, no GPU on
 this machine): a kill -9 of the server's whole process group mid-generation → one restart, 0 lost and 0
-duplicated answers; a hung server (its process alive, no generation) → stopped, verified, then started; a
-server that keeps dying → the bounded restarts, then the run stops with the restarts and the log's tail.
-The real-vLLM version of the kill is real_vllm/test_recovery_vllm.py."""
+duplicated answers; a hung server (its process alive, no generation) → hung after the probe window, stopped,
+verified, then started; a server that keeps dying → the bounded restarts, then the run stops with the
+restarts and the log's tail; a poison prompt that kills the server → two restarts, the prompt quarantined,
+every other prompt answered, and the next run does not send it. The real-vLLM versions are
+real_vllm/test_recovery_vllm.py and real_vllm/test_poison_vllm.py."""
 
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def test_a_server_killed_mid_generation_is_restarted_and_no_answer_is_lost_or_wr
 
 
 def test_a_hung_server_is_stopped_verified_and_started_again(tmp_path: Path) -> None:
-    config = pipeline(tmp_path, {"delay_s": 0.02})
+    config = pipeline(tmp_path, {"delay_s": 0.02}, hang_probes=2, hang_window_s=1)
     scenario = Path(config.serving.env["FAKE_SGLANG_SCENARIO"])
 
     def recovered_while_stopped(backoff_s: float) -> None:
@@ -122,7 +124,7 @@ def test_a_hung_server_is_stopped_verified_and_started_again(tmp_path: Path) -> 
 
         def hang_mid_generation() -> None:
             wait_until(lambda: len(checkpoint_ids(tmp_path)) >= 10, 60, "10 answers")
-            scenario.write_text(json.dumps({"generate": "hang"}))
+            scenario.write_text(json.dumps({"generate": "hang", "health_timeout_s": 0.5}))
 
         hanger = threading.Thread(target=hang_mid_generation)
         hanger.start()
@@ -132,8 +134,11 @@ def test_a_hung_server_is_stopped_verified_and_started_again(tmp_path: Path) -> 
     assert len(ids) == len(set(ids)) == PROMPTS and summary.failed == 0
     [restart] = summary.restarts
     assert restart["reason"].startswith("hung: ") and "generation" in restart["reason"]
-    assert [e.action for e in events] == ["started", "failed", "stopped", "started", "stopped"]
-    assert events[2].metadata["verified"] is True and processes_of(record.pgid) == []
+    assert "2 failed in a row over" in restart["reason"] and "HTTP 503" in restart["reason"]
+    assert [p["outcome"] for p in restart["probes"]] == ["failed", "failed"]
+    assert restart["probes"][1]["at_s"] >= 1, "the second probe waited for the window"
+    assert [e.action for e in events] == ["started", "probed", "probed", "failed", "stopped", "started", "stopped"]
+    assert events[4].metadata["verified"] is True and processes_of(record.pgid) == []
 
 
 def test_a_server_that_keeps_dying_stops_the_run_with_its_restarts_and_log_tail(tmp_path: Path) -> None:
@@ -149,4 +154,23 @@ def test_a_server_that_keeps_dying_stops_the_run_with_its_restarts_and_log_tail(
     summary = caught.value.summary
     ids = checkpoint_ids(tmp_path)
     assert len(ids) == len(set(ids)) == summary.generated and len(summary.restarts) == 2
+    assert [e.action for e in events].count("started") == 3
+
+
+def test_a_poison_prompt_is_quarantined_after_two_restarts_and_not_sent_again(tmp_path: Path) -> None:
+    """The stand-in kills its group on a chat completion that holds the marker, as a GPU fault would."""
+    prompts = make_prompts(PROMPTS)
+    poison = prompts[PROMPTS // 2]
+    config = pipeline(tmp_path, {"delay_s": 0.02, "poison": poison.messages[-1]["content"]}, max_restarts=3)
+    with generation_server(config) as (supervisor, recovery, events):
+        summary = run(tmp_path, supervisor, recovery, concurrency={"short": 8, "long": 2})
+        again = run(tmp_path, supervisor, GenerationRecovery(supervisor, GENERATION, "responses B1 again"))
+    ids = checkpoint_ids(tmp_path)
+    [error] = lines(tmp_path / "err.jsonl")
+    assert error["id"] == poison.id and error["quarantined"] is True and error["kind"] == "quarantined"
+    assert "in flight at 2 server crashes (restarts 1 and 2" in error["reason"]
+    assert len(summary.restarts) == 2 and (summary.failed, summary.quarantined) == (1, 1)
+    assert len(ids) == len(set(ids)) == PROMPTS - 1 and poison.id not in ids, "every other prompt answered, once"
+    assert summary.resent_after_restart >= 2
+    assert (again.quarantined_earlier, again.generated, again.failed, again.restarts) == (1, 0, 0, [])
     assert [e.action for e in events].count("started") == 3

@@ -35,7 +35,7 @@ def pipeline(folder: Path, python: Path, model: Path, health: dict[str, Any] | N
         "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model)},
         "serving": managed_serving(python, model, free_port(), folder / "logs", bind_host="127.0.0.1"),
-        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 60, **(health or {})},
+        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 30, **(health or {})},
         "datasets": [{"id": "B1", "source": "B1.jsonl"}],
     }
     path = folder / "pipeline.yaml"

@@ -56,7 +56,7 @@ def pipeline(folder: Path, python: Path, model: Path) -> PipelineConfig:
         "health": {
             "min_disk_free_gb": 0.01,
             "min_mem_free_gb": 0.01,
-            "generation_timeout_s": 60,
+            "generation_timeout_s": 30,
             "max_truncation_rate": 1.0,
         },
         "datasets": [{"id": "B1", "source": str(SAMPLES / "chat.jsonl"), "sample_size": PROMPTS}],

@@ -79,12 +79,12 @@ def health_observation(
 def server_event_observation(
     event: ServerEvent, host: str | None = None, names: PipelineNames = DEFAULT_NAMES
 ) -> dg.AssetObservation:
-    """A managed server's event (started, stopped, kept, failed) on the `inference_server` asset of
+    """A managed server's event (started, stopped, kept, failed, probed) on the `inference_server` asset of
     `host` (None: the single implicit one), with the event's line, reason, duration and figures, and who
     holds the GPUs afterwards (the role now served, or none)."""
     metadata: dict[str, Any] = {"summary": event.line(), "server": event.server, "role": event.role}
     metadata.update(event.as_metadata())
-    metadata["gpus_held_by"] = (event.role if event.action in ("started", "kept") else None) or "none"
+    metadata["gpus_held_by"] = (event.role if event.action in ("started", "kept", "probed") else None) or "none"
     if host is not None:
         metadata["inference_host"] = host
     return dg.AssetObservation(asset_key=server_key(host, names), metadata=metadata)

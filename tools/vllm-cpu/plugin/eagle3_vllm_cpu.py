@@ -10,6 +10,10 @@ complete, so the lock file, the writer pool and ``get_finished`` behave as on a 
 
 vLLM loads ``vllm.general_plugins`` entry points in every process (API server, engine core, workers).
 Delete this package from the venv (``pip uninstall eagle3-vllm-cpu``) once vLLM ships a CPU path.
+
+Test only, inert unless ``EAGLE3_TEST_POISON_MARKER`` is set in the server's environment: a request whose
+prompt contains that text takes the engine down as a GPU fault does (:func:`register_poison`), so the
+pipeline's poison-request handling can be tested against the real engine.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import sys
 from functools import partial
 from typing import Any
 
 logger = logging.getLogger(__name__)
 _PATCHED = "_eagle3_cpu_path"
+POISON_ENV = "EAGLE3_TEST_POISON_MARKER"
+_POISONED = "eagle3_test_poison"
+POISON_EXIT_CODE = 70
 
 
 class CompletedEvent:
@@ -69,7 +77,11 @@ def submit_cpu_write(connector: Any, pending: Any) -> None:
 
 
 def register() -> None:
-    """Route the connector's write through :func:`submit_cpu_write` when its cache is on the CPU."""
+    """Route the connector's write through :func:`submit_cpu_write` when its cache is on the CPU; with
+    ``EAGLE3_TEST_POISON_MARKER`` set, also :func:`register_poison`."""
+    marker = os.environ.get(POISON_ENV)
+    if marker:
+        register_poison(marker)
     from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as module
 
     connector = module.ExampleHiddenStatesConnector
@@ -86,3 +98,43 @@ def register() -> None:
     connector._submit_async_write = submit
     setattr(connector, _PATCHED, True)
     logger.debug("eagle3-vllm-cpu: ExampleHiddenStatesConnector writes from the CPU cache")
+
+
+def register_poison(marker: str) -> None:
+    """Test only: the API server flags a request whose prompt (as the engine gets it, decoded) contains
+    ``marker`` in its sampling parameters' ``extra_args``; the engine core, on adding a flagged request,
+    logs a CUDA-style error and exits at once (no cleanup), as a GPU fault kills it. vLLM's API server
+    then fails the requests in flight and shuts down."""
+    from vllm.v1.engine import core, input_processor
+
+    processor = input_processor.InputProcessor
+    if not getattr(processor, _POISONED, False):
+        process_inputs = processor.process_inputs
+
+        def flag(self: Any, *args: Any, **kwargs: Any) -> Any:
+            request = process_inputs(self, *args, **kwargs)
+            params, tokens = request.sampling_params, request.prompt_token_ids
+            if params is not None and tokens and self.tokenizer is not None and marker in self.tokenizer.decode(tokens):
+                params.extra_args = {**(params.extra_args or {}), _POISONED: True}
+            return request
+
+        processor.process_inputs = flag
+        setattr(processor, _POISONED, True)
+    engine = core.EngineCore
+    if not getattr(engine, _POISONED, False):
+        add_request = engine.add_request
+
+        def crash(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            params = request.sampling_params
+            if params is not None and (params.extra_args or {}).get(_POISONED):
+                print(
+                    f"RuntimeError: CUDA error: an illegal memory access was encountered "
+                    f"(eagle3 test poison: request {request.request_id} carries {POISON_ENV})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(POISON_EXIT_CODE)
+            return add_request(self, request, *args, **kwargs)
+
+        engine.add_request = crash
+        setattr(engine, _POISONED, True)
