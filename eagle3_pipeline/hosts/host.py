@@ -62,8 +62,9 @@ class Host(ABC):
     name: str
 
     @abstractmethod
-    def run(self, command: str, timeout_s: float) -> CommandResult:
-        """Run `command` with a POSIX shell; `timeout_s` bounds the whole call."""
+    def run(self, command: str, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        """Run `command` with a POSIX shell; `timeout_s` bounds the whole call. `stdin` is written to its
+        standard input (then closed; none: an empty input): how a secret reaches a host without a command line."""
 
     @abstractmethod
     def close(self) -> None:

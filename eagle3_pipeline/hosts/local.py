@@ -19,18 +19,18 @@ class LocalHost(Host):
         self.name = name
         self._env = {**os.environ, **env} if env is not None else None
 
-    def run(self, command: str, timeout_s: float) -> CommandResult:
+    def run(self, command: str, timeout_s: float, stdin: str | None = None) -> CommandResult:
         started = time.monotonic()
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self._env,
             start_new_session=True,
         )
         try:
-            out, err = proc.communicate(timeout=timeout_s)
+            out, err = proc.communicate(stdin.encode() if stdin is not None else None, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             out, err = _kill_and_collect(proc)
             return CommandResult(None, text(out), text(err), time.monotonic() - started, True)

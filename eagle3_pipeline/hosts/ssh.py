@@ -113,15 +113,36 @@ class SshHost(Host):
         port = "" if self.port == 22 else f"-p {self.port} "
         return f"ssh-keyscan {port}{self.hostname} >> {self._known_hosts}"
 
-    def run(self, command: str, timeout_s: float) -> CommandResult:
+    def run(self, command: str, timeout_s: float, stdin: str | None = None) -> CommandResult:
         started = time.monotonic()
         deadline = started + timeout_s
         channel = self._open_channel(deadline)
-        return self._execute(channel, command, started, deadline)
+        return self._execute(channel, command, started, deadline, stdin)
 
     def close(self) -> None:
         with self._lock:
             self._drop()
+
+    def open_forward(self, remote: tuple[str, int], origin: tuple[str, int], timeout_s: float) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel to ``remote`` as the host sees it (what ``ssh -L`` opens per connection),
+        on this host's connection, reconnecting once when it dropped. HostConnectError when the host refuses it
+        (nothing listens there, or its sshd forbids forwarding)."""
+        deadline = time.monotonic() + timeout_s
+        retried = False
+        while True:
+            transport, fresh = self._live_transport(deadline)
+            try:
+                return transport.open_channel("direct-tcpip", remote, origin, timeout=_remaining(deadline))
+            except paramiko.ChannelException as exc:
+                raise HostConnectError(
+                    f"{self._where} refused a forward to {remote[0]}:{remote[1]} ({exc.text}): is the server "
+                    "listening there, and does the host's sshd allow TCP forwarding (AllowTcpForwarding)?"
+                ) from None
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                transport.close()
+                if fresh or retried or _remaining(deadline) == 0:
+                    raise HostConnectError(f"cannot open a forward on {self._where}: {exc}") from None
+                retried = True
 
     # -- connection -------------------------------------------------------------------------
 
@@ -319,11 +340,16 @@ class SshHost(Host):
 
     # -- commands ---------------------------------------------------------------------------
 
-    def _execute(self, channel: paramiko.Channel, command: str, started: float, deadline: float) -> CommandResult:
+    def _execute(
+        self, channel: paramiko.Channel, command: str, started: float, deadline: float, stdin: str | None = None
+    ) -> CommandResult:
         transport = channel.get_transport()
         with _Watchdog(deadline, transport.close) as watchdog:
             try:
                 channel.exec_command(command)
+                if stdin is not None:
+                    channel.sendall(stdin.encode())
+                channel.shutdown_write()
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 if watchdog.fired:
                     return CommandResult(None, "", "", time.monotonic() - started, True)

@@ -27,6 +27,7 @@ file's record, the ``/proc`` view and the shell scripts are :mod:`.processes`'.
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from eagle3_pipeline.health import HealthReport, Status, run_health_tick
+from eagle3_pipeline.health.http import redact
 from eagle3_pipeline.health.script import Section, SectionOutput, run_shell_probes, section_failure
 from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.managed.launch import LaunchLine
@@ -43,6 +45,7 @@ from eagle3_pipeline.managed.plan import ManagedServerPlan
 from eagle3_pipeline.managed.processes import (
     GROUP_KILL_SCRIPT,
     GROUP_SCRIPT,
+    KEY_SCRIPT,
     LAUNCH_SCRIPT,
     NVIDIA_SMI,
     PIDS_KILL_SCRIPT,
@@ -257,6 +260,7 @@ class ManagedServer:
                     record, seen, f"did not get ready within {self.plan.serving.startup_timeout_s:g} s ({summary})"
                 )
             time.sleep(self.poll_s)
+        self._remove_key()
         snap = self._snapshot(record.pid, record.pgid)
         seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
         record = replace(record, cmdline=snap.leader_cmdline, members=seen.refs())
@@ -277,7 +281,29 @@ class ManagedServer:
             replaced=replaced,
         )
 
+    def _write_key(self) -> None:
+        """The engine's key file (``serving.api_key_env``): written through stdin, 0600, a fresh file."""
+        key = self.plan.api_key()
+        if key is None:
+            return
+        result = self.host.run(
+            quote_args("sh", "-c", KEY_SCRIPT, "sh", self.plan.serving.key_path),
+            COMMAND_TIMEOUT_S,
+            stdin=f"api-key: {json.dumps(key)}\n",
+        )
+        if not result.ok:
+            raise ManagedServerError(
+                f"{self._where}: cannot write the server's key file {self.plan.serving.key_path} "
+                f"({redact(result.stderr.strip(), key)[:300] or 'no output'})"
+            )
+
+    def _remove_key(self) -> None:
+        """The key file goes once the engine has read it (a start reads it again from a fresh one)."""
+        if self.plan.serving.api_key_env is not None:
+            self.host.run(quote_args("rm", "-f", self.plan.serving.key_path), COMMAND_TIMEOUT_S)
+
     def _launch(self, launch: LaunchLine, reason: str) -> ServerRecord:
+        self._write_key()
         now = datetime.now(UTC).isoformat(timespec="seconds")
         header = f"=== {now} eagle3-pipeline starts the {launch.purpose.role} server ({reason}): {launch.display()}"
         env = [f"{name}={value}" for name, value in sorted(launch.env.items())]
@@ -317,6 +343,7 @@ class ManagedServer:
 
     def _fail_start(self, record: ServerRecord, seen: Seen, what: str) -> NoReturn:
         """Stop what is left of a start that failed (its recorded processes only), then raise with the log."""
+        self._remove_key()
         record = replace(record, members=seen.refs())
         self._write_record(record)
         stop: StopResult | None = None

@@ -46,6 +46,12 @@ printf 'boot %s\n' "$(cat /proc/sys/kernel/random/boot_id)"
 s=$(cat "/proc/$pid/stat" 2>/dev/null) && printf 'stat %s\n' "$s"
 exit 0
 """
+# Writes stdin to a new file only its owner reads: an old file (or a link planted there) is removed first, and
+# noclobber refuses one that appears meanwhile. $1 = the file.
+KEY_SCRIPT = r"""umask 077
+mkdir -p "$(dirname "$1")" || exit 3
+rm -f "$1" && set -C && cat >"$1"
+"""
 # Signals the group only while its leader is still the recorded process (start time checked in the same
 # shell as the kill). $1 = signal, $2 = pid = pgid, $3 = start time.
 GROUP_KILL_SCRIPT = r"""s=$(cat "/proc/$2/stat" 2>/dev/null) || exit 0

@@ -64,7 +64,7 @@ def test_the_kimi_profile_generation_server(tmp_path: Path) -> None:
     assert target_model_types(config.target, plan) == ["kimi_k25", "deepseek_v3"]
     launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
     assert launch.shell() == (
-        "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5 --host 0.0.0.0 "
+        "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5 --host 127.0.0.1 "
         "--port 30000 --tp-size 8 --served-model-name kimi-k2.5 --trust-remote-code --reasoning-parser kimi_k2 "
         "--tool-call-parser kimi_k2 --mem-fraction-static 0.88 --enable-hierarchical-cache"
     )
@@ -84,7 +84,7 @@ def test_the_kimi_profile_on_vllm_takes_vllms_flags(tmp_path: Path) -> None:
         "--model",
         "/models/Kimi-K2.5",
         "--host",
-        "0.0.0.0",
+        "127.0.0.1",
         "--port",
         "30000",
         "--tensor-parallel-size",
@@ -182,7 +182,7 @@ def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
     from eagle3_pipeline.managed import EngineSettings
 
     settings = DrafterBenchmarkConfig(target_model_path="/models/Kimi-K2.5", draft_model_path="/data/d", tp_size=8)
-    engine = EngineSettings("sglang", "python", "/models/Kimi-K2.5", settings.port, "0.0.0.0", 8)
+    engine = EngineSettings("sglang", "python", "/models/Kimi-K2.5", settings.port, "127.0.0.1", 8)
     drafter = EagleDrafter("/data/d", settings.steps)
     assert launch_command(settings, speculative=True) == build_launch(engine, ServerPurpose.benchmark(drafter)).shell()
     assert launch_command(settings, speculative=False) == build_launch(engine, ServerPurpose.benchmark(None)).shell()
