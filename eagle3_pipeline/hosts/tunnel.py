@@ -15,6 +15,7 @@ of a step or command) closes the forwards and their connections; a later :func:`
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -95,6 +96,8 @@ class LocalForward:
     def close(self) -> None:
         """Stop listening and end the connections in flight."""
         self._closed.set()
+        with contextlib.suppress(OSError):  # wakes the accept loop and stops listening at once (Linux)
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             pairs = list(self._open)
