@@ -85,8 +85,10 @@ class ServingConfig(ConfigModel):
     base_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
         default=None,
         description=(
-            "How the pipeline reaches it (…/v1); default: http://<health.host.hostname, or 127.0.0.1 for a local "
-            "host>:<port>/v1. The inference endpoint with this URL is the managed one."
+            "The URL the pipeline knows it by (…/v1); default: http://<health.host.hostname, or 127.0.0.1 for a "
+            "local host>:<port>/v1. The inference endpoint with this URL is the managed one. A server on an SSH "
+            "host's loopback is reached at it through an SSH tunnel (unless it names this machine's loopback: a "
+            "forward of your own)."
         ),
     )
     extra_args: list[str] = Field(

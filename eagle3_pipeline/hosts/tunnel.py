@@ -151,11 +151,6 @@ class Tunnels:
                 _shut(known)
             self._routes[root] = _Route(host, remote_port)
 
-    def routes(self) -> dict[str, str]:
-        """Each declared root and where it leads (``host:port`` on its SSH host), for messages."""
-        with self._lock:
-            return {root: f"127.0.0.1:{r.remote_port} on {r.host.name}" for root, r in self._routes.items()}
-
     def reach(self, url: str) -> str:
         """The URL to connect to for ``url``: itself, or the same path on the forward of its root."""
         parts = urlsplit(url)

@@ -316,6 +316,7 @@ class ManagedServer:
             values[key] = value
         pid = int(values["pid"])
         if "stat" not in values:
+            self._remove_key()
             tail = self.log_tail()
             raise StartupFailedError(
                 f"{self._where}: the {launch.purpose.role} server (pid {pid}) exited at once; "
