@@ -2,7 +2,9 @@
 
 For each arm (``baseline``, then ``speculative``) on the GPU host (the hosts layer: SSH or local):
 1. the health gate on the host alone (GPUs, disk, memory) — nothing starts on a sick box;
-2. the server starts from ``launch_command`` in its own session (``setsid``), logging to ``log_dir``;
+2. the server starts from ``launch_command`` in its own session (``setsid``), logging to ``log_dir``; the
+   default lines bind the host's 127.0.0.1, reached from here through the SSH tunnel
+   (:mod:`eagle3_pipeline.hosts.tunnel`) that every request of the benchmark goes through (:func:`reach`);
    ``{speculative}`` is empty for the baseline and ``speculative_args`` for the drafter (SGLang
    chain mode: EAGLE3, top-k 1, K steps, K+1 draft tokens; vLLM: ``--speculative-config`` with
    ``method: eagle3`` and K speculative tokens); every value is ``shlex.quote``d;

@@ -89,6 +89,12 @@ def test_a_keyed_server_refuses_keyless_requests_and_the_key_shows_nowhere(
         records = instance.fetch_observations(dg.AssetKey("inference_server"), limit=50).records
         observations = [repr(r.asset_observation.metadata) for r in records if r.asset_observation is not None]
         assert any("started" in text for text in observations)
+        preflight = [
+            r.asset_observation.metadata["healthy"].value
+            for r in records
+            if r.asset_observation is not None and "healthy" in r.asset_observation.metadata
+        ]
+        assert preflight and preflight[0] is True, "the preflight's probe of the keyed server sent the key"
         shown += observations
         shown.append(repr(materialization.metadata))
     finally:
@@ -114,3 +120,11 @@ def test_a_bind_beyond_loopback_needs_a_key_from_the_environment(tmp_path: Path)
     assert plan is not None and plan.bind_host == "10.0.0.5"
     argv = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).argv
     assert argv[argv.index("--config") + 1] == plan.serving.key_path and KEY not in json.dumps(argv)
+
+
+def test_a_keyed_vllm_extraction_server_is_refused(tmp_path: Path) -> None:
+    """Its extractor reaches it on its own host's loopback, without a key."""
+    serving = fake_sglang_serving(tmp_path, engine="vllm", bind_host="0.0.0.0", api_key_env=KEY_VAR)
+    hidden = {"backend": "vllm", "model": "/models/target", "vllm_output_dir": str(tmp_path / "states")}
+    with pytest.raises(ConfigError, match=r"serving.api_key_env: the managed vLLM server is also the extraction"):
+        write_pipeline(tmp_path, {"serving": serving, "hidden_states": hidden})
