@@ -69,3 +69,38 @@ def test_a_server_on_the_gpu_hosts_loopback_is_reached_through_the_tunnel(
         assert stopped.verified and processes_of(started.pid) == []
     finally:
         host.close()
+
+
+def test_a_generation_run_reaches_the_server_on_the_gpu_hosts_loopback(
+    tmp_path: Path, sshd: Sshd, fakebin: FakeBin, stop_servers: None, tunnels: None
+) -> None:
+    """A real Dagster run (temporary instance): the pipeline resource declares the tunnel from the file, the
+    run starts the server on the SSH host, its preflight and generation requests go through the tunnel."""
+    import dagster as dg
+
+    from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
+    from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
+
+    fakebin.reset()
+    port = free_port()
+    serving = fake_sglang_serving(tmp_path, port=port, base_url=f"http://gpu-box.test:{port}/v1")
+    Path(serving["env"]["FAKE_SGLANG_SCENARIO"]).write_text("{}")
+    write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"question {i}") for i in range(4)])
+    health = {**ssh_health(sshd), "max_truncation_rate": 1.0}
+    generation = {"length_estimator": "chars", "max_tokens": 8, "concurrency": {"short": 2, "long": 1}}
+    sections = {"serving": serving, "health": health, "generation": generation}
+    config = write_pipeline(tmp_path, {**sections, "datasets": [{"id": "B1", "source": "p.jsonl"}]})
+    plan = managed_server(config)
+    assert plan is not None and plan.tunnelled
+    host = sshd.host()
+    try:
+        with dg.instance_for_test() as instance:
+            job = build_definitions(config).resolve_job_def(GENERATION_JOB)
+            result = job.execute_in_process(partition_key="B1", instance=instance, raise_on_error=False)
+            assert result.success
+            [materialization] = result.asset_materializations_for_node("responses")
+            assert materialization.metadata["rows"].value == 4
+        assert TUNNELS.forward(plan.base_url) is None, "the run's end closed its tunnel"
+    finally:
+        ManagedServer(host, plan).stop("test over")
+        host.close()
