@@ -12,6 +12,7 @@ from eagle3_pipeline.cli.cmd_run import cmd_run
 from eagle3_pipeline.cli.cmd_server import cmd_server
 from eagle3_pipeline.cli.cmd_status import cmd_status
 from eagle3_pipeline.cli.errors import report
+from eagle3_pipeline.cli.shared import close_tunnels
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,3 +83,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except Exception as exc:
         return report(exc, debug=args.debug)
+    finally:
+        close_tunnels()

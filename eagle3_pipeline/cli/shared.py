@@ -26,9 +26,21 @@ def ensure_dagster_home() -> Path:
 
 
 def load_or_report(args: argparse.Namespace, runtime_checks: bool = True) -> PipelineConfig | None:
-    """The pipeline file at ``args.config``, or None after printing why it is invalid."""
+    """The pipeline file at ``args.config``, or None after printing why it is invalid. Its managed servers
+    on an SSH host's loopback get their tunnels' routes (opened on first use, closed when the command ends)."""
     try:
-        return load_config(args.config, runtime_checks=runtime_checks)
+        config = load_config(args.config, runtime_checks=runtime_checks)
     except ConfigError as exc:
         print(f"eagle3-pipeline: {exc}", file=sys.stderr)
         return None
+    from eagle3_pipeline.managed.tunnels import declare_tunnels
+
+    declare_tunnels(config)
+    return config
+
+
+def close_tunnels() -> None:
+    """Close the tunnels a command opened (none when it declared none: nothing is imported for it)."""
+    tunnel = sys.modules.get("eagle3_pipeline.hosts.tunnel")
+    if tunnel is not None:
+        tunnel.TUNNELS.close()

@@ -19,6 +19,8 @@ from pydantic import Field, PrivateAttr
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint, ServerRecovery
 from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.hosts import TUNNELS
+from eagle3_pipeline.managed.tunnels import declare_tunnels
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.launch_plan import HOST_TAG
 from eagle3_pipeline.orchestration.names import PipelineNames
@@ -51,10 +53,13 @@ class PipelineResource(dg.ConfigurableResource):
 
     def config(self) -> PipelineConfig:
         """The settings now: the file read afresh (without the run-time checks, which the phases
-        that need sources or keys make themselves), with this resource's overrides applied."""
+        that need sources or keys make themselves), with this resource's overrides applied; the tunnels
+        its managed servers need are declared (:mod:`eagle3_pipeline.managed.tunnels`): opened on first use in
+        this process, closed by the inference resource's teardown, a step's end or the process's."""
         config = load_config(self.config_path, runtime_checks=False)
         if self.artifacts_root:
             config = config.model_copy(update={"artifacts_root": Path(self.artifacts_root).expanduser().resolve()})
+        declare_tunnels(config)
         return config
 
 
@@ -158,8 +163,10 @@ class InferenceResource(dg.ConfigurableResource):
         self._provider = InferenceProvider(config, override, api_keys=self.api_keys.values)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """The run's embedded server stops; its tunnels to managed servers on an SSH host close."""
         if self._provider is not None:
             self._provider.close()
+        TUNNELS.close()
 
     def _require(self) -> InferenceProvider:
         if self._provider is None:

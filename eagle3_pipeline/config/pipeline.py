@@ -18,7 +18,12 @@ from eagle3_pipeline.config.health import HealthConfig
 from eagle3_pipeline.config.inference import EndpointConfig, InferenceConfig, TargetConfig
 from eagle3_pipeline.config.machine import MachineConfig
 from eagle3_pipeline.config.ops import AlertsConfig, DeployConfig, LaunchConfig, ScheduleConfig
-from eagle3_pipeline.config.serving import ServingConfig, check_managed_server, provide_managed_defaults
+from eagle3_pipeline.config.serving import (
+    ServingConfig,
+    check_managed_server,
+    managed_base_url,
+    provide_managed_defaults,
+)
 
 
 class PipelineConfig(ConfigModel):
@@ -116,6 +121,15 @@ class PipelineConfig(ConfigModel):
                 "health",
                 self.target.model,
             )
+            managed_url = managed_base_url(self.serving, self.health.model_dump())
+            extracting = self.hidden_states.backend == "vllm" and self.serving.engine == "vllm"
+            served = (self.hidden_states.vllm_base_url or "").rstrip("/") == managed_url
+            if extracting and served and self.serving.api_key_env is not None:
+                raise ValueError(
+                    "serving.api_key_env: the managed vLLM server is also the extraction server "
+                    "(hidden_states.backend vllm), which the extractor reaches on its own host's loopback without a "
+                    "key; leave serving.api_key_env and bind_host out (it binds 127.0.0.1)"
+                )
         for index, host in enumerate(self.inference.hosts):
             serving = host.effective_serving(self.serving)
             if not serving.managed:

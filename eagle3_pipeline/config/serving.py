@@ -72,13 +72,26 @@ class ServingConfig(ConfigModel):
     )
     bind_host: Annotated[str, Field(min_length=1)] | None = Field(
         default=None,
-        description="The address it binds (--host); default: 0.0.0.0 on an SSH host, 127.0.0.1 on this machine.",
+        description=(
+            "The address it binds (--host); default: 127.0.0.1, on an SSH host too (the pipeline then reaches it "
+            "through an SSH tunnel over its own connection). Any other address needs api_key_env."
+        ),
+    )
+    api_key_env: Annotated[str, Field(pattern=ENV_VAR_PATTERN)] | None = Field(
+        default=None,
+        description=(
+            "The environment variable (here) holding the key the server requires of every request: given to the "
+            "engine in a 0600 file on the host (--config), never on a command line, and sent by every client of "
+            "the pipeline as a bearer token. Required when bind_host is not a loopback address."
+        ),
     )
     base_url: HttpUrl | None = Field(
         default=None,
         description=(
-            "How the pipeline reaches it (…/v1); default: http://<health.host.hostname, or 127.0.0.1 for a local "
-            "host>:<port>/v1. The inference endpoint with this URL is the managed one."
+            "The URL the pipeline knows it by (…/v1); default: http://<health.host.hostname, or 127.0.0.1 for a "
+            "local host>:<port>/v1. The inference endpoint with this URL is the managed one. A server on an SSH "
+            "host's loopback is reached at it through an SSH tunnel (unless it names this machine's loopback: a "
+            "forward of your own)."
         ),
     )
     extra_args: list[str] = Field(
@@ -223,6 +236,19 @@ class ServingConfig(ConfigModel):
     def env_path(self) -> str:
         return f"{self.state_dir}/managed-{self.listen_port}.env"
 
+    @property
+    def key_path(self) -> str:
+        """The 0600 engine config file (``--config``) that gives the server its key (``api_key_env``)."""
+        return f"{self.state_dir}/managed-{self.listen_port}.key.yaml"
+
+
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (a bind address or a URL's host) is this machine's loopback only."""
+    return address in LOOPBACK or address.startswith("127.")
+
 
 def _mapping(value: Any) -> dict[str, Any] | None:
     """A section as the raw mapping a file gives (a model: the keys set on it)."""
@@ -283,6 +309,12 @@ def monitored_server(serving: ServingConfig, base_url: str) -> dict[str, Any]:
     }
 
 
+def managed_endpoint(serving: ServingConfig, url: str) -> dict[str, Any]:
+    """The inference endpoint a managed server provides: its URL, with its key's variable when it has one."""
+    keyed = {"api_key_env": serving.api_key_env} if serving.api_key_env is not None else {}
+    return {"name": "managed", "base_url": url, **keyed}
+
+
 def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A pipeline file's raw sections with what its managed server(s) provide filled in: the inference
     endpoint (and `inference.kind: endpoints`), `health.server` and `serving.log_dir`, where the file leaves
@@ -316,7 +348,7 @@ def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
             host["serving"] = own_section
             url = managed_base_url(serving, effective_health)
             if not host.get("endpoints"):
-                host["endpoints"] = [{"name": "managed", "base_url": url}]
+                host["endpoints"] = [managed_endpoint(serving, url)]
             if effective_health.get("server") is None:
                 host["health"] = {**host_health, "server": monitored_server(serving, url)}
             filled.append(host)
@@ -327,7 +359,7 @@ def provide_managed_defaults(data: dict[str, Any]) -> dict[str, Any]:
         data["serving"] = section
         url = managed_base_url(top, health)
         if not inference.get("endpoints"):
-            inference["endpoints"] = [{"name": "managed", "base_url": url}]
+            inference["endpoints"] = [managed_endpoint(top, url)]
         if health.get("server") is None:
             data["health"] = {**health, "server": monitored_server(top, url)}
         _provide_extraction(data, top, url)
@@ -351,6 +383,31 @@ def _provide_extraction(data: dict[str, Any], serving: ServingConfig, url: str) 
     data["hidden_states"] = hidden
 
 
+KEY_FLAGS = ("--api-key", "--admin-api-key")
+
+
+def check_exposure(where: str, serving: ServingConfig) -> None:
+    """A managed server listens beyond loopback only with a key from the environment, and no key is typed
+    into its arguments (they reach command lines, records and logs); ValueError naming the setting."""
+    if serving.bind_host is not None and not is_loopback(serving.bind_host) and serving.api_key_env is None:
+        raise ValueError(
+            f"{where}.bind_host: {serving.bind_host!r} opens the server (its model and control routes) beyond this "
+            f"host's loopback; set {where}.api_key_env to the environment variable holding the key it must require, "
+            "or leave bind_host out (127.0.0.1: the pipeline reaches a server on an SSH host through a tunnel)"
+        )
+    if serving.api_key_env is not None and any(arg.split("=", 1)[0] == "--config" for arg in serving.extra_args):
+        raise ValueError(
+            f"{where}.extra_args: --config is the file that gives the server its key ({where}.api_key_env); the "
+            "engines take one config file: give its settings as arguments instead"
+        )
+    typed = [arg for arg in serving.extra_args if arg.split("=", 1)[0] in KEY_FLAGS]
+    if typed:
+        raise ValueError(
+            f"{where}.extra_args: {typed[0].split('=', 1)[0]} would put the key on the server's command line, in "
+            f"its pid file and logs; name its environment variable in {where}.api_key_env instead"
+        )
+
+
 def check_managed_server(
     where: str,
     serving: ServingConfig,
@@ -364,6 +421,7 @@ def check_managed_server(
     checks watch; ValueError naming the settings otherwise."""
     if serving.model is None:
         raise ValueError(f"{where}.model: required when {where}.managed is true (the checkpoint folder on the host)")
+    check_exposure(where, serving)
     served = serving.served_name or target_model
     url = managed_base_url(serving, health.model_dump())
     reaching = [e for e in endpoints if e.base_url.rstrip("/") == url]
@@ -373,6 +431,12 @@ def check_managed_server(
             f"{where}.base_url to the URL the pipeline reaches it by, or leave {endpoints_where} out to have it added"
         )
     for endpoint in reaching:
+        if endpoint.api_key_env != serving.api_key_env:
+            raise ValueError(
+                f"{endpoints_where}: the endpoint at {url} takes its key from {endpoint.api_key_env!r}, but the "
+                f"managed server requires the key in {serving.api_key_env!r} ({where}.api_key_env); give both the "
+                f"same variable, or leave {endpoints_where} out to have it filled in"
+            )
         if (endpoint.model or target_model) != served:
             raise ValueError(
                 f"{endpoints_where}: the endpoint at {url} requests model {endpoint.model or target_model!r}, but the "

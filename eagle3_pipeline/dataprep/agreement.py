@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from eagle3_pipeline.generation.endpoints import tokenize_url
+from eagle3_pipeline.hosts.tunnel import reach
 
 # Token positions shown on each side of the first disagreement.
 CONTEXT_TOKENS = 4
@@ -102,7 +103,7 @@ class RemoteTokenizer:
         # template's special tokens already.
         body = {"model": self.model, "prompt": text, "add_special_tokens": False}
         try:
-            response = self._client.post(self.url, json=body)
+            response = self._client.post(reach(self.url), json=body)
         except httpx.HTTPError as exc:
             raise RemoteTokenizerError(self._safe(f"{self.url}: {type(exc).__name__}: {exc}")) from None
         if response.status_code == 404:

@@ -25,6 +25,7 @@ from eagle3_pipeline.dataprep.agreement import (
     remote_tokenizer,
 )
 from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
+from eagle3_pipeline.hosts.tunnel import reach
 
 REFERENCE_FORMAT = 1
 
@@ -110,7 +111,7 @@ class ServerAsker:
         import httpx
 
         try:
-            response = self.client.post(url, json=body)
+            response = self.client.post(reach(url), json=body)
         except httpx.HTTPError as exc:
             raise ServingReferenceError(self._safe(f"{url}: {type(exc).__name__}: {exc}")) from None
         try:

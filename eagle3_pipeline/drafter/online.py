@@ -2,7 +2,9 @@
 
 For each arm (``baseline``, then ``speculative``) on the GPU host (the hosts layer: SSH or local):
 1. the health gate on the host alone (GPUs, disk, memory) — nothing starts on a sick box;
-2. the server starts from ``launch_command`` in its own session (``setsid``), logging to ``log_dir``;
+2. the server starts from ``launch_command`` in its own session (``setsid``), logging to ``log_dir``; the
+   default lines bind the host's 127.0.0.1, reached from here through the SSH tunnel
+   (:mod:`eagle3_pipeline.hosts.tunnel`) that every request of the benchmark goes through (:func:`reach`);
    ``{speculative}`` is empty for the baseline and ``speculative_args`` for the drafter (SGLang
    chain mode: EAGLE3, top-k 1, K steps, K+1 draft tokens; vLLM: ``--speculative-config`` with
    ``method: eagle3`` and K speculative tokens); every value is ``shlex.quote``d;
@@ -44,7 +46,7 @@ from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig, PipelineConfig
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
-from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.hosts import Host, quote_args, reach
 from eagle3_pipeline.hosts.identity import RECORD_IDENTITY, ProcessIdentity, kill_recorded_group
 from eagle3_pipeline.hosts.private import PrivateStateError, ensure_private_dir
 from eagle3_pipeline.managed import ManagedServerPlan, Supervisor
@@ -162,7 +164,8 @@ def launch_command(settings: DrafterBenchmarkConfig, speculative: bool) -> str:
         extra = shlex.join(drafter_args(settings.server, drafter))
     if settings.launch_command:
         return settings.launch_command.format(**values, speculative=extra).strip()
-    server = EngineSettings(settings.server, "python", target, settings.port, "0.0.0.0", settings.tp_size)
+    # Loopback: the benchmark reaches a server on an SSH host through a tunnel (eagle3_pipeline.hosts.tunnel).
+    server = EngineSettings(settings.server, "python", target, settings.port, "127.0.0.1", settings.tp_size)
     return f"{build_launch(server, ServerPurpose.benchmark(None)).shell()} {extra}".strip()
 
 
@@ -317,11 +320,16 @@ class RemoteServer:
 class _Client:
     """Greedy requests by token ids, in the server's own protocol (``server``: sglang or vllm)."""
 
-    def __init__(self, server: str, base_url: str, timeout_s: float) -> None:
+    def __init__(self, server: str, base_url: str, timeout_s: float, api_key: str | None = None) -> None:
         self.server = server
         self.root = base_url.rstrip("/")
-        self.http = httpx.Client(timeout=timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(timeout=timeout_s, headers=headers)
         self.model: str | None = None
+
+    def url(self, path: str) -> str:
+        """Where a request for ``path`` goes: through this process's tunnel to the server when it has one."""
+        return reach(self.root + path)
 
     def close(self) -> None:
         self.http.close()
@@ -329,16 +337,16 @@ class _Client:
     def complete(self, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
         if self.server == "sglang":
             body = {"input_ids": list(prompt), "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0}}
-            reply = self.http.post(self.root + "/generate", json=body)
+            reply = self.http.post(self.url("/generate"), json=body)
             reply.raise_for_status()
             meta = reply.json()["meta_info"]
             return {"completion_tokens": int(meta["completion_tokens"]), "verify_steps": meta.get("spec_verify_ct")}
         if self.model is None:
-            models = self.http.get(self.root + "/v1/models")
+            models = self.http.get(self.url("/v1/models"))
             models.raise_for_status()
             self.model = str(models.json()["data"][0]["id"])
         body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0.0}
-        reply = self.http.post(self.root + "/v1/completions", json=body)
+        reply = self.http.post(self.url("/v1/completions"), json=body)
         reply.raise_for_status()
         return {"completion_tokens": int(reply.json()["usage"]["completion_tokens"]), "verify_steps": None}
 
@@ -346,7 +354,7 @@ class _Client:
         """vLLM's accepted-token and draft counters, and the accepted tokens per draft position."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        reply = self.http.get(self.root + "/metrics")
+        reply = self.http.get(self.url("/metrics"))
         reply.raise_for_status()
         sums = {VLLM_ACCEPTED: 0.0, VLLM_DRAFTS: 0.0}
         positions: dict[int, float] = {}
@@ -400,10 +408,12 @@ def measure(
     concurrency: int,
     timeout_s: float,
     speculative: bool,
+    api_key: str | None = None,
 ) -> Measured:
     """``prompts`` sent greedily to a running server (``server``: sglang or vllm) at ``concurrency``; with
-    ``speculative``, τ as the server reports it (module doc, step 4): the served drafter's figure too."""
-    client = _Client(server, base_url, timeout_s)
+    ``speculative``, τ as the server reports it (module doc, step 4): the served drafter's figure too.
+    ``api_key``: the key a managed server requires (``serving.api_key_env``)."""
+    client = _Client(server, base_url, timeout_s, api_key)
     try:
         before = client.spec_counters() if speculative and server == "vllm" else None
         started = time.monotonic()
@@ -497,6 +507,7 @@ def _run_arm(
             settings.concurrency,
             settings.request_timeout_s,
             speculative,
+            spec.api_key,
         )
         acceptance = measured.acceptance
         result = ArmResult(

@@ -309,4 +309,5 @@ def measure_served(layout: ArtifactLayout, supervisor: Supervisor) -> Measured:
         len(prompts),
         REQUEST_TIMEOUT_S,
         speculative=True,
+        api_key=plan.api_key(),
     )

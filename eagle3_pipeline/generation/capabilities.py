@@ -37,6 +37,7 @@ import httpx
 
 from eagle3_pipeline.generation.client import request_body
 from eagle3_pipeline.generation.endpoints import Endpoint, tokenize_url
+from eagle3_pipeline.hosts.tunnel import reach
 from eagle3_pipeline.records import normalized
 
 Status = Literal["ok", "missing", "unknown"]
@@ -150,7 +151,7 @@ class _Prober:
 
     def _get_json(self, url: str) -> Any:
         try:
-            reply = self.client.get(url, headers=self.endpoint.headers())
+            reply = self.client.get(reach(url), headers=self.endpoint.headers())
             return reply.json() if reply.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -261,7 +262,7 @@ class _Prober:
         url = tokenize_url(self.endpoint.base_url)
         body = {"model": self.endpoint.model, "prompt": PROBE_PREFIX, "add_special_tokens": False}
         try:
-            reply = self.client.post(url, json=body, headers=self.endpoint.headers())
+            reply = self.client.post(reach(url), json=body, headers=self.endpoint.headers())
         except httpx.HTTPError as exc:
             return self.check(name, "unknown", f"{type(exc).__name__} talking to {url}", blocking=False)
         if reply.status_code == 404:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from eagle3_pipeline.hosts.tunnel import reach
+
 REDACTED = "***"
 
 
@@ -33,7 +35,8 @@ class Endpoint:
 
     @property
     def chat_url(self) -> str:
-        return self.base_url.rstrip("/") + "/chat/completions"
+        """Where requests go: the chat route, through this process's tunnel to the server when it has one."""
+        return reach(self.base_url.rstrip("/") + "/chat/completions")
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -164,12 +164,17 @@ def run_health_tick(
 
 def _targets(spec: ServerSpec | None, targets: Sequence[GenerationTarget]) -> list[GenerationTarget]:
     """The targets and the monitored server; at the same URL they are one target, asked the way
-    the server section says (`generation_probe`) with the endpoint's key."""
+    the server section says (`generation_probe`) with the endpoint's key — every tick, as the server on
+    the host it is, never cached as a hosted API's is (a managed server's endpoint has a key variable too)."""
     chosen = {t.label: t for t in targets}
     if spec is not None:
         monitored = spec.target()
         known = chosen.get(monitored.label)
-        chosen[monitored.label] = replace(known, probe=monitored.probe) if known is not None else monitored
+        chosen[monitored.label] = (
+            replace(known, probe=monitored.probe, api_key=known.api_key or monitored.api_key, api_key_env=None)
+            if known is not None
+            else monitored
+        )
     return list(chosen.values())
 
 

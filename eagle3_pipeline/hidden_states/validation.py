@@ -216,9 +216,10 @@ def _record_from_extraction_server(
     import httpx
 
     from eagle3_pipeline.hidden_states.vllm_capture import VllmError, reply_file_taker, served_model
+    from eagle3_pipeline.hidden_states.vllm_server import extraction_url
 
     assert extraction.vllm_base_url is not None and extraction.vllm_output_dir is not None  # backend vllm
-    url = extraction.vllm_base_url.rstrip("/")
+    url = extraction_url(extraction.vllm_base_url.rstrip("/"))
     try:
         with httpx.Client(timeout=extraction.validation.timeout_s) as http:
             served = served_model(http, url)

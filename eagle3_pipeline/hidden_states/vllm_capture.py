@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from eagle3_pipeline.hidden_states.capture import SampleError, TargetLoadError, target_identity
 from eagle3_pipeline.hidden_states.store import TargetIdentity
-from eagle3_pipeline.hidden_states.vllm_server import served_layer_ids
+from eagle3_pipeline.hidden_states.vllm_server import extraction_url, served_layer_ids
 from eagle3_pipeline.managed.launch import extraction_args
 from eagle3_pipeline.target.folder import drafter_tensor_names, read_config, read_tensors, text_config
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
@@ -310,7 +310,7 @@ def open_vllm_target(model: str, name: str, base_url: str, output_dir: str, para
             f"{DIR_SETTING} {output_dir!r}: not a folder here; expected the connector's "
             "shared_storage_path as seen on this machine"
         )
-    url = base_url.rstrip("/")
+    url = extraction_url(base_url.rstrip("/"))
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
         served = served_model(http, url)
         yield VllmTarget(http, url, served, folder, identity, target_family(raw), norm_name, norm, float(eps), parallel)

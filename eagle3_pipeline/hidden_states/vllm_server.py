@@ -36,6 +36,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
 from eagle3_pipeline.health import server_root
@@ -139,6 +140,17 @@ def is_this_machine(host: str) -> bool:
                 continue
             return True
     return False
+
+
+def extraction_url(base_url: str) -> str:
+    """``base_url`` as the extractor reaches it: a server on this machine at 127.0.0.1 (a managed server binds
+    loopback, so its host's own name does not reach it), any other as it is."""
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1") or not is_this_machine(host):
+        return base_url
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit((parts.scheme, f"127.0.0.1{port}", parts.path, parts.query, parts.fragment))
 
 
 def served_layer_ids(host: str, port: int) -> tuple[list[int], int] | str:

@@ -32,6 +32,7 @@ from eagle3_pipeline.hosts.host import (
 )
 from eagle3_pipeline.hosts.local import LocalHost
 from eagle3_pipeline.hosts.ssh import SshHost, host_key_fingerprint
+from eagle3_pipeline.hosts.tunnel import TUNNELS, LocalForward, Tunnels, reach
 
 if TYPE_CHECKING:
     from eagle3_pipeline.config import HostConfig
@@ -44,11 +45,15 @@ __all__ = [
     "HostDisconnectedError",
     "HostError",
     "HostKeyError",
+    "LocalForward",
     "LocalHost",
     "SshHost",
+    "TUNNELS",
+    "Tunnels",
     "build_host",
     "host_key_fingerprint",
     "quote_args",
+    "reach",
 ]
 
 

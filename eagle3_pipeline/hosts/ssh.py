@@ -123,6 +123,27 @@ class SshHost(Host):
         with self._lock:
             self._drop()
 
+    def open_forward(self, remote: tuple[str, int], origin: tuple[str, int], timeout_s: float) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel to ``remote`` as the host sees it (what ``ssh -L`` opens per connection),
+        on this host's connection, reconnecting once when it dropped. HostConnectError when the host refuses it
+        (nothing listens there, or its sshd forbids forwarding)."""
+        deadline = time.monotonic() + timeout_s
+        retried = False
+        while True:
+            transport, fresh = self._live_transport(deadline)
+            try:
+                return transport.open_channel("direct-tcpip", remote, origin, timeout=_remaining(deadline))
+            except paramiko.ChannelException as exc:
+                raise HostConnectError(
+                    f"{self._where} refused a forward to {remote[0]}:{remote[1]} ({exc.text}): is the server "
+                    "listening there, and does the host's sshd allow TCP forwarding (AllowTcpForwarding)?"
+                ) from None
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                transport.close()
+                if fresh or retried or _remaining(deadline) == 0:
+                    raise HostConnectError(f"cannot open a forward on {self._where}: {exc}") from None
+                retried = True
+
     # -- connection -------------------------------------------------------------------------
 
     def _open_channel(self, deadline: float) -> paramiko.Channel:
@@ -328,7 +349,7 @@ class SshHost(Host):
                 channel.exec_command(command)
                 if stdin:
                     channel.sendall(stdin)
-                    channel.shutdown_write()
+                channel.shutdown_write()
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 if watchdog.fired:
                     return CommandResult(None, "", "", time.monotonic() - started, True)

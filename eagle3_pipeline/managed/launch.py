@@ -102,6 +102,7 @@ class EngineSettings:
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     setting: str = "serving"  # where these come from in the pipeline file, for messages
+    key_file: str | None = None  # the engine config file on the host holding its API key (``--config``)
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,10 @@ def base_argv(settings: EngineSettings) -> list[str]:
         head = [*module, "--model", settings.model]
         parallel = ["--tensor-parallel-size", str(settings.tp_size)]
     where = ["--host", settings.bind_host, "--port", str(settings.port)]
-    return [settings.python, *head, *where, *parallel]
+    # The key reaches the engine in a YAML file both read with --config (SGLang's ConfigArgumentMerger, vLLM's
+    # FlexibleArgumentParser): only its path is on the command line.
+    key = ["--config", settings.key_file] if settings.key_file is not None else []
+    return [settings.python, *head, *where, *parallel, *key]
 
 
 def _parser_args(settings: EngineSettings, purpose: ServerPurpose) -> list[str]:

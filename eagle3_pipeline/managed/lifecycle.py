@@ -27,6 +27,7 @@ file's record, the ``/proc`` view and the shell scripts are :mod:`.processes`'.
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -270,6 +271,7 @@ class ManagedServer:
                     record, seen, f"did not get ready within {self.plan.serving.startup_timeout_s:g} s ({summary})"
                 )
             time.sleep(self.poll_s)
+        self._remove_key()
         snap = self._snapshot(record.pid, record.pgid)
         seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
         ready_s = round(time.monotonic() - started, 3)
@@ -291,7 +293,19 @@ class ManagedServer:
             replaced=replaced,
         )
 
+    def _write_key(self) -> None:
+        """The engine's key file (``serving.api_key_env``): a private file written through stdin (0600)."""
+        key = self.plan.api_key()
+        if key is not None:
+            self._write_private(self.plan.serving.key_path, f"api-key: {json.dumps(key)}\n")
+
+    def _remove_key(self) -> None:
+        """The key file goes once the engine has read it (a start reads it again from a fresh one)."""
+        if self.plan.serving.api_key_env is not None:
+            self.host.run(quote_args("rm", "-f", self.plan.serving.key_path), COMMAND_TIMEOUT_S)
+
     def _launch(self, launch: LaunchLine, reason: str) -> ServerRecord:
+        self._write_key()
         now = datetime.now(UTC).isoformat(timespec="seconds")
         header = f"=== {now} eagle3-pipeline starts the {launch.purpose.role} server ({reason}): {launch.display()}"
         # The env's values reach the server through a 0600 file it sources, never its command line.
@@ -306,6 +320,7 @@ class ManagedServer:
             values[key] = value
         pid = int(values["pid"])
         if "stat" not in values:
+            self._remove_key()
             tail = self.log_tail()
             raise StartupFailedError(
                 f"{self._where}: the {launch.purpose.role} server (pid {pid}) exited at once; "
@@ -333,6 +348,7 @@ class ManagedServer:
 
     def _fail_start(self, record: ServerRecord, seen: Seen, what: str) -> NoReturn:
         """Stop what is left of a start that failed (its recorded processes only), then raise with the log."""
+        self._remove_key()
         record = replace(record, members=seen.refs())
         self._write_record(record)
         stop: StopResult | None = None

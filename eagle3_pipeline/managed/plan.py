@@ -3,12 +3,14 @@ launch line for a purpose (:func:`launch_for`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from eagle3_pipeline.config import HealthConfig, HostConfig, PipelineConfig, ServingConfig, TargetConfig
-from eagle3_pipeline.config.serving import managed_base_url
+from eagle3_pipeline.config.serving import is_loopback, managed_base_url
 from eagle3_pipeline.health import HealthThresholds, ServerSpec, server_root
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import (
@@ -48,9 +50,29 @@ class ManagedServerPlan:
 
     @property
     def bind_host(self) -> str:
-        if self.serving.bind_host is not None:
-            return self.serving.bind_host
-        return "127.0.0.1" if self.host.kind == "local" else "0.0.0.0"
+        """Where it listens: ``serving.bind_host``, else loopback, on an SSH host too (reached by a tunnel)."""
+        return self.serving.bind_host if self.serving.bind_host is not None else "127.0.0.1"
+
+    @property
+    def tunnelled(self) -> bool:
+        """Whether this machine reaches it through an SSH tunnel: it listens on the loopback of an SSH host,
+        and its URL names that host (a URL naming this machine's loopback is a forward of the user's own)."""
+        host = urlsplit(self.base_url).hostname or ""
+        return self.host.kind == "ssh" and is_loopback(self.bind_host) and not is_loopback(host)
+
+    def api_key(self) -> str | None:
+        """The key it requires (the value of ``serving.api_key_env``), None without one; ValueError naming the
+        variable when the file names one that is not set here."""
+        variable = self.serving.api_key_env
+        if variable is None:
+            return None
+        value = os.environ.get(variable)
+        if not value:
+            raise ValueError(
+                f"{self.setting}.api_key_env: environment variable {variable} is not set (expected the key the "
+                "managed server requires)"
+            )
+        return value
 
     def server_spec(self) -> ServerSpec:
         """What the health tick checks to call the server ready: its process, port and a generation."""
@@ -62,6 +84,7 @@ class ManagedServerPlan:
             tp_size=self.serving.tp_size,
             process_pattern=self.serving.process_pattern,
             generation_probe="health_generate" if self.engine == "sglang" else "chat",
+            api_key=os.environ.get(self.serving.api_key_env) if self.serving.api_key_env else None,
         )
 
     def engine_settings(self, trust_remote_code: bool, model_types: Sequence[str | None]) -> EngineSettings:
@@ -83,6 +106,7 @@ class ManagedServerPlan:
             extra_args=tuple(self.serving.extra_args),
             env=dict(self.serving.env),
             setting=self.setting,
+            key_file=self.serving.key_path if self.serving.api_key_env else None,
         )
 
 

@@ -20,7 +20,9 @@ JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child pr
 `--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
 verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
 folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
-(a path that is no folder here is taken as one on another host)."""
+(a path that is no folder here is taken as one on another host). `--config FILE.yaml` with `api-key` makes it
+require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang's API-key middleware
+does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger)."""
 import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -28,6 +30,7 @@ SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
 _tokens = [1000.0]
 _answered = [0]
 _lock = threading.Lock()
+API_KEY = None
 
 
 def scenario():
@@ -63,7 +66,17 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def refused(self):
+        if API_KEY is None or self.path.startswith(("/health", "/metrics")):
+            return False
+        if self.headers.get("Authorization") == "Bearer " + API_KEY:
+            return False
+        self.reply(401, b'{"error": "Unauthorized"}')
+        return True
+
     def do_GET(self):
+        if self.refused():
+            return
         s = scenario()
         if s.get("hang_all"):
             time.sleep(3600)
@@ -82,6 +95,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.refused():
+            return
         s = scenario()
         if s.get("hang_all"):
             time.sleep(3600)
@@ -127,14 +142,20 @@ SPECULATIVE_STEPS = 0
 
 
 def main():
-    global SPECULATIVE_STEPS
+    global SPECULATIVE_STEPS, API_KEY
     parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--speculative-num-steps", type=int, default=0)
     parser.add_argument("--speculative-draft-model-path")
     args, _ = parser.parse_known_args()
     SPECULATIVE_STEPS = args.speculative_num_steps
+    if args.config is not None:
+        import yaml
+
+        with open(args.config) as handle:
+            API_KEY = str(yaml.safe_load(handle)["api-key"])
     drafter = args.speculative_draft_model_path
     if drafter is not None and os.path.isdir(drafter) and not os.path.isfile(os.path.join(drafter, "config.json")):
         print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)

@@ -96,7 +96,7 @@ def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
     settings = config.drafter_benchmark
     assert settings is not None
     assert launch_command(settings, speculative=False) == (
-        "python -m sglang.launch_server --model-path '/models/target with space' --host 0.0.0.0 "
+        "python -m sglang.launch_server --model-path '/models/target with space' --host 127.0.0.1 "
         f"--port {settings.port} --tp-size 1"
     )
     assert launch_command(settings, speculative=True).endswith(

@@ -26,7 +26,7 @@ from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, first_difference, open_vllm_target, take_file
-from eagle3_pipeline.hidden_states.vllm_server import layer_ids_in, served_layer_ids
+from eagle3_pipeline.hidden_states.vllm_server import extraction_url, layer_ids_in, served_layer_ids
 from eagle3_pipeline.managed.launch import extraction_args, extraction_speculative_config
 from eagle3_pipeline.testing.extract_specs import extract_spec
 from eagle3_pipeline.testing.reporter import Recorder
@@ -185,3 +185,14 @@ def test_a_file_written_without_the_lock_is_read_once_it_parses(tmp_path: Path) 
         found["token_ids"], tensors["token_ids"]
     )
     assert not path.exists()
+
+
+def test_a_server_on_this_machine_is_reached_at_its_loopback() -> None:
+    """A managed extraction server binds its host's 127.0.0.1, where the extractor runs (compute: ssh): the URL
+    naming the host is reached at loopback there; another machine's URL is left as it is."""
+    import socket
+
+    name = socket.gethostname()
+    assert extraction_url(f"http://{name}:8000/v1") == "http://127.0.0.1:8000/v1"
+    assert extraction_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
+    assert extraction_url("http://gpu-box.test:8000/v1") == "http://gpu-box.test:8000/v1"

@@ -46,11 +46,14 @@ def kimi_checkpoint(folder: Path) -> Path:
 
 
 def kimi_profile(tmp_path: Path, **serving: Any) -> Any:
-    """The shipped Kimi profile with a managed SGLang TP 8 server (health.server left to the server)."""
+    """The shipped Kimi profile with a managed SGLang TP 8 server (health.server left to the server; a keyed
+    one's key variable on the GPU box's endpoint too)."""
     raw = yaml.safe_load(KIMI_PROFILE.read_text())
     raw["target"]["tokenizer"] = str(kimi_checkpoint(tmp_path / "Kimi-K2.5"))
     raw["serving"] = {**KIMI_SERVING, **serving}
     raw["health"].pop("server", None)
+    if "api_key_env" in serving:  # the GPU box's endpoint sends the key the server requires
+        raw["inference"]["endpoints"][0]["api_key_env"] = serving["api_key_env"]
     path = tmp_path / "kimi.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_config(path, runtime_checks=False)
@@ -64,7 +67,7 @@ def test_the_kimi_profile_generation_server(tmp_path: Path) -> None:
     assert target_model_types(config.target, plan) == ["kimi_k25", "deepseek_v3"]
     launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
     assert launch.shell() == (
-        "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5 --host 0.0.0.0 "
+        "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5 --host 127.0.0.1 "
         "--port 30000 --tp-size 8 --served-model-name kimi-k2.5 --trust-remote-code --reasoning-parser kimi_k2 "
         "--tool-call-parser kimi_k2 --mem-fraction-static 0.88 --enable-hierarchical-cache"
     )
@@ -84,7 +87,7 @@ def test_the_kimi_profile_on_vllm_takes_vllms_flags(tmp_path: Path) -> None:
         "--model",
         "/models/Kimi-K2.5",
         "--host",
-        "0.0.0.0",
+        "127.0.0.1",
         "--port",
         "30000",
         "--tensor-parallel-size",
@@ -182,7 +185,7 @@ def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
     from eagle3_pipeline.managed import EngineSettings
 
     settings = DrafterBenchmarkConfig(target_model_path="/models/Kimi-K2.5", draft_model_path="/data/d", tp_size=8)
-    engine = EngineSettings("sglang", "python", "/models/Kimi-K2.5", settings.port, "0.0.0.0", 8)
+    engine = EngineSettings("sglang", "python", "/models/Kimi-K2.5", settings.port, "127.0.0.1", 8)
     drafter = EagleDrafter("/data/d", settings.steps)
     assert launch_command(settings, speculative=True) == build_launch(engine, ServerPurpose.benchmark(drafter)).shell()
     assert launch_command(settings, speculative=False) == build_launch(engine, ServerPurpose.benchmark(None)).shell()
@@ -235,3 +238,33 @@ def test_the_prompts_say_whether_tools_are_needed(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": ["c", "d"], "tools": [None, '[{"type": "function"}]']}), with_tools)
     assert not prompts_need_tools([plain])
     assert prompts_need_tools([plain, with_tools])
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_every_kimi_launch_line_is_bound_to_loopback_or_keyed(
+    tmp_path: Path, keyed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation, the benchmark's arms, the served drafter: the shipped profile binds the GPU host's 127.0.0.1
+    (reached through the tunnel); bound to another interface, it is keyed by a file, the key on no line."""
+    monkeypatch.setenv("EAGLE3_KIMI_SERVER_KEY", "sk-kimi-secret-0042")
+    exposure = {"bind_host": "0.0.0.0", "api_key_env": "EAGLE3_KIMI_SERVER_KEY"} if keyed else {}
+    config = kimi_profile(tmp_path, **exposure)
+    plan = managed_server(config)
+    assert plan is not None and plan.tunnelled is not keyed
+    drafter = EagleDrafter("/data/eagle3/kimi_k25/drafter/export", 3)
+    purposes = [
+        ServerPurpose.generation(needs_tools=True),
+        ServerPurpose.generation(needs_tools=False),
+        ServerPurpose.benchmark(None),
+        ServerPurpose.benchmark(drafter),
+        ServerPurpose.served_drafter(drafter, needs_tools=True),
+    ]
+    for purpose in purposes:
+        launch = launch_for(config.target, plan, purpose)
+        host = launch.argv[launch.argv.index("--host") + 1]
+        if keyed:
+            assert host == "0.0.0.0" and launch.argv[launch.argv.index("--config") + 1] == plan.serving.key_path
+        else:
+            assert host == "127.0.0.1" and "--config" not in launch.argv
+        for shown in (launch.display(), launch.shell(), " ".join(launch.argv)):
+            assert "sk-kimi-secret-0042" not in shown and "--api-key" not in shown

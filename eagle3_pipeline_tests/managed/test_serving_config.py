@@ -62,7 +62,7 @@ def test_a_managed_server_provides_its_endpoint_and_health_server(tmp_path: Path
     assert plan is not None
     assert (plan.base_url, plan.bind_host, plan.served_name, plan.expected_gpus) == (
         "http://gpu-box.internal:30000/v1",
-        "0.0.0.0",
+        "127.0.0.1",
         "target",
         8,
     )

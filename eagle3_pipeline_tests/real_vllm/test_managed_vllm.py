@@ -1,6 +1,9 @@
 """A managed real vLLM (CPU build, the embedded model) started from the pipeline's own launch line: start →
 ready on the health tick → a generation → stop, verified (no process of its group left, port closed), over
-SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in for the GPUs); and on
+SSH (the loopback sshd logs into this same machine; its scripted nvidia-smi stands in for the GPUs) — there
+closed as on the real box: bound to the host's 127.0.0.1, reached through the SSH tunnel under a name that
+resolves nowhere (``gpu-box.test``), and keyed (``serving.api_key_env``: the key in its ``--config`` file, a
+request without it refused by vLLM, the pipeline's own clients sending it); and on
 this machine the builder's extraction line, whose connector (the eagle3-vllm-cpu plugin's CPU path) writes
 the store's layers. The main job (test_main_job.py) starts and stops it on this machine five times more."""
 
@@ -17,24 +20,31 @@ import yaml
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
-from eagle3_pipeline.hosts import Host, LocalHost
+from eagle3_pipeline.hosts import TUNNELS, Host, LocalHost, reach
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
+from eagle3_pipeline.managed.tunnels import declare_tunnels
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import free_port, managed_serving
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 
 pytestmark = pytest.mark.local_model
+KEY_VAR = "EAGLE3_TEST_VLLM_KEY"
+KEY = "sk-vllm-real-5e8d21c0"
 
 
-def pipeline(folder: Path, python: Path, model: Path, health: dict[str, Any] | None = None) -> PipelineConfig:
-    """A pipeline whose managed server is the real vLLM with the CPU settings (eager, bf16, 1 GiB KV cache)."""
+def pipeline(
+    folder: Path, python: Path, model: Path, health: dict[str, Any] | None = None, **serving: Any
+) -> PipelineConfig:
+    """A pipeline whose managed server is the real vLLM with the CPU settings (eager, bf16, 1 GiB KV cache);
+    ``serving``: more of its settings."""
+    port = serving.pop("port", None) or free_port()
     (folder / "B1.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
     data = {
         "name": "managed_vllm",
         "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model)},
-        "serving": managed_serving(python, model, free_port(), folder / "logs", bind_host="127.0.0.1"),
+        "serving": managed_serving(python, model, port, folder / "logs", bind_host="127.0.0.1", **serving),
         "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 30, **(health or {})},
         "datasets": [{"id": "B1", "source": "B1.jsonl"}],
     }
@@ -51,11 +61,13 @@ def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, Sto
     assert server.status().state == "absent"
     started = server.start(launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)), "generation")
     try:
-        reply = httpx.post(
-            f"{plan.base_url}/chat/completions",
-            json={"model": "smol", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8},
-            timeout=120,
-        )
+        url = reach(f"{plan.base_url}/chat/completions")
+        body = {"model": "smol", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+        key = plan.api_key()
+        if key is not None:
+            refused = httpx.post(url, json=body, timeout=120)
+            assert refused.status_code == 401, f"vLLM answered a request without the key: {refused.text}"
+        reply = httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=120)
         assert reply.status_code == 200, reply.text
         answer = str(reply.json()["choices"][0]["message"]["content"])
         status = server.status()
@@ -76,8 +88,11 @@ def test_managed_vllm_over_ssh(
     tmp_path: Path,
     sshd: Sshd,
     fakebin: FakeBin,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fakebin.reset()
+    monkeypatch.setenv(KEY_VAR, KEY)
+    port = free_port()
     health = {
         "host": {
             "kind": "ssh",
@@ -88,13 +103,19 @@ def test_managed_vllm_over_ssh(
             "allow_agent": False,
         }
     }
-    config = pipeline(tmp_path, real_vllm_python, local_model, health)
+    url = f"http://gpu-box.test:{port}/v1"
+    config = pipeline(tmp_path, real_vllm_python, local_model, health, port=port, base_url=url, api_key_env=KEY_VAR)
+    assert declare_tunnels(config) == [url]
     host = sshd.host()
     try:
         started, answer, stopped = lifecycle(config, host)
     finally:
         host.close()
+        TUNNELS.forget()
     report("ssh", started, stopped)
+    assert "--host 127.0.0.1" in started.command and "--config" in started.command
+    logs = [path.read_text() for path in (tmp_path / "logs").iterdir() if path.is_file()]
+    assert logs and not [text for text in logs if KEY in text] and KEY not in json.dumps(started.as_metadata())
     assert started.host == f"127.0.0.1:{sshd.port}" and answer
     assert stopped.verified and stopped.verification.gpu_check.startswith("ok: nvidia-smi lists 0 compute")
     assert processes_of(started.pid) == []

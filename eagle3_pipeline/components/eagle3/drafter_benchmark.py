@@ -27,9 +27,10 @@ from eagle3_pipeline.drafter.online import (
     eval_prompts,
     make_gate,
 )
-from eagle3_pipeline.hosts import build_host
+from eagle3_pipeline.hosts import TUNNELS, build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter
+from eagle3_pipeline.managed.tunnels import declare_route
 from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.watch.monitor import UnhealthyError, thresholds_for
@@ -51,6 +52,8 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
     except BenchmarkError as exc:
         raise dg.Failure(description=str(exc)) from None
     base_url = settings.base_url or f"http://{config.health.host.hostname or '127.0.0.1'}:{settings.port}"
+    if managed is None and settings.base_url is None:
+        declare_route(base_url, config.health.host, settings.port)  # its arms bind the host's loopback
     layout = ArtifactLayout(config.artifacts_root)
     prompts = eval_prompts(layout.training_data, settings.prompts)
     host = build_host(config.health.host)
@@ -80,6 +83,7 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
         raise dg.Failure(description=str(exc)) from None
     finally:
         host.close()
+        TUNNELS.close()
     metadata["arms"] = dg.MetadataValue.json(metadata["arms"])
     return dg.MaterializeResult(metadata={**metadata, "base_url": base_url, "reused": reused})
 

@@ -18,6 +18,7 @@ import httpx
 from eagle3_pipeline.health.http import CONNECT_TIMEOUT_S, http_client, redact
 from eagle3_pipeline.health.report import Status, Verdict, worst_first
 from eagle3_pipeline.health.settings import GenerationTarget
+from eagle3_pipeline.hosts.tunnel import reach
 
 __all__ = ["CachedVerdict", "combine", "probe_generation", "reuse"]
 
@@ -57,9 +58,9 @@ def probe_generation(target: GenerationTarget, timeout_s: float) -> Verdict:
     try:
         with http_client(timeout_s, target.api_key) as client:
             if target.probe == "chat":
-                response = client.post(url, json=_one_token_request(target))
+                response = client.post(reach(url), json=_one_token_request(target))
             else:
-                response = client.get(url)
+                response = client.get(reach(url))
     except httpx.ConnectTimeout:
         return Verdict(Status.UNKNOWN, f"could not connect to {url} within {min(timeout_s, CONNECT_TIMEOUT_S):g} s")
     except httpx.ConnectError as exc:

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from eagle3_pipeline.health.http import http_client
 from eagle3_pipeline.health.report import Status, Verdict
 from eagle3_pipeline.health.settings import ServerSpec
+from eagle3_pipeline.hosts.tunnel import reach
 
 __all__ = [
     "RUNNING_GAUGES",
@@ -87,7 +88,7 @@ def fetch_metrics(spec: ServerSpec, timeout_s: float) -> MetricsScrape | str:
         return "no metrics endpoint"
     try:
         with http_client(timeout_s, spec.api_key) as client:
-            response = client.get(spec.url(path))
+            response = client.get(reach(spec.url(path)))
     except httpx.TimeoutException:
         return f"metrics scrape: no answer from {path} within {timeout_s:g} s"
     except httpx.HTTPError as exc:
