@@ -20,7 +20,9 @@ JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child pr
 `--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
 verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
 folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
-(a path that is no folder here is taken as one on another host)."""
+(a path that is no folder here is taken as one on another host). On SIGTERM it shuts its scheduler
+children down itself and exits, as SGLang's launch_server does (its log says so: the graceful stop's test);
+with FAKE_SGLANG_ABANDON=1 it exits leaving them running."""
 import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -135,8 +137,21 @@ def main():
         print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)
         sys.exit(1)
     ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))
-    for i in range(ranks):
-        subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep")
+    children = [subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep") for i in range(ranks)]
+
+    def shut_down(signum, frame):
+        if os.environ.get("FAKE_SGLANG_ABANDON") == "1":  # a leader that exits without its children
+            print("Received SIGTERM: exiting, the scheduler processes left running", file=sys.stderr, flush=True)
+            os._exit(0)
+        print("Received SIGTERM: shutting down the scheduler processes", file=sys.stderr, flush=True)
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait()
+        print(f"Shut down {len(children)} scheduler process(es); exiting", file=sys.stderr, flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, shut_down)
     server = None
     if os.environ.get("FAKE_SGLANG_BIND", "1") == "1":
         ThreadingHTTPServer.daemon_threads = True
