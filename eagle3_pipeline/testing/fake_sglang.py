@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
 _tokens = [1000.0]
 _answered = [0]
+_probes = [0]
+_generated = [0]
 _lock = threading.Lock()
 
 
@@ -72,7 +74,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.reply(s.get("health", 200), b"")
         elif self.path == "/health_generate":
-            self.generate(s, b"")
+            with _lock:
+                _probes[0] += 1
+                loading = _probes[0] <= s.get("unready_probes", 0)
+            if loading:  # as a server still loading its weights answers
+                self.reply(503, b"")
+            else:
+                self.generate(s, b"")
         elif self.path == "/metrics":
             self.reply(200, metrics(s).encode(), "text/plain; version=0.0.4")
         else:
@@ -94,8 +102,13 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/generate":
             request = json.loads(body)
             tokens = int(request["sampling_params"]["max_new_tokens"])
+            with _lock:
+                _generated[0] += 1
+                at_once = _generated[0] <= s.get("no_verify_requests", 0)
+            if at_once:  # an EOS straight from the prefill: SGLang leaves spec_verify_ct (0) out of meta_info
+                tokens = 1
             meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
-            if SPECULATIVE_STEPS:
+            if SPECULATIVE_STEPS and not at_once:
                 steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
                 meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
             self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
@@ -196,7 +209,9 @@ class FakeSglang:
     def set(self, **scenario: Any) -> None:
         """health (HTTP code), generate (ok|hang|error), delay_s (before each generation), tokens
         (advance|frozen), running, hang_all, crash_after (the Nth chat completion of a server process
-        kills its process group, a CUDA error in its log)."""
+        kills its process group, a CUDA error in its log), unready_probes (the first N /health_generate
+        of a server process answer 503, as while it loads), no_verify_requests (the first N native
+        /generate requests answer one token and no spec_verify_ct, as SGLang does for 0 verify steps)."""
         write_atomic(self.scenario_path, json.dumps(scenario))
 
     def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:
