@@ -29,6 +29,8 @@ from eagle3_pipeline.managed.launch import (
 )
 from eagle3_pipeline.managed.lifecycle import (
     AlreadyRunningError,
+    GpusBusyError,
+    HostUnreachableError,
     ManagedServer,
     ManagedServerError,
     NotOurProcessError,
@@ -65,7 +67,9 @@ __all__ = [
     "EventSink",
     "FamilyParsers",
     "GenerationRecovery",
+    "GpusBusyError",
     "HiddenStateExtraction",
+    "HostUnreachableError",
     "LaunchError",
     "LaunchLine",
     "ManagedServer",

@@ -76,6 +76,7 @@ from eagle3_pipeline.managed.processes import (
     parse_stat,
     port_check,
     port_holders,
+    rebooted,
 )
 
 READY_CHECKS = ("server_process", "port", "generation")
@@ -88,8 +89,13 @@ class ManagedServerError(RuntimeError):
     """A managed server could not be started, identified or stopped; the message says what and where."""
 
 
-class ConnectionLostError(ManagedServerError):
-    """The SSH connection to the host dropped and was not reopened within ``serving.reconnect_timeout_s``."""
+class HostUnreachableError(ManagedServerError):
+    """The host could not be reached (``cause``: the SSH error), or its dropped connection was not reopened
+    within ``serving.reconnect_timeout_s``."""
+
+    def __init__(self, message: str, cause: HostError) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class GpusBusyError(ManagedServerError):
@@ -160,15 +166,16 @@ class ManagedServer:
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + self.plan.serving.reconnect_timeout_s
                 if not retry or now > deadline:
-                    raise ConnectionLostError(
+                    raise HostUnreachableError(
                         f"{self._where}: the connection to the host dropped and could not be reopened within "
-                        f"{self.plan.serving.reconnect_timeout_s:g} s (serving.reconnect_timeout_s): {exc}"
+                        f"{self.plan.serving.reconnect_timeout_s:g} s (serving.reconnect_timeout_s): {exc}",
+                        exc,
                     ) from None
                 self.reconnects += 1
                 self.host.close()
                 time.sleep(self.poll_s)
             except HostError as exc:
-                raise ManagedServerError(f"{self._where}: cannot reach the host: {exc}") from None
+                raise HostUnreachableError(f"{self._where}: cannot reach the host: {exc}", exc) from None
 
     def _run(self, command: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
         result = self._host_run(command, timeout_s)
@@ -224,7 +231,7 @@ class ManagedServer:
     def _identify(self, record: ServerRecord, snap: GroupSnapshot) -> str | None:
         """None when the snapshot's leader is the recorded process; else why it is not (gone or another)."""
         leader = snap.leader
-        if _rebooted(record, snap):
+        if rebooted(record, snap):
             return f"the host rebooted since its start (boot id {snap.boot_id}, recorded {record.boot_id})"
         if leader is None or not leader.live:
             return f"pid {record.pid} is gone"
@@ -240,7 +247,7 @@ class ManagedServer:
 
     def _recorded_alive(self, record: ServerRecord, snap: GroupSnapshot) -> list[ProcessRef]:
         """The recorded processes still alive with their recorded start times (the leader aside)."""
-        live = {(p.pid, p.start_ticks) for p in snap.live_group() if not _rebooted(record, snap)}
+        live = {(p.pid, p.start_ticks) for p in snap.live_group() if not rebooted(record, snap)}
         return [m for m in record.members if (m.pid, m.start_ticks) in live and m.pid != record.pid]
 
     def status(self) -> ServerStatus:
@@ -262,7 +269,7 @@ class ManagedServer:
         if alive:
             shown = ", ".join(str(p.pid) for p in alive)
             return ServerStatus("orphaned", f"{why}; its processes {shown} are left", record, alive)
-        if snap.leader is not None and snap.leader.live and not _rebooted(record, snap):
+        if snap.leader is not None and snap.leader.live and not rebooted(record, snap):
             return ServerStatus("foreign", why, record)
         return ServerStatus("exited", f"the server started {record.started_at} has exited ({why})", record)
 
@@ -336,7 +343,7 @@ class ManagedServer:
         spec = self.plan.server_spec()
         while True:
             snap = self._snapshot(record.pid, record.pgid)
-            seen.add(p for p in snap.live_group() if not _rebooted(record, snap))
+            seen.add(p for p in snap.live_group() if not rebooted(record, snap))
             if self._identify(record, snap) is not None:
                 self._fail_start(record, seen, "exited during start-up")
             report, _ = run_health_tick(self.host, spec, self.plan.thresholds)
@@ -347,7 +354,7 @@ class ManagedServer:
                 self._fail_start(record, seen, f"did not get ready within {timeout:g} s ({report.summary()})")
             time.sleep(self.poll_s)
         snap = self._snapshot(record.pid, record.pgid)
-        seen.add(p for p in snap.live_group() if not _rebooted(record, snap))
+        seen.add(p for p in snap.live_group() if not rebooted(record, snap))
         self._write_record(replace(record, cmdline=snap.leader_cmdline, members=seen.refs()))
         return report
 
@@ -395,8 +402,8 @@ class ManagedServer:
         while True:
             try:
                 result = self._host_run(f"{script} {quote_args(*command)}", COMMAND_TIMEOUT_S, retry=False)
-            except ConnectionLostError:
-                if time.monotonic() > deadline:
+            except HostUnreachableError as exc:
+                if not isinstance(exc.cause, (HostConnectError, HostDisconnectedError)) or time.monotonic() > deadline:
                     raise
                 self.reconnects += 1
                 self.host.close()
@@ -417,12 +424,8 @@ class ManagedServer:
             record = self.read_record()
         except ManagedServerError:
             return None
-        same = record is not None and (record.started_at, record.reason, record.argv) == (
-            pending.started_at,
-            pending.reason,
-            pending.argv,
-        )
-        return record if same else None
+        ours = record is not None and (record.started_at, record.reason) == (pending.started_at, pending.reason)
+        return record if ours and record is not None and record.argv == pending.argv else None
 
     def _fail_start(self, record: ServerRecord, seen: Seen, what: str) -> NoReturn:
         """Stop what is left of a start that failed (its recorded processes only), then raise with the log."""
@@ -454,7 +457,7 @@ class ManagedServer:
         snap = self._snapshot(record.pid, record.pgid)
         why = self._identify(record, snap)
         seen = Seen({m.pid: m.start_ticks for m in record.members})
-        if _rebooted(record, snap):
+        if rebooted(record, snap):
             seen, signals = Seen(), []  # nothing of a server started before the reboot is alive
         elif why is None:
             seen.add(p for p in snap.live_group())
@@ -582,11 +585,6 @@ class ManagedServer:
             if verification.ok or time.monotonic() > deadline:
                 return verification
             time.sleep(self.poll_s)
-
-
-def _rebooted(record: ServerRecord, snap: GroupSnapshot) -> bool:
-    """The host's boot id is not the recorded one: the server (started before the reboot) is gone."""
-    return bool(snap.boot_id) and snap.boot_id != record.boot_id
 
 
 def _unconfirmed_launch_of(record: ServerRecord, launch: LaunchLine) -> bool:

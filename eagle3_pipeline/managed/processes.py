@@ -190,6 +190,11 @@ class Seen:
         return tuple(ProcessRef(pid, ticks) for pid, ticks in sorted(self.processes.items()))
 
 
+def rebooted(record: ServerRecord, snap: GroupSnapshot) -> bool:
+    """The host's boot id is not the recorded one: the server, started before the reboot, is gone."""
+    return bool(snap.boot_id) and snap.boot_id != record.boot_id
+
+
 def port_holders(ss_text: str, port: int) -> tuple[tuple[int, str], ...]:
     """Who listens on ``port`` in ``ss -Htlnp`` output: (pid, command name); (0, why) when no owner is visible."""
     holders: dict[int, str] = {}
