@@ -16,22 +16,19 @@
   not pass in ``startup_timeout_s`` is stopped and reported the same way.
 - **stop** (:meth:`ManagedServer.stop`): only a process the pid file describes: before any signal,
   the live process must have the recorded pid, process group, start time, boot id and command line
-  (a reused pid is refused with a message, nothing signalled; after a reboot nothing of the server
-  can be alive, so nothing is signalled and the pid file goes). Then SIGTERM to the leader alone (the
-  engine drains and stops its own workers), SIGTERM to the group after half of ``stop_grace_s``, SIGKILL
-  after the rest, and the stop is **verified**: no process of the group left, nothing listening on the
-  port, ``nvidia-smi --query-compute-apps`` listing no pid of the server, and every GPU's ``memory.used``
-  back to the start's baseline within ``gpu_release_tolerance_mib`` (both waited for up to
-  ``gpu_release_timeout_s``; on a host with no GPUs declared and no nvidia-smi they are skipped, and said
-  so; with GPUs declared, no nvidia-smi fails the check). Anything still held is named, with the figures,
-  in :class:`StopNotVerifiedError`. When the group's leader is already gone, only the processes recorded
-  as the server's (pid and start time) are signalled.
+  (a reused pid is refused, nothing signalled; after a reboot nothing of it can be alive: nothing is
+  signalled, the pid file goes). SIGTERM to the leader alone (the engine drains and stops its workers),
+  to the group after half of ``stop_grace_s``, SIGKILL after the rest; then **verified**: no process of
+  the group left, the port free, ``nvidia-smi --query-compute-apps`` listing no pid of the server, every
+  GPU's ``memory.used`` back to the start's baseline within ``gpu_release_tolerance_mib`` (waited for up
+  to ``gpu_release_timeout_s``; skipped, and said so, with no GPUs declared; with GPUs declared and no
+  nvidia-smi they fail). What is still held is named, with the figures, in :class:`StopNotVerifiedError`.
+  When the leader is already gone, only the recorded processes (pid and start time) are signalled.
 - **status** (:meth:`ManagedServer.status`): running, exited (crashed, killed, or the host rebooted),
   orphaned (leader gone, some of its processes left) or absent, from the pid file and ``/proc``.
 
-An SSH connection that drops (:class:`~eagle3_pipeline.hosts.HostError`) is reopened and the command
-retried, for up to ``serving.reconnect_timeout_s``; the launch itself is never sent twice (after a drop
-the pid file says whether it ran). What cannot be reached fails with one :class:`ManagedServerError`.
+A dropped SSH connection is reopened and the command sent again for up to ``serving.reconnect_timeout_s``
+(never the launch: the pid file says whether it ran); a host that stays away is one :class:`HostUnreachableError`.
 
 Nothing is ever killed by name. The results (:class:`StartResult`, :class:`StopResult`) are typed, with
 their durations and reasons, for the Dagster layer's events and observations (:mod:`.outcomes`); the pid
@@ -359,16 +356,22 @@ class ManagedServer:
         return report
 
     def _gpus_free(self) -> tuple[tuple[tuple[int, float], ...] | None, str]:
-        """The per-GPU baseline before a start, and what was found; refused while the GPUs are not free."""
+        """The per-GPU baseline before a start, and what was found; refused while the GPUs are not free after
+        ``gpu_release_timeout_s`` (a crashed server's memory goes a little after its processes)."""
         if self.plan.expected_gpus == 0:
             return None, "skipped: health.expected_gpus is 0 (no GPUs declared)"
-        out = run_shell_probes(self.host, gpu_memory.READING_SECTIONS, PROBE_TIMEOUT_S)
-        reading = gpu_memory.parse_reading(out.sections, out.failure)
-        if reading.unknown is not None:
-            return None, f"unknown: could not measure the GPUs' memory: {reading.unknown}"
-        busy = gpu_memory.busy_message(reading, self.plan)
-        if busy:
-            raise GpusBusyError(f"{self._where}: {busy}")
+        deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
+        while True:
+            out = run_shell_probes(self.host, gpu_memory.READING_SECTIONS, PROBE_TIMEOUT_S)
+            reading = gpu_memory.parse_reading(out.sections, out.failure)
+            if reading.unknown is not None:
+                return None, f"unknown: could not measure the GPUs' memory: {reading.unknown}"
+            busy = gpu_memory.busy_message(reading, self.plan)
+            if not busy:
+                break
+            if time.monotonic() > deadline:
+                raise GpusBusyError(f"{self._where}: {busy}")
+            time.sleep(self.poll_s)
         used = ", ".join(f"{mib:.0f}" for _, mib in reading.used)
         return reading.used, f"ok: {len(reading.used)} GPU(s) free, MiB used: {used} (the baseline)"
 
