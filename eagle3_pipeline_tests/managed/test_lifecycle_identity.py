@@ -170,6 +170,7 @@ def test_an_ssh_drop_while_the_server_loads_is_reconnected_and_the_start_goes_on
         own_sshd.stop()  # the host's sshd goes down and the live connection drops
         proxy.cut()
         wait_until(lambda: server.reconnects > 0, 60, "a failed reconnect while sshd is down")
+        own_sshd.restart()
         scenario(tmp_path)  # the server gets ready
         thread.join(120)
         started = outcome[0]
