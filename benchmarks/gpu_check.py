@@ -3,6 +3,10 @@
 Sections, each printing its figures as it finishes (and a ``FIGURES {json}`` line), so a run stopped
 by the time guard still leaves the sections before:
 
+0. ``toolchain`` (first, in every mode; ``--toolchain`` alone): the CUDA toolchain FlashInfer/DeepGEMM JIT
+   need in this environment — ``CUDA_HOME``, ``nvcc`` and its release against torch's CUDA
+   (:mod:`benchmarks.cuda_toolchain`). Run it as the managed server is launched (same SSH login shell or
+   not, same ``serving.env_file``) to see what the server will have.
 1. ``chain``: the KV-cache chain drafting a server runs (``Eagle3Drafter.forward_cached``, the test's
    ``chain_draft``) against the unrolled training-time pass (``ttt_forward``, what training and
    ``drafter_eval``'s τ use), float32 and bf16 autocast, on a random drafter of the training shape
@@ -67,6 +71,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.cuda_toolchain import toolchain
 
 SEED = 0
 KIMI_HIDDEN = 7168
@@ -541,6 +547,9 @@ def main() -> int:
         "--work", type=Path, help="folder for the models and stores (default: a temporary folder, removed at the end)"
     )
     parser.add_argument(
+        "--toolchain", action="store_true", help="only the CUDA toolchain section (CUDA_HOME, nvcc), in seconds"
+    )
+    parser.add_argument(
         "--sglang",
         action="store_true",
         help="only the SGLang capture section, with the sglang (0.5.14 or 0.5.23) of this python's environment",
@@ -570,6 +579,9 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = SMOKE if args.smoke else Sizes(draft_hidden=KIMI_HIDDEN // args.width_divisor)
     say(f"MEASURED ON {json.dumps(describe_machine(device))}")
+    section("toolchain", guard, 1, lambda: toolchain(torch_cuda=torch.version.cuda))
+    if args.toolchain:
+        return 0
     say(f"sizes: {'smoke' if args.smoke else 'full'}, seed {SEED}, time limit {args.time_limit:.0f} s")
     if device == "cpu" and not args.smoke:
         say("no CUDA device: these figures are not the GPU check's (use --smoke on a CPU)")

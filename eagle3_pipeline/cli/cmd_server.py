@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Any
 
-from eagle3_pipeline.cli.errors import ExitCode, fail, report
+from eagle3_pipeline.cli.errors import HOST_ERROR_CODES, ExitCode, fail, report
 from eagle3_pipeline.cli.shared import load_or_report
 
 SERVER_EXIT = {
@@ -47,7 +47,7 @@ def _stop_lines(result: Any) -> list[str]:
         head,
         f"  verified: {len(check.processes_left)} process(es) of it left; port {check.port} "
         + ("free" if not check.port_holders else "held")
-        + f"; GPUs {check.gpu_check}",
+        + f"; GPUs {check.gpu_check}; GPU memory {check.gpu_memory_check}",
     ]
 
 
@@ -57,7 +57,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     if config is None:
         return ExitCode.BAD_INPUT
     from eagle3_pipeline.hosts import HostError, build_host
-    from eagle3_pipeline.managed import ManagedServer, ManagedServerError, StopNotVerifiedError, managed_server
+    from eagle3_pipeline.managed import (
+        HostUnreachableError,
+        ManagedServer,
+        ManagedServerError,
+        StopNotVerifiedError,
+        managed_server,
+    )
 
     plan = managed_server(config, args.host)
     if plan is None:
@@ -80,6 +86,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     except StopNotVerifiedError as exc:
         print("\n".join(_stop_lines(exc.result)), file=sys.stderr)
         return fail(str(exc), ExitCode.UNHEALTHY)
+    except HostUnreachableError as exc:
+        code = HOST_ERROR_CODES.get(type(exc.cause).__name__, ExitCode.HOST_UNREACHABLE)
+        return fail(str(exc), code, config.source_file)
     except ManagedServerError as exc:
         return fail(str(exc), ExitCode.UNHEALTHY)
     except HostError as exc:

@@ -4,9 +4,10 @@ UI shows who held the GPUs when.
 
 - :func:`supervised`: the server's supervisor for a block (None when the server is not managed);
 - :func:`hand_over`: the managed server on a GPU phase's machine around its block, as the phase's row in
-  eagle3_pipeline.config.phases says: ``stops`` and ``arms`` — stopped (verified) first, and afterwards the
-  generation server again while `responses` partitions are incomplete (the benchmark starts its arms on it
-  itself); ``purpose`` — the same, with the server serving the phase's own launch line during the block
+  eagle3_pipeline.config.phases says: ``stops`` — stopped (verified) first, and afterwards the generation
+  server again while `responses` partitions are incomplete; ``arms`` — the same without the stop first (the
+  benchmark starts its arms on it itself, and its baseline arm keeps a generation server); ``purpose`` —
+  as ``stops``, with the server serving the phase's own launch line during the block
   (the extraction server of `hidden_states.backend: vllm`); ``keeps`` — nothing handed over (the served
   drafter). With `inference.hosts` the run holds that host (its pool) first.
 (`responses`, ``serves``, makes the server serve generation itself: eagle3_pipeline.serving.InferenceProvider.)
@@ -113,6 +114,9 @@ def hand_over(
             yield supervisor
         elif serves_own is not None:
             with supervisor.serving(serves_own.purpose(supervisor), phase, after=lambda: after_gpu_phase(config)):
+                yield supervisor
+        elif handover == "arms":
+            with supervisor.arms(phase, after=lambda: after_gpu_phase(config)):
                 yield supervisor
         else:
             with supervisor.handover(phase, after=lambda: after_gpu_phase(config)):

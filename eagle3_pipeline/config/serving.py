@@ -137,11 +137,52 @@ class ServingConfig(ConfigModel):
         default=1800.0, description="Seconds the server may take to pass the health tick after it is started."
     )
     stop_grace_s: Annotated[float, Field(gt=0)] = Field(
-        default=60.0, description="Seconds between SIGTERM to the server's process group and SIGKILL."
+        default=60.0,
+        description=(
+            "Seconds a stop gives the server to shut down before SIGKILL: the first half after SIGTERM to its leader "
+            "alone (the engine drains and stops its own workers), the rest after SIGTERM to its process group."
+        ),
     )
     gpu_release_timeout_s: Annotated[float, Field(ge=0)] = Field(
         default=60.0,
-        description="Seconds a stop waits for nvidia-smi to list no process of the server before it fails.",
+        description=(
+            "Seconds a stop waits for nvidia-smi to list no process of the server and for every GPU's memory.used "
+            "to be back to the baseline the start measured, before it fails with the figures."
+        ),
+    )
+    gpu_free_mib: Annotated[float, Field(ge=0)] = Field(
+        default=2048.0,
+        description=(
+            "A start is refused, naming the holders, while a GPU of the host uses more than this many MiB "
+            "(nvidia-smi memory.used); a stop's release is measured against this when no baseline was taken. "
+            "Not measured where health.expected_gpus is 0."
+        ),
+    )
+    gpu_release_tolerance_mib: Annotated[float, Field(ge=0)] = Field(
+        default=1024.0,
+        description="MiB a GPU may stay above its baseline (memory.used before the start) after a stop.",
+    )
+    reconnect_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=300.0,
+        description=(
+            "Seconds the pipeline keeps reconnecting to an SSH host whose connection dropped during a start, a "
+            "readiness wait, a stop or a recovery, before it fails with one message (the server keeps running)."
+        ),
+    )
+    login_shell: bool = Field(
+        default=False,
+        description=(
+            "Launch the server through `bash -l` (the host user's login profile: /etc/profile, ~/.profile), for a "
+            "host whose CUDA_HOME or PATH to nvcc (FlashInfer/DeepGEMM JIT) is set there. false: the SSH session's "
+            "non-login shell environment."
+        ),
+    )
+    env_file: Annotated[str, Field(pattern=r"^/")] | None = Field(
+        default=None,
+        description=(
+            "An absolute file on the host sourced (every assignment exported) before the server starts, e.g. "
+            "/opt/cuda.env with CUDA_HOME=/usr/local/cuda-12.8 and PATH=$CUDA_HOME/bin:$PATH; null: none."
+        ),
     )
     max_restarts: Annotated[int, Field(ge=0)] = Field(
         default=3, description="Restarts after crashes within one run before the run fails (with the log's tail)."

@@ -14,7 +14,9 @@ For each arm (``baseline``, then ``speculative``) on the GPU host (the hosts lay
    own chat template is already applied) go out at ``concurrency``, greedy, ``max_tokens`` each:
    SGLang's native ``/generate`` (its ``meta_info`` carries ``completion_tokens`` and
    ``spec_verify_ct``: τ = Σ completion_tokens / Σ spec_verify_ct, as SpecForge's benchmarks compute
-   it), vLLM's ``/v1/completions`` (τ = 1 + Δ``vllm:spec_decode_num_accepted_tokens`` /
+   it; SGLang leaves ``spec_verify_ct`` out when it is 0 — a request answered without a verify step — so
+   such requests are counted apart, reported as ``no_verify_requests``, and left out of τ), vLLM's
+   ``/v1/completions`` (τ = 1 + Δ``vllm:spec_decode_num_accepted_tokens`` /
    Δ``vllm:spec_decode_num_drafts`` from ``/metrics`` around the arm, and per draft position ``p``
    Δ``vllm:spec_decode_num_accepted_tokens_per_pos{position="p"}`` / Δdrafts: vLLM's own per-position
    acceptance rate, the share of verify steps that accepted at least ``p + 1`` drafts; vllm
@@ -24,8 +26,9 @@ Tokens/s is completion tokens over the arm's wall time; speedup = speculative / 
 
 With a managed server on the benchmark's host (``serving.managed``) steps 2 and 5 are its supervisor's: each
 arm is the managed server started from its own launch lines (``ServerPurpose.benchmark``), ready on its health
-tick, and replaced by the next (:class:`ManagedServers`); the GPUs are handed over around both arms. The
-served drafter's τ is measured the same way (:func:`measure`).
+tick, and replaced by the next (:class:`ManagedServers`); a running server whose line differs from an arm's only
+by the chat parsers (the generation server, for the baseline arm) is kept, not reloaded. The served drafter's τ
+is measured the same way (:func:`measure`).
 """
 
 from __future__ import annotations
@@ -213,6 +216,7 @@ class Acceptance:
     per_position: list[float] | None  # P(a verify step accepts >= p + 1 drafts), p = 0 … K-1
     verify_steps: int | None = None  # vLLM's drafts (SGLang's spec_verify_ct)
     accepted_tokens: int | None = None
+    no_verify_requests: int = 0  # SGLang: requests whose meta_info has no spec_verify_ct (0 verify steps)
 
 
 def conditional_rates(per_position: Sequence[float]) -> list[float | None]:
@@ -234,6 +238,7 @@ class ArmResult:
     verify_steps: int | None = None
     accepted_tokens: int | None = None
     server_process: str = ""  # what the health gate's server_process check matched
+    no_verify_requests: int = 0  # requests answered with no verify step (Acceptance.no_verify_requests)
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,7 @@ class BenchmarkResult:
             "tokens_per_s_speculative": round(self.speculative.tokens_per_s, 2),
             "speedup": round(self.speedup, 4),
             "requests": self.speculative.requests,
+            "no_verify_requests": self.speculative.no_verify_requests,
             "arms": [asdict(self.baseline), asdict(self.speculative)],
         }
 
@@ -521,7 +527,13 @@ def _run_arm(
             acceptance.verify_steps if acceptance else None,
             acceptance.accepted_tokens if acceptance else None,
             process,
+            acceptance.no_verify_requests if acceptance else 0,
         )
+        if result.no_verify_requests:
+            report.log(
+                f"{arm}: {result.no_verify_requests} of {result.requests} request(s) had no verify step (SGLang "
+                "reports no spec_verify_ct for them); τ is over the others"
+            )
         report.progress(
             {
                 "arm": arm,
@@ -547,11 +559,15 @@ def _acceptance(
     server: str, client: _Client, answers: Sequence[dict[str, Any]], before: SpecCounters | None
 ) -> Acceptance:
     if server == "sglang":
-        steps = [a["verify_steps"] for a in answers]
-        if any(s is None for s in steps) or not sum(steps):
-            raise BenchmarkError("SGLang reported no spec_verify_ct in meta_info: is speculative decoding on?")
-        tokens = sum(a["completion_tokens"] for a in answers)
-        return Acceptance(tokens / sum(steps), None, int(sum(steps)))
+        verified = [a for a in answers if a["verify_steps"]]
+        if not verified:
+            raise BenchmarkError(
+                f"SGLang reported no spec_verify_ct in meta_info for any of {len(answers)} request(s): is "
+                "speculative decoding on?"
+            )
+        steps = sum(int(a["verify_steps"]) for a in verified)
+        tokens = sum(a["completion_tokens"] for a in verified)
+        return Acceptance(tokens / steps, None, steps, no_verify_requests=len(answers) - len(verified))
     assert before is not None
     delta = client.spec_counters().since(before)
     if delta.drafts <= 0:

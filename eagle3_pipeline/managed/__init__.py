@@ -9,6 +9,16 @@ Dagster layer turns the typed results and events into run events and observation
 and the inference provider a `responses` run asks for its endpoints: it serves them from the managed server.)
 """
 
+from eagle3_pipeline.managed.errors import (
+    AlreadyRunningError,
+    GpusBusyError,
+    HostUnreachableError,
+    ManagedServerError,
+    NotOurProcessError,
+    PortInUseError,
+    StartupFailedError,
+    StopNotVerifiedError,
+)
 from eagle3_pipeline.managed.gate import SERVER_CHECKS, stopped_server
 from eagle3_pipeline.managed.launch import (
     FAMILY_PARSERS,
@@ -28,17 +38,11 @@ from eagle3_pipeline.managed.launch import (
     vllm_eagle3_config,
 )
 from eagle3_pipeline.managed.lifecycle import (
-    AlreadyRunningError,
     ManagedServer,
-    ManagedServerError,
-    NotOurProcessError,
-    PortInUseError,
     ProcessRef,
     ServerRecord,
     ServerStatus,
     StartResult,
-    StartupFailedError,
-    StopNotVerifiedError,
     StopResult,
     StopVerification,
 )
@@ -65,7 +69,9 @@ __all__ = [
     "EventSink",
     "FamilyParsers",
     "GenerationRecovery",
+    "GpusBusyError",
     "HiddenStateExtraction",
+    "HostUnreachableError",
     "LaunchError",
     "LaunchLine",
     "ManagedServer",

@@ -12,7 +12,8 @@ that cannot be read (no evidence is not health) keep the gate closed.
 from __future__ import annotations
 
 from eagle3_pipeline.health import HealthReport
-from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError
+from eagle3_pipeline.managed.errors import ManagedServerError
+from eagle3_pipeline.managed.lifecycle import ManagedServer
 
 # The checks that fail only because the server is not running.
 SERVER_CHECKS = frozenset({"server_process", "port", "generation", "throughput", "progress"})

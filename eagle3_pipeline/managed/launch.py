@@ -265,6 +265,34 @@ def _parser_args(settings: EngineSettings, purpose: ServerPurpose) -> list[str]:
     return args
 
 
+# Flags only chat requests use (the engines' OpenAI chat layer parses reasoning and tool calls); token-id
+# requests (the benchmark's /generate and /v1/completions) never reach them. The count is the values each takes.
+CHAT_ONLY_FLAGS: dict[str, int] = {"--reasoning-parser": 1, "--tool-call-parser": 1, "--enable-auto-tool-choice": 0}
+
+
+def _without_unused(argv: Sequence[str], purpose: ServerPurpose) -> tuple[str, ...]:
+    """``argv`` without the flags ``purpose`` does not use (:data:`CHAT_ONLY_FLAGS` when it sends no chat)."""
+    if purpose.chat:
+        return tuple(argv)
+    kept: list[str] = []
+    skip = 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+        elif arg in CHAT_ONLY_FLAGS:
+            skip = CHAT_ONLY_FLAGS[arg]
+        elif arg.partition("=")[0] not in CHAT_ONLY_FLAGS:
+            kept.append(arg)
+    return tuple(kept)
+
+
+def serves(running_argv: Sequence[str], wanted: LaunchLine) -> bool:
+    """Whether a server started with ``running_argv`` serves ``wanted.purpose`` as ``wanted`` would: the same
+    launch line but for flags that purpose does not use (the benchmark's baseline arm on the generation
+    server: only the parsers differ), so keeping it saves a reload."""
+    return _without_unused(running_argv, wanted.purpose) == _without_unused(wanted.argv, wanted.purpose)
+
+
 def build_launch(settings: EngineSettings, purpose: ServerPurpose) -> LaunchLine:
     """The argv for ``purpose`` (module doc); ``settings.extra_args`` last, so they override."""
     argv = base_argv(settings)

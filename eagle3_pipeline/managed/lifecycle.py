@@ -1,24 +1,34 @@
 """A managed inference server's life on its host (this machine or an SSH host, :class:`eagle3_pipeline.hosts.Host`).
 
-- **start** (:meth:`ManagedServer.start`): refused while a server the pipeline started is running, or
-  while anything listens on the port (the holder is named). The launch line runs detached in a new
-  session (``setsid``: its own process group, pgid = its pid), stdin from ``/dev/null``, stdout and
-  stderr appended to the log behind a header line. The pid file (JSON beside the log) records the pid,
-  the process group, the process's start time (field 22 of ``/proc/<pid>/stat``, clock ticks since
-  boot), the boot id, and — once ready — its command line as ``/proc/<pid>/cmdline`` shows it, with the
-  group's processes seen so far. Ready = the health tick (:func:`eagle3_pipeline.health.run_health_tick`)
-  passes ``server_process``, ``port`` and ``generation``; a server that exits first is reported with
-  its log's tail, one that does not pass in ``startup_timeout_s`` is stopped and reported the same way.
+- **start** (:meth:`ManagedServer.start`): refused while a server the pipeline started is running (a
+  launch recorded but not yet ready with the same launch line is waited for instead: another run's, or
+  one whose connection dropped), while anything listens on the port (the holder is named), or while the
+  GPUs are not free (per-GPU ``memory.used`` over ``serving.gpu_free_mib``, the holders named:
+  :mod:`.gpu_memory`); that reading is the baseline the stop comes back to. The launch line runs
+  detached in a new session (``setsid``: its own process group, pgid = its pid), stdin from
+  ``/dev/null``, stdout and stderr appended to the log behind a header line, in the shell environment
+  ``serving.login_shell`` / ``env_file`` / ``env`` say. The pid file (JSON beside the log) is written by
+  the launched shell itself **before** it execs the server (:data:`~.processes.LAUNCH_SCRIPT`): the pid,
+  the process group, the start time (field 22 of ``/proc/<pid>/stat``, clock ticks since boot) and the
+  boot id; once ready, the command line as ``/proc/<pid>/cmdline`` shows it and the group's processes.
+  Ready = the health tick (:func:`eagle3_pipeline.health.run_health_tick`) passes ``server_process``,
+  ``port`` and ``generation``; a server that exits first is reported with its log's tail, one that does
+  not pass in ``startup_timeout_s`` is stopped and reported the same way.
 - **stop** (:meth:`ManagedServer.stop`): only a process the pid file describes: before any signal,
   the live process must have the recorded pid, process group, start time, boot id and command line
-  (a reused pid is refused with a message, nothing signalled). Then SIGTERM to the group, SIGKILL after
-  ``stop_grace_s``, and the stop is **verified**: no process of the group left, nothing listening on
-  the port, and ``nvidia-smi --query-compute-apps=pid,used_memory`` listing no pid of the server (on a
-  host without nvidia-smi and ``expected_gpus`` 0 that check is skipped, and said so). Anything still
-  held is named in :class:`StopNotVerifiedError`. When the group's leader is already gone, only the
-  processes recorded as the server's (pid and start time) are signalled.
-- **status** (:meth:`ManagedServer.status`): running, exited (crashed or killed), orphaned (leader gone,
-  some of its processes left) or absent, from the pid file and ``/proc``.
+  (a reused pid is refused, nothing signalled; after a reboot nothing of it can be alive: nothing is
+  signalled, the pid file goes). SIGTERM to the leader alone (the engine drains and stops its workers),
+  to the group after half of ``stop_grace_s``, SIGKILL after the rest; then **verified**: no process of
+  the group left, the port free, ``nvidia-smi --query-compute-apps`` listing no pid of the server, every
+  GPU's ``memory.used`` back to the start's baseline within ``gpu_release_tolerance_mib`` (waited for up
+  to ``gpu_release_timeout_s``; skipped, and said so, with no GPUs declared; with GPUs declared and no
+  nvidia-smi they fail). What is still held is named, with the figures, in :class:`StopNotVerifiedError`.
+  When the leader is already gone, only the recorded processes (pid and start time) are signalled.
+- **status** (:meth:`ManagedServer.status`): running, exited (crashed, killed, or the host rebooted),
+  orphaned (leader gone, some of its processes left) or absent, from the pid file and ``/proc``.
+
+A dropped SSH connection is reopened and the command sent again for up to ``serving.reconnect_timeout_s``
+(never the launch: the pid file says whether it ran); a host that stays away is one :class:`HostUnreachableError`.
 
 Nothing is ever killed by name. The results (:class:`StartResult`, :class:`StopResult`) are typed, with
 their durations and reasons, for the Dagster layer's events and observations (:mod:`.outcomes`); the pid
@@ -36,9 +46,27 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from eagle3_pipeline.health import HealthReport, Status, run_health_tick
-from eagle3_pipeline.health.script import Section, SectionOutput, run_shell_probes, section_failure
-from eagle3_pipeline.hosts import Host, quote_args
+from eagle3_pipeline.health.script import Section, run_shell_probes, section_failure
+from eagle3_pipeline.hosts import (
+    CommandResult,
+    Host,
+    HostConnectError,
+    HostDisconnectedError,
+    HostError,
+    quote_args,
+)
 from eagle3_pipeline.hosts.private import PrivateStateError, env_file, read_private, write_private
+from eagle3_pipeline.managed import gpu_memory
+from eagle3_pipeline.managed.errors import (
+    AlreadyRunningError,
+    GpusBusyError,
+    HostUnreachableError,
+    ManagedServerError,
+    NotOurProcessError,
+    PortInUseError,
+    StartupFailedError,
+    StopNotVerifiedError,
+)
 from eagle3_pipeline.managed.launch import LaunchLine
 from eagle3_pipeline.managed.outcomes import ServerStatus, StartResult, StopResult, StopVerification
 from eagle3_pipeline.managed.plan import ManagedServerPlan
@@ -53,47 +81,17 @@ from eagle3_pipeline.managed.processes import (
     ProcessRef,
     Seen,
     ServerRecord,
+    in_shell_environment,
     parse_stat,
     port_check,
     port_holders,
+    rebooted,
 )
 
 READY_CHECKS = ("server_process", "port", "generation")
 LOG_TAIL_LINES = 40
 COMMAND_TIMEOUT_S = 60.0
-
-
-class ManagedServerError(RuntimeError):
-    """A managed server could not be started, identified or stopped; the message says what and where."""
-
-
-class AlreadyRunningError(ManagedServerError):
-    """A server the pipeline started is running already."""
-
-
-class PortInUseError(ManagedServerError):
-    """Something listens on the server's port already (named in the message)."""
-
-
-class StartupFailedError(ManagedServerError):
-    """The server exited during start-up, or did not get ready in time; the message carries its log's tail."""
-
-    def __init__(self, message: str, log_tail: str, stop: StopResult | None = None) -> None:
-        super().__init__(message)
-        self.log_tail = log_tail
-        self.stop = stop
-
-
-class NotOurProcessError(ManagedServerError):
-    """The pid file names a live process that is not the one the pipeline started: nothing was signalled."""
-
-
-class StopNotVerifiedError(ManagedServerError):
-    """Signals were sent, but a process, the port or GPU memory is still held (named in the message)."""
-
-    def __init__(self, message: str, result: StopResult) -> None:
-        super().__init__(message)
-        self.result = result
+LEADER_SHARE = 0.5  # of stop_grace_s: the leader's own shutdown, before the group is signalled
 
 
 class ManagedServer:
@@ -104,6 +102,7 @@ class ManagedServer:
     def __init__(self, host: Host, plan: ManagedServerPlan) -> None:
         self.host = host
         self.plan = plan
+        self.reconnects = 0  # SSH drops reopened, over this object's life
 
     # -- what is there ----------------------------------------------------------------------------
 
@@ -119,8 +118,30 @@ class ManagedServer:
     def _where(self) -> str:
         return f"{self.plan.setting} on {self.host.name}"
 
+    def _host_run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
+        """``host.run``; a dropped SSH connection is reopened and the command sent again (``retry``) until
+        ``serving.reconnect_timeout_s`` runs out; a host that cannot be reached is a ManagedServerError."""
+        deadline: float | None = None
+        while True:
+            try:
+                return self.host.run(command, timeout_s)
+            except (HostConnectError, HostDisconnectedError) as exc:
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.plan.serving.reconnect_timeout_s
+                if not retry or now > deadline:
+                    raise HostUnreachableError(
+                        f"{self._where}: the connection to the host dropped and could not be reopened within "
+                        f"{self.plan.serving.reconnect_timeout_s:g} s (serving.reconnect_timeout_s): {exc}",
+                        exc,
+                    ) from None
+                self.reconnects += 1
+                self.host.close()
+                time.sleep(self.poll_s)
+            except HostError as exc:
+                raise HostUnreachableError(f"{self._where}: cannot reach the host: {exc}", exc) from None
+
     def _run(self, command: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
-        result = self.host.run(command, timeout_s)
+        result = self._host_run(command, timeout_s)
         if not result.ok:
             why = result.stderr.strip() or result.stdout.strip() or "no output"
             state = "timed out" if result.timed_out else f"exit {result.exit_code}"
@@ -160,7 +181,10 @@ class ManagedServer:
         self._run(f"rm -f {shlex.quote(self.pid_path)}")
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        result = self.host.run(quote_args("tail", "-n", str(lines), self.log_path), COMMAND_TIMEOUT_S)
+        try:
+            result = self._host_run(quote_args("tail", "-n", str(lines), self.log_path), COMMAND_TIMEOUT_S)
+        except ManagedServerError as exc:
+            return f"(the log {self.log_path} could not be read: {exc})"
         return result.stdout.rstrip("\n") if result.ok else f"(no log at {self.log_path})"
 
     def _snapshot(self, pid: int, pgid: int) -> GroupSnapshot:
@@ -182,11 +206,11 @@ class ManagedServer:
     def _identify(self, record: ServerRecord, snap: GroupSnapshot) -> str | None:
         """None when the snapshot's leader is the recorded process; else why it is not (gone or another)."""
         leader = snap.leader
+        if rebooted(record, snap):
+            return f"the host rebooted since its start (boot id {snap.boot_id}, recorded {record.boot_id})"
         if leader is None or not leader.live:
             return f"pid {record.pid} is gone"
         differences = []
-        if snap.boot_id != record.boot_id:
-            differences.append(f"the host rebooted (boot id {snap.boot_id}, recorded {record.boot_id})")
         if leader.start_ticks != record.start_ticks:
             differences.append(f"start time {leader.start_ticks} ticks, recorded {record.start_ticks}")
         if leader.pgid != record.pgid:
@@ -198,7 +222,7 @@ class ManagedServer:
 
     def _recorded_alive(self, record: ServerRecord, snap: GroupSnapshot) -> list[ProcessRef]:
         """The recorded processes still alive with their recorded start times (the leader aside)."""
-        live = {(p.pid, p.start_ticks) for p in snap.live_group() if snap.boot_id == record.boot_id}
+        live = {(p.pid, p.start_ticks) for p in snap.live_group() if not rebooted(record, snap)}
         return [m for m in record.members if (m.pid, m.start_ticks) in live and m.pid != record.pid]
 
     def status(self) -> ServerStatus:
@@ -220,7 +244,7 @@ class ManagedServer:
         if alive:
             shown = ", ".join(str(p.pid) for p in alive)
             return ServerStatus("orphaned", f"{why}; its processes {shown} are left", record, alive)
-        if snap.leader is not None and snap.leader.live:
+        if snap.leader is not None and snap.leader.live and not rebooted(record, snap):
             return ServerStatus("foreign", why, record)
         return ServerStatus("exited", f"the server started {record.started_at} has exited ({why})", record)
 
@@ -236,47 +260,18 @@ class ManagedServer:
 
     def start(self, launch: LaunchLine, reason: str) -> StartResult:
         """Start the server for ``launch.purpose``, wait until the health tick calls it ready (module doc)."""
-        started = time.monotonic()
+        started, reconnects = time.monotonic(), self.reconnects
         status = self.status()
-        if status.state == "running":
-            raise AlreadyRunningError(f"{self._where}: already running ({status.detail}); stop it first")
-        if status.state == "orphaned":
-            raise ManagedServerError(
-                f"{self._where}: processes of the previous server are left ({status.detail}); stop it first"
-            )
-        replaced = status.detail if status.state in ("exited", "foreign") else None
-        holders = self._listeners()
-        if holders:
-            shown = ", ".join(f"pid {pid} ({name})" if pid else name for pid, name in holders)
-            raise PortInUseError(
-                f"{self._where}: port {self.plan.port} is already in use by {shown}; the pipeline did not start "
-                f"that process and leaves it alone: stop it, or give {self.plan.setting}.port another port"
-            )
-        record = self._launch(launch, reason)
-        seen = Seen({record.pid: record.start_ticks})
-        deadline = time.monotonic() + self.plan.serving.startup_timeout_s
-        spec = self.plan.server_spec()
-        report: HealthReport | None = None
-        while True:
-            snap = self._snapshot(record.pid, record.pgid)
-            seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
-            if self._identify(record, snap) is not None:
-                self._fail_start(record, seen, "exited during start-up")
-            report, _ = run_health_tick(self.host, spec, self.plan.thresholds)
-            if _ready(report):
-                break
-            if time.monotonic() > deadline:
-                summary = report.summary() if report is not None else "no health tick"
-                self._fail_start(
-                    record, seen, f"did not get ready within {self.plan.serving.startup_timeout_s:g} s ({summary})"
-                )
-            time.sleep(self.poll_s)
-        self._remove_key()
-        snap = self._snapshot(record.pid, record.pgid)
-        seen.add(p for p in snap.live_group() if snap.boot_id == record.boot_id)
-        ready_s = round(time.monotonic() - started, 3)
-        record = replace(record, cmdline=snap.leader_cmdline, members=seen.refs(), ready_s=ready_s)
-        self._write_record(record)
+        record, replaced = status.record, None
+        adopted = status.state == "running" and record is not None and _unconfirmed_launch_of(record, launch)
+        gpu_check = "skipped: a launch already recorded was waited for"
+        if not adopted:
+            replaced = self._refuse_start(status)
+            baseline, gpu_check = self._gpus_free()
+            record = self._launch(launch, reason, baseline)
+        assert record is not None
+        report = self.await_ready(record)
+        record = self.read_record() or record
         return StartResult(
             server=self.plan.name,
             host=self.host.name,
@@ -291,7 +286,54 @@ class ManagedServer:
             members=record.members,
             report=report,
             replaced=replaced,
+            gpu_check=gpu_check,
+            reconnects=self.reconnects - reconnects,
+            adopted=adopted,
         )
+
+    def _refuse_start(self, status: ServerStatus) -> str | None:
+        """Raise while a server of ours runs or left processes, or the port is held; else the stale pid
+        file's state the start replaces (None: there was none)."""
+        if status.state == "running":
+            raise AlreadyRunningError(f"{self._where}: already running ({status.detail}); stop it first")
+        if status.state == "orphaned":
+            raise ManagedServerError(
+                f"{self._where}: processes of the previous server are left ({status.detail}); stop it first"
+            )
+        holders = self._listeners()
+        if holders:
+            shown = ", ".join(f"pid {pid} ({name})" if pid else name for pid, name in holders)
+            raise PortInUseError(
+                f"{self._where}: port {self.plan.port} is already in use by {shown}; the pipeline did not start "
+                f"that process and leaves it alone: stop it, or give {self.plan.setting}.port another port"
+            )
+        return status.detail if status.state in ("exited", "foreign") else None
+
+    def await_ready(self, record: ServerRecord) -> HealthReport:
+        """Wait until the recorded server passes the health tick (``startup_timeout_s`` from now), then record
+        its command line and processes; one that exits or does not get ready is stopped and raised
+        (:class:`StartupFailedError`). A dropped SSH connection is reopened meanwhile (module doc)."""
+        seen = Seen({m.pid: m.start_ticks for m in record.members})
+        deadline = time.monotonic() + self.plan.serving.startup_timeout_s
+        spec = self.plan.server_spec()
+        while True:
+            snap = self._snapshot(record.pid, record.pgid)
+            seen.add(p for p in snap.live_group() if not rebooted(record, snap))
+            if self._identify(record, snap) is not None:
+                self._fail_start(record, seen, "exited during start-up")
+            report, _ = run_health_tick(self.host, spec, self.plan.thresholds)
+            if _ready(report):
+                self._remove_key()
+                break
+            if time.monotonic() > deadline:
+                timeout = self.plan.serving.startup_timeout_s
+                self._fail_start(record, seen, f"did not get ready within {timeout:g} s ({report.summary()})")
+            time.sleep(self.poll_s)
+        snap = self._snapshot(record.pid, record.pgid)
+        seen.add(p for p in snap.live_group() if not rebooted(record, snap))
+        ready_s = round((datetime.now(UTC) - datetime.fromisoformat(record.started_at)).total_seconds(), 3)
+        self._write_record(replace(record, cmdline=snap.leader_cmdline, members=seen.refs(), ready_s=ready_s))
+        return report
 
     def _write_key(self) -> None:
         """The engine's key file (``serving.api_key_env``): a private file written through stdin (0600)."""
@@ -302,37 +344,43 @@ class ManagedServer:
     def _remove_key(self) -> None:
         """The key file goes once the engine has read it (a start reads it again from a fresh one)."""
         if self.plan.serving.api_key_env is not None:
-            self.host.run(quote_args("rm", "-f", self.plan.serving.key_path), COMMAND_TIMEOUT_S)
+            self._host_run(quote_args("rm", "-f", self.plan.serving.key_path), COMMAND_TIMEOUT_S)
 
-    def _launch(self, launch: LaunchLine, reason: str) -> ServerRecord:
-        self._write_key()
+    def _gpus_free(self) -> tuple[tuple[tuple[int, float], ...] | None, str]:
+        """The per-GPU baseline before a start, and what was found; refused while the GPUs are not free after
+        ``gpu_release_timeout_s`` (a crashed server's memory goes a little after its processes)."""
+        if self.plan.expected_gpus == 0:
+            return None, "skipped: health.expected_gpus is 0 (no GPUs declared)"
+        deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
+        while True:
+            out = run_shell_probes(self.host, gpu_memory.READING_SECTIONS, PROBE_TIMEOUT_S)
+            reading = gpu_memory.parse_reading(out.sections, out.failure)
+            if reading.unknown is not None:
+                return None, f"unknown: could not measure the GPUs' memory: {reading.unknown}"
+            busy = gpu_memory.busy_message(reading, self.plan)
+            if not busy:
+                break
+            if time.monotonic() > deadline:
+                raise GpusBusyError(f"{self._where}: {busy}")
+            time.sleep(self.poll_s)
+        used = ", ".join(f"{mib:.0f}" for _, mib in reading.used)
+        return reading.used, f"ok: {len(reading.used)} GPU(s) free, MiB used: {used} (the baseline)"
+
+    def _launch(self, launch: LaunchLine, reason: str, baseline: tuple[tuple[int, float], ...] | None) -> ServerRecord:
+        """Launch detached; the launched shell writes the pid file before it execs (module doc). After a
+        dropped connection the pid file says whether the launch ran; it is sent again only when it did not."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
         header = f"=== {now} eagle3-pipeline starts the {launch.purpose.role} server ({reason}): {launch.display()}"
+        serving = self.plan.serving
         # The env's values reach the server through a 0600 file it sources, never its command line.
-        env_path = self.plan.serving.env_path
-        self._write_private(env_path, env_file(launch.env).decode())
-        command = ["sh", "-c", '. "$0" && exec "$@"', env_path, *launch.argv]
-        tmp = f"{self.pid_path}.launch"
-        out = self._run(quote_args("sh", "-c", LAUNCH_SCRIPT, "sh", self.log_path, tmp, header, *command))
-        values: dict[str, str] = {}
-        for line in out.splitlines():
-            key, _, value = line.partition(" ")
-            values[key] = value
-        pid = int(values["pid"])
-        if "stat" not in values:
-            self._remove_key()
-            tail = self.log_tail()
-            raise StartupFailedError(
-                f"{self._where}: the {launch.purpose.role} server (pid {pid}) exited at once; "
-                f"log {self.log_path}:\n{tail}",
-                tail,
-            )
-        info = parse_stat(values["stat"])
-        record = ServerRecord(
-            pid=pid,
-            pgid=info.pgid,
-            start_ticks=info.start_ticks,
-            boot_id=values.get("boot", "").strip(),
+        self._write_private(serving.env_path, env_file(launch.env).decode())
+        self._write_key()
+        command = in_shell_environment(list(launch.argv), serving.login_shell, (serving.env_file, serving.env_path))
+        pending = ServerRecord(
+            pid=0,
+            pgid=0,
+            start_ticks=0,
+            boot_id="",
             argv=launch.argv,
             env_names=tuple(sorted(launch.env)),
             engine=self.plan.engine,
@@ -341,10 +389,39 @@ class ManagedServer:
             reason=reason,
             started_at=now,
             log_path=self.log_path,
-            members=(ProcessRef(pid, info.start_ticks),),
+            gpu_baseline=baseline,
         )
-        self._write_record(record)
-        return record
+        body = pending.launch_body()
+        script = quote_args("sh", "-c", LAUNCH_SCRIPT, "sh", self.log_path, self.pid_path, header, body)
+        deadline = time.monotonic() + serving.reconnect_timeout_s
+        while True:
+            try:
+                result = self._host_run(f"{script} {quote_args(*command)}", COMMAND_TIMEOUT_S, retry=False)
+            except HostUnreachableError as exc:
+                if not isinstance(exc.cause, (HostConnectError, HostDisconnectedError)) or time.monotonic() > deadline:
+                    raise
+                self.reconnects += 1
+                self.host.close()
+                time.sleep(self.poll_s)
+                recorded = self._launched(pending)
+                if recorded is not None:
+                    return recorded
+                continue
+            if not result.ok:
+                self._remove_key()
+                why = result.stderr.strip() or result.stdout.strip() or "no output"
+                raise ManagedServerError(f"{self._where}: the launch failed (exit {result.exit_code}): {why[:300]}")
+            text = next((line[7:] for line in result.stdout.splitlines() if line.startswith("record ")), "")
+            return ServerRecord.from_json(text)
+
+    def _launched(self, pending: ServerRecord) -> ServerRecord | None:
+        """The pid file of ``pending``'s launch, if it ran (None: no record of it, or the host is still away)."""
+        try:
+            record = self.read_record()
+        except ManagedServerError:
+            return None
+        ours = record is not None and (record.started_at, record.reason) == (pending.started_at, pending.reason)
+        return record if ours and record is not None and record.argv == pending.argv else None
 
     def _fail_start(self, record: ServerRecord, seen: Seen, what: str) -> NoReturn:
         """Stop what is left of a start that failed (its recorded processes only), then raise with the log."""
@@ -372,12 +449,14 @@ class ManagedServer:
         started = time.monotonic()
         record = self.read_record()
         if record is None:
-            verification = self._verify((), {})
+            verification = self._verify((), {}, None)
             return self._stopped(None, reason, (), started, verification)
         snap = self._snapshot(record.pid, record.pgid)
         why = self._identify(record, snap)
         seen = Seen({m.pid: m.start_ticks for m in record.members})
-        if why is None:
+        if rebooted(record, snap):
+            seen, signals = Seen(), []  # nothing of a server started before the reboot is alive
+        elif why is None:
             seen.add(p for p in snap.live_group())
             signals = self._signal_group(record)
         else:
@@ -392,7 +471,7 @@ class ManagedServer:
                     "expected"
                 )
             signals = self._signal_processes(alive)
-        verification = self._verify(seen.refs(), dict(seen.processes))
+        verification = self._verify(seen.refs(), dict(seen.processes), record.gpu_baseline)
         result = self._stopped(record, reason, signals, started, verification)
         if not verification.processes_left:
             self._remove_record()
@@ -437,15 +516,22 @@ class ManagedServer:
         return any(p.pgid == record.pgid for p in snap.live_group())
 
     def _signal_group(self, record: ServerRecord) -> list[str]:
-        """SIGTERM the group while its leader is ours; SIGKILL what is left after the grace period."""
+        """While its leader is ours: SIGTERM to the leader alone (the engine drains and shuts its workers down
+        itself), after ``LEADER_SHARE`` of the grace period SIGTERM to the group, then SIGKILL to the group.
+        Returns the steps taken (``TERM`` = the leader's, ``TERM group``, ``KILL``)."""
+        grace = self.plan.serving.stop_grace_s
+        ticks = str(record.start_ticks)
+        steps = (
+            ("TERM", (PIDS_KILL_SCRIPT, "TERM", str(record.pid), ticks), grace * LEADER_SHARE),
+            ("TERM group", (GROUP_KILL_SCRIPT, "TERM", str(record.pgid), ticks), grace * (1 - LEADER_SHARE)),
+            ("KILL", (GROUP_KILL_SCRIPT, "KILL", str(record.pgid), ticks), 10.0),
+        )
         signals = []
-        for signal, wait_s in (("TERM", self.plan.serving.stop_grace_s), ("KILL", 10.0)):
+        for name, (script, *args), wait_s in steps:
             if not self._group_alive(record):
                 break
-            signals.append(signal)
-            self._run(
-                quote_args("sh", "-c", GROUP_KILL_SCRIPT, "sh", signal, str(record.pgid), str(record.start_ticks))
-            )
+            signals.append(name)
+            self._run(quote_args("sh", "-c", script, "sh", *args))
             deadline = time.monotonic() + wait_s
             while self._group_alive(record) and time.monotonic() < deadline:
                 time.sleep(min(self.poll_s, 0.2))
@@ -478,44 +564,29 @@ class ManagedServer:
         live = {(p.pid, p.start_ticks) for p in map(parse_stat, out.splitlines()) if p.live}
         return [p for p in processes if (p.pid, p.start_ticks) in live]
 
-    def _verify(self, processes: Sequence[ProcessRef], pids: Mapping[int, int]) -> StopVerification:
+    def _verify(
+        self, processes: Sequence[ProcessRef], pids: Mapping[int, int], baseline: Sequence[tuple[int, float]] | None
+    ) -> StopVerification:
         """Processes, port and GPUs after the signals; GPU memory is given ``gpu_release_timeout_s`` to go."""
         deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
         while True:
             left = tuple(self._still_alive(processes)) if processes else ()
-            sections: list[Section] = [("ss", ("ss", "-Htlnp")), ("gpu", NVIDIA_SMI)]
+            sections: list[Section] = [("ss", ("ss", "-Htlnp")), ("gpu", NVIDIA_SMI), gpu_memory.GPU_SECTION]
             out = run_shell_probes(self.host, sections, PROBE_TIMEOUT_S)
             port = port_check(out.sections.get("ss"), self.plan.port, out.failure)
-            gpu_holders, gpu_check = self._gpu_check(out.sections.get("gpu"), pids, out.failure)
-            verification = StopVerification(left, self.plan.port, port, gpu_holders, gpu_check)
+            gpu_holders, gpu_check = gpu_memory.pid_check(out.sections.get("gpu"), pids, self.plan, out.failure)
+            memory, memory_check = gpu_memory.release_check(
+                out.sections.get("gpus"), bool(pids), baseline, self.plan, out.failure
+            )
+            verification = StopVerification(left, self.plan.port, port, gpu_holders, gpu_check, memory, memory_check)
             if verification.ok or time.monotonic() > deadline:
                 return verification
             time.sleep(self.poll_s)
 
-    def _gpu_check(
-        self, section: SectionOutput | None, pids: Mapping[int, int], missing: str
-    ) -> tuple[tuple[tuple[int, int], ...], str]:
-        if not pids:
-            return (), "skipped: no process of the server to look for"
-        if section is None:
-            return (), f"failed: cannot verify the GPUs ({missing})"
-        if section.exit_code == 127:
-            if self.plan.expected_gpus == 0:
-                return (), "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
-            return (), (
-                f"failed: cannot verify the GPUs: no nvidia-smi on the host, which should have "
-                f"{self.plan.expected_gpus} (health.expected_gpus)"
-            )
-        failure = section_failure(section, "nvidia-smi --query-compute-apps", PROBE_TIMEOUT_S)
-        if failure is not None:
-            return (), f"failed: cannot verify the GPUs: {failure.detail}"
-        held = []
-        for line in section.text.splitlines():
-            parts = [part.strip() for part in line.split(",")]
-            if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) in pids:
-                held.append((int(parts[0]), int(parts[1]) if parts[1].isdigit() else 0))
-        apps = sum(1 for line in section.text.splitlines() if line.strip())
-        return tuple(held), f"ok: nvidia-smi lists {apps} compute process(es), none of the server's"
+
+def _unconfirmed_launch_of(record: ServerRecord, launch: LaunchLine) -> bool:
+    """A running server recorded at its launch but not yet ready (no command line recorded), for this launch line."""
+    return record.cmdline is None and tuple(record.argv) == tuple(launch.argv)
 
 
 def _ready(report: HealthReport) -> bool:

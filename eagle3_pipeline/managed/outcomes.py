@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.managed.gpu_memory import figures
 from eagle3_pipeline.managed.processes import ProcessRef, ServerRecord
 
 State = Literal["absent", "running", "exited", "orphaned", "foreign"]
@@ -16,8 +17,9 @@ State = Literal["absent", "running", "exited", "orphaned", "foreign"]
 @dataclass(frozen=True)
 class ServerStatus:
     """``absent``: no pid file; ``running``: its leader is the recorded process; ``exited``: it and every
-    recorded process are gone; ``orphaned``: the leader is gone, recorded processes are left;
-    ``foreign``: the recorded pid is a live process of another start time, group or command."""
+    recorded process are gone, or the host rebooted since its start (another boot id: whatever runs under
+    its pids now is not it); ``orphaned``: the leader is gone, recorded processes are left; ``foreign``: the
+    recorded pid is a live process of another start time, group or command (same boot)."""
 
     state: State
     detail: str
@@ -34,14 +36,17 @@ class StopVerification:
     port_holders: tuple[tuple[int, str], ...]  # (pid, command name); (0, why) when no owner is visible
     gpu_holders: tuple[tuple[int, int], ...]  # (pid, MiB)
     gpu_check: str
+    gpu_memory: tuple[tuple[int, float, float], ...] = ()  # (GPU index, MiB used, baseline) not back to baseline
+    gpu_memory_check: str = "skipped"
 
     @property
     def ok(self) -> bool:
-        return not self.processes_left and not self.port_holders and not self.gpu_holders and not self.gpu_failed
+        held = self.processes_left or self.port_holders or self.gpu_holders or self.gpu_memory
+        return not held and not self.gpu_failed
 
     @property
     def gpu_failed(self) -> bool:
-        return self.gpu_check.startswith("failed")
+        return self.gpu_check.startswith("failed") or self.gpu_memory_check.startswith("failed")
 
     def problems(self) -> list[str]:
         found = []
@@ -58,8 +63,9 @@ class StopVerification:
                 + ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in self.gpu_holders)
                 + " (nvidia-smi --query-compute-apps)"
             )
-        if self.gpu_failed:
-            found.append(self.gpu_check)
+        if self.gpu_memory:
+            found.append(f"GPU memory not back to the baseline: {figures(self.gpu_memory)} ({self.gpu_memory_check})")
+        found += [check for check in (self.gpu_check, self.gpu_memory_check) if check.startswith("failed")]
         return found
 
 
@@ -80,6 +86,9 @@ class StartResult:
     members: tuple[ProcessRef, ...]
     report: HealthReport
     replaced: str | None = None  # a stale pid file this start replaced, and why it was stale
+    gpu_check: str = "skipped"  # the GPUs before the start: free (with the baseline), or why not measured
+    reconnects: int = 0  # SSH connections that dropped and were reopened during the start
+    adopted: bool = False  # a launch already recorded (another run's, or one whose connection dropped), waited for
 
     def as_metadata(self) -> dict[str, Any]:
         return {
@@ -93,7 +102,10 @@ class StartResult:
             "log_path": self.log_path,
             "duration_s": round(self.duration_s, 3),
             "processes": len(self.members),
+            "gpu_check": self.gpu_check,
+            "reconnects": self.reconnects,
             **({"replaced": self.replaced} if self.replaced else {}),
+            **({"adopted": True} if self.adopted else {}),
         }
 
 
@@ -127,4 +139,5 @@ class StopResult:
             "duration_s": round(self.duration_s, 3),
             "verified": self.verified,
             "gpu_check": self.verification.gpu_check,
+            "gpu_memory_check": self.verification.gpu_memory_check,
         }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from eagle3_pipeline.health.script import SectionOutput, section_failure
@@ -29,24 +29,47 @@ for q in $(ps -eo pid=,pgid=,sid= | awk -v g="$g" '$2 == g || $3 == g {print $1}
 done
 exit 0
 """
-# Starts argv detached: `setsid` makes it a session (and group) leader; the shell it runs writes its own
-# pid (the same process once it execs argv) to a temporary file, which this script prints with the stat
-# line. $1 = log, $2 = pid tmp file, $3 = header line, the rest = the command. The log's folder is private
-# (:mod:`eagle3_pipeline.hosts.private`); a log that is a symbolic link is refused, not followed.
-LAUNCH_SCRIPT = r"""log=$1; tmp=$2; header=$3; shift 3
+# Starts argv detached, recorded before it runs: `setsid` makes the launched shell a session (and group)
+# leader; that shell writes the pid file itself (its pid, start time and boot id, then the record's other
+# fields, as given) and only then execs argv, which keeps the pid and start time: no server can bind its
+# port unrecorded, however the connection to the host fares. The record goes through a new file (noclobber:
+# never a planted one) renamed over the pid file. This script prints the record once it is written.
+# $1 = log, $2 = pid file, $3 = header line, $4 = the record's other JSON members, the rest = the command.
+# The folder is private (:mod:`eagle3_pipeline.hosts.private`); a log that is a symbolic link is refused.
+LAUNCH_SCRIPT = r"""log=$1; rec=$2; header=$3; body=$4; shift 4
 [ ! -L "$log" ] || { printf 'the log %s is a symbolic link: refused\n' "$log" >&2; exit 5; }
 printf '%s\n' "$header" >>"$log" || exit 3
-rm -f "$tmp"
-setsid sh -c 'echo $$ >"$0"; exec "$@"' "$tmp" "$@" >>"$log" 2>&1 </dev/null &
+rm -f "$rec" "$rec.new"
+setsid sh -c '
+rec=$1; body=$2; shift 2
+s=$(cat /proc/$$/stat) && t=$(printf "%s\n" "${s##*) }" | cut -d" " -f20) \
+  && b=$(cat /proc/sys/kernel/random/boot_id) || exit 98
+f="{\"pid\": %s, \"pgid\": %s, \"start_ticks\": %s, \"boot_id\": \"%s\", "
+f="$f\"members\": [{\"pid\": %s, \"start_ticks\": %s}], %s}\n"
+(set -C; printf "$f" $$ $$ "$t" "$b" $$ "$t" "$body" >"$rec.new") && mv -f "$rec.new" "$rec" || exit 99
+exec "$@"' sh "$rec" "$body" "$@" >>"$log" 2>&1 </dev/null &
 i=0
-while [ ! -s "$tmp" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
-pid=$(cat "$tmp" 2>/dev/null); rm -f "$tmp"
-[ -n "$pid" ] || { echo 'the launched shell wrote no pid' >&2; exit 4; }
-printf 'pid %s\n' "$pid"
-printf 'boot %s\n' "$(cat /proc/sys/kernel/random/boot_id)"
-s=$(cat "/proc/$pid/stat" 2>/dev/null) && printf 'stat %s\n' "$s"
+while [ ! -s "$rec" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+[ -s "$rec" ] || { echo 'the launched shell wrote no record' >&2; exit 4; }
+printf 'record %s\n' "$(cat "$rec")"
 exit 0
 """
+# Wraps the command for the server's shell environment: $1 = how many files follow, each sourced in turn with
+# every assignment exported (empty names skipped), the rest = the command, exec'd (same pid).
+ENV_WRAPPER = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do if [ -n "$1" ]; then set -a; . "$1" || exit 96; set +a; fi; '
+    'shift; n=$((n-1)); done; exec "$@"'
+)
+
+
+def in_shell_environment(command: list[str], login_shell: bool, env_files: Sequence[str | None]) -> list[str]:
+    """``command`` run through ``bash -l`` (the login profile, ``serving.login_shell``) or ``sh``, after
+    sourcing ``env_files`` in order (``serving.env_file``, then the private file of ``serving.env``)."""
+    files = [f or "" for f in env_files]
+    shell = ["bash", "-lc"] if login_shell else ["sh", "-c"]
+    return [*shell, ENV_WRAPPER, shell[0], str(len(files)), *files, *command]
+
+
 # Signals the group only while its leader is still the recorded process (start time checked in the same
 # shell as the kill). $1 = signal, $2 = pid = pgid, $3 = start time.
 GROUP_KILL_SCRIPT = r"""s=$(cat "/proc/$2/stat" 2>/dev/null) || exit 0
@@ -64,6 +87,8 @@ done
 exit 0
 """
 NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+# The pid file's fields the launched shell writes itself (LAUNCH_SCRIPT); the rest comes from the pipeline.
+IDENTITY_FIELDS = ("pid", "pgid", "start_ticks", "boot_id", "members")
 
 
 @dataclass(frozen=True)
@@ -116,10 +141,16 @@ class ServerRecord:
     log_path: str
     cmdline: tuple[str, ...] | None = None  # as /proc/<pid>/cmdline shows it once ready
     members: tuple[ProcessRef, ...] = ()  # the group's processes seen, the leader included
+    gpu_baseline: tuple[tuple[int, float], ...] | None = None  # (GPU index, MiB used) before the start
     ready_s: float | None = None  # seconds from the start to ready (what a restart costs), once ready
 
     def to_json(self) -> str:
         return json.dumps({"version": RECORD_VERSION, **asdict(self)}, sort_keys=True)
+
+    def launch_body(self) -> str:
+        """The JSON members the launched shell writes after its own identity (:data:`LAUNCH_SCRIPT`)."""
+        data = json.loads(self.to_json())
+        return json.dumps({k: v for k, v in data.items() if k not in IDENTITY_FIELDS}, sort_keys=True)[1:-1]
 
     @classmethod
     def from_json(cls, text: str) -> ServerRecord:
@@ -130,6 +161,8 @@ class ServerRecord:
         data["env_names"] = tuple(data["env_names"])
         data["cmdline"] = tuple(data["cmdline"]) if data.get("cmdline") is not None else None
         data["members"] = tuple(ProcessRef(**m) for m in data.get("members") or ())
+        baseline = data.get("gpu_baseline")
+        data["gpu_baseline"] = tuple((int(i), float(mib)) for i, mib in baseline) if baseline is not None else None
         return cls(**data)
 
 
@@ -158,6 +191,11 @@ class Seen:
 
     def refs(self) -> tuple[ProcessRef, ...]:
         return tuple(ProcessRef(pid, ticks) for pid, ticks in sorted(self.processes.items()))
+
+
+def rebooted(record: ServerRecord, snap: GroupSnapshot) -> bool:
+    """The host's boot id is not the recorded one: the server, started before the reboot, is gone."""
+    return bool(snap.boot_id) and snap.boot_id != record.boot_id
 
 
 def port_holders(ss_text: str, port: int) -> tuple[tuple[int, str], ...]:

@@ -37,9 +37,9 @@ from typing import Any
 from eagle3_pipeline.config import ServingConfig
 from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery
 from eagle3_pipeline.health import run_health_tick
+from eagle3_pipeline.managed.errors import ManagedServerError
 from eagle3_pipeline.managed.hang import HangPolicy, HangWatch, probe_outcome
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.managed.lifecycle import ManagedServerError
 from eagle3_pipeline.managed.outcomes import ServerStatus
 from eagle3_pipeline.managed.supervisor import Action, ServerEvent, Supervisor
 

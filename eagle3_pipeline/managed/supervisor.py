@@ -3,17 +3,22 @@ up for a while and come back.
 
 A :class:`Supervisor` wraps one :class:`~eagle3_pipeline.managed.lifecycle.ManagedServer` and the launch
 lines of its pipeline. :meth:`Supervisor.ensure` keeps a running server whose launch line is the one asked
-for (or whose role the caller accepts, e.g. a server of the trained drafter for generation) and otherwise
-stops what runs and starts the right one; :meth:`Supervisor.release` stops it; :meth:`Supervisor.handover`
-releases it for a GPU-exclusive phase and afterwards starts what the caller says is needed then (nothing,
-when no work is left for a server); :meth:`Supervisor.serving` serves a phase's own purpose for a block
-(the extraction server) with the same afterwards. A start that fails is reported too (``failed``, with the
-last line of the server's log) before its error is raised. Every start, stop and reuse is reported to ``on_event`` as a
-:class:`ServerEvent`, which the Dagster layer records on the run and as an observation of the server.
+for, but for flags the purpose does not use (:func:`~.launch.serves`: the benchmark's token-id arms do not
+use the chat parsers), or whose role the caller accepts (e.g. a server of the trained drafter for
+generation), waiting until it is ready when it is still loading; otherwise it stops what runs and starts
+the right one. :meth:`Supervisor.release` stops it; :meth:`Supervisor.handover` releases it for a
+GPU-exclusive phase and afterwards starts what the caller says is needed then (nothing, when no work is
+left for a server); :meth:`Supervisor.arms` is the same without the release first, for a phase that starts
+its own servers through it (the benchmark); :meth:`Supervisor.serving` serves a phase's own purpose for a
+block (the extraction server) with the same afterwards. A start that fails is reported too (``failed``,
+with the last line of the server's log) before its error is raised. Every start, stop and reuse is
+reported to ``on_event`` as a :class:`ServerEvent`, which the Dagster layer records on the run and as an
+observation of the server.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -21,9 +26,11 @@ from typing import Any, Literal
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hosts import build_host
-from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose
-from eagle3_pipeline.managed.lifecycle import ManagedServer, ManagedServerError, StartupFailedError, StopResult
+from eagle3_pipeline.managed.errors import ManagedServerError, StartupFailedError
+from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose, serves
+from eagle3_pipeline.managed.lifecycle import ManagedServer, StopResult
 from eagle3_pipeline.managed.plan import launch_for, managed_server
+from eagle3_pipeline.managed.processes import ServerRecord
 
 # kept: a running server serves the purpose (or is left running by a recovery that did not restart it); failed:
 # it was found dead or hung, or a start (a restart) failed; probed: one probe of a recovery's hang check
@@ -81,13 +88,14 @@ class Supervisor:
         status = self.server.status()
         record = status.record
         if status.state == "running" and record is not None:
-            if tuple(record.argv) == tuple(wanted.argv) or record.role in accept:
+            if serves(record.argv, wanted) or record.role in accept:
+                ready = "" if record.cmdline is not None else self._await(record, wanted, reason)
                 self.on_event(
                     ServerEvent(
                         "kept",
                         self.name,
                         record.role,
-                        f"{reason}: running since {record.started_at}",
+                        f"{reason}: running since {record.started_at}{ready}",
                         metadata={"pid": record.pid, "port": record.port},
                     )
                 )
@@ -98,13 +106,28 @@ class Supervisor:
         try:
             result = self.server.start(wanted, reason)
         except StartupFailedError as exc:
-            why = exc.log_tail.strip().splitlines()[-1] if exc.log_tail.strip() else str(exc).splitlines()[0]
-            stopped = exc.stop.as_metadata() if exc.stop is not None else {}
-            failed = f"{reason}: it did not start: {why}"
-            self.on_event(ServerEvent("failed", self.name, wanted.purpose.role, failed, metadata=stopped))
+            self._failed(wanted, reason, exc)
             raise
         self.on_event(ServerEvent("started", self.name, result.role, reason, result.duration_s, result.as_metadata()))
         return wanted
+
+    def _await(self, record: ServerRecord, wanted: LaunchLine, reason: str) -> str:
+        """A kept server recorded at its launch but not yet ready (another run's start, or one whose connection
+        dropped) is waited for until ready (``startup_timeout_s``); one that does not get ready is stopped and
+        reported as a failed start."""
+        started = time.monotonic()
+        try:
+            self.server.await_ready(record)
+        except StartupFailedError as exc:
+            self._failed(wanted, reason, exc)
+            raise
+        return f", waited {time.monotonic() - started:.1f} s until it was ready"
+
+    def _failed(self, wanted: LaunchLine, reason: str, exc: StartupFailedError) -> None:
+        why = exc.log_tail.strip().splitlines()[-1] if exc.log_tail.strip() else str(exc).splitlines()[0]
+        stopped = exc.stop.as_metadata() if exc.stop is not None else {}
+        failed = f"{reason}: it did not start: {why}"
+        self.on_event(ServerEvent("failed", self.name, wanted.purpose.role, failed, metadata=stopped))
 
     def release(self, reason: str) -> StopResult | None:
         """Stop the server if one of ours runs (verified); None when none did."""
@@ -119,6 +142,16 @@ class Supervisor:
         fails) started for ``after()``'s purpose, or stopped when it returns None (a server the block
         started for itself, e.g. the benchmark's, is not left holding the GPUs)."""
         self.release(f"{reason} needs the GPUs")
+        try:
+            yield
+        finally:
+            self._afterwards(reason, after)
+
+    @contextmanager
+    def arms(self, reason: str, after: Callable[[], ServerPurpose | None]) -> Iterator[None]:
+        """The GPUs for a ``with`` block that starts its own servers through :meth:`ensure` (the benchmark's
+        arms): nothing is stopped first, so an arm whose launch line the running server serves keeps it (the
+        baseline arm on the generation server); afterwards as after :meth:`handover`."""
         try:
             yield
         finally:

@@ -22,13 +22,17 @@ verify step yields the scenario's `accept_length` tokens, default 2); a `--specu
 folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
 (a path that is no folder here is taken as one on another host). `--config FILE.yaml` with `api-key` makes it
 require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang's API-key middleware
-does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger)."""
+does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger). On SIGTERM it shuts its
+scheduler children down itself and exits, as SGLang's launch_server does (its log says so: the graceful
+stop's test); with FAKE_SGLANG_ABANDON=1 it exits leaving them running."""
 import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SCENARIO = os.environ["FAKE_SGLANG_SCENARIO"]
 _tokens = [1000.0]
 _answered = [0]
+_probes = [0]
+_generated = [0]
 _lock = threading.Lock()
 API_KEY = None
 
@@ -83,8 +87,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.reply(s.get("health", 200), b"")
         elif self.path == "/health_generate":
+            with _lock:
+                _probes[0] += 1
+                loading = _probes[0] <= s.get("unready_probes", 0)
             if s.get("generate") == "hang":  # SGLang answers 503 once its HEALTH_CHECK_TIMEOUT (20 s) is over
                 time.sleep(s.get("health_timeout_s", 20))
+                self.reply(503, b"")
+            elif loading:  # as a server still loading its weights answers
                 self.reply(503, b"")
             else:
                 self.generate(s, b"")
@@ -112,8 +121,13 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/generate":
             request = json.loads(body)
             tokens = int(request["sampling_params"]["max_new_tokens"])
+            with _lock:
+                _generated[0] += 1
+                at_once = _generated[0] <= s.get("no_verify_requests", 0)
+            if at_once:  # an EOS straight from the prefill: SGLang leaves spec_verify_ct (0) out of meta_info
+                tokens = 1
             meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
-            if SPECULATIVE_STEPS:
+            if SPECULATIVE_STEPS and not at_once:
                 steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
                 meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
             self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
@@ -161,8 +175,21 @@ def main():
         print(f"ValueError: cannot load the draft model at {drafter}: no config.json", file=sys.stderr, flush=True)
         sys.exit(1)
     ranks = int(os.environ.get("FAKE_SGLANG_RANKS", args.tp_size))
-    for i in range(ranks):
-        subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep")
+    children = [subprocess.Popen([f"sglang::scheduler_TP{i}", "infinity"], executable="sleep") for i in range(ranks)]
+
+    def shut_down(signum, frame):
+        if os.environ.get("FAKE_SGLANG_ABANDON") == "1":  # a leader that exits without its children
+            print("Received SIGTERM: exiting, the scheduler processes left running", file=sys.stderr, flush=True)
+            os._exit(0)
+        print("Received SIGTERM: shutting down the scheduler processes", file=sys.stderr, flush=True)
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait()
+        print(f"Shut down {len(children)} scheduler process(es); exiting", file=sys.stderr, flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, shut_down)
     server = None
     if os.environ.get("FAKE_SGLANG_BIND", "1") == "1":
         ThreadingHTTPServer.daemon_threads = True
@@ -209,7 +236,9 @@ class FakeSglang:
         (advance|frozen), running, hang_all, crash_after (the Nth chat completion of a server process
         kills its process group, a CUDA error in its log), poison (so does a chat completion whose body
         holds this text), health_timeout_s (how long a hung server's /health_generate waits before its
-        503; default SGLang's 20)."""
+        503; default SGLang's 20), unready_probes (the first N /health_generate of a server process answer
+        503, as while it loads), no_verify_requests (the first N native /generate requests answer one
+        token and no spec_verify_ct, as SGLang does for 0 verify steps)."""
         write_atomic(self.scenario_path, json.dumps(scenario))
 
     def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:

@@ -55,14 +55,28 @@ def bus_id(index: int) -> str:
     return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
 
 
-def gpu_row(index: int, *, util: str = "97", temp: str | None = None, ecc: str = "0", retired: str = "[N/A]") -> str:
-    """One `--query-gpu` row of an H200 (row remapping, so retired pages are [N/A])."""
+def gpu_row(
+    index: int,
+    *,
+    util: str = "97",
+    temp: str | None = None,
+    ecc: str = "0",
+    retired: str = "[N/A]",
+    used: int = 130000,
+) -> str:
+    """One `--query-gpu` row of an H200 (row remapping, so retired pages are [N/A]); `used`: memory.used MiB."""
     temp = temp if temp is not None else str(40 + index)
-    return f"{index}, {bus_id(index)}, NVIDIA H200, 130000, 143771, {util}, {temp}, {ecc}, {retired}"
+    return f"{index}, {bus_id(index)}, NVIDIA H200, {used}, 143771, {util}, {temp}, {ecc}, {retired}"
 
 
 def healthy_gpu_rows(count: int = 8) -> list[str]:
+    """GPUs a running server holds (130000 MiB used each)."""
     return [gpu_row(i) for i in range(count)]
+
+
+def idle_gpu_rows(count: int = 8) -> list[str]:
+    """GPUs nobody holds (5 MiB used, 0 % busy): what a managed server's start needs."""
+    return [gpu_row(i, util="0", used=5) for i in range(count)]
 
 
 def remap_row(index: int, *, uncorrectable: int = 0, pending: str = "0", failure: str = "0") -> str:
@@ -248,10 +262,24 @@ class Sshd:
         config = self.dir / "sshd_config"
         config.write_text(_SSHD_CONFIG.format(port=self.port, dir=self.dir))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        return self.restart()
+
+    def restart(self) -> Sshd:
+        """(Re)start the daemon on the same port with the same keys, as a restart of the host's sshd does."""
+        self.stop()
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=log, start_new_session=True)
+            self.process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")], stderr=log, start_new_session=True
+            )
         wait_until(self._answers, 10, "sshd")
         return self
+
+    def known_hosts_via(self, port: int) -> Path:
+        """A known_hosts file naming this server's key at 127.0.0.1:`port` (a `TcpProxy` in front of it)."""
+        path = self.dir / f"known_hosts_{port}"
+        key = self.known_hosts.read_text().split(maxsplit=1)[1]
+        path.write_text(f"[127.0.0.1]:{port} {key}")
+        return path
 
     def _answers(self) -> bool:
         try:
@@ -331,7 +359,11 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # nothing listens behind the proxy (a restarting sshd): the client sees a reset
+                client.close()
+                continue
             with self._lock:
                 self._sockets += [client, upstream]
             for src, dst in ((client, upstream), (upstream, client)):

@@ -52,7 +52,9 @@ def test_smoke_runs_every_section_and_prints_its_figures() -> None:
         and "bfloat16" in machine["dtype"]
     )
     found = sections(done.stdout)
-    assert list(found) == ["chain", "extract", "train-inputs", "train-64", "train-128"], done.stdout[-4000:]
+    assert list(found) == ["toolchain", "chain", "extract", "train-inputs", "train-64", "train-128"], done.stdout[
+        -4000:
+    ]
     assert not [name for name, values in found.items() if "failed" in values or "skipped" in values], done.stdout[
         -4000:
     ]
@@ -103,7 +105,7 @@ def test_the_sglang_section_runs_on_each_release(version: str) -> None:
     done = run_script("--sglang", "--smoke", path=tuple(standin_path(version)))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     found = sections(done.stdout)
-    assert list(found) == ["sglang"], done.stdout[-4000:]
+    assert list(found) == ["toolchain", "sglang"], done.stdout[-4000:]
     sglang = found["sglang"]
     assert sglang["sglang_version"] == version
     for key, model_class, form in (
@@ -123,3 +125,26 @@ def test_the_sglang_section_without_sglang_says_which_python_to_use() -> None:
     assert "--sglang: hidden_states.sglang_python: cannot import sglang here" in done.stdout
     assert "Run this script with the python of an SGLang venv" in done.stdout
     assert "FIGURES" not in done.stdout
+
+
+def test_the_toolchain_section_alone_reports_what_jit_would_find(tmp_path: Path) -> None:
+    """``--toolchain``: this machine's environment with a CUDA folder whose nvcc is a script standing in for
+    the compiler (no CUDA here)."""
+    cuda = tmp_path / "cuda-12.8"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    env = {"CUDA_HOME": str(cuda), "PATH": f"{cuda / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--toolchain"],
+        cwd=REPO,
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    found = sections(done.stdout)
+    assert list(found) == ["toolchain"], done.stdout[-4000:]
+    assert found["toolchain"]["nvcc"] == str(nvcc) and found["toolchain"]["nvcc_release"] == "12.8"

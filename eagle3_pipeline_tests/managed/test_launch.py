@@ -21,6 +21,7 @@ from eagle3_pipeline.managed import (
     managed_server,
     target_model_types,
 )
+from eagle3_pipeline.managed.launch import serves
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids
 from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
@@ -174,6 +175,25 @@ def test_the_drafter_flags_for_the_benchmark_and_the_served_drafter(tmp_path: Pa
         "--speculative-config",
         '{"method": "eagle3", "model": "/data/drafter", "num_speculative_tokens": 3}',
     )
+
+
+def test_the_generation_server_serves_the_benchmarks_baseline_arm(tmp_path: Path) -> None:
+    """Token-id requests use no chat parser: Kimi's generation line (reasoning and tool-call parsers) serves the
+    baseline arm as it is; not the speculative arm, not another memory setting, and not chat without its parsers."""
+    config = kimi_profile(tmp_path)
+    plan = managed_server(config)
+    assert plan is not None
+    generation = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
+    baseline = launch_for(config.target, plan, ServerPurpose.benchmark(None))
+    assert "--tool-call-parser" in generation.argv and "--reasoning-parser" not in baseline.argv
+    assert serves(generation.argv, baseline) and serves(baseline.argv, baseline)
+    assert serves([*baseline.argv, "--reasoning-parser=kimi_k2", "--enable-auto-tool-choice"], baseline)
+    speculative = launch_for(config.target, plan, ServerPurpose.benchmark(EagleDrafter("/data/drafter", 3)))
+    assert not serves(generation.argv, speculative)
+    assert not serves(baseline.argv, generation), "chat needs its parsers"
+    other = managed_server(kimi_profile(tmp_path, extra_args=["--mem-fraction-static", "0.80"]))
+    assert other is not None
+    assert not serves(launch_for(config.target, other, ServerPurpose.generation(needs_tools=True)).argv, baseline)
 
 
 def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:

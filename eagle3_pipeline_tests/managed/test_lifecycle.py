@@ -34,7 +34,7 @@ from eagle3_pipeline.managed import (
 from eagle3_pipeline.managed.lifecycle import parse_stat
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.process_tools import free_port, wait_until
-from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
+from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, idle_gpu_rows
 from eagle3_pipeline_tests.managed.pipelines import (
     dying_sglang_serving,
     fake_sglang_serving,
@@ -66,8 +66,9 @@ def managed(
 
 @pytest.fixture
 def local_path_with_gpus(fakebin: FakeBin) -> Iterator[LocalHost]:
-    """This machine with the scripted nvidia-smi first on PATH (no GPU here)."""
+    """This machine with the scripted nvidia-smi first on PATH (no GPU here): 8 GPUs nobody holds."""
     fakebin.reset()
+    fakebin.set_gpus(idle_gpu_rows())
     yield LocalHost(env={"PATH": f"{fakebin.dir}:{os.environ['PATH']}"})
     fakebin.reset()
 
@@ -104,6 +105,7 @@ def test_start_ready_stop_verified_on_this_machine(tmp_path: Path) -> None:
 
 def test_the_same_lifecycle_over_ssh(tmp_path: Path, sshd: Sshd, fakebin: FakeBin) -> None:
     fakebin.reset()
+    fakebin.set_gpus(idle_gpu_rows())
     serving = fake_sglang_serving(tmp_path, bind_host="127.0.0.1")
     config = write_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd, expected_gpus=8)})
     plan = managed_server(config)
@@ -114,8 +116,10 @@ def test_the_same_lifecycle_over_ssh(tmp_path: Path, sshd: Sshd, fakebin: FakeBi
         started = server.start(launch_for(config.target, plan, GENERATION), "generation")
         assert started.host == f"127.0.0.1:{sshd.port}" and started.report.healthy
         assert {c.name: c.status.value for c in started.report.checks}["gpus"] == "ok"
+        assert started.gpu_check == "ok: 8 GPU(s) free, MiB used: 5, 5, 5, 5, 5, 5, 5, 5 (the baseline)"
         stopped = server.stop("done")
         assert stopped.verified and stopped.verification.gpu_check.startswith("ok: nvidia-smi lists 0 compute")
+        assert stopped.verification.gpu_memory_check.startswith("ok: 8 GPU(s) back to the baseline")
         assert processes_of(started.pid) == []
     finally:
         host.close()

@@ -1,8 +1,10 @@
 """The benchmark's arms and the served drafter on the managed server's own launch lines, with the SGLang stand-in
 of conftest as the engine (no SGLang engine, no GPU here): its `/generate` reports `spec_verify_ct` as SGLang's
-meta_info does (2 tokens per verify step), and it exits at start-up when the drafter folder has no config.json,
-as SGLang does when it cannot load the drafter. The real-vLLM run of the same is real_vllm/test_main_job.py."""
+meta_info does (2 tokens per verify step; none for a request answered without a verify step), and it exits at
+start-up when the drafter folder has no config.json, as SGLang does when it cannot load the drafter. The
+real-vLLM run of the same is real_vllm/test_main_job.py."""
 
+import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +27,7 @@ from eagle3_pipeline.drafter.served import ServedDrafter, ServedDrafterError, Se
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter, ServerEvent, ServerPurpose, open_supervisor
+from eagle3_pipeline.testing.process_tools import write_atomic
 from eagle3_pipeline.watch.monitor import thresholds_for
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
@@ -88,26 +91,38 @@ def test_the_benchmarks_arms_are_the_managed_servers_launch_lines(tmp_path: Path
     prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
     host = LocalHost()
     gate = make_gate(host, thresholds_for(config.health, config.artifacts_root))
+    # each server's first /generate answers one token at once: SGLang reports no spec_verify_ct for it
+    write_atomic(tmp_path / "engine" / "scenario.json", json.dumps({"no_verify_requests": 1}))
     events: list[ServerEvent] = []
+    log = Log()
     with open_supervisor(config, on_event=events.append) as supervisor:
         assert supervisor is not None
         supervisor.ensure(GENERATION, "responses B1")
-        with supervisor.handover("drafter_benchmark", after=lambda: None):
+        generation = supervisor.server.status().record
+        with supervisor.arms("drafter_benchmark", after=lambda: None):
             arms = ManagedServers(supervisor, EagleDrafter(str(drafter), STEPS))
-            result = run_benchmark(settings, host, str(settings.base_url), prompts, gate, Log(), arms)
+            result = run_benchmark(settings, host, str(settings.base_url), prompts, gate, log, arms)
+    # the baseline arm differs from the generation server only by --reasoning-parser: kept, not reloaded
     assert [(e.action, e.role) for e in events] == [
         ("started", "generation"),
+        ("kept", "generation"),
         ("stopped", "generation"),
-        ("started", "benchmark-baseline"),
-        ("stopped", "benchmark-baseline"),
         ("started", "benchmark-speculative"),
         ("stopped", "benchmark-speculative"),
     ]
-    assert events[1].reason == "drafter_benchmark needs the GPUs"
-    assert events[2].reason == "drafter_benchmark: the baseline arm"
-    assert "--speculative-draft-model-path" in events[4].metadata["command"]
-    assert result.baseline.tau is None and result.speculative.tau == pytest.approx(2.0)  # 16 tokens in 8 steps
-    assert result.baseline.server_process.startswith("sglang server pid")
+    assert generation is not None and "--reasoning-parser" in generation.argv
+    assert events[1].reason.startswith("drafter_benchmark: the baseline arm: running since ")
+    assert (
+        events[2].reason
+        == "drafter_benchmark: the speculative arm: it runs as generation, benchmark-speculative is needed"
+    )
+    assert "--speculative-draft-model-path" in events[3].metadata["command"]
+    # 3 requests of 16 tokens in 8 verify steps each; the fourth, with none, counted apart
+    assert result.baseline.tau is None and result.speculative.tau == pytest.approx(2.0)
+    assert result.speculative.no_verify_requests == 1 and result.speculative.completion_tokens == 3 * 16 + 1
+    assert result.as_metadata()["no_verify_requests"] == 1
+    assert "speculative: 1 of 4 request(s) had no verify step (SGLang reports no spec_verify_ct" in "\n".join(log.lines)
+    assert result.baseline.server_process.startswith(f"sglang server pid {generation.pid}")
 
 
 def test_a_managed_benchmark_refuses_the_settings_of_another_server(tmp_path: Path) -> None:
