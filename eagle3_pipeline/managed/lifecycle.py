@@ -40,10 +40,10 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from eagle3_pipeline.health import HealthReport, Status, run_health_tick
 from eagle3_pipeline.health.script import Section, run_shell_probes, section_failure
@@ -91,6 +91,7 @@ from eagle3_pipeline.managed.processes import (
 READY_CHECKS = ("server_process", "port", "generation")
 LOG_TAIL_LINES = 40
 COMMAND_TIMEOUT_S = 60.0
+_T = TypeVar("_T")
 LEADER_SHARE = 0.5  # of stop_grace_s: the leader's own shutdown, before the group is signalled
 
 
@@ -119,12 +120,16 @@ class ManagedServer:
         return f"{self.plan.setting} on {self.host.name}"
 
     def _host_run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
-        """``host.run``; a dropped SSH connection is reopened and the command sent again (``retry``) until
-        ``serving.reconnect_timeout_s`` runs out; a host that cannot be reached is a ManagedServerError."""
+        """``host.run`` through :meth:`_reconnecting`."""
+        return self._reconnecting(lambda: self.host.run(command, timeout_s), retry)
+
+    def _reconnecting(self, call: Callable[[], _T], retry: bool = True) -> _T:
+        """``call`` (one host command); a dropped SSH connection is reopened and it is sent again (``retry``)
+        until ``serving.reconnect_timeout_s`` runs out; a host that cannot be reached is a ManagedServerError."""
         deadline: float | None = None
         while True:
             try:
-                return self.host.run(command, timeout_s)
+                return call()
             except (HostConnectError, HostDisconnectedError) as exc:
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + self.plan.serving.reconnect_timeout_s
@@ -155,7 +160,7 @@ class ManagedServer:
     def read_record(self) -> ServerRecord | None:
         """The pid file, or None when there is none (read only from a private folder, never through a link)."""
         try:
-            text = read_private(self.host, self.pid_path, self._state_setting)
+            text = self._reconnecting(lambda: read_private(self.host, self.pid_path, self._state_setting))
         except PrivateStateError as exc:
             raise ManagedServerError(f"{self._where}: {exc}; nothing was signalled") from None
         if text is None or not text.strip():
@@ -170,7 +175,7 @@ class ManagedServer:
 
     def _write_private(self, path: str, data: str) -> None:
         try:
-            write_private(self.host, path, data.encode(), self._state_setting)
+            self._reconnecting(lambda: write_private(self.host, path, data.encode(), self._state_setting))
         except PrivateStateError as exc:
             raise ManagedServerError(f"{self._where}: {exc}") from None
 
