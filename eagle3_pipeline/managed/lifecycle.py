@@ -28,11 +28,9 @@
   orphaned (leader gone, some of its processes left) or absent, from the pid file and ``/proc``.
 
 A dropped SSH connection is reopened and the command sent again for up to ``serving.reconnect_timeout_s``
-(never the launch: the pid file says whether it ran); a host that stays away is one :class:`HostUnreachableError`.
-
-Nothing is ever killed by name. The results (:class:`StartResult`, :class:`StopResult`) are typed, with
-their durations and reasons, for the Dagster layer's events and observations (:mod:`.outcomes`); the pid
-file's record, the ``/proc`` view and the shell scripts are :mod:`.processes`'.
+(never the launch: the pid file says whether it ran); a host that stays away (or was never reached) is one
+:class:`HostUnreachableError`. Nothing is ever killed by name. Results are typed (:mod:`.outcomes`); the pid
+file's record, the ``/proc`` view and the shell scripts are :mod:`.processes`', the errors :mod:`.errors`'.
 """
 
 from __future__ import annotations
@@ -104,6 +102,8 @@ class ManagedServer:
         self.host = host
         self.plan = plan
         self.reconnects = 0  # SSH drops reopened, over this object's life
+        self.reached = False  # a command reached the host: from then on a failed connection is a drop
+        self._state_setting = f"{plan.setting}.log_dir"  # the setting a state folder's problem names
 
     # -- what is there ----------------------------------------------------------------------------
 
@@ -120,17 +120,23 @@ class ManagedServer:
         return f"{self.plan.setting} on {self.host.name}"
 
     def _host_run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
-        """``host.run`` through :meth:`_reconnecting`."""
         return self._reconnecting(lambda: self.host.run(command, timeout_s), retry)
 
     def _reconnecting(self, call: Callable[[], _T], retry: bool = True) -> _T:
-        """``call`` (one host command); a dropped SSH connection is reopened and it is sent again (``retry``)
-        until ``serving.reconnect_timeout_s`` runs out; a host that cannot be reached is a ManagedServerError."""
+        """``call`` (one host command); once the host was reached, a dropped SSH connection is reopened and it
+        is sent again (``retry``) until ``serving.reconnect_timeout_s`` runs out, then it is a ManagedServerError;
+        a host never reached raises its own HostError at once (the CLI's exit codes, the run's message)."""
         deadline: float | None = None
         while True:
             try:
-                return call()
-            except (HostConnectError, HostDisconnectedError) as exc:
+                result = call()
+                self.reached = True
+                return result
+            except HostError as exc:
+                if not self.reached:
+                    raise
+                if not isinstance(exc, (HostConnectError, HostDisconnectedError)):
+                    raise HostUnreachableError(f"{self._where}: cannot reach the host: {exc}", exc) from None
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + self.plan.serving.reconnect_timeout_s
                 if not retry or now > deadline:
@@ -142,8 +148,6 @@ class ManagedServer:
                 self.reconnects += 1
                 self.host.close()
                 time.sleep(self.poll_s)
-            except HostError as exc:
-                raise HostUnreachableError(f"{self._where}: cannot reach the host: {exc}", exc) from None
 
     def _run(self, command: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
         result = self._host_run(command, timeout_s)
@@ -152,10 +156,6 @@ class ManagedServer:
             state = "timed out" if result.timed_out else f"exit {result.exit_code}"
             raise ManagedServerError(f"{self._where}: a host command failed ({state}): {why[:300]}")
         return result.stdout
-
-    @property
-    def _state_setting(self) -> str:
-        return f"{self.plan.setting}.log_dir"
 
     def read_record(self) -> ServerRecord | None:
         """The pid file, or None when there is none (read only from a private folder, never through a link)."""
