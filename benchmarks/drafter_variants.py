@@ -9,7 +9,8 @@ speculators' #610 variant), ``--losses`` are ``drafter.loss`` values, ``--seeds`
 Each run evaluates every ``--checkpoint-every`` steps on the store's eval split (τ at the served K,
 ``--select-steps``) and exports its best checkpoint (``select: best``); the last is the run's final
 evaluation. The best is chosen on the same eval split it is reported on, so its τ is biased upwards:
-the table says so. Runs go under ``--work`` and a rerun with the same folder trains nothing again.
+the table says so. Runs go under ``--work`` and a rerun with the same folder trains nothing again;
+``--table`` prints the table of the runs finished there so far.
 
     nice -n 10 .venv/bin/python -m benchmarks.drafter_variants \\
         --variants eagle3,fc_norm+norm_output,norm_before_fc+norm_output --losses kl,lk_lambda --seeds 0,1
@@ -123,7 +124,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, help="default: the local profile's")
     parser.add_argument("--checkpoint-every", type=int, default=15)
     parser.add_argument("--select-steps", type=int, default=3)
+    parser.add_argument("--table", action="store_true", help="only print the table of the runs finished in --work")
     args = parser.parse_args()
+    if args.table:
+        print(table([json.loads(p.read_text()) for p in sorted(args.work.glob("*.json"))], args.select_steps))
+        return
     config = load_config(local_profile_path())
     base = train_spec(config, (args.artifacts or config.artifacts_root).resolve())
     if not Path(base["store"], "index.parquet").is_file():

@@ -1,6 +1,7 @@
 """The EAGLE-3 training objective and what measures it: the unrolled training-time-test loss
-(:func:`ttt_loss`, SpecForge's ``OnlineEagle3Model``), the soft-label cross-entropy it is built of, and
-the evaluation each checkpoint records (:func:`evaluate`: per-step loss and accuracy, τ).
+(:func:`ttt_loss`, SpecForge's ``OnlineEagle3Model``), the per-position losses it is built of (KL as the
+soft-label cross-entropy, or the acceptance-targeted LK losses: :func:`position_losses`), and the
+evaluation each checkpoint records (:func:`evaluate`: per-step loss and accuracy, τ, per-depth acceptance).
 
 At TTT step j and index t the drafter predicts token t+2+j; the teacher is the target's distribution
 at index t+1+j renormalised over the draft vocabulary. Details: drafter/DESIGN.md, "The loss".

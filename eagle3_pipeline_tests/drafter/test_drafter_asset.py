@@ -30,7 +30,7 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
         f"name: t\nartifacts_root: {tmp_path / 'artifacts'}\ntarget: {{model: m}}\n"
         f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
         f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, "
-        f"log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}}}\n"
+        f"log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}, select: best}}\n"
     )
     config = load_config(pipeline)
     paths = drafter_paths(config.artifacts_root)
@@ -54,6 +54,17 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     curve = metadata["training_curve"]
     assert isinstance(curve, dg.TableMetadataValue) and len(curve.records) == len(observations)
     assert metadata["processes"].value == processes
+    # select: best: τ at the served depth of every evaluated checkpoint, as a table and a plottable series
+    selected = metadata["selected"].value
+    assert isinstance(selected, dict) and selected["select"] == "best" and selected["select_steps"] == 3
+    by_checkpoint = metadata["tau_by_checkpoint"]
+    assert isinstance(by_checkpoint, dg.TableMetadataValue)
+    assert len(by_checkpoint.records) == len(metadata["eval_at_checkpoints"].value.records) >= 2
+    exported = [r.data["step"] for r in by_checkpoint.records if r.data["exported"] == 1.0]
+    assert exported == [selected["step"]]
+    series = metadata["tau_by_checkpoint_series"].value
+    assert isinstance(series, dict) and series["step"] == [r.data["step"] for r in by_checkpoint.records]
+    assert max(series["tau@3"]) == selected["tau@3"]
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 
 
