@@ -59,12 +59,14 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     assert isinstance(selected, dict) and selected["select"] == "best" and selected["select_steps"] == 3
     by_checkpoint = metadata["tau_by_checkpoint"]
     assert isinstance(by_checkpoint, dg.TableMetadataValue)
-    assert len(by_checkpoint.records) == len(metadata["eval_at_checkpoints"].value.records) >= 2
+    evals = metadata["eval_at_checkpoints"]
+    assert isinstance(evals, dg.TableMetadataValue) and len(by_checkpoint.records) == len(evals.records) >= 2
     exported = [r.data["step"] for r in by_checkpoint.records if r.data["exported"] == 1.0]
     assert exported == [selected["step"]]
     series = metadata["tau_by_checkpoint_series"].value
     assert isinstance(series, dict) and series["step"] == [r.data["step"] for r in by_checkpoint.records]
-    assert max(series["tau@3"]) == selected["tau@3"]
+    taus = series["tau@3"]
+    assert isinstance(taus, list) and max(taus) == selected["tau@3"]
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 
 
