@@ -5,6 +5,7 @@ this process, or (``nproc_per_node: 2``) as a local Pipes subprocess under torch
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     series = metadata["tau_by_checkpoint_series"].value
     assert isinstance(series, dict) and series["step"] == [r.data["step"] for r in by_checkpoint.records]
     taus = series["tau@3"]
-    assert isinstance(taus, list) and max(taus) == selected["tau@3"]
+    assert isinstance(taus, list) and max(cast(list[float], taus)) == selected["tau@3"]
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 
 
