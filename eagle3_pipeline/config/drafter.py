@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from eagle3_pipeline.config.base import ConfigModel, HttpUrl
 
@@ -45,6 +45,36 @@ class DrafterModelConfig(ConfigModel):
     max_position_embeddings: Annotated[int, Field(gt=0)] | None = Field(
         default=None, description="Context the drafter's config.json declares; default the target's, never less."
     )
+    fc_norm: bool = Field(
+        default=False,
+        description=(
+            "EAGLE-3.1 (arXiv 2605.09992): an RMSNorm on each captured target layer's state before fc (weights "
+            "fc_norm.{0,1,2}.weight; config.json fc_norm: true). Served by vLLM 0.32 and SGLang 0.5.23."
+        ),
+    )
+    norm_output: bool = Field(
+        default=False,
+        description=(
+            "EAGLE-3.1: each draft step (and training-time-test step) is fed the previous step's final-norm output "
+            "instead of its pre-norm hidden state (no weights; config.json norm_output: true). Trained as served."
+        ),
+    )
+    norm_before_fc: bool = Field(
+        default=False,
+        description=(
+            "One RMSNorm over the concatenated captured states before fc (weight input_norm.weight; config.json "
+            "norm_before_fc: true), the speculators variant; not together with fc_norm."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_norm_before_fc(self) -> DrafterModelConfig:
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError(
+                "fc_norm and norm_before_fc: choose one (a norm per captured layer, or one over their concatenation); "
+                "speculators refuses both together"
+            )
+        return self
 
     @field_validator("rope_scaling", mode="before")
     @classmethod
@@ -104,6 +134,34 @@ class DrafterConfig(ConfigModel):
         description=(
             "Steps between complete checkpoints (a killed run resumes from the last); each also evaluates on the "
             "eval split and adds a point to the tau_curve."
+        ),
+    )
+    loss: Literal["kl", "lk_alpha", "lk_lambda", "tv"] = Field(
+        default="kl",
+        description=(
+            "The per-step training loss against the target's distribution p renormalised over the draft vocabulary, "
+            "q the draft's: kl (SpecForge's soft-label cross-entropy, KL(p||q) up to a constant); lk_alpha "
+            "(arXiv 2602.23881: -mean log α, α = Σ_v min(p_v, q_v) the expected acceptance at a position); "
+            "lk_lambda (λ·KL + (1-λ)(1-α), λ = exp(-lk_eta·α) per position, not differentiated); tv (mean 1-α, "
+            "the total-variation distance). Recorded in the export's config.json (eagle3_pipeline.training)."
+        ),
+    )
+    lk_eta: Annotated[float, Field(gt=0)] = Field(
+        default=3.0, description="η of the lk_lambda loss (the paper's 3): how fast the KL term fades as α grows."
+    )
+    select: Literal["best", "last"] = Field(
+        default="last",
+        description=(
+            "Which checkpoint is exported: last, or best, the one with the highest τ@select_steps on the eval split "
+            "among those the run evaluated (every checkpoint_every steps and the last); the τ of each is in the "
+            "asset's metadata (tau_by_checkpoint)."
+        ),
+    )
+    select_steps: Annotated[int, Field(ge=1, le=16)] = Field(
+        default=3,
+        description=(
+            "The draft depth K whose τ on the eval split picks the best checkpoint (select: best); keep it at the "
+            "K the drafter is served with (drafter_benchmark.steps)."
         ),
     )
     keep_checkpoints: Annotated[int, Field(gt=0)] = Field(

@@ -33,8 +33,17 @@ class DrafterConfig:
     rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     aux_layer_ids: list[int] = field(default_factory=list)
+    # EAGLE-3.1 and its relatives (see VARIANT_KEYS): all False is the plain EAGLE-3 drafter.
+    fc_norm: bool = False
+    norm_output: bool = False
+    norm_before_fc: bool = False
 
     def __post_init__(self) -> None:
+        if self.fc_norm and self.norm_before_fc:
+            raise DrafterConfigError(
+                "fc_norm and norm_before_fc: choose one (one RMSNorm per captured layer, or one over their "
+                "concatenation); speculators refuses both together"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise DrafterConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -51,13 +60,22 @@ class DrafterConfig:
             check_portable_yarn(self.rope_scaling or {})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as a dict; the variant switches only when on, so a plain EAGLE-3 drafter's dict (a
+        checkpoint's identity) is the one it was before they existed."""
+        raw = asdict(self)
+        return {k: v for k, v in raw.items() if k not in VARIANT_KEYS or v}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DrafterConfig:
         return cls(**{**raw, "aux_layer_ids": list(raw["aux_layer_ids"])})
 
 
+# The drafter variants, each a top-level config.json key both servers read (vLLM 0.32 and SGLang 0.5.23
+# ``models/llama_eagle3.py``): ``fc_norm`` (EAGLE-3.1: an RMSNorm per captured layer before ``fc``, weights
+# ``fc_norm.{i}.weight``), ``norm_output`` (EAGLE-3.1: the next step consumes the final norm's output instead
+# of the pre-norm hidden state; no weights), ``norm_before_fc`` (one RMSNorm over the concatenation,
+# ``input_norm.weight``).
+VARIANT_KEYS = ("fc_norm", "norm_output", "norm_before_fc")
 SUPPORTED_ROPE = {"default", "linear", "llama3", "yarn"}
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # the servers' defaults (SGLang, vLLM, transformers)
 # The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1:
@@ -177,7 +195,7 @@ def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | 
 
 MODEL_KEYS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "rope_theta", "rope_scaling", "max_position_embeddings",
+    "rope_theta", "rope_scaling", "max_position_embeddings", *VARIANT_KEYS,
 )  # fmt: skip
 # The draft attention for an MLA target (see mla_draft_shape): the published DeepSeek-V3 drafter's.
 MLA_DRAFT_HEAD_DIM = 128
@@ -281,4 +299,5 @@ def drafter_config(
         rope_scaling=scaling,
         max_position_embeddings=positions,
         aux_layer_ids=list(aux_layer_ids),
+        **{k: bool(overrides.get(k, False)) for k in VARIANT_KEYS},
     )

@@ -14,10 +14,15 @@ target's), and the captured layers written for both servers by
 for and the SGLang releases that read them as trained (``sglang_versions``,
 :data:`eagle3_pipeline.target.layer_ids.SGLANG_RELEASES`); the servers ignore the key.
 
+The variants (``fc_norm``, ``norm_output``, ``norm_before_fc``) are the top-level keys vLLM 0.32 and
+SGLang 0.5.23 read (``models/llama_eagle3.py``), written only when on; ``eagle3_pipeline.training`` records
+the loss and the checkpoint exported (``select``, its step and τ).
+
 ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
-``t2d``; ``embed_tokens.weight`` only when the draft hidden size differs from the target's (the
-servers then cannot share the target's embedding). The folder is written under a temporary name
-and renamed into place.
+``t2d`` (and ``fc_norm.{0,1,2}.weight`` or ``input_norm.weight`` for those variants);
+``embed_tokens.weight`` only when the draft hidden size differs from the target's (the servers then
+cannot share the target's embedding). The folder is written under a temporary name and renamed into
+place.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ from typing import Any
 
 import torch
 
-from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError, rope_kind, yarn_for_servers
+from eagle3_pipeline.drafter.draft_config import (
+    VARIANT_KEYS,
+    DrafterConfig,
+    DrafterConfigError,
+    rope_kind,
+    yarn_for_servers,
+)
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
@@ -48,9 +59,12 @@ def served_rope_scaling(config: DrafterConfig) -> dict[str, Any] | None:
     return config.rope_scaling
 
 
-def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: str) -> dict[str, Any]:
+def server_config(
+    config: DrafterConfig, target_config: dict[str, Any], dtype: str, training: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The drafter's config.json for the target described by ``target_config`` (its language model's
-    config, or the checkpoint's with a nested ``text_config``: the family is read from either)."""
+    config, or the checkpoint's with a nested ``text_config``: the family is read from either).
+    ``training`` (the loss, the checkpoint chosen and its τ) goes under ``eagle3_pipeline.training``."""
     if "vocab_size" in target_config and int(target_config["vocab_size"]) != config.vocab_size:
         raise DrafterConfigError(
             f"vocab_size: the drafter has {config.vocab_size}, the target config {target_config['vocab_size']}"
@@ -86,6 +100,11 @@ def server_config(config: DrafterConfig, target_config: dict[str, Any], dtype: s
     }
     if config.target_hidden_size != config.hidden_size:
         out["target_hidden_size"] = config.target_hidden_size
+    # Top-level keys both servers read (eagle_config.norm_before_fc too, which they read first): written
+    # only when on, so a plain EAGLE-3 export is the one it always was.
+    out.update({key: True for key in VARIANT_KEYS if getattr(config, key)})
+    if training is not None:
+        out["eagle3_pipeline"]["training"] = training
     out.update({k: target_config[k] for k in TARGET_FIELDS_KEPT if k in target_config})
     return out
 
@@ -106,7 +125,11 @@ def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.
 
 
 def export_for_servers(
-    model: Eagle3Drafter, folder: Path, target_config: dict[str, Any], dtype: str = "bfloat16"
+    model: Eagle3Drafter,
+    folder: Path,
+    target_config: dict[str, Any],
+    dtype: str = "bfloat16",
+    training: dict[str, Any] | None = None,
 ) -> Path:
     from safetensors.torch import save_file
 
@@ -117,7 +140,7 @@ def export_for_servers(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(export_weights(model, DTYPES[dtype]), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    (tmp / CONFIG_FILE).write_text(json.dumps(server_config(model.config, target_config, dtype), indent=2))
+    (tmp / CONFIG_FILE).write_text(json.dumps(server_config(model.config, target_config, dtype, training), indent=2))
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
@@ -139,6 +162,9 @@ def config_from_export(raw: dict[str, Any]) -> DrafterConfig:
         rope_scaling=raw.get("rope_scaling"),
         max_position_embeddings=raw["max_position_embeddings"],
         aux_layer_ids=output_layer_ids(raw["eagle_aux_hidden_state_layer_ids"]),
+        fc_norm=bool(raw.get("fc_norm", False)),
+        norm_output=bool(raw.get("norm_output", False)),
+        norm_before_fc=bool((raw.get("eagle_config") or {}).get("norm_before_fc", raw.get("norm_before_fc", False))),
     )
 
 

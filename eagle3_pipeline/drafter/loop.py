@@ -1,6 +1,7 @@
 """The training loop (SpecForge's ``TrainerController`` over its ``TrainerCore``): the planned batches in
 order, one optimizer step each (:meth:`Trainer.train_step`), a curve point every ``log_every`` steps
-and a checkpoint every ``checkpoint_every`` (evaluated, with its τ-curve point) and at the end.
+and a checkpoint every ``checkpoint_every`` (evaluated, with its τ-curve point) and at the end. With
+``select: best`` the weights of the checkpoint with the best τ so far are kept apart (:data:`BEST_FILE`).
 
 Metrics stay on the device and are synced (and all-reduced over the ranks) once per curve point. Only
 rank 0 evaluates and writes checkpoints.
@@ -9,6 +10,7 @@ rank 0 evaluates and writes checkpoints.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -70,6 +72,8 @@ class Trainer:
                 self.ranks,
                 self.forward,
                 self.settings.activation_checkpointing,
+                self.settings.loss,
+                self.settings.lk_eta,
             )
         self.optimization.step(metrics.loss)
         metrics.loss = metrics.loss.detach()
@@ -109,6 +113,25 @@ class Window:
         return row, tokens
 
 
+BEST_FILE = "best.pt"
+
+
+def best_eval(evals: list[dict[str, float]], k: int) -> dict[str, float] | None:
+    """The evaluated checkpoint with the highest τ@k (the later one on a tie), None before any."""
+    key = f"tau@{k}"
+    scored = [e for e in evals if key in e]
+    return max(reversed(scored), key=lambda e: e[key]) if scored else None
+
+
+def save_best(run_dir: Path, step: int, weights: dict[str, torch.Tensor]) -> None:
+    """The best checkpoint's weights (``select: best``), beside the rotated checkpoints, which may
+    delete it; written under a temporary name and renamed into place."""
+    path = Path(run_dir) / BEST_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save({"step": torch.tensor(step), "model": weights}, tmp)
+    os.replace(tmp, path)
+
+
 @dataclass
 class Checkpointer:
     """Rank 0's checkpoint: evaluate on the eval batches, add the τ-curve point and write the curve,
@@ -139,6 +162,9 @@ class Checkpointer:
         weights = {
             k: v for k, v in model.state_dict().items() if not (k == "embed_tokens.weight" and model.embedding_frozen)
         }
+        best = best_eval(state.evals, settings.select_steps)
+        if settings.select == "best" and best is not None and best["step"] == state.step:
+            save_best(self.run_dir, state.step, weights)
         checkpoint = {
             "model": weights,
             **trainer.optimization.state_dict(),

@@ -1,6 +1,7 @@
 """The EAGLE-3 training objective and what measures it: the unrolled training-time-test loss
-(:func:`ttt_loss`, SpecForge's ``OnlineEagle3Model``), the soft-label cross-entropy it is built of, and
-the evaluation each checkpoint records (:func:`evaluate`: per-step loss and accuracy, τ).
+(:func:`ttt_loss`, SpecForge's ``OnlineEagle3Model``), the per-position losses it is built of (KL as the
+soft-label cross-entropy, or the acceptance-targeted LK losses: :func:`position_losses`), and the
+evaluation each checkpoint records (:func:`evaluate`: per-step loss and accuracy, τ, per-depth acceptance).
 
 At TTT step j and index t the drafter predicts token t+2+j; the teacher is the target's distribution
 at index t+1+j renormalised over the draft vocabulary. Details: drafter/DESIGN.md, "The loss".
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from eagle3_pipeline.drafter.acceptance import ALL, AcceptanceStats, with_total
 from eagle3_pipeline.drafter.backend import ONE_PROCESS, Ranks
@@ -74,6 +76,56 @@ def soft_label_cross_entropy(
     )
 
 
+LOSSES = ("kl", "lk_alpha", "lk_lambda", "tv")
+# log α is floored here (lk_alpha): a position whose draft puts no mass on the target's support would
+# otherwise give an infinite loss.
+ALPHA_FLOOR = 1e-6
+
+
+def position_losses(logits: torch.Tensor, labels: torch.Tensor, kind: str, eta: float) -> torch.Tensor:
+    """Per-position losses [N] of the draft ``logits`` [N, Vd] against the teacher ``labels`` [N, Vd]
+    (the target's distribution p renormalised over the draft vocabulary), q = softmax(logits),
+    α = Σ_v min(p_v, q_v) the probability a sampled draft is accepted (arXiv 2602.23881):
+    ``kl`` KL(p‖q); ``lk_alpha`` −log α; ``tv`` 1 − α; ``lk_lambda`` λ·KL + (1 − λ)(1 − α) with
+    λ = exp(−η·α) per position and not differentiated (the paper's stop-gradient)."""
+    log_q = torch.log_softmax(logits.float(), dim=-1)
+    alpha = torch.minimum(labels, log_q.exp()).sum(-1)
+    if kind == "tv":
+        return 1.0 - alpha
+    if kind == "lk_alpha":
+        return -torch.log(alpha.clamp(min=ALPHA_FLOOR))
+    kl = (torch.xlogy(labels, labels) - labels * log_q).sum(-1)
+    if kind == "kl":
+        return kl
+    if kind == "lk_lambda":
+        weight = torch.exp(-eta * alpha.detach())
+        return weight * kl + (1.0 - weight) * (1.0 - alpha)
+    raise ValueError(f"drafter.loss {kind!r}: expected one of {list(LOSSES)}")
+
+
+def summed_loss(
+    logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, kind: str, eta: float, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """Σ over the rows of :func:`position_losses` of ``logits`` [N, Vd] against ``probs[rows]``, chunk by
+    chunk. ``kl`` takes the soft-label cross-entropy (its gradient; the value differs from KL by the
+    teacher's entropy, a constant); the others recompute each chunk's float32 softmax in the backward
+    pass, so no more than one chunk of it exists at a time."""
+    if kind == "kl":
+        return soft_label_cross_entropy(logits, probs, rows, chunk_rows)
+    chunk_rows = chunk_rows or max(1, LOSS_CHUNK_ELEMENTS // logits.shape[-1])
+
+    def chunk_loss(chunk: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
+        return position_losses(chunk, probs.index_select(0, chunk_ids), kind, eta).sum()
+
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    with torch.autocast(logits.device.type, enabled=False):
+        for start in range(0, logits.shape[0], chunk_rows):
+            end = start + chunk_rows
+            part = checkpoint(chunk_loss, logits[start:end], rows[start:end], use_reentrant=False)
+            total = total + cast(torch.Tensor, part)
+    return total
+
+
 @dataclass
 class StepMetrics:
     """One batch on one rank, all on the device: ``loss`` the weighted total and ``step_losses``
@@ -95,12 +147,15 @@ def ttt_loss(
     ranks: Ranks = ONE_PROCESS,
     forward: Callable[..., list[torch.Tensor]] | None = None,
     activation_checkpointing: bool = False,
+    loss_kind: str = "kl",
+    eta: float = 3.0,
 ) -> StepMetrics:
     """Unrolled TTT forward (through ``forward``, the DDP wrapper, when given; its decoder layer
-    recomputed in the backward with ``activation_checkpointing``), soft-label loss against the target
-    over the draft vocabulary, in chunks of counted positions (``soft_label_cross_entropy``: no
-    float32 log-probabilities or label copies beside the logits). Each step's loss is divided by the
-    counted positions of the whole batch (summed over ``ranks``), so the ranks' losses add up to it."""
+    recomputed in the backward with ``activation_checkpointing``), the ``loss_kind`` loss
+    (:func:`position_losses`) against the target over the draft vocabulary, in chunks of counted
+    positions (:func:`summed_loss`: no float32 log-probabilities or label copies beside the logits).
+    Each step's loss is divided by the counted positions of the whole batch (summed over ``ranks``),
+    so the ranks' losses add up to it: a mean over positions, as the LK losses are defined."""
     # The prediction at index p is trained when token p + 1 is (loss mask); only those need the teacher.
     target = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
     argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]
@@ -118,7 +173,7 @@ def ttt_loss(
     for j, step_logits in enumerate(logits):
         # Step j's teacher at index t is the target's distribution at t + 1 + j (< T where counted).
         rows = keep[j].flatten().nonzero().squeeze(1) + (j + 1)
-        loss = soft_label_cross_entropy(step_logits, probs, rows) / counts[j]
+        loss = summed_loss(step_logits, probs, rows, loss_kind, eta) / counts[j]
         total = total + (STEP_DECAY**j) * loss
         step_losses.append(loss.detach())
         with torch.no_grad():
@@ -126,8 +181,11 @@ def ttt_loss(
     return StepMetrics(total, torch.stack(step_losses), torch.stack(hits), torch.stack([t.sum() for t in trained]))
 
 
-def eval_depths(ttt_steps: int) -> list[int]:
-    return sorted({k for k in EVAL_DEPTHS if k <= ttt_steps} | {ttt_steps})
+def eval_depths(ttt_steps: int, select_steps: int | None = None) -> list[int]:
+    """The depths each checkpoint's τ is measured at: :data:`EVAL_DEPTHS` up to ``ttt_steps``, and
+    ``ttt_steps`` and ``select_steps`` (the depth the best checkpoint is chosen by)."""
+    extra = {ttt_steps} if select_steps is None else {ttt_steps, select_steps}
+    return sorted({k for k in EVAL_DEPTHS if k <= ttt_steps} | extra)
 
 
 @torch.no_grad()
@@ -140,11 +198,12 @@ def evaluate(
     device: torch.device,
     autocast: torch.dtype | None,
 ) -> tuple[dict[str, float], dict[str, AcceptanceStats]]:
-    """Per-step loss and accuracy on the eval split, weighted by tokens, and the acceptance length τ
-    a greedy chain-drafting server would see (``tau@K``): accuracy can look fine while τ collapses.
+    """Per-step loss (the training loss) and accuracy on the eval split, weighted by tokens, the
+    acceptance length τ a greedy chain-drafting server would see (``tau@K``: accuracy can look fine
+    while τ collapses) and the acceptance at each depth given the drafts before it (``accept_j``).
     Also the acceptance per eval dataset (``plans``' keys) and ``all``, for the τ curve."""
     model.eval()
-    depths = eval_depths(settings.ttt_steps)
+    depths = eval_depths(settings.ttt_steps, settings.select_steps)
     per_dataset = {dataset: AcceptanceStats(ks=tuple(depths)) for dataset in plans}
     losses = torch.zeros(settings.ttt_steps, device=device)
     hits = torch.zeros(settings.ttt_steps, device=device)
@@ -155,7 +214,9 @@ def evaluate(
             tokens = int(batch.loss_mask.sum())
             batch = batch.to(device)
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-                metrics = ttt_loss(model, batch, lm_head, settings.ttt_steps)
+                metrics = ttt_loss(
+                    model, batch, lm_head, settings.ttt_steps, loss_kind=settings.loss, eta=settings.lk_eta
+                )
                 add_drafter_batch(
                     per_dataset[dataset], model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask
                 )
@@ -173,4 +234,5 @@ def evaluate(
         **{f"eval_loss_{j}": loss_values[j] for j in range(settings.ttt_steps)},
         **{f"eval_acc_{j}": acc_values[j] for j in range(settings.ttt_steps)},
         **{f"tau@{k}": acceptance[ALL].tau(k) for k in depths},
+        **{f"accept_{j}": rate for j, rate in enumerate(acceptance[ALL].conditional_rates()) if rate is not None},
     }, acceptance

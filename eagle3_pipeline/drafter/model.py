@@ -9,6 +9,11 @@ One step of the drafter::
     h      = h + mlp(post_attention_layernorm(h))
     logits = lm_head(norm(h))                                      # next step consumes pre-norm h
 
+Variants (``DrafterConfig``, served by vLLM 0.32 and SGLang 0.5.23 alike): ``norm_before_fc`` normalises
+the concatenated aux states with one RMSNorm (``input_norm``) before ``fc``; ``fc_norm`` (EAGLE-3.1) each
+captured layer's state with its own (``fc_norm.{i}``); ``norm_output`` (EAGLE-3.1) feeds the next step
+``norm(h)``, the state the logits are computed from, instead of the pre-norm ``h``.
+
 Two ways to run it, which must agree (tested): :meth:`Eagle3Drafter.ttt_forward`, the unrolled
 training-time test with the chain-drafting attention pattern (memory linear in the sequence length:
 :mod:`eagle3_pipeline.drafter.attention`), and :meth:`Eagle3Drafter.forward_cached`, causal attention
@@ -186,6 +191,10 @@ class Eagle3Drafter(nn.Module):
         h = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(3 * config.target_hidden_size, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(config.target_hidden_size, config.rms_norm_eps) for _ in range(3))
         self.midlayer = DecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
@@ -225,8 +234,25 @@ class Eagle3Drafter(nn.Module):
         emb = torch.cat([angles, angles], dim=-1)
         return emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
 
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """The step-0 hidden stream from the captured states [.., 3·Ht], as the servers'
+        ``combine_hidden_states`` (vLLM) / ``LlamaModel.forward`` (SGLang) compute it: the one norm over
+        the concatenation (``norm_before_fc``), then a norm per captured layer (``fc_norm``), then ``fc``."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.config.fc_norm:
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, aux.chunk(3, dim=-1), strict=True)], -1)
+        return self.fc(aux)
+
+    def carried(self, layer_out: torch.Tensor) -> torch.Tensor:
+        """What the next draft step consumes from this one's decoder-layer output: the pre-norm state, or
+        with ``norm_output`` the final norm's output (the servers' ``aux`` / ``hidden_states_to_aux``)."""
+        return self.norm(layer_out) if self.config.norm_output else layer_out
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+        """Draft logits from a step's carried state (:meth:`carried`): ``lm_head(norm(h))`` either way."""
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
     def draft_target_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy draft ids mapped to target ids (argmax + d2t)."""
@@ -247,7 +273,8 @@ class Eagle3Drafter(nn.Module):
         in row-major order: training needs the draft head only where the loss counts.
 
         Step j at index t consumes token ``input_ids[t + 1 + j]`` (teacher forced; 0 past the end)
-        and the draft's own pre-norm hidden state of step j-1 at t (``fc(aux[t])`` for step 0), sits
+        and the draft's own carried state of step j-1 at t (:meth:`carried`; :meth:`combine` of ``aux[t]``
+        for step 0), sits
         at RoPE position t + j, and attends to the step-0 keys at indices <= t (not padding) plus
         the keys of steps 1..j at index t: exactly what chain drafting from prefix t sees.
 
@@ -261,7 +288,7 @@ class Eagle3Drafter(nn.Module):
         """
         t = input_ids.shape[1]
         device = aux.device
-        hidden = self.fc(aux.to(self.fc.weight.dtype))
+        hidden = self.combine(aux)
         keys_visible = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         positions = torch.arange(t, device=device)
         keys: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -303,7 +330,7 @@ class Eagle3Drafter(nn.Module):
             attn = torch.exp(lse - lse_all)[..., None].to(q.dtype) * attn
             for score, (_, dv) in zip(scores, diagonal, strict=True):
                 attn = attn + torch.exp(score - lse_all)[..., None].to(q.dtype) * dv[:, :, None]
-        return self.midlayer.finish(hidden, attn_layer.out(attn.flatten(1, 2))), k, v
+        return self.carried(self.midlayer.finish(hidden, attn_layer.out(attn.flatten(1, 2)))), k, v
 
     # The training pass is the module's forward (DistributedDataParallel hooks ``forward``).
     forward = ttt_forward
@@ -313,7 +340,7 @@ class Eagle3Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One server-style draft forward over new tokens [B, n] with their hidden stream [B, n, H]
         at ``positions`` [n]: causal attention over the cached keys plus the new ones; appends the
-        new keys/values to ``cache``. Returns (logits [B, n, Vd], pre-norm hidden [B, n, H])."""
+        new keys/values to ``cache``. Returns (logits [B, n, Vd], the carried hidden [B, n, H])."""
         x = self.midlayer.attention_input(self.embed_tokens(input_ids), hidden)
         cos, sin = self.rope(positions)
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
@@ -326,5 +353,5 @@ class Eagle3Drafter(nn.Module):
         n, total = q.shape[2], k.shape[2]
         visible = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=total - n)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
-        out = self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn))
+        out = self.carried(self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn)))
         return self.logits(out), out

@@ -61,6 +61,10 @@ class TrainSettings:
     embedding_key: str | None
     lm_head_key: str | None
     activation_checkpointing: bool
+    loss: str
+    lk_eta: float
+    select: str
+    select_steps: int
     model: dict[str, Any]  # drafter.model: the keys the file sets (DrafterModelConfig)
 
     @classmethod
@@ -70,14 +74,17 @@ class TrainSettings:
         settings = drafter.model_dump(exclude={"model", "seed", "max_seq_len", *NOT_SETTINGS})
         return cls(
             **settings,
-            model=drafter.model.model_dump(exclude_none=True),
+            # Variant switches left off are left out, as keys left out are: a plain drafter's spec is unchanged.
+            model=drafter.model.model_dump(exclude_defaults=True),
             seed=pipeline_seed if drafter.seed is None else drafter.seed,
             max_seq_len=drafter.max_seq_len or target_max_seq_len,
         )
 
     def identity(self) -> dict[str, Any]:
-        """What a resumed run must share with the checkpoint (bookkeeping settings excluded, and
-        activation checkpointing: it recomputes the same values, so a run may resume with it switched)."""
+        """What a resumed run must share with the checkpoint (bookkeeping settings excluded, the choice of
+        the exported checkpoint, and activation checkpointing: it recomputes the same values, so a run
+        may resume with it switched). The default loss is left out (a checkpoint written before the loss
+        was a setting trained with it), and η unless the loss reads it."""
         skip = {
             "checkpoint_every",
             "keep_checkpoints",
@@ -85,6 +92,10 @@ class TrainSettings:
             "log_every",
             "export_dtype",
             "activation_checkpointing",
+            "select",
+            "select_steps",
+            *(("loss",) if self.loss == "kl" else ()),
+            *(("lk_eta",) if self.loss != "lk_lambda" else ()),
         }
         return {k: v for k, v in asdict(self).items() if k not in skip}
 

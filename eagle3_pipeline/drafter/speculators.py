@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.drafter.draft_config import DrafterConfig, DrafterConfigError
+from eagle3_pipeline.drafter.draft_config import VARIANT_KEYS, DrafterConfig, DrafterConfigError
 from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.target.layer_ids import output_layer_ids
 
@@ -121,6 +121,12 @@ def to_speculators(
     if export.get("architectures") != [ARCHITECTURE]:
         raise DrafterConfigError(
             f"{export_dir / CONFIG_FILE}: architectures is {export.get('architectures')}, expected [{ARCHITECTURE!r}]"
+        )
+    variants = [key for key in VARIANT_KEYS if export.get(key)]
+    if variants:
+        raise DrafterConfigError(
+            f"{export_dir / CONFIG_FILE}: {', '.join(variants)} on; the speculators layout is written for the plain "
+            "EAGLE-3 drafter only. vLLM and SGLang serve this export from its own folder"
         )
     target = json.loads((target_model_dir / CONFIG_FILE).read_text())
     tensors = load_file(str(export_dir / WEIGHTS_FILE))

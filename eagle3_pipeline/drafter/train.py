@@ -24,7 +24,7 @@ from eagle3_pipeline.drafter.checkpoint import latest_checkpoint, load_checkpoin
 from eagle3_pipeline.drafter.data import BatchReader
 from eagle3_pipeline.drafter.draft_config import DrafterConfig, drafter_config
 from eagle3_pipeline.drafter.export import export_for_servers
-from eagle3_pipeline.drafter.loop import Checkpointer, LoopTimes, RunState, Trainer, train_loop
+from eagle3_pipeline.drafter.loop import BEST_FILE, Checkpointer, LoopTimes, RunState, Trainer, best_eval, train_loop
 from eagle3_pipeline.drafter.loss import eval_depths
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.plans import RunPlan, plan_run
@@ -85,10 +85,43 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     if not ranks.leader:
         return result
     if result["finished"]:
-        export_for_servers(trainer.model.to("cpu"), paths["export_dir"], inputs.target.config, settings.export_dtype)
-        report.log(f"exported the drafter to {paths['export_dir']} after {time.monotonic() - started:.1f} s")
+        training = select_checkpoint(trainer.model, state.evals, settings, paths["run_dir"])
+        result["selected"] = training
+        model = trainer.model.to("cpu")
+        export_for_servers(model, paths["export_dir"], inputs.target.config, settings.export_dtype, training)
+        report.log(
+            f"exported the drafter ({settings.select} checkpoint, step {training['step']}) to {paths['export_dir']} "
+            f"after {time.monotonic() - started:.1f} s"
+        )
     wall = time.monotonic() - started
     return {**result, "wall_s": round(wall, 2), "checkpoint": str(latest_checkpoint(paths["run_dir"]))}
+
+
+def select_checkpoint(
+    model: Eagle3Drafter, evals: list[dict[str, float]], settings: TrainSettings, run_dir: Path
+) -> dict[str, Any]:
+    """Load the exported checkpoint's weights into ``model`` (``select: best``: the best τ's, kept by the
+    loop; ``last``: they are there) and say what was trained and chosen, for the export's metadata."""
+    chosen = best_eval(evals, settings.select_steps) if settings.select == "best" else (evals or [None])[-1]
+    if settings.select == "best" and chosen is not None:
+        path = run_dir / BEST_FILE
+        saved = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+        if saved is None or int(saved["step"]) != chosen["step"]:
+            raise TrainError(
+                f"{path}: select: best needs the weights of step {chosen['step']} (τ@{settings.select_steps} "
+                f"{chosen[f'tau@{settings.select_steps}']:.4f}), which this run did not keep (a part of it ran with "
+                f"select: last); export the last one (select: last), or remove {run_dir} to train anew"
+            )
+        model.load_state_dict(saved["model"], strict=False)
+    key = f"tau@{settings.select_steps}"
+    return {
+        "loss": settings.loss,
+        **({"lk_eta": settings.lk_eta} if settings.loss == "lk_lambda" else {}),
+        "select": settings.select,
+        "select_steps": settings.select_steps,
+        "step": None if chosen is None else int(chosen["step"]),
+        key: None if chosen is None or key not in chosen else round(chosen[key], 4),
+    }
 
 
 def open_inputs(paths: dict[str, Path], settings: TrainSettings) -> Inputs:

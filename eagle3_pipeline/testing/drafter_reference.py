@@ -115,7 +115,7 @@ def chain_draft(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: i
 
     cache: list = []
     logits, hidden = model.forward_cached(
-        ids[:, 1 : t + 2], model.fc(aux[:, : t + 1]), torch.arange(t + 1, device=aux.device), cache
+        ids[:, 1 : t + 2], model.combine(aux[:, : t + 1]), torch.arange(t + 1, device=aux.device), cache
     )
     out = [logits[:, -1]]
     hidden = hidden[:, -1:]
@@ -143,7 +143,7 @@ def reference_ttt_forward(
     device = aux.device
     layer, attn_layer = model.midlayer, model.midlayer.self_attn
     groups = attn_layer.nh // attn_layer.nkv
-    hidden = model.fc(aux.to(model.fc.weight.dtype))
+    hidden = model.combine(aux)
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     allowed = (
         causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
@@ -173,7 +173,7 @@ def reference_ttt_forward(
         attn = torch.matmul(probs[..., :t], v0)
         for i, dv in enumerate(diag_v):
             attn = attn + probs[..., t + i : t + i + 1] * dv
-        hidden = layer.finish(hidden, attn_layer.out(attn))
+        hidden = model.carried(layer.finish(hidden, attn_layer.out(attn)))
         outputs.append(model.logits(hidden if keep is None else hidden[keep[j]]))
     return outputs
 

@@ -5,6 +5,7 @@ this process, or (``nproc_per_node: 2``) as a local Pipes subprocess under torch
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
         f"name: t\nartifacts_root: {tmp_path / 'artifacts'}\ntarget: {{model: m}}\n"
         f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
         f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, "
-        f"log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}}}\n"
+        f"log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}, select: best}}\n"
     )
     config = load_config(pipeline)
     paths = drafter_paths(config.artifacts_root)
@@ -54,6 +55,19 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     curve = metadata["training_curve"]
     assert isinstance(curve, dg.TableMetadataValue) and len(curve.records) == len(observations)
     assert metadata["processes"].value == processes
+    # select: best: τ at the served depth of every evaluated checkpoint, as a table and a plottable series
+    selected = metadata["selected"].value
+    assert isinstance(selected, dict) and selected["select"] == "best" and selected["select_steps"] == 3
+    by_checkpoint = metadata["tau_by_checkpoint"]
+    assert isinstance(by_checkpoint, dg.TableMetadataValue)
+    evals = metadata["eval_at_checkpoints"]
+    assert isinstance(evals, dg.TableMetadataValue) and len(by_checkpoint.records) == len(evals.records) >= 2
+    exported = [r.data["step"] for r in by_checkpoint.records if r.data["exported"] == 1.0]
+    assert exported == [selected["step"]]
+    series = metadata["tau_by_checkpoint_series"].value
+    assert isinstance(series, dict) and series["step"] == [r.data["step"] for r in by_checkpoint.records]
+    taus = series["tau@3"]
+    assert isinstance(taus, list) and max(cast(list[float], taus)) == selected["tau@3"]
     assert (paths["export_dir"] / "config.json").is_file() and (paths["export_dir"] / "model.safetensors").is_file()
 
 

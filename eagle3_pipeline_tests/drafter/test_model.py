@@ -35,8 +35,10 @@ STEPS = 5
         },
     ],
 )
-def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | None) -> None:
-    config = tiny_drafter_config(rope_scaling=scaling)
+@pytest.mark.parametrize("variant", [{}, {"fc_norm": True, "norm_output": True}, {"norm_before_fc": True}])
+def test_kv_cache_chain_drafting_equals_the_unrolled_ttt_pass(scaling: dict | None, variant: dict) -> None:
+    """Also for the EAGLE-3.1 and norm_before_fc variants: training's pass drafts what a server's would."""
+    config = tiny_drafter_config(rope_scaling=scaling, **variant)
     model = tiny_drafter(config)
     aux, ids = tiny_drafter_inputs(config)
     with torch.no_grad():

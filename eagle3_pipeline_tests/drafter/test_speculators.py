@@ -82,3 +82,12 @@ def test_a_speculators_drafter_with_norm_before_residual_is_refused(tmp_path: Pa
     (out / "config.json").write_text(json.dumps({**raw, "norm_before_residual": True}))
     with pytest.raises(DrafterConfigError, match="norm_before_residual"):
         load_export(out)
+
+
+def test_a_variant_export_is_not_converted_to_the_speculators_layout(tmp_path: Path) -> None:
+    """The speculators layout would drop the EAGLE-3.1 switches: serving it would not be what was trained."""
+    model = tiny_drafter(tiny_drafter_config(fc_norm=True, norm_output=True))
+    target = _target(tmp_path / "target", model.embed_tokens.weight.detach().clone())
+    export = export_for_servers(model, tmp_path / "export", {"vocab_size": 80, "hidden_size": 48})
+    with pytest.raises(DrafterConfigError, match="fc_norm, norm_output on; the speculators layout"):
+        to_speculators(export, tmp_path / "sp", target)

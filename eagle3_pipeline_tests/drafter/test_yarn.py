@@ -214,7 +214,7 @@ def test_drafter_model_overrides_replace_the_targets_rope_and_shape() -> None:
 
 
 def test_drafter_model_rope_settings_reach_the_train_spec() -> None:
-    """`drafter.model.rope_scaling: null` survives the spec's `exclude_none` dump as the scaling that means none."""
+    """`drafter.model.rope_scaling: null` survives the spec's `exclude_defaults` dump as the scaling that means none."""
     from eagle3_pipeline.config import DrafterModelConfig, load_config
     from eagle3_pipeline.drafter.spec import train_spec
 
@@ -228,4 +228,4 @@ def test_drafter_model_rope_settings_reach_the_train_spec() -> None:
     overrides = train_spec(pipeline)["settings"]["model"]
     config = _drafter(kimi_k25_text_config(), **overrides)
     assert config.rope_scaling is None and config.rope_theta == 1e6 and config.max_position_embeddings == 300000
-    assert DrafterModelConfig().model_dump(exclude_none=True) == {}
+    assert DrafterModelConfig().model_dump(exclude_defaults=True) == {}

@@ -58,6 +58,28 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
     )
 
 
+def selection_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The exported checkpoint (``drafter.select``) and τ at the depth it was chosen by for every
+    evaluated checkpoint: a table (with the per-depth acceptance and which one was exported) and the
+    same curve as a series for a plot; nothing for a run that exported nothing."""
+    selected = result.get("selected")
+    if not selected:
+        return {}
+    key = f"tau@{selected['select_steps']}"
+    rows = [
+        {"step": e["step"], key: e[key], **{k: v for k, v in e.items() if k.startswith("accept_")},
+         "exported": float(e["step"] == selected["step"])}
+        for e in result["evals"] if key in e
+    ]  # fmt: skip
+    return {
+        "selected": dg.MetadataValue.json(selected),
+        "tau_by_checkpoint": _table(rows),
+        "tau_by_checkpoint_series": dg.MetadataValue.json(
+            {"x": "step", "y": key, "step": [r["step"] for r in rows], key: [round(r[key], 4) for r in rows]}
+        ),
+    }
+
+
 def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
     last_eval = result["evals"][-1] if result["evals"] else {}
     return {
@@ -76,6 +98,7 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
         "export_dir": dg.MetadataValue.path(result["export_dir"]),
         "checkpoint": dg.MetadataValue.path(result["checkpoint"]),
         "drafter": dg.MetadataValue.json(result["drafter"]),
+        **selection_metadata(result),
     }
 
 

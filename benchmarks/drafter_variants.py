@@ -1,0 +1,152 @@
+"""Drafter variants and losses on the embedded default, the same data and budget: offline τ@K and the
+per-depth acceptance of each (variant, loss, seed), at the last checkpoint and at the best one.
+
+Every run takes the local profile's drafter settings (epochs, lr, batch, sequence length) on the store
+the embedded default's main job wrote (``eagle3-pipeline run``; ``--artifacts`` names another) and
+differs only in the switches named: ``--variants`` are ``+``-joined ``drafter.model`` switches
+(``eagle3`` for none, e.g. ``fc_norm+norm_output`` for EAGLE-3.1, ``norm_before_fc+norm_output`` for
+speculators' #610 variant), ``--losses`` are ``drafter.loss`` values, ``--seeds`` the training seeds.
+Each run evaluates every ``--checkpoint-every`` steps on the store's eval split (τ at the served K,
+``--select-steps``) and exports its best checkpoint (``select: best``); the last is the run's final
+evaluation. The best is chosen on the same eval split it is reported on, so its τ is biased upwards:
+the table says so. Runs go under ``--work`` and a rerun with the same folder trains nothing again;
+``--table`` prints the table of the runs finished there so far.
+
+    nice -n 10 .venv/bin/python -m benchmarks.drafter_variants \\
+        --variants eagle3,fc_norm+norm_output,norm_before_fc+norm_output --losses kl,lk_lambda --seeds 0,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.config import load_config, local_profile_path
+from eagle3_pipeline.drafter.draft_config import VARIANT_KEYS
+from eagle3_pipeline.drafter.spec import train_spec
+from eagle3_pipeline.drafter.train import run
+
+PLAIN = "eagle3"
+
+
+class Log:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def log(self, message: str) -> None:
+        if message.startswith(("training", "resuming", "exported")):
+            print(f"  [{self.name}] {message}", flush=True)
+
+    def progress(self, metrics: Any) -> None:
+        return None
+
+
+def switches(variant: str) -> dict[str, bool]:
+    """``drafter.model`` switches of a ``+``-joined variant name (``eagle3``: none)."""
+    names = [] if variant == PLAIN else variant.split("+")
+    unknown = sorted(set(names) - set(VARIANT_KEYS))
+    if unknown:
+        sys.exit(f"--variants {variant}: unknown {unknown}; expected {PLAIN} or a +-joined subset of {VARIANT_KEYS}")
+    return dict.fromkeys(names, True)
+
+
+def one_run(base: dict[str, Any], work: Path, variant: str, loss: str, seed: int, args: argparse.Namespace) -> dict:
+    name = f"{variant}-{loss}-s{seed}"
+    settings = {
+        **base["settings"],
+        "model": {**base["settings"]["model"], **switches(variant)},
+        "loss": loss,
+        "seed": seed,
+        "select": "best",
+        "select_steps": args.select_steps,
+        "checkpoint_every": args.checkpoint_every,
+        **({"epochs": args.epochs} if args.epochs else {}),
+    }
+    spec = {
+        **base,
+        "run_dir": str(work / name / "run"),
+        "export_dir": str(work / name / "export"),
+        "settings": settings,
+    }
+    started = time.monotonic()
+    result = run(spec, Log(name))
+    key = f"tau@{args.select_steps}"
+    evals = [e for e in result["evals"] if key in e]
+    best = max(reversed(evals), key=lambda e: e[key])
+    row = {"variant": variant, "loss": loss, "seed": seed, "wall_s": round(time.monotonic() - started),
+           "last": evals[-1], "best": best, "steps": result["steps"]}  # fmt: skip
+    (work / f"{name}.json").write_text(json.dumps(row, indent=1))
+    return row
+
+
+def _cell(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def table(rows: list[dict[str, Any]], k: int) -> str:
+    """Markdown: one line per (variant, loss), mean ± sd over the seeds (sd of the seeds, not of the mean)."""
+    key = f"tau@{k}"
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["variant"], row["loss"]), []).append(row)
+    accepts = [f"accept_{j}" for j in range(k)]
+    lines = [
+        f"| variant | loss | seeds | {key} last | {key} best (step) | "
+        + " | ".join(f"{a} last" for a in accepts)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(accepts),
+    ]
+    for (variant, loss), group in groups.items():
+        best_steps = ",".join(str(int(r["best"]["step"])) for r in group)
+        lines.append(
+            f"| {variant} | {loss} | {len(group)} | {_cell([r['last'][key] for r in group])} | "
+            f"{_cell([r['best'][key] for r in group])} ({best_steps}) | "
+            + " | ".join(_cell([r["last"].get(a, 0.0) for r in group]) for a in accepts)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", type=Path, help="default: the embedded default's artifacts root")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/eagle3_drafter_variants"))
+    parser.add_argument("--variants", default=f"{PLAIN},fc_norm+norm_output,norm_before_fc+norm_output")
+    parser.add_argument("--losses", default="kl,lk_lambda")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--epochs", type=int, help="default: the local profile's")
+    parser.add_argument("--checkpoint-every", type=int, default=15)
+    parser.add_argument("--select-steps", type=int, default=3)
+    parser.add_argument("--table", action="store_true", help="only print the table of the runs finished in --work")
+    args = parser.parse_args()
+    if args.table:
+        print(table([json.loads(p.read_text()) for p in sorted(args.work.glob("*.json"))], args.select_steps))
+        return
+    config = load_config(local_profile_path())
+    base = train_spec(config, (args.artifacts or config.artifacts_root).resolve())
+    if not Path(base["store"], "index.parquet").is_file():
+        sys.exit(f"no hidden-state store under {base['store']}: run `eagle3-pipeline run` first (or pass --artifacts)")
+    settings = base["settings"]
+    print(f"local profile drafter: {args.epochs or settings['epochs']} epochs, lr {settings['lr']}, batch_tokens "
+          f"{settings['batch_tokens']}, ttt_steps {settings['ttt_steps']}; a checkpoint every {args.checkpoint_every} "
+          f"steps; τ@{args.select_steps} on the eval split")  # fmt: skip
+    rows = [
+        one_run(base, args.work, variant, loss, int(seed), args)
+        for seed in args.seeds.split(",")
+        for variant in args.variants.split(",")
+        for loss in args.losses.split(",")
+    ]
+    for row in rows:
+        print(f"  {row['variant']} {row['loss']} seed {row['seed']}: {row['steps']} steps, {row['wall_s']} s")
+    print(table(rows, args.select_steps))
+
+
+if __name__ == "__main__":
+    main()
