@@ -77,6 +77,7 @@ from eagle3_pipeline.managed.processes import (
     PROBE_TIMEOUT_S,
     GroupSnapshot,
     ProcessRef,
+    ProcInfo,
     Seen,
     ServerRecord,
     in_shell_environment,
@@ -516,27 +517,26 @@ class ManagedServer:
             )
         return result
 
-    def _group_alive(self, record: ServerRecord) -> bool:
-        snap = self._snapshot(record.pid, record.pgid)
-        return any(p.pgid == record.pgid for p in snap.live_group())
+    def _group_alive(self, record: ServerRecord) -> list[ProcInfo]:
+        return [p for p in self._snapshot(record.pid, record.pgid).live_group() if p.pgid == record.pgid]
 
     def _signal_group(self, record: ServerRecord) -> list[str]:
-        """While its leader is ours: SIGTERM to the leader alone (the engine drains and shuts its workers down
-        itself), after ``LEADER_SHARE`` of the grace period SIGTERM to the group, then SIGKILL to the group.
-        Returns the steps taken (``TERM`` = the leader's, ``TERM group``, ``KILL``)."""
-        grace = self.plan.serving.stop_grace_s
-        ticks = str(record.start_ticks)
-        steps = (
-            ("TERM", (PIDS_KILL_SCRIPT, "TERM", str(record.pid), ticks), grace * LEADER_SHARE),
-            ("TERM group", (GROUP_KILL_SCRIPT, "TERM", str(record.pgid), ticks), grace * (1 - LEADER_SHARE)),
-            ("KILL", (GROUP_KILL_SCRIPT, "KILL", str(record.pgid), ticks), 10.0),
-        )
+        """SIGTERM to the leader alone (the engine stops its workers), after ``LEADER_SHARE`` of the grace to the
+        group, then SIGKILL; with the leader gone, to each process left (pid and start time checked)."""
+        grace, ticks = self.plan.serving.stop_grace_s, str(record.start_ticks)
+        steps = (("TERM", grace * LEADER_SHARE), ("TERM group", grace * (1 - LEADER_SHARE)), ("KILL", 10.0))
         signals = []
-        for name, (script, *args), wait_s in steps:
-            if not self._group_alive(record):
+        for name, wait_s in steps:
+            if not (left := self._group_alive(record)):
                 break
             signals.append(name)
-            self._run(quote_args("sh", "-c", script, "sh", *args))
+            if name == "TERM":
+                self._run(quote_args("sh", "-c", PIDS_KILL_SCRIPT, "sh", "TERM", str(record.pid), ticks))
+            elif any(p.pid == record.pid for p in left):
+                self._run(quote_args("sh", "-c", GROUP_KILL_SCRIPT, "sh", name[:4], str(record.pgid), ticks))
+            else:
+                pairs = [str(v) for p in left for v in (p.pid, p.start_ticks)]
+                self._run(quote_args("sh", "-c", PIDS_KILL_SCRIPT, "sh", name[:4], *pairs))
             deadline = time.monotonic() + wait_s
             while self._group_alive(record) and time.monotonic() < deadline:
                 time.sleep(min(self.poll_s, 0.2))

@@ -122,7 +122,7 @@ def test_the_stop_terms_the_leader_first_which_shuts_its_children_down(tmp_path:
 
 
 def test_a_leader_that_leaves_its_children_is_followed_by_the_group(tmp_path: Path) -> None:
-    server, launch = server_on(tmp_path, LocalHost(), {"FAKE_SGLANG_ABANDON": "1"}, gpus=0, stop_grace_s=2)
+    server, launch = server_on(tmp_path, LocalHost(), {"FAKE_SGLANG_ABANDON": "1"}, gpus=0, stop_grace_s=6)
     started = server.start(launch, "generation")
     stopped = server.stop("hand the GPUs to training")
     assert stopped.verified and stopped.signals == ("TERM", "TERM group")
