@@ -37,6 +37,7 @@ from typing import Any
 from eagle3_pipeline.config import ServingConfig
 from eagle3_pipeline.generation.recovery import Recovered, RecoveryFailed, ServerRecovery
 from eagle3_pipeline.health import run_health_tick
+from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.managed.errors import ManagedServerError
 from eagle3_pipeline.managed.hang import HangPolicy, HangWatch, probe_outcome
 from eagle3_pipeline.managed.launch import ServerPurpose
@@ -152,7 +153,7 @@ class GenerationRecovery:
                 return Recovered(False, f"the managed server {what}: {finding.detail}")
             self._event("failed", f"{finding.state}: {finding.detail}", {"state": finding.state, "failure": failure})
             return Recovered(True, self._restart(finding, failure), tuple(self.restarts[made:]))
-        except ManagedServerError as exc:
+        except (ManagedServerError, HostError) as exc:
             message = f"the managed server {self.supervisor.name} could not be recovered: {exc}"
             raise RecoveryFailed(message, self.restarts[made:]) from None
         except RecoveryFailed as exc:

@@ -22,11 +22,18 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.generation import Endpoint, GenerationSummary, ResponseCheckpoint, ServerLost, generate
+from eagle3_pipeline.generation import (
+    Endpoint,
+    GenerationSummary,
+    RecoveryFailed,
+    ResponseCheckpoint,
+    ServerLost,
+    generate,
+)
 from eagle3_pipeline.managed import GenerationRecovery, ServerEvent, ServerPurpose, Supervisor, open_supervisor
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts, settings
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline.testing.process_tools import wait_until
+from eagle3_pipeline.testing.process_tools import free_port, wait_until
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
@@ -174,3 +181,19 @@ def test_a_poison_prompt_is_quarantined_after_two_restarts_and_not_sent_again(tm
     assert summary.resent_after_restart >= 2
     assert (again.quarantined_earlier, again.generated, again.failed, again.restarts) == (1, 0, 0, [])
     assert [e.action for e in events].count("started") == 3
+
+
+def test_a_host_that_cannot_be_reached_fails_the_recovery_with_one_message(tmp_path: Path) -> None:
+    """Recovery on a GPU host whose sshd is gone (nothing listens on its port): RecoveryFailed naming the host
+    and the SSH error, not a raw SSH exception out of the generation engine's hook."""
+    host = {"kind": "ssh", "hostname": "127.0.0.1", "port": free_port(), "username": "eagle3", "allow_agent": False}
+    section = fake_sglang_serving(tmp_path)
+    config = write_pipeline(tmp_path, {"serving": section, "health": {"host": host, "min_disk_free_gb": 0.01}})
+    with open_supervisor(config) as supervisor:
+        assert supervisor is not None
+        recovery = GenerationRecovery(supervisor, GENERATION, "responses B1", sleep=lambda _: None)
+        with pytest.raises(RecoveryFailed) as caught:
+            recovery("ServerLost: connection refused")
+    message = str(caught.value)
+    assert message.startswith(f"the managed server {supervisor.name} could not be recovered: "), message
+    assert f"cannot connect to eagle3@127.0.0.1:{host['port']}" in message, message
