@@ -26,24 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.tau_scaling import Log  # the same quiet reporter as the τ-scaling benchmark
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.drafter.draft_config import VARIANT_KEYS
 from eagle3_pipeline.drafter.spec import train_spec
 from eagle3_pipeline.drafter.train import run
 
 PLAIN = "eagle3"
-
-
-class Log:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def log(self, message: str) -> None:
-        if message.startswith(("training", "resuming", "exported")):
-            print(f"  [{self.name}] {message}", flush=True)
-
-    def progress(self, metrics: Any) -> None:
-        return None
 
 
 def switches(variant: str) -> dict[str, bool]:
