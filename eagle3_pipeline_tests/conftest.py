@@ -18,6 +18,8 @@ from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, Sshd
 
 # Tests with these markers are slow by nature (the main job, the daemon, a browser, a PostgreSQL server,
 # a real vLLM server).
+pytest_plugins = ["eagle3_pipeline_tests.ci_skips"]
+
 SLOW_KINDS = ("e2e", "browser", "daemon", "postgres", "real_vllm")
 
 

@@ -6,6 +6,9 @@ the ``conftest.py`` that covers every folder using them, where pytest finds them
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +59,43 @@ def test_every_test_folder_is_a_package() -> None:
     folders = {p.parent for p in TESTS.rglob("test_*.py")}
     missing = sorted(str(f.relative_to(TESTS.parent)) for f in folders if not (f / "__init__.py").is_file())
     assert not missing, f"test folders without __init__.py: {missing}"
+
+
+def _run_suite(folder: Path, ci: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"PYTHONPATH": str(TESTS.parent)}
+    if ci:
+        env["CI"] = "true"
+    command = [sys.executable, "-m", "pytest", "-p", "eagle3_pipeline_tests.ci_skips", "-p", "no:cacheprovider"]
+    return subprocess.run([*command, "-n", "0", str(folder)], capture_output=True, text=True, env=env, check=False)
+
+
+def test_a_skip_fails_under_ci_and_an_allowed_skip_that_ran_is_stale(tmp_path: Path) -> None:
+    """A skipped test, a module skipped at collection by ``importorskip``: skips on a developer's machine,
+    failures under ``CI`` (the collection one stops the run); an allowed skip passes under ``CI`` until its
+    test runs without skipping."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_skips.py").write_text(
+        "import pytest\n\ndef test_skips():\n    pytest.skip('no vLLM venv')\n\ndef test_passes():\n    pass\n"
+    )
+    local = _run_suite(tests, ci=False)
+    assert local.returncode == 0 and "1 passed, 1 skipped" in local.stdout, local.stdout
+    ci = _run_suite(tests, ci=True)
+    assert ci.returncode == 1 and "1 failed, 1 passed" in ci.stdout, ci.stdout
+    assert "skipped under CI, which installs everything the suite needs: no vLLM venv" in ci.stdout
+
+    (tests / "test_missing.py").write_text("import pytest\n\npytest.importorskip('no_such_module_here')\n")
+    assert _run_suite(tests, ci=False).returncode == 0
+    collection = _run_suite(tests, ci=True)
+    assert collection.returncode == 2 and "Interrupted: 1 error during collection" in collection.stdout
+    assert "skipped under CI, which installs everything the suite needs" in collection.stdout
+    assert "no_such_module_here" in collection.stdout
+
+    (tests / "test_missing.py").unlink()
+    (tests / "conftest.py").write_text(
+        "from eagle3_pipeline_tests.ci_skips import ALLOWED_SKIPS\n\n"
+        "ALLOWED_SKIPS.update({'test_skips.py::test_skips': 'allowed', 'test_skips.py::test_passes': 'stale'})\n"
+    )
+    stale = _run_suite(tests, ci=True)
+    assert stale.returncode == 1 and "1 passed, 1 skipped" in stale.stdout, stale.stdout
+    assert "ran in CI without skipping: test_skips.py::test_passes" in stale.stdout

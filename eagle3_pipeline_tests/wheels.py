@@ -1,10 +1,9 @@
 """A released wheel fetched as a file to read (``pip download --no-deps --only-binary=:all:``), for the tests
-that compare with SpecForge's or SGLang's own source. When the download fails the calling test fails with
-``CI`` set, and is skipped otherwise."""
+that compare with SpecForge's or SGLang's own source. When the download fails the calling test is skipped
+(failed under ``CI``: :mod:`eagle3_pipeline_tests.ci_skips`)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,5 @@ def download_wheel(name: str, version: str, folder: Path, timeout_s: float) -> P
     found = sorted(folder.glob(pattern))
     if problem or not found:
         message = f"could not download {requirement} with `{' '.join(command)}`: {problem or 'no wheel written'}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
         pytest.skip(message)
     return found[0]

@@ -1,8 +1,8 @@
 """SpecForge's ``LlamaForCausalLMEagle3`` (``specforge==0.2.0``) loaded from its wheel, for the tests that compare
 our export with it (a helper module, not a test).
 
-The wheel is fetched with ``pip download --no-deps`` once per test module (a failure fails the test
-when ``CI`` is set, else skips it). Only ``specforge/modeling/draft/base.py`` and
+The wheel is fetched with ``pip download --no-deps`` once per test module (a failure skips the test,
+or fails it under ``CI``). Only ``specforge/modeling/draft/base.py`` and
 ``specforge/modeling/draft/llama3_eagle.py`` are loaded from it, with importlib; the SpecForge
 modules they import that are not the model are stubbed:
 

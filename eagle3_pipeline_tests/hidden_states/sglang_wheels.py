@@ -1,7 +1,7 @@
 """SGLang release wheels as source to read (``zipfile``; nothing of SGLang is imported: its CUDA
 parts cannot load here), from ``pip download --no-deps --only-binary=:all: sglang==VERSION`` into
 ``~/.cache/eagle3_pipeline/wheels`` (kept between sessions). When a download fails the calling test
-fails with ``CI`` set, and is skipped otherwise."""
+is skipped, or fails under ``CI``."""
 
 from __future__ import annotations
 

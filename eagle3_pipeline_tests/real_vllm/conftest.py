@@ -1,11 +1,10 @@
 """The real vLLM engine (CPU build) for the ``real_vllm`` tests: its python, and servers on loopback.
 
-Without the venv of ``tools/vllm-cpu/build.sh`` these tests skip with the reason; with ``CI`` set they
-fail instead, since ``.ci/run`` builds it."""
+Without the venv of ``tools/vllm-cpu/build.sh`` these tests skip with the reason (under ``CI``, which builds
+it, a skip fails: :mod:`eagle3_pipeline_tests.ci_skips`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,4 @@ def real_vllm_python() -> Path:
     try:
         return vllm_python()
     except VllmUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc}; .ci/run runs {BUILD_SCRIPT}, so in CI this is a broken set-up")
-        pytest.skip(str(exc))
+        pytest.skip(f"{exc}; {BUILD_SCRIPT} builds it")
