@@ -1,4 +1,6 @@
-"""The package's shape: no import cycle between modules or between packages, and no upward import.
+"""The package's shape: no import cycle between modules or between packages, and none of the forbidden
+dependencies, a short map of the design's rules (SpecForge keeps one the same way) rather than a total order
+of layers.
 
 The graph is read from the source with ``ast`` (nothing is imported): an edge for every ``import``
 and ``from … import`` (absolute or relative) of a module of ``eagle3_pipeline``, at module level or
@@ -7,40 +9,80 @@ inside a function (a deferred import is still a dependency, only one that shows 
 ``package.name`` when that is a module, else at the package. A package's ``__init__`` running first
 is not counted as an edge.
 
-The layers (:data:`LAYERS`, lowest first) follow docs/design.md "Layers": the pipeline file's models,
-then plain records, then the domain from the machinery under the phases up to the drafter, then the
-Dagster layer, then the entry points. A package imports only its own layer and those below; only the
-Dagster layer and the entry points import Dagster. ``python eagle3_pipeline_tests/test_package_architecture.py``
-prints the rules, the cycles and the upward imports.
+:data:`FORBIDDEN` says, per rule, which top-level packages must not import which (docs/design.md
+"Layers"); :data:`EXCEPTIONS` lists the edges allowed anyway, with the reason, and is compared for equality
+with what the rules find, so an exception that no longer exists fails too. Only :data:`DAGSTER_PACKAGES`
+import Dagster. ``python eagle3_pipeline_tests/test_package_architecture.py`` prints the rules, the cycles
+and the forbidden edges it finds.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "eagle3_pipeline"
 TOP = PACKAGE.name
 
-# (name, the packages and top-level modules of eagle3_pipeline in it), lowest first.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("config: the pipeline file as validated models", ("config",)),
-    ("records: plain records and leaf adapters", ("records", "results", "layout", "target", "hosts")),
-    ("machinery: health probes, where a heavy phase runs", ("health", "compute")),
-    ("generation: prompts and the target's responses", ("generation",)),
-    ("servers: the health gate and alerts, managed servers, serving", ("watch", "managed", "serving")),
-    ("training data", ("dataprep",)),
-    ("hidden states and the draft vocabulary", ("hidden_states",)),
-    ("drafter", ("drafter",)),
-    ("tools over the domain: the status and schedule views, the tests' stand-ins", ("overview", "testing", "fit")),
-    ("worker: a heavy phase's entry point on a GPU host (dagster-pipes only)", ("worker",)),
-    ("Dagster layer: orchestration policy and the definitions", ("orchestration", "components")),
-    ("entry points", ("cli", "definitions")),
-)
-DAGSTER_LAYERS = frozenset({"Dagster layer: orchestration policy and the definitions", "entry points"})
-# Modules below the Dagster layer may use Pipes' own small library, not Dagster.
+# The Dagster layer (the definitions and the orchestration policy) and the entry points.
+DAGSTER_PACKAGES = frozenset({"components", "orchestration", "cli", "definitions"})
+# Modules outside them may use Pipes' own small library, not Dagster.
 DAGSTER_ALLOWED_BELOW = frozenset({"dagster_pipes"})
+# The phases in pipeline order: a phase never imports a later one.
+PHASES = ("generation", "dataprep", "hidden_states", "drafter")
+
+
+@dataclass(frozen=True)
+class AllBut:
+    """Every top-level package of eagle3_pipeline but ``excluded``."""
+
+    excluded: frozenset[str] = frozenset()
+
+
+Packages = frozenset[str] | AllBut
+
+# (rule, importers, the packages they must not import).
+FORBIDDEN: tuple[tuple[str, Packages, Packages], ...] = (
+    (
+        "the pipeline file's models, plain records and leaf adapters import nothing of the package",
+        frozenset({"config", "records", "results", "layout", "target", "hosts"}),
+        AllBut(),
+    ),
+    (
+        "health probes and where a heavy phase runs know nothing of servers, phases or views",
+        frozenset({"health", "compute"}),
+        frozenset({"managed", "watch", "serving", *PHASES, "overview", "fit"}),
+    ),
+    *(
+        (f"a phase never imports a later one ({phase})", frozenset({phase}), frozenset(PHASES[i + 1 :]))
+        for i, phase in enumerate(PHASES[:-1])
+    ),
+    (
+        "the domain knows nothing of the Dagster layer, the entry points or the views over it",
+        frozenset({"health", "compute", "watch", "managed", "serving", *PHASES, "worker", "testing"}),
+        frozenset({*DAGSTER_PACKAGES, "overview", "fit"}),
+    ),
+    (
+        "the tests' stand-ins are never imported by the product",
+        AllBut(frozenset({"testing"})),
+        frozenset({"testing"}),
+    ),
+    (
+        "the worker runs on a GPU host with dagster-pipes only: it imports where a heavy phase runs, nothing else",
+        frozenset({"worker"}),
+        AllBut(frozenset({"compute"})),
+    ),
+    (
+        "the Dagster layer is imported only by the entry points",
+        AllBut(frozenset({"cli", "definitions"})),
+        frozenset({"components"}),
+    ),
+    ("nothing imports the entry points", AllBut(), frozenset({"cli", "definitions"})),
+)
+# (importer module, imported module) -> why the edge is allowed though a rule forbids it. Compared for equality.
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -168,51 +210,60 @@ def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int:
-    """The index in ``layers`` of a module's top-level package (the package itself for ``eagle3_pipeline``)."""
+def top_package(module: str) -> str:
+    """The top-level package (or module) of ``eagle3_pipeline`` a module belongs to; ``""`` for the package itself."""
     parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else ""
-    if not top:
-        return -1
-    for index, (_, members) in enumerate(layers):
-        if top in members:
-            return index
-    raise AssertionError(f"{module}: package {top!r} is in no layer; add it to LAYERS in {Path(__file__).name}")
+    return parts[1] if len(parts) > 1 else ""
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """``importer -> imported (layer → higher layer)`` for every import of a higher layer."""
-    found = []
+def forbidden_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], str]:
+    """``(importer, imported) -> rule`` for every import a rule of :data:`FORBIDDEN` forbids (between different
+    top-level packages)."""
+    packages = frozenset(top_package(m) for m in graph) - {""}
+    found: dict[tuple[str, str], str] = {}
     for module, imported in sorted(graph.items()):
         for target in sorted(imported):
-            here, there = layer_of(module), layer_of(target)
-            if 0 <= here < there:
-                found.append(f"{module} -> {target} ({LAYERS[here][0]} → {LAYERS[there][0]})")
+            here, there = top_package(module), top_package(target)
+            if not here or here == there:
+                continue
+            for rule, importers, forbidden in FORBIDDEN:
+                if here in expand(importers, packages) and there in expand(forbidden, packages):
+                    found.setdefault((module, target), rule)
     return found
 
 
-def dagster_below_its_layer(outside: dict[str, set[str]]) -> list[str]:
+def expand(names: Packages, packages: frozenset[str]) -> frozenset[str]:
+    return packages - names.excluded if isinstance(names, AllBut) else names
+
+
+def dagster_outside_its_layer(outside: dict[str, set[str]]) -> list[str]:
     found = []
     for module, names in sorted(outside.items()):
-        index = layer_of(module)
-        if index < 0 or LAYERS[index][0] in DAGSTER_LAYERS:
+        if top_package(module) in DAGSTER_PACKAGES or not top_package(module):
             continue
         for name in sorted(names):
             if name.startswith("dagster") and name not in DAGSTER_ALLOWED_BELOW:
-                found.append(f"{module} imports {name} ({LAYERS[index][0]})")
+                found.append(f"{module} imports {name}")
     return found
 
 
 def rules() -> str:
     """What the tests forbid, as they print it."""
-    lines = ["Layers, lowest first; a package imports only its own layer and those below:"]
-    lines += [f"  {i}. {name}: {', '.join(members)}" for i, (name, members) in enumerate(LAYERS)]
+    lines = ["Forbidden imports between the top-level packages of eagle3_pipeline:"]
+    for rule, importers, forbidden in FORBIDDEN:
+        lines.append(f"  {rule}: {_describe(importers)} must not import {_describe(forbidden)}")
     lines += [
-        "Forbidden: an import of a higher layer (at module level or inside a function); an import cycle",
-        "between modules, or between sibling packages at any level; dagster below the Dagster layer",
-        f"(only {', '.join(sorted(DAGSTER_ALLOWED_BELOW))} there).",
+        f"Exceptions allowed: {len(EXCEPTIONS)}.",
+        "Forbidden too: an import cycle between modules, or between sibling packages at any level; dagster",
+        f"outside {', '.join(sorted(DAGSTER_PACKAGES))} (only {', '.join(sorted(DAGSTER_ALLOWED_BELOW))} there).",
     ]
     return "\n".join(lines)
+
+
+def _describe(names: Packages) -> str:
+    if isinstance(names, AllBut):
+        return "any package" + (f" but {', '.join(sorted(names.excluded))}" if names.excluded else "")
+    return ", ".join(sorted(names))
 
 
 def test_the_package_has_no_import_cycle_between_modules() -> None:
@@ -226,14 +277,26 @@ def test_no_package_imports_a_package_that_imports_it_back() -> None:
     assert package_cycles(import_graph()) == [], rules()
 
 
-def test_no_package_imports_a_higher_layer() -> None:
-    assert upward_imports(import_graph()) == [], rules()
+def test_the_forbidden_edges_found_are_exactly_the_listed_exceptions() -> None:
+    found = forbidden_edges(import_graph())
+    unexpected = {edge: rule for edge, rule in found.items() if edge not in EXCEPTIONS}
+    stale = sorted(edge for edge in EXCEPTIONS if edge not in found)
+    assert not unexpected, rules() + "\n" + "\n".join(f"{a} -> {b} ({rule})" for (a, b), rule in unexpected.items())
+    assert not stale, f"EXCEPTIONS lists edges that no longer exist or no rule forbids (remove them): {stale}"
+
+
+def test_every_package_is_named_by_the_rules() -> None:
+    """A new top-level package is placed deliberately: some rule names it; and no rule names a package gone."""
+    packages = frozenset(top_package(m) for m in import_graph()) - {""}
+    named = {name for _, *sets in FORBIDDEN for names in sets if isinstance(names, frozenset) for name in names}
+    assert not packages - named, f"packages no rule of FORBIDDEN names (place them): {sorted(packages - named)}"
+    assert not named - packages, f"FORBIDDEN names packages that do not exist: {sorted(named - packages)}"
 
 
 def test_only_the_dagster_layer_imports_dagster() -> None:
     outside = outside_imports()
     assert any("dagster" in names for names in outside.values()), "found no dagster import at all"
-    assert dagster_below_its_layer(outside) == [], rules()
+    assert dagster_outside_its_layer(outside) == [], rules()
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -264,10 +327,10 @@ def test_the_check_finds_a_deferred_import_cycle(tmp_path: Path) -> None:
     assert cycles(import_graph(package)) == [["eagle3_pipeline.drafter.export", "eagle3_pipeline.drafter.speculators"]]
 
 
-def test_the_checks_find_a_package_cycle_an_upward_import_and_dagster_in_the_domain(tmp_path: Path) -> None:
+def test_the_checks_find_a_package_cycle_forbidden_edges_and_dagster_in_the_domain(tmp_path: Path) -> None:
     """dataprep → hidden_states → dataprep through different modules (no module cycle) is a package
-    cycle; config importing the domain, and the domain importing dagster or the Dagster layer, are
-    upward; dagster_pipes in the worker is not."""
+    cycle; config importing the domain, an earlier phase importing a later one, the domain importing
+    dagster or the Dagster layer are forbidden; dagster_pipes in the worker is not."""
     package = _tree(
         tmp_path,
         {
@@ -283,12 +346,14 @@ def test_the_checks_find_a_package_cycle_an_upward_import_and_dagster_in_the_dom
     graph = import_graph(package)
     assert cycles(graph) == []
     assert package_cycles(graph) == [["eagle3_pipeline.dataprep", "eagle3_pipeline.hidden_states"]]
-    assert [line.split(" (")[0] for line in upward_imports(graph)] == [
-        "eagle3_pipeline.config.loader -> eagle3_pipeline.drafter.train",
-        "eagle3_pipeline.dataprep.phase -> eagle3_pipeline.hidden_states.validation",
-        "eagle3_pipeline.drafter.train -> eagle3_pipeline.components.pipeline",
-    ]
-    assert [line.split(" (")[0] for line in dagster_below_its_layer(outside_imports(package))] == [
+    assert forbidden_edges(graph) == {
+        ("eagle3_pipeline.config.loader", "eagle3_pipeline.drafter.train"): FORBIDDEN[0][0],
+        ("eagle3_pipeline.dataprep.phase", "eagle3_pipeline.hidden_states.validation"): "a phase never imports a "
+        "later one (dataprep)",
+        ("eagle3_pipeline.drafter.train", "eagle3_pipeline.components.pipeline"): "the domain knows nothing of the "
+        "Dagster layer, the entry points or the views over it",
+    }
+    assert [line.split(" (")[0] for line in dagster_outside_its_layer(outside_imports(package))] == [
         "eagle3_pipeline.drafter.train imports dagster"
     ]
 
@@ -298,5 +363,10 @@ if __name__ == "__main__":
     print(rules())
     for cycle in cycles(graph) + package_cycles(graph):
         print("cycle:", " <-> ".join(cycle))
-    for line in upward_imports(graph) + dagster_below_its_layer(outside_imports()):
-        print("upward:", line)
+    for (importer, imported), rule in forbidden_edges(graph).items():
+        print(
+            f"forbidden: {importer} -> {imported} ({rule})"
+            + (" [exception]" if (importer, imported) in EXCEPTIONS else "")
+        )
+    for line in dagster_outside_its_layer(outside_imports()):
+        print("dagster:", line)
