@@ -16,7 +16,7 @@ from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.layout import ArtifactLayout
 
 if TYPE_CHECKING:
-    from eagle3_pipeline.fit.report import FitReport
+    from eagle3_pipeline.fit.records import FitReport
     from eagle3_pipeline.overview.schedule import Schedule
 
 

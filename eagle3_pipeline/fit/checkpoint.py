@@ -377,9 +377,18 @@ def read_weights(folder: Path | str, raw: Mapping[str, Any] | None = None) -> We
     index = _read_index(folder)
     if index is not None:
         names, total = index
-        return _from_names(sorted({module_of(t) for t in names}), text, quant, base, mla, layers, kv_heads, total)
+        return _from_names(
+            sorted({module_of(t) for t in names}),
+            text,
+            quant=quant,
+            base=base,
+            mla=mla,
+            layers=layers,
+            kv_heads=kv_heads,
+            total=total,
+        )
     names = config_modules(text, _prefix_guess(raw))
-    weights = _from_names(names, text, quant, base, mla, layers, kv_heads, None)
+    weights = _from_names(names, text, quant=quant, base=base, mla=mla, layers=layers, kv_heads=kv_heads, total=None)
     weights.notes.append(f"{folder}: no {INDEX_FILE} or safetensors files; modules from config.json's architecture")
     return weights
 
@@ -391,6 +400,7 @@ def _prefix_guess(raw: Mapping[str, Any]) -> str:
 def _from_names(
     names: Iterable[str],
     text: Mapping[str, Any],
+    *,
     quant: Quantization,
     base: int,
     mla: bool,

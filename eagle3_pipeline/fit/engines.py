@@ -19,7 +19,7 @@ default, a conservative count) and its own layers' KV per token to the same budg
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -208,3 +208,15 @@ def capture_activation_bytes(raw: Mapping[str, Any], tp: int, batch_tokens: int)
     experts = int(text.get("num_experts_per_tok") or 1)
     per_token = 8 * hidden * 2 + 3 * inter * experts / tp * 2 + 4 * hidden * 4
     return batch_tokens * per_token + 2 * GIB  # + the allocator's fragmentation and NCCL workspace
+
+
+def flag_value(args: Sequence[str], *flags: str) -> str | None:
+    """The value of the last of ``flags`` in an argv (``--flag value`` or ``--flag=value``)."""
+    found = None
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(flag + "="):
+                found = arg.split("=", 1)[1]
+    return found

@@ -13,7 +13,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.config.phases import GpuPhase
 from eagle3_pipeline.fit.checkpoint import CheckpointError, read_weights
 from eagle3_pipeline.fit.machine import Machine, combined, declared, live
-from eagle3_pipeline.fit.report import FitReport, Workload, workload_from_budgets
+from eagle3_pipeline.fit.records import FitReport, Workload, workload_from_budgets
 from eagle3_pipeline.fit.report import fit_report as build_report
 from eagle3_pipeline.hidden_states.disk import local_target_folder
 from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
