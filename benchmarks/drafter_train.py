@@ -176,7 +176,7 @@ def main() -> None:
     store, vocab, target_dir = args.work / "store", args.work / "vocab", local_model_dir()
     if not (store / "manifest.json").is_file():
         started = time.monotonic()
-        real_store(store, vocab, target_dir, args.samples, args.draft_vocab)
+        real_store(store, vocab, model_dir=target_dir, samples=args.samples, draft_vocab_size=args.draft_vocab)
         print(f"built a store of {args.samples} samples from the embedded model in {time.monotonic() - started:.1f} s")
     settings = train_settings(ttt_steps=7, lr=1e-3, batch_tokens=args.batch_tokens, max_seq_len=256, grad_clip=0.5,
                               seed=0, epochs=1, max_steps=args.steps, checkpoint_every=10**9, log_every=5,

@@ -83,7 +83,13 @@ async def bare_client_per_worker(url: str, items: list[PromptRecord], concurrenc
 
 def ours(url: str, items: list[PromptRecord], concurrency: int, folder: Path) -> None:
     checkpoint = ResponseCheckpoint(folder / "ck.jsonl", "interval")
-    summary = generate(items, lambda: [Endpoint(url, "m")], settings(concurrency), checkpoint, folder / "err.jsonl")
+    summary = generate(
+        items,
+        lambda: [Endpoint(url, "m")],
+        settings=settings(concurrency),
+        checkpoint=checkpoint,
+        errors_path=folder / "err.jsonl",
+    )
     assert summary.generated == len(items) and summary.failed == 0, summary.error_examples
 
 
@@ -173,9 +179,9 @@ def main() -> None:
         generate(
             prompts(n),
             lambda: [Endpoint(url, "m")],
-            settings(c),
-            ResponseCheckpoint(Path(checkpoint)),
-            Path(checkpoint + ".err"),
+            settings=settings(c),
+            checkpoint=ResponseCheckpoint(Path(checkpoint)),
+            errors_path=Path(checkpoint + ".err"),
         )
         return
 

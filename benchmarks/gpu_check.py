@@ -365,7 +365,15 @@ def train_inputs(sizes: Sizes, work: Path) -> tuple[Path, Path, Path]:
     target_dir.mkdir(parents=True)
     config = kimi_like_target(sizes)
     (target_dir / "config.json").write_text(json.dumps(config))
-    random_store(store, vocab, target_dir, sizes.store_samples, sizes.draft_vocab, length=sizes.seq_len, seed=SEED)
+    random_store(
+        store,
+        vocab,
+        target_dir=target_dir,
+        samples=sizes.store_samples,
+        draft_vocab_size=sizes.draft_vocab,
+        length=sizes.seq_len,
+        seed=SEED,
+    )
     _, t2d, _ = load_draft_vocab(vocab)
     g = torch.Generator().manual_seed(SEED)
     shape = (sizes.target_vocab, sizes.draft_hidden)

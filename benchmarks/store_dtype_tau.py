@@ -58,11 +58,11 @@ def convert(source: HiddenStateStore, root: Path, dtype: str) -> HiddenStateStor
         writers[name].add(
             sample.sample_id,
             sample.dataset,
-            sample.split,
-            sample.input_ids,
-            sample.loss_mask,
-            sample.aux_hidden_states,
-            sample.hidden_states,
+            split=sample.split,
+            input_ids=sample.input_ids,
+            loss_mask=sample.loss_mask,
+            aux=sample.aux_hidden_states,
+            hidden=sample.hidden_states,
         )
     total += sum(w.close() for w in writers.values())
     store = HiddenStateStore(root)
@@ -116,7 +116,14 @@ def main() -> None:
     stores = {BF16: HiddenStateStore(args.work / BF16), FP8: HiddenStateStore(args.work / FP8)}
     started = time.monotonic()
     if not stores[BF16].index_path.is_file():
-        real_store(stores[BF16].root, vocab, target_dir, args.samples, args.draft_vocab, max_tokens=args.max_tokens)
+        real_store(
+            stores[BF16].root,
+            vocab,
+            model_dir=target_dir,
+            samples=args.samples,
+            draft_vocab_size=args.draft_vocab,
+            max_tokens=args.max_tokens,
+        )
     if not stores[FP8].index_path.is_file():
         convert(stores[BF16], stores[FP8].root, FP8)
     print(f"stores built in {time.monotonic() - started:.0f} s under {args.work}")

@@ -156,6 +156,7 @@ class EmbeddedServer:
         self,
         model_dir: Path,
         log_path: Path,
+        *,
         port: int = 0,
         startup_timeout_s: float = 600.0,
         continuous_batching: bool = True,

@@ -76,7 +76,13 @@ def _phase_supervisor(
     if config.inference.hosts:
         try:
             hold_host(
-                context.instance, context.run_id, config.launch, config.inference, plan.name, context.log.info, names
+                context.instance,
+                context.run_id,
+                launch=config.launch,
+                inference=config.inference,
+                host_name=plan.name,
+                log=context.log.info,
+                names=names,
             )
         except NoHostFree as exc:
             raise dg.Failure(description=f"{phase} needs the GPUs of {plan.setting}: {exc}") from None

@@ -115,11 +115,11 @@ class PipelineConfig(ConfigModel):
             check_managed_server(
                 "serving",
                 self.serving,
-                self.inference.endpoints,
-                "inference.endpoints",
-                self.health,
-                "health",
-                self.target.model,
+                endpoints=self.inference.endpoints,
+                endpoints_where="inference.endpoints",
+                health=self.health,
+                health_where="health",
+                target_model=self.target.model,
             )
             managed_url = managed_base_url(self.serving, self.health.model_dump())
             extracting = self.hidden_states.backend == "vllm" and self.serving.engine == "vllm"
@@ -139,11 +139,11 @@ class PipelineConfig(ConfigModel):
             check_managed_server(
                 f"{where}.serving",
                 serving,
-                host.endpoints,
-                f"{where}.endpoints",
-                host.effective_health(self.health),
-                health_where,
-                self.target.model,
+                endpoints=host.endpoints,
+                endpoints_where=f"{where}.endpoints",
+                health=host.effective_health(self.health),
+                health_where=health_where,
+                target_model=self.target.model,
             )
         return self
 

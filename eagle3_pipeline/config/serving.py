@@ -452,6 +452,7 @@ def check_exposure(where: str, serving: ServingConfig) -> None:
 def check_managed_server(
     where: str,
     serving: ServingConfig,
+    *,
     endpoints: list[EndpointConfig],
     endpoints_where: str,
     health: HealthConfig,

@@ -491,6 +491,7 @@ def build_training_data(
     response_files: Sequence[Path],
     tokenizer_name: str,
     output_dir: Path,
+    *,
     seed: int,
     eval_fraction: float,
     shard_rows: int,

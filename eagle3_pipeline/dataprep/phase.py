@@ -50,6 +50,7 @@ def _file_digest(path: Path) -> str:
 
 def phase_identity(
     response_files: Sequence[Path],
+    *,
     tokenizer: str,
     seed: int,
     settings: TrainingDataConfig,
@@ -110,6 +111,7 @@ def finished_phase(
 
 def make_training_data(
     response_files: Sequence[Path],
+    *,
     tokenizer: str,
     layout: ArtifactLayout,
     seed: int,
@@ -125,7 +127,16 @@ def make_training_data(
     from ``response_files`` (:func:`build_training_data`), then record the serving reference from
     the first of ``servers`` that answers; ``log`` hears one line for each of the two checks. A
     finished run of the same identity is reused (:func:`finished_phase`): no build, no server asked."""
-    identity = phase_identity(response_files, tokenizer, seed, settings, target, generation, validation, servers)
+    identity = phase_identity(
+        response_files,
+        tokenizer=tokenizer,
+        seed=seed,
+        settings=settings,
+        target=target,
+        generation=generation,
+        validation=validation,
+        servers=servers,
+    )
     finished = finished_phase(layout, identity, settings, validation, servers)
     if finished is not None:
         log(
@@ -159,7 +170,12 @@ def make_training_data(
         held_out_per_dataset=settings.held_out_per_dataset,
     )
     reference = record_from_first(
-        layout.training_data, servers, tokenizer, target.trust_remote_code, validation, layout.serving_reference
+        layout.training_data,
+        servers,
+        tokenizer_name=tokenizer,
+        trust_remote_code=target.trust_remote_code,
+        settings=validation,
+        out=layout.serving_reference,
     )
     log(f"serving reference for hidden_states' validation: {reference['serving_reference_status']}")
     version = read_manifest(layout.training_data)["version"]

@@ -285,6 +285,7 @@ def _choose_api(asker: ServerAsker, ids: Sequence[int]) -> tuple[Api, list[tuple
 def record_reference(
     training_data: Path,
     endpoint: ServerEndpoint,
+    *,
     tokenizer: Any,
     tokenizer_name: str,
     settings: ServingValidationConfig,
@@ -376,6 +377,7 @@ def tokenization_problems(reference: ServingReference) -> list[str]:
 def record_from_first(
     training_data: Path,
     endpoints: Sequence[ServerEndpoint],
+    *,
     tokenizer_name: str,
     trust_remote_code: bool,
     settings: ServingValidationConfig,
@@ -395,7 +397,15 @@ def record_from_first(
     reasons = []
     for endpoint in endpoints:
         try:
-            reference = record_reference(training_data, endpoint, tokenizer, tokenizer_name, settings, out, after_reply)
+            reference = record_reference(
+                training_data,
+                endpoint,
+                tokenizer=tokenizer,
+                tokenizer_name=tokenizer_name,
+                settings=settings,
+                out=out,
+                after_reply=after_reply,
+            )
         except ServingReferenceError as exc:
             reasons.append(str(exc))
             continue

@@ -107,6 +107,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 def generate_dataset(
     dataset: DatasetConfig,
     settings: GenerationConfig,
+    *,
     target: TargetConfig,
     inference: InferenceConfig,
     layout: ArtifactLayout,
@@ -166,13 +167,13 @@ def generate_dataset(
     summary = generate(
         lengths.fits,
         resolve_and_probe,
-        settings,
-        checkpoint,
-        layout.errors(dataset.id),
-        dataset.token_budget,
-        sinks,
-        failover,
-        recovery,
+        settings=settings,
+        checkpoint=checkpoint,
+        errors_path=layout.errors(dataset.id),
+        token_budget=dataset.token_budget,
+        sinks=sinks,
+        failover=failover,
+        recovery=recovery,
     )
     _refuse_too_many_failed(dataset.id, summary, len(lengths.fits), settings.max_failed_fraction, layout)
     rows, held_back = _write_table(dataset, settings, layout, lengths, checkpoint)
@@ -199,11 +200,11 @@ def _check_lengths(
     return check_lengths(
         prompts,
         target.max_seq_len,
-        settings.max_tokens,
-        settings.length_estimator,
-        tokenizer_name,
-        target.trust_remote_code,
-        settings.chat_template_kwargs,
+        max_tokens=settings.max_tokens,
+        estimator=settings.length_estimator,
+        tokenizer_name=tokenizer_name,
+        trust_remote_code=target.trust_remote_code,
+        chat_template_kwargs=settings.chat_template_kwargs,
     )
 
 

@@ -25,6 +25,7 @@ class Workload:
 
 def estimate_left(
     dataset: str,
+    *,
     pending: int,
     answers: int,
     completion_done: int,

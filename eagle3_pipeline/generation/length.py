@@ -79,6 +79,7 @@ def _template_lengths(
 def check_lengths(
     prompts: Sequence[PromptRecord],
     max_seq_len: int,
+    *,
     max_tokens: int,
     estimator: str,
     tokenizer_name: str | None,

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
@@ -48,6 +49,8 @@ from eagle3_pipeline.generation.retry import backoff_s
 from eagle3_pipeline.records import Message, PromptRecord, normalized
 
 ERROR_EXAMPLES = 5
+P = ParamSpec("P")
+T = TypeVar("T")
 SERIES_POINTS = 500
 
 
@@ -75,6 +78,7 @@ class _Run:
         self,
         settings: GenerationConfig,
         new_client: Callable[[], httpx.AsyncClient],
+        *,
         pool: EndpointPool,
         budget: TokenBudget,
         writer: CheckpointWriter,
@@ -494,6 +498,7 @@ class _Run:
 async def generate_async(
     prompts: Sequence[PromptRecord],
     resolve_endpoints: Callable[[], Sequence[Endpoint]],
+    *,
     settings: GenerationConfig,
     checkpoint: ResponseCheckpoint,
     errors_path: Path,
@@ -536,16 +541,16 @@ async def generate_async(
             run = _Run(
                 settings,
                 new_client,
-                pool,
-                budget,
-                writer,
-                errors,
-                summary,
-                sinks,
-                served_model(writer.done.values()),
-                switcher,
-                finished,
-                recovery,
+                pool=pool,
+                budget=budget,
+                writer=writer,
+                errors=errors,
+                summary=summary,
+                sinks=sinks,
+                model=served_model(writer.done.values()),
+                failover=switcher,
+                finished=finished,
+                recovery=recovery,
             )
             await run.execute(todo)
         finally:
@@ -574,19 +579,12 @@ def _first_guess(todo: Sequence[PromptRecord], settings: GenerationConfig) -> in
     return max(1, round(guess))
 
 
-def generate(
-    prompts: Sequence[PromptRecord],
-    resolve_endpoints: Callable[[], Sequence[Endpoint]],
-    settings: GenerationConfig,
-    checkpoint: ResponseCheckpoint,
-    errors_path: Path,
-    token_budget: int | None = None,
-    sinks: Sequence[ProgressSink] = (),
-    failover: FailoverSettings | None = None,
-    recovery: ServerRecovery | None = None,
-) -> GenerationSummary:
-    return asyncio.run(
-        generate_async(
-            prompts, resolve_endpoints, settings, checkpoint, errors_path, token_budget, sinks, failover, recovery
-        )
-    )
+def _run_to_completion(coroutine: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return asyncio.run(coroutine(*args, **kwargs))
+
+    return functools.wraps(coroutine)(run)
+
+
+# generate_async in an event loop of its own, for callers that are not async (the generation phase, tests).
+generate = _run_to_completion(generate_async)

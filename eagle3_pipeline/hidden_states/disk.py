@@ -131,6 +131,7 @@ class DiskPlan:
 def disk_plan(
     hidden_size: int,
     aux_layers: int,
+    *,
     tokens: int,
     tokens_basis: str,
     batch_tokens: int,
@@ -253,10 +254,12 @@ def config_disk_plan(
     return disk_plan(
         hidden_size,
         aux_layers,
-        tokens[0],
-        tokens[1],
-        config.hidden_states.batch_tokens if isinstance(config.hidden_states.batch_tokens, int) else AUTO_BATCH_TOKENS,
-        (backend, config.hidden_states.storage_dtype),
-        free,
-        free_where,
+        tokens=tokens[0],
+        tokens_basis=tokens[1],
+        batch_tokens=config.hidden_states.batch_tokens
+        if isinstance(config.hidden_states.batch_tokens, int)
+        else AUTO_BATCH_TOKENS,
+        configured=(backend, config.hidden_states.storage_dtype),
+        free_bytes=free,
+        free_where=free_where,
     )

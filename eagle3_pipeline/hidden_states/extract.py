@@ -153,7 +153,9 @@ def extract_shard(
         ids = torch.tensor(row["input_ids"], dtype=torch.int32)
         mask = torch.tensor(row["loss_mask"], dtype=torch.uint8)
         try:
-            writer.add(row["id"], row["dataset"], shard.split, ids, mask, aux, hidden)
+            writer.add(
+                row["id"], row["dataset"], split=shard.split, input_ids=ids, loss_mask=mask, aux=aux, hidden=hidden
+            )
         except StoreError as exc:
             raise ExtractionError(
                 f"{shard.name} ({shard.split}, {shard.source} row {shard.start + index}): {exc}; "
@@ -229,7 +231,10 @@ def _extract(
     # A rolling window extends a store whose hidden_states run already validated the source.
     validated = validate_first(source, settings, data, aux_ids, report) if settings.shards is None else {}
     reused_names, todo_names, disk = decided(
-        source, lambda: prepare_store(store, wanted, planned, selected, data, settings, per_token)
+        source,
+        lambda: prepare_store(
+            store, wanted, planned=planned, selected=selected, data=data, settings=settings, per_token=per_token
+        ),
     )
     reused = [s for s in planned if s.name in reused_names]
     todo = [s for s in planned if s.name in todo_names]
@@ -243,7 +248,17 @@ def _extract(
     if reused:
         report.log(f"extract: reusing {', '.join(s.name for s in reused)}")
     started = time.monotonic()
-    tokens_now = _write_shards(store, source, settings, aux_ids, data, todo, len(reused), len(selected), report)
+    tokens_now = _write_shards(
+        store,
+        source,
+        settings=settings,
+        aux_ids=aux_ids,
+        data=data,
+        todo=todo,
+        done_before=len(reused),
+        planned=len(selected),
+        report=report,
+    )
     this_run = _run_figures(len(todo), len(reused), tokens_now, time.monotonic() - started)
     if settings.shards is not None:
         return {**this_run, **(on_disk(store) if source.writer else {})}
@@ -267,7 +282,9 @@ def _extract(
         f"{checked['spot_check_max_rel_error']:.2e} (tolerance {tolerance})"
     )
     meta = {
-        **_store_figures(store, settings, wanted, index, planned, len(selected), per_token),
+        **_store_figures(
+            store, settings, manifest=wanted, index=index, planned=planned, shards=len(selected), per_token=per_token
+        ),
         **this_run,
         **disk,
         **checked,
@@ -280,6 +297,7 @@ def _extract(
 def _write_shards(
     store: HiddenStateStore,
     source: StateSource,
+    *,
     settings: ExtractSpec,
     aux_ids: Sequence[int],
     data: TrainingData,
@@ -325,6 +343,7 @@ def _run_figures(written: int, reused: int, tokens: int, seconds: float) -> dict
 def _store_figures(
     store: HiddenStateStore,
     settings: ExtractSpec,
+    *,
     manifest: StoreManifest,
     index: Any,
     planned: Sequence[PlannedShard],

@@ -285,7 +285,13 @@ def _write_shard(
         disagreements += differs
         try:
             writer.add(
-                row.sample_id, row.dataset, row.split, sample["input_ids"], mask, sample["aux"], sample["hidden"]
+                row.sample_id,
+                row.dataset,
+                split=row.split,
+                input_ids=sample["input_ids"],
+                loss_mask=mask,
+                aux=sample["aux"],
+                hidden=sample["hidden"],
             )
         except StoreError as exc:
             raise SpecForgeImportError(f"{path}: {exc}") from None

@@ -182,6 +182,7 @@ def delete_shards(store: HiddenStateStore, names: Sequence[str], report: Reporte
 def prepare_store(
     store: HiddenStateStore,
     wanted: StoreManifest,
+    *,
     planned: list[PlannedShard],
     selected: list[PlannedShard],
     data: TrainingData,

@@ -261,7 +261,7 @@ class ShardWriter:
         self.tokens = 0
 
     def add(
-        self, sample_id: str, dataset: str, split: str, input_ids: Any, loss_mask: Any, aux: Any, hidden: Any
+        self, sample_id: str, dataset: str, *, split: str, input_ids: Any, loss_mask: Any, aux: Any, hidden: Any
     ) -> None:
         """Tensors on any device/dtype; stored as int32 / uint8 / bf16 on the CPU (fp8 at :meth:`close`)."""
         import torch

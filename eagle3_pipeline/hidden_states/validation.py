@@ -201,7 +201,12 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
         except (UnhealthyError, ServerStartError, ModelNotAvailable, ConfigError) as exc:
             reasons.append(f"the inference endpoints: {type(exc).__name__}: {str(exc)[:300]}")
         done = record_from_first(
-            training_data, endpoints, tokenizer_name, config.target.trust_remote_code, settings, out
+            training_data,
+            endpoints,
+            tokenizer_name=tokenizer_name,
+            trust_remote_code=config.target.trust_remote_code,
+            settings=settings,
+            out=out,
         )
     finally:
         provider.close()
@@ -228,11 +233,11 @@ def _record_from_extraction_server(
     return record_from_first(
         training_data,
         [ServerEndpoint(url, served)],
-        tokenizer_name,
-        target.trust_remote_code,
-        extraction.validation,
-        out,
-        reply_file_taker(Path(extraction.vllm_output_dir)),
+        tokenizer_name=tokenizer_name,
+        trust_remote_code=target.trust_remote_code,
+        settings=extraction.validation,
+        out=out,
+        after_reply=reply_file_taker(Path(extraction.vllm_output_dir)),
     )
 
 

@@ -67,6 +67,7 @@ class VllmTarget:
         self,
         http: Any,
         base_url: str,
+        *,
         served: str,
         output_dir: Path,
         identity: TargetIdentity,
@@ -313,4 +314,15 @@ def open_vllm_target(model: str, name: str, base_url: str, output_dir: str, para
     url = extraction_url(base_url.rstrip("/"))
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
         served = served_model(http, url)
-        yield VllmTarget(http, url, served, folder, identity, target_family(raw), norm_name, norm, float(eps), parallel)
+        yield VllmTarget(
+            http,
+            url,
+            served=served,
+            output_dir=folder,
+            identity=identity,
+            family=target_family(raw),
+            norm_name=norm_name,
+            norm=norm,
+            eps=float(eps),
+            parallel=parallel,
+        )

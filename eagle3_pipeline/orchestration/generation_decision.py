@@ -90,5 +90,7 @@ def decide_generation(
     if not any(v.open for v in verdicts):
         return GenerationDecision(verdicts, next_cursor, {}, None)
     wanted = partitions_to_generate(instance, config, names)
-    plan = plan_launches(instance, names, list(wanted), config.launch, tags=tags, hosts=hosts.choice(verdicts))
+    plan = plan_launches(
+        instance, names, wanted=list(wanted), settings=config.launch, tags=tags, hosts=hosts.choice(verdicts)
+    )
     return GenerationDecision(verdicts, next_cursor, wanted, plan)

@@ -259,6 +259,7 @@ def _run_worker(
 def run_heavy_phase(
     context: dg.AssetExecutionContext,
     compute: ComputeConfig,
+    *,
     artifacts_root: Path,
     phase: str,
     spec: dict[str, Any],

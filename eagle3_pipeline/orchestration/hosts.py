@@ -187,6 +187,7 @@ def claim_host(
 def hold_host(
     instance: dg.DagsterInstance,
     run_id: str,
+    *,
     launch: LaunchConfig,
     inference: InferenceConfig,
     host_name: str,

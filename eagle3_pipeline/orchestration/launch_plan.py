@@ -204,6 +204,7 @@ def _root_cause(error: Any) -> str:
 def plan_launches(
     instance: dg.DagsterInstance,
     names: PipelineNames,
+    *,
     wanted: Sequence[str],
     settings: LaunchConfig,
     tags: dict[str, str] | None = None,

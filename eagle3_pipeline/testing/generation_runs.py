@@ -47,7 +47,14 @@ def run(
     if isinstance(endpoints, FakeOpenAI):
         endpoints = [Endpoint(endpoints.base_url, "m")]
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
-    return generate(prompts, lambda: endpoints, config or settings(), checkpoint, tmp_path / "err.jsonl", **kwargs)
+    return generate(
+        prompts,
+        lambda: endpoints,
+        settings=config or settings(),
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "err.jsonl",
+        **kwargs,
+    )
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

@@ -42,17 +42,18 @@ def noisy_sample(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.tensor([0, 0, 0] + [1] * length)
 
 
-def random_states_sample(
-    length: int, seed: int, hidden: int = HIDDEN
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sample for a :class:`ShardWriter`: random ids below 100, the second half masked, random aux
-    [length, 3·hidden] and final [length, hidden] states."""
+def random_states_sample(length: int, seed: int, hidden: int = HIDDEN) -> dict[str, torch.Tensor]:
+    """One sample as :meth:`ShardWriter.add`'s keyword arguments: random ids below 100, the second half
+    masked, random aux [length, 3·hidden] and final [length, hidden] states."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 100, (length,), generator=g)
-    mask = (torch.arange(length) >= length // 2).to(torch.uint8)
-    return ids, mask, torch.randn(length, 3 * hidden, generator=g), torch.randn(length, hidden, generator=g)
+    return {
+        "input_ids": torch.randint(0, 100, (length,), generator=g),
+        "loss_mask": (torch.arange(length) >= length // 2).to(torch.uint8),
+        "aux": torch.randn(length, 3 * hidden, generator=g),
+        "hidden": torch.randn(length, hidden, generator=g),
+    }
 
 
 def write_store(
@@ -68,7 +69,13 @@ def write_store(
         for sample_id, dataset, split, ids, mask in samples[number : number + shard_rows]:
             length = ids.shape[0]
             writer.add(
-                sample_id, dataset, split, ids, mask, torch.randn(length, 3 * HIDDEN), torch.randn(length, HIDDEN)
+                sample_id,
+                dataset,
+                split=split,
+                input_ids=ids,
+                loss_mask=mask,
+                aux=torch.randn(length, 3 * HIDDEN),
+                hidden=torch.randn(length, HIDDEN),
             )
         writer.close()
         names.append(writer.name)

@@ -64,6 +64,7 @@ def _finish(
 def real_store(
     root: Path,
     vocab_dir: Path,
+    *,
     model_dir: Path,
     samples: int,
     draft_vocab_size: int,
@@ -96,7 +97,9 @@ def real_store(
             aux = torch.cat([states[k + 1][0] for k in layers], dim=-1)
             mask = torch.ones_like(ids, dtype=torch.uint8)
             split = "eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"
-            writer.add(record.id, record.dataset, split, ids, mask, aux, states[-1][0])
+            writer.add(
+                record.id, record.dataset, split=split, input_ids=ids, loss_mask=mask, aux=aux, hidden=states[-1][0]
+            )
             if split == "train":
                 counts.update(ids.tolist())
             if writer.samples == shard_samples:
@@ -140,7 +143,14 @@ def random_target(folder: Path, hidden: int = 32, vocab: int = 96, layers: int =
 
 
 def random_store(
-    root: Path, vocab_dir: Path, target_dir: Path, samples: int, draft_vocab_size: int, length: int = 24, seed: int = 0
+    root: Path,
+    vocab_dir: Path,
+    *,
+    target_dir: Path,
+    samples: int,
+    draft_vocab_size: int,
+    length: int = 24,
+    seed: int = 0,
 ) -> HiddenStateStore:
     """Random states whose teacher (the tied embedding applied to ``hidden``) is learnable."""
     import torch
@@ -157,7 +167,15 @@ def random_store(
         hidden = torch.randn(n, h, generator=generator)
         aux = torch.cat([hidden + 0.1 * torch.randn(n, h, generator=generator) for _ in range(3)], dim=-1)
         split = "eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"
-        writer.add(f"s{i}", "B1", split, ids, torch.ones(n, dtype=torch.uint8), aux, hidden)
+        writer.add(
+            f"s{i}",
+            "B1",
+            split=split,
+            input_ids=ids,
+            loss_mask=torch.ones(n, dtype=torch.uint8),
+            aux=aux,
+            hidden=hidden,
+        )
         counts.update(ids.tolist())
         if writer.samples == 16:
             total_bytes += writer.close()

@@ -30,7 +30,7 @@ def random_store_train_spec(folder: Path, **settings: Any) -> dict[str, Any]:
     ``settings`` over them; the run and export folders under ``folder`` too."""
     target = random_target(folder / "target")
     if not (folder / "store").exists():
-        random_store(folder / "store", folder / "vocab", target, samples=60, draft_vocab_size=40)
+        random_store(folder / "store", folder / "vocab", target_dir=target, samples=60, draft_vocab_size=40)
     base = train_settings(
         ttt_steps=3, lr=3e-3, epochs=2, batch_tokens=96, max_seq_len=32, checkpoint_every=4, log_every=2,
         eval_samples=8, seed=7,

@@ -145,7 +145,9 @@ def test_drafter_trains_on_the_host_and_leaves_its_export_there(
     }
     config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter})
     remote = drafter_paths(layout.remote)
-    random_store(remote["store"], drafter_paths(layout.local)["draft_vocab"], target, samples=8, draft_vocab_size=40)
+    random_store(
+        remote["store"], drafter_paths(layout.local)["draft_vocab"], target_dir=target, samples=8, draft_vocab_size=40
+    )
     instance, result = materialize(build_drafter_assets(config), ["eagle3_drafter"], config)
     assert result.success
     metadata = {k: v.value for k, v in result.asset_materializations_for_node("eagle3_drafter")[0].metadata.items()}
@@ -194,7 +196,7 @@ def test_drafter_on_a_host_with_two_gpus_trains_under_torchrun(
     random_store(
         drafter_paths(layout.remote)["store"],
         drafter_paths(layout.local)["draft_vocab"],
-        target,
+        target_dir=target,
         samples=12,
         draft_vocab_size=40,
     )

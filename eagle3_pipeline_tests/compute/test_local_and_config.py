@@ -49,7 +49,9 @@ def test_local_kind_runs_in_process_with_logs_and_observations(tmp_path: Path) -
     @dg.asset(name="hidden_states")
     def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         return dg.MaterializeResult(
-            metadata=run_heavy_phase(context, config.compute, config.artifacts_root, "import-specforge", spec)
+            metadata=run_heavy_phase(
+                context, config.compute, artifacts_root=config.artifacts_root, phase="import-specforge", spec=spec
+            )
         )
 
     instance = dg.DagsterInstance.ephemeral()

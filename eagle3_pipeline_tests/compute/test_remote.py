@@ -56,7 +56,13 @@ def heavy_asset(
         config = load_config(config_path)
         return dg.MaterializeResult(
             metadata=run_heavy_phase(
-                context, config.compute, config.artifacts_root, phase, spec, ship=ship, fetch=fetch
+                context,
+                config.compute,
+                artifacts_root=config.artifacts_root,
+                phase=phase,
+                spec=spec,
+                ship=ship,
+                fetch=fetch,
             )
         )
 
@@ -364,7 +370,15 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(
     ours = tmp_path / "ours"
     writer = ShardWriter(ours, 0)
     for s in samples:
-        writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
+        writer.add(
+            s.sample_id,
+            s.dataset,
+            split=s.split,
+            input_ids=s.input_ids,
+            loss_mask=s.loss_mask,
+            aux=s.aux,
+            hidden=s.hidden,
+        )
     writer.close()
     assert shard_contents(layout.remote / "hidden_states") == shard_contents(ours)
     assert sorted(p.name for p in (layout.local / "hidden_states").iterdir()) == ["index.parquet", "manifest.json"]

@@ -116,11 +116,11 @@ def generated_store(tmp_path_factory: pytest.TempPathFactory, local_model: Path)
             writer.add(
                 f"{dataset}/{record.id}",
                 dataset,
-                split,
-                ids,
-                mask,
-                torch.cat([states[k + 1][0] for k in layers], -1),
-                states[-1][0],
+                split=split,
+                input_ids=ids,
+                loss_mask=mask,
+                aux=torch.cat([states[k + 1][0] for k in layers], -1),
+                hidden=states[-1][0],
             )
             if split == "train":
                 counts.update(response)

@@ -35,7 +35,7 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
     )
     config = load_config(pipeline)
     paths = drafter_paths(config.artifacts_root)
-    random_store(paths["store"], paths["draft_vocab"], target, samples=30, draft_vocab_size=40)
+    random_store(paths["store"], paths["draft_vocab"], target_dir=target, samples=30, draft_vocab_size=40)
     assets = build_drafter_assets(config)
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(assets, instance=instance, resources=pipeline_resources(pipeline))

@@ -69,7 +69,9 @@ def test_a_reached_budget_needs_no_server_and_a_raised_one_resumes(tmp_path: Pat
         raise AssertionError("a dataset whose budget is reached must not contact a server")
 
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl")
-    again = generate(prompts, no_server, config, checkpoint, tmp_path / "err.jsonl", token_budget=25)
+    again = generate(
+        prompts, no_server, settings=config, checkpoint=checkpoint, errors_path=tmp_path / "err.jsonl", token_budget=25
+    )
     assert (again.already_done, again.generated, again.skipped_by_budget) == (5, 0, 25)
 
     raised = run(tmp_path, prompts, fake_openai, config, token_budget=50)

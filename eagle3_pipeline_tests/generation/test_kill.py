@@ -30,9 +30,9 @@ def worker_main() -> None:
     generate(
         make_prompts(PROMPTS),
         lambda: endpoints,
-        config,
-        ResponseCheckpoint(checkpoint, "always"),
-        checkpoint.with_suffix(".err"),
+        settings=config,
+        checkpoint=ResponseCheckpoint(checkpoint, "always"),
+        errors_path=checkpoint.with_suffix(".err"),
     )
 
 

@@ -166,7 +166,15 @@ def run_dataset(
     """`generate_dataset` of B1, given the slices of `config` it reads."""
     layout = ArtifactLayout(config.artifacts_root)
     dataset = config.dataset("B1")
-    return generate_dataset(dataset, config.generation, config.target, config.inference, layout, prompts, endpoints)
+    return generate_dataset(
+        dataset,
+        config.generation,
+        target=config.target,
+        inference=config.inference,
+        layout=layout,
+        prompts=prompts,
+        resolve_endpoints=endpoints,
+    )
 
 
 def failover_run(

@@ -115,7 +115,14 @@ def test_a_poison_prompt_costs_two_restarts_then_is_quarantined_and_left_out_of_
 
     def run() -> Any:
         endpoint = Endpoint(fake_openai.base_url, "m")
-        return generate(prompts, lambda: [endpoint], config, checkpoint, tmp_path / "err.jsonl", recovery=hook)
+        return generate(
+            prompts,
+            lambda: [endpoint],
+            settings=config,
+            checkpoint=checkpoint,
+            errors_path=tmp_path / "err.jsonl",
+            recovery=hook,
+        )
 
     summary = run()
     ids = [r["id"] for r in lines(tmp_path / "ck.jsonl")]
@@ -142,9 +149,9 @@ def test_a_quarantine_needs_a_restart(tmp_path: Path, fake_openai: FakeOpenAI, o
     summary = generate(
         make_prompts(10),
         lambda: [Endpoint(fake_openai.base_url, "m")],
-        settings(),
-        checkpoint,
-        tmp_path / "err.jsonl",
+        settings=settings(),
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "err.jsonl",
         recovery=hook,
     )
     assert summary.quarantined == 0 and summary.restarts == []

@@ -73,7 +73,12 @@ def run_with(tmp_path: Path, fake: FakeOpenAI, script: DyingServer, **overrides:
     config = settings(**overrides)
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
     return generate(
-        make_prompts(PROMPTS), lambda: [endpoint], config, checkpoint, tmp_path / "err.jsonl", recovery=hook
+        make_prompts(PROMPTS),
+        lambda: [endpoint],
+        settings=config,
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "err.jsonl",
+        recovery=hook,
     )
 
 
@@ -111,9 +116,9 @@ def test_a_server_found_serving_leaves_the_failure_an_ordinary_one(tmp_path: Pat
     summary = generate(
         make_prompts(PROMPTS),
         lambda: [Endpoint(fake_openai.base_url, "m")],
-        settings(),
-        checkpoint,
-        tmp_path / "err.jsonl",
+        settings=settings(),
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "err.jsonl",
         recovery=hook,
     )
     assert len(script.calls) == 1 and summary.restarts == []
@@ -128,9 +133,9 @@ def test_failures_that_are_not_a_dead_server_never_call_the_hook(tmp_path: Path,
     summary = generate(
         make_prompts(10),
         lambda: [Endpoint(fake_openai.base_url, "m")],
-        settings(),
-        checkpoint,
-        tmp_path / "e",
+        settings=settings(),
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "e",
         recovery=hook,
     )
     assert calls == [] and summary.retries == 2 and summary.generated == 10
@@ -145,9 +150,9 @@ def test_an_http_5xx_asks_the_hook_whether_the_server_died(tmp_path: Path, fake_
     summary = generate(
         make_prompts(10),
         lambda: [Endpoint(fake_openai.base_url, "m")],
-        settings(),
-        checkpoint,
-        tmp_path / "e",
+        settings=settings(),
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "e",
         recovery=hook,
     )
     assert len(calls) == 1 and calls[0].startswith("HTTP 500 from ")
@@ -170,9 +175,9 @@ def test_a_recovery_that_gives_up_stops_the_run_with_its_message(tmp_path: Path,
         generate(
             make_prompts(PROMPTS),
             lambda: [Endpoint(fake_openai.base_url, "m")],
-            settings(),
-            checkpoint,
-            tmp_path / "err.jsonl",
+            settings=settings(),
+            checkpoint=checkpoint,
+            errors_path=tmp_path / "err.jsonl",
             recovery=hook,
         )
     message = str(caught.value)

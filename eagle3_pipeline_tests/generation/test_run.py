@@ -44,7 +44,9 @@ def test_rerun_skips_done_ids_without_contacting_a_server(tmp_path: Path, fake_o
         raise AssertionError("a finished dataset must not start or contact a server")
 
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl")
-    summary = generate(prompts, no_server, settings(), checkpoint, tmp_path / "err.jsonl")
+    summary = generate(
+        prompts, no_server, settings=settings(), checkpoint=checkpoint, errors_path=tmp_path / "err.jsonl"
+    )
     assert (summary.already_done, summary.generated) == (5, 0)
     assert len(fake_openai.requests) == 5
 

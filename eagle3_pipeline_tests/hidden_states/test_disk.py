@@ -25,7 +25,12 @@ KIMI_TOKENS = 88_000 * 1_250  # 88K prompts × 1.25K tokens each
 
 def test_kimi_88k_prompts_per_backend_and_dtype() -> None:
     plan = disk_plan(
-        KIMI_HIDDEN, 3, KIMI_TOKENS, "88K × 1.25K", batch_tokens=8192, configured=("sglang", "float8_e4m3")
+        KIMI_HIDDEN,
+        3,
+        tokens=KIMI_TOKENS,
+        tokens_basis="88K × 1.25K",
+        batch_tokens=8192,
+        configured=("sglang", "float8_e4m3"),
     )
     rows = {(r.backend, r.dtype): (r.store_bytes, r.transient_bytes, r.peak_bytes) for r in plan.rows}
     bf16, fp8 = 110_000_000 * 57_349, 110_000_000 * 28_693
@@ -51,7 +56,14 @@ def test_kimi_88k_prompts_per_backend_and_dtype() -> None:
     data = plan.as_dict()
     assert data["free_bytes"] == "unknown" and sum(r["configured"] for r in data["rows"]) == 1
     small = disk_plan(
-        KIMI_HIDDEN, 3, KIMI_TOKENS, "x", 8192, ("vllm", "bfloat16"), free_bytes=5 * 10**12, free_where="here"
+        KIMI_HIDDEN,
+        3,
+        tokens=KIMI_TOKENS,
+        tokens_basis="x",
+        batch_tokens=8192,
+        configured=("vllm", "bfloat16"),
+        free_bytes=5 * 10**12,
+        free_where="here",
     )
     assert {(r.backend, r.dtype) for r in small.rows if small.fits(r)} == {
         ("transformers", "float8_e4m3"),

@@ -39,7 +39,15 @@ def test_imported_shards_are_byte_identical_to_our_writer(tmp_path: Path) -> Non
     for number in range(3):
         writer = ShardWriter(ours, number)
         for s in samples[number * 4 : number * 4 + 4]:
-            writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
+            writer.add(
+                s.sample_id,
+                s.dataset,
+                split=s.split,
+                input_ids=s.input_ids,
+                loss_mask=s.loss_mask,
+                aux=s.aux,
+                hidden=s.hidden,
+            )
         writer.close()
 
     imported = files_of(tmp_path / "store")
@@ -119,7 +127,15 @@ def test_an_fp8_import_writes_what_our_fp8_writer_writes(tmp_path: Path) -> None
     for number in range(2):
         writer = ShardWriter(ours, number, "float8_e4m3")
         for s in samples[number * 3 : number * 3 + 3]:
-            writer.add(s.sample_id, s.dataset, s.split, s.input_ids, s.loss_mask, s.aux, s.hidden)
+            writer.add(
+                s.sample_id,
+                s.dataset,
+                split=s.split,
+                input_ids=s.input_ids,
+                loss_mask=s.loss_mask,
+                aux=s.aux,
+                hidden=s.hidden,
+            )
         writer.close()
     assert shard_contents(tmp_path / "store") == shard_contents(ours), "tensors or index differ from ShardWriter's"
     assert (

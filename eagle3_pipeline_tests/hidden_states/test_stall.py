@@ -33,7 +33,7 @@ def test_quiet_counts_from_the_plan_then_from_the_last_shard(tmp_path: Path) -> 
     _age(tmp_path / "plan.json", 700)
     assert extraction_quiet_seconds(tmp_path, started) == pytest.approx(700, abs=5)
     writer = ShardWriter(tmp_path, 0)
-    writer.add("a", "B1", "train", *random_states_sample(6, 0))
+    writer.add("a", "B1", split="train", **random_states_sample(6, 0))
     writer.close()
     _age(tmp_path / "shard-00000.index.parquet", 30)
     assert extraction_quiet_seconds(tmp_path, started) == pytest.approx(30, abs=5)

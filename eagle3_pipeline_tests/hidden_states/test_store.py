@@ -28,8 +28,8 @@ H = 8
 def test_round_trip_keeps_every_sample_in_order(tmp_path: Path) -> None:
     writer = ShardWriter(tmp_path, 0)
     originals = {f"s{i}": random_states_sample(5 + i, i) for i in range(3)}
-    for sid, (ids, mask, aux, hidden) in originals.items():
-        writer.add(sid, "B1", "train", ids, mask, aux, hidden)
+    for sid, sample in originals.items():
+        writer.add(sid, "B1", split="train", **sample)
     writer.close()
     store = HiddenStateStore(tmp_path)
     assert store.shard_complete("shard-00000")
@@ -37,21 +37,21 @@ def test_round_trip_keeps_every_sample_in_order(tmp_path: Path) -> None:
     read = list(store.iter_samples(split="train"))
     assert [s.sample_id for s in read] == list(originals)
     for sample in read:
-        ids, mask, aux, hidden = originals[sample.sample_id]
-        assert torch.equal(sample.input_ids, ids)
-        assert torch.equal(sample.loss_mask, mask.bool())
-        assert torch.equal(sample.aux_hidden_states, aux.to(torch.bfloat16))
-        assert torch.equal(sample.hidden_states, hidden.to(torch.bfloat16))
+        original = originals[sample.sample_id]
+        assert torch.equal(sample.input_ids, original["input_ids"])
+        assert torch.equal(sample.loss_mask, original["loss_mask"].bool())
+        assert torch.equal(sample.aux_hidden_states, original["aux"].to(torch.bfloat16))
+        assert torch.equal(sample.hidden_states, original["hidden"].to(torch.bfloat16))
 
 
 def test_a_torn_shard_is_not_complete(tmp_path: Path) -> None:
     writer = ShardWriter(tmp_path, 0)
-    writer.add("s0", "B1", "train", *random_states_sample(6, 0))
+    writer.add("s0", "B1", split="train", **random_states_sample(6, 0))
     writer.close()
     (tmp_path / "shard-00000.index.parquet").unlink()
     assert not HiddenStateStore(tmp_path).shard_complete("shard-00000")
     writer = ShardWriter(tmp_path, 1)
-    writer.add("s1", "B1", "train", *random_states_sample(6, 1))
+    writer.add("s1", "B1", split="train", **random_states_sample(6, 1))
     writer.close()
     tensors = tmp_path / "shard-00001.safetensors"
     tensors.write_bytes(tensors.read_bytes()[:-10])
@@ -59,10 +59,10 @@ def test_a_torn_shard_is_not_complete(tmp_path: Path) -> None:
 
 
 def test_nan_states_are_rejected_with_the_sample_named(tmp_path: Path) -> None:
-    ids, mask, aux, hidden = random_states_sample(4, 0)
-    aux[2, 3] = float("nan")
+    sample = random_states_sample(4, 0)
+    sample["aux"][2, 3] = float("nan")
     with pytest.raises(StoreError, match="s-bad: aux_hidden_states holds NaN"):
-        ShardWriter(tmp_path, 0).add("s-bad", "B1", "train", ids, mask, aux, hidden)
+        ShardWriter(tmp_path, 0).add("s-bad", "B1", split="train", **sample)
 
 
 def test_manifest_identity_names_each_difference(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def _states(length: int, seed: int, layers: int) -> torch.Tensor:
 def _write(root: Path, dtype: str, samples: dict[str, tuple]) -> HiddenStateStore:
     writer = ShardWriter(root, 0, dtype)
     for sid, (ids, mask, aux, hidden) in samples.items():
-        writer.add(sid, "B1", "train", ids, mask, aux, hidden)
+        writer.add(sid, "B1", split="train", input_ids=ids, loss_mask=mask, aux=aux, hidden=hidden)
     size = writer.close()
     store = HiddenStateStore(root)
     index = store.write_index(["shard-00000"])
@@ -171,9 +171,15 @@ def test_bytes_per_token_formula_matches_a_real_store_within_one_percent(tmp_pat
     g = torch.Generator().manual_seed(0)
     writer = ShardWriter(tmp_path, 0, dtype)
     for i in range(4):
-        writer.add(f"s{i}", "B1", "train", torch.arange(n // 4), torch.ones(n // 4, dtype=torch.uint8),
-                   torch.randn(n // 4, 3 * hidden_size, generator=g),
-                   torch.randn(n // 4, hidden_size, generator=g))  # fmt: skip
+        writer.add(
+            f"s{i}",
+            "B1",
+            split="train",
+            input_ids=torch.arange(n // 4),
+            loss_mask=torch.ones(n // 4, dtype=torch.uint8),
+            aux=torch.randn(n // 4, 3 * hidden_size, generator=g),
+            hidden=torch.randn(n // 4, hidden_size, generator=g),
+        )
     measured = writer.close() / n
     formula = bytes_per_token(hidden_size, 3, dtype)
     assert abs(measured / formula - 1) < 0.01, (measured, formula)

@@ -202,7 +202,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, target: Target, tokenizer
     data = training_data(tmp_path_factory.mktemp("validated") / "training_data", tokenizer)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
         reference = record_reference(
-            data, ServerEndpoint(server.base_url, NAME), tokenizer, NAME, SETTINGS, reference_of(data)
+            data,
+            ServerEndpoint(server.base_url, NAME),
+            tokenizer=tokenizer,
+            tokenizer_name=NAME,
+            settings=SETTINGS,
+            out=reference_of(data),
         )
     assert reference.api == "sglang" and len(reference.samples) == 4
     assert all(s.tokenization == "same" for s in reference.samples)
@@ -252,9 +257,14 @@ def test_vllm_prompt_logprobs_give_the_same_reference_from_the_first_server_that
 ) -> None:
     data = training_data(tmp_path / "training_data", tokenizer)
     dead = ServerEndpoint("http://127.0.0.1:9/v1", NAME, "sk-not-to-be-logged")
-    unreachable = record_from_first(data, [dead], str(local_model), False, SETTINGS, reference_of(data))[
-        "serving_reference_status"
-    ]
+    unreachable = record_from_first(
+        data,
+        [dead],
+        tokenizer_name=str(local_model),
+        trust_remote_code=False,
+        settings=SETTINGS,
+        out=reference_of(data),
+    )["serving_reference_status"]
     assert (
         unreachable.startswith("not recorded: http://127.0.0.1:9/generate: ConnectError")
         and "sk-not-to-be-logged" not in unreachable
@@ -262,7 +272,12 @@ def test_vllm_prompt_logprobs_give_the_same_reference_from_the_first_server_that
     assert not reference_of(data).exists()
     with LogprobServer(target.model, tokenizer, "vllm") as server:
         status = record_from_first(
-            data, [dead, ServerEndpoint(server.base_url, NAME)], str(local_model), False, SETTINGS, reference_of(data)
+            data,
+            [dead, ServerEndpoint(server.base_url, NAME)],
+            tokenizer_name=str(local_model),
+            trust_remote_code=False,
+            settings=SETTINGS,
+            out=reference_of(data),
         )
     assert status["serving_reference_status"].startswith(f"recorded from {server.base_url} (vllm): 4 samples")
     assert "sk-not-to-be-logged" not in json.dumps(status) + reference_of(data).read_text()
@@ -278,7 +293,12 @@ def test_rows_of_another_tokenizer_stop_the_phase_with_the_first_differing_token
     data = training_data(tmp_path / "training_data", wrong)
     with LogprobServer(target.model, tokenizer, "sglang") as server:
         reference = record_reference(
-            data, ServerEndpoint(server.base_url, NAME), wrong, "other-tokenizer", SETTINGS, reference_of(data)
+            data,
+            ServerEndpoint(server.base_url, NAME),
+            tokenizer=wrong,
+            tokenizer_name="other-tokenizer",
+            settings=SETTINGS,
+            out=reference_of(data),
         )
     assert all("tokenizes the sample's text differently" in s.tokenization for s in reference.samples)
     with pytest.raises(ExtractionError) as caught:
@@ -315,7 +335,12 @@ def test_against_the_embedded_transformers_serve_the_same_way(
     settings = SETTINGS.model_copy(update={"text_positions": 6})
     with EmbeddedServer(local_model, tmp_path / "server.log") as server:
         reference = record_reference(
-            data, ServerEndpoint(server.base_url, server.model), tokenizer, NAME, settings, reference_of(data)
+            data,
+            ServerEndpoint(server.base_url, server.model),
+            tokenizer=tokenizer,
+            tokenizer_name=NAME,
+            settings=settings,
+            out=reference_of(data),
         )
     assert reference.api == "text" and len(reference.samples) == 4
     assert all(
@@ -367,10 +392,10 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
         record_reference(
             data,
             ServerEndpoint(server.base_url, NAME),
-            tokenizer,
-            NAME,
-            config.hidden_states.validation,
-            reference_of(data),
+            tokenizer=tokenizer,
+            tokenizer_name=NAME,
+            settings=config.hidden_states.validation,
+            out=reference_of(data),
         )
     assets = build_eagle3_assets(config)
     result = dg.materialize(
@@ -402,10 +427,10 @@ def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: 
         reference = record_reference(
             data,
             ServerEndpoint(server.base_url, "kimi-k2.5"),
-            tokenizer,
-            str(kimi_checkpoint),
-            settings,
-            reference_of(data),
+            tokenizer=tokenizer,
+            tokenizer_name=str(kimi_checkpoint),
+            settings=settings,
+            out=reference_of(data),
         )
     assert all(s.tokenization == "same" for s in reference.samples)
     kimi_spec = {

@@ -144,19 +144,26 @@ def test_prompt_lengths_with_the_slow_kimi_tokenizer(kimi_checkpoint: Path) -> N
 
     short, long = tokens(prompts[0]), tokens(prompts[1])
     budget = 16
-    fit = check_lengths(prompts, short + budget, budget, "tokenizer", str(kimi_checkpoint), trust_remote_code=True)
+    fit = check_lengths(
+        prompts,
+        short + budget,
+        max_tokens=budget,
+        estimator="tokenizer",
+        tokenizer_name=str(kimi_checkpoint),
+        trust_remote_code=True,
+    )
     assert fit.estimator == f"tokenizer:{kimi_checkpoint}" and fit.fallbacks == 0
     assert fit.fits == prompts[:1] and fit.over_length == prompts[1:] and fit.longest == long
     # Thinking off: the generation prompt ends with <think></think>, one token more.
     off = check_lengths(
         prompts,
         short + budget,
-        budget,
-        "tokenizer",
-        str(kimi_checkpoint),
+        max_tokens=budget,
+        estimator="tokenizer",
+        tokenizer_name=str(kimi_checkpoint),
         trust_remote_code=True,
         chat_template_kwargs={"thinking": False},
     )
     assert off.longest == long + 1 == tokens(prompts[1], thinking=False) and off.over_length == prompts
     with pytest.raises(ValueError, match=r"set target.trust_remote_code: true.*generation.length_estimator: chars"):
-        check_lengths(prompts, 4096, budget, "tokenizer", str(kimi_checkpoint))
+        check_lengths(prompts, 4096, max_tokens=budget, estimator="tokenizer", tokenizer_name=str(kimi_checkpoint))

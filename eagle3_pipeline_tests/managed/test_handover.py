@@ -217,7 +217,15 @@ def test_a_gpu_phase_holds_its_inference_host_once_no_run_does(tmp_path: Path) -
         def polled(seconds: float) -> None:
             instance.report_run_failed(holder)
 
-        hold_host(instance, phase.run_id, config.launch, config.inference, "a", said.append, sleep=polled)
+        hold_host(
+            instance,
+            phase.run_id,
+            launch=config.launch,
+            inference=config.inference,
+            host_name="a",
+            log=said.append,
+            sleep=polled,
+        )
         assert said == [
             f"waiting: inference host a (pool gpu-a) is held by run(s) {holder.run_id[:8]}",
             "holding inference host a (pool gpu-a) for this run",
@@ -231,4 +239,11 @@ def test_a_gpu_phase_holds_its_inference_host_once_no_run_does(tmp_path: Path) -
         with pytest.raises(
             NoHostFree, match=rf"held by run\(s\) {phase.run_id[:8]} for longer than launch.host_wait_s"
         ):
-            hold_host(instance, other.run_id, impatient.launch, impatient.inference, "a", said.append)
+            hold_host(
+                instance,
+                other.run_id,
+                launch=impatient.launch,
+                inference=impatient.inference,
+                host_name="a",
+                log=said.append,
+            )

@@ -74,7 +74,12 @@ def run(tmp_path: Path, supervisor: Supervisor, recovery: GenerationRecovery, **
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
     config = settings(**{"retry": {"max_attempts": 1}, "max_consecutive_errors": 1, **overrides})
     return generate(
-        make_prompts(PROMPTS), lambda: [endpoint], config, checkpoint, tmp_path / "err.jsonl", recovery=recovery.hook()
+        make_prompts(PROMPTS),
+        lambda: [endpoint],
+        settings=config,
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "err.jsonl",
+        recovery=recovery.hook(),
     )
 
 

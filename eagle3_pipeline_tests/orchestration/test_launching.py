@@ -48,8 +48,12 @@ def test_a_failed_partition_waits_for_its_backoff(
     assert "backing off: B2 attempt 2 in" in (second.skip_message or "") and not second.run_requests
     [failed] = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": "B2"}))
     assert failed.end_time is not None
-    assert not plan_launches(instance, DEFAULT_NAMES, ["B2"], config.launch, now=failed.end_time + 599).requests
-    [request] = plan_launches(instance, DEFAULT_NAMES, ["B2"], config.launch, now=failed.end_time + 600).requests
+    assert not plan_launches(
+        instance, DEFAULT_NAMES, wanted=["B2"], settings=config.launch, now=failed.end_time + 599
+    ).requests
+    [request] = plan_launches(
+        instance, DEFAULT_NAMES, wanted=["B2"], settings=config.launch, now=failed.end_time + 600
+    ).requests
     assert request.run_key == "B2:first:attempt-2"
     assert [backoff_s(k, config.launch) for k in (1, 2, 3, 10)] == [600, 1200, 2400, 21600]
 
@@ -84,10 +88,10 @@ def test_a_success_starts_a_new_epoch_of_attempts(
     assert job.execute_in_process(partition_key="B1", instance=instance).success
     (tmp_path / "B1.jsonl").unlink()
     assert not job.execute_in_process(partition_key="B1", instance=instance, raise_on_error=False).success
-    assert "left alone" in plan_launches(instance, DEFAULT_NAMES, ["B1"], config.launch).reasons()
+    assert "left alone" in plan_launches(instance, DEFAULT_NAMES, wanted=["B1"], settings=config.launch).reasons()
     write_jsonl(tmp_path / "B1.jsonl", [sharegpt("B1 question 0")])
     assert job.execute_in_process(partition_key="B1", instance=instance).success, "re-executed by hand"
-    [request] = plan_launches(instance, DEFAULT_NAMES, ["B1"], config.launch).requests
+    [request] = plan_launches(instance, DEFAULT_NAMES, wanted=["B1"], settings=config.launch).requests
     success = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]), limit=1)[0]
     assert request.run_key == f"B1:{success.run_id[:8]}:attempt-1"
 

@@ -135,11 +135,11 @@ def record(data: Path, at: Extraction, tokenizer: str) -> str:
     done = record_from_first(
         data,
         [ServerEndpoint(at.server.base_url, SERVED)],
-        tokenizer,
-        False,
-        SETTINGS,
-        reference_of(data),
-        reply_file_taker(at.folder),
+        tokenizer_name=tokenizer,
+        trust_remote_code=False,
+        settings=SETTINGS,
+        out=reference_of(data),
+        after_reply=reply_file_taker(at.folder),
     )
     return str(done["serving_reference_status"])
 

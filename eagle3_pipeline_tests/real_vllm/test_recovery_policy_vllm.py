@@ -87,7 +87,14 @@ def run(tmp_path: Path, supervisor: Supervisor, prompts: list[PromptRecord], **o
     endpoint = Endpoint(supervisor.server.plan.base_url, "smol")
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
     config = settings(**{"max_tokens": 16, "retry": {"max_attempts": 3, "backoff_initial_s": 0.5}, **overrides})
-    return generate(prompts, lambda: [endpoint], config, checkpoint, tmp_path / "err.jsonl", recovery=recovery.hook())
+    return generate(
+        prompts,
+        lambda: [endpoint],
+        settings=config,
+        checkpoint=checkpoint,
+        errors_path=tmp_path / "err.jsonl",
+        recovery=recovery.hook(),
+    )
 
 
 def answered(tmp_path: Path) -> list[str]:

@@ -131,9 +131,9 @@ def train_rolling(
         return run_heavy_phase(
             context,
             config.compute,
-            config.artifacts_root,
-            "extract",
-            {**extract_spec, "shards": shards},
+            artifacts_root=config.artifacts_root,
+            phase="extract",
+            spec={**extract_spec, "shards": shards},
             ship=extract_ship,
             **extract_launch(config),
         )
@@ -146,9 +146,9 @@ def train_rolling(
         return run_heavy_phase(
             context,
             config.compute,
-            config.artifacts_root,
-            "train",
-            rolling_spec,
+            artifacts_root=config.artifacts_root,
+            phase="train",
+            spec=rolling_spec,
             ship=ship,
             fetch=fetch,
             processes=config.drafter.nproc_per_node,
@@ -156,7 +156,11 @@ def train_rolling(
 
     def delete(shards: list[str]) -> dict[str, Any]:
         return run_heavy_phase(
-            context, config.compute, config.artifacts_root, "extract", {**extract_spec, "delete_shards": shards}
+            context,
+            config.compute,
+            artifacts_root=config.artifacts_root,
+            phase="extract",
+            spec={**extract_spec, "delete_shards": shards},
         )
 
     windows = read_rolling_layout(layout.hidden_states).windows
@@ -184,9 +188,9 @@ def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
                 result = run_heavy_phase(
                     context,
                     config.compute,
-                    config.artifacts_root,
-                    "train",
-                    spec,
+                    artifacts_root=config.artifacts_root,
+                    phase="train",
+                    spec=spec,
                     ship=ship,
                     fetch=fetch,
                     processes=config.drafter.nproc_per_node,

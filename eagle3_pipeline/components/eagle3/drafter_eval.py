@@ -84,7 +84,13 @@ def drafter_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     require_passing_checks(context.instance, input_checks(names))
     with hand_over(context, config, names, "drafter_eval"):
         result = DrafterEvalResult.from_metadata(
-            run_heavy_phase(context, config.compute, config.artifacts_root, "evaluate", evaluate_spec(config))
+            run_heavy_phase(
+                context,
+                config.compute,
+                artifacts_root=config.artifacts_root,
+                phase="evaluate",
+                spec=evaluate_spec(config),
+            )
         )
     resources.listener.result("drafter_eval", None, result)
     for line in str(result.extra.get(WARNING, "")).splitlines():

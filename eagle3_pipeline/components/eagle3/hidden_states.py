@@ -240,9 +240,9 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
             return run_heavy_phase(
                 context,
                 config.compute,
-                config.artifacts_root,
-                "extract",
-                spec,
+                artifacts_root=config.artifacts_root,
+                phase="extract",
+                spec=spec,
                 ship=ship,
                 fetch=fetch,
                 **extract_launch(config),

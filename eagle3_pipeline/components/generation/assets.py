@@ -172,7 +172,15 @@ def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         heartbeat.start()
         return resolved
 
-    result = _generate(context, resources, config, dataset.id, endpoints, heartbeat, managed)
+    result = _generate(
+        context,
+        resources,
+        config=config,
+        dataset_id=dataset.id,
+        endpoints=endpoints,
+        heartbeat=heartbeat,
+        managed=managed,
+    )
     on_host = config.for_host(host)
     if inference.preflight_report is not None:
         context.log_event(health_observation(inference.preflight_report, host, resources.names))
@@ -191,6 +199,7 @@ def responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 def _generate(
     context: dg.AssetExecutionContext,
     resources: StepResources,
+    *,
     config: PipelineConfig,
     dataset_id: str,
     endpoints: Callable[[], list[Endpoint]],
@@ -218,14 +227,14 @@ def _generate(
         return generate_dataset(
             dataset,
             config.generation,
-            config.target,
-            on_host.inference,
-            layout,
-            read_prompts(layout.prompts(dataset.id)),
-            endpoints,
-            sinks,
-            tokenizer,
-            host,
+            target=config.target,
+            inference=on_host.inference,
+            layout=layout,
+            prompts=read_prompts(layout.prompts(dataset.id)),
+            resolve_endpoints=endpoints,
+            sinks=sinks,
+            tokenizer_name=tokenizer,
+            host=host,
             tokenize_check=config.inference.kind == "endpoints" and config.training_data.tokenizer_check_samples > 0,
             recovery=inference.recovery(managed),
         )
@@ -279,15 +288,15 @@ def training_data(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     try:
         phase = make_training_data(
             files,
-            tokenizer,
-            layout,
-            config.seed,
-            config.training_data,
-            config.target,
-            config.generation,
-            config.hidden_states.validation,
-            _serving_endpoints(config),
-            context.log.info,
+            tokenizer=tokenizer,
+            layout=layout,
+            seed=config.seed,
+            settings=config.training_data,
+            target=config.target,
+            generation=config.generation,
+            validation=config.hidden_states.validation,
+            servers=_serving_endpoints(config),
+            log=context.log.info,
         )
     except TokenizerDisagreement as exc:
         raise dg.Failure(

@@ -51,6 +51,7 @@ def inference_health(context: dg.SensorEvaluationContext, names: PipelineNames) 
 def _flag_stall(
     context: dg.SensorEvaluationContext,
     alerter: Alerter,
+    *,
     subject: str,
     run_id: str,
     quiet: float,
@@ -79,7 +80,13 @@ def generation_stall(context: dg.SensorEvaluationContext, names: PipelineNames) 
         if quiet is None or quiet <= stall.stall_window_s:
             continue
         metadata, line = _flag_stall(
-            context, alerter, partition, run_id, quiet, "new response", stall.terminate_stalled_runs
+            context,
+            alerter,
+            subject=partition,
+            run_id=run_id,
+            quiet=quiet,
+            what="new response",
+            terminate=stall.terminate_stalled_runs,
         )
         events.append(dg.AssetObservation(asset_key=names.key("responses"), partition=partition, metadata=metadata))
         stalled.append(line)
@@ -89,7 +96,13 @@ def generation_stall(context: dg.SensorEvaluationContext, names: PipelineNames) 
             continue
         run_id = record.dagster_run.run_id
         metadata, line = _flag_stall(
-            context, alerter, "hidden_states", run_id, quiet, "shard written", stall.terminate_stalled_runs
+            context,
+            alerter,
+            subject="hidden_states",
+            run_id=run_id,
+            quiet=quiet,
+            what="shard written",
+            terminate=stall.terminate_stalled_runs,
         )
         events.append(dg.AssetObservation(asset_key=names.key("hidden_states"), metadata=metadata))
         stalled.append(line)
