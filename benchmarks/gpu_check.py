@@ -1,60 +1,12 @@
-"""The check to run on a GPU machine (sized for one H200): what a CPU cannot measure.
-
-Sections, each printing its figures as it finishes (and a ``FIGURES {json}`` line), so a run stopped
-by the time guard still leaves the sections before:
-
-0. ``toolchain`` (first, in every mode; ``--toolchain`` alone): the CUDA toolchain FlashInfer/DeepGEMM JIT
-   need in this environment — ``CUDA_HOME``, ``nvcc`` and its release against torch's CUDA
-   (:mod:`benchmarks.cuda_toolchain`). Run it as the managed server is launched (same SSH login shell or
-   not, same ``serving.env_file``) to see what the server will have.
-1. ``chain``: the KV-cache chain drafting a server runs (``Eagle3Drafter.forward_cached``, the test's
-   ``chain_draft``) against the unrolled training-time pass (``ttt_forward``, what training and
-   ``drafter_eval``'s τ use), float32 and bf16 autocast, on a random drafter of the training shape
-   below: the largest |difference| over the logits' largest |value| per depth, and the share of equal
-   greedy draft tokens.
-2. ``extract``: the ``extract`` phase (``eagle3_pipeline.hidden_states.extract.run``, transformers
-   backend, ``device: cuda``, ``dtype: bfloat16``, spot check of 4 samples) on a random-weight Llama of
-   the embedded model's shape (SmolLM2-135M: 30 layers, hidden 576) over seeded random token ids, then
-   on the tiny Kimi-K2.5 fixture (``eagle3_pipeline/testing/kimi/fixture.py``: remote code, MLA, MoE):
-   tokens/s, the spot check's largest relative error against its tolerance, peak GPU memory.
-3. ``train-16K``, ``train-32K``: 50 optimizer steps of the training phase
-   (``eagle3_pipeline.drafter.train.run``: store reads, teacher, 7 TTT steps, AdamW, bf16 autocast,
-   one checkpoint + eval + export at the end, timed apart) at ``batch_tokens`` 16384 and 32768
-   (sequences of 2048 tokens) on a random hidden-state store of a Kimi-like target at 1/``--width-divisor``
-   of Kimi's width (default 4: target and draft hidden 1792, 14 heads × 128, 2 KV heads, intermediate
-   10240, Kimi's 163840 vocabulary and YaRN, draft vocabulary 32000; the target's lm_head is zero
-   outside the draft vocabulary, so every position counts as most do on real data): tokens/s over
-   the 50 steps and over the last 10 (warm), peak GPU memory allocated and reserved. 32K is skipped
-   when less time is left than twice what 16K took.
-4. ``sglang`` (``--sglang``, alone): the ``backend: sglang`` worker (SGLang's ModelRunner in process,
-   one rank, bf16, ``eagle3_pipeline.hidden_states.sglang_capture``) with the sglang of **this python's
-   environment** (0.5.14 or 0.5.23; another is refused, exit 2), on 16 samples of 64-512 tokens of a
-   random-weight Llama of the embedded model's shape and of the tiny Kimi-K2.5 fixture, each in a
-   process of its own (SGLang builds its runtime once per process), then the transformers extractor
-   (cuda, bf16) on the same samples: per target the SGLang release, model class, aux form (list or
-   packed), the layers captured, tokens/s of both, SGLang's own spot check, and the relative L2 error
-   of the SGLang store against the transformers one per sample (aux and teacher, largest and mean)
-   against the spot check's tolerance (0.01). Run it once per SGLang venv::
-
-       /opt/sglang-0.5.23/bin/python -m benchmarks.gpu_check --sglang 2>&1 | tee gpu_check_sglang_0.5.23.log
-       /opt/sglang-0.5.14/bin/python -m benchmarks.gpu_check --sglang 2>&1 | tee gpu_check_sglang_0.5.14.log
-
-   (each venv: sglang and this project installed, as ``hidden_states.sglang_python`` needs; see
-   docs/eagle3.md, "Kimi-K2.5 step by step").
-
-Everything is built from configs with random weights and a fixed seed: no model download, no network.
-The first line (``MEASURED ON {json}``) says what was measured on. ``--time-limit`` (default 450 s) ends the
-run, whatever it is doing, with what was printed so far.
-
-Run it on your GPU machine, in the repository root of a checkout with the project installed (the ``local``
-extra: CUDA torch from PyPI)::
+"""The check to run on a GPU machine (sized for one H200): what a CPU cannot measure, in sections that each print
+their figures as they finish and a ``FIGURES {json}`` line — ``toolchain`` (the CUDA toolchain FlashInfer and
+DeepGEMM JIT need; ``--toolchain`` alone), ``chain`` (KV-cache chain drafting against the training-time pass),
+``extract`` (the transformers CUDA extractor and its spot check), ``train-16K``/``train-32K`` (50 training
+steps of a Kimi-like draft), and ``sglang`` (``--sglang`` alone: the SGLang worker against the transformers
+extractor). What each measures, on what, and how to run it: docs/measurements.md, "GPU check".
+``--smoke`` runs every section at toy sizes on a CPU (eagle3_pipeline_tests/benchmarks/test_gpu_check.py)::
 
     .venv/bin/python -m benchmarks.gpu_check 2>&1 | tee gpu_check.log
-
-On a CPU, ``--smoke`` runs every section at toy sizes in seconds (``eagle3_pipeline_tests/benchmarks/test_gpu_check.py``
-runs it, so the script cannot rot)::
-
-    .venv/bin/python -m benchmarks.gpu_check --smoke
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ class EmbeddedServerConfig(ConfigModel):
         default=512,
         description=(
             "The paged KV cache of continuous batching, in blocks of cb_block_size tokens. Left to itself, "
-            "transformers serve reserves most of the machine's free RAM on a CPU (~14 GB measured here); "
-            "512 × 32 tokens hold the embedded profile's 20 requests in flight in about 1 GB."
+            "transformers serve reserves most of the machine's free RAM on a CPU (docs/measurements.md); "
+            "512 × 32 tokens hold the embedded profile's 20 requests in flight."
         ),
     )
     cb_block_size: Annotated[int, Field(gt=0)] = Field(

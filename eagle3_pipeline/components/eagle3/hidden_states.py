@@ -1,28 +1,13 @@
 """EAGLE-3 phase A as assets (group ``eagle3``): the draft vocabulary and the hidden states.
 
-Asset → domain function:
-  draft_vocab   → eagle3_pipeline.hidden_states.draft_vocab.build_draft_vocab         (check: coverage floor)
-  hidden_states → the heavy phase `extract` (eagle3_pipeline.hidden_states.extract:run) through
-                  `run_heavy_phase`, wherever `compute:` says (`hidden_states.backend: sglang`:
-                  `tp_size` torchrun ranks with `sglang_python`; `vllm`: requests to a vLLM server
-                  started with extract_hidden_states); with `compute: command` the
-                  user's command and then `import-specforge` (checks, from the phase's own
-                  metadata: spot_check, serving_agreement, bytes_per_token; before it, the
-                  serving target's reference answers: eagle3_pipeline.hidden_states.validation:preflight_reference,
-                  unless the store here is already complete for these settings:
-                  eagle3_pipeline.hidden_states.extract:nothing_to_do; the phase then opens no state source
-                  either, and the checks report what was recorded when the store was completed)
+  draft_vocab   → eagle3_pipeline.hidden_states.draft_vocab.build_draft_vocab (check: coverage floor)
+  hidden_states → the heavy phase ``extract`` (eagle3_pipeline.hidden_states.extract:run) through
+                  ``run_heavy_phase``, wherever ``compute:`` says; with ``compute: command`` the user's
+                  command then ``import-specforge``. Checks from the phase's metadata: spot_check,
+                  serving_agreement, bytes_per_token.
 
-A managed server (`serving.managed`) on the machine where extraction runs holds its GPUs: with `backend: vllm`
-it is the extraction server, started with the store's layer ids
-(eagle3_pipeline.hidden_states.vllm_server:extraction_purpose), otherwise it is stopped for the phase; either
-way it comes back as the generation server while `responses` partitions are incomplete
-(eagle3_pipeline.components.managed).
-
-On a GPU host (`ssh`, `command`) the training_data folder is shipped, the states stay under the
-host's artifacts root and only the store's index and manifest come back. `hidden_states.model`
-is then a path (or Hugging Face id) on the host: the host keeps its own copy of the target; it is
-shipped only when it lies under the local artifacts root.
+What is shipped to a GPU host and what comes back: docs/scaling.md, "Where heavy phases run"; who holds
+the GPUs during the phase (the extraction server, or none): docs/operations.md, "Managed servers in a run".
 """
 
 from collections.abc import Mapping
