@@ -20,16 +20,28 @@ class DrafterModelConfig(ConfigModel):
     )
     intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
         default=None,
-        description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size.",
+        description=(
+            "MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size "
+            "(attention mla: the target's)."
+        ),
     )
     num_attention_heads: Annotated[int, Field(gt=0)] | None = Field(
-        default=None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
+        default=None,
+        description=(
+            "Query heads; default the target's, for an MLA target hidden_size // head_dim (attention mla: the "
+            "target's)."
+        ),
     )
     num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
-        default=None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
+        default=None,
+        description=(
+            "KV heads (must divide the query heads); default the target's, for an MLA target 8 (not with "
+            "attention mla)."
+        ),
     )
     head_dim: Annotated[int, Field(gt=0)] | None = Field(
-        default=None, description="Per-head size; default the target's, for an MLA target 128."
+        default=None,
+        description="Per-head size; default the target's, for an MLA target 128 (not with attention mla).",
     )
     rope_theta: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="RoPE base; default the target's."
