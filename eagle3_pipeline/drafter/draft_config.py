@@ -353,12 +353,10 @@ def drafter_rope(
         scaling, where = overrides["rope_scaling"], "drafter.model.rope_scaling"
     if rope_kind(scaling) == "default":
         scaling = None
-    elif mla:
+    elif mla:  # transformers 5 may keep rope_theta in the scaling dict; the drafter carries it apart
+        scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
         check_deepseek_rope(scaling, where)
-        scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"} | {
-            "rope_type": "yarn",
-            "type": "yarn",
-        }
+        scaling |= {"rope_type": "yarn", "type": "yarn"}
     elif rope_kind(scaling) == "yarn":
         scaling = yarn_for_servers(dict(scaling or {}), where)
     target_positions = int(target.get("max_position_embeddings", 4096))

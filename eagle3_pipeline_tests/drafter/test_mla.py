@@ -143,4 +143,8 @@ def test_mla_is_refused_where_it_cannot_be_built_or_served() -> None:
         _tiny_mla(rope_scaling={"rope_type": "linear", "factor": 2.0})
     config = _tiny_mla()
     assert config.to_dict()["attention"] == "mla"
+    kept = tiny_kimi_text_config()["rope_scaling"] | {"rope_theta": 50000.0}  # as transformers 5 may write it
+    assert drafter_config(tiny_kimi_text_config(rope_scaling=kept), 24, [1, 3, 4], MLA).rope_scaling == {
+        k: v for k, v in kept.items() if k != "rope_theta"
+    } | {"rope_type": "yarn"}
     assert "attention" not in drafter_config(tiny_kimi_text_config(), 24, [1, 3, 4], {}).to_dict()
