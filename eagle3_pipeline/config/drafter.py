@@ -20,16 +20,28 @@ class DrafterModelConfig(ConfigModel):
     )
     intermediate_size: Annotated[int, Field(gt=0)] | None = Field(
         default=None,
-        description="MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size.",
+        description=(
+            "MLP width; default the target's, for an MLA target 40960/7168 of the draft hidden size "
+            "(attention mla: the target's)."
+        ),
     )
     num_attention_heads: Annotated[int, Field(gt=0)] | None = Field(
-        default=None, description="Query heads; default the target's, for an MLA target hidden_size // head_dim."
+        default=None,
+        description=(
+            "Query heads; default the target's, for an MLA target hidden_size // head_dim (attention mla: the "
+            "target's)."
+        ),
     )
     num_key_value_heads: Annotated[int, Field(gt=0)] | None = Field(
-        default=None, description="KV heads (must divide the query heads); default the target's, for an MLA target 8."
+        default=None,
+        description=(
+            "KV heads (must divide the query heads); default the target's, for an MLA target 8 (not with "
+            "attention mla)."
+        ),
     )
     head_dim: Annotated[int, Field(gt=0)] | None = Field(
-        default=None, description="Per-head size; default the target's, for an MLA target 128."
+        default=None,
+        description="Per-head size; default the target's, for an MLA target 128 (not with attention mla).",
     )
     rope_theta: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="RoPE base; default the target's."
@@ -67,6 +79,18 @@ class DrafterModelConfig(ConfigModel):
         ),
     )
 
+    attention: Literal["gqa", "mla"] = Field(
+        default="gqa",
+        description=(
+            "The draft layer's attention: gqa, the Llama layer (LlamaForCausalLMEagle3); mla, DeepSeek's multi-head "
+            "latent attention with the target's MLA dims, heads and dense MLP width (Eagle3DeepseekV2ForCausalLM, "
+            "served by vLLM 0.32 and SGLang 0.5.23; its KV cache is kv_lora_rank + qk_rope_head_dim per token: 576 "
+            "on Kimi-K2.5 against 2,048 for the gqa default there and 16,384 for the published 64-KV-head Llama-style "
+            "Kimi drafts). mla needs an MLA target (DeepSeek-V2/V3, Kimi) "
+            "and takes fc_norm/norm_output but not norm_before_fc."
+        ),
+    )
+
     @model_validator(mode="after")
     def _one_norm_before_fc(self) -> DrafterModelConfig:
         if self.fc_norm and self.norm_before_fc:
@@ -74,6 +98,8 @@ class DrafterModelConfig(ConfigModel):
                 "fc_norm and norm_before_fc: choose one (a norm per captured layer, or one over their concatenation); "
                 "speculators refuses both together"
             )
+        if self.attention == "mla" and self.norm_before_fc:
+            raise ValueError("norm_before_fc with attention mla: neither server's MLA draft class has input_norm")
         return self
 
     @field_validator("rope_scaling", mode="before")

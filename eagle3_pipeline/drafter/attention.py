@@ -68,8 +68,9 @@ class BlockCausalAttention(torch.autograd.Function):
     up to the query block's end (:func:`_key_blocks`). Forward and backward hold O(T · head_dim) per
     head plus one block's scores, never a T×T tensor.
 
-    q [B, nkv, g, T, hd] (the g query heads of each KV head), k and v [B, nkv, T, hd], keys_visible
-    [B, T] bool or None (all visible). Returns out like q and lse [B, nkv, g, T] float32. Backward takes
+    q [B, nkv, g, T, hd] (the g query heads of each KV head), k [B, nkv, T, hd] and v [B, nkv, T, hv]
+    (hv may differ from hd: the MLA head's values are narrower than its keys), keys_visible [B, T] bool
+    or None (all visible). Returns out [B, nkv, g, T, hv] and lse [B, nkv, g, T] float32. Backward takes
     the gradients of both: with P the attention weights and D = rowsum(dO ∘ O), dS = P ∘ (dP − D + dlse)
     since ∂lse/∂S = P. Scores, softmax statistics and gradient sums are float32; matmuls run in the
     inputs' dtype (autocast off inside: the backward needs the forward's dtypes, whichever thread runs it).
@@ -81,7 +82,7 @@ class BlockCausalAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(q.device.type, enabled=False):
             scaled = q * scale
-            out = torch.empty_like(q)
+            out = q.new_empty((*q.shape[:-1], v.shape[-1]))
             lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
             for q_start, q_end in _query_blocks(q.shape[3]):
                 qb = scaled[:, :, :, q_start:q_end]

@@ -37,8 +37,23 @@ class DrafterConfig:
     fc_norm: bool = False
     norm_output: bool = False
     norm_before_fc: bool = False
+    # The attention (ATTENTION_KINDS): "gqa" the Llama layer; "mla" DeepSeek's multi-head latent attention
+    # (the MLA_KEYS dims, num_key_value_heads = num_attention_heads, head_dim = qk_nope + qk_rope).
+    attention: str = "gqa"
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise DrafterConfigError(f"attention {self.attention!r}: expected one of {list(ATTENTION_KINDS)}")
+        if self.attention == "mla":
+            self._check_mla()
+            return
+        if any(getattr(self, key) for key in MLA_KEYS):
+            raise DrafterConfigError(f"{list(MLA_KEYS)}: MLA dims belong to attention 'mla', not {self.attention!r}")
         if self.fc_norm and self.norm_before_fc:
             raise DrafterConfigError(
                 "fc_norm and norm_before_fc: choose one (one RMSNorm per captured layer, or one over their "
@@ -59,11 +74,44 @@ class DrafterConfig:
         if rope_type == "yarn":
             check_portable_yarn(self.rope_scaling or {})
 
+    def _check_mla(self) -> None:
+        """The MLA head as both servers build it: SGLang 0.5.23 needs ``q_lora_rank`` (its fused
+        q/kv down-projection), neither server's MLA draft class has ``norm_before_fc``'s ``input_norm``,
+        and their DeepSeek RoPE is YaRN or none."""
+        missing = [key for key in MLA_KEYS if getattr(self, key) <= 0]
+        if missing:
+            raise DrafterConfigError(
+                f"attention 'mla': {missing} must be positive (SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM requires "
+                "q_lora_rank; the others are the target's MLA dims)"
+            )
+        if self.norm_before_fc:
+            raise DrafterConfigError(
+                "norm_before_fc with attention 'mla': neither vLLM's nor SGLang's MLA draft class has input_norm; "
+                "use fc_norm (EAGLE-3.1)"
+            )
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise DrafterConfigError(
+                f"attention 'mla': num_key_value_heads ({self.num_key_value_heads}) must equal num_attention_heads "
+                f"({self.num_attention_heads}): every head decompresses its own key and value from the latent"
+            )
+        if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise DrafterConfigError(
+                f"attention 'mla': head_dim {self.head_dim} must be qk_nope_head_dim + qk_rope_head_dim "
+                f"({self.qk_nope_head_dim + self.qk_rope_head_dim})"
+            )
+        if self.qk_rope_head_dim % 2:
+            raise DrafterConfigError(f"qk_rope_head_dim {self.qk_rope_head_dim}: expected an even number")
+        if len(self.aux_layer_ids) != 3:
+            raise DrafterConfigError(f"aux_layer_ids: expected 3 captured target layers, got {self.aux_layer_ids}")
+        check_deepseek_rope(self.rope_scaling, "rope_scaling")
+
     def to_dict(self) -> dict[str, Any]:
-        """The config as a dict; the variant switches only when on, so a plain EAGLE-3 drafter's dict (a
-        checkpoint's identity) is the one it was before they existed."""
+        """The config as a dict; the variant switches only when on and the MLA fields only for an MLA
+        head, so a plain EAGLE-3 drafter's dict (a checkpoint's identity) is the one it was before they
+        existed."""
         raw = asdict(self)
-        return {k: v for k, v in raw.items() if k not in VARIANT_KEYS or v}
+        dropped = {"attention", *MLA_KEYS} if self.attention == "gqa" else set()
+        return {k: v for k, v in raw.items() if k not in dropped and (k not in VARIANT_KEYS or v)}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DrafterConfig:
@@ -76,6 +124,9 @@ class DrafterConfig:
 # of the pre-norm hidden state; no weights), ``norm_before_fc`` (one RMSNorm over the concatenation,
 # ``input_norm.weight``).
 VARIANT_KEYS = ("fc_norm", "norm_output", "norm_before_fc")
+ATTENTION_KINDS = ("gqa", "mla")
+# The MLA head's dims (DeepSeek-V2/V3 config keys), copied from the target (mla_draft_config).
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 SUPPORTED_ROPE = {"default", "linear", "llama3", "yarn"}
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # the servers' defaults (SGLang, vLLM, transformers)
 # The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1:
@@ -127,6 +178,46 @@ def check_portable_yarn(scaling: dict[str, Any], where: str = "rope_scaling") ->
                 f"ignores them, SGLang 0.5.23 and vLLM take a ratio); expected {portable} or none "
                 "(yarn_for_servers writes the pair)"
             )
+
+
+def kv_cache_elements_per_token(config: DrafterConfig) -> int:
+    """What a server caches per token for the draft layer: keys and values of every KV head (GQA), or
+    MLA's compressed latent plus the shared rotated key (``kv_lora_rank + qk_rope_head_dim``)."""
+    if config.attention == "mla":
+        return config.kv_lora_rank + config.qk_rope_head_dim
+    return 2 * config.num_key_value_heads * config.head_dim
+
+
+def attention_parameters(config: DrafterConfig) -> int:
+    """The draft layer's attention weights (projections; norms left out)."""
+    h, nh, hd = config.hidden_size, config.num_attention_heads, config.head_dim
+    if config.attention == "mla":
+        q = 2 * h * config.q_lora_rank + config.q_lora_rank * nh * hd
+        kv = 2 * h * (config.kv_lora_rank + config.qk_rope_head_dim)
+        kv += config.kv_lora_rank * nh * (config.qk_nope_head_dim + config.v_head_dim)
+        return q + kv + nh * config.v_head_dim * h
+    return 2 * h * (nh + 2 * config.num_key_value_heads) * hd + nh * hd * h
+
+
+def check_deepseek_rope(scaling: dict[str, Any] | None, where: str) -> None:
+    """An MLA head's RoPE as vLLM 0.32 and SGLang 0.5.23 read a DeepSeek config: none, or YaRN
+    (``deepseek_yarn``: the correction range always truncated, cos/sin times
+    ``yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)``, the softmax scale
+    times ``yarn_get_mscale(factor, mscale_all_dim)²``), kept in the target's form."""
+    kind = rope_kind(scaling)
+    if kind == "default":
+        return
+    if kind != "yarn":
+        raise DrafterConfigError(f"{where}.rope_type {kind!r}: an MLA head takes the DeepSeek YaRN or none")
+    scaling = scaling or {}
+    unknown = sorted(set(scaling) - YARN_KEYS)
+    if unknown:
+        raise DrafterConfigError(f"{where}: unknown YaRN keys {unknown}; expected a subset of {sorted(YARN_KEYS)}")
+    for key in ("factor", "original_max_position_embeddings"):
+        if key not in scaling:
+            raise DrafterConfigError(f"{where}.{key}: required for rope_type yarn (vLLM reads it without a default)")
+    if not scaling.get("truncate", True):
+        raise DrafterConfigError(f"{where}.truncate false: the servers' DeepSeek YaRN always truncates")
 
 
 def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
@@ -195,7 +286,7 @@ def target_rope(target_config: dict[str, Any]) -> tuple[float, dict[str, Any] | 
 
 MODEL_KEYS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "rope_theta", "rope_scaling", "max_position_embeddings", *VARIANT_KEYS,
+    "rope_theta", "rope_scaling", "max_position_embeddings", *VARIANT_KEYS, "attention",
 )  # fmt: skip
 # The draft attention for an MLA target (see mla_draft_shape): the published DeepSeek-V3 drafter's.
 MLA_DRAFT_HEAD_DIM = 128
@@ -246,10 +337,13 @@ def copied_draft_shape(target: Mapping[str, Any], hidden: int, overrides: Mappin
     }
 
 
-def drafter_rope(target: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, int]:
+def drafter_rope(
+    target: Mapping[str, Any], overrides: Mapping[str, Any], mla: bool = False
+) -> tuple[float, dict[str, Any] | None, int]:
     """``(rope_theta, rope_scaling, max_position_embeddings)``: the target's, or ``drafter.model``'s
     (``rope_scaling: null`` there means no scaling). A YaRN scaling is rewritten by
-    :func:`yarn_for_servers` so every server reads it as trained. The
+    :func:`yarn_for_servers` so every server reads it as trained; an MLA head (``mla``) keeps the
+    DeepSeek form, which both servers' MLA classes read alike (:func:`check_deepseek_rope`). The
     drafter serves at least the target's context: a smaller ``max_position_embeddings`` is refused."""
     theta, scaling = target_rope(dict(target))
     where = "target config rope_scaling"
@@ -259,6 +353,10 @@ def drafter_rope(target: Mapping[str, Any], overrides: Mapping[str, Any]) -> tup
         scaling, where = overrides["rope_scaling"], "drafter.model.rope_scaling"
     if rope_kind(scaling) == "default":
         scaling = None
+    elif mla:  # transformers 5 may keep rope_theta in the scaling dict; the drafter carries it apart
+        scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
+        check_deepseek_rope(scaling, where)
+        scaling |= {"rope_type": "yarn", "type": "yarn"}
     elif rope_kind(scaling) == "yarn":
         scaling = yarn_for_servers(dict(scaling or {}), where)
     target_positions = int(target.get("max_position_embeddings", 4096))
@@ -283,6 +381,8 @@ def drafter_config(
     if unknown:
         raise TrainError(f"drafter.model: unknown keys {unknown}; expected a subset of {list(MODEL_KEYS)}")
     hidden = int(overrides.get("hidden_size") or target["hidden_size"])
+    if (overrides.get("attention") or "gqa") == "mla":
+        return mla_draft_config(target, hidden, draft_vocab_size, aux_layer_ids, overrides)
     shape = mla_draft_shape(hidden, overrides) if is_mla(target) else copied_draft_shape(target, hidden, overrides)
     theta, scaling, positions = drafter_rope(target, overrides)
     return DrafterConfig(
@@ -299,5 +399,61 @@ def drafter_config(
         rope_scaling=scaling,
         max_position_embeddings=positions,
         aux_layer_ids=list(aux_layer_ids),
-        **{k: bool(overrides.get(k, False)) for k in VARIANT_KEYS},
+        **_variant_switches(overrides),
+    )
+
+
+def _variant_switches(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: bool(overrides.get(key, False)) for key in VARIANT_KEYS}
+
+
+def mla_draft_config(
+    target: Mapping[str, Any],
+    hidden: int,
+    draft_vocab_size: int,
+    aux_layer_ids: list[int],
+    overrides: Mapping[str, Any],
+) -> DrafterConfig:
+    """The MLA draft head (``drafter.model.attention: mla``) for a DeepSeek-V2/V3 or Kimi target: the
+    target's MLA dims (q/kv LoRA ranks, nope/rope/v head dims), heads and dense MLP width
+    (``intermediate_size``, its first dense layer's), its DeepSeek RoPE as is. A target without MLA
+    dims, or a ``head_dim``/``num_key_value_heads`` override (MLA's are fixed by its dims), is refused."""
+    missing = [key for key in MLA_KEYS if not target.get(key)]
+    if missing and missing != ["q_lora_rank"]:
+        raise TrainError(
+            f"drafter.model.attention: mla needs a target with DeepSeek MLA dims; its config has no {missing} "
+            f"(model_type {target.get('model_type')!r}); use attention: gqa"
+        )
+    if missing:
+        raise TrainError(
+            "drafter.model.attention: mla: the target has no q_lora_rank (an uncompressed query, as DeepSeek-V2-Lite); "
+            "SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM requires one; use attention: gqa"
+        )
+    fixed = sorted(key for key in ("head_dim", "num_key_value_heads") if overrides.get(key))
+    if fixed:
+        raise TrainError(f"drafter.model {fixed}: not settable with attention: mla (the MLA dims fix them)")
+    heads = int(overrides.get("num_attention_heads") or target["num_attention_heads"])
+    dims = {key: int(target[key]) for key in MLA_KEYS}
+    theta, scaling, positions = drafter_rope(target, overrides, mla=True)
+    return DrafterConfig(
+        hidden_size=hidden,
+        target_hidden_size=int(target["hidden_size"]),
+        intermediate_size=int(overrides.get("intermediate_size") or target["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"],
+        vocab_size=int(target["vocab_size"]),
+        draft_vocab_size=draft_vocab_size,
+        rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=positions,
+        aux_layer_ids=list(aux_layer_ids),
+        **_variant_switches(overrides),
+        attention="mla",
+        q_lora_rank=dims["q_lora_rank"],
+        kv_lora_rank=dims["kv_lora_rank"],
+        qk_nope_head_dim=dims["qk_nope_head_dim"],
+        qk_rope_head_dim=dims["qk_rope_head_dim"],
+        v_head_dim=dims["v_head_dim"],
     )

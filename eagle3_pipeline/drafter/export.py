@@ -18,8 +18,18 @@ The variants (``fc_norm``, ``norm_output``, ``norm_before_fc``) are the top-leve
 SGLang 0.5.23 read (``models/llama_eagle3.py``), written only when on; ``eagle3_pipeline.training`` records
 the loss and the checkpoint exported (``select``, its step and τ).
 
+The MLA head (``attention: mla``): ``architectures: ["Eagle3DeepseekV2ForCausalLM"]``, ``model_type:
+deepseek_v3`` (the DeepSeek-V3 config class both servers' MLA draft classes read), the MLA dims
+(``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``),
+``num_key_value_heads`` = ``num_attention_heads``, no ``head_dim`` (DeepSeek's config derives its own) and
+the target's DeepSeek ``rope_scaling`` as trained (:func:`~eagle3_pipeline.drafter.draft_config.check_deepseek_rope`);
+its attention weights are ``midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+kv_a_layernorm, kv_b_proj, o_proj}.weight``, which vLLM renames ``layers.0.*`` and fuses q_a/kv_a into
+``fused_qkv_a_proj`` and SGLang fuses into ``fused_qkv_a_proj_with_mqa``.
+
 ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
-``t2d`` (and ``fc_norm.{0,1,2}.weight`` or ``input_norm.weight`` for those variants);
+``t2d`` (not for a full draft vocabulary: vLLM refuses them then), ``fc_norm.{0,1,2}.weight`` or
+``input_norm.weight`` for those variants;
 ``embed_tokens.weight`` only when the draft hidden size differs from the target's (the servers then
 cannot share the target's embedding). The folder is written under a temporary name and renamed into
 place.
@@ -36,13 +46,20 @@ from typing import Any
 import torch
 
 from eagle3_pipeline.drafter.draft_config import (
+    MLA_KEYS,
     VARIANT_KEYS,
     DrafterConfig,
     DrafterConfigError,
     rope_kind,
     yarn_for_servers,
 )
-from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
+from eagle3_pipeline.drafter.formats import (
+    ARCHITECTURE,
+    CONFIG_FILE,
+    MLA_ARCHITECTURE,
+    MLA_MODEL_TYPE,
+    WEIGHTS_FILE,
+)
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config, our_weight_names
 from eagle3_pipeline.target.layer_ids import SGLANG_RELEASES, output_layer_ids, server_layer_ids, target_family
@@ -53,8 +70,8 @@ TARGET_FIELDS_KEPT = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 def served_rope_scaling(config: DrafterConfig) -> dict[str, Any] | None:
     """``rope_scaling`` as config.json carries it: YaRN in :func:`yarn_for_servers`'s form (``rope_type``
-    and ``type`` both, the portable mscale pair), other scalings as trained."""
-    if rope_kind(config.rope_scaling) == "yarn":
+    and ``type`` both, the portable mscale pair), other scalings and the MLA head's DeepSeek YaRN as trained."""
+    if rope_kind(config.rope_scaling) == "yarn" and config.attention != "mla":
         return yarn_for_servers(dict(config.rope_scaling or {}), "rope_scaling")
     return config.rope_scaling
 
@@ -103,6 +120,15 @@ def server_config(
     # Top-level keys both servers read (eagle_config.norm_before_fc too, which they read first): written
     # only when on, so a plain EAGLE-3 export is the one it always was.
     out.update({key: True for key in VARIANT_KEYS if getattr(config, key)})
+    if config.attention == "mla":
+        del out["head_dim"]
+        out.update(
+            {
+                "architectures": [MLA_ARCHITECTURE],
+                "model_type": MLA_MODEL_TYPE,
+                **{k: getattr(config, k) for k in MLA_KEYS},
+            }
+        )
     if training is not None:
         out["eagle3_pipeline"]["training"] = training
     out.update({k: target_config[k] for k in TARGET_FIELDS_KEPT if k in target_config})
@@ -110,11 +136,13 @@ def server_config(
 
 
 def exported_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """The state entries the weights file holds, as they are (no copy: works on a meta-device model)."""
-    carry_embedding = model.config.hidden_size != model.config.target_hidden_size
-    return {
-        name: tensor for name, tensor in model.state_dict().items() if carry_embedding or name != "embed_tokens.weight"
-    }
+    """The state entries the weights file holds, as they are (no copy: works on a meta-device model).
+    A full draft vocabulary (the identity ``d2t``) carries no ``d2t``/``t2d``: vLLM 0.32's EAGLE-3 classes
+    build no ``draft_id_to_target_id`` then and refuse the weight; SGLang reads its absence as the identity."""
+    drop = set() if model.config.hidden_size != model.config.target_hidden_size else {"embed_tokens.weight"}
+    if model.config.draft_vocab_size == model.config.vocab_size and model.d2t.device.type != "meta":
+        drop |= {"d2t", "t2d"} if not bool(model.d2t.any()) else set()
+    return {name: tensor for name, tensor in model.state_dict().items() if name not in drop}
 
 
 def export_weights(model: Eagle3Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -148,13 +176,19 @@ def export_for_servers(
 
 
 def config_from_export(raw: dict[str, Any]) -> DrafterConfig:
+    mla = raw.get("architectures") == [MLA_ARCHITECTURE]
+    mla_fields: dict[str, Any] = {"attention": "mla", **{k: int(raw[k]) for k in MLA_KEYS}} if mla else {}
     return DrafterConfig(
         hidden_size=raw["hidden_size"],
         target_hidden_size=raw.get("target_hidden_size", raw["hidden_size"]),
         intermediate_size=raw["intermediate_size"],
         num_attention_heads=raw["num_attention_heads"],
         num_key_value_heads=raw["num_key_value_heads"],
-        head_dim=raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"]),
+        head_dim=(
+            raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]
+            if mla
+            else raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
+        ),
         vocab_size=raw["vocab_size"],
         draft_vocab_size=raw["draft_vocab_size"],
         rms_norm_eps=raw["rms_norm_eps"],
@@ -165,6 +199,7 @@ def config_from_export(raw: dict[str, Any]) -> DrafterConfig:
         fc_norm=bool(raw.get("fc_norm", False)),
         norm_output=bool(raw.get("norm_output", False)),
         norm_before_fc=bool((raw.get("eagle_config") or {}).get("norm_before_fc", raw.get("norm_before_fc", False))),
+        **mla_fields,
     )
 
 
@@ -186,9 +221,10 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
     if is_speculators_config(raw):
         model = Eagle3Drafter(config_from_speculators(raw, config_path))
         tensors = our_weight_names(tensors)
-    elif raw.get("architectures") != [ARCHITECTURE]:
+    elif raw.get("architectures") not in ([ARCHITECTURE], [MLA_ARCHITECTURE]):
         raise DrafterConfigError(
-            f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}]"
+            f"{config_path}: architectures is {raw.get('architectures')}, expected [{ARCHITECTURE!r}] or "
+            f"[{MLA_ARCHITECTURE!r}]"
         )
     else:
         model = Eagle3Drafter(config_from_export(raw))
@@ -198,6 +234,9 @@ def load_export(folder: Path, target_model_dir: Path | None = None) -> Eagle3Dra
                 f"{folder}: the export carries no embed_tokens.weight; pass target_model_dir to take the target's"
             )
         tensors["embed_tokens.weight"] = embedding_tensor(Path(target_model_dir))
+    if "d2t" not in tensors and model.config.draft_vocab_size == model.config.vocab_size:
+        tensors["d2t"] = torch.zeros(model.config.vocab_size, dtype=torch.int64)
+        tensors["t2d"] = torch.ones(model.config.vocab_size, dtype=torch.bool)
     model.load_state_dict({k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}, strict=True)
     model.embed_tokens.weight.requires_grad_(False)
     return model

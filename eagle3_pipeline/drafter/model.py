@@ -38,6 +38,8 @@ from eagle3_pipeline.drafter.draft_config import (
     DrafterConfigError,
     rope_kind,
 )
+from eagle3_pipeline.drafter.mla import MLAAttention, mla_rope_factor
+from eagle3_pipeline.drafter.norm import RMSNorm
 
 
 def yarn_mscale(factor: float) -> float:
@@ -46,7 +48,10 @@ def yarn_mscale(factor: float) -> float:
 
 
 def rope_attention_factor(config: DrafterConfig) -> float:
-    """What the servers multiply cos and sin by (q·k by its square): YaRN's ``0.1·ln(factor) + 1``, else 1."""
+    """What the servers multiply cos and sin by (q·k by its square): YaRN's ``0.1·ln(factor) + 1``, else 1
+    (the MLA head: DeepSeek's ratio, :func:`~eagle3_pipeline.drafter.mla.mla_rope_factor`)."""
+    if config.attention == "mla":
+        return mla_rope_factor(config)
     scaling = config.rope_scaling or {}
     return yarn_mscale(float(scaling["factor"])) if rope_kind(scaling) == "yarn" else 1.0
 
@@ -57,7 +62,8 @@ def _yarn_correction_dim(rotations: float, dim: int, base: float, original_max: 
 
 def rope_inverse_frequencies(config: DrafterConfig) -> torch.Tensor:
     """Per-pair inverse frequencies [head_dim/2] in float32 (Llama rotate-half RoPE; linear, llama3 and
-    YaRN scaling), in the servers' order of float32 operations.
+    YaRN scaling), in the servers' order of float32 operations; for the MLA head over
+    ``qk_rope_head_dim`` (the servers' DeepSeek YaRN: the same blend, always truncated).
 
     YaRN (SGLang/vLLM ``YaRNScalingRotaryEmbedding._compute_inv_freq``, transformers
     ``_compute_yarn_parameters``): pair i keeps its frequency (extrapolation) below the correction range
@@ -65,7 +71,7 @@ def rope_inverse_frequencies(config: DrafterConfig) -> torch.Tensor:
     is divided by ``factor`` (interpolation) above it, and blends linearly inside; with ``truncate``
     (default) low is floored and high ceiled, both clamped to [0, head_dim - 1].
     """
-    dim = config.head_dim
+    dim = config.qk_rope_head_dim if config.attention == "mla" else config.head_dim
     pos_freqs = config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     inv = 1.0 / pos_freqs
     scaling = config.rope_scaling or {}
@@ -104,17 +110,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class Attention(nn.Module):
@@ -126,6 +122,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.scale = 1.0 / math.sqrt(hd)
 
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -139,6 +136,19 @@ class Attention(nn.Module):
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def cached_qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q of the new tokens, keys and values of every cached token and the new ones (appended to ``cache``)."""
+        q, k, v = self.qkv(x, cos, sin)
+        if cache:
+            k = torch.cat([cache[0][0], k], dim=2)
+            v = torch.cat([cache[0][1], v], dim=2)
+            cache[0] = (k, v)
+        else:
+            cache.append((k, v))
         return q, k, v
 
     def out(self, attn: torch.Tensor) -> torch.Tensor:
@@ -158,13 +168,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """The one decoder layer, named ``midlayer`` in the checkpoint."""
+    """The one decoder layer, named ``midlayer`` in the checkpoint; its attention the Llama layer's or
+    DeepSeek's MLA (``config.attention``, :mod:`eagle3_pipeline.drafter.mla`)."""
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn: Attention | MLAAttention = (
+            MLAAttention(config) if config.attention == "mla" else Attention(config)
+        )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
@@ -174,9 +187,6 @@ class DecoderLayer(nn.Module):
     def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         hidden = hidden + attn_out
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class Eagle3Drafter(nn.Module):
@@ -321,7 +331,7 @@ class Eagle3Drafter(nn.Module):
         q, k, v = attn_layer.qkv(self.midlayer.attention_input(self.embed_tokens(ids), hidden), cos, sin)
         k0, v0 = earlier[0] if earlier else (k, v)
         q = q.unflatten(1, (attn_layer.nkv, attn_layer.nh // attn_layer.nkv))  # [B, nkv, g, T, hd]
-        scale = 1.0 / math.sqrt(self.config.head_dim)
+        scale = attn_layer.scale
         attn, lse = BlockCausalAttention.apply(q, k0, v0, keys_visible, scale)
         if earlier:
             diagonal = [*earlier[1:], (k, v)]  # the keys of steps 1..j at the query's own index
@@ -340,18 +350,14 @@ class Eagle3Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One server-style draft forward over new tokens [B, n] with their hidden stream [B, n, H]
         at ``positions`` [n]: causal attention over the cached keys plus the new ones; appends the
-        new keys/values to ``cache``. Returns (logits [B, n, Vd], the carried hidden [B, n, H])."""
+        new keys/values to ``cache`` (the MLA head: the latent and the rotated shared key). Returns
+        (logits [B, n, Vd], the carried hidden [B, n, H])."""
         x = self.midlayer.attention_input(self.embed_tokens(input_ids), hidden)
         cos, sin = self.rope(positions)
-        q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
-        if cache:
-            k = torch.cat([cache[0][0], k], dim=2)
-            v = torch.cat([cache[0][1], v], dim=2)
-            cache[0] = (k, v)
-        else:
-            cache.append((k, v))
+        attn_layer = self.midlayer.self_attn
+        q, k, v = attn_layer.cached_qkv(x, cos, sin, cache)
         n, total = q.shape[2], k.shape[2]
         visible = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=total - n)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True, scale=attn_layer.scale)
         out = self.carried(self.midlayer.finish(hidden, self.midlayer.self_attn.out(attn)))
         return self.logits(out), out

@@ -72,15 +72,19 @@ def _draft(config: PipelineConfig, raw: Mapping[str, Any]) -> DrafterConfig:
 
 def draft_shape(config: PipelineConfig, raw: Mapping[str, Any]) -> tuple[int, int, int, int]:
     """(trained parameters, frozen bytes, KV bytes per token, served weight bytes) of the EAGLE-3 draft."""
+    from eagle3_pipeline.drafter.draft_config import attention_parameters, kv_cache_elements_per_token
+
     text = text_config(raw)
     draft = _draft(config, raw)
     hidden, inter = draft.hidden_size, draft.intermediate_size
-    heads, kv_heads = draft.num_attention_heads, draft.num_key_value_heads
-    head_dim = draft.head_dim or hidden // heads
-    attention = 2 * hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-    trained = attention + 3 * hidden * inter + 3 * draft.target_hidden_size * hidden + draft.draft_vocab_size * hidden
+    trained = (
+        attention_parameters(draft)
+        + 3 * hidden * inter
+        + 3 * draft.target_hidden_size * hidden
+        + draft.draft_vocab_size * hidden
+    )
     frozen = int(text["vocab_size"]) * draft.target_hidden_size * 2 * 2  # the embedding and the target's lm_head, bf16
-    kv = 2 * kv_heads * head_dim * 2
+    kv = kv_cache_elements_per_token(draft) * 2
     served = trained * 2 + int(text["vocab_size"]) * hidden * 2
     return trained, frozen, kv, served
 

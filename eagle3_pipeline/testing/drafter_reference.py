@@ -15,7 +15,6 @@ inside the functions.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -148,7 +147,7 @@ def reference_ttt_forward(
     allowed = (
         causal[None, None] if attention_mask is None else causal[None, None] & attention_mask.bool()[:, None, None, :]
     )
-    scale = 1.0 / math.sqrt(model.config.head_dim)
+    scale = attn_layer.scale
     positions = torch.arange(t, device=device)
     k0 = v0 = None
     diag_k: list[torch.Tensor] = []

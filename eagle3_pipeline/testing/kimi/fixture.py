@@ -437,3 +437,24 @@ def build_kimi_checkpoint(folder: Path, *, int4: bool = False, split_think: bool
     _write_json(folder / "tokenizer_config.json", _tokenizer_config(split_think))
     _write_shards(folder, _random_weights(seed))
     return folder
+
+
+def build_kimi_text_checkpoint(folder: Path, *, seed: int = 0) -> Path:
+    """The stand-in's language model alone as a DeepSeek-V3 checkpoint (``text_config`` as config.json,
+    ``architectures: [DeepseekV3ForCausalLM]``, the weights without ``language_model.``, the same
+    tokenizer): what vLLM 0.32's CPU build can load, which cannot build ``KimiK25ForConditionalGeneration``
+    from the stand-in (it asks for an image processor the stand-in has no ``preprocessor_config.json``
+    for). The target of the MLA draft head's vLLM checks."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / "config.json", text_config())
+    _write_json(folder / "generation_config.json", {"eos_token_id": SPECIAL_TOKEN_IDS["<|im_end|>"]})
+    for name in ("tokenization_kimi.py", "tool_declaration_ts.py"):
+        shutil.copyfile(_HERE / name, folder / name)
+    shutil.copyfile(CHAT_TEMPLATE, folder / "chat_template.jinja")
+    ranks = "".join(f"{base64.b64encode(token).decode()} {rank}\n" for rank, token in enumerate(learn_ranks()))
+    (folder / "tiktoken.model").write_text(ranks, encoding="ascii")
+    _write_json(folder / "tokenizer_config.json", _tokenizer_config(False))
+    weights = _random_weights(seed)
+    _write_shards(folder, {name.removeprefix("language_model."): tensor for name, tensor in weights.items()})
+    return folder
