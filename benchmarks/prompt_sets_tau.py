@@ -28,7 +28,7 @@ DEFAULT_ARTIFACTS = Path.home() / ".local/share/eagle3_pipeline/local"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS)
     parser.add_argument("--sets", default="held_out,mt_bench,humaneval")
     parser.add_argument("--per-category", type=int, default=2)

@@ -36,6 +36,8 @@ from eagle3_pipeline.drafter.completion_checks import (
 from eagle3_pipeline.drafter.prompt_sets import BenchPrompt, PromptSetError, first_turn, load_sets, second_turn
 from eagle3_pipeline.target.folder import load_tokenizer
 
+LOOP_TAIL_CHARS = 80  # the end of a flagged completion's text, kept with its flag for a person to read
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -49,9 +51,14 @@ class Completion:
 class Counters(Protocol):
     """vLLM's speculative counters at one scrape (the online benchmark's ``SpecCounters``)."""
 
-    accepted: float
-    drafts: float
-    per_position: tuple[float, ...]
+    @property
+    def accepted(self) -> float: ...
+
+    @property
+    def drafts(self) -> float: ...
+
+    @property
+    def per_position(self) -> tuple[float, ...]: ...
 
 
 class Engine(Protocol):
@@ -164,7 +171,15 @@ def measure_category(
     for prompt, turn, ids, answer in requests:
         loop = tail_loop(answer.token_ids, settings.loop_min_tail, settings.loop_max_period)
         if loop is not None:
-            flagged.append({"id": prompt.id, "turn": turn, "period": loop.period, "repeated": loop.repeated_tokens})
+            flagged.append(
+                {
+                    "id": prompt.id,
+                    "turn": turn,
+                    "period": loop.period,
+                    "repeated": loop.repeated_tokens,
+                    "tail": answer.text[-LOOP_TAIL_CHARS:],
+                }
+            )
             looped.append(ids)
         if engine.server == "sglang":
             if not answer.verify_steps:

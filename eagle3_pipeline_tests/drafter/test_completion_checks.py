@@ -51,7 +51,7 @@ def test_a_reasoning_completion_splits_at_the_end_marker(kimi_checkpoint: Path) 
     answer = tokenizer("The answer is 4.", add_special_tokens=False)["input_ids"]
     completion = [*thinking, *end, *answer]
     cut = split_thinking(prompt, completion, start, end)
-    assert cut == len(thinking) + 1
+    assert cut is not None and cut == len(thinking) + 1
     assert tokenizer.decode(completion[cut:]) == "The answer is 4."
     # Unfinished thinking is all thinking; without a prefilled or opened <think> there is none.
     assert split_thinking(prompt, thinking, start, end) == len(thinking)

@@ -41,11 +41,10 @@ def test_a_looping_request_is_flagged_and_left_out_of_its_categorys_tau(sglang: 
     assert (chat["set"], chat["category"], chat["requests"], chat["completion_tokens"]) == ("held_out", "chat", 3, 120)
     assert chat["tau"] == 2.0  # 80 tokens in 40 verify steps: the looping request (4.0) is left out
     assert chat["tau_with_loops"] == 2.4  # 120 tokens in 50 steps with it
-    assert chat["loop_flagged"] == [{"id": "c2", "turn": 1, "period": 1, "repeated": 40}]
+    flag = {"id": "c2", "turn": 1, "period": 1, "repeated": 40, "tail": "x" * 40}
+    assert chat["loop_flagged"] == [flag]
     assert code["tau"] == code["tau_with_loops"] == 2.0 and code["loop_flagged"] == []
-    assert figures["loop_flagged"] == [
-        {"set": "held_out", "category": "chat", "id": "c2", "turn": 1, "period": 1, "repeated": 40}
-    ]
+    assert figures["loop_flagged"] == [{"set": "held_out", "category": "chat", **flag}]
     assert figures["thinking"] is None  # no completion has thinking
     metadata = prompt_set_metadata(figures)
     assert metadata["tau_sets"][0] == {
