@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig, PipelineConfig
 from eagle3_pipeline.drafter.prompt_sets import BenchPrompt
-from eagle3_pipeline.drafter.set_tau import Completion, PromptSetRun, SetSettings, measure_sets
+from eagle3_pipeline.drafter.set_tau import Completion, PromptSetRun, SetSettings, measure_sets, prompt_set_metadata
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
 from eagle3_pipeline.hosts import Host, quote_args, reach
@@ -276,19 +276,6 @@ class BenchmarkResult:
             **prompt_set_metadata(self.speculative.prompt_sets),
             "arms": [asdict(self.baseline), asdict(self.speculative)],
         }
-
-
-def prompt_set_metadata(figures: dict[str, Any] | None) -> dict[str, Any]:
-    """``tau_sets``: one row per (set, category) with τ without and with the loop-flagged requests;
-    ``loop_flagged`` and ``thinking`` as measured (empty when no set was measured)."""
-    if figures is None:
-        return {}
-    rows = [
-        {k: c[k] for k in ("set", "category", "requests", "completion_tokens", "tau", "tau_with_loops")}
-        | {"loops": len(c["loop_flagged"])}
-        for c in figures["categories"]
-    ]
-    return {"tau_sets": rows, "loop_flagged": figures["loop_flagged"], "thinking": figures["thinking"]}
 
 
 class RemoteServer:

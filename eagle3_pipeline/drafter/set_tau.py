@@ -306,3 +306,16 @@ def prompt_set_run(
         config.think_markers,
     )
     return PromptSetRun(prompts, tokenizer, settings)
+
+
+def prompt_set_metadata(figures: dict[str, Any] | None) -> dict[str, Any]:
+    """``tau_sets``: one row per (set, category) with τ without and with the loop-flagged requests;
+    ``loop_flagged`` and ``thinking`` as measured (empty when no set was measured)."""
+    if figures is None:
+        return {}
+    rows = [
+        {k: c[k] for k in ("set", "category", "requests", "completion_tokens", "tau", "tau_with_loops")}
+        | {"loops": len(c["loop_flagged"])}
+        for c in figures["categories"]
+    ]
+    return {"tau_sets": rows, "loop_flagged": figures["loop_flagged"], "thinking": figures["thinking"]}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.drafter.online import measure_prompt_sets, prompt_set_metadata
+from eagle3_pipeline.drafter.online import measure_prompt_sets
 from eagle3_pipeline.drafter.prompt_sets import BenchPrompt
-from eagle3_pipeline.drafter.set_tau import SetSettings
+from eagle3_pipeline.drafter.set_tau import SetSettings, prompt_set_metadata
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 
 pytestmark = pytest.mark.usefixtures("process_table")
