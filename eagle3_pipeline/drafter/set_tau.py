@@ -138,9 +138,13 @@ class _Delta:
     per_position: tuple[float, ...]
 
 
-def _batch(engine: Engine, prompts: Sequence[Sequence[int]], settings: SetSettings) -> list[Completion]:
+def _batch(
+    engine: Engine, prompts: Sequence[Sequence[int]], settings: SetSettings, limits: Sequence[int] = ()
+) -> list[Completion]:
+    """The prompts sent at the settings' concurrency, each up to its ``limits`` entry (default max_tokens)."""
+    tokens = list(limits) or [settings.max_tokens] * len(prompts)
     with ThreadPoolExecutor(max_workers=max(1, settings.concurrency)) as pool:
-        return list(pool.map(lambda p: engine.generate(p, settings.max_tokens), prompts))
+        return list(pool.map(lambda job: engine.generate(*job), zip(prompts, tokens, strict=True)))
 
 
 def _add_vllm(tally: _Tally, delta: Counters | None, sign: float = 1.0) -> None:
@@ -229,7 +233,8 @@ def measure_thinking(
     if not split:
         return None
     alone = [[*prompt, *answer.token_ids[:cut]] for prompt, answer, cut in split]
-    answers, answer_delta = _bracketed(engine, lambda: _batch(engine, alone, settings))
+    limits = [len(answer.token_ids) - cut for _, answer, cut in split]
+    answers, answer_delta = _bracketed(engine, lambda: _batch(engine, alone, settings, limits))
     if engine.server == "sglang":
         whole = (sum(len(a.token_ids) for _, a, _ in split), sum(a.verify_steps or 0 for _, a, _ in split))
         answer_part = (sum(len(a.token_ids) for a in answers), sum(a.verify_steps or 0 for a in answers))

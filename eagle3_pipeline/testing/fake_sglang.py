@@ -131,10 +131,17 @@ class Handler(BaseHTTPRequestHandler):
             meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
             looping = s.get("loop_token") in request["input_ids"]
             accept = s.get("loop_accept_length", 4.0) if looping else s.get("accept_length", 2.0)
-            if SPECULATIVE_STEPS and not at_once:
-                steps = math.ceil(tokens / float(accept))
-                meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
+            steps = math.ceil(tokens / float(accept))
             output = [s["loop_token"]] * tokens if looping else [100 + i for i in range(tokens)]
+            end = s.get("think_end_token")
+            if end is not None and end not in request["input_ids"]:  # thinking, its end marker, then the answer
+                thinking = min(tokens, s.get("think_tokens", 0) + 1)
+                output = [300 + i for i in range(thinking - 1)] + [end] + output[: tokens - thinking]
+                steps = math.ceil(thinking / float(s.get("think_accept_length", 3.0))) + math.ceil(
+                    (tokens - thinking) / float(accept)
+                )
+            if SPECULATIVE_STEPS and not at_once:
+                meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
             self.reply(200, json.dumps({"text": "x" * tokens, "output_ids": output, "meta_info": meta}).encode())
         else:
             self.reply(404, b"")
@@ -244,7 +251,10 @@ class FakeSglang:
         503; default SGLang's 20), unready_probes (the first N /health_generate of a server process answer
         503, as while it loads), no_verify_requests (the first N native /generate requests answer one
         token and no spec_verify_ct, as SGLang does for 0 verify steps), loop_token and loop_accept_length (a
-        prompt holding loop_token is answered by it repeated, loop_accept_length tokens per verify step)."""
+        prompt holding loop_token is answered by it repeated, loop_accept_length tokens per verify step),
+        think_end_token, think_tokens and think_accept_length (a prompt without think_end_token is answered by
+        think_tokens thinking tokens and think_end_token at think_accept_length tokens a step, default 3, then
+        the answer; one holding it, by the answer alone)."""
         write_atomic(self.scenario_path, json.dumps(scenario))
 
     def start(self, *, ranks: int | None = None, bind: bool = True, args: Sequence[str] = ()) -> FakeSglang:
