@@ -17,13 +17,15 @@ from eagle3_pipeline.drafter.set_tau import SetSettings
 from eagle3_pipeline.target.folder import load_tokenizer
 from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
 
-pytestmark = [pytest.mark.real_vllm, pytest.mark.local_model, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
 LOOP_PRONE = "Write a poem where every line is 'the sky is blue'."
 PLAIN = "What is the capital of France? Answer in one sentence."
 
 
 @pytest.fixture(scope="module")
-def target(local_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVllm]:
+def target(
+    real_vllm_python: Path, local_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningVllm]:
     with vllm_server(local_model, tmp_path_factory.mktemp("vllm") / "server.log") as server:
         yield server
 
