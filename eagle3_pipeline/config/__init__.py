@@ -10,6 +10,7 @@ from eagle3_pipeline.config.base import DATASET_ID_PATTERN, ENV_VAR_PATTERN, Con
 from eagle3_pipeline.config.compute import COMMAND_PLACEHOLDERS, ComputeConfig
 from eagle3_pipeline.config.drafter import (
     BENCHMARK_PLACEHOLDERS,
+    BenchmarkPromptSetsConfig,
     DrafterBenchmarkConfig,
     DrafterConfig,
     DrafterEvalConfig,
@@ -86,6 +87,7 @@ __all__ = [
     "DatasetConfig",
     "DeployConfig",
     "DraftVocabConfig",
+    "BenchmarkPromptSetsConfig",
     "DrafterBenchmarkConfig",
     "DrafterConfig",
     "DrafterEvalConfig",

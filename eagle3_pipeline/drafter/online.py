@@ -47,6 +47,8 @@ import pyarrow.parquet as pq
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig, PipelineConfig
+from eagle3_pipeline.drafter.prompt_sets import BenchPrompt
+from eagle3_pipeline.drafter.set_tau import Completion, PromptSetRun, SetSettings, measure_sets, prompt_set_metadata
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
 from eagle3_pipeline.hosts import Host, quote_args, reach
@@ -239,6 +241,7 @@ class ArmResult:
     accepted_tokens: int | None = None
     server_process: str = ""  # what the health gate's server_process check matched
     no_verify_requests: int = 0  # requests answered with no verify step (Acceptance.no_verify_requests)
+    prompt_sets: dict[str, Any] | None = None  # the speculative arm's τ per set and category (measure_prompt_sets)
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,7 @@ class BenchmarkResult:
             "speedup": round(self.speedup, 4),
             "requests": self.speculative.requests,
             "no_verify_requests": self.speculative.no_verify_requests,
+            **prompt_set_metadata(self.speculative.prompt_sets),
             "arms": [asdict(self.baseline), asdict(self.speculative)],
         }
 
@@ -356,6 +360,34 @@ class _Client:
         reply.raise_for_status()
         return {"completion_tokens": int(reply.json()["usage"]["completion_tokens"]), "verify_steps": None}
 
+    def generate(self, prompt: Sequence[int], max_tokens: int) -> Completion:
+        """One greedy request with its completion's token ids and text (the prompt sets' requests)."""
+        if self.server == "sglang":
+            body = {"input_ids": list(prompt), "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0}}
+            reply = self.http.post(self.url("/generate"), json=body)
+            reply.raise_for_status()
+            answer = reply.json()
+            steps = answer["meta_info"].get("spec_verify_ct")
+            return Completion(tuple(answer["output_ids"]), str(answer["text"]), int(steps) if steps else None)
+        if self.model is None:
+            models = self.http.get(self.url("/v1/models"))
+            models.raise_for_status()
+            self.model = str(models.json()["data"][0]["id"])
+        body = {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        reply = self.http.post(self.url("/v1/completions"), json=body)
+        reply.raise_for_status()
+        choice = reply.json()["choices"][0]
+        return Completion(tuple(choice["token_ids"]), str(choice["text"]), None)
+
+    def counters(self) -> SpecCounters:
+        return self.spec_counters()
+
     def spec_counters(self) -> SpecCounters:
         """vLLM's accepted-token and draft counters, and the accepted tokens per draft position."""
         from prometheus_client.parser import text_string_to_metric_families
@@ -432,6 +464,25 @@ def measure(
     return Measured(len(answers), sum(a["completion_tokens"] for a in answers), round(wall, 3), acceptance)
 
 
+def measure_prompt_sets(
+    server: str,
+    base_url: str,
+    prompts: Sequence[BenchPrompt],
+    tokenizer: Any,
+    settings: SetSettings,
+    timeout_s: float,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """τ per prompt set and category on a running speculative server, loop-flagged requests apart, and the
+    thinking/answer split (:mod:`eagle3_pipeline.drafter.set_tau`), as JSON-ready figures."""
+    client = _Client(server, base_url, timeout_s, api_key)
+    try:
+        figures = measure_sets(client, prompts, tokenizer, settings)
+    finally:
+        client.close()
+    return {**figures, "categories": [asdict(c) for c in figures["categories"]]}
+
+
 class ArmServers(Protocol):
     """How the benchmark gets the server of each arm: :meth:`start` returns once it answers, with what the
     health gate checks on it; :meth:`stop` after the arm."""
@@ -498,6 +549,7 @@ def _run_arm(
     prompts: Sequence[Sequence[int]],
     gate: Gate,
     report: Reporter,
+    sets: PromptSetRun | None = None,
 ) -> ArmResult:
     speculative = arm == "speculative"
     gate(None)
@@ -516,6 +568,7 @@ def _run_arm(
             spec.api_key,
         )
         acceptance = measured.acceptance
+        figures = _measure_sets(settings, base_url, spec.api_key, sets, report) if speculative and sets else None
         result = ArmResult(
             arm,
             measured.requests,
@@ -528,6 +581,7 @@ def _run_arm(
             acceptance.accepted_tokens if acceptance else None,
             process,
             acceptance.no_verify_requests if acceptance else 0,
+            figures,
         )
         if result.no_verify_requests:
             report.log(
@@ -544,6 +598,19 @@ def _run_arm(
         return result
     finally:
         servers.stop()
+
+
+def _measure_sets(
+    settings: DrafterBenchmarkConfig, base_url: str, api_key: str | None, sets: PromptSetRun, report: Reporter
+) -> dict[str, Any]:
+    """The prompt sets on the speculative arm's server, after its timed run (not part of its tokens/s)."""
+    report.log(f"speculative: τ per prompt set and category over {len(sets.prompts)} prompt(s)")
+    figures = measure_prompt_sets(
+        settings.server, base_url, sets.prompts, sets.tokenizer, sets.settings, settings.request_timeout_s, api_key
+    )
+    for flag in figures["loop_flagged"]:
+        report.log(f"speculative: a degenerate loop, left out of τ: {flag}")
+    return figures
 
 
 def matched_process(report: HealthReport) -> str:
@@ -600,10 +667,12 @@ def run_benchmark(
     gate: Gate,
     report: Reporter,
     servers: ArmServers | None = None,
+    sets: PromptSetRun | None = None,
 ) -> BenchmarkResult:
     """Both arms, one after the other on the same host and prompts (see the module doc); ``servers``:
-    where each arm's server comes from (default: ``launch_command`` on ``host``)."""
+    where each arm's server comes from (default: ``launch_command`` on ``host``); ``sets``: the prompt sets
+    measured per category on the speculative arm's server after its timed run."""
     servers = servers or CommandServers(settings, host, base_url, report)
     baseline = _run_arm("baseline", settings, servers, base_url, prompts, gate, report)
-    speculative = _run_arm("speculative", settings, servers, base_url, prompts, gate, report)
+    speculative = _run_arm("speculative", settings, servers, base_url, prompts, gate, report, sets)
     return BenchmarkResult(settings.server, settings.steps, baseline, speculative)

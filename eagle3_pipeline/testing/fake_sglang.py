@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,14 @@ from eagle3_pipeline.testing.process_tools import free_port, kill_group, wait_un
 
 _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
 JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
-`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
-verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
-folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
-(a path that is no folder here is taken as one on another host). `--config FILE.yaml` with `api-key` makes it
-require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang's API-key middleware
-does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger). On SIGTERM it shuts its
-scheduler children down itself and exits, as SGLang's launch_server does (its log says so: the graceful
+`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each verify
+step yields the scenario's `accept_length` tokens, default 2; a prompt holding the scenario's `loop_token` is
+answered by that token over and over, `loop_accept_length` tokens a step, default 4); a
+`--speculative-draft-model-path` folder without a config.json makes it exit during start-up, as SGLang does when it
+cannot load the drafter (a path that is no folder here is taken as one on another host). `--config FILE.yaml` with
+`api-key` makes it require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang's
+API-key middleware does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger). On SIGTERM it
+shuts its scheduler children down itself and exits, as SGLang's launch_server does (its log says so: the graceful
 stop's test); with FAKE_SGLANG_ABANDON=1 it exits leaving them running."""
 import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -127,10 +129,20 @@ class Handler(BaseHTTPRequestHandler):
             if at_once:  # an EOS straight from the prefill: SGLang leaves spec_verify_ct (0) out of meta_info
                 tokens = 1
             meta = {"prompt_tokens": len(request["input_ids"]), "completion_tokens": tokens}
+            looping = s.get("loop_token") in request["input_ids"]
+            accept = s.get("loop_accept_length", 4.0) if looping else s.get("accept_length", 2.0)
+            steps = math.ceil(tokens / float(accept))
+            output = [s["loop_token"]] * tokens if looping else [100 + i for i in range(tokens)]
+            end = s.get("think_end_token")
+            if end is not None and end not in request["input_ids"]:  # thinking, its end marker, then the answer
+                thinking = min(tokens, s.get("think_tokens", 0) + 1)
+                output = [300 + i for i in range(thinking - 1)] + [end] + output[: tokens - thinking]
+                steps = math.ceil(thinking / float(s.get("think_accept_length", 3.0))) + math.ceil(
+                    (tokens - thinking) / float(accept)
+                )
             if SPECULATIVE_STEPS and not at_once:
-                steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
                 meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
-            self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
+            self.reply(200, json.dumps({"text": "x" * tokens, "output_ids": output, "meta_info": meta}).encode())
         else:
             self.reply(404, b"")
 
@@ -238,10 +250,15 @@ class FakeSglang:
         holds this text), health_timeout_s (how long a hung server's /health_generate waits before its
         503; default SGLang's 20), unready_probes (the first N /health_generate of a server process answer
         503, as while it loads), no_verify_requests (the first N native /generate requests answer one
-        token and no spec_verify_ct, as SGLang does for 0 verify steps)."""
+        token and no spec_verify_ct, as SGLang does for 0 verify steps), loop_token and loop_accept_length (a
+        prompt holding loop_token is answered by it repeated, loop_accept_length tokens per verify step),
+        think_end_token, think_tokens and think_accept_length (a prompt without think_end_token is answered by
+        think_tokens thinking tokens and think_end_token at think_accept_length tokens a step, default 3, then
+        the answer; one holding it, by the answer alone)."""
         write_atomic(self.scenario_path, json.dumps(scenario))
 
-    def start(self, *, ranks: int | None = None, bind: bool = True) -> FakeSglang:
+    def start(self, *, ranks: int | None = None, bind: bool = True, args: Sequence[str] = ()) -> FakeSglang:
+        """Start it; ``args`` go after its own (e.g. ``--speculative-num-steps 3``)."""
         ready = self.workdir / "ready"
         ready.unlink(missing_ok=True)
         env = {
@@ -253,6 +270,7 @@ class FakeSglang:
             "FAKE_SGLANG_BIND": "1" if bind else "0",
         }
         argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), "--tp-size", str(self.tp_size)]
+        argv += list(args)
         self.process = subprocess.Popen(argv, env=env, cwd=self.workdir, start_new_session=True)
         wait_until(ready.exists, 15, "fake sglang server")
         return self

@@ -6,10 +6,10 @@ Run as the benchmark's launch command:
 ``max_tokens`` tokens; with speculation each verify step yields ``A`` tokens (the last one fewer), and
 the server reports it the way the real ones do:
 
-- sglang: ``POST /generate`` → ``meta_info {completion_tokens, spec_verify_ct, spec_accept_length}``
-  (``spec_verify_ct`` only with speculation);
-- vllm: ``POST /v1/completions`` → ``usage.completion_tokens``; ``GET /metrics`` → the counters
-  ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:spec_decode_num_drafts_total`` and, per draft
+- sglang: ``POST /generate`` → ``output_ids`` and ``meta_info {completion_tokens, spec_verify_ct,
+  spec_accept_length}`` (``spec_verify_ct`` only with speculation);
+- vllm: ``POST /v1/completions`` → ``usage.completion_tokens`` and the choice's ``token_ids``; ``GET /metrics`` → the
+  counters ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:spec_decode_num_drafts_total`` and, per draft
   position ``p < K``, ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="p"}`` (a step that
   accepts ``a`` drafts counts one at positions ``0 … a-1``, as vLLM's ``SpecDecodingStats`` does), and
   ``vllm:generation_tokens_total`` (the health gate's throughput check reads it).
@@ -101,14 +101,20 @@ def main() -> None:
                 meta: dict[str, Any] = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": tokens}
                 if speculative:
                     meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
-                self._send({"text": "x" * tokens, "meta_info": meta})
+                self._send({"text": "x" * tokens, "output_ids": list(range(100, 100 + tokens)), "meta_info": meta})
             elif self.path == "/v1/completions" and args.kind == "vllm":
                 tokens = int(body["max_tokens"])
                 generate(tokens)
                 self._send(
                     {
                         "object": "text_completion",
-                        "choices": [{"text": "x" * tokens, "finish_reason": "length"}],
+                        "choices": [
+                            {
+                                "text": "x" * tokens,
+                                "finish_reason": "length",
+                                "token_ids": list(range(100, 100 + tokens)),
+                            }
+                        ],
                         "usage": {"completion_tokens": tokens},
                     }
                 )

@@ -27,6 +27,8 @@ from eagle3_pipeline.drafter.online import (
     make_gate,
     run_benchmark,
 )
+from eagle3_pipeline.drafter.prompt_sets import BenchPrompt
+from eagle3_pipeline.drafter.set_tau import PromptSetRun, SetSettings
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.hosts.identity import ProcessIdentity
 from eagle3_pipeline.serving import free_port
@@ -164,6 +166,36 @@ def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: s
     # both servers were stopped: nothing answers on the port any more
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base_url}/v1/models", timeout=2)
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+def test_prompt_sets_are_measured_per_category_on_the_speculative_arm(tmp_path: Path, server: str) -> None:
+    """The benchmark's wiring of the prompt sets (eagle3_pipeline.drafter.set_tau): measured on the speculative
+    arm's server after its timed run, per category, into the arm's result and the metadata's ``tau_sets``."""
+    config = write_config(tmp_path, server)
+    settings = config.drafter_benchmark
+    assert settings is not None
+    host = LocalHost()
+    sets = PromptSetRun(
+        [BenchPrompt("held_out", "chat", "a", (1, 2)), BenchPrompt("held_out", "code", "b", (3,))],
+        None,
+        SetSettings(max_tokens=20, concurrency=2),
+    )
+    result = run_benchmark(
+        settings,
+        host,
+        f"http://127.0.0.1:{settings.port}",
+        [[1, 2, 3]],
+        make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+        Recorder(),
+        sets=sets,
+    )
+    assert result.baseline.prompt_sets is None and result.speculative.prompt_sets is not None
+    rows = result.as_metadata()["tau_sets"]
+    assert [(r["category"], r["requests"], r["tau"], r["tau_with_loops"], r["loops"]) for r in rows] == [
+        ("chat", 1, round(20 / 7, 4), round(20 / 7, 4), 0),
+        ("code", 1, round(20 / 7, 4), round(20 / 7, 4), 0),
+    ]
 
 
 def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ from eagle3_pipeline.drafter.online import (
     eval_prompts,
     make_gate,
 )
+from eagle3_pipeline.drafter.prompt_sets import PromptSetError
+from eagle3_pipeline.drafter.set_tau import prompt_set_run
 from eagle3_pipeline.hosts import TUNNELS, build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter
@@ -56,6 +58,16 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
         declare_route(base_url, config.health.host, settings.port)  # its arms bind the host's loopback
     layout = ArtifactLayout(config.artifacts_root)
     prompts = eval_prompts(layout.training_data, settings.prompts)
+    try:
+        sets = prompt_set_run(
+            settings.prompt_sets,
+            layout.training_data,
+            settings.max_tokens,
+            settings.concurrency,
+            config.target.trust_remote_code,
+        )
+    except PromptSetError as exc:
+        raise dg.Failure(description=str(exc)) from None
     host = build_host(config.health.host)
     drafter = EagleDrafter(str(settings.draft_model_path), settings.steps)
 
@@ -75,6 +87,7 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
             DagsterReporter(context),
             layout.drafter_benchmark,
             servers if managed is not None else no_servers,
+            sets,
         )
     except UnhealthyError as exc:
         context.log_event(health_observation(exc.report, None, names))
@@ -85,6 +98,9 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
         host.close()
         TUNNELS.close()
     metadata["arms"] = dg.MetadataValue.json(metadata["arms"])
+    for key in ("tau_sets", "loop_flagged", "thinking"):
+        if metadata.get(key) is not None:
+            metadata[key] = dg.MetadataValue.json(metadata[key])
     return dg.MaterializeResult(metadata={**metadata, "base_url": base_url, "reused": reused})
 
 
