@@ -140,7 +140,12 @@ def greedy_store(
     with torch.no_grad():
         for i, prompt in enumerate(prompts):
             ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            full = model.generate(ids[None], max_new_tokens=new_tokens, do_sample=False)[0]
+            full = ids
+            for _ in range(new_tokens):
+                token = model(full[None]).logits[0, -1].argmax()
+                full = torch.cat([full, token[None]])
+                if int(token) == tokenizer.eos_token_id:
+                    break
             states = model(full[None], output_hidden_states=True).hidden_states
             aux = torch.cat([states[k + 1][0] for k in layers], dim=-1)
             mask = (torch.arange(full.shape[0]) >= ids.shape[0]).to(torch.uint8)

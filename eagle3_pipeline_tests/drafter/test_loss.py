@@ -13,6 +13,7 @@ Through the teacher: the target's p = (0.4, 0.1, 0.2, 0.3) over a draft vocabula
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_a_batch_mean_lambda_would_not_give_the_hand_values() -> None:
     assert not torch.allclose(specforge, torch.tensor(EXPECTED["lk_lambda"]), atol=1e-3)
 
 
-def _teacher_row() -> torch.Tensor:
+def _teacher_row() -> Any:
     """The teacher's row for target logits log(0.4, 0.1, 0.2, 0.3) (lm_head the identity) over the draft
     vocabulary {0, 1}, as ttt_loss builds it."""
     hidden = torch.tensor([[[0.4, 0.1, 0.2, 0.3]]]).log()
