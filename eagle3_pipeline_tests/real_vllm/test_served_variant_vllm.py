@@ -7,13 +7,18 @@ continuations of a few predictable prompts (:func:`greedy_store`; the same rows 
 accepts often at every depth and ``norm_output``, which only changes depths ≥ 1, shows in τ. The server
 runs its export with the embedded model as the target; τ comes from vLLM's ``/metrics`` counters as
 ``drafter_benchmark`` reads them (:func:`measure`), on the same prompts and continuation length, and must
-lie within :func:`served_tau_bound` of the offline τ@3 of the exported checkpoint. The embedded model stands
+lie within :func:`served_tau_bound` of the offline τ@3 of the exported checkpoint, and the share of verify
+steps that accept at least two drafts must not fall below the offline share (Π of the first two ``accept_j``)
+by more than 3·√2 of its binomial standard errors. Served with ``norm_output`` flipped in config.json, that
+share fell from 0.078 to 0.000 over 284 steps against an offline 0.073 (τ 1.243 → 1.162 against 1.232, inside
+the τ bound of 0.106 at this size: the per-depth check is the one that catches it). The embedded model stands
 in for the 1T target.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -69,11 +74,14 @@ def test_an_eagle31_export_serves_at_its_offline_tau(real_vllm_python: Path, loc
     acceptance = measured.acceptance
     assert acceptance is not None and acceptance.per_position and acceptance.verify_steps
     bound = served_tau_bound(acceptance.per_position, acceptance.verify_steps, measured.requests)
+    final = result["evals"][-1]
+    offline_two = final["accept_0"] * final["accept_1"]  # P(a verify step accepts ≥ 2 drafts), offline
+    slack = 3 * math.sqrt(2) * math.sqrt(offline_two * (1 - offline_two) / acceptance.verify_steps)
     print(
-        f"EAGLE-3.1 τ@{STEPS}: served {acceptance.tau:.4f}, offline {offline:.4f} (bound {bound:.4f}); served per "
-        f"position {[round(r, 3) for r in acceptance.per_position]}, offline accept_j "
-        f"{[round(result['evals'][-1].get(f'accept_{j}', 0.0), 3) for j in range(STEPS)]}; "
-        f"{acceptance.verify_steps} verify steps"
+        f"EAGLE-3.1 τ@{STEPS}: served {acceptance.tau:.4f}, offline {offline:.4f} (bound {bound:.4f}); served "
+        f"P(accepted ≥ 1, 2, 3) {[round(r, 3) for r in acceptance.per_position]}, offline P(≥ 2) {offline_two:.3f} "
+        f"(slack {slack:.3f}); {acceptance.verify_steps} verify steps"
     )
-    assert offline > 1.5, "the drafter must accept past depth 0 for norm_output to show"
+    assert offline_two > slack, "the drafter must accept past depth 0 often enough for norm_output to show"
     assert abs(acceptance.tau - offline) <= bound
+    assert offline_two - acceptance.per_position[1] <= slack
