@@ -6,14 +6,18 @@ the embedded default's main job wrote (``eagle3-pipeline run``; ``--artifacts`` 
 differs only in the switches named: ``--variants`` are ``+``-joined ``drafter.model`` switches
 (``eagle3`` for none, e.g. ``fc_norm+norm_output`` for EAGLE-3.1, ``norm_before_fc+norm_output`` for
 speculators' #610 variant), ``--losses`` are ``drafter.loss`` values, ``--seeds`` the training seeds.
+The first variant with the first loss is the baseline: every variant trains with the first loss, and the
+other losses train on the first variant only (``--cross``: every variant with every loss).
 Each run evaluates every ``--checkpoint-every`` steps on the store's eval split (τ at the served K,
 ``--select-steps``) and exports its best checkpoint (``select: best``); the last is the run's final
 evaluation. The best is chosen on the same eval split it is reported on, so its τ is biased upwards:
 the table says so. Runs go under ``--work`` and a rerun with the same folder trains nothing again;
-``--table`` prints the table of the runs finished there so far.
+``--table`` prints the table of the runs finished there so far, each row's τ also as a ratio to the
+baseline's on the same seeds (mean ± sd of the per-seed ratios).
 
-    nice -n 10 .venv/bin/python -m benchmarks.drafter_variants \\
-        --variants eagle3,fc_norm+norm_output,norm_before_fc+norm_output --losses kl,lk_lambda --seeds 0,1
+    nice -n 10 .venv/bin/python -m benchmarks.drafter_variants --epochs 3 --checkpoint-every 12 --seeds 0,1 \\
+        --variants eagle3,fc_norm+norm_output,fc_norm,norm_output,norm_before_fc+norm_output \\
+        --losses kl,lk_alpha,lk_lambda,tv
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def switches(variant: str) -> dict[str, bool]:
 
 def one_run(base: dict[str, Any], work: Path, variant: str, loss: str, seed: int, args: argparse.Namespace) -> dict:
     name = f"{variant}-{loss}-s{seed}"
+    if (work / f"{name}.json").is_file():
+        return json.loads((work / f"{name}.json").read_text())
     settings = {
         **base["settings"],
         "model": {**base["settings"]["model"], **switches(variant)},
@@ -73,30 +79,47 @@ def one_run(base: dict[str, Any], work: Path, variant: str, loss: str, seed: int
     return row
 
 
+def runs(variants: list[str], losses: list[str], cross: bool) -> list[tuple[str, str]]:
+    """(variant, loss) pairs: every variant with the first loss, then the other losses on the first variant
+    (``cross``: the full product)."""
+    if cross:
+        return [(v, loss) for v in variants for loss in losses]
+    return [(v, losses[0]) for v in variants] + [(variants[0], loss) for loss in losses[1:]]
+
+
 def _cell(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def _ratio(group: list[dict[str, Any]], baseline: dict[int, dict[str, Any]], key: str, which: str) -> str:
+    """The group's τ over the baseline's on the same seed (the baseline is ``last``), mean ± sd over seeds."""
+    ratios = [r[which][key] / baseline[r["seed"]]["last"][key] for r in group if r["seed"] in baseline]
+    return _cell(ratios) if ratios else "—"
+
+
 def table(rows: list[dict[str, Any]], k: int) -> str:
-    """Markdown: one line per (variant, loss), mean ± sd over the seeds (sd of the seeds, not of the mean)."""
+    """Markdown: one line per (variant, loss) in run order, mean ± sd over the seeds (sd of the seeds, not of
+    the mean), and the ratio of τ to the first row's (the baseline) on the same seeds."""
     key = f"tau@{k}"
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["variant"], row["loss"]), []).append(row)
+    baseline = {r["seed"]: r for r in next(iter(groups.values()), [])}
     accepts = [f"accept_{j}" for j in range(k)]
     lines = [
-        f"| variant | loss | seeds | {key} last | {key} best (step) | "
+        f"| variant | loss | seeds | {key} last | ratio | {key} best (step) | ratio | "
         + " | ".join(f"{a} last" for a in accepts)
         + " |",
-        "|---|---|---|---|---|" + "---|" * len(accepts),
+        "|---|---|---|---|---|---|---|" + "---|" * len(accepts),
     ]
     for (variant, loss), group in groups.items():
         best_steps = ",".join(str(int(r["best"]["step"])) for r in group)
         lines.append(
             f"| {variant} | {loss} | {len(group)} | {_cell([r['last'][key] for r in group])} | "
-            f"{_cell([r['best'][key] for r in group])} ({best_steps}) | "
+            f"{_ratio(group, baseline, key, 'last')} | {_cell([r['best'][key] for r in group])} ({best_steps}) | "
+            f"{_ratio(group, baseline, key, 'best')} | "
             + " | ".join(_cell([r["last"].get(a, 0.0) for r in group]) for a in accepts)
             + " |"
         )
@@ -107,16 +130,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, help="default: the embedded default's artifacts root")
     parser.add_argument("--work", type=Path, default=Path("/tmp/eagle3_drafter_variants"))
-    parser.add_argument("--variants", default=f"{PLAIN},fc_norm+norm_output,norm_before_fc+norm_output")
-    parser.add_argument("--losses", default="kl,lk_lambda")
+    parser.add_argument(
+        "--variants", default=f"{PLAIN},fc_norm+norm_output,fc_norm,norm_output,norm_before_fc+norm_output"
+    )
+    parser.add_argument("--losses", default="kl,lk_alpha,lk_lambda,tv")
+    parser.add_argument("--cross", action="store_true", help="every variant with every loss")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--epochs", type=int, help="default: the local profile's")
     parser.add_argument("--checkpoint-every", type=int, default=15)
     parser.add_argument("--select-steps", type=int, default=3)
     parser.add_argument("--table", action="store_true", help="only print the table of the runs finished in --work")
     args = parser.parse_args()
+    planned = runs(args.variants.split(","), args.losses.split(","), args.cross)
     if args.table:
-        print(table([json.loads(p.read_text()) for p in sorted(args.work.glob("*.json"))], args.select_steps))
+        done = {p.stem: json.loads(p.read_text()) for p in args.work.glob("*.json")}
+        order = [f"{v}-{loss}-s{seed}" for seed in args.seeds.split(",") for v, loss in planned]
+        print(table([done[n] for n in order if n in done], args.select_steps))
         return
     config = load_config(local_profile_path())
     base = train_spec(config, (args.artifacts or config.artifacts_root).resolve())
@@ -129,8 +158,7 @@ def main() -> None:
     rows = [
         one_run(base, args.work, variant, loss, int(seed), args)
         for seed in args.seeds.split(",")
-        for variant in args.variants.split(",")
-        for loss in args.losses.split(",")
+        for variant, loss in planned
     ]
     for row in rows:
         print(f"  {row['variant']} {row['loss']} seed {row['seed']}: {row['steps']} steps, {row['wall_s']} s")

@@ -278,3 +278,18 @@ def stats_metadata(prefix: str, results: Mapping[str, AcceptanceStats]) -> dict[
             if rate is not None:
                 out[f"{prefix}accept_d{depth}/{dataset}"] = round(rate, 4)
     return out
+
+
+def served_tau_bound(per_position: Sequence[float], verify_steps: int, requests: int) -> float:
+    """How far a server's τ (from its per-position acceptance rates P(accepted ≥ p + 1) over
+    ``verify_steps`` steps of ``requests`` greedy requests) may lie from the offline τ of the same drafter
+    on the same prompts: 3·√2 standard errors of the mean accepted drafts per step (two estimates of one
+    mean), plus the last step of each request, whose K drafts a server schedules in full and counts
+    accepted past the end of the response (``requests``·K·P(accept) / steps). drafter/DESIGN.md,
+    "Acceptance length τ"."""
+    if verify_steps <= 0 or not per_position:
+        raise AcceptanceInputError(f"served_tau_bound: {verify_steps} verify steps, {len(per_position)} positions")
+    mean = sum(per_position)  # E[accepted drafts per step] = Σ_p P(accepted ≥ p + 1)
+    second_moment = sum((2 * p + 1) * rate for p, rate in enumerate(per_position))  # E[a²] = Σ_p (2p+1)·P(a > p)
+    error = (max(second_moment - mean**2, 0.0) / verify_steps) ** 0.5
+    return 3 * 2**0.5 * error + requests * len(per_position) * per_position[0] / verify_steps

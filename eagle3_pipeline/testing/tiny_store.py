@@ -5,6 +5,8 @@ the shipped prompt sets and writes its aux/final hidden states with the real ``S
 a draft vocabulary built as SpecForge builds one (most frequent masked tokens, sorted). The prompts
 have no target responses yet at this stage, so every token of the chat-templated prompt is a
 trained token: the teacher is the target's own distribution, which is what matters for training.
+``greedy_store`` stores given prompts with the embedded model's own greedy continuation (loss-masked), each
+sample in both splits: a drafter trained on it is measured on what a greedy server generates.
 ``random_store`` writes random tensors for a small made-up target, for shape and resume tests.
 """
 
@@ -119,6 +121,51 @@ def real_store(
         vocab_dir, d2t, t2d, {"draft_vocab_size": draft_vocab_size, "target_vocab_size": config["vocab_size"]}
     )
     return _finish(root, shards, StoreManifest(identity, layers, "test"), total_bytes, tokens, len(records))
+
+
+def greedy_store(
+    root: Path, vocab_dir: Path, model_dir: Path, prompts: list[str], new_tokens: int, draft_vocab_size: int
+) -> list[list[int]]:
+    """A store of ``prompts`` (raw text, no template) each followed by the embedded model's greedy
+    continuation of ``new_tokens`` (float32; only the continuation trained), written once as ``train`` and
+    once as ``eval``; the draft vocabulary the continuations' most frequent tokens. Returns the prompts'
+    token ids (what a server is sent)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    config = json.loads((model_dir / "config.json").read_text())
+    layers = default_aux_layer_ids(config["num_hidden_layers"])
+    counts: Counter[int] = Counter()
+    writer = ShardWriter(root, 0)
+    prompt_ids: list[list[int]] = []
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            full = ids
+            for _ in range(new_tokens):
+                token = model(full[None]).logits[0, -1].argmax()
+                full = torch.cat([full, token[None]])
+                if int(token) == tokenizer.eos_token_id:
+                    break
+            states = model(full[None], output_hidden_states=True).hidden_states
+            aux = torch.cat([states[k + 1][0] for k in layers], dim=-1)
+            mask = (torch.arange(full.shape[0]) >= ids.shape[0]).to(torch.uint8)
+            for split in ("train", "eval"):
+                writer.add(f"{split}{i}", "B1_chat", split, full, mask, aux, states[-1][0])
+            counts.update(full[ids.shape[0] :].tolist())
+            prompt_ids.append(ids.tolist())
+    total_bytes, tokens = writer.close(), writer.tokens
+    identity = TargetIdentity(
+        "SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
+    )
+    d2t, t2d = make_vocab(counts, config["vocab_size"], draft_vocab_size)
+    save_draft_vocab(
+        vocab_dir, d2t, t2d, {"draft_vocab_size": draft_vocab_size, "target_vocab_size": config["vocab_size"]}
+    )
+    _finish(root, [writer.name], StoreManifest(identity, layers, "test"), total_bytes, tokens, 2 * len(prompts))
+    return prompt_ids
 
 
 def random_target(folder: Path, hidden: int = 32, vocab: int = 96, layers: int = 8) -> Path:

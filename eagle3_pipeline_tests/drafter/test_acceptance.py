@@ -14,6 +14,7 @@ from eagle3_pipeline.drafter.acceptance import (
     evaluate,
     response_spans,
     sample_acceptance,
+    served_tau_bound,
     stats_metadata,
     target_reference,
 )
@@ -189,3 +190,11 @@ def test_shapes_that_do_not_fit_are_refused() -> None:
         sample_acceptance(np.zeros((3, 5)), TOKENS, MASK)
     with pytest.raises(AcceptanceInputError, match="K >= 5"):
         AcceptanceStats((5,)).add(oracle(TOKENS, 3), TOKENS, MASK)
+
+
+def test_the_served_tau_bound_by_hand() -> None:
+    """P(a ≥ 1, 2, 3) = 0.5, 0.25, 0.1 over 100 steps of 2 requests: mean 0.85, E[a²] = 0.5 + 3·0.25 + 5·0.1
+    = 1.75, sd √1.0275; 3·√2·√(1.0275/100) = 0.43005, plus 2·3·0.5/100 for the requests' last steps."""
+    assert served_tau_bound([0.5, 0.25, 0.1], 100, 2) == pytest.approx(0.43005 + 0.03, abs=1e-5)
+    with pytest.raises(AcceptanceInputError, match="0 verify steps"):
+        served_tau_bound([0.5], 0, 1)

@@ -6,16 +6,20 @@ Row 1: p = q = (0.2, 0.3, 0.5): α = 1, every loss 0 (LK^λ: λ = e^(−3), both
 Row 2: p = (1, 0, 0), q = (0.8, 0.1, 0.1): α = 0.8, KL = −ln 0.8 = 0.22314, λ = e^(−2.4) = 0.09072,
 LK^λ = 0.09072·0.22314 + 0.90928·0.2 = 0.20210.
 A batch-mean λ (SpecForge's) would weigh rows 0 and 2 alike; the paper's is per position.
+Through the teacher: the target's p = (0.4, 0.1, 0.2, 0.3) over a draft vocabulary of tokens {0, 1} is
+(0.8, 0.2) renormalised; against q = (½, ½), α = ½ + 0.2 = 0.7 (over the unrenormalised p: 0.5).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from eagle3_pipeline.drafter.data import teacher  # noqa: E402
 from eagle3_pipeline.drafter.loss import position_losses, soft_label_cross_entropy, summed_loss  # noqa: E402
 
 P = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [1.0, 0.0, 0.0]])
@@ -39,6 +43,46 @@ def test_each_loss_per_position_equals_the_hand_computed_value(kind: str) -> Non
     torch.testing.assert_close(values, torch.tensor(EXPECTED[kind]), atol=1e-5, rtol=1e-5)
     assert EXPECTED["lk_lambda"][0] == pytest.approx(0.54310, abs=1e-5)
     assert EXPECTED["lk_lambda"][2] == pytest.approx(0.20210, abs=1e-5)
+
+
+def test_a_batch_mean_lambda_would_not_give_the_hand_values() -> None:
+    """SpecForge's λ = exp(−η·mean α) over the batch (mean α = 0.7667, λ = 0.1003) gives row 0
+    0.5194 and row 2 0.2029: the per-position test above tells it from the paper's."""
+    alpha = torch.tensor([0.5, 1.0, 0.8])
+    kl, tv = torch.tensor(EXPECTED["kl"]), 1 - alpha
+    batch_mean = torch.exp(-3.0 * alpha.mean())
+    specforge = batch_mean * kl + (1 - batch_mean) * tv
+    assert specforge[0].item() == pytest.approx(0.5194, abs=1e-4)
+    assert not torch.allclose(specforge, torch.tensor(EXPECTED["lk_lambda"]), atol=1e-3)
+
+
+def _teacher_row() -> Any:
+    """The teacher's row for target logits log(0.4, 0.1, 0.2, 0.3) (lm_head the identity) over the draft
+    vocabulary {0, 1}, as ttt_loss builds it."""
+    hidden = torch.tensor([[[0.4, 0.1, 0.2, 0.3]]]).log()
+    t2d = torch.tensor([True, True, False, False])
+    return teacher(hidden, torch.eye(4), t2d).probs.flatten(0, 1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("tv", 0.3),
+        ("lk_alpha", -math.log(0.7)),
+        ("kl", 0.8 * math.log(0.8 / 0.5) + 0.2 * math.log(0.2 / 0.5)),
+        ("lk_lambda", math.exp(-2.1) * (0.8 * math.log(1.6) + 0.2 * math.log(0.4)) + (1 - math.exp(-2.1)) * 0.3),
+    ],
+)
+def test_alpha_is_over_the_renormalised_draft_distribution(kind: str, value: float) -> None:
+    """α over p restricted to the draft vocabulary and renormalised (0.7), as the KL's teacher is: over
+    the raw p it would be 0.5 (tv 0.5, lk_alpha ln 2)."""
+    probs = _teacher_row()
+    torch.testing.assert_close(probs, torch.tensor([[0.8, 0.2]]))
+    logits = torch.tensor([[0.0, 0.0]])
+    assert summed_loss(logits, probs, torch.tensor([0]), kind, 3.0).item() == pytest.approx(
+        value + (0.0 if kind != "kl" else -(0.8 * math.log(0.8) + 0.2 * math.log(0.2))), rel=1e-5
+    )
+    assert position_losses(logits, probs, kind, 3.0).item() == pytest.approx(value, rel=1e-5)
 
 
 def test_lk_lambda_does_not_differentiate_its_weight() -> None:
