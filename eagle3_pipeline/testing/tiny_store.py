@@ -153,7 +153,9 @@ def greedy_store(
             aux = torch.cat([states[k + 1][0] for k in layers], dim=-1)
             mask = (torch.arange(full.shape[0]) >= ids.shape[0]).to(torch.uint8)
             for split in ("train", "eval"):
-                writer.add(f"{split}{i}", "B1_chat", split, full, mask, aux, states[-1][0])
+                writer.add(
+                    f"{split}{i}", "B1_chat", split=split, input_ids=full, loss_mask=mask, aux=aux, hidden=states[-1][0]
+                )
             counts.update(full[ids.shape[0] :].tolist())
             prompt_ids.append(ids.tolist())
     total_bytes, tokens = writer.close(), writer.tokens
