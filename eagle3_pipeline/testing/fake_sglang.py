@@ -17,9 +17,10 @@ from eagle3_pipeline.testing.process_tools import free_port, kill_group, wait_un
 
 _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
 JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
-`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each
-verify step yields the scenario's `accept_length` tokens, default 2); a `--speculative-draft-model-path`
-folder without a config.json makes it exit during start-up, as SGLang does when it cannot load the drafter
+`--speculative-num-steps K` its native `/generate` (streamed as one chunk when asked) reports `spec_verify_ct`
+as SGLang's meta_info does (each verify step yields the scenario's `accept_length` tokens, default 2); a
+`--speculative-draft-model-path` folder without a config.json makes it exit during start-up, as SGLang does when
+it cannot load the drafter
 (a path that is no folder here is taken as one on another host). `--config FILE.yaml` with `api-key` makes it
 require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang's API-key middleware
 does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger). On SIGTERM it shuts its
@@ -130,7 +131,11 @@ class Handler(BaseHTTPRequestHandler):
             if SPECULATIVE_STEPS and not at_once:
                 steps = math.ceil(tokens / float(s.get("accept_length", 2.0)))
                 meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
-            self.reply(200, json.dumps({"text": "x" * tokens, "meta_info": meta}).encode())
+            answer = {"text": "x" * tokens, "output_ids": [7] * tokens, "meta_info": meta}
+            if request.get("stream"):  # one chunk: SGLang's last, whose meta_info has the totals
+                self.reply(200, f"data: {json.dumps(answer)}\n\ndata: [DONE]\n\n".encode(), "text/event-stream")
+            else:
+                self.reply(200, json.dumps(answer).encode())
         else:
             self.reply(404, b"")
 
