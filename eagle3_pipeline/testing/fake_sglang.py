@@ -133,7 +133,7 @@ class Handler(BaseHTTPRequestHandler):
                 meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
             answer = {"text": "x" * tokens, "output_ids": [7] * tokens, "meta_info": meta}
             if request.get("stream"):  # one chunk: SGLang's last, whose meta_info has the totals
-                self.reply(200, f"data: {json.dumps(answer)}\n\ndata: [DONE]\n\n".encode(), "text/event-stream")
+                self.reply(200, f"data: {json.dumps(answer)}\\n\\ndata: [DONE]\\n\\n".encode(), "text/event-stream")
             else:
                 self.reply(200, json.dumps(answer).encode())
         else:
