@@ -11,7 +11,11 @@ uncertainty: a paired bootstrap over the requests (the same prompt is request ``
 resample draws pairs), of Σ tokens / Σ latency in each arm — the prompt mix is what moves the figure
 between runs (acceptance differs per prompt), and resampling it costs no server time, where repeats
 would cost a server start each. The interval is the wall-time ratio scaled by the resampled ratios'
-2.5th and 97.5th percentiles over their full-sample value.
+2.5th and 97.5th percentiles over their full-sample value. It does not see a load that drifts between
+the arms' server starts (a shared host): that shows as a shift of a whole arm, not as spread.
+
+The best at a concurrency: the most tokens/s among the configurations whose interval lies above 1; none
+such, the target alone.
 """
 
 from __future__ import annotations
@@ -119,17 +123,19 @@ class Choice:
 def best_at(
     concurrency: int, baseline_tps: float, measured: Sequence[tuple[SpeculativeConfig, float, Speedup]]
 ) -> Choice:
-    """The configuration of the most tokens/s at ``concurrency`` if it beats the baseline's (``measured``:
-    each configuration's tokens/s and speedup there)."""
+    """The configuration of the most tokens/s at ``concurrency`` among those that beat the baseline there: whose
+    speedup's interval lies above 1, so that the prompt mix alone would not undo the gain (``measured``: each
+    configuration's tokens/s and speedup there)."""
     if not measured:
         return Choice(concurrency, None, f"no speculative configuration was measured at concurrency {concurrency}")
-    config, tps, gain = max(measured, key=lambda m: m[1])
+    winners = [m for m in measured if m[2].low > 1.0]
+    config, tps, gain = max(winners or measured, key=lambda m: m[1])
     figures = f"{tps:.1f} tok/s against the baseline's {baseline_tps:.1f} ({gain.shown()})"
-    if tps > baseline_tps:
+    if winners:
         return Choice(concurrency, config, f"{config.label} is fastest at concurrency {concurrency}: {figures}")
     return Choice(
         concurrency,
         None,
-        f"no configuration beats the target alone at concurrency {concurrency}: the fastest, {config.label}, "
-        f"makes {figures}",
+        f"no configuration beats the target alone at concurrency {concurrency} (speedup interval above 1): the "
+        f"fastest, {config.label}, makes {figures}",
     )

@@ -9,7 +9,7 @@ import pytest
 from eagle3_pipeline.config import DrafterBenchmarkConfig
 from eagle3_pipeline.drafter.bench_client import Acceptance, Measured, RequestRecord
 from eagle3_pipeline.drafter.bench_report import ArmResult, BenchmarkResult
-from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig, best_at, configurations, speedup
+from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig, Speedup, best_at, configurations, speedup
 
 
 def level(concurrency: int, latencies: list[float], wall_s: float, tokens: int = 100) -> Measured:
@@ -64,7 +64,8 @@ def test_the_best_configuration_per_concurrency_or_the_baseline() -> None:
     assert result.best(1).config == tree and "K5·top4·16 is fastest at concurrency 1" in result.best(1).reason
     # at 16 the verify steps cost more than they save: the target alone stays
     assert result.choice.config is None
-    assert result.choice.reason.startswith("no configuration beats the target alone at concurrency 16: the fastest, K3")
+    assert result.choice.reason.startswith("no configuration beats the target alone at concurrency 16 (speedup")
+    assert "the fastest, K3·top1·4, makes 160.0 tok/s against the baseline's 200.0" in result.choice.reason
     metadata = result.as_metadata()
     assert metadata["chosen"] == "baseline" and metadata["choice"] == {"config": None, "reason": result.choice.reason}
     assert metadata["tokens_per_s_baseline@c16"] == 200.0 and metadata["speedup_best@c1"] == 2.5
@@ -78,3 +79,7 @@ def test_the_best_configuration_per_concurrency_or_the_baseline() -> None:
     bars = {line.split()[0]: line.count("█") for line in first if "█" in line}
     assert bars == {"baseline": 13, "K3·top1·4": 26, "K5·top4·16": 32}, bars
     assert best_at(4, 10.0, []).config is None
+    # faster, but within what the prompt mix moves: not a win
+    unsure = best_at(4, 10.0, [(chain, 11.0, Speedup(1.1, 0.95, 1.3)), (tree, 10.5, Speedup(1.05, 1.01, 1.1))])
+    assert unsure.config == tree and unsure.reason.startswith("K5·top4·16 is fastest at concurrency 4: 10.5 tok/s")
+    assert best_at(4, 10.0, [(chain, 11.0, Speedup(1.1, 0.95, 1.3))]).config is None
