@@ -350,12 +350,13 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
             )
         page = _open(
             driver,
-            f"{base}/assets/drafter_benchmark",
+            f"{base}/assets/drafter_benchmark?view=events",
             "chosen\nbaseline",
-            "concurrency 16 (output tokens/s)",
-            "Served at concurrency 16: no configuration beats the target alone",
+            "serve_concurrency\n16",
+            "speedup_best@c1",
+            "concurrency 16 (output tokens/s)",  # the bar chart, inline; the table opens from [Show Markdown]
         )
-        assert "K5·top1·6" in page, page[:1500]
-        chart = driver.find_element(By.XPATH, "//*[contains(text(), 'concurrency 1 (output tokens/s)')]")
-        driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", chart)
+        assert "K5·top1·6" in page and "[Show Markdown]" in page, page[-2000:]
+        label = driver.find_elements(By.XPATH, "//*[normalize-space(text())='table']")[-1]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", label)
         _screenshot(driver, screenshots, "6_drafter_benchmark")
