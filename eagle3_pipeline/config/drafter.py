@@ -288,7 +288,7 @@ class DrafterEvalConfig(ConfigModel):
 
 
 BENCHMARK_PLACEHOLDERS = frozenset(
-    {"target", "drafter", "port", "tp", "steps", "draft_tokens", "speculative", "speculative_config"}
+    {"target", "drafter", "port", "tp", "steps", "topk", "draft_tokens", "speculative", "speculative_config"}
 )
 
 
@@ -359,7 +359,36 @@ class DrafterBenchmarkConfig(ConfigModel):
     steps: Annotated[int, Field(ge=1, le=16)] = Field(
         default=3,
         description=(
-            "The draft depth K (SGLang: --speculative-num-steps K, --speculative-num-draft-tokens K+1, top-k 1)."
+            "The draft depth K of the first configuration measured, a chain (SGLang: --speculative-num-steps K, "
+            "--speculative-num-draft-tokens K+1, top-k 1; vLLM: num_speculative_tokens K)."
+        ),
+    )
+    sweep_steps: list[Annotated[int, Field(ge=1, le=16)]] = Field(
+        default=[1, 3, 5],
+        description=(
+            "Draft depths K of the speculative configurations swept after `steps` (with each sweep_topk and "
+            "sweep_draft_tokens), in this order, until max_server_starts is spent."
+        ),
+    )
+    sweep_topk: list[Annotated[int, Field(ge=1, le=16)]] = Field(
+        default=[1],
+        description=(
+            "Candidates per draft step swept (SGLang --speculative-eagle-topk; above 1 a tree). vLLM's EAGLE-3 "
+            "drafts a chain only: [1] for vLLM."
+        ),
+    )
+    sweep_draft_tokens: list[Annotated[int, Field(ge=2, le=256)]] = Field(
+        default=[],
+        description=(
+            "Draft tokens verified per step for the tree configurations (SGLang --speculative-num-draft-tokens, "
+            "at most K × top-k + 1); required when sweep_topk has a value above 1. A chain verifies K + 1."
+        ),
+    )
+    max_server_starts: Annotated[int, Field(ge=2)] = Field(
+        default=4,
+        description=(
+            "Server starts the benchmark may spend: the baseline's, then one per speculative configuration, "
+            "`steps` first; the configurations past it are listed as not run."
         ),
     )
     launch_command: Annotated[str, Field(min_length=1)] | None = Field(
@@ -400,7 +429,22 @@ class DrafterBenchmarkConfig(ConfigModel):
         default=32, description="Eval prompts sent (token ids from the eval shards)."
     )
     max_tokens: Annotated[int, Field(gt=0)] = Field(default=256, description="Tokens generated per prompt, greedy.")
-    concurrency: Annotated[int, Field(gt=0)] = Field(default=1, description="Requests in flight at once.")
+    concurrencies: list[Annotated[int, Field(gt=0)]] = Field(
+        default=[1, 4, 16, 64],
+        min_length=1,
+        description=(
+            "Requests in flight at once, each measured on every server (baseline and each configuration); at each, "
+            "the prompts are sent once (cycled up to the concurrency when fewer)."
+        ),
+    )
+    serve_concurrency: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "The concurrency the served drafter is chosen at (one of concurrencies): served_drafter serves the "
+            "configuration with the most output tokens/s there, or the target alone when none beats it. "
+            "Default: the largest of concurrencies."
+        ),
+    )
     startup_timeout_s: Annotated[float, Field(gt=0)] = Field(
         default=1800.0, description="Seconds each server may take to answer."
     )
@@ -421,3 +465,24 @@ class DrafterBenchmarkConfig(ConfigModel):
             if unknown:
                 raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(BENCHMARK_PLACEHOLDERS)}")
         return template
+
+    @model_validator(mode="after")
+    def _sweep_fits_the_server(self) -> DrafterBenchmarkConfig:
+        if self.serve_concurrency is not None and self.serve_concurrency not in self.concurrencies:
+            raise ValueError(
+                f"serve_concurrency {self.serve_concurrency} is not one of concurrencies {self.concurrencies}"
+            )
+        tree = [k for k in self.sweep_topk if k > 1]
+        if tree and self.server == "vllm":
+            raise ValueError(
+                f"sweep_topk {tree}: vLLM's EAGLE-3 drafts a chain (its speculative config has num_speculative_tokens, "
+                "no top-k or tree); use [1]"
+            )
+        if tree and not self.sweep_draft_tokens:
+            raise ValueError(f"sweep_draft_tokens: required for the tree configurations of sweep_topk {tree}")
+        return self
+
+    @property
+    def chosen_concurrency(self) -> int:
+        """serve_concurrency, or the largest concurrency measured."""
+        return self.serve_concurrency if self.serve_concurrency is not None else max(self.concurrencies)

@@ -18,7 +18,8 @@ from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterBenchmarkConfig
-from eagle3_pipeline.drafter.online import ArmServers, Gate, benchmark_path, run_benchmark
+from eagle3_pipeline.drafter.bench_servers import ArmServers, benchmark_path
+from eagle3_pipeline.drafter.online import Gate, run_benchmark
 from eagle3_pipeline.drafter.set_tau import PromptSetRun
 from eagle3_pipeline.hosts import Host, quote_args
 from eagle3_pipeline.records import atomic_path

@@ -3,12 +3,15 @@ serves, with the previous launch kept to roll back to.
 
 1. **The candidate**: the export of the drafter just trained, on the managed server's host (where it was
    trained: ``compute.artifacts_root`` on a GPU host), named by the SHA-256 of its files
-   (:func:`~eagle3_pipeline.drafter.benchmark_record.drafter_digest`), at the draft depth K of
-   ``drafter_benchmark.steps`` when the benchmark is configured, else drafter_eval's K with the best
-   estimated speedup. Its τ: drafter_eval's ``tau@K/all`` (offline), and the benchmark's τ from the server's
-   counters (``tau_server``) when the benchmark recorded one for this very drafter at that K.
-2. **The decision** against the record (``served_drafter.json`` under the artifacts root): with no drafter
-   served, the candidate is served; the same drafter (digest and K) is served again as recorded; otherwise
+   (:func:`~eagle3_pipeline.drafter.benchmark_record.drafter_digest`), in the speculative configuration the
+   benchmark chose for this very drafter at ``drafter_benchmark.serve_concurrency`` (the most output tokens/s
+   there), else at drafter_eval's K with the best estimated speedup (a chain). Its τ: drafter_eval's
+   ``tau@K/all`` (offline), and the benchmark's τ from the server's counters for that configuration.
+2. **The decision** against the record (``served_drafter.json`` under the artifacts root): when the benchmark
+   of this drafter found no configuration faster than the target alone at the serving concurrency, the target
+   is served without a drafter (the generation launch line), and the record and metadata say so with the
+   figures; with no drafter served, the candidate is served; the same drafter (digest and configuration) is
+   served again as recorded; otherwise
    the candidate replaces the served one only when its τ is higher — the benchmark's τ when both have one,
    else drafter_eval's. A candidate that does not beat the served drafter leaves that one served (started
    again from its recorded launch line if a hand-over stopped it).
@@ -17,7 +20,7 @@ serves, with the previous launch kept to roll back to.
    server is started with it (``ServerPurpose.served_drafter``, chat parsers as for generation). If it fails
    to start, the previous launch line is started again as recorded, and the asset fails with the reason.
 4. **The served τ**, measured on the running server from its own counters (vLLM ``/metrics``, SGLang
-   ``meta_info``: :func:`~eagle3_pipeline.drafter.online.measure`) over ``serving.served_drafter_prompts``
+   ``meta_info``: :func:`~eagle3_pipeline.drafter.bench_client.measure`) over ``serving.served_drafter_prompts``
    eval prompts, is recorded and returned.
 """
 
@@ -28,12 +31,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import ComputeConfig, DrafterBenchmarkConfig, DrafterEvalConfig, PipelineConfig
+from eagle3_pipeline.drafter.bench_client import Measured, measure
+from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig
 from eagle3_pipeline.drafter.benchmark_record import drafter_digest
-from eagle3_pipeline.drafter.online import Measured, eval_prompts, measure
+from eagle3_pipeline.drafter.online import eval_prompts
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import server_root
 from eagle3_pipeline.hosts import quote_args
@@ -65,6 +70,14 @@ class ServedDrafter:
     argv: tuple[str, ...] = ()
     served_at: str = ""
     tau_served: float | None = None  # measured on the served server after its launch
+    topk: int = 1
+    draft_tokens: int | None = None  # None: K + 1 (a chain)
+
+    def eagle(self) -> EagleDrafter:
+        return self.config().drafter(self.drafter)
+
+    def config(self) -> SpeculativeConfig:
+        return SpeculativeConfig(self.steps, self.topk, self.draft_tokens)
 
     def basis(self, other: ServedDrafter) -> tuple[str, float | None, float | None]:
         """(what τ compares, this one's, the other's): the benchmark's τ when both have it, else drafter_eval's."""
@@ -73,13 +86,16 @@ class ServedDrafter:
         return "drafter_eval τ", self.tau_eval, other.tau_eval
 
     def same(self, other: ServedDrafter) -> bool:
-        return self.digest == other.digest and self.steps == other.steps
+        return self.digest == other.digest and self.config() == other.config()
 
 
 @dataclass(frozen=True)
 class ServedRecord:
-    current: ServedDrafter
+    """The drafter served (None: the target alone, ``baseline_reason`` says why) and the one before it."""
+
+    current: ServedDrafter | None
     previous: ServedDrafter | None = None
+    baseline_reason: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({"version": RECORD_VERSION, **asdict(self)}, indent=1)
@@ -99,9 +115,10 @@ class ServedRecord:
             return None if value is None else ServedDrafter(**{**value, "argv": tuple(value.get("argv") or ())})
 
         current = one(data.get("current"))
-        if current is None:
+        reason = data.get("baseline_reason")
+        if current is None and not reason:
             raise ServedDrafterError(f"{path}: no current drafter recorded")
-        return cls(current, one(data.get("previous")))
+        return cls(current, one(data.get("previous")), reason)
 
     def write(self, path: Path) -> None:
         with atomic_path(path) as tmp:
@@ -113,7 +130,7 @@ class ServedResult:
     """What the served_drafter asset reports: the decision, the drafter served now, its τ from the server."""
 
     decision: str
-    served: ServedDrafter
+    served: ServedDrafter | None  # None: the target alone
     candidate: ServedDrafter
     measured: Measured
 
@@ -127,15 +144,26 @@ class ServedResult:
             **{f"tau_served_pos{p}": round(rate, 4) for p, rate in enumerate(per_position or [])},
             "tau_served_prompts": self.measured.requests,
             "tau_served_completion_tokens": self.measured.completion_tokens,
-            "served_drafter": self.served.drafter,
-            "served_digest": self.served.digest[:16],
-            "served_steps": self.served.steps,
-            "served_tau_eval": self.served.tau_eval,
-            "served_tau_benchmark": self.served.tau_benchmark,
+            "served_tokens_per_s": round(self.measured.tokens_per_s, 2),
+            **(self._served() if self.served is not None else {"served_drafter": "none: the target alone"}),
             "candidate_digest": self.candidate.digest[:16],
+            "candidate_config": self.candidate.config().label,
             "candidate_tau_eval": self.candidate.tau_eval,
             "candidate_tau_benchmark": self.candidate.tau_benchmark,
-            "command": " ".join(self.served.argv),
+        }
+
+    def _served(self) -> dict[str, Any]:
+        served = self.served
+        assert served is not None
+        return {
+            "served_drafter": served.drafter,
+            "served_digest": served.digest[:16],
+            "served_steps": served.steps,
+            "served_topk": served.topk,
+            "served_draft_tokens": served.eagle().verified,
+            "served_tau_eval": served.tau_eval,
+            "served_tau_benchmark": served.tau_benchmark,
+            "command": " ".join(served.argv),
         }
 
 
@@ -158,8 +186,42 @@ def host_root(compute: ComputeConfig, artifacts_root: Path) -> str:
     return str(artifacts_root)
 
 
-def candidate(config: PipelineConfig, supervisor: Supervisor, evaluation: Mapping[str, Any]) -> ServedDrafter:
-    """The drafter just trained, as exported on the server's host, with its τ (module doc, step 1)."""
+@dataclass(frozen=True)
+class BenchmarkChoice:
+    """What drafter_benchmark chose for a drafter: the configuration (None: the target alone), why, its τ."""
+
+    config: SpeculativeConfig | None
+    reason: str
+    tau: float | None
+
+
+def benchmark_choice(layout: ArtifactLayout, digest: str) -> BenchmarkChoice | None:
+    """The choice drafter_benchmark recorded for this drafter (by content), or None when it recorded none."""
+    try:
+        record = json.loads(layout.drafter_benchmark.read_text())
+    except (OSError, ValueError):
+        return None
+    identity = record.get("identity") if isinstance(record, dict) else None
+    result = record.get("result") if isinstance(record, dict) else None
+    if not isinstance(identity, dict) or identity.get("drafter") != digest or not isinstance(result, dict):
+        return None
+    choice = result.get("choice")
+    if not isinstance(choice, dict) or not isinstance(choice.get("reason"), str):
+        return None
+    chosen = choice.get("config")
+    if not isinstance(chosen, dict):
+        return BenchmarkChoice(None, choice["reason"], None)
+    config = SpeculativeConfig(int(chosen["steps"]), int(chosen["topk"]), int(chosen["draft_tokens"]))
+    arms = [a for a in result.get("arms") or [] if isinstance(a, dict) and a.get("config") == config.as_dict()]
+    tau = arms[0].get("tau") if arms else None
+    return BenchmarkChoice(config, choice["reason"], float(tau) if isinstance(tau, (int, float)) else None)
+
+
+def candidate(
+    config: PipelineConfig, supervisor: Supervisor, evaluation: Mapping[str, Any]
+) -> tuple[ServedDrafter, BenchmarkChoice | None]:
+    """The drafter just trained, as exported on the server's host, in its configuration, with its τ and the
+    benchmark's choice for it (module doc, step 1)."""
     plan = supervisor.server.plan
     trained_on = phase_host(config.compute, config.health, "eagle3_drafter")
     if not same_machine(trained_on, plan.host):
@@ -173,31 +235,21 @@ def candidate(config: PipelineConfig, supervisor: Supervisor, evaluation: Mappin
     digest = drafter_digest(host, export)
     if digest is None:
         raise ServedDrafterError(f"{export} on {host.name}: no exported drafter to serve; materialize eagle3_drafter")
-    steps = drafter_depth(config.drafter_benchmark, config.drafter_eval, evaluation)
-    tau_eval = evaluation.get(f"tau@{steps}/all")
-    return ServedDrafter(
+    choice = benchmark_choice(ArtifactLayout(config.artifacts_root), digest)
+    chosen = choice.config if choice is not None else None
+    if chosen is None:
+        chosen = SpeculativeConfig(drafter_depth(config.drafter_benchmark, config.drafter_eval, evaluation))
+    tau_eval = evaluation.get(f"tau@{chosen.steps}/all")
+    drafter = ServedDrafter(
         drafter=export,
         digest=digest,
-        steps=steps,
+        steps=chosen.steps,
         tau_eval=float(tau_eval) if isinstance(tau_eval, (int, float)) else None,
-        tau_benchmark=benchmark_tau(ArtifactLayout(config.artifacts_root), digest, steps),
+        tau_benchmark=choice.tau if choice is not None else None,
+        topk=chosen.topk,
+        draft_tokens=chosen.draft_tokens if chosen.topk > 1 else None,
     )
-
-
-def benchmark_tau(layout: ArtifactLayout, digest: str, steps: int) -> float | None:
-    """drafter_benchmark's τ from the server's counters, when it recorded one for this drafter at ``steps``."""
-    path = layout.drafter_benchmark
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    identity = record.get("identity") if isinstance(record, dict) else None
-    result = record.get("result") if isinstance(record, dict) else None
-    if not isinstance(identity, dict) or identity.get("drafter") != digest or not isinstance(result, dict):
-        return None
-    if result.get("steps") != steps or not isinstance(result.get("tau_server"), (int, float)):
-        return None
-    return float(result["tau_server"])
+    return drafter, choice
 
 
 def decide(new: ServedDrafter, record: ServedRecord | None) -> tuple[bool, str]:
@@ -205,8 +257,10 @@ def decide(new: ServedDrafter, record: ServedRecord | None) -> tuple[bool, str]:
     if record is None:
         return True, "no drafter is served yet"
     served = record.current
+    if served is None:
+        return True, "the target is served alone, and the benchmark found the new drafter faster"
     if new.same(served):
-        return False, "the same drafter (files and K) is served already"
+        return False, "the same drafter (files and configuration) is served already"
     basis, mine, theirs = new.basis(served)
     if mine is None:
         return False, f"the new drafter has no {basis} to compare; the served one stays"
@@ -245,59 +299,93 @@ def serve_drafter(
     evaluation: Mapping[str, Any],
     report: Reporter,
 ) -> ServedResult:
-    """Serve the trained drafter when it beats the served one, or keep that one served; measure its τ on the
-    server (module doc). Raises :class:`ServedDrafterError` after a rollback."""
+    """Serve the trained drafter in the benchmark's configuration when it beats the served one, the target alone
+    when the benchmark found no configuration faster, or keep the served one; measure it on the server (module
+    doc). Raises :class:`ServedDrafterError` after a rollback."""
     layout = ArtifactLayout(config.artifacts_root)
     record = ServedRecord.read(layout.served_drafter)
-    new = candidate(config, supervisor, evaluation)
+    new, choice = candidate(config, supervisor, evaluation)
+    tools = generation_purpose(layout, config.dataset_ids).needs_tools  # chat as generation serves it
+    if choice is not None and choice.config is None:
+        return _serve_baseline(layout, supervisor, record, new, choice.reason, tools, report)
     serve_new, why = decide(new, record)
     report.log(f"served_drafter: {why}")
-    tools = generation_purpose(layout, config.dataset_ids).needs_tools  # chat as generation serves it
     if serve_new:
         new = _served_copy(supervisor, new)
-        purpose = ServerPurpose.served_drafter(EagleDrafter(new.drafter, new.steps), tools)
         try:
-            line = supervisor.ensure(purpose, f"served_drafter: {why}")
+            line = supervisor.ensure(ServerPurpose.served_drafter(new.eagle(), tools), f"served_drafter: {why}")
         except StartupFailedError as exc:
-            if record is None:
-                raise ServedDrafterError(
-                    f"the new drafter's server did not start, and none was served before: {exc}"
-                ) from None
-            previous = record.current
-            back = ServerPurpose.served_drafter(EagleDrafter(previous.drafter, previous.steps), tools)
-            supervisor.ensure_launch(
-                _recorded_line(supervisor, previous, back), "served_drafter: roll back to the drafter served before"
-            )
-            raise ServedDrafterError(
-                f"the new drafter's server did not start; rolled back to the drafter served before "
-                f"({previous.drafter}, K={previous.steps}): {exc}"
-            ) from None
+            _roll_back(supervisor, record, tools, exc)
         now = ServedRecord(
             replace(new, argv=line.argv, served_at=datetime.now(UTC).isoformat(timespec="seconds")),
-            record.current if record is not None else None,
+            record.current if record is not None and record.current is not None else None,
         )
         decision = "served the new drafter"
     else:
-        assert record is not None
+        assert record is not None and record.current is not None
         served = record.current
-        purpose = ServerPurpose.served_drafter(EagleDrafter(served.drafter, served.steps), tools)
+        purpose = ServerPurpose.served_drafter(served.eagle(), tools)
         line = supervisor.ensure_launch(_recorded_line(supervisor, served, purpose), f"served_drafter: {why}")
         now = ServedRecord(replace(served, argv=line.argv), record.previous)
         decision = "kept the served drafter"
-    measured = measure_served(layout, supervisor)
+    assert now.current is not None
+    measured = measure_served(layout, supervisor, speculative=True)
     acceptance = measured.acceptance
     tau = acceptance.tau if acceptance is not None else None
-    now = replace(now, current=replace(now.current, tau_served=round(tau, 4) if tau is not None else None))
-    now.write(layout.served_drafter)
+    current = replace(now.current, tau_served=round(tau, 4) if tau is not None else None)
+    replace(now, current=current).write(layout.served_drafter)
     report.log(
-        f"served_drafter: {decision} ({now.current.drafter}, K={now.current.steps}); τ from the server's counters "
+        f"served_drafter: {decision} ({current.drafter}, {current.config().label}); τ from the server's counters "
         f"{'unknown' if tau is None else f'{tau:.4f}'} over {measured.requests} eval prompts"
     )
-    return ServedResult(f"{decision}: {why}", now.current, new, measured)
+    return ServedResult(f"{decision}: {why}", current, new, measured)
 
 
-def measure_served(layout: ArtifactLayout, supervisor: Supervisor) -> Measured:
-    """τ of the running served drafter from its server's counters over a few eval prompts (module doc, step 4)."""
+def _roll_back(supervisor: Supervisor, record: ServedRecord | None, tools: bool, exc: StartupFailedError) -> NoReturn:
+    """After the new drafter's server failed to start: the drafter served before (or the target alone) started
+    again from its recorded line; raises :class:`ServedDrafterError` with the reason."""
+    if record is None:
+        raise ServedDrafterError(f"the new drafter's server did not start, and none was served before: {exc}") from None
+    previous = record.current
+    if previous is None:
+        supervisor.ensure(ServerPurpose.generation(tools), "served_drafter: roll back to the target alone")
+        raise ServedDrafterError(
+            f"the new drafter's server did not start; the target alone is served again: {exc}"
+        ) from None
+    back = ServerPurpose.served_drafter(previous.eagle(), tools)
+    supervisor.ensure_launch(
+        _recorded_line(supervisor, previous, back), "served_drafter: roll back to the drafter served before"
+    )
+    raise ServedDrafterError(
+        f"the new drafter's server did not start; rolled back to the drafter served before "
+        f"({previous.drafter}, K={previous.steps}): {exc}"
+    ) from None
+
+
+def _serve_baseline(
+    layout: ArtifactLayout,
+    supervisor: Supervisor,
+    record: ServedRecord | None,
+    new: ServedDrafter,
+    reason: str,
+    tools: bool,
+    report: Reporter,
+) -> ServedResult:
+    """The target alone (its generation launch line), since no configuration beat it in the benchmark; the
+    drafter served before, if any, is kept in the record as the previous one."""
+    why = f"the target is served without a drafter: {reason}"
+    report.log(f"served_drafter: {why}")
+    supervisor.ensure(ServerPurpose.generation(tools), f"served_drafter: {why}")
+    previous = (record.current or record.previous) if record is not None else None
+    ServedRecord(None, previous, reason).write(layout.served_drafter)
+    measured = measure_served(layout, supervisor, speculative=False)
+    report.log(f"served_drafter: the target alone makes {measured.tokens_per_s:.1f} output tokens/s")
+    return ServedResult(why, None, new, measured)
+
+
+def measure_served(layout: ArtifactLayout, supervisor: Supervisor, speculative: bool) -> Measured:
+    """The running server over a few eval prompts: tokens/s, and τ from its counters when it speculates
+    (module doc, step 4)."""
     plan = supervisor.server.plan
     count = plan.serving.served_drafter_prompts
     prompts = eval_prompts(layout.training_data, count)
@@ -308,6 +396,6 @@ def measure_served(layout: ArtifactLayout, supervisor: Supervisor) -> Measured:
         plan.serving.served_drafter_max_tokens,
         len(prompts),
         REQUEST_TIMEOUT_S,
-        speculative=True,
+        speculative=speculative,
         api_key=plan.api_key(),
     )

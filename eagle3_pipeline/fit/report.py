@@ -554,13 +554,18 @@ def _drafter_server(inputs: Inputs, name: GpuPhase) -> PhaseFit:
     phase.needs += _serving_needs(fit, "--mem-fraction-static in serving.extra_args")
     bench = config.drafter_benchmark
     if name == "drafter_benchmark" and bench is not None:
-        rate = _decode_rate(inputs, serving.tp_size, max(1, bench.concurrency))
-        if rate:
-            tokens = bench.prompts * bench.max_tokens * 2
-            phase.time_s = tokens / rate[0]
+        rates = [_decode_rate(inputs, serving.tp_size, c) for c in bench.concurrencies]
+        if all(rates):
+            arms = bench.max_server_starts  # at most: the sweep may list fewer configurations
+            seconds = [
+                max(bench.prompts, c) * bench.max_tokens / r[0]
+                for c, r in zip(bench.concurrencies, rates, strict=True)
+                if r
+            ]
+            phase.time_s = arms * sum(seconds)
             phase.time_basis = (
-                f"estimate: 2 arms × {bench.prompts} prompts × {bench.max_tokens} tokens at {rate[0]:,.0f} tokens/s "
-                "(the 2 server starts not counted)"
+                f"estimate: at most {arms} arms × {bench.prompts} prompts × {bench.max_tokens} tokens at each of "
+                f"concurrencies {bench.concurrencies} at the decode rate there (the server starts not counted)"
             )
     return phase
 

@@ -107,10 +107,19 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class EagleDrafter:
-    """An exported EAGLE-3 drafter folder on the host and the draft depth K (chain mode, top-k 1)."""
+    """An exported EAGLE-3 drafter folder on the host and its speculative configuration: K draft steps, top-k
+    candidates per step and the draft tokens verified (``None``: K + 1, the chain; a tree with top-k above 1 is
+    SGLang's only)."""
 
     path: str
     steps: int
+    topk: int = 1
+    draft_tokens: int | None = None
+
+    @property
+    def verified(self) -> int:
+        """The draft tokens verified per step: K + 1 for a chain unless set."""
+        return self.draft_tokens if self.draft_tokens is not None and self.topk > 1 else self.steps + 1
 
 
 @dataclass(frozen=True)
@@ -187,7 +196,9 @@ def vllm_eagle3_config(drafter: EagleDrafter) -> dict[str, Any]:
 
 
 def drafter_args(engine: Engine, drafter: EagleDrafter) -> list[str]:
-    """The EAGLE-3 flags: SGLang chain mode (top-k 1, K steps, K+1 draft tokens), vLLM ``method: eagle3``."""
+    """The EAGLE-3 flags: SGLang's K steps, top-k and draft tokens (server_args.py ``speculative_num_steps``,
+    ``speculative_eagle_topk``, ``speculative_num_draft_tokens``), vLLM ``method: eagle3`` with K speculative
+    tokens (its ``SpeculativeConfig`` drafts a chain: no top-k or tree option for EAGLE-3)."""
     if engine == "sglang":
         return [
             "--speculative-algorithm",
@@ -197,9 +208,9 @@ def drafter_args(engine: Engine, drafter: EagleDrafter) -> list[str]:
             "--speculative-num-steps",
             str(drafter.steps),
             "--speculative-eagle-topk",
-            "1",
+            str(drafter.topk),
             "--speculative-num-draft-tokens",
-            str(drafter.steps + 1),
+            str(drafter.verified),
         ]
     return ["--speculative-config", json.dumps(vllm_eagle3_config(drafter))]
 

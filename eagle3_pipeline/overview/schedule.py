@@ -14,7 +14,8 @@ The GPU time of each phase and its basis:
 - ``hidden_states``: the tokens to extract (training_data's manifest, or the planner's estimate of it:
   eagle3_pipeline.hidden_states.disk.training_tokens) over the extraction rate an earlier extraction into the
   store recorded (its ``result.json`` here);
-- ``drafter_benchmark``: the arms' wall time the last benchmark recorded (start-ups not included);
+- ``drafter_benchmark``: the arms' wall time the last benchmark recorded, every concurrency of each (start-ups
+  not included);
 - training, evaluation and the served drafter: no rate is recorded where this command runs: UNKNOWN.
 Each server start is bounded by ``serving.startup_timeout_s``; its measured duration is on every start's
 observation of ``inference_server``.
@@ -121,7 +122,7 @@ def _extraction_time(
 def _benchmark_time(layout: ArtifactLayout) -> tuple[float | None, str]:
     try:
         result = json.loads(layout.drafter_benchmark.read_text())["result"]
-        wall = sum(float(arm["wall_s"]) for arm in result["arms"])
+        wall = sum(float(level["wall_s"]) for arm in result["arms"] for level in arm["levels"])
     except (OSError, ValueError, KeyError, TypeError):
         return None, "no benchmark recorded here (drafter_benchmark.json)"
     return wall, "the arms' wall time of the last benchmark (server start-ups not included)"

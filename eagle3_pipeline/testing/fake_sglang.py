@@ -18,14 +18,15 @@ from eagle3_pipeline.testing.process_tools import free_port, kill_group, wait_un
 
 _LAUNCH_SERVER = '''"""Stand-in for `python -m sglang.launch_server`: a real loopback HTTP server, scripted by the
 JSON file named in FAKE_SGLANG_SCENARIO, with `sglang::scheduler_TP<i>` child processes. With
-`--speculative-num-steps K` its native `/generate` reports `spec_verify_ct` as SGLang's meta_info does (each verify
-step yields the scenario's `accept_length` tokens, default 2; a prompt holding the scenario's `loop_token` is
-answered by that token over and over, `loop_accept_length` tokens a step, default 4); a
-`--speculative-draft-model-path` folder without a config.json makes it exit during start-up, as SGLang does when it
-cannot load the drafter (a path that is no folder here is taken as one on another host). `--config FILE.yaml` with
-`api-key` makes it require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang's
-API-key middleware does (a YAML config merged into the arguments: SGLang's ConfigArgumentMerger). On SIGTERM it
-shuts its scheduler children down itself and exits, as SGLang's launch_server does (its log says so: the graceful
+`--speculative-num-steps K` its native `/generate` (streamed as one chunk when asked) reports `spec_verify_ct`
+as SGLang's meta_info does (each verify step yields the scenario's `accept_length` tokens, default 2; a prompt
+holding the scenario's `loop_token` is answered by that token over and over, `loop_accept_length` tokens a step,
+default 4); a `--speculative-draft-model-path` folder without a config.json makes it exit during start-up, as
+SGLang does when it cannot load the drafter (a path that is no folder here is taken as one on another host).
+`--config FILE.yaml` with `api-key` makes it require `Authorization: Bearer <key>` on every route but /health*
+and /metrics, as SGLang's API-key middleware does (a YAML config merged into the arguments: SGLang's
+ConfigArgumentMerger). On SIGTERM it shuts its scheduler children down itself and exits, as SGLang's
+launch_server does (its log says so: the graceful
 stop's test); with FAKE_SGLANG_ABANDON=1 it exits leaving them running."""
 import argparse, json, math, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -142,7 +143,11 @@ class Handler(BaseHTTPRequestHandler):
                 )
             if SPECULATIVE_STEPS and not at_once:
                 meta.update(spec_verify_ct=steps, spec_accept_length=tokens / steps)
-            self.reply(200, json.dumps({"text": "x" * tokens, "output_ids": output, "meta_info": meta}).encode())
+            answer = {"text": "x" * tokens, "output_ids": output, "meta_info": meta}
+            if request.get("stream"):  # one chunk: SGLang's last, whose meta_info has the totals
+                self.reply(200, f"data: {json.dumps(answer)}\\n\\ndata: [DONE]\\n\\n".encode(), "text/event-stream")
+            else:
+                self.reply(200, json.dumps(answer).encode())
         else:
             self.reply(404, b"")
 

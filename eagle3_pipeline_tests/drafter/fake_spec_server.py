@@ -6,10 +6,14 @@ Run as the benchmark's launch command:
 ``max_tokens`` tokens; with speculation each verify step yields ``A`` tokens (the last one fewer), and
 the server reports it the way the real ones do:
 
-- sglang: ``POST /generate`` → ``output_ids`` and ``meta_info {completion_tokens, spec_verify_ct,
-  spec_accept_length}`` (``spec_verify_ct`` only with speculation);
-- vllm: ``POST /v1/completions`` → ``usage.completion_tokens`` and the choice's ``token_ids``; ``GET /metrics`` → the
-  counters ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:spec_decode_num_drafts_total`` and, per draft
+- sglang: ``POST /generate`` → ``meta_info {completion_tokens, spec_verify_ct, spec_accept_length}``
+  (``spec_verify_ct`` only with speculation); with ``stream`` one ``data:`` chunk per step, its
+  ``completion_tokens`` cumulative, ``output_ids`` the step's new tokens (ids 100, 101, …: no loop) and
+  ``text`` cumulative, as SGLang's;
+- vllm: ``POST /v1/completions`` → ``usage.completion_tokens``; with ``stream`` one chunk per step
+  (``choices[0].text`` and, with ``return_token_ids``, ``choices[0].token_ids``: the step's new tokens),
+  then the usage chunk (``stream_options.include_usage``) and ``[DONE]``; ``GET /metrics`` → the counters
+  ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:spec_decode_num_drafts_total`` and, per draft
   position ``p < K``, ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="p"}`` (a step that
   accepts ``a`` drafts counts one at positions ``0 … a-1``, as vLLM's ``SpecDecodingStats`` does), and
   ``vllm:generation_tokens_total`` (the health gate's throughput check reads it).
@@ -45,7 +49,7 @@ def main() -> None:
     per_position = [0] * args.speculative_steps
     lock = threading.Lock()
 
-    def generate(tokens: int) -> int:
+    def count(tokens: int) -> int:
         """Verify steps for ``tokens`` tokens; updates vLLM's counters."""
         steps = math.ceil(tokens / per_step)
         with lock:
@@ -57,8 +61,17 @@ def main() -> None:
                 for step in range(steps):
                     for position in range(min(per_step, tokens - step * per_step) - 1):
                         per_position[position] += 1
+        return steps
+
+    def generate(tokens: int) -> int:
+        steps = count(tokens)
         threading.Event().wait(steps * args.step_delay_s)
         return steps
+
+    def chunks(tokens: int) -> list[int]:
+        """The tokens each step yields, counted as ``generate`` counts them."""
+        count(tokens)
+        return [min(per_step, tokens - start) for start in range(0, tokens, per_step)]
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -73,6 +86,37 @@ def main() -> None:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, events: Any) -> None:
+            """Server-sent events, each after a step's delay; the connection closes at the end."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for event in events:
+                threading.Event().wait(args.step_delay_s)
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+
+        def _sglang_stream(self, tokens: int, prompt: int) -> Any:
+            done = 0
+            steps = chunks(tokens)
+            for step, n in enumerate(steps, start=1):
+                done += n
+                meta: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": done}
+                if speculative and step == len(steps):
+                    meta.update(spec_verify_ct=step, spec_accept_length=done / step)
+                yield {"text": "x" * done, "output_ids": list(range(100 + done - n, 100 + done)), "meta_info": meta}
+
+        def _vllm_stream(self, tokens: int, ids: bool) -> Any:
+            done = 0
+            for n in chunks(tokens):
+                new_ids = list(range(100 + done, 100 + done + n))
+                done += n
+                yield {"choices": [{"text": "x" * n, **({"token_ids": new_ids} if ids else {})}]}
+            yield {"choices": [], "usage": {"completion_tokens": tokens}}
 
         def do_GET(self) -> None:
             if self.path == "/metrics":
@@ -95,7 +139,13 @@ def main() -> None:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-            if self.path == "/generate" and args.kind == "sglang":
+            if self.path == "/generate" and args.kind == "sglang" and body.get("stream"):
+                self._stream(
+                    self._sglang_stream(int(body["sampling_params"]["max_new_tokens"]), len(body["input_ids"]))
+                )
+            elif self.path == "/v1/completions" and args.kind == "vllm" and body.get("stream"):
+                self._stream(self._vllm_stream(int(body["max_tokens"]), bool(body.get("return_token_ids"))))
+            elif self.path == "/generate" and args.kind == "sglang":
                 tokens = int(body["sampling_params"]["max_new_tokens"])
                 steps = generate(tokens)
                 meta: dict[str, Any] = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": tokens}

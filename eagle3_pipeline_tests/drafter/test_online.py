@@ -18,15 +18,10 @@ import pytest
 
 from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.drafter.online import (
-    BenchmarkError,
-    RemoteServer,
-    benchmark_settings,
-    eval_prompts,
-    launch_command,
-    make_gate,
-    run_benchmark,
-)
+from eagle3_pipeline.drafter.bench_client import BenchmarkError
+from eagle3_pipeline.drafter.bench_servers import RemoteServer, launch_command
+from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig
+from eagle3_pipeline.drafter.online import benchmark_settings, eval_prompts, make_gate, run_benchmark
 from eagle3_pipeline.drafter.prompt_sets import BenchPrompt
 from eagle3_pipeline.drafter.set_tau import PromptSetRun, SetSettings
 from eagle3_pipeline.hosts import LocalHost
@@ -66,7 +61,9 @@ def write_config(tmp_path: Path, server: str, **benchmark: Any) -> PipelineConfi
             "log_dir": str(tmp_path / "logs"),
             "prompts": 6,
             "max_tokens": 20,
-            "concurrency": 2,
+            "concurrencies": [1, 2],
+            "sweep_steps": [],
+            "max_server_starts": 2,
             "startup_timeout_s": 60,
             **benchmark,
         },
@@ -97,16 +94,19 @@ def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
     config = write_config(tmp_path, "sglang", launch_command=None, speculative_args=None)
     settings = config.drafter_benchmark
     assert settings is not None
-    assert launch_command(settings, speculative=False) == (
+    assert launch_command(settings, None) == (
         "python -m sglang.launch_server --model-path '/models/target with space' --host 127.0.0.1 "
         f"--port {settings.port} --tp-size 1"
     )
-    assert launch_command(settings, speculative=True).endswith(
+    assert launch_command(settings, SpeculativeConfig(3)).endswith(
         "--speculative-algorithm EAGLE3 --speculative-draft-model-path /models/drafter --speculative-num-steps 3 "
         "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
     )
+    assert launch_command(settings, SpeculativeConfig(5, 4, 16)).endswith(
+        "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16"
+    )
     vllm = settings.model_copy(update={"server": "vllm"})
-    assert launch_command(vllm, speculative=True).endswith(
+    assert launch_command(vllm, SpeculativeConfig(3)).endswith(
         '--speculative-config \'{"method": "eagle3", "model": "/models/drafter", "num_speculative_tokens": 3}\''
     )
 
@@ -141,28 +141,46 @@ def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: s
         make_gate(host, thresholds_for(config.health, config.artifacts_root)),
         recorder,
     )
+    [speculative] = result.arms
     # 20 tokens per request at 3 per verify step: 7 steps (6 × 3 + 2) -> τ = 20/7 (SGLang);
-    # vLLM: 1 + accepted/drafts = 1 + (20 - 7)/7, the same figure
-    assert result.speculative.tau == pytest.approx(20 / 7)
-    assert result.baseline.tau is None
-    assert result.baseline.completion_tokens == result.speculative.completion_tokens == 6 * 20
-    assert result.baseline.tokens_per_s > 0 and result.speculative.tokens_per_s > 0
+    # vLLM: 1 + accepted/drafts = 1 + (20 - 7)/7, the same figure; over both concurrencies' 2 × 6 requests
+    assert speculative.tau == pytest.approx(20 / 7)
+    assert result.baseline.tau is None and speculative.config == SpeculativeConfig(3)
+    for arm in (result.baseline, speculative):
+        assert [m.concurrency for m in arm.levels] == [1, 2]
+        for level in arm.levels:
+            assert level.completion_tokens == 6 * 20 and level.tokens_per_s > 0
+            # the tokens as the engine counts them, with their ids, the prompt each answered, and when they came
+            assert [r.prompt for r in level.records] == list(range(6))
+            assert all(len(r.token_ids) == r.completion_tokens == 20 for r in level.records)
+            assert all(r.ttft_s is not None and r.itl_s is not None and r.latency_s >= r.ttft_s for r in level.records)
     metadata = result.as_metadata()
     assert metadata["tau_server"] == round(20 / 7, 4) and metadata["requests"] == 6
+    assert (
+        metadata["serve_concurrency"] == 2
+        and metadata["speedup_low"] <= metadata["speedup"] <= metadata["speedup_high"]
+    )
+    acceptance = speculative.acceptance
+    assert acceptance is not None and acceptance.no_verify_requests == 0
     if server == "vllm":
         # per request 7 steps: six accept 2 drafts (positions 0 and 1), the last one 1 (position 0)
-        assert result.speculative.acceptance_per_position == pytest.approx([1.0, 6 / 7, 0.0])
-        assert (result.speculative.verify_steps, result.speculative.accepted_tokens) == (6 * 7, 6 * 13)
+        assert acceptance.per_position == pytest.approx([1.0, 6 / 7, 0.0])
+        assert (acceptance.verify_steps, acceptance.accepted_tokens) == (12 * 7, 12 * 13)
         assert [metadata[f"accept_d{j}"] for j in (1, 2, 3)] == [1.0, round(6 / 7, 4), 0.0]
         assert metadata["acceptance_pos1"] == round(6 / 7, 4)
     else:
-        assert result.speculative.acceptance_per_position is None and "accept_d1" not in metadata
+        assert acceptance.per_position is None and "accept_d1" not in metadata
     # the gate found the fake by the configured pattern, and says which process that was (a pattern makes
     # an SGLang server custom, without the per-rank check; a vLLM server stays vllm)
     kind = "vllm" if server == "vllm" else "custom"
-    for arm in (result.baseline, result.speculative):
+    for arm in (result.baseline, speculative):
         assert arm.server_process.startswith(f"{kind} server pid ") and "fake_spec_server" in arm.server_process
-    assert [p["arm"] for p in recorder.points] == ["baseline", "speculative"]
+    assert [(p["arm"], p["concurrency"]) for p in recorder.points] == [
+        ("baseline", 1),
+        ("baseline", 2),
+        ("speculative-K3-top1-4", 1),
+        ("speculative-K3-top1-4", 2),
+    ]
     # both servers were stopped: nothing answers on the port any more
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base_url}/v1/models", timeout=2)
@@ -190,7 +208,8 @@ def test_prompt_sets_are_measured_per_category_on_the_speculative_arm(tmp_path: 
         Recorder(),
         sets=sets,
     )
-    assert result.baseline.prompt_sets is None and result.speculative.prompt_sets is not None
+    assert result.baseline.prompt_sets is None and result.arms[0].prompt_sets is not None
+    assert all(arm.prompt_sets is None for arm in result.arms[1:])
     rows = result.as_metadata()["tau_sets"]
     assert [(r["category"], r["requests"], r["tau"], r["tau_with_loops"], r["loops"]) for r in rows] == [
         ("chat", 1, round(20 / 7, 4), round(20 / 7, 4), 0),
@@ -272,7 +291,7 @@ def test_a_recorded_benchmark_of_the_same_drafter_starts_no_server(tmp_path: Pat
 
     first = materialize()
     logs = {p.name: (p.stat().st_mtime_ns, p.read_text()) for p in (tmp_path / "logs").iterdir()}
-    assert set(logs) == {"baseline.log", "speculative.log"} and first["reused"] is False
+    assert set(logs) == {"baseline.log", "speculative-K3-top1-4.log"} and first["reused"] is False
 
     again = materialize()
     assert again["reused"] is True

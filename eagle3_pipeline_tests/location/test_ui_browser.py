@@ -5,8 +5,9 @@ loopback as the inference endpoint; the embedded model's tokenizer, standing in 
 target's) is materialized with `eagle3-pipeline run`, one health tick is recorded on
 `inference_server` as the `inference_health` sensor records each tick, and then Debian's
 `chromium` + `chromium-driver` (no browser download) open the asset graph, a `responses`
-partition's materialization, the `inference_server` observation history and a managed server's start
-recorded on it. Screenshots go to
+partition's materialization, the `inference_server` observation history, a managed server's start
+recorded on it, and a `drafter_benchmark` materialization (its table, bar chart and choice, recorded from
+a result built here: the benchmark's servers are out of this test's reach). Screenshots go to
 `$EAGLE3_UI_SCREENSHOTS` (default: a temp folder) and their paths are printed. Every process the
 test starts (`dagster dev` and its children, chromedriver and Chromium) is killed by process
 group, also on failure. Deselect with `-m "not browser"`.
@@ -35,8 +36,12 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from eagle3_pipeline.components.eagle3.drafter_benchmark import shown
 from eagle3_pipeline.components.health.observations import health_observation, server_event_observation
 from eagle3_pipeline.config import load_config
+from eagle3_pipeline.drafter.bench_client import Acceptance, Measured, RequestRecord
+from eagle3_pipeline.drafter.bench_report import ArmResult, BenchmarkResult
+from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig
 from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
@@ -190,6 +195,27 @@ def _screenshot(driver: WebDriver, folder: Path, name: str) -> Path:
     return path
 
 
+def benchmark_result() -> BenchmarkResult:
+    """A drafter_benchmark result of three arms at concurrencies 1, 4 and 16: the drafter wins at 1 and 4, the
+    target alone at 16, where it is served."""
+
+    def level(concurrency: int, latency: float, wall_s: float, spread: int) -> Measured:
+        # acceptance differs per prompt: the speculative arms' latencies spread (the interval's source)
+        records = [
+            RequestRecord(i, 128, [7] * 128, "x", latency * (1 + i * spread % 5 / 10), 0.05, latency) for i in range(16)
+        ]
+        return Measured(concurrency, records, wall_s, None)
+
+    walls = {"baseline": (20.0, 8.0, 4.0), "K3": (12.0, 6.0, 5.0), "K5": (11.0, 6.5, 6.0)}
+
+    def arm(name: str, config: SpeculativeConfig | None, tau: float | None) -> ArmResult:
+        levels = [level(c, w / 16, w, 3 if config else 1) for c, w in zip((1, 4, 16), walls[name], strict=True)]
+        return ArmResult(name, config, levels, Acceptance(tau, [0.8, 0.6, 0.4]) if tau else None)
+
+    arms = [arm("K3", SpeculativeConfig(3), 2.4), arm("K5", SpeculativeConfig(5), 2.9)]
+    return BenchmarkResult("sglang", arm("baseline", None, None), arms, [SpeculativeConfig(5, 4, 16)], 16)
+
+
 # -- the test ---------------------------------------------------------------------------------------
 
 
@@ -315,3 +341,22 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
             "duration_s\n21.5",
         )
         _screenshot(driver, screenshots, "5_inference_server_managed_start")
+
+        # drafter_benchmark's materialization: the table, the bar chart and the configuration it chose
+        result = benchmark_result()
+        with dg.DagsterInstance.get() as instance:
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization("drafter_benchmark", metadata=shown(result.as_metadata()))
+            )
+        page = _open(
+            driver,
+            f"{base}/assets/drafter_benchmark?view=events",
+            "chosen\nbaseline",
+            "serve_concurrency\n16",
+            "speedup_best@c1",
+            "concurrency 16 (output tokens/s)",  # the bar chart, inline; the table opens from [Show Markdown]
+        )
+        assert "K5·top1·6" in page and "[Show Markdown]" in page, page[-2000:]
+        label = driver.find_elements(By.XPATH, "//*[normalize-space(text())='table']")[-1]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", label)
+        _screenshot(driver, screenshots, "6_drafter_benchmark")

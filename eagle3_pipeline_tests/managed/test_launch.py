@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.drafter.online import launch_command
+from eagle3_pipeline.drafter.bench_servers import launch_command
+from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig
 from eagle3_pipeline.managed import (
     EagleDrafter,
     LaunchError,
@@ -197,7 +198,8 @@ def test_the_generation_server_serves_the_benchmarks_baseline_arm(tmp_path: Path
 
 
 def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
-    """drafter_benchmark's default lines are the builder's (online.py keeps its templates for the user's)."""
+    """drafter_benchmark's default lines are the builder's (bench_servers.py keeps its templates for the user's),
+    a tree configuration's flags too."""
     config = kimi_profile(tmp_path)
     plan = managed_server(config)
     assert plan is not None
@@ -206,9 +208,11 @@ def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
 
     settings = DrafterBenchmarkConfig(target_model_path="/models/Kimi-K2.5", draft_model_path="/data/d", tp_size=8)
     engine = EngineSettings("sglang", "python", "/models/Kimi-K2.5", settings.port, "127.0.0.1", 8)
-    drafter = EagleDrafter("/data/d", settings.steps)
-    assert launch_command(settings, speculative=True) == build_launch(engine, ServerPurpose.benchmark(drafter)).shell()
-    assert launch_command(settings, speculative=False) == build_launch(engine, ServerPurpose.benchmark(None)).shell()
+    for config in (SpeculativeConfig(settings.steps), SpeculativeConfig(5, 4, 16)):
+        drafter = EagleDrafter("/data/d", config.steps, config.topk, config.draft_tokens)
+        assert launch_command(settings, config) == build_launch(engine, ServerPurpose.benchmark(drafter)).shell()
+    assert "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16" in launch_command(settings, config)
+    assert launch_command(settings, None) == build_launch(engine, ServerPurpose.benchmark(None)).shell()
 
 
 @pytest.mark.parametrize(

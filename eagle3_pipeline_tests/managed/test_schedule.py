@@ -54,7 +54,7 @@ def test_gpu_time_from_what_earlier_runs_recorded(tmp_path: Path) -> None:
     (layout.training_data / "manifest.json").write_text(json.dumps({"tokens": 10000}))
     layout.hidden_states.mkdir(parents=True)
     (layout.hidden_states / "result.json").write_text(json.dumps({"metadata": {"tokens_per_s": 500.0}}))
-    arms = [{"wall_s": 3.0}, {"wall_s": 2.0}]
+    arms = [{"levels": [{"wall_s": 1.0}, {"wall_s": 2.0}]}, {"levels": [{"wall_s": 2.0}]}]  # each concurrency
     layout.drafter_benchmark.write_text(json.dumps({"identity": {}, "result": {"arms": arms}}))
     steps = schedule_of(config, {"managed": Throughput(100.0, 10, 5.0, "calibration")})
     generation = steps["responses ×1"]

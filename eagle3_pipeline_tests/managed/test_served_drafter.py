@@ -15,18 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.online import (
-    BenchmarkError,
-    ManagedServers,
-    benchmark_settings,
-    eval_prompts,
-    make_gate,
-    run_benchmark,
-)
+from eagle3_pipeline.drafter.bench_client import BenchmarkError
+from eagle3_pipeline.drafter.bench_servers import ManagedServers
+from eagle3_pipeline.drafter.benchmark_record import drafter_digest, record_result
+from eagle3_pipeline.drafter.online import benchmark_settings, eval_prompts, make_gate, run_benchmark
 from eagle3_pipeline.drafter.served import ServedDrafter, ServedDrafterError, ServedRecord, decide, serve_drafter
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.managed import EagleDrafter, ServerEvent, ServerPurpose, open_supervisor
+from eagle3_pipeline.managed import ServerEvent, ServerPurpose, open_supervisor
 from eagle3_pipeline.testing.process_tools import write_atomic
 from eagle3_pipeline.watch.monitor import thresholds_for
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
@@ -61,7 +57,16 @@ def pipeline(tmp_path: Path, **benchmark: Any) -> PipelineConfig:
     sections = {
         "serving": serving,
         "health": {"expected_gpus": 0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-        "drafter_benchmark": {"server": "sglang", "steps": STEPS, "prompts": 4, "max_tokens": 16, **benchmark},
+        "drafter_benchmark": {
+            "server": "sglang",
+            "steps": STEPS,
+            "prompts": 4,
+            "max_tokens": 16,
+            "concurrencies": [2],
+            "sweep_steps": [],
+            "max_server_starts": 2,
+            **benchmark,
+        },
     }
     config = write_pipeline(tmp_path, sections)
     folder = ArtifactLayout(config.artifacts_root).training_data
@@ -100,7 +105,7 @@ def test_the_benchmarks_arms_are_the_managed_servers_launch_lines(tmp_path: Path
         supervisor.ensure(GENERATION, "responses B1")
         generation = supervisor.server.status().record
         with supervisor.arms("drafter_benchmark", after=lambda: None):
-            arms = ManagedServers(supervisor, EagleDrafter(str(drafter), STEPS))
+            arms = ManagedServers(supervisor, str(drafter))
             result = run_benchmark(settings, host, str(settings.base_url), prompts, gate, log, arms)
     # the baseline arm differs from the generation server only by --reasoning-parser: kept, not reloaded
     assert [(e.action, e.role) for e in events] == [
@@ -114,14 +119,16 @@ def test_the_benchmarks_arms_are_the_managed_servers_launch_lines(tmp_path: Path
     assert events[1].reason.startswith("drafter_benchmark: the baseline arm: running since ")
     assert (
         events[2].reason
-        == "drafter_benchmark: the speculative arm: it runs as generation, benchmark-speculative is needed"
+        == "drafter_benchmark: the speculative-K3-top1-4 arm: it runs as generation, benchmark-speculative is needed"
     )
     assert "--speculative-draft-model-path" in events[3].metadata["command"]
     # 3 requests of 16 tokens in 8 verify steps each; the fourth, with none, counted apart
-    assert result.baseline.tau is None and result.speculative.tau == pytest.approx(2.0)
-    assert result.speculative.no_verify_requests == 1 and result.speculative.completion_tokens == 3 * 16 + 1
+    [speculative] = result.arms
+    assert result.baseline.tau is None and speculative.tau == pytest.approx(2.0)
+    assert speculative.acceptance is not None and speculative.acceptance.no_verify_requests == 1
+    assert speculative.at(2).completion_tokens == 3 * 16 + 1
     assert result.as_metadata()["no_verify_requests"] == 1
-    assert "speculative: 1 of 4 request(s) had no verify step (SGLang reports no spec_verify_ct" in "\n".join(log.lines)
+    assert "speculative-K3-top1-4: 1 of 4 request(s) had no verify step" in "\n".join(log.lines)
     assert result.baseline.server_process.startswith(f"sglang server pid {generation.pid}")
 
 
@@ -164,6 +171,7 @@ def test_serve_keep_and_roll_back(tmp_path: Path) -> None:
         assert first.decision == "served the new drafter: no drafter is served yet"
         assert first.as_metadata()["tau_served"] == pytest.approx(2.0) and first.measured.requests == 3
         served = first.served
+        assert served is not None
         assert Path(served.drafter).parent == config.artifacts_root / "drafter" / "served"
         assert (Path(served.drafter) / "config.json").is_file() and "--speculative-draft-model-path" in served.argv
 
@@ -173,7 +181,7 @@ def test_serve_keep_and_roll_back(tmp_path: Path) -> None:
         export(config, "v2")
         weaker = serve_drafter(config, supervisor, {f"tau@{STEPS}/all": 1.2}, Log())
         assert weaker.decision.endswith("1.2000 does not beat the served one's 1.5000")
-        assert weaker.served.drafter == served.drafter
+        assert weaker.served is not None and weaker.served.drafter == served.drafter
 
         export(config, "v3", loadable=False)
         with pytest.raises(ServedDrafterError, match=r"(?s)rolled back to the drafter served before .*cannot load"):
@@ -182,7 +190,8 @@ def test_serve_keep_and_roll_back(tmp_path: Path) -> None:
         assert status.state == "running" and status.record is not None
         assert status.record.argv == served.argv  # the recorded launch line, restored
         record = ServedRecord.read(layout.served_drafter)
-        assert record is not None and record.current.digest == served.digest and record.previous is None
+        assert record is not None and record.current is not None and record.current.digest == served.digest
+        assert record.previous is None
         supervisor.release("test done")
     assert [(e.action, e.role) for e in events] == [
         ("started", "served-drafter"),
@@ -195,3 +204,48 @@ def test_serve_keep_and_roll_back(tmp_path: Path) -> None:
     ]
     assert "cannot load the draft model" in events[4].reason
     assert events[5].reason == "served_drafter: roll back to the drafter served before"
+
+
+def benchmarked(config: PipelineConfig, chosen: dict[str, int] | None, reason: str) -> None:
+    """drafter_benchmark's record for the exported drafter, with its choice at the serving concurrency."""
+    digest = drafter_digest(LocalHost(), str(config.artifacts_root / "drafter" / "export"))
+    arms = [{"arm": "speculative-K5-top1-6", "config": {"steps": 5, "topk": 1, "draft_tokens": 6}, "tau": 2.7}]
+    result = {"choice": {"config": chosen, "reason": reason}, "arms": arms}
+    record_result(ArtifactLayout(config.artifacts_root).drafter_benchmark, {"drafter": digest}, result)
+
+
+def test_the_benchmarks_winner_is_served_or_the_target_alone(tmp_path: Path) -> None:
+    """Where the benchmark found no configuration faster than the target alone, the target is served without a
+    drafter, said so with the figures in the metadata and the record; a drafter whose benchmark chose K5 is then
+    served in that configuration."""
+    config = pipeline(tmp_path)
+    layout = ArtifactLayout(config.artifacts_root)
+    events: list[ServerEvent] = []
+    slower = "no configuration beats the target alone at concurrency 2: the fastest, K3·top1·4, makes 40.0 tok/s"
+    with open_supervisor(config, on_event=events.append) as supervisor:
+        assert supervisor is not None
+        export(config, "v1")
+        benchmarked(config, None, slower)
+        alone = serve_drafter(config, supervisor, {f"tau@{STEPS}/all": 1.5}, Log())
+        assert alone.served is None and alone.decision == f"the target is served without a drafter: {slower}"
+        metadata = alone.as_metadata()
+        assert metadata["served_drafter"] == "none: the target alone" and metadata["tau_served"] is None
+        assert metadata["served_tokens_per_s"] > 0 and metadata["tau_served_prompts"] == 3
+        record = ServedRecord.read(layout.served_drafter)
+        assert record == ServedRecord(None, None, slower)
+
+        export(config, "v2")
+        benchmarked(config, {"steps": 5, "topk": 1, "draft_tokens": 6}, "K5·top1·6 is fastest at concurrency 2")
+        faster = serve_drafter(config, supervisor, {"tau@5/all": 2.2}, Log())
+        assert faster.decision.startswith("served the new drafter: the target is served alone")
+        assert faster.served is not None and (faster.served.steps, faster.served.tau_benchmark) == (5, 2.7)
+        argv = " ".join(faster.served.argv)
+        assert "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6" in argv
+        record = ServedRecord.read(layout.served_drafter)
+        assert record is not None and record.current is not None and record.current.steps == 5
+        supervisor.release("test done")
+    assert [(e.action, e.role) for e in events][:3] == [
+        ("started", "generation"),
+        ("stopped", "generation"),
+        ("started", "served-drafter"),
+    ]

@@ -2,13 +2,15 @@
 
 Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.benchmark_record.run_or_reuse (which runs
 eagle3_pipeline.drafter.online.run_benchmark on the host of `health.host`, behind the same health gate as
-generation, unless the result for the same drafter, prompts and settings is recorded). With a managed server
-on that host its two arms are the managed server's launch lines, with its GPUs handed over around them
+generation, unless the result for the same drafter, prompts and settings is recorded). Its metadata: a Markdown
+table and bar chart of tokens/s per arm and concurrency (eagle3_pipeline.drafter.bench_report). With a managed
+server on that host its arms are the managed server's launch lines, with its GPUs handed over around them
 (eagle3_pipeline.components.managed:hand_over; eagle3_pipeline.drafter.online:benchmark_settings).
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import dagster as dg
 
@@ -18,20 +20,14 @@ from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.drafter.bench_client import BenchmarkError
+from eagle3_pipeline.drafter.bench_servers import ArmServers, ManagedServers
 from eagle3_pipeline.drafter.benchmark_record import no_servers, run_or_reuse
-from eagle3_pipeline.drafter.online import (
-    ArmServers,
-    BenchmarkError,
-    ManagedServers,
-    benchmark_settings,
-    eval_prompts,
-    make_gate,
-)
+from eagle3_pipeline.drafter.online import benchmark_settings, eval_prompts, make_gate
 from eagle3_pipeline.drafter.prompt_sets import PromptSetError
 from eagle3_pipeline.drafter.set_tau import prompt_set_run
 from eagle3_pipeline.hosts import TUNNELS, build_host
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.managed import EagleDrafter
 from eagle3_pipeline.managed.tunnels import declare_route
 from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -63,13 +59,13 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
             settings.prompt_sets,
             layout.training_data,
             settings.max_tokens,
-            settings.concurrency,
+            settings.chosen_concurrency,
             config.target.trust_remote_code,
         )
     except PromptSetError as exc:
         raise dg.Failure(description=str(exc)) from None
     host = build_host(config.health.host)
-    drafter = EagleDrafter(str(settings.draft_model_path), settings.steps)
+    drafter = str(settings.draft_model_path)
 
     @contextmanager
     def servers() -> Iterator[ArmServers | None]:
@@ -97,11 +93,21 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
     finally:
         host.close()
         TUNNELS.close()
-    metadata["arms"] = dg.MetadataValue.json(metadata["arms"])
-    for key in ("tau_sets", "loop_flagged", "thinking"):
-        if metadata.get(key) is not None:
-            metadata[key] = dg.MetadataValue.json(metadata[key])
-    return dg.MaterializeResult(metadata={**metadata, "base_url": base_url, "reused": reused})
+    return dg.MaterializeResult(metadata={**shown(metadata), "base_url": base_url, "reused": reused})
+
+
+def shown(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's figures as the UI shows them: the table and the bar chart as Markdown; the arms, the
+    choice, the configurations not run and the prompt sets' figures as JSON."""
+    as_json = ("arms", "choice", "not_run", "tau_sets", "loop_flagged", "thinking")
+    as_markdown = ("table", "chart")
+
+    def value_of(name: str, value: Any) -> Any:
+        if name in as_json and value is not None:
+            return dg.MetadataValue.json(value)
+        return dg.MetadataValue.md(value) if name in as_markdown else value
+
+    return {name: value_of(name, value) for name, value in metadata.items()}
 
 
 def build_drafter_benchmark(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
@@ -115,9 +121,11 @@ def build_drafter_benchmark(loaded: PipelineConfig, names: PipelineNames = DEFAU
         kinds={described.server},
         deps=[names.key(asset) for asset in UPSTREAM],
         required_resource_keys={names.pipeline},
-        description=f"The target served by {described.server} without and with the exported drafter "
-        f"(K={described.steps}) on the GPU host; τ as the server reports it and tokens/s of both over "
-        f"{described.prompts} eval prompts.",
+        description=f"The target served by {described.server} without the drafter and with each speculative "
+        f"configuration of the sweep (K={described.steps} first, at most {described.max_server_starts} server "
+        f"starts) on the GPU host: output tokens/s, TTFT and ITL at concurrencies {described.concurrencies} over "
+        f"{described.prompts} eval prompts, speedup with its bootstrap interval, τ as the server reports it, and "
+        f"the configuration to serve at concurrency {described.chosen_concurrency}.",
         **step_policy(loaded, "drafter_benchmark"),
     )(drafter_benchmark)
 
