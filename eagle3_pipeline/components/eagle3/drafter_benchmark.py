@@ -105,7 +105,7 @@ def shown(metadata: dict[str, Any]) -> dict[str, Any]:
     def value_of(name: str, value: Any) -> Any:
         if name in as_json and value is not None:
             return dg.MetadataValue.json(value)
-        return dg.MetadataValue.md(value) if name in as_markdown else value
+        return dg.MetadataValue.md(str(value)) if name in as_markdown else value
 
     return {name: value_of(name, value) for name, value in metadata.items()}
 
