@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 from eagle3_pipeline.drafter.draft_config import DrafterConfig
 from eagle3_pipeline.drafter.export import export_for_servers, load_export
