@@ -83,6 +83,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, help="epochs of the full-data runs; default: the local profile's")
     parser.add_argument("--start-epochs", type=int, help="epochs of the half-data run; default: the local profile's")
     parser.add_argument("--start-seed", type=int, default=0)
+    parser.add_argument(
+        "--arms",
+        default="warm,scratch",
+        help="which full-data arms to train (several processes "
+        "may share a --work folder, e.g. the scratch arm while the start trains)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=15)
     parser.add_argument("--select-steps", type=int, default=3)
     args = parser.parse_args()
@@ -97,19 +103,23 @@ def main() -> None:
     print(f"local profile drafter: lr {common['lr']}, batch_tokens {common['batch_tokens']}, ttt_steps "
           f"{common['ttt_steps']}; epochs: {epochs['start']} on half the data (the start), {epochs['full']} on the "
           f"full data; τ@{args.select_steps} on the eval split")  # fmt: skip
+    arms = set(args.arms.split(","))
     name = f"half-s{args.start_seed}"
-    half = half_store(full, args.work / f"half_store-s{args.start_seed}", args.start_seed)
-    start = one_run(base, args.work, name, half, {**common, "seed": args.start_seed, "epochs": epochs["start"]})
-    runs: dict[str, list[dict[str, Any]]] = {"half data (the start)": [start]}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    if "warm" in arms:
+        half = half_store(full, args.work / f"half_store-s{args.start_seed}", args.start_seed)
+        start = {**common, "seed": args.start_seed, "epochs": epochs["start"]}
+        runs["half data (the start)"] = [one_run(base, args.work, name, half, start)]
     for seed in (int(s) for s in args.seeds.split(",")):
         settings = {**common, "seed": seed, "epochs": epochs["full"]}
-        for weight in (float(w) for w in args.l2sp.split(",")):
+        for weight in (float(w) for w in args.l2sp.split(",") if "warm" in arms):
             warm = {**settings, "init_from": str(args.work / name / "export"), "init_l2sp": weight}
             arm = "warm start, full data" + (f", L2-SP {weight:g}" if weight else "")
             runs.setdefault(arm, []).append(one_run(base, args.work, f"warm-l2sp{weight:g}-s{seed}", full, warm))
-        runs.setdefault("from scratch, full data", []).append(
-            one_run(base, args.work, f"scratch-s{seed}", full, settings)
-        )
+        if "scratch" in arms:
+            runs.setdefault("from scratch, full data", []).append(
+                one_run(base, args.work, f"scratch-s{seed}", full, settings)
+            )
     for arm, rows in runs.items():
         print(f"  {arm}: " + ", ".join(f"{r['name']} {r['steps']} steps {r['wall_s']} s" for r in rows))
     print(table(runs, args.select_steps))
