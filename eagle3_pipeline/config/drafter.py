@@ -190,6 +190,26 @@ class DrafterConfig(ConfigModel):
             "K the drafter is served with (drafter_benchmark.steps)."
         ),
     )
+    init_from: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None,
+        description=(
+            "Warm start: the folder of an EAGLE-3 drafter export to start from instead of a seeded init (this "
+            "pipeline's, SpecForge's or TorchSpec's LlamaForCausalLMEagle3 folder, or speculators' Eagle3Speculator "
+            "one: config.json + model.safetensors or pytorch_model.bin), on the machine where training runs (a "
+            "folder under the artifacts root is shipped to a GPU host). It must be this run's drafter (target "
+            "hidden and vocabulary sizes, captured layers, head dimensions, variant switches; refused naming the "
+            "field otherwise); its lm_head rows are matched to the draft vocabulary by token. Its τ on the eval "
+            "split is measured before training (the asset's start_tau). Applies at step 0 only: a run resumes from "
+            "its checkpoints, and a changed start (its content digest) is another run."
+        ),
+    )
+    init_l2sp: Annotated[float, Field(ge=0)] = Field(
+        default=0.0,
+        description=(
+            "L2-SP weight w with init_from: the loss adds w·Σ‖θ − θ₀‖² over the trained parameters, pulling them "
+            "toward the start (keeps what the start knew when the new data is small); 0: off."
+        ),
+    )
     keep_checkpoints: Annotated[int, Field(gt=0)] = Field(
         default=2, description="Complete checkpoints kept; older ones are deleted."
     )
@@ -246,6 +266,12 @@ class DrafterConfig(ConfigModel):
             "machine reports (torch's CUDA devices locally, nvidia-smi on the compute host), 1 with none."
         ),
     )
+
+    @model_validator(mode="after")
+    def _l2sp_needs_a_start(self) -> DrafterConfig:
+        if self.init_l2sp and self.init_from is None:
+            raise ValueError("init_l2sp: pulls toward the start's weights, so it needs init_from (the start's folder)")
+        return self
 
 
 class DrafterEvalConfig(ConfigModel):

@@ -2,6 +2,7 @@
 order, one optimizer step each (:meth:`Trainer.train_step`), a curve point every ``log_every`` steps
 and a checkpoint every ``checkpoint_every`` (evaluated, with its τ-curve point) and at the end. With
 ``select: best`` the weights of the checkpoint with the best τ so far are kept apart (:data:`BEST_FILE`).
+A warm start with ``init_l2sp`` adds the L2-SP pull toward the start's weights to each step's objective.
 
 Metrics stay on the device and are synced (and all-reduced over the ranks) once per curve point. Only
 rank 0 evaluates and writes checkpoints.
@@ -29,6 +30,7 @@ from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.plans import RunPlan
 from eagle3_pipeline.drafter.scaling import curve_point, tokens_seen, write_curve
 from eagle3_pipeline.drafter.spec import TrainSettings
+from eagle3_pipeline.drafter.warm_start import l2sp_penalty
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RunState:
     curve: list[dict[str, float]]
     evals: list[dict[str, float]]
     tau_curve: dict[str, Any]
+    start: dict[str, Any] | None = None  # a warm start: where from, and its eval before the first step
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Trainer:
     autocast: torch.dtype | None
     ranks: Ranks
     settings: TrainSettings
+    anchor: dict[str, torch.Tensor] | None = None  # θ₀ of the L2-SP pull (drafter.init_l2sp), None: off
 
     def precision(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=self.autocast or torch.float32, enabled=self.autocast is not None)
@@ -75,8 +79,12 @@ class Trainer:
                 self.settings.loss,
                 self.settings.lk_eta,
             )
-        self.optimization.step(metrics.loss)
-        metrics.loss = metrics.loss.detach()
+        objective = metrics.loss
+        if self.anchor is not None:
+            # Every rank adds the whole term; the optimizer step scales by the ranks, which average it.
+            objective = objective + self.settings.init_l2sp * l2sp_penalty(self.model, self.anchor) / self.ranks.world
+        self.optimization.step(objective)
+        metrics.loss = metrics.loss.detach()  # the curve's loss is the data term
         return metrics
 
 
@@ -176,6 +184,7 @@ class Checkpointer:
             "curve": state.curve,
             "evals": state.evals,
             "tau_curve": state.tau_curve,
+            "start": state.start,
             "identity": self.identity,
         }
         d2t, t2d = self.vocab

@@ -65,6 +65,8 @@ class TrainSettings:
     lk_eta: float
     select: str
     select_steps: int
+    init_from: str | None
+    init_l2sp: float
     model: dict[str, Any]  # drafter.model: the keys the file sets (DrafterModelConfig)
 
     @classmethod
@@ -84,7 +86,9 @@ class TrainSettings:
         """What a resumed run must share with the checkpoint (bookkeeping settings excluded, the choice of
         the exported checkpoint, and activation checkpointing: it recomputes the same values, so a run
         may resume with it switched). The default loss is left out (a checkpoint written before the loss
-        was a setting trained with it), and η unless the loss reads it."""
+        was a setting trained with it), and η unless the loss reads it. ``init_from`` is left out: the run's
+        identity holds its content digest instead (a moved start is the same start); ``init_l2sp`` at 0
+        (off) too, so a run from before the setting resumes."""
         skip = {
             "checkpoint_every",
             "keep_checkpoints",
@@ -94,6 +98,8 @@ class TrainSettings:
             "activation_checkpointing",
             "select",
             "select_steps",
+            "init_from",
+            *(("init_l2sp",) if not self.init_l2sp else ()),
             *(("loss",) if self.loss == "kl" else ()),
             *(("lk_eta",) if self.loss != "lk_lambda" else ()),
         }

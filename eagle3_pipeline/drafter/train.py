@@ -1,5 +1,6 @@
 """Train the EAGLE-3 drafter on the hidden-state store: the ``train`` heavy phase (``run(spec, report)``),
-its lifecycle: open the inputs, plan the run, build or resume the drafter, run the loop, export.
+its lifecycle: open the inputs, plan the run, build (from a warm start: :mod:`~eagle3_pipeline.drafter.warm_start`)
+or resume the drafter, run the loop, export.
 
 The roles, as SpecForge's ``training/DESIGN.md`` names them: the lifecycle is here; the loop and one
 step in :mod:`~eagle3_pipeline.drafter.loop`; the EAGLE-3 loss in :mod:`~eagle3_pipeline.drafter.loss`;
@@ -25,11 +26,12 @@ from eagle3_pipeline.drafter.data import BatchReader
 from eagle3_pipeline.drafter.draft_config import DrafterConfig, drafter_config
 from eagle3_pipeline.drafter.export import export_for_servers
 from eagle3_pipeline.drafter.loop import BEST_FILE, Checkpointer, LoopTimes, RunState, Trainer, best_eval, train_loop
-from eagle3_pipeline.drafter.loss import eval_depths
+from eagle3_pipeline.drafter.loss import eval_depths, evaluate
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.plans import RunPlan, plan_run
 from eagle3_pipeline.drafter.scaling import new_curve
 from eagle3_pipeline.drafter.spec import TrainError, TrainSettings, parse_spec
+from eagle3_pipeline.drafter.warm_start import WarmStart, read_start
 from eagle3_pipeline.hidden_states.plan import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
 from eagle3_pipeline.target.weights import TargetWeights, load_target_weights
@@ -64,28 +66,33 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     inputs = open_inputs(paths, settings)
     layout = read_rolling_layout(paths["store"]) if spec.get("rolling") is not None else None
     plan = plan_run(inputs.store, layout, spec.get("rolling"), settings)
+    trainer, start = start_trainer(inputs, settings, plan, ranks)
     identity = {
         "settings": settings.identity(),
         "drafter": inputs.config.to_dict(),
         "store": inputs.store.manifest().identity(),
         "draft_vocab_sha256": vocab_sha256(inputs.d2t, inputs.t2d),
         "rolling": None if layout is None else layout.identity(),
+        "init_from_sha256": None if start is None else start.digest,  # None: as a run from before the setting
     }
-    trainer = start_trainer(inputs, settings, plan, ranks)
     tau_k = eval_depths(settings.ttt_steps)[0]
     fresh = RunState(0, 0, 0, [], [], new_curve(tau_k, settings.epochs, plan.data_tokens))
     state = resume(paths, trainer, inputs, identity, fresh, plan, report)
     resumed_from = None if state is fresh else state.step
     enter_segment(state, plan, paths, report)
+    reader = BatchReader(paths["store"], settings.max_seq_len)
+    if start is not None and state is fresh and ranks.leader:
+        state.start = evaluate_start(trainer, start, reader, plan, report)
     vocab = (inputs.d2t, inputs.t2d)
     checkpointer = Checkpointer(trainer, plan, paths["store"], paths["run_dir"], identity, vocab, tau_k)
-    reader = BatchReader(paths["store"], settings.max_seq_len)
     times = train_loop(trainer, plan, state, reader, checkpointer, report)
     result = run_metadata(state, resumed_from, plan, times, trainer, inputs, paths["export_dir"])
     if not ranks.leader:
         return result
     if result["finished"]:
         training = select_checkpoint(trainer.model, state.evals, settings, paths["run_dir"])
+        if state.start is not None:
+            training["init_from"] = state.start
         result["selected"] = training
         model = trainer.model.to("cpu")
         export_for_servers(model, paths["export_dir"], inputs.target.config, settings.export_dtype, training)
@@ -156,14 +163,35 @@ def build_model(
     return model
 
 
-def start_trainer(inputs: Inputs, settings: TrainSettings, plan: RunPlan, ranks: Ranks) -> Trainer:
-    """A fresh drafter on this rank's device, its optimizer over the run's total steps, the target's lm_head."""
+def start_trainer(
+    inputs: Inputs, settings: TrainSettings, plan: RunPlan, ranks: Ranks
+) -> tuple[Trainer, WarmStart | None]:
+    """A fresh drafter on this rank's device (from ``init_from``'s weights when set: a resume loads its
+    checkpoint over them), its optimizer over the run's total steps, the target's lm_head; and the start."""
     device, autocast = pick_device(settings.dtype, ranks.local_rank)
-    model = build_model(inputs.config, inputs.target, inputs.d2t, inputs.t2d, settings.seed).to(device)
+    model = build_model(inputs.config, inputs.target, inputs.d2t, inputs.t2d, settings.seed)
+    start = None if settings.init_from is None else read_start(Path(settings.init_from), model)
+    if start is not None:
+        start.apply(model)
+    model = model.to(device)
+    anchor = start.anchor(model) if start is not None and settings.init_l2sp else None
     lm_head = inputs.target.lm_head.to(device, autocast or torch.float32)
     optimization = Optimization(model, settings, plan.total_steps, ranks)
     forward = distributed(model, ranks, device)
-    return Trainer(model, forward, optimization, lm_head, device, autocast, ranks, settings)
+    return Trainer(model, forward, optimization, lm_head, device, autocast, ranks, settings, anchor), start
+
+
+def evaluate_start(
+    trainer: Trainer, start: WarmStart, reader: BatchReader, plan: RunPlan, report: Reporter
+) -> dict[str, Any]:
+    """The start's eval before the first step, as each checkpoint's is computed (τ at the eval depths,
+    per-depth acceptance): the gain of the run is measured against it."""
+    metrics, _ = evaluate(
+        trainer.model, reader, plan.eval_batches, trainer.lm_head, trainer.settings, trainer.device, trainer.autocast
+    )
+    measured = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("tau@", "accept_"))}
+    report.log(f"warm start from {start.folder} ({start.format}, {start.lm_head_rows} lm_head rows): {measured}")
+    return {**start.describe(), **measured}
 
 
 def resume(
@@ -204,7 +232,7 @@ def resume(
     # A run checkpointed before the τ curve existed starts one here.
     resumed = RunState(
         state["step"], state["epoch"], state["batch_index"], state["curve"], state["evals"],
-        state.get("tau_curve", fresh.tau_curve),
+        state.get("tau_curve", fresh.tau_curve), state.get("start"),
     )  # fmt: skip
     written_by = state.get("world_size", 1)
     other = (
@@ -257,6 +285,7 @@ def run_metadata(
         "curve": curve,
         "evals": state.evals,
         "tau_curve": state.tau_curve,
+        **({"start": state.start} if state.start is not None else {}),
         "export_dir": str(export_dir),
         "device": str(trainer.device),
         "autocast": str(trainer.autocast) if trainer.autocast else "float32",

@@ -13,7 +13,12 @@ pytest.importorskip("torch")
 
 import dagster as dg
 
-from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.drafter import (
+    build_drafter_assets,
+    checkpoint_chart,
+    selection_metadata,
+    start_metadata,
+)
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
@@ -80,3 +85,26 @@ def test_the_drafter_depends_on_the_vocab_and_the_hidden_states(tmp_path: Path) 
     (drafter,) = build_drafter_assets(load_config(pipeline))
     assert {k.to_user_string() for k in drafter.dependency_keys} == {"draft_vocab", "hidden_states"}
     assert drafter.group_names_by_key[dg.AssetKey("eagle3_drafter")] == "eagle3"
+
+
+def test_the_checkpoint_chart_marks_the_exported_one_and_shows_the_start() -> None:
+    """The τ-by-checkpoint chart (markdown, read in one materialization): bars from the lowest to the
+    highest τ shown, the exported checkpoint marked, a warm start's τ first; its gain beside it."""
+    rows = [{"step": 10, "tau@3": 1.5}, {"step": 20, "tau@3": 2.0}, {"step": 30, "tau@3": 1.75}]
+    chart = checkpoint_chart(rows, "tau@3", 20, 1.25)
+    lines = chart.splitlines()
+    assert lines[0] == "tau@3 by checkpoint: `▁▃█▆` (1.250 – 2.000)"
+    table = lines[lines.index("| step | tau@3 | |") + 2 :]
+    assert [line.split(" | ")[0] for line in table] == ["| start", "| 10", "| 20", "| 30"]
+    bars = [line.split("`")[1] for line in table]
+    assert [bar.count("█") for bar in bars] == [1, 9, 24, 16] and all(len(bar) == 24 for bar in bars)
+    assert [line.endswith("◀ exported |") for line in table] == [False, False, True, False]
+    assert checkpoint_chart(rows[:1], "tau@3", None, None).endswith("| 10 | 1.500 | `" + "█" * 24 + "` |")
+
+    result = {"selected": {"select_steps": 3, "step": 20, "tau@3": 2.0}, "evals": rows,
+              "start": {"from": "/s", "tau@3": 1.25, "accept_0": 0.4}}  # fmt: skip
+    shown = {**selection_metadata(result), **start_metadata(result)}
+    assert isinstance(shown["tau_by_checkpoint_chart"], dg.MarkdownMetadataValue)
+    assert "| start | 1.250 |" in shown["tau_by_checkpoint_chart"].value
+    assert shown["start_tau@3"] == 1.25 and shown["tau@3_gain_over_start"] == 0.75
+    assert start_metadata({**result, "start": None}) == {}

@@ -3,10 +3,11 @@
 Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run (the ``train`` phase),
 through `run_heavy_phase` wherever `compute:` says (for `command` too: the user command replaces
 only extraction). On a GPU host the draft_vocab folder is shipped, the hidden states are already
-there (phase A left them under the host's artifacts root), the checkpoints and the export stay on
-the host, and only the export's config.json and the run's tau_curve.json (τ against the training
-tokens seen, which `drafter_eval` and `eagle3-pipeline plan` read) come back. `drafter.target_weights` is then a path on
-the host.
+there (phase A left them under the host's artifacts root), a warm start's folder (`drafter.init_from`)
+is shipped when it lies under the artifacts root, the checkpoints and the export stay on the host,
+and only the export's config.json and the run's tau_curve.json (τ against the training tokens seen,
+which `drafter_eval` and `eagle3-pipeline plan` read) come back. `drafter.target_weights` and
+`drafter.init_from` are then paths on the host.
 
 With `hidden_states.rolling_window_shards` the asset runs the rolling loop
 (eagle3_pipeline.drafter.rolling:run_rolling) over the windows the hidden_states phase recorded; its
@@ -58,10 +59,36 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
     )
 
 
+BAR_WIDTH = 24
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def checkpoint_chart(rows: Sequence[Mapping[str, Any]], key: str, exported: int | None, start: float | None) -> str:
+    """Markdown a person reads at a glance in one materialization (Dagster plots numbers only across
+    materializations): a sparkline of ``key`` over the checkpoints, then one bar per checkpoint, scaled
+    from the lowest to the highest value shown, the exported one marked; the warm start's value first."""
+    points = ([("start", start)] if start is not None else []) + [(str(int(r["step"])), float(r[key])) for r in rows]
+    if not points:
+        return f"no evaluated checkpoint ({key})"
+    low, high = min(v for _, v in points), max(v for _, v in points)
+    span = high - low
+
+    def scaled(value: float, top: int) -> int:
+        return top if span == 0 else round((value - low) / span * top)
+
+    spark = "".join(SPARKS[scaled(v, len(SPARKS) - 1)] for _, v in points)
+    lines = [f"{key} by checkpoint: `{spark}` ({low:.3f} – {high:.3f})", "", f"| step | {key} | |", "|---:|---:|:---|"]
+    for step, value in points:
+        bar = "█" * (1 + scaled(value, BAR_WIDTH - 1))
+        mark = " ◀ exported" if exported is not None and step == str(exported) else ""
+        lines.append(f"| {step} | {value:.3f} | `{bar.ljust(BAR_WIDTH, '░')}`{mark} |")
+    return "\n".join(lines)
+
+
 def selection_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
     """The exported checkpoint (``drafter.select``) and τ at the depth it was chosen by for every
-    evaluated checkpoint: a table (with the per-depth acceptance and which one was exported) and the
-    same curve as a series for a plot; nothing for a run that exported nothing."""
+    evaluated checkpoint: a table (with the per-depth acceptance and which one was exported), the
+    same curve as a series, and as a chart (:func:`checkpoint_chart`); nothing for a run that exported nothing."""
     selected = result.get("selected")
     if not selected:
         return {}
@@ -71,13 +98,30 @@ def selection_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
          "exported": float(e["step"] == selected["step"])}
         for e in result["evals"] if key in e
     ]  # fmt: skip
+    start = (result.get("start") or {}).get(key)
     return {
         "selected": dg.MetadataValue.json(selected),
         "tau_by_checkpoint": _table(rows),
         "tau_by_checkpoint_series": dg.MetadataValue.json(
             {"x": "step", "y": key, "step": [r["step"] for r in rows], key: [round(r[key], 4) for r in rows]}
         ),
+        "tau_by_checkpoint_chart": dg.MetadataValue.md(checkpoint_chart(rows, key, selected["step"], start)),
     }
+
+
+def start_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A warm start (``drafter.init_from``): where from and its eval before the first step, its τ at
+    the selection depth beside the exported checkpoint's, so the gain is read off; nothing otherwise."""
+    start, selected = result.get("start"), result.get("selected") or {}
+    if not start:
+        return {}
+    key = f"tau@{selected.get('select_steps', 3)}"
+    out: dict[str, Any] = {"warm_start": dg.MetadataValue.json(start)}
+    if key in start:
+        out[f"start_{key}"] = start[key]
+        if selected.get(key) is not None:
+            out[f"{key}_gain_over_start"] = round(selected[key] - start[key], 4)
+    return out
 
 
 def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,6 +143,7 @@ def materialization_metadata(result: Mapping[str, Any]) -> dict[str, Any]:
         "checkpoint": dg.MetadataValue.path(result["checkpoint"]),
         "drafter": dg.MetadataValue.json(result["drafter"]),
         **selection_metadata(result),
+        **start_metadata(result),
     }
 
 
@@ -180,9 +225,8 @@ def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     ]
     try:
         spec = train_spec(config)
-        ship = [str(paths["draft_vocab"])] + (
-            [spec["target_weights"]] if under_root(spec["target_weights"], config.artifacts_root) else []
-        )
+        inputs = [spec["target_weights"], spec["settings"]["init_from"]]
+        ship = [str(paths["draft_vocab"])] + [p for p in inputs if p and under_root(p, config.artifacts_root)]
         with hand_over(context, config, names, "eagle3_drafter") as supervisor:
             if config.hidden_states.rolling_window_shards is None:
                 result = run_heavy_phase(
