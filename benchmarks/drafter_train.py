@@ -292,7 +292,11 @@ def memory_child(job: MemoryJob) -> None:
                 loss = reference_ttt_loss(model, batch, lm_head, job.ttt_steps)
             else:
                 loss = ttt_loss(
-                    model, batch, lm_head, job.ttt_steps, activation_checkpointing=job.pass_name == "new+ckpt"
+                    model,
+                    batch,
+                    lm_head=lm_head,
+                    steps=job.ttt_steps,
+                    activation_checkpointing=job.pass_name == "new+ckpt",
                 ).loss
         loss.backward()
         if device.type == "cuda":

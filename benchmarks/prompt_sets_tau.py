@@ -48,7 +48,9 @@ def main() -> None:
     settings = SetSettings(args.max_tokens, args.concurrency)
     with vllm_server(model, log, extra_args=["--speculative-config", json.dumps(config)]) as server:
         started = time.monotonic()
-        figures = measure_prompt_sets("vllm", server.root_url, prompts, tokenizer, settings, 600.0)
+        figures = measure_prompt_sets(
+            "vllm", server.root_url, prompts=prompts, tokenizer=tokenizer, settings=settings, timeout_s=600.0
+        )
         wall = time.monotonic() - started
     print(f"target {model.name}, drafter {drafter} (K = {args.steps}), max_tokens {args.max_tokens}, {wall:.0f} s")
     header = f"{'set':10} {'category':12} {'requests':>8} {'tokens':>7} {'tau':>7} {'tau+loops':>9} {'loops':>5}"

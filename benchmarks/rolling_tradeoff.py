@@ -45,9 +45,24 @@ def main() -> None:
         f"{args.bytes_per_token:,.0f} B/token, {args.epochs} epochs"
     )
     for rate in (float(r) for r in args.rates.split(",")):
-        bare = tradeoff(train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate)
+        bare = tradeoff(
+            train,
+            eval_,
+            bytes_per_token=args.bytes_per_token,
+            shard_tokens=args.shard_tokens,
+            window_shards=args.window_shards,
+            epochs=args.epochs,
+            extract_tokens_per_s=rate,
+        )
         f = tradeoff(
-            train, eval_, args.bytes_per_token, args.shard_tokens, args.window_shards, args.epochs, rate, args.load_s
+            train,
+            eval_,
+            bytes_per_token=args.bytes_per_token,
+            shard_tokens=args.shard_tokens,
+            window_shards=args.window_shards,
+            epochs=args.epochs,
+            extract_tokens_per_s=rate,
+            target_load_s=args.load_s,
         )
         print(
             f"extraction at {rate:,.0f} tok/s (assumed): whole store {f.store_bytes / TB:.2f} TB on disk, extracted "

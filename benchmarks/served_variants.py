@@ -22,7 +22,8 @@ from typing import Any
 
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.drafter.acceptance import served_tau_bound
-from eagle3_pipeline.drafter.online import eval_prompts, measure
+from eagle3_pipeline.drafter.bench_client import measure
+from eagle3_pipeline.drafter.online import eval_prompts
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.serving import prepare_local_model
 from eagle3_pipeline.testing.real_vllm import vllm_server
@@ -44,7 +45,15 @@ def serve_one(model: Path, export: Path, prompts: list[list[int]], args: argpars
     """τ and per-position acceptance of ``export`` served by vLLM on ``prompts`` (greedy, ``--max-tokens``)."""
     extra = drafter_args("vllm", EagleDrafter(str(export), args.steps))
     with vllm_server(model, args.out / f"{export.parent.name}-{export.name}.log", extra_args=extra) as server:
-        measured = measure("vllm", server.root_url, prompts, args.max_tokens, args.concurrency, REQUEST_TIMEOUT_S, True)
+        measured = measure(
+            "vllm",
+            server.root_url,
+            prompts=prompts,
+            max_tokens=args.max_tokens,
+            concurrency=args.concurrency,
+            timeout_s=REQUEST_TIMEOUT_S,
+            speculative=True,
+        )
     acceptance = measured.acceptance
     if acceptance is None or not acceptance.per_position or not acceptance.verify_steps:
         sys.exit(f"{export}: vLLM reported no per-position acceptance")

@@ -89,7 +89,9 @@ def main() -> None:
     host = LocalHost()
     gate = make_gate(host, thresholds_for(config.health, config.artifacts_root))
     print(f"{len(prompts)} eval prompts, {args.max_tokens} tokens each, drafter {drafter}, logs {work / 'logs'}")
-    result = run_benchmark(settings, host, f"http://127.0.0.1:{port}", prompts, gate, Quiet())
+    result = run_benchmark(
+        settings, host, base_url=f"http://127.0.0.1:{port}", prompts=prompts, gate=gate, report=Quiet()
+    )
     metadata = result.as_metadata()
     print()
     print(metadata["table"])

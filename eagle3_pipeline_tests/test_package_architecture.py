@@ -299,6 +299,51 @@ def test_only_the_dagster_layer_imports_dagster() -> None:
     assert dagster_outside_its_layer(outside) == [], rules()
 
 
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 120
+MAX_POSITIONAL = 6  # beyond it, parameters are keyword-only (or one small record)
+# "path" or "path:function" -> why it may exceed a limit. Compared for equality with what the sizes find.
+SIZE_EXCEPTIONS: dict[str, str] = {
+    "eagle3_pipeline/testing/kimi/tokenization_kimi.py:__init__": "Kimi-K2.5's remote code, whose signature "
+    "Hugging Face's loader calls",
+    "eagle3_pipeline/testing/kimi/modeling_kimi_k25.py:forward": "Kimi-K2.5's remote code, whose signature "
+    "Hugging Face's generate calls",
+}
+
+
+def oversized(root: Path = PACKAGE) -> dict[str, str]:
+    """``path[:function]`` -> what exceeds :data:`MAX_MODULE_LINES`, :data:`MAX_FUNCTION_LINES` or
+    :data:`MAX_POSITIONAL` (``self``/``cls`` not counted)."""
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        where = str(path.relative_to(root.parent))
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found[where] = f"{lines} lines"
+        for node in ast.walk(ast.parse(text, where)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            assert node.end_lineno is not None
+            span = node.end_lineno - node.lineno + 1
+            positional = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            problems = [f"{span} lines"] * (span > MAX_FUNCTION_LINES)
+            problems += [f"{len(positional)} positional parameters"] * (len(positional) > MAX_POSITIONAL)
+            if problems:
+                found[f"{where}:{node.name}"] = ", ".join(problems)
+    return found
+
+
+def test_modules_functions_and_positional_parameters_stay_within_their_limits() -> None:
+    found = oversized()
+    unexpected = {where: what for where, what in found.items() if where not in SIZE_EXCEPTIONS}
+    stale = sorted(where for where in SIZE_EXCEPTIONS if where not in found)
+    assert not unexpected, (
+        f"over {MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function, or {MAX_POSITIONAL} positional "
+        "parameters (split it; make the rest keyword-only): " + "; ".join(f"{w}: {x}" for w, x in unexpected.items())
+    )
+    assert not stale, f"SIZE_EXCEPTIONS lists what is now within the limits (remove it): {stale}"
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     package = tmp_path / "eagle3_pipeline"
     for name, text in files.items():

@@ -251,6 +251,7 @@ def requests_at(prompts: Sequence[Sequence[int]], concurrency: int) -> list[int]
 def measure(
     server: str,
     base_url: str,
+    *,
     prompts: Sequence[Sequence[int]],
     max_tokens: int,
     concurrency: int,

@@ -70,6 +70,7 @@ def no_servers() -> AbstractContextManager[ArmServers | None]:
 def run_or_reuse(
     settings: DrafterBenchmarkConfig,
     host: Host,
+    *,
     base_url: str,
     prompts: Sequence[Sequence[int]],
     gate: Gate,
@@ -91,7 +92,9 @@ def run_or_reuse(
         )
         return kept, True
     with servers() as arms:
-        metadata = run_benchmark(settings, host, base_url, prompts, gate, report, arms, sets).as_metadata()
+        metadata = run_benchmark(
+            settings, host, base_url=base_url, prompts=prompts, gate=gate, report=report, servers=arms, sets=sets
+        ).as_metadata()
     if identity is not None:
         record_result(record, identity, metadata)
     return metadata, False

@@ -71,13 +71,13 @@ class Trainer:
             metrics = ttt_loss(
                 self.model,
                 batch,
-                self.lm_head,
-                self.settings.ttt_steps,
-                self.ranks,
-                self.forward,
-                self.settings.activation_checkpointing,
-                self.settings.loss,
-                self.settings.lk_eta,
+                lm_head=self.lm_head,
+                steps=self.settings.ttt_steps,
+                ranks=self.ranks,
+                forward=self.forward,
+                activation_checkpointing=self.settings.activation_checkpointing,
+                loss_kind=self.settings.loss,
+                eta=self.settings.lk_eta,
             )
         objective = metrics.loss
         if self.anchor is not None:
@@ -157,7 +157,13 @@ class Checkpointer:
         trainer, settings = self.trainer, self.trainer.settings
         reader = BatchReader(self.store, settings.max_seq_len)
         metrics, acceptance = evaluate(
-            trainer.model, reader, self.plan.eval_batches, trainer.lm_head, settings, trainer.device, trainer.autocast
+            trainer.model,
+            reader,
+            plans=self.plan.eval_batches,
+            lm_head=trainer.lm_head,
+            settings=settings,
+            device=trainer.device,
+            autocast=trainer.autocast,
         )
         state.evals.append({"step": state.step, **metrics})
         if acceptance:

@@ -142,6 +142,7 @@ class StepMetrics:
 def ttt_loss(
     model: Eagle3Drafter,
     batch: Batch,
+    *,
     lm_head: torch.Tensor,
     steps: int,
     ranks: Ranks = ONE_PROCESS,
@@ -192,6 +193,7 @@ def eval_depths(ttt_steps: int, select_steps: int | None = None) -> list[int]:
 def evaluate(
     model: Eagle3Drafter,
     reader: BatchReader,
+    *,
     plans: Mapping[str, list[list[Row]]],
     lm_head: torch.Tensor,
     settings: TrainSettings,
@@ -215,7 +217,12 @@ def evaluate(
             batch = batch.to(device)
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 metrics = ttt_loss(
-                    model, batch, lm_head, settings.ttt_steps, loss_kind=settings.loss, eta=settings.lk_eta
+                    model,
+                    batch,
+                    lm_head=lm_head,
+                    steps=settings.ttt_steps,
+                    loss_kind=settings.loss,
+                    eta=settings.lk_eta,
                 )
                 add_drafter_batch(
                     per_dataset[dataset], model, batch.aux, batch.input_ids, batch.loss_mask, batch.attention_mask

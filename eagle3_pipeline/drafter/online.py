@@ -140,6 +140,7 @@ def matched_process(report: HealthReport) -> str:
 def measure_arm(
     settings: DrafterBenchmarkConfig,
     base_url: str,
+    *,
     prompts: Sequence[Sequence[int]],
     speculative: bool,
     api_key: str | None,
@@ -155,12 +156,12 @@ def measure_arm(
             level = measure(
                 settings.server,
                 base_url,
-                prompts,
-                settings.max_tokens,
-                concurrency,
-                settings.request_timeout_s,
-                False,
-                api_key,
+                prompts=prompts,
+                max_tokens=settings.max_tokens,
+                concurrency=concurrency,
+                timeout_s=settings.request_timeout_s,
+                speculative=False,
+                api_key=api_key,
             )
             report.progress({"arm": name, "concurrency": concurrency, "tokens_per_s": round(level.tokens_per_s, 2)})
             levels.append(level)
@@ -174,6 +175,7 @@ def measure_arm(
 def run_arm(
     config: SpeculativeConfig | None,
     settings: DrafterBenchmarkConfig,
+    *,
     servers: ArmServers,
     base_url: str,
     prompts: Sequence[Sequence[int]],
@@ -190,7 +192,15 @@ def run_arm(
         spec = servers.start(config)
         process = matched_process(gate(spec))
         report.log(f"{name}: the health gate's server_process check matched {process}")
-        levels, acceptance = measure_arm(settings, base_url, prompts, config is not None, spec.api_key, report, name)
+        levels, acceptance = measure_arm(
+            settings,
+            base_url,
+            prompts=prompts,
+            speculative=config is not None,
+            api_key=spec.api_key,
+            report=report,
+            name=name,
+        )
         if sets is not None and config is not None:
             figures = _measure_sets(settings, base_url, spec.api_key, sets, report, name)
     finally:
@@ -208,6 +218,7 @@ def run_arm(
 def measure_prompt_sets(
     server: str,
     base_url: str,
+    *,
     prompts: Sequence[BenchPrompt],
     tokenizer: Any,
     settings: SetSettings,
@@ -234,7 +245,13 @@ def _measure_sets(
 ) -> dict[str, Any]:
     report.log(f"{name}: τ per prompt set and category over {len(sets.prompts)} prompt(s)")
     figures = measure_prompt_sets(
-        settings.server, base_url, sets.prompts, sets.tokenizer, sets.settings, settings.request_timeout_s, api_key
+        settings.server,
+        base_url,
+        prompts=sets.prompts,
+        tokenizer=sets.tokenizer,
+        settings=sets.settings,
+        timeout_s=settings.request_timeout_s,
+        api_key=api_key,
     )
     for flag in figures["loop_flagged"]:
         report.log(f"{name}: a degenerate loop, left out of τ: {flag}")
@@ -244,6 +261,7 @@ def _measure_sets(
 def run_benchmark(
     settings: DrafterBenchmarkConfig,
     host: Host,
+    *,
     base_url: str,
     prompts: Sequence[Sequence[int]],
     gate: Gate,
@@ -262,9 +280,18 @@ def run_benchmark(
             f"drafter_benchmark: max_server_starts {settings.max_server_starts} leaves out "
             f"{', '.join(c.label for c in not_run)}"
         )
-    baseline = run_arm(None, settings, servers, base_url, prompts, gate, report)
+    baseline = run_arm(None, settings, servers=servers, base_url=base_url, prompts=prompts, gate=gate, report=report)
     arms = [
-        run_arm(config, settings, servers, base_url, prompts, gate, report, sets if i == 0 else None)
+        run_arm(
+            config,
+            settings,
+            servers=servers,
+            base_url=base_url,
+            prompts=prompts,
+            gate=gate,
+            report=report,
+            sets=sets if i == 0 else None,
+        )
         for i, config in enumerate(measured)
     ]
     result = BenchmarkResult(settings.server, baseline, arms, not_run, settings.chosen_concurrency)

@@ -69,6 +69,7 @@ def _note_disk(state: dict[str, Any], found: Mapping[str, Any]) -> None:
 def run_rolling(
     state_path: Path,
     windows: list[list[str]],
+    *,
     epochs: int,
     extract: Extract,
     train: Train,
@@ -145,6 +146,7 @@ class Tradeoff:
 def tradeoff(
     train_tokens: float,
     eval_tokens: float,
+    *,
     bytes_per_token: float,
     shard_tokens: int,
     window_shards: int,

@@ -307,7 +307,9 @@ def serve_drafter(
     new, choice = candidate(config, supervisor, evaluation)
     tools = generation_purpose(layout, config.dataset_ids).needs_tools  # chat as generation serves it
     if choice is not None and choice.config is None:
-        return _serve_baseline(layout, supervisor, record, new, choice.reason, tools, report)
+        return _serve_baseline(
+            layout, supervisor, record=record, new=new, reason=choice.reason, tools=tools, report=report
+        )
     serve_new, why = decide(new, record)
     report.log(f"served_drafter: {why}")
     if serve_new:
@@ -365,6 +367,7 @@ def _roll_back(supervisor: Supervisor, record: ServedRecord | None, tools: bool,
 def _serve_baseline(
     layout: ArtifactLayout,
     supervisor: Supervisor,
+    *,
     record: ServedRecord | None,
     new: ServedDrafter,
     reason: str,
@@ -392,10 +395,10 @@ def measure_served(layout: ArtifactLayout, supervisor: Supervisor, speculative: 
     return measure(
         plan.engine,
         server_root(plan.base_url),
-        prompts,
-        plan.serving.served_drafter_max_tokens,
-        len(prompts),
-        REQUEST_TIMEOUT_S,
+        prompts=prompts,
+        max_tokens=plan.serving.served_drafter_max_tokens,
+        concurrency=len(prompts),
+        timeout_s=REQUEST_TIMEOUT_S,
         speculative=speculative,
         api_key=plan.api_key(),
     )

@@ -77,7 +77,7 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     }
     tau_k = eval_depths(settings.ttt_steps)[0]
     fresh = RunState(0, 0, 0, [], [], new_curve(tau_k, settings.epochs, plan.data_tokens))
-    state = resume(paths, trainer, inputs, identity, fresh, plan, report)
+    state = resume(paths, trainer, inputs=inputs, identity=identity, fresh=fresh, plan=plan, report=report)
     resumed_from = None if state is fresh else state.step
     enter_segment(state, plan, paths, report)
     reader = BatchReader(paths["store"], settings.max_seq_len)
@@ -86,7 +86,9 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     vocab = (inputs.d2t, inputs.t2d)
     checkpointer = Checkpointer(trainer, plan, paths["store"], paths["run_dir"], identity, vocab, tau_k)
     times = train_loop(trainer, plan, state, reader, checkpointer, report)
-    result = run_metadata(state, resumed_from, plan, times, trainer, inputs, paths["export_dir"])
+    result = run_metadata(
+        state, resumed_from, plan=plan, times=times, trainer=trainer, inputs=inputs, export_dir=paths["export_dir"]
+    )
     if not ranks.leader:
         return result
     if result["finished"]:
@@ -187,7 +189,13 @@ def evaluate_start(
     """The start's eval before the first step, as each checkpoint's is computed (τ at the eval depths,
     per-depth acceptance): the gain of the run is measured against it."""
     metrics, _ = evaluate(
-        trainer.model, reader, plan.eval_batches, trainer.lm_head, trainer.settings, trainer.device, trainer.autocast
+        trainer.model,
+        reader,
+        plans=plan.eval_batches,
+        lm_head=trainer.lm_head,
+        settings=trainer.settings,
+        device=trainer.device,
+        autocast=trainer.autocast,
     )
     measured = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("tau@", "accept_"))}
     report.log(f"warm start from {start.folder} ({start.format}, {start.lm_head_rows} lm_head rows): {measured}")
@@ -197,6 +205,7 @@ def evaluate_start(
 def resume(
     paths: dict[str, Path],
     trainer: Trainer,
+    *,
     inputs: Inputs,
     identity: dict[str, Any],
     fresh: RunState,
@@ -265,7 +274,7 @@ def enter_segment(state: RunState, plan: RunPlan, paths: dict[str, Path], report
 
 
 def run_metadata(
-    state: RunState, resumed_from: int | None, plan: RunPlan, times: LoopTimes, trainer: Trainer, inputs: Inputs,
+    state: RunState, resumed_from: int | None, *, plan: RunPlan, times: LoopTimes, trainer: Trainer, inputs: Inputs,
     export_dir: Path,
 ) -> dict[str, Any]:  # fmt: skip
     """The phase's metadata on every rank (rank 0 adds the export's wall time and latest checkpoint)."""

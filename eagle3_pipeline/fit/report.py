@@ -557,11 +557,8 @@ def _drafter_server(inputs: Inputs, name: GpuPhase) -> PhaseFit:
         rates = [_decode_rate(inputs, serving.tp_size, c) for c in bench.concurrencies]
         if all(rates):
             arms = bench.max_server_starts  # at most: the sweep may list fewer configurations
-            seconds = [
-                max(bench.prompts, c) * bench.max_tokens / r[0]
-                for c, r in zip(bench.concurrencies, rates, strict=True)
-                if r
-            ]
+            pairs = zip(bench.concurrencies, rates, strict=True)
+            seconds = [max(bench.prompts, c) * bench.max_tokens / r[0] for c, r in pairs if r]
             phase.time_s = arms * sum(seconds)
             phase.time_basis = (
                 f"estimate: at most {arms} arms × {bench.prompts} prompts × {bench.max_tokens} tokens at each of "

@@ -136,10 +136,10 @@ def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: s
     result = run_benchmark(
         settings,
         host,
-        base_url,
-        prompts,
-        make_gate(host, thresholds_for(config.health, config.artifacts_root)),
-        recorder,
+        base_url=base_url,
+        prompts=prompts,
+        gate=make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+        report=recorder,
     )
     [speculative] = result.arms
     # 20 tokens per request at 3 per verify step: 7 steps (6 × 3 + 2) -> τ = 20/7 (SGLang);
@@ -202,10 +202,10 @@ def test_prompt_sets_are_measured_per_category_on_the_speculative_arm(tmp_path: 
     result = run_benchmark(
         settings,
         host,
-        f"http://127.0.0.1:{settings.port}",
-        [[1, 2, 3]],
-        make_gate(host, thresholds_for(config.health, config.artifacts_root)),
-        Recorder(),
+        base_url=f"http://127.0.0.1:{settings.port}",
+        prompts=[[1, 2, 3]],
+        gate=make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+        report=Recorder(),
         sets=sets,
     )
     assert result.baseline.prompt_sets is None and result.arms[0].prompt_sets is not None
@@ -227,10 +227,10 @@ def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> Non
         run_benchmark(
             settings,
             host,
-            f"http://127.0.0.1:{settings.port}",
-            [[1]],
-            make_gate(host, thresholds_for(sick.health, sick.artifacts_root)),
-            Recorder(),
+            base_url=f"http://127.0.0.1:{settings.port}",
+            prompts=[[1]],
+            gate=make_gate(host, thresholds_for(sick.health, sick.artifacts_root)),
+            report=Recorder(),
         )
     assert not (tmp_path / "logs").exists()
 
@@ -244,10 +244,10 @@ def test_a_server_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
         run_benchmark(
             settings,
             host,
-            f"http://127.0.0.1:{settings.port}",
-            [[1]],
-            make_gate(host, thresholds_for(config.health, config.artifacts_root)),
-            Recorder(),
+            base_url=f"http://127.0.0.1:{settings.port}",
+            prompts=[[1]],
+            gate=make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+            report=Recorder(),
         )
 
 

@@ -133,7 +133,15 @@ class Phases:
 
     def roll(self) -> dict[str, Any]:
         layout = read_rolling_layout(self.store)
-        return run_rolling(self.state, layout.windows, EPOCHS, self.extract, self.train, self.delete, Recorder())
+        return run_rolling(
+            self.state,
+            layout.windows,
+            epochs=EPOCHS,
+            extract=self.extract,
+            train=self.train,
+            delete=self.delete,
+            report=Recorder(),
+        )
 
 
 def weights(run_dir: Path) -> dict[str, Any]:
@@ -275,12 +283,28 @@ def test_a_normal_checkpoint_is_not_continued_as_a_rolling_one(
     other = phases.state.parent / "other.json"
     other.write_text('{"layout": "another", "segment": 0, "stage": "extract"}')
     with pytest.raises(RollingError, match="another rolling layout"):
-        run_rolling(other, [["shard-00000"]], 1, phases.extract, phases.train, phases.delete, Recorder())
+        run_rolling(
+            other,
+            [["shard-00000"]],
+            epochs=1,
+            extract=phases.extract,
+            train=phases.train,
+            delete=phases.delete,
+            report=Recorder(),
+        )
 
 
 def test_the_tradeoff_for_kimi() -> None:
     train, eval_ = 88_000 * 1_250 * 0.95, 88_000 * 1_250 * 0.05
-    figures = tradeoff(train, eval_, 57_349, 32_768, 16, 10, 20_000)
+    figures = tradeoff(
+        train,
+        eval_,
+        bytes_per_token=57_349,
+        shard_tokens=32_768,
+        window_shards=16,
+        epochs=10,
+        extract_tokens_per_s=20_000,
+    )
     assert figures.store_bytes == pytest.approx(6.31e12, rel=1e-2)
     assert figures.rolling_peak_bytes < figures.store_bytes / 15
     assert figures.extract_ratio == pytest.approx((10 * 0.95 + 0.05) / 1.0)

@@ -38,7 +38,9 @@ def test_a_looping_request_is_flagged_and_left_out_of_its_categorys_tau(sglang: 
         BenchPrompt("held_out", "code", "k1", (8, 9)),
     ]
     settings = SetSettings(max_tokens=40, concurrency=2)
-    figures = measure_prompt_sets("sglang", sglang.base_url, prompts, None, settings, 30.0)
+    figures = measure_prompt_sets(
+        "sglang", sglang.base_url, prompts=prompts, tokenizer=None, settings=settings, timeout_s=30.0
+    )
     chat, code = figures["categories"]
     assert (chat["set"], chat["category"], chat["requests"], chat["completion_tokens"]) == ("held_out", "chat", 3, 120)
     assert chat["tau"] == 2.0  # 80 tokens in 40 verify steps: the looping request (4.0) is left out
@@ -73,7 +75,9 @@ def test_thinking_and_answer_acceptance_are_reported_apart(tmp_path: Path, kimi_
     try:
         prompts = [BenchPrompt("held_out", "chat", f"r{i}", (1, 2, start)) for i in range(2)]
         settings = SetSettings(max_tokens=40, concurrency=2, think_markers=(THINK_START, THINK_END))
-        figures = measure_prompt_sets("sglang", server.base_url, prompts, tokenizer, settings, 30.0)
+        figures = measure_prompt_sets(
+            "sglang", server.base_url, prompts=prompts, tokenizer=tokenizer, settings=settings, timeout_s=30.0
+        )
     finally:
         server.stop()
     # per request: thinking ceil(11/3) = 4 steps, answer ceil(29/2) = 15 steps

@@ -150,9 +150,9 @@ def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
     assert len(rows) > 1 and not batch.attention_mask.all(), "the batch has padding"
     batch.loss_mask[:, : batch.loss_mask.shape[1] // 2] = False  # a prompt: its tokens are not trained
 
-    partial = loss.ttt_loss(model, batch, target.lm_head, 3)
+    partial = loss.ttt_loss(model, batch, lm_head=target.lm_head, steps=3)
     monkeypatch.setattr(loss, "teacher", lambda hidden, lm_head, t2d, needed=None: teacher(hidden, lm_head, t2d))
-    everywhere = loss.ttt_loss(model, batch, target.lm_head, 3)
+    everywhere = loss.ttt_loss(model, batch, lm_head=target.lm_head, steps=3)
     assert int(partial.trained.sum()) > 0
     assert torch.allclose(partial.loss, everywhere.loss) and torch.allclose(partial.step_losses, everywhere.step_losses)
     assert torch.equal(partial.hits, everywhere.hits) and torch.equal(partial.trained, everywhere.trained)

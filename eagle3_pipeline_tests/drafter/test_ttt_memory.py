@@ -198,7 +198,7 @@ def test_the_training_loss_and_its_gradients_equal_the_full_score_loss(
     model = _model(config)
     lm_head = _lm_head(config, model)
     batch = _batch(config, [40, 23, 31], seed=4)
-    ours = ttt_loss(model, batch, lm_head, STEPS, activation_checkpointing=checkpointing)
+    ours = ttt_loss(model, batch, lm_head=lm_head, steps=STEPS, activation_checkpointing=checkpointing)
     assert int(ours.trained.sum()) > 0
     ours_grads = _grads(model, ours.loss)
     theirs = reference_ttt_loss(model, batch, lm_head, STEPS)

@@ -106,7 +106,9 @@ def test_the_benchmarks_arms_are_the_managed_servers_launch_lines(tmp_path: Path
         generation = supervisor.server.status().record
         with supervisor.arms("drafter_benchmark", after=lambda: None):
             arms = ManagedServers(supervisor, str(drafter))
-            result = run_benchmark(settings, host, str(settings.base_url), prompts, gate, log, arms)
+            result = run_benchmark(
+                settings, host, base_url=str(settings.base_url), prompts=prompts, gate=gate, report=log, servers=arms
+            )
     # the baseline arm differs from the generation server only by --reasoning-parser: kept, not reloaded
     assert [(e.action, e.role) for e in events] == [
         ("started", "generation"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagle3_pipeline.drafter.online import measure
+from eagle3_pipeline.drafter.bench_client import measure
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import run_health_tick, server_root
 from eagle3_pipeline.hosts import TUNNELS
@@ -61,7 +61,15 @@ def test_a_server_on_the_gpu_hosts_loopback_is_reached_through_the_tunnel(
         body = {"model": endpoint.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         reply = httpx.post(endpoint.chat_url, json=body, timeout=10)
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "OK"
-        measured = measure("sglang", server_root(plan.base_url), [[1, 2, 3]] * 4, 8, 2, 10.0, speculative=False)
+        measured = measure(
+            "sglang",
+            server_root(plan.base_url),
+            prompts=[[1, 2, 3]] * 4,
+            max_tokens=8,
+            concurrency=2,
+            timeout_s=10.0,
+            speculative=False,
+        )
         assert (measured.requests, measured.completion_tokens) == (4, 32)
         forward = TUNNELS.forward(url)
         assert forward is not None and forward.connections >= 4, "one forward served every client"

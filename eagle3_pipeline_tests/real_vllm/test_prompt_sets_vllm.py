@@ -37,7 +37,9 @@ def test_a_loop_prone_prompt_is_flagged_and_a_plain_one_is_not(target: RunningVl
     ]
     settings = SetSettings(max_tokens=96, concurrency=2)
     tokenizer = load_tokenizer(str(local_model))
-    figures = measure_prompt_sets("vllm", target.root_url, prompts, tokenizer, settings, 300.0)
+    figures = measure_prompt_sets(
+        "vllm", target.root_url, prompts=prompts, tokenizer=tokenizer, settings=settings, timeout_s=300.0
+    )
     (category,) = figures["categories"]
     assert category["requests"] == 2 and category["tau"] is None
     (flag,) = figures["loop_flagged"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.drafter.acceptance import served_tau_bound
-from eagle3_pipeline.drafter.online import measure
+from eagle3_pipeline.drafter.bench_client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.testing.real_vllm import vllm_server
 from eagle3_pipeline.testing.reporter import Recorder
@@ -70,7 +70,15 @@ def test_an_eagle31_export_serves_at_its_offline_tau(real_vllm_python: Path, loc
     assert exported["fc_norm"] is True and exported["norm_output"] is True
     extra = drafter_args("vllm", EagleDrafter(str(tmp_path / "export"), STEPS))
     with vllm_server(local_model, tmp_path / "vllm.log", extra_args=extra) as server:
-        measured = measure("vllm", server.root_url, prompts, NEW_TOKENS, 1, 600.0, True)
+        measured = measure(
+            "vllm",
+            server.root_url,
+            prompts=prompts,
+            max_tokens=NEW_TOKENS,
+            concurrency=1,
+            timeout_s=600.0,
+            speculative=True,
+        )
     acceptance = measured.acceptance
     assert acceptance is not None and acceptance.per_position and acceptance.verify_steps
     bound = served_tau_bound(acceptance.per_position, acceptance.verify_steps, measured.requests)

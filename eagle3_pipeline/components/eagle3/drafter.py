@@ -210,7 +210,15 @@ def train_rolling(
 
     windows = read_rolling_layout(layout.hidden_states).windows
     state = drafter_paths(config.artifacts_root)["run_dir"] / STATE_FILE
-    return run_rolling(state, windows, config.drafter.epochs, extract, train, delete, DagsterReporter(context))
+    return run_rolling(
+        state,
+        windows,
+        epochs=config.drafter.epochs,
+        extract=extract,
+        train=train,
+        delete=delete,
+        report=DagsterReporter(context),
+    )
 
 
 def eagle3_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:

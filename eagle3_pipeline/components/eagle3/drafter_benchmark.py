@@ -77,13 +77,13 @@ def drafter_benchmark(context: dg.AssetExecutionContext) -> dg.MaterializeResult
         metadata, reused = run_or_reuse(
             settings,
             host,
-            base_url,
-            prompts,
-            make_gate(host, thresholds_for(config.health, config.artifacts_root)),
-            DagsterReporter(context),
-            layout.drafter_benchmark,
-            servers if managed is not None else no_servers,
-            sets,
+            base_url=base_url,
+            prompts=prompts,
+            gate=make_gate(host, thresholds_for(config.health, config.artifacts_root)),
+            report=DagsterReporter(context),
+            record=layout.drafter_benchmark,
+            servers=servers if managed is not None else no_servers,
+            sets=sets,
         )
     except UnhealthyError as exc:
         context.log_event(health_observation(exc.report, None, names))
