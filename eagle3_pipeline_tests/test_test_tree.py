@@ -66,7 +66,9 @@ def _run_suite(folder: Path, ci: bool) -> subprocess.CompletedProcess[str]:
     if ci:
         env["CI"] = "true"
     command = [sys.executable, "-m", "pytest", "-p", "eagle3_pipeline_tests.ci_skips", "-p", "no:cacheprovider"]
-    return subprocess.run([*command, "-n", "0", str(folder)], capture_output=True, text=True, env=env, check=False)
+    # The scratch suite is its own root: node ids relative to it, whatever ini file lies above it.
+    command += ["-n", "0", "--rootdir", str(folder), "-c", os.devnull]
+    return subprocess.run([*command, str(folder)], capture_output=True, text=True, env=env, check=False)
 
 
 def test_a_skip_fails_under_ci_and_an_allowed_skip_that_ran_is_stale(tmp_path: Path) -> None:

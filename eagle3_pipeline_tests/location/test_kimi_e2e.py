@@ -125,6 +125,7 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
 
     # The export the pipeline wrote loads strictly into SpecForge's own class (the target's embedding
     # added, as SpecForge's Eagle3DraftModel.load_embedding does).
+    import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
@@ -141,5 +142,12 @@ def test_main_job_on_a_kimi_shaped_target(tmp_path: Path, specforge: Any) -> Non
     weights = {
         **load_file(str(folder / "model.safetensors")),
         "embed_tokens.weight": load_target_weights(checkpoint).embedding,
+    }
+    # A full draft vocabulary exports no d2t/t2d (vLLM 0.32's EAGLE-3 classes refuse them then); SpecForge's class
+    # always has the buffers, and the identity mapping is what this pipeline's load_export reads in their place.
+    assert export["draft_vocab_size"] == export["vocab_size"] and "d2t" not in weights
+    weights |= {
+        "d2t": torch.zeros(export["vocab_size"], dtype=torch.int64),
+        "t2d": torch.ones(export["vocab_size"], dtype=torch.bool),
     }
     theirs.load_state_dict(weights, strict=True)
