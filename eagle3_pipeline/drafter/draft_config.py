@@ -384,27 +384,39 @@ def drafter_config(
     if (overrides.get("attention") or "gqa") == "mla":
         return mla_draft_config(target, hidden, draft_vocab_size, aux_layer_ids, overrides)
     shape = mla_draft_shape(hidden, overrides) if is_mla(target) else copied_draft_shape(target, hidden, overrides)
-    theta, scaling, positions = drafter_rope(target, overrides)
     return DrafterConfig(
-        hidden_size=hidden,
-        target_hidden_size=int(target["hidden_size"]),
+        **_shared_fields(target, hidden, draft_vocab_size, aux_layer_ids, overrides, mla=False),
         intermediate_size=shape["intermediate_size"],
         num_attention_heads=shape["num_attention_heads"],
         num_key_value_heads=shape["num_key_value_heads"],
         head_dim=shape["head_dim"],
-        vocab_size=int(target["vocab_size"]),
-        draft_vocab_size=draft_vocab_size,
-        rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=positions,
-        aux_layer_ids=list(aux_layer_ids),
-        **_variant_switches(overrides),
     )
 
 
-def _variant_switches(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: bool(overrides.get(key, False)) for key in VARIANT_KEYS}
+def _shared_fields(
+    target: Mapping[str, Any],
+    hidden: int,
+    draft_vocab_size: int,
+    aux_layer_ids: list[int],
+    overrides: Mapping[str, Any],
+    *,
+    mla: bool,
+) -> dict[str, Any]:
+    """The fields both draft heads take alike: sizes, vocabularies, norm epsilon, RoPE, captured layers and the
+    EAGLE-3.1 switches."""
+    theta, scaling, positions = drafter_rope(target, overrides, mla=mla)
+    return {
+        "hidden_size": hidden,
+        "target_hidden_size": int(target["hidden_size"]),
+        "vocab_size": int(target["vocab_size"]),
+        "draft_vocab_size": draft_vocab_size,
+        "rms_norm_eps": float(target.get("rms_norm_eps", 1e-6)),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "max_position_embeddings": positions,
+        "aux_layer_ids": list(aux_layer_ids),
+        **{key: bool(overrides.get(key, False)) for key in VARIANT_KEYS},
+    }
 
 
 def mla_draft_config(
@@ -434,22 +446,12 @@ def mla_draft_config(
         raise TrainError(f"drafter.model {fixed}: not settable with attention: mla (the MLA dims fix them)")
     heads = int(overrides.get("num_attention_heads") or target["num_attention_heads"])
     dims = {key: int(target[key]) for key in MLA_KEYS}
-    theta, scaling, positions = drafter_rope(target, overrides, mla=True)
     return DrafterConfig(
-        hidden_size=hidden,
-        target_hidden_size=int(target["hidden_size"]),
+        **_shared_fields(target, hidden, draft_vocab_size, aux_layer_ids, overrides, mla=True),
         intermediate_size=int(overrides.get("intermediate_size") or target["intermediate_size"]),
         num_attention_heads=heads,
         num_key_value_heads=heads,
         head_dim=dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"],
-        vocab_size=int(target["vocab_size"]),
-        draft_vocab_size=draft_vocab_size,
-        rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=positions,
-        aux_layer_ids=list(aux_layer_ids),
-        **_variant_switches(overrides),
         attention="mla",
         q_lora_rank=dims["q_lora_rank"],
         kv_lora_rank=dims["kv_lora_rank"],
