@@ -45,25 +45,15 @@ def main() -> None:
         f"{args.bytes_per_token:,.0f} B/token, {args.epochs} epochs"
     )
     for rate in (float(r) for r in args.rates.split(",")):
-        bare = tradeoff(
-            train,
-            eval_,
-            bytes_per_token=args.bytes_per_token,
-            shard_tokens=args.shard_tokens,
-            window_shards=args.window_shards,
-            epochs=args.epochs,
-            extract_tokens_per_s=rate,
-        )
-        f = tradeoff(
-            train,
-            eval_,
-            bytes_per_token=args.bytes_per_token,
-            shard_tokens=args.shard_tokens,
-            window_shards=args.window_shards,
-            epochs=args.epochs,
-            extract_tokens_per_s=rate,
-            target_load_s=args.load_s,
-        )
+        settings = {
+            "bytes_per_token": args.bytes_per_token,
+            "shard_tokens": args.shard_tokens,
+            "window_shards": args.window_shards,
+            "epochs": args.epochs,
+            "extract_tokens_per_s": rate,
+        }
+        bare = tradeoff(train, eval_, **settings)
+        f = tradeoff(train, eval_, **settings, target_load_s=args.load_s)
         print(
             f"extraction at {rate:,.0f} tok/s (assumed): whole store {f.store_bytes / TB:.2f} TB on disk, extracted "
             f"once in {f.extract_once_s / HOUR:.1f} h | rolling ({args.window_shards} shards a window): peak "
