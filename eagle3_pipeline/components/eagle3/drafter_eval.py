@@ -18,7 +18,7 @@ from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.drafter.eval_results import WARNING, tau_regressions
-from eagle3_pipeline.drafter.evaluate import held_out_spec
+from eagle3_pipeline.drafter.evaluate import held_out_spec, spec_settings
 from eagle3_pipeline.drafter.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.layout import ArtifactLayout
@@ -43,19 +43,12 @@ def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str,
     """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs. The
     held-out ids come from the local training_data manifest (they travel in the spec)."""
     paths = drafter_paths(root or config.artifacts_root)
-    settings = config.drafter_eval
     return {
         "store": str(paths["store"]),
         "draft_vocab": str(paths["draft_vocab"]),
         "drafter": str(paths["export_dir"]),
         "target_weights": target_weights(config.drafter, config.compute),
-        "embedding_key": config.drafter.embedding_key,
-        "lm_head_key": config.drafter.lm_head_key,
-        "steps": list(settings.steps),
-        "max_samples_per_dataset": settings.max_samples_per_dataset,
-        "device": settings.device,
-        "draft_cost_ratio": settings.draft_cost_ratio,
-        "min_data_agreement": settings.min_data_agreement,
+        **spec_settings(config.drafter_eval, config.drafter),
         **held_out_spec(ArtifactLayout(config.artifacts_root).training_data),
         "training_data": str(ArtifactLayout(root or config.artifacts_root).training_data),
     }
