@@ -5,8 +5,9 @@ the shipped prompt sets and writes its aux/final hidden states with the real ``S
 a draft vocabulary built as SpecForge builds one (most frequent masked tokens, sorted). The prompts
 have no target responses yet at this stage, so every token of the chat-templated prompt is a
 trained token: the teacher is the target's own distribution, which is what matters for training.
-``greedy_store`` stores given prompts with the embedded model's own greedy continuation (loss-masked), each
-sample in both splits: a drafter trained on it is measured on what a greedy server generates.
+``greedy_store`` stores given prompts with a model's own greedy continuation (the embedded model's or a tiny
+target's; loss-masked), each sample in both splits: a drafter trained on it is measured on what a greedy
+server generates.
 ``random_store`` writes random tensors for a small made-up target, for shape and resume tests.
 """
 
