@@ -8,8 +8,10 @@ the embedded Llama target: docs/eagle3.md). The drafter is trained by the train 
 greedy continuations of a few prompts, those rows also its eval split (:func:`train_mla_drafter`); one
 server runs the export and τ comes from its ``/metrics`` counters as ``drafter_benchmark`` reads them
 (:func:`measure`), on the same prompts and continuation length: it must lie within
-:func:`served_tau_bound` of the offline τ@3 of the exported checkpoint, and the drafter must accept past
-depth 0 offline, so a served chain that drifts from the trained one would show.
+:func:`served_tau_bound` of the offline τ@3 of the exported checkpoint (1.69 against 1.66, bound 0.35), and
+the drafter must accept past depth 0 offline. The same weights with each head's ``kv_b_proj`` split swapped
+served at τ 1.08 (bound 0.07) and fail it; a flipped ``norm_output`` or a dropped YaRN barely move τ at this
+size (docs/measurements.md, "The MLA head served against offline τ").
 """
 
 from __future__ import annotations
