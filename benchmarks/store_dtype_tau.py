@@ -38,7 +38,7 @@ from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.drafter import evaluate, train
 from eagle3_pipeline.drafter.spec import train_spec
 from eagle3_pipeline.hidden_states.store import BF16, FP8, HiddenStateStore, ShardWriter, bytes_per_token
-from eagle3_pipeline.serving import prepare_local_model
+from eagle3_pipeline.target.local_model import prepare_local_model
 from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.tiny_store import real_store
 

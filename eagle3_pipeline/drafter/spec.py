@@ -127,7 +127,7 @@ def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
             f"drafter.target_weights: required with compute.kind {compute.kind!r}: the target model's folder "
             "(config.json + safetensors) on the GPU host; the embedded model's folder is a path on this machine"
         )
-    from eagle3_pipeline.serving import local_model_dir
+    from eagle3_pipeline.target.local_model import local_model_dir
 
     return str(local_model_dir())
 

@@ -25,9 +25,9 @@ from eagle3_pipeline.config import (
 )
 from eagle3_pipeline.config.base import ConfigModel
 from eagle3_pipeline.health import HealthThresholds, ServerSpec
+from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline.watch.monitor import thresholds_for
 
 PROFILES = Path(local_profile_path()).parent
 

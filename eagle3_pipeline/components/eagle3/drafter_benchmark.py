@@ -26,12 +26,12 @@ from eagle3_pipeline.drafter.benchmark_record import no_servers, run_or_reuse
 from eagle3_pipeline.drafter.online import benchmark_settings, eval_prompts, make_gate
 from eagle3_pipeline.drafter.prompt_sets import PromptSetError
 from eagle3_pipeline.drafter.set_tau import prompt_set_run
+from eagle3_pipeline.health.gate import UnhealthyError, thresholds_for
 from eagle3_pipeline.hosts import TUNNELS, build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.tunnels import declare_route
 from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
-from eagle3_pipeline.watch.monitor import UnhealthyError, thresholds_for
 
 UPSTREAM = ("eagle3_drafter", "training_data")
 

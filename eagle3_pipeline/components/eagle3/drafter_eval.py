@@ -21,12 +21,12 @@ from eagle3_pipeline.drafter.eval_results import WARNING, tau_regressions
 from eagle3_pipeline.drafter.evaluate import held_out_spec, spec_settings
 from eagle3_pipeline.drafter.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
+from eagle3_pipeline.health.alerts import Alerter, tau_checked
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import DrafterEvalResult
-from eagle3_pipeline.watch.alerts import Alerter, tau_checked
 
 # The key of drafter_eval in the pipeline without a key_prefix.
 DRAFTER_EVAL = DEFAULT_NAMES.key("drafter_eval")

@@ -1,7 +1,7 @@
 """The phases as assets. Each body reads its inputs, calls one domain function, returns metadata.
 
 Asset → domain function:
-  target_model  → eagle3_pipeline.serving.prepare_local_model   (via Pipes, embedded profile only)
+  target_model  → eagle3_pipeline.target.local_model.prepare_local_model (via Pipes, embedded profile only)
   prompts       → eagle3_pipeline.generation.prompts.write_prompts
   responses     → eagle3_pipeline.generation.generate_dataset   (+ checks in components/generation/checks.py)
   training_data → eagle3_pipeline.dataprep.phase.make_training_data
@@ -43,14 +43,14 @@ from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configur
 from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.generation.planning import dataset_plan
 from eagle3_pipeline.generation.prompts import write_prompts
+from eagle3_pipeline.health.alerts import Alerter, budget_reached, server_lost
+from eagle3_pipeline.health.gate import UnhealthyError
+from eagle3_pipeline.inference.provider import ManagedGeneration, tokenizer_name
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerError, ServerEvent
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import quiet_pipes
 from eagle3_pipeline.records import read_prompts
-from eagle3_pipeline.serving import ManagedGeneration, tokenizer_name
-from eagle3_pipeline.watch.alerts import Alerter, budget_reached, server_lost
-from eagle3_pipeline.watch.monitor import UnhealthyError
 
 PREVIEW_ROWS = 5
 HEARTBEAT_EVERY_S = 5.0
