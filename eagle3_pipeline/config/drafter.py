@@ -194,11 +194,13 @@ class DrafterConfig(ConfigModel):
         default=None,
         description=(
             "Warm start: the folder of an EAGLE-3 drafter export to start from instead of a seeded init (this "
-            "pipeline's, SpecForge's or TorchSpec's LlamaForCausalLMEagle3 folder, or speculators' Eagle3Speculator "
-            "one: config.json + model.safetensors or pytorch_model.bin), on the machine where training runs (a "
-            "folder under the artifacts root is shipped to a GPU host). It must be this run's drafter (target "
-            "hidden and vocabulary sizes, captured layers, head dimensions, variant switches; refused naming the "
-            "field otherwise); its lm_head rows are matched to the draft vocabulary by token. Its τ on the eval "
+            "pipeline's, SpecForge's or TorchSpec's LlamaForCausalLMEagle3 folder, speculators' Eagle3Speculator "
+            "one, or an MLA head's Eagle3DeepseekV2ForCausalLM folder: this pipeline's, TorchSpec's, lightseek's; "
+            "config.json + model.safetensors or pytorch_model.bin), on the machine where training runs (a folder "
+            "under the artifacts root is shipped to a GPU host). It must be this run's drafter (attention gqa/mla, "
+            "target hidden and vocabulary sizes, captured layers, head and MLA dimensions, RoPE, variant switches; "
+            "refused naming the field otherwise); its lm_head rows are matched to the draft vocabulary by token. "
+            "Its τ on the eval "
             "split is measured before training (the asset's start_tau). Applies at step 0 only: a run resumes from "
             "its checkpoints, and a changed start (its content digest) is another run."
         ),

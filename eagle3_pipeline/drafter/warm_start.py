@@ -3,18 +3,25 @@ seeded initialisation, e.g. a public drafter adapted to one's own traffic.
 
 Read: the folder's ``config.json`` in our export's form, SpecForge's (the same
 ``LlamaForCausalLMEagle3`` config; TorchSpec writes it too) or speculators' nested one
-(``speculators_model_type: eagle3``, :mod:`eagle3_pipeline.drafter.speculators`), and its weights
-(``model.safetensors``, else ``pytorch_model.bin`` loaded with ``weights_only``). Parameter names are
-mapped onto ours: SpecForge's ``midlayer.*`` are ours, speculators' decoder layer is ``layers.0.*``
-(``transformer.*`` in its first releases). The draft vocabulary comes from the weights' ``d2t``/``t2d``,
-or is the full target vocabulary (``draft_vocab_size == vocab_size`` and no ``d2t``).
+(``speculators_model_type: eagle3``, :mod:`eagle3_pipeline.drafter.speculators`); the MLA draft head's
+(``Eagle3DeepseekV2ForCausalLM``: ours, TorchSpec's ``deepseek_eagle.py`` and lightseek's, whose
+config may carry only SGLang's ``eagle_config`` layer ids: read as trained when SGLang's DeepSeek rule
+and ours agree, the first id 1); and its weights (``model.safetensors``, else ``pytorch_model.bin``
+loaded with ``weights_only``). Parameter names are mapped onto ours: SpecForge's and TorchSpec's
+``midlayer.*`` are ours, speculators' decoder layer and the one SGLang's and vLLM's MLA loaders also take
+is ``layers.0.*`` (``transformer.*`` in speculators' first releases). The draft vocabulary comes from
+the weights' ``d2t``/``t2d``, or is the full target vocabulary (``draft_vocab_size == vocab_size`` and
+no ``d2t``).
 
-The start must be the drafter this run builds: the target's hidden and vocabulary sizes, the captured
-layers, the head dimensions and the variant switches; anything else is refused naming the file, the
-field and the setting that decides it. A start with the run's draft-vocabulary size but other tokens
-(made from other traffic), or with the full vocabulary, gives its ``lm_head`` row of every target token
-both vocabularies hold; rows of tokens new to the run keep their seeded initialisation. The target's
-embedding stays the run's (frozen) when the draft hidden size is the target's.
+The start must be the drafter this run builds: the attention (an MLA start for a GQA run, or the
+reverse, is refused naming both), the target's hidden and vocabulary sizes, the captured layers, the
+head dimensions (an MLA head's LoRA ranks and nope/rope/v dims too), RoPE (``rope_theta`` and each
+``rope_scaling`` value, YaRN's defaults filled in so equal settings written differently agree) and the
+variant switches; anything else is refused naming the file, the field and the setting that decides it.
+A start with the run's draft-vocabulary size but other tokens (made from other traffic), or with the
+full vocabulary, gives its ``lm_head`` row of every target token both vocabularies hold; rows of tokens
+new to the run keep their seeded initialisation. The target's embedding stays the run's (frozen) when
+the draft hidden size is the target's.
 
 The start's content digest (:attr:`WarmStart.digest`) is part of the run's identity, so a changed start
 is never resumed from checkpoints of another; the start weights are the anchor of the optional L2-SP
@@ -31,9 +38,17 @@ from typing import Any
 
 import torch
 
-from eagle3_pipeline.drafter.draft_config import VARIANT_KEYS, DrafterConfig, DrafterConfigError
+from eagle3_pipeline.drafter.draft_config import (
+    MLA_KEYS,
+    VARIANT_KEYS,
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
+    DrafterConfig,
+    DrafterConfigError,
+    rope_kind,
+)
 from eagle3_pipeline.drafter.export import config_from_export
-from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, WEIGHTS_FILE
+from eagle3_pipeline.drafter.formats import ARCHITECTURE, CONFIG_FILE, MLA_ARCHITECTURE, WEIGHTS_FILE
 from eagle3_pipeline.drafter.model import Eagle3Drafter
 from eagle3_pipeline.drafter.spec import TrainError
 from eagle3_pipeline.drafter.speculators import config_from_speculators, is_speculators_config
@@ -52,8 +67,14 @@ DECIDED_BY = {
     "num_key_value_heads": "drafter.model.num_key_value_heads",
     "head_dim": "drafter.model.head_dim",
     "draft_vocab_size": "draft_vocab.size",
+    **{key: f"the target's {key} (drafter.model.attention: mla copies it)" for key in MLA_KEYS},
     **{key: f"drafter.model.{key}" for key in VARIANT_KEYS},
 }
+ROPE_DECIDED_BY = "the target's RoPE, or drafter.model.rope_theta / drafter.model.rope_scaling"
+# What a missing YaRN key means to every reader (vLLM, SGLang, TorchSpec, our mla.py and model.py).
+YARN_DEFAULTS = {"beta_fast": YARN_BETA_FAST, "beta_slow": YARN_BETA_SLOW, "mscale": 1, "mscale_all_dim": 0,
+                 "truncate": True}  # fmt: skip
+HEADS = {"gqa": f"a GQA (Llama-style, {ARCHITECTURE})", "mla": f"an MLA ({MLA_ARCHITECTURE})"}
 
 
 class WarmStartError(TrainError):
@@ -66,7 +87,7 @@ class WarmStart:
     mapped onto the run's draft vocabulary), where it came from and how much of ``lm_head`` it gave."""
 
     folder: Path
-    format: str  # "pipeline/specforge" (LlamaForCausalLMEagle3) or "speculators"
+    format: str  # "pipeline/specforge" (LlamaForCausalLMEagle3), "pipeline/torchspec (mla)" or "speculators"
     digest: str
     weights: dict[str, torch.Tensor]
     lm_head_rows: int  # rows of the run's lm_head the start gave (the others keep their seeded init)
@@ -120,10 +141,12 @@ def start_config(folder: Path) -> tuple[DrafterConfig, str]:
     try:
         if is_speculators_config(raw):
             return replace(config_from_speculators(raw, path), **variants), "speculators"
+        if raw.get("architectures") == [MLA_ARCHITECTURE]:
+            return config_from_export(mla_start_config(raw, path)), "pipeline/torchspec (mla)"
         if raw.get("architectures") != [ARCHITECTURE]:
             raise WarmStartError(
-                f"{path}: architectures is {raw.get('architectures')}; a warm start reads an EAGLE-3 Llama drafter "
-                f"([{ARCHITECTURE!r}], or speculators' Eagle3Speculator)"
+                f"{path}: architectures is {raw.get('architectures')}; a warm start reads an EAGLE-3 drafter "
+                f"([{ARCHITECTURE!r}], [{MLA_ARCHITECTURE!r}] or speculators' Eagle3Speculator)"
             )
         return config_from_export(raw), "pipeline/specforge"
     except KeyError as exc:
@@ -132,14 +155,65 @@ def start_config(folder: Path) -> tuple[DrafterConfig, str]:
         raise WarmStartError(f"{path}: {exc}") from None
 
 
+def mla_start_config(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """An MLA head's config.json as ours reads it: its MLA dims present (``q_lora_rank`` a number: both
+    servers' MLA draft classes need the compressed query), and TorchSpec's SGLang-only layer ids
+    (``eagle_config``) as vLLM's, when they mean the trained layers in every SGLang release (first id 1)."""
+    missing = [key for key in MLA_KEYS if not isinstance(raw.get(key), int)]
+    if missing:
+        raise WarmStartError(
+            f"{path}: {missing} must be numbers for an {MLA_ARCHITECTURE} start (q_lora_rank null is an "
+            "uncompressed query, which SGLang 0.5.23's class cannot load and this pipeline does not train)"
+        )
+    if "eagle_aux_hidden_state_layer_ids" in raw:
+        return raw
+    sglang = list((raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
+    if not sglang:
+        raise KeyError("eagle_aux_hidden_state_layer_ids")
+    if sglang[0] != 1:
+        raise WarmStartError(
+            f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids {sglang} without vLLM's top-level ids: SGLang "
+            "reads a DeepSeek-family first id other than 1 differently per release, so the trained layers are "
+            "unknown; add eagle_aux_hidden_state_layer_ids (input-of-layer ids, as vLLM reads them)"
+        )
+    return {**raw, "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in sglang]}
+
+
+def rope_fields(config: DrafterConfig) -> dict[str, Any]:
+    """The RoPE a drafter computes, comparable across writers: ``rope_theta`` and each ``rope_scaling``
+    value but its type keys, YaRN's missing ones as every reader defaults them, numbers as floats."""
+    kind = rope_kind(config.rope_scaling)
+    out: dict[str, Any] = {"rope_theta": float(config.rope_theta), "rope_scaling.rope_type": kind}
+    if kind == "default":
+        return out
+    values = {**(YARN_DEFAULTS if kind == "yarn" else {}), **(config.rope_scaling or {})}
+    for key, value in sorted(values.items()):
+        if key not in ("rope_type", "type"):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            out[f"rope_scaling.{key}"] = float(value) if number else value
+    return out
+
+
 def check_against(start: DrafterConfig, run: DrafterConfig, path: Path) -> None:
     """Refuse a start that is not this run's drafter, every differing field named at once. A start
     with the full vocabulary fits any draft vocabulary (its rows are picked)."""
+    if start.attention != run.attention:
+        raise WarmStartError(
+            f"{path}: the start is {HEADS[start.attention]} draft head, this run trains {HEADS[run.attention]} "
+            f"one (drafter.model.attention: {run.attention}); set drafter.model.attention: {start.attention} "
+            "to start from it, or start from a drafter with this run's attention"
+        )
     full = start.draft_vocab_size == start.vocab_size
     differ = [
         f"{field} is {getattr(start, field)}, this run's is {getattr(run, field)} ({decided})"
         for field, decided in DECIDED_BY.items()
         if getattr(start, field) != getattr(run, field) and not (field == "draft_vocab_size" and full)
+    ]
+    theirs, ours = rope_fields(start), rope_fields(run)
+    differ += [
+        f"{key} is {theirs.get(key)}, this run's is {ours.get(key)} ({ROPE_DECIDED_BY})"
+        for key in {**ours, **theirs}
+        if theirs.get(key) != ours.get(key)
     ]
     if differ:
         raise WarmStartError(f"{path}: the start is not the drafter this run trains: " + "; ".join(differ))

@@ -148,7 +148,9 @@ def _edit_config(folder: Path, **changes: Any) -> None:
         ({"fc_norm": True}, "fc_norm is True, this run's is False (drafter.model.fc_norm)"),
         ({"norm_output": True}, "norm_output is True"),
         ({"eagle_config": {"norm_before_fc": True}}, "norm_before_fc is True"),
-        ({"architectures": ["Eagle3DeepseekV2ForCausalLM"]}, "architectures is"),
+        ({"architectures": ["LlamaForCausalLM"]}, "architectures is"),
+        ({"rope_theta": 500000.0}, "rope_theta is 500000.0, this run's is 10000.0 (the target's RoPE"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling.rope_type is linear, this run's is"),
         ({"rms_norm_eps": None, "max_position_embeddings": None}, None),
     ],
 )
