@@ -259,6 +259,7 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
         pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
     config = reduced_pipeline(tmp_path, fake_openai.base_url, local_model)
     home = tmp_path / "dagster_home"
+    home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(home)}
 
     # What the UI shows comes from generation_job (each partition's materialization and preflight): the
