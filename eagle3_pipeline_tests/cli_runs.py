@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +21,24 @@ def plan_cli(config: Path, *args: str, secret: str | None = None) -> str:
     assert done.returncode == 0, done.stderr
     assert secret is None or secret not in done.stdout + done.stderr, "the API key leaked into the plan"
     return done.stdout
+
+
+def run_on_a_terminal(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """``command`` with its stdout on a pseudo-terminal (so it draws its progress bar) and its stderr in
+    ``cwd/stderr.txt``; its exit code and everything it drew."""
+    parent, child = pty.openpty()
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=child, stderr=(cwd / "stderr.txt").open("wb")
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(parent, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(parent)
+    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")

@@ -16,11 +16,12 @@ from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.kimi.fixture import build_kimi_checkpoint
 from eagle3_pipeline.testing.sshd_fixture import SSHD, FakeBin, Sshd
 
-# Tests with these markers are slow by nature (the main job, the daemon, a browser, a PostgreSQL server,
-# a real vLLM server).
 pytest_plugins = ["eagle3_pipeline_tests.ci_skips"]
 
-SLOW_KINDS = ("e2e", "browser", "daemon", "postgres", "real_vllm")
+# Tests with these markers are slow by nature (the daemon, a browser, a PostgreSQL server, a real vLLM server).
+# `e2e` is not among them: the fast tier runs the main job end to end once, on a tiny slice
+# (location/test_e2e.py); the larger end-to-end runs are marked slow where they are.
+SLOW_KINDS = ("browser", "daemon", "postgres", "real_vllm")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

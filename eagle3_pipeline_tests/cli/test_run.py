@@ -2,22 +2,18 @@
 hears their progress and typed phase results through its listener, draws its progress bar on a
 terminal from that progress and prints its summary from those results.
 
-The CLI runs against the scripted OpenAI-compatible server on loopback (a stand-in for the target's
-server, slow enough for several progress snapshots): as a real process on a pseudo-terminal, and in
-the test process; the tokenizer is the tiny real model's.
+Here in the test process, against the scripted OpenAI-compatible server on loopback (a stand-in for the
+target's server, slow enough for several progress snapshots) and small jobs that fail on demand. The command
+as a real process on a pseudo-terminal — its bar, its summary, its runs re-executed as the UI would, a failure
+in eagle3_drafter named with its WARN context — is `location/test_e2e.py`'s, in its main-job runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import os
-import pty
-import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,95 +27,6 @@ from eagle3_pipeline.hidden_states.draft_vocab import DraftVocabResult
 from eagle3_pipeline.results import DrafterResult, HiddenStatesResult, PromptsResult, ResponsesResult, ResultError
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.locations import location_file
-
-pytestmark = [pytest.mark.local_model]
-
-
-def run_on_a_terminal(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
-    parent, child = pty.openpty()
-    proc = subprocess.Popen(
-        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=child, stderr=(cwd / "stderr.txt").open("wb")
-    )
-    os.close(child)
-    chunks = []
-    while True:
-        try:
-            data = os.read(parent, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(parent)
-    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
-
-
-@pytest.mark.slow
-def test_run_executes_the_named_jobs_and_draws_progress_from_its_listener(
-    tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = FakeOpenAI(delay_s=0.1).start()
-    try:
-        write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"Prompt number {i}") for i in range(30)])
-        config = tmp_path / "pipeline.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "name": "cli",
-                    "artifacts_root": "out",
-                    "target": {"model": "fake", "tokenizer": str(local_model)},
-                    "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
-                    "generation": {"max_tokens": 8, "concurrency": 2, "progress_interval_s": 0.3},
-                    "health": {"max_truncation_rate": 1.0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-                    "training_data": {"eval_fraction": 0.2},  # 30 samples at 5 % may leave no eval row for drafter_eval
-                    "drafter": {"epochs": 1},  # the production default (10) is no test's business here
-                    "datasets": [{"id": "B1", "source": "p.jsonl"}],
-                }
-            )
-        )
-        home = tmp_path / "home"
-        env = {**os.environ, "DAGSTER_HOME": str(home)}
-        code, screen = run_on_a_terminal(
-            [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)], tmp_path, env, timeout=300
-        )
-    finally:
-        server.stop()
-    assert code == 0, screen[-3000:] + (tmp_path / "stderr.txt").read_text()[-3000:]
-    bars = [frame for frame in screen.split("\r") if frame.startswith("B1 [")]
-    assert len(bars) >= 2, screen
-    assert "/30  " in bars[0] and "tok/s" in bars[0] and "ETA" in bars[0]
-    assert any(frame.startswith("B1 [" + "#" * 28 + "] 30/30") for frame in bars), "the final snapshot fills the bar"
-    assert "» generation_job [B1]" in screen and "» downstream_job" in screen and "training_data: 30 rows" in screen
-    stderr = (tmp_path / "stderr.txt").read_text()
-    assert not re.findall(r"\w+Warning: .*", stderr), "a normal run prints no Python warning"
-
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.chdir(tmp_path)
-    instance = dg.DagsterInstance.get()
-    runs = {run.job_name: run for run in instance.get_runs()}
-    assert set(runs) == {"generation_job", "downstream_job"}, "the code location's own jobs, no ad-hoc ones"
-    assert runs["generation_job"].tags["dagster/partition"] == "B1"
-    assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs.values())
-    [evaluated] = instance.fetch_materializations(dg.AssetKey("drafter_eval"), limit=1).records
-    assert evaluated.asset_materialization is not None
-    scaling = str(evaluated.asset_materialization.metadata["data_scaling"].value)
-    assert scaling.startswith("τ@3 against the training tokens seen") and "too few points" in scaling, scaling
-
-    # As the UI would: the job rebuilt from a code location of the same pipeline file, re-executing
-    # the recorded run.
-    location_file(tmp_path, config).write_text(
-        location_file(tmp_path, config).read_text()
-        + "\n\ndef downstream_job():\n    return defs.resolve_job_def('downstream_job')\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    location = importlib.import_module("location")
-    again = dg.execute_job(
-        dg.reconstructable(location.downstream_job),
-        instance=instance,
-        reexecution_options=dg.ReexecutionOptions(parent_run_id=runs["downstream_job"].run_id),
-    )
-    assert again.success, "re-executable as the UI would, from the recorded run"
 
 
 class Terminal(io.StringIO):
@@ -278,52 +185,3 @@ def test_a_failed_run_names_its_cause_once_and_leaves_the_traceback_in_the_run_l
     [logged] = [e for e in failures if e is not None and e.is_step_failure]
     error = logged.step_failure_data.error
     assert error is not None and error.stack, "the traceback is in the run's event log"
-
-
-@pytest.mark.slow
-def test_the_main_job_failing_in_eagle3_drafter_prints_that_step_not_the_warn_check(
-    tmp_path: Path, local_model: Path
-) -> None:
-    """The main job through `eagle3-pipeline run`, where hidden_states' serving_agreement fails as WARN (the
-    scripted server records no serving reference) and eagle3_drafter fails (its folder is a file): the
-    output names eagle3_drafter as the cause, the WARN check as context, and prints no traceback."""
-    server = FakeOpenAI().start()
-    try:
-        write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"Prompt number {i}") for i in range(12)])
-        config = tmp_path / "pipeline.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "name": "cli",
-                    "artifacts_root": "out",
-                    "target": {"model": "fake", "tokenizer": str(local_model)},
-                    "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
-                    "generation": {"max_tokens": 8, "concurrency": 2},
-                    "health": {"max_truncation_rate": 1.0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-                    "training_data": {"eval_fraction": 0.2},
-                    "drafter": {"epochs": 1},
-                    "datasets": [{"id": "B1", "source": "p.jsonl"}],
-                }
-            )
-        )
-        (tmp_path / "out").mkdir()
-        (tmp_path / "out" / "drafter").write_text("a file where the drafter's folder goes\n")
-        env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}
-        done = subprocess.run(
-            [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        server.stop()
-    print(f"\nthe CLI's error:\n{done.stderr[done.stderr.index('eagle3-pipeline: run') :]}")
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = done.stderr[done.stderr.index("eagle3-pipeline: run") :].splitlines()
-    assert re.fullmatch(r"eagle3-pipeline: run \S+ of downstream_job failed: step eagle3_drafter: .+", summary[0])
-    assert "drafter" in summary[0] and "serving_agreement" not in summary[0], summary[0]
-    assert summary[1] == "  also failed, without stopping the run: check serving_agreement on hidden_states (WARN)"
-    assert summary[2].startswith("  error, traceback and logs: run ")
-    assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr, done.stderr[-4000:]

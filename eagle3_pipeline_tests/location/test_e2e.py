@@ -1,12 +1,16 @@
 """The main job end to end: `eagle3-pipeline run` as a real process on a real Dagster instance.
 
-The first test serves the real embedded model (SmolLM2-135M-Instruct, the stand-in for the
-target). The kill test needs a server slow enough to kill mid-generation on demand, so it points
-the pipeline at a scripted OpenAI-compatible server on loopback instead.
+The first test is the suite's one end-to-end run of the main job on the real embedded model (SmolLM2-135M-Instruct,
+the stand-in for the target), on a tiny slice (two datasets of three prompts, two training steps), in the fast
+tier: the command on a terminal (its progress bar and summary), every phase, the rerun that does nothing, the
+recorded runs re-executable as the UI would. The other tests need a server slow enough to kill mid-generation
+on demand, or one that records no serving reference, so they point the pipeline at a scripted
+OpenAI-compatible server on loopback instead.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -19,8 +23,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle3_pipeline.components.pipeline import MAIN_PATH
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
+from eagle3_pipeline_tests.cli_runs import run_on_a_terminal
+from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_model]
 
@@ -56,25 +63,35 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     config = tmp_path / "pipeline.yaml"
     config.write_text(
         "name: e2e\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\n"
-        "generation: {max_tokens: 8, concurrency: 4}\nhealth: {max_truncation_rate: 1.0}\n"
+        # A snapshot every 0.05 s: several bars while the real model answers.
+        "generation: {max_tokens: 8, concurrency: 4, progress_interval_s: 0.05}\nhealth: {max_truncation_rate: 1.0}\n"
         # Six samples: half of them held out, so drafter_eval has an eval split; two training steps.
         "training_data: {eval_fraction: 0.5}\ndrafter: {ttt_steps: 2, max_steps: 2, batch_tokens: 512}\n"
         "datasets:\n  - {id: B1, source: a.jsonl}\n  - {id: B2, source: b.jsonl}\n"
     )
     home = tmp_path / "home"
 
-    first = run_cli(config, home)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "training_data: 6 rows" in first.stdout
+    # On a terminal: the progress bar is drawn from the progress the asset bodies report to the CLI's listener.
+    code, screen = run_on_a_terminal(
+        [*CLI, "run", "--config", str(config)], tmp_path, {**os.environ, "DAGSTER_HOME": str(home)}, timeout=600
+    )
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert code == 0, screen[-3000:] + stderr[-3000:]
+    bars = [frame for frame in screen.split("\r") if frame.startswith("B1 [")]
+    assert len(bars) >= 2, screen
+    assert "/3  " in bars[0] and "tok/s" in bars[0] and "ETA" in bars[0]
+    assert any(frame.startswith("B1 [" + "#" * 28 + "] 3/3") for frame in bars), "the final snapshot fills the bar"
+    assert "» generation_job [B1]" in screen and "» downstream_job" in screen
+    assert "training_data: 6 rows" in screen
     # Every phase ran here, the Pipes steps (target_model, the heavy phases) included: none warns.
-    assert not re.findall(r"\w+Warning: .*", first.stderr), "a normal run prints no Python warning"
+    assert not re.findall(r"\w+Warning: .*", stderr), "a normal run prints no Python warning"
     out = tmp_path / "out"
     assert len(checkpoint_ids(out / "responses" / "B1.checkpoint.jsonl")) == 3
     assert (out / "training_data" / "manifest.json").exists()
-    assert "hidden_states: 6 samples" in first.stdout and "bytes/token (formula 4613)" in first.stdout
+    assert "hidden_states: 6 samples" in screen and "bytes/token (formula 4613)" in screen
     assert (out / "hidden_states" / "index.parquet").exists() and (out / "draft_vocab" / "vocab.safetensors").exists()
-    assert "eagle3_drafter: " in first.stdout and (out / "drafter" / "export" / "config.json").exists()
-    assert "acceptance length τ on the eval split" in first.stdout and "| all |" in first.stdout
+    assert "eagle3_drafter: " in screen and (out / "drafter" / "export" / "config.json").exists()
+    assert "acceptance length τ on the eval split" in screen and "| all |" in screen
     assert not (out / "logs" / "embedded-server.log").read_text().count("Traceback")
 
     log_size = (out / "logs" / "embedded-server.log").stat().st_size
@@ -100,10 +117,43 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     ours = [pid for pid in servers if Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()]
     assert not ours, "the embedded server stops with the run (servers of other work on this machine aside)"
 
+    runs = instance.get_runs()
+    assert {run.job_name for run in runs} == set(MAIN_PATH), "the code location's own jobs, no ad-hoc ones"
+    partitions = sorted(run.tags["dagster/partition"] for run in runs if run.job_name == "generation_job")
+    assert partitions == ["B1", "B1", "B2", "B2"], "generation_job once per partition in each run"
+    assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
+    [evaluated] = instance.fetch_materializations(dg.AssetKey("drafter_eval"), limit=1).records
+    assert evaluated.asset_materialization is not None
+    scaling = str(evaluated.asset_materialization.metadata["data_scaling"].value)
+    # τ at the first eval depth of a two-step drafter (K = 2); one checkpoint is too few points for a fit.
+    assert scaling.startswith("τ@2 against the training tokens seen") and "too few points" in scaling, scaling
 
+    # As the UI would: the job rebuilt from a code location of the same pipeline file, re-executing the recorded run.
+    monkeypatch.chdir(tmp_path)
+    location_file(tmp_path, config).write_text(
+        location_file(tmp_path, config).read_text()
+        + "\n\ndef downstream_job():\n    return defs.resolve_job_def('downstream_job')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    location = importlib.import_module("location")
+    downstream = [run for run in runs if run.job_name == "downstream_job"][-1]  # the first run's (newest first)
+    again = dg.execute_job(
+        dg.reconstructable(location.downstream_job),
+        instance=instance,
+        reexecution_options=dg.ReexecutionOptions(parent_run_id=downstream.run_id),
+    )
+    assert again.success, "re-executable as the UI would, from the recorded run"
+
+
+@pytest.mark.slow
 def test_killed_mid_generation_resumes_without_loss_or_duplicates(
     tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two runs killed mid-generation, then a run that fails in eagle3_drafter (its folder is a file), then one
+    that finishes: no answer is lost or written twice. The failed run's output names eagle3_drafter as the
+    cause and hidden_states' serving_agreement, failed as WARN (the scripted server records no serving
+    reference), as context, without a traceback; it is the same main job as the resumed one, so the failure
+    costs no run of its own."""
     server = FakeOpenAI(delay_s=0.15).start()
     try:
         prompts = [sharegpt(f"Prompt number {i}") for i in range(40)]
@@ -131,7 +181,7 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 600  # the CLI's start-up, minutes on a loaded machine
             while len(checkpoint_ids(checkpoint)) < target and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.05)
             proc.send_signal(signal.SIGKILL)
@@ -141,9 +191,23 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
             assert 0 < len(now) < len(prompts), "the kill did not land mid-generation"
             kept = now
 
-        final = run_cli(config, home, timeout=300)
+        drafter_folder = tmp_path / "out" / "drafter"
+        drafter_folder.write_text("a file where the drafter's folder goes\n")
+        failed = run_cli(config, home, timeout=900)
+        assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+        assert "marked run" in failed.stdout, "the killed runs are reported and their pool slots freed"
+        error = failed.stderr[failed.stderr.index("eagle3-pipeline: run") :]
+        print(f"\nthe CLI's error:\n{error}")
+        summary = error.splitlines()
+        assert re.fullmatch(r"eagle3-pipeline: run \S+ of downstream_job failed: step eagle3_drafter: .+", summary[0])
+        assert "drafter" in summary[0] and "serving_agreement" not in summary[0], summary[0]
+        assert summary[1] == "  also failed, without stopping the run: check serving_agreement on hidden_states (WARN)"
+        assert summary[2].startswith("  error, traceback and logs: run ")
+        assert "Traceback" not in failed.stderr and "Stack Trace" not in failed.stderr, failed.stderr[-4000:]
+
+        drafter_folder.unlink()
+        final = run_cli(config, home, timeout=900)
         assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
-        assert "marked run" in final.stdout, "the killed run is reported and its pool slot freed"
         ids = checkpoint_ids(checkpoint)
         assert len(ids) == len(set(ids)) == len(prompts)
         assert ids[: len(kept)] == kept
@@ -151,8 +215,8 @@ def test_killed_mid_generation_resumes_without_loss_or_duplicates(
         generation_requests = [r for r in server.requests if r.get("max_tokens") == 8]
         assert len(generation_requests) <= len(prompts) + 2 * 3, "at most the requests in flight are sent again"
         instance = open_instance(home, monkeypatch)
-        failed = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
-        assert len(failed) == 2
+        failures = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+        assert [run.job_name for run in failures] == ["downstream_job", "generation_job", "generation_job"]
     finally:
         server.stop()
 

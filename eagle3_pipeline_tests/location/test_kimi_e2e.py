@@ -26,7 +26,7 @@ import pytest
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline.testing.kimi.fixture import build_kimi_checkpoint
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLI = [sys.executable, "-m", "eagle3_pipeline.cli"]
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"

@@ -2,7 +2,8 @@
 
 A reduced pipeline (two datasets of three prompts; a scripted OpenAI-compatible server on
 loopback as the inference endpoint; the embedded model's tokenizer, standing in for the
-target's) is materialized with `eagle3-pipeline run`, one health tick is recorded on
+target's) has its `generation_job` run for each dataset as `eagle3-pipeline run` runs it (in this process,
+on the test's instance; the main job end to end is `test_e2e.py`'s), one health tick is recorded on
 `inference_server` as the `inference_health` sensor records each tick, and then Debian's
 `chromium` + `chromium-driver` (no browser download) open the asset graph, a `responses`
 partition's materialization, the `inference_server` observation history, a managed server's start
@@ -16,6 +17,7 @@ group, also on failure. Deselect with `-m "not browser"`.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -36,6 +38,8 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from eagle3_pipeline.cli.cmd_run import MainJob
+from eagle3_pipeline.components import build_definitions
 from eagle3_pipeline.components.eagle3.drafter_benchmark import shown
 from eagle3_pipeline.components.health.observations import health_observation, server_event_observation
 from eagle3_pipeline.config import load_config
@@ -236,9 +240,6 @@ def reduced_pipeline(root: Path, endpoint: str, tokenizer: Path) -> Path:
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": endpoint}]},
         "generation": {"max_tokens": 8, "concurrency": 2},
         "health": {"max_truncation_rate": 1.0},
-        # Six samples: half held out so drafter_eval has an eval split; a two-step drafter.
-        "training_data": {"eval_fraction": 0.5},
-        "drafter": {"ttt_steps": 2, "max_steps": 2, "batch_tokens": 512},
         "datasets": [{"id": d, "source": f"{d}.jsonl"} for d in DATASETS],
     }
     path = root / "pipeline.yaml"
@@ -258,20 +259,20 @@ def test_ui_shows_lineage_a_materialization_and_the_health_history(
         pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
     config = reduced_pipeline(tmp_path, fake_openai.base_url, local_model)
     home = tmp_path / "dagster_home"
+    home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(home)}
 
-    run = subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.cli", "run", "--config", str(config)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-
+    # What the UI shows comes from generation_job (each partition's materialization and preflight): the
+    # main job's own runs of it, without its downstream job (the main job end to end is test_e2e.py's).
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monitor = HealthMonitor(load_config(config))
+    monkeypatch.chdir(tmp_path)
+    loaded = load_config(config)
+    with dg.DagsterInstance.get() as instance:
+        main_job = MainJob(loaded, build_definitions(loaded), instance, io.StringIO())
+        for dataset in DATASETS:
+            main_job.execute("generation_job", dataset)
+
+    monitor = HealthMonitor(loaded)
     try:
         report, _ = monitor.tick()
     finally:
