@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import torch
 
-from eagle3_pipeline.drafter.draft_config import drafter_config, target_rope
-from eagle3_pipeline.drafter.export import export_for_servers
-from eagle3_pipeline.drafter.model import Eagle3Drafter
+from eagle3_pipeline.drafter.export.specforge import export_for_servers
+from eagle3_pipeline.drafter.model.draft_config import drafter_config, target_rope
+from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
 from eagle3_pipeline.testing.kimi.fixture import build_kimi_text_checkpoint, text_config
 from eagle3_pipeline.testing.real_vllm import vllm_server
 

@@ -8,7 +8,7 @@ that are not complete. The plan is also written to the store (``plan.json``) so 
 :func:`extraction_progress` can tell how far a running extraction has got without the model.
 
 In rolling mode (``hidden_states.rolling_window_shards``) the store keeps only its eval shards; the
-train shards come and go a window at a time (:mod:`eagle3_pipeline.drafter.rolling`).
+train shards come and go a window at a time (:mod:`eagle3_pipeline.drafter.train.rolling`).
 :func:`rolling_layout` records beforehand where every train row will lie (shards are written in plan
 order, so a row's offset is the sum of the lengths before it), its dataset and its loss-masked
 tokens, and the windows: so the trainer plans every epoch and window, and its total steps, before

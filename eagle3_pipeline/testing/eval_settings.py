@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_pipeline.config import DrafterConfig, DrafterEvalConfig
-from eagle3_pipeline.drafter.evaluate import spec_settings
+from eagle3_pipeline.drafter.evaluate.phase import spec_settings
 
 
 def eval_settings(**drafter_eval: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from eagle3_pipeline.config import (
     local_profile_path,
 )
 from eagle3_pipeline.config.base import ConfigModel
-from eagle3_pipeline.drafter import evaluate
+from eagle3_pipeline.drafter.evaluate import phase as evaluate
 from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings, parse_spec, train_spec
 from eagle3_pipeline.health import HealthThresholds, ServerSpec
 from eagle3_pipeline.hidden_states.capture import load_target
@@ -40,7 +40,7 @@ MIRRORS: list[tuple[type[Any], type[ConfigModel], frozenset[str]]] = [
     (HealthThresholds, HealthConfig, frozenset()),
     (evaluate.EvalSpec, DrafterEvalConfig, frozenset()),
     (evaluate.EvalSpec, DrafterConfig, frozenset()),
-    # generation_probe: the benchmark's server (drafter/online.py) has no such setting and asks by chat.
+    # generation_probe: the benchmark's server (drafter/serve/benchmark.py) has no such setting and asks by chat.
     (ServerSpec, MonitoredServerConfig, frozenset({"generation_probe"})),
 ]
 # (a function or class taking settings as parameters, the file's section they come from): a parameter

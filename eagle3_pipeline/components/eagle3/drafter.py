@@ -1,6 +1,6 @@
 """The `eagle3_drafter` asset: train the EAGLE-3 drafter on the hidden states and export it.
 
-Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train:run (the ``train`` phase),
+Asset → domain function: eagle3_drafter → eagle3_pipeline.drafter.train.phase:run (the ``train`` phase),
 through `run_heavy_phase` wherever `compute:` says (for `command` too: the user command replaces
 only extraction). On a GPU host the draft_vocab folder is shipped, the hidden states are already
 there (phase A left them under the host's artifacts root), a warm start's folder (`drafter.init_from`)
@@ -10,7 +10,7 @@ which `drafter_eval` and `eagle3-pipeline plan` read) come back. `drafter.target
 `drafter.init_from` are then paths on the host.
 
 With `hidden_states.rolling_window_shards` the asset runs the rolling loop
-(eagle3_pipeline.drafter.rolling:run_rolling) over the windows the hidden_states phase recorded; its
+(eagle3_pipeline.drafter.train.rolling:run_rolling) over the windows the hidden_states phase recorded; its
 three steps are the same heavy phases through `run_heavy_phase`: `extract` of a window's shards,
 `train` of that window, `extract` deleting the window's shards. Its state (`rolling.json`) lies
 beside the drafter's run folder on this machine.
@@ -34,9 +34,9 @@ from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.rolling import STATE_FILE, RollingError, run_rolling
-from eagle3_pipeline.drafter.scaling import TAU_CURVE_FILE
+from eagle3_pipeline.drafter.evaluate.scaling import TAU_CURVE_FILE
 from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_spec
+from eagle3_pipeline.drafter.train.rolling import STATE_FILE, RollingError, run_rolling
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config
 from eagle3_pipeline.hidden_states.extract import target_weights as extract_target
 from eagle3_pipeline.hidden_states.plan import read_rolling_layout
