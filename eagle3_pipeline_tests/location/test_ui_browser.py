@@ -37,7 +37,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eagle3_pipeline.components.eagle3.drafter_benchmark import shown
-from eagle3_pipeline.components.health.observations import health_observation, server_event_observation
+from eagle3_pipeline.components.health.inference_server import health_observation, server_event_observation
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.drafter.serve.client import Acceptance, Measured, RequestRecord
 from eagle3_pipeline.drafter.serve.report import ArmResult, BenchmarkResult

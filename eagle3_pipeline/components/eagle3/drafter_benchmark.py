@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.components.fit import fitted
-from eagle3_pipeline.components.health.observations import health_observation, report_metadata
+from eagle3_pipeline.components.health.inference_server import health_observation, report_metadata
 from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources

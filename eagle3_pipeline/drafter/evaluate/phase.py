@@ -35,7 +35,7 @@ from eagle3_pipeline.drafter.evaluate.results import (
     results_metadata,
     totals,
 )
-from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
+from eagle3_pipeline.hidden_states.sharding import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,
     HIDDEN_KEY,

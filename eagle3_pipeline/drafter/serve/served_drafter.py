@@ -45,7 +45,7 @@ from eagle3_pipeline.hosts import quote_args
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import EagleDrafter, LaunchLine, ServerPurpose, StartupFailedError, Supervisor
 from eagle3_pipeline.managed.phases import phase_host, same_machine
-from eagle3_pipeline.managed.plan import generation_purpose
+from eagle3_pipeline.managed.servers import generation_purpose
 from eagle3_pipeline.records import atomic_path
 
 SERVED_FOLDER = "served"

@@ -16,7 +16,7 @@ from typing import Any
 from eagle3_pipeline.drafter.evaluate.phase import read_rows
 from eagle3_pipeline.drafter.spec import TrainError, TrainSettings
 from eagle3_pipeline.drafter.train.data import Row, epoch_plan, store_rows
-from eagle3_pipeline.hidden_states.plan import RollingLayout
+from eagle3_pipeline.hidden_states.sharding import RollingLayout
 from eagle3_pipeline.hidden_states.store import MASK_KEY, HiddenStateStore
 
 

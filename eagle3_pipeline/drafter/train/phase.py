@@ -47,7 +47,7 @@ from eagle3_pipeline.drafter.train.loop import (
 )
 from eagle3_pipeline.drafter.train.loss import eval_depths, evaluate
 from eagle3_pipeline.drafter.train.warm_start import WarmStart, read_start
-from eagle3_pipeline.hidden_states.plan import read_rolling_layout
+from eagle3_pipeline.hidden_states.sharding import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
 from eagle3_pipeline.target.weights import TargetWeights, load_target_weights
 

@@ -34,7 +34,7 @@ from eagle3_pipeline.drafter.train.phase import run as train_run
 from eagle3_pipeline.drafter.train.rolling import STATE_FILE, RollingError, read_state, run_rolling, tradeoff
 from eagle3_pipeline.hidden_states.capture import Target, load_target
 from eagle3_pipeline.hidden_states.extract import run as extract_run
-from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout
+from eagle3_pipeline.hidden_states.sharding import ROLLING_LAYOUT_FILE, extraction_progress, read_rolling_layout
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, save_draft_vocab
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.tiny_store import make_vocab
@@ -317,8 +317,8 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(
     instance, compute local (the phases in process; the embedded model is the target)."""
     import dagster as dg
 
-    from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
     from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
+    from eagle3_pipeline.components.eagle3.eagle3_drafter import build_drafter_assets
     from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.config import load_config
     from eagle3_pipeline.drafter.spec import drafter_paths

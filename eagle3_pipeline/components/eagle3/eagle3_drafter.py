@@ -39,7 +39,7 @@ from eagle3_pipeline.drafter.spec import DrafterSpecError, drafter_paths, train_
 from eagle3_pipeline.drafter.train.rolling import STATE_FILE, RollingError, run_rolling
 from eagle3_pipeline.hidden_states.extract import ExtractionError, spec_from_config
 from eagle3_pipeline.hidden_states.extract import target_weights as extract_target
-from eagle3_pipeline.hidden_states.plan import read_rolling_layout
+from eagle3_pipeline.hidden_states.sharding import read_rolling_layout
 from eagle3_pipeline.hidden_states.store import StoreError
 from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
 from eagle3_pipeline.hosts import HostError
