@@ -61,7 +61,7 @@ from eagle3_pipeline.drafter.train.data import TEACHER_CHUNK_TOKENS, Batch, Batc
 from eagle3_pipeline.drafter.train.loss import ttt_loss
 from eagle3_pipeline.drafter.train.phase import build_model, run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, default_aux_layer_ids, load_draft_vocab
-from eagle3_pipeline.serving import local_model_dir
+from eagle3_pipeline.target.local_model import local_model_dir
 from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.drafter_reference import KIMI_AUX, kimi_k25_text_config, reference_ttt_loss
 from eagle3_pipeline.testing.tiny_store import real_store

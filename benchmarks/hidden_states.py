@@ -69,7 +69,7 @@ def child(samples: int, min_len: int, max_len: int) -> dict[str, Any]:
 
     from eagle3_pipeline.hidden_states.extract import run
     from eagle3_pipeline.hidden_states.store import HiddenStateStore
-    from eagle3_pipeline.serving import local_model_dir
+    from eagle3_pipeline.target.local_model import local_model_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         data = write_training_data(Path(tmp) / "td", samples, min_len, max_len)

@@ -1,89 +1,66 @@
-"""Whether the real vLLM CPU build serves the MLA draft head (``drafter.model.attention: mla``), and what
-its speculative-decoding counters say.
+"""A trained MLA draft head (``drafter.model.attention: mla``) served by the real vLLM CPU build: served τ
+against the export's offline τ@K, within :func:`~eagle3_pipeline.drafter.evaluate.acceptance.served_tau_bound`.
 
-The target is a tiny random DeepSeek-V3 (the Kimi-K2.5 stand-in's language model, ``testing/kimi``,
-with Kimi's latent width: ``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64; vLLM's MLA attention takes
-only 320, 512 or 576 for their sum, so the stand-in itself (24) is served by no vLLM MLA backend) and
-the draft a random-weight MLA export of it with EAGLE-3.1 switches and a 64-token draft vocabulary. A
-random draft is accepted by chance only: τ near 1 is the expected figure; what this shows is that vLLM
-builds, loads and runs the export's MLA draft layer with its latent KV cache, step after step.
+The target is :func:`~eagle3_pipeline.testing.mla_target.deepseek_mla_target`, a tiny random DeepSeek-V3
+with Kimi's latent width (vLLM's CPU MLA backend refuses the Kimi stand-in's own). vLLM 0.32's CPU build
+serves no MLA draft on a Llama target such as the embedded default (docs/eagle3.md, "The MLA draft head").
+The drafter trains by the train phase on a store of the target's greedy continuations of a few prompts,
+each row also its eval split (:func:`~eagle3_pipeline.testing.mla_target.train_mla_drafter`); the server
+runs the export with K = ``--steps`` and τ comes from vLLM's ``/metrics`` counters as ``drafter_benchmark``
+reads them, over the same prompts and continuation length, greedy.
 
-Prints vLLM's spec-decode counters (drafts, draft tokens, accepted per position) and τ = 1 + accepted /
-drafts after greedy completions of ``--prompts`` prompts of ``--max-tokens`` tokens.
-
-    EAGLE3_VLLM_PYTHON=/work/main/.vllm-venv/bin/python .venv/bin/python -m benchmarks.mla_vllm_serve [--work DIR]
+    EAGLE3_VLLM_PYTHON=/work/main/.vllm-venv/bin/python nice -n 10 .venv/bin/python -m benchmarks.mla_vllm_serve
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
-import httpx
-import torch
-
-from eagle3_pipeline.drafter.export.specforge import export_for_servers
-from eagle3_pipeline.drafter.model.draft_config import drafter_config, target_rope
-from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
-from eagle3_pipeline.testing.kimi.fixture import build_kimi_text_checkpoint, text_config
+from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
+from eagle3_pipeline.drafter.serve.client import measure
+from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
+from eagle3_pipeline.testing.mla_target import SERVER_ARGS, train_mla_drafter
 from eagle3_pipeline.testing.real_vllm import vllm_server
-
-PROMPTS = ["The quick brown fox jumps over", "Once upon a time there was", "def fibonacci(n):", "The capital of"]
-TOKENIZER_FILES = ("tiktoken.model", "tokenization_kimi.py", "tool_declaration_ts.py", "tokenizer_config.json")
-
-
-def deepseek_target(folder: Path) -> dict[str, Any]:
-    """A random DeepSeek-V3 at the stand-in's size but Kimi's latent width, with the stand-in's tokenizer."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    stand_in = build_kimi_text_checkpoint(folder / "stand-in")
-    raw: dict[str, Any] = text_config() | {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
-    torch.manual_seed(0)
-    target = DeepseekV3ForCausalLM(DeepseekV3Config.from_dict(json.loads(json.dumps(raw))))  # it edits its input
-    target.bfloat16().save_pretrained(folder / "target")
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(stand_in / name, folder / "target" / name)
-    return raw
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve the MLA draft head in the real vLLM CPU build.")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=3, help="K, the served draft depth (τ@K offline)")
+    parser.add_argument("--plain", action="store_true", help="EAGLE-3 (default: EAGLE-3.1, fc_norm + norm_output)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="mla-serve-"))
-    raw = deepseek_target(work)
-    theta, scaling = target_rope(raw)
-    config = drafter_config(
-        raw | {"rope_theta": theta, "rope_scaling": scaling}, 64, [1, 3, 5],
-        {"attention": "mla", "fc_norm": True, "norm_output": True},
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = Eagle3Drafter(config)
-    model.set_vocab(torch.arange(64) * 3, torch.arange(config.vocab_size) % 3 == 0)
-    export = export_for_servers(model, work / "mla", raw, dtype="bfloat16")
-    speculative = {"method": "eagle3", "model": str(export), "num_speculative_tokens": 3}
-    extra = ["--trust-remote-code", "--max-model-len", "512", "--speculative-config", json.dumps(speculative)]
-    with vllm_server(work / "target", work / "vllm.log", extra_args=extra) as server:
-        for prompt in PROMPTS:
-            body = {"model": "target", "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0}
-            httpx.post(f"{server.base_url}/completions", json=body, timeout=600).raise_for_status()
-        metrics = httpx.get(f"{server.root_url}/metrics", timeout=30).text
-    counters: dict[str, float] = {}
-    for line in metrics.splitlines():
-        found = re.match(r"vllm:spec_decode_(\w+)_total\{([^}]*)\} (\S+)$", line)
-        if found:
-            position = re.search(r'position="(\d+)"', found.group(2))
-            counters[found.group(1) + (f"[{position.group(1)}]" if position else "")] = float(found.group(3))
-    print(json.dumps(counters, indent=1))
-    drafts = counters.get("num_drafts", 0.0)
-    tau = 1 + counters.get("num_accepted_tokens", 0.0) / max(drafts, 1)
-    print(f"tau = 1 + accepted/drafts = {tau:.3f} over {drafts:.0f} drafts")
+    switches = {} if args.plain else {"fc_norm": True, "norm_output": True}
+    trained = train_mla_drafter(
+        work, new_tokens=args.new_tokens, epochs=args.epochs, steps=args.steps, switches=switches
+    )
+    final = trained.result["evals"][-1]
+    offline = final[f"tau@{args.steps}"]
+    extra = [*SERVER_ARGS, *drafter_args("vllm", EagleDrafter(str(trained.export), args.steps))]
+    with vllm_server(trained.target, work / "vllm.log", extra_args=extra) as server:
+        measured = measure(
+            "vllm", server.root_url, prompts=trained.prompt_ids, max_tokens=args.new_tokens, concurrency=1,
+            timeout_s=600.0, speculative=True,
+        )  # fmt: skip
+    acceptance = measured.acceptance
+    if acceptance is None or not acceptance.per_position or not acceptance.verify_steps:
+        raise SystemExit("vLLM reported no per-position acceptance")
+    bound = served_tau_bound(acceptance.per_position, acceptance.verify_steps, measured.requests)
+    config = json.loads((trained.export / "config.json").read_text())
+    print(json.dumps({k: v for k, v in config.items() if k != "eagle3_pipeline"}, indent=1))
+    print(f"MLA head ({'EAGLE-3' if args.plain else 'EAGLE-3.1'}), {trained.result['steps']} training steps, "
+          f"{len(trained.prompt_ids)} prompts × {args.new_tokens} tokens, K = {args.steps}")  # fmt: skip
+    per_depth = [round(final[f"accept_{j}"], 3) for j in range(args.steps)]
+    print(f"offline τ@{args.steps} {offline:.4f}, per depth {per_depth}")
+    print(f"served  τ {acceptance.tau:.4f}, P(accepted ≥ 1..K) {[round(r, 3) for r in acceptance.per_position]}, "
+          f"{acceptance.verify_steps} verify steps (drafts)")  # fmt: skip
+    gap = acceptance.tau - offline
+    print(f"served − offline {gap:+.4f}, bound {bound:.4f}: {'within' if abs(gap) <= bound else 'OUTSIDE'}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from pathlib import Path
 from eagle3_pipeline.drafter.serve.benchmark import measure_prompt_sets
 from eagle3_pipeline.drafter.serve.prompt_sets import BenchPrompt, load_sets
 from eagle3_pipeline.drafter.serve.set_tau import SetSettings
-from eagle3_pipeline.serving import local_model_dir
 from eagle3_pipeline.target.folder import load_tokenizer
+from eagle3_pipeline.target.local_model import local_model_dir
 from eagle3_pipeline.testing.real_vllm import vllm_server
 
 DEFAULT_ARTIFACTS = Path.home() / ".local/share/eagle3_pipeline/local"

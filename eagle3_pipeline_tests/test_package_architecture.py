@@ -54,7 +54,7 @@ FORBIDDEN: tuple[tuple[str, Packages, Packages], ...] = (
     (
         "health probes and where a heavy phase runs know nothing of servers, phases or views",
         frozenset({"health", "compute"}),
-        frozenset({"managed", "watch", "serving", *PHASES, "overview", "fit"}),
+        frozenset({"managed", "inference", *PHASES, "fit"}),
     ),
     *(
         (f"a phase never imports a later one ({phase})", frozenset({phase}), frozenset(PHASES[i + 1 :]))
@@ -62,8 +62,8 @@ FORBIDDEN: tuple[tuple[str, Packages, Packages], ...] = (
     ),
     (
         "the domain knows nothing of the Dagster layer, the entry points or the views over it",
-        frozenset({"health", "compute", "watch", "managed", "serving", *PHASES, "worker", "testing"}),
-        frozenset({*DAGSTER_PACKAGES, "overview", "fit"}),
+        frozenset({"health", "compute", "managed", "inference", *PHASES, "worker", "testing"}),
+        frozenset({*DAGSTER_PACKAGES, "fit"}),
     ),
     (
         "the tests' stand-ins are never imported by the product",

@@ -16,8 +16,8 @@ from eagle3_pipeline.generation.progress import format_duration
 from eagle3_pipeline.layout import ArtifactLayout
 
 if TYPE_CHECKING:
+    from eagle3_pipeline.cli.schedule import Schedule
     from eagle3_pipeline.fit.records import FitReport
-    from eagle3_pipeline.overview.schedule import Schedule
 
 
 def with_fit_times(schedule: Schedule, fit: FitReport | str) -> Schedule:
@@ -44,10 +44,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = load_or_report(args, runtime_checks=False)
     if config is None:
         return ExitCode.BAD_INPUT
+    from eagle3_pipeline.cli.schedule import serving_schedule
     from eagle3_pipeline.drafter.evaluate.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
     from eagle3_pipeline.hidden_states.disk import config_disk_plan
-    from eagle3_pipeline.overview.schedule import serving_schedule
 
     try:
         records = checkpoint_records(ArtifactLayout(config.artifacts_root), config.dataset_ids)
@@ -56,7 +56,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     throughput = throughput_evidence(config.inference, config.target.model, records)
     failed: dict[str, str] = {}
     if args.calibrate:
-        from eagle3_pipeline.serving import InferenceProvider, endpoints_from_config
+        from eagle3_pipeline.inference.provider import InferenceProvider, endpoints_from_config
 
         provider = InferenceProvider(config)
         try:

@@ -10,9 +10,7 @@ from pathlib import Path
 
 from eagle3_pipeline.cli.errors import ExitCode, fail
 from eagle3_pipeline.cli.shared import DEFAULT_DAGSTER_HOME, load_or_report
-from eagle3_pipeline.config import ConfigError
-from eagle3_pipeline.generation import CheckpointError
-from eagle3_pipeline.overview.status import (
+from eagle3_pipeline.cli.status import (
     RunInFlight,
     dataset_progress,
     exit_code,
@@ -20,7 +18,9 @@ from eagle3_pipeline.overview.status import (
     render_status,
     status_document,
 )
-from eagle3_pipeline.watch.monitor import HealthMonitor
+from eagle3_pipeline.config import ConfigError
+from eagle3_pipeline.generation import CheckpointError
+from eagle3_pipeline.health.gate import HealthMonitor
 
 
 def runs_in_flight() -> list[RunInFlight]:

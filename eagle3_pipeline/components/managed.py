@@ -10,7 +10,8 @@ UI shows who held the GPUs when.
   as ``stops``, with the server serving the phase's own launch line during the block
   (the extraction server of `hidden_states.backend: vllm`); ``keeps`` — nothing handed over (the served
   drafter). With `inference.hosts` the run holds that host (its pool) first.
-(`responses`, ``serves``, makes the server serve generation itself: eagle3_pipeline.serving.InferenceProvider.)
+(`responses`, ``serves``, makes the server serve generation itself:
+eagle3_pipeline.inference.provider.InferenceProvider.)
 
 A server that cannot be started or stopped as asked fails the step with the lifecycle's message.
 """
@@ -109,7 +110,7 @@ def hand_over(
     managed server there, nothing to hand over)."""
     handover = phase_row(phase).handover
     if handover == "serves":
-        raise ValueError(f"{phase}: the server serves it (eagle3_pipeline.serving); nothing is handed over")
+        raise ValueError(f"{phase}: the server serves it (eagle3_pipeline.inference.provider); nothing is handed over")
     serves_own = own if handover == "purpose" else None
     plan = serves_own.server if serves_own is not None else gpu_phase_server(config, phase)
     if plan is None:

@@ -20,12 +20,12 @@ from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint, ServerRecovery
 from eagle3_pipeline.health import HealthReport
 from eagle3_pipeline.hosts import TUNNELS
+from eagle3_pipeline.inference.provider import InferenceProvider, ManagedGeneration
 from eagle3_pipeline.managed.tunnels import declare_tunnels
 from eagle3_pipeline.orchestration.hosts import claim_host
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.partition_runs import HOST_TAG
 from eagle3_pipeline.results import PhaseListener
-from eagle3_pipeline.serving import InferenceProvider, ManagedGeneration
 
 T = TypeVar("T")
 
@@ -181,7 +181,7 @@ class InferenceResource(dg.ConfigurableResource):
 
     def endpoints(self, managed: ManagedGeneration | None = None) -> list[Endpoint]:
         """The endpoints after the preflight; with ``managed``, the managed server (if the pipeline has one)
-        serves generation first (:class:`~eagle3_pipeline.serving.InferenceProvider`)."""
+        serves generation first (:class:`~eagle3_pipeline.inference.provider.InferenceProvider`)."""
         return self._require().endpoints(managed)
 
     @property

@@ -89,6 +89,12 @@ def _describe(error: Mapping[str, Any], raw: Any) -> str:
     return f"{where}: {error['msg']}{value}"
 
 
+def validation_problems(exc: ValidationError, raw: Any) -> str:
+    """Each of a validation's errors as `field.path: what was expected (got value)`, joined: the
+    pipeline file's and the heavy phases' specs name what is wrong alike."""
+    return "; ".join(_describe(err, raw) for err in exc.errors())
+
+
 def _resolve(path_text: str, base: Path) -> Path:
     path = Path(os.path.expanduser(path_text))
     return path if path.is_absolute() else (base / path).resolve()
@@ -143,8 +149,7 @@ def load_config(path: str | os.PathLike[str] | None = None, runtime_checks: bool
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(err, raw) for err in exc.errors()]
-        raise ConfigError(f"{file}: " + "; ".join(lines)) from None
+        raise ConfigError(f"{file}: {validation_problems(exc, raw)}") from None
     if runtime_checks:
         check_runtime(config)
     return config

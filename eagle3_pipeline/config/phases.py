@@ -1,6 +1,6 @@
 """The one table of the phases that use GPUs: which machine's GPUs, what the managed server
 does for the phase (its hand-over), and whether the step joins the `gpu` pool. The run-time hand-overs
-(eagle3_pipeline.components.managed), `plan`'s schedule (eagle3_pipeline.overview.schedule), the step
+(eagle3_pipeline.components.managed), `plan`'s schedule (eagle3_pipeline.cli.schedule), the step
 policy (eagle3_pipeline.components.policy, orchestration/step_tags.py) and the resource model
 (eagle3_pipeline.fit) all read it; no other module lists the GPU phases.
 

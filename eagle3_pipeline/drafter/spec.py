@@ -1,21 +1,25 @@
 """The ``train`` phase's spec: built from the pipeline file here (:func:`train_spec`, no torch: the code
-location imports it) and read back where the phase runs (:func:`parse_spec`). Its settings are one
-typed record, :class:`TrainSettings`, made only from the validated ``drafter:`` section."""
+location imports it) and read back where the phase runs (:func:`parse_spec`). The spec is the
+``drafter:`` section it reads (:class:`TrainSettings`, the section's own model with the values the phase
+resolves) plus where things are (:class:`TrainSpec`), validated by pydantic once."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from eagle3_pipeline.config import ComputeConfig, DrafterConfig, PipelineConfig
+from pydantic import Field, ValidationError
+
+from eagle3_pipeline.config import ComputeConfig, ConfigModel, DrafterConfig, PipelineConfig
+from eagle3_pipeline.config.loader import validation_problems
 
 DRAFT_VOCAB_DIR = "draft_vocab"
 HIDDEN_STATES_DIR = "hidden_states"
 DRAFTER_DIR = "drafter"
 SPEC_PATHS = ("store", "draft_vocab", "target_weights", "run_dir", "export_dir")
-# drafter: keys that are no training setting: where the target is, and how many processes train.
+# drafter: keys that are no training setting: where the target is (the spec's own path), and how many
+# processes train (the launcher's).
 NOT_SETTINGS = frozenset({"target_weights", "nproc_per_node"})
 
 
@@ -37,50 +41,43 @@ class TrainError(ValueError):
     """A training run that cannot start or continue; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    """The ``drafter:`` section's training settings (see its fields in docs/settings.md). No defaults of
-    its own: every value comes from the validated file (:meth:`from_config`)."""
+class TrainSettings(DrafterConfig):
+    """The ``drafter:`` section as the ``train`` phase reads it: its fields, bounds and defaults (see
+    docs/settings.md), with ``seed`` and ``max_seq_len`` resolved (:meth:`from_config`) and
+    ``activation_checkpointing`` chosen. In the spec (:meth:`as_spec`) ``model`` holds only the keys the
+    file sets."""
 
-    ttt_steps: int
-    lr: float
-    weight_decay: float
-    warmup_ratio: float
-    epochs: int
-    max_steps: int | None
-    batch_tokens: int
-    max_seq_len: int
-    grad_clip: float
-    checkpoint_every: int
-    keep_checkpoints: int
-    eval_samples: int
-    log_every: int
-    seed: int
-    dtype: str
-    export_dtype: str
-    embedding_key: str | None
-    lm_head_key: str | None
-    activation_checkpointing: bool
-    loss: str
-    lk_eta: float
-    select: str
-    select_steps: int
-    init_from: str | None
-    init_l2sp: float
-    model: dict[str, Any]  # drafter.model: the keys the file sets (DrafterModelConfig)
+    # Required here where the section allows None; pydantic lets a subclass narrow a field, pyright wants a default.
+    seed: int  # pyright: ignore[reportGeneralTypeIssues]
+    max_seq_len: Annotated[int, Field(gt=2)]  # pyright: ignore[reportGeneralTypeIssues]
+    # auto is chosen before the spec is built (eagle3_pipeline.fit.runtime.resolved).
+    activation_checkpointing: bool = False
+    # No training settings, so never in the spec's settings: the target is the spec's own target_weights,
+    # and the launcher counts the processes.
+    target_weights: None = Field(default=None, exclude=True)
+    nproc_per_node: None = Field(default=None, exclude=True)
 
     @classmethod
     def from_config(cls, drafter: DrafterConfig, pipeline_seed: int, target_max_seq_len: int) -> TrainSettings:
         """``drafter``'s settings; its ``seed`` and ``max_seq_len`` default to the pipeline's seed and
         ``target.max_seq_len``."""
-        settings = drafter.model_dump(exclude={"model", "seed", "max_seq_len", *NOT_SETTINGS})
-        return cls(
-            **settings,
-            # Variant switches left off are left out, as keys left out are: a plain drafter's spec is unchanged.
-            model=drafter.model.model_dump(exclude_defaults=True),
-            seed=pipeline_seed if drafter.seed is None else drafter.seed,
-            max_seq_len=drafter.max_seq_len or target_max_seq_len,
+        return cls.model_validate(
+            {
+                **drafter.model_dump(exclude={"model", *NOT_SETTINGS}),
+                "model": drafter.model,
+                "seed": pipeline_seed if drafter.seed is None else drafter.seed,
+                "max_seq_len": drafter.max_seq_len or target_max_seq_len,
+            }
         )
+
+    def model_overrides(self) -> dict[str, Any]:
+        """``drafter.model``'s keys the file sets: variant switches left off are left out, as keys left
+        out are, so a plain drafter's spec and identity are those from before the switches."""
+        return self.model.model_dump(mode="json", exclude_defaults=True)
+
+    def as_spec(self) -> dict[str, Any]:
+        """The spec's ``settings`` (JSON)."""
+        return {**self.model_dump(mode="json", exclude={"model"}), "model": self.model_overrides()}
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the checkpoint (bookkeeping settings excluded, the choice of
@@ -103,7 +100,20 @@ class TrainSettings:
             *(("loss",) if self.loss == "kl" else ()),
             *(("lk_eta",) if self.loss != "lk_lambda" else ()),
         }
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        return {k: v for k, v in self.as_spec().items() if k not in skip}
+
+
+class TrainSpec(ConfigModel):
+    """The ``train`` spec (JSON): where things are, on the machine where the phase runs, and the settings."""
+
+    store: Path
+    draft_vocab: Path
+    target_weights: Path
+    run_dir: Path
+    export_dir: Path
+    settings: TrainSettings
+    # The rolling segment to train ({epoch, window}), checked against the store's layout (drafter.plans).
+    rolling: dict[str, Any] | None = None
 
 
 def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
@@ -117,34 +127,28 @@ def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
             f"drafter.target_weights: required with compute.kind {compute.kind!r}: the target model's folder "
             "(config.json + safetensors) on the GPU host; the embedded model's folder is a path on this machine"
         )
-    from eagle3_pipeline.serving import local_model_dir
+    from eagle3_pipeline.target.local_model import local_model_dir
 
     return str(local_model_dir())
 
 
 def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
-    """JSON-able spec for ``eagle3_pipeline.drafter.train.phase:run``. Paths are under ``root``, the
-    pipeline's own artifacts root by default: ``run_heavy_phase`` maps them onto the host's."""
+    """JSON-able spec for ``eagle3_pipeline.drafter.train.phase:run`` from a fitted ``config`` (no ``auto``
+    left). Paths are under ``root``, the pipeline's own artifacts root by default: ``run_heavy_phase``
+    maps them onto the host's."""
     settings = TrainSettings.from_config(config.drafter, config.seed, config.target.max_seq_len)
     paths = drafter_paths(root or config.artifacts_root)
     return {
         **{k: str(v) for k, v in paths.items()},
         "target_weights": target_weights(config.drafter, config.compute),
-        "settings": asdict(settings),
+        "settings": settings.as_spec(),
     }
 
 
 def parse_spec(spec: Mapping[str, Any]) -> tuple[dict[str, Path], TrainSettings]:
-    """The spec's paths and settings; a missing path or setting, or an unknown setting, is refused by name."""
-    missing = [k for k in SPEC_PATHS if not spec.get(k)]
-    if missing:
-        raise TrainError(f"train spec: missing {', '.join(missing)}")
-    raw = dict(spec.get("settings") or {})
-    known = {f.name for f in fields(TrainSettings)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise TrainError(f"train spec: settings has unknown keys {unknown}")
-    lacking = sorted(known - set(raw))
-    if lacking:
-        raise TrainError(f"train spec: settings lacks {lacking} (the spec is built by drafter.spec.train_spec)")
-    return {k: Path(spec[k]) for k in SPEC_PATHS}, TrainSettings(**raw)
+    """The spec's paths and settings, validated once; a missing, unknown or out-of-bounds key is refused by name."""
+    try:
+        parsed = TrainSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise TrainError(f"train spec: {validation_problems(exc, spec)}") from None
+    return {k: getattr(parsed, k) for k in SPEC_PATHS}, parsed.settings

@@ -7,6 +7,8 @@ Call `run_health_tick(host, spec, thresholds, state, targets)` once per tick; ke
 Layout: `checks/<name>.py` holds each check's rule (and what it collects), named as in
 `CHECK_NAMES`; `script` is the one shell round trip that collects the host's sections; `http` the
 client of the server probes; `tick` runs everything once under a deadline; `report` the verdicts.
+Above the probes: `gate`, a pipeline's health gate (its config → host, server, thresholds; the preflight
+before work is sent), and `alerts`, the webhook messages when something changes for the worse.
 """
 
 from eagle3_pipeline.health.report import CheckResult, HealthReport, Status

@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-__all__ = ["CheckResult", "HealthReport", "Status", "Verdict", "gate_status"]
+__all__ = ["CheckResult", "HealthReport", "Status", "Verdict", "gate_status", "report_markdown", "tokens_per_second"]
 
 
 class Status(Enum):
@@ -148,3 +148,33 @@ class HealthReport:
             "taken_at": self.taken_at.isoformat(),
             "checks": [c.to_dict() for c in self.checks],
         }
+
+
+def report_markdown(report: HealthReport) -> str:
+    """The checks as a table, and the GPUs as a second one when there are any."""
+    lines = ["| check | status | detail | host |", "|---|---|---|---|"]
+    lines += [
+        f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks
+    ]
+    gpus = next((c.data.get("gpus") for c in report.checks if c.name == "gpus" and c.data.get("gpus")), None)
+    if gpus:
+        lines += [
+            "",
+            "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. | pages pending | remap pending "
+            "| remap failed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['index']} | {g['name']} | {g['memory_used_mib']}/{g['memory_total_mib']} | "
+            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} | "
+            f"{g['retired_pages_pending']} | {g['remap_pending']} | {g['remap_failure']} |"
+            for g in gpus
+        ]
+    return "\n".join(lines)
+
+
+def tokens_per_second(report: HealthReport) -> float | None:
+    for check in report.checks:
+        if check.name == "throughput" and check.data.get("elapsed_s"):
+            return float(check.data["delta_tokens"]) / float(check.data["elapsed_s"])
+    return None

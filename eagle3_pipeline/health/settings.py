@@ -165,7 +165,7 @@ class HealthThresholds:
     named in `optional_checks` are reported but do not make a report unhealthy.
 
     The fields up to `optional_checks` are the pipeline file's `health:` section and have no defaults
-    of their own (`eagle3_pipeline.watch.monitor.thresholds_for` builds them from the validated file); the
+    of their own (`eagle3_pipeline.health.gate.thresholds_for` builds them from the validated file); the
     rest are the tick's own, which the file does not set.
     """
 

@@ -177,8 +177,8 @@ def local_target_folder(
 ) -> tuple[dict[str, Any], str] | str:
     """The target's config.json from a folder on this machine (``hidden_states.model``,
     ``target.tokenizer``, the embedded model), or why there is none; nothing is downloaded."""
-    from eagle3_pipeline.serving import local_model_dir
     from eagle3_pipeline.target.folder import TargetError, read_config
+    from eagle3_pipeline.target.local_model import local_model_dir
 
     candidates = [
         hidden_states.model,

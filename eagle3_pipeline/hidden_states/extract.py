@@ -58,7 +58,7 @@ def target_weights(config: PipelineConfig) -> str:
                 f"hidden_states.model: required with compute.kind {config.compute.kind!r}: the target model's folder "
                 "(or Hugging Face id) on the GPU host; the embedded model's folder is a path on this machine"
             )
-        from eagle3_pipeline.serving import local_model_dir
+        from eagle3_pipeline.target.local_model import local_model_dir
 
         return str(local_model_dir())
     return str(config.target.tokenizer)

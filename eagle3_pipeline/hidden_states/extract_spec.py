@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError
 
 from eagle3_pipeline.config import HiddenStatesConfig
+from eagle3_pipeline.config.loader import validation_problems
 from eagle3_pipeline.hidden_states.store import TargetIdentity, default_aux_layer_ids
 
 
@@ -37,11 +38,11 @@ class ExtractSpec(HiddenStatesConfig):
 
 
 def parse_spec(spec: dict[str, Any]) -> ExtractSpec:
+    """The spec validated once; a missing, unknown or out-of-bounds key is refused by name."""
     try:
         return ExtractSpec.model_validate(spec)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ExtractionError(f"extract spec: {problems}") from None
+        raise ExtractionError(f"extract spec: {validation_problems(exc, spec)}") from None
 
 
 def aux_layer_ids(settings: HiddenStatesConfig, identity: TargetIdentity) -> list[int]:

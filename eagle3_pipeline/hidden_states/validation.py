@@ -190,8 +190,10 @@ def preflight_reference(config: PipelineConfig, training_data: Path, tokenizer_n
             return done
         reasons.append(done["serving_reference_status"].removeprefix("not recorded: "))
     from eagle3_pipeline.config import ConfigError
-    from eagle3_pipeline.serving import InferenceProvider, ModelNotAvailable, ServerStartError
-    from eagle3_pipeline.watch.monitor import UnhealthyError
+    from eagle3_pipeline.health.gate import UnhealthyError
+    from eagle3_pipeline.inference.embedded import ServerStartError
+    from eagle3_pipeline.inference.provider import InferenceProvider
+    from eagle3_pipeline.target.local_model import ModelNotAvailable
 
     endpoints = []
     provider = InferenceProvider(config)

@@ -5,8 +5,9 @@ a generation server brought back when it dies or hangs mid-run (:mod:`.recovery`
 does not close the health gate (:mod:`.gate`). No Dagster here: the
 Dagster layer turns the typed results and events into run events and observations.
 
-(``eagle3_pipeline.serving`` is the embedded profile's ``transformers serve``, which each run starts itself,
-and the inference provider a `responses` run asks for its endpoints: it serves them from the managed server.)
+(:mod:`eagle3_pipeline.inference` holds the embedded profile's ``transformers serve``, which each run starts
+itself, and the inference provider a `responses` run asks for its endpoints: it serves them from the managed
+server.)
 """
 
 from eagle3_pipeline.managed.errors import (

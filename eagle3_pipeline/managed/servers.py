@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from eagle3_pipeline.config import HealthConfig, HostConfig, PipelineConfig, ServingConfig, TargetConfig
 from eagle3_pipeline.config.serving import is_loopback, managed_base_url
 from eagle3_pipeline.health import HealthThresholds, ServerSpec, server_root
+from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import (
     EngineSettings,
@@ -21,7 +22,6 @@ from eagle3_pipeline.managed.launch import (
     family_parsers,
     resolve_parser,
 )
-from eagle3_pipeline.watch.monitor import thresholds_for
 
 
 @dataclass(frozen=True)

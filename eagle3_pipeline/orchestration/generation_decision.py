@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.health.alerts import Alerter, health_changed
 from eagle3_pipeline.orchestration.hosts import HostVerdict, InferenceHosts, gate_summary, sick_hosts_line
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.partition_runs import LaunchPlan, plan_launches
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
-from eagle3_pipeline.watch.alerts import Alerter, health_changed
 
 ALL_CURRENT = "every responses partition is materialized and current"
 

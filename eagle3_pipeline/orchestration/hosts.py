@@ -26,10 +26,10 @@ import dagster as dg
 
 from eagle3_pipeline.config import InferenceConfig, LaunchConfig, PipelineConfig
 from eagle3_pipeline.health import HealthReport, TickState
+from eagle3_pipeline.health.gate import HealthMonitor
 from eagle3_pipeline.managed import ManagedServer, managed_server, stopped_server
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.partition_runs import HostChoice, LaunchHost, claim, hosts_in_flight
-from eagle3_pipeline.watch.monitor import HealthMonitor
 
 
 class NoHostFree(Exception):

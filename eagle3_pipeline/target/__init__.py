@@ -1,2 +1,3 @@
 """The target model: reading its folder (:mod:`.folder`), the weights the drafter takes from it
-(:mod:`.weights`) and the aux layer ids a drafter's config names for SGLang and vLLM (:mod:`.layer_ids`)."""
+(:mod:`.weights`), the aux layer ids a drafter's config names for SGLang and vLLM (:mod:`.layer_ids`) and
+the embedded profile's model, prepared once into the model cache (:mod:`.local_model`)."""

@@ -27,8 +27,6 @@ Each module stands in for something a test or a benchmark cannot have here:
 - :mod:`~eagle3_pipeline.testing.train_settings`: the ``train`` phase's settings as a pipeline file's
   ``drafter:`` section gives them, for a training run on a store of the test's own (and a whole spec
   over a small random store).
-- :mod:`~eagle3_pipeline.testing.eval_settings`: the ``evaluate`` phase's settings as a pipeline file's
-  ``drafter_eval:`` section gives them, likewise.
 - :mod:`~eagle3_pipeline.testing.datasets`: JSONL dataset files of ShareGPT conversations, for a user's
   datasets.
 - :mod:`~eagle3_pipeline.testing.webhook`: a webhook receiver on loopback, for the chat service alerts go to.

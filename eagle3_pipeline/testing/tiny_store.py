@@ -5,8 +5,9 @@ the shipped prompt sets and writes its aux/final hidden states with the real ``S
 a draft vocabulary built as SpecForge builds one (most frequent masked tokens, sorted). The prompts
 have no target responses yet at this stage, so every token of the chat-templated prompt is a
 trained token: the teacher is the target's own distribution, which is what matters for training.
-``greedy_store`` stores given prompts with the embedded model's own greedy continuation (loss-masked), each
-sample in both splits: a drafter trained on it is measured on what a greedy server generates.
+``greedy_store`` stores given prompts with a model's own greedy continuation (the embedded model's or a tiny
+target's; loss-masked), each sample in both splits: a drafter trained on it is measured on what a greedy
+server generates.
 ``random_store`` writes random tensors for a small made-up target, for shape and resume tests.
 """
 
@@ -76,7 +77,7 @@ def real_store(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     config = json.loads((model_dir / "config.json").read_text())
     layers = default_aux_layer_ids(config["num_hidden_layers"])
@@ -126,14 +127,15 @@ def real_store(
 def greedy_store(
     root: Path, vocab_dir: Path, model_dir: Path, prompts: list[str], new_tokens: int, draft_vocab_size: int
 ) -> list[list[int]]:
-    """A store of ``prompts`` (raw text, no template) each followed by the embedded model's greedy
-    continuation of ``new_tokens`` (float32; only the continuation trained), written once as ``train`` and
-    once as ``eval``; the draft vocabulary the continuations' most frequent tokens. Returns the prompts'
-    token ids (what a server is sent)."""
+    """A store of ``prompts`` (raw text, no template) each followed by the greedy continuation of
+    ``new_tokens`` of the model in ``model_dir`` (the embedded model, or a tiny target whose tokenizer is
+    remote code; float32; only the continuation trained), written once as ``train`` and once as ``eval``;
+    the draft vocabulary the continuations' most frequent tokens. Returns the prompts' token ids (what a
+    server is sent)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     config = json.loads((model_dir / "config.json").read_text())
     layers = default_aux_layer_ids(config["num_hidden_layers"])
@@ -160,7 +162,7 @@ def greedy_store(
             prompt_ids.append(ids.tolist())
     total_bytes, tokens = writer.close(), writer.tokens
     identity = TargetIdentity(
-        "SmolLM2-135M-Instruct", "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
+        model_dir.name, "test", config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
     )
     d2t, t2d = make_vocab(counts, config["vocab_size"], draft_vocab_size)
     save_draft_vocab(

@@ -4,7 +4,6 @@ and a whole spec over a small random store."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ def train_settings(**drafter: Any) -> dict[str, Any]:
     ``drafter:`` section holds these keys (validated as the file's are); seed and max_seq_len, where
     they are not given, are those of a pipeline with seed 0 and ``target.max_seq_len`` 2048."""
     config = DrafterConfig.model_validate(drafter)
-    return asdict(TrainSettings.from_config(config, PIPELINE_SEED, TARGET_MAX_SEQ_LEN))
+    return TrainSettings.from_config(config, PIPELINE_SEED, TARGET_MAX_SEQ_LEN).as_spec()
 
 
 def random_store_train_spec(folder: Path, **settings: Any) -> dict[str, Any]:

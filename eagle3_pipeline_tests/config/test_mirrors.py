@@ -1,7 +1,8 @@
 """The domain's settings objects that mirror a section of the pipeline file, and the parameters named as
 a section's fields, have no defaults of their own: every value comes from the validated file, so the
 file's default is the only one (a mirror with its own once trained 1 epoch where the file says 10, and
-wanted 8 GPUs where the file says 0)."""
+wanted 8 GPUs where the file says 0). The heavy phases' specs are no mirrors: each is the section it
+reads, subclassed (drafter/test_spec.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.config import (
-    DrafterConfig,
-    DrafterEvalConfig,
     HealthConfig,
     HiddenStatesConfig,
     HostConfig,
@@ -25,21 +24,16 @@ from eagle3_pipeline.config import (
     local_profile_path,
 )
 from eagle3_pipeline.config.base import ConfigModel
-from eagle3_pipeline.drafter.evaluate import phase as evaluate
-from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings, parse_spec, train_spec
 from eagle3_pipeline.health import HealthThresholds, ServerSpec
+from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hosts import SshHost
-from eagle3_pipeline.watch.monitor import thresholds_for
 
 PROFILES = Path(local_profile_path()).parent
 
 # (domain settings object, the file's section it mirrors, the section's fields it does not carry)
 MIRRORS: list[tuple[type[Any], type[ConfigModel], frozenset[str]]] = [
-    (TrainSettings, DrafterConfig, NOT_SETTINGS),
     (HealthThresholds, HealthConfig, frozenset()),
-    (evaluate.EvalSpec, DrafterEvalConfig, frozenset()),
-    (evaluate.EvalSpec, DrafterConfig, frozenset()),
     # generation_probe: the benchmark's server (drafter/serve/benchmark.py) has no such setting and asks by chat.
     (ServerSpec, MonitoredServerConfig, frozenset({"generation_probe"})),
 ]
@@ -78,30 +72,9 @@ def test_an_ssh_host_takes_every_host_setting() -> None:
     assert set(HostConfig.model_fields) - {"kind", "hostname"} <= set(inspect.signature(SshHost).parameters)
 
 
-def test_the_evaluate_spec_carries_every_drafter_eval_setting_and_refuses_one_missing(tmp_path: Path) -> None:
-    settings = evaluate.spec_settings(DrafterEvalConfig(), DrafterConfig())
-    assert set(settings) == set(evaluate.SETTINGS)
-    assert {"steps", "device", "draft_cost_ratio", "min_data_agreement"} <= set(settings)
-    del settings["min_data_agreement"]
-    spec = {"store": str(tmp_path / "store"), "draft_vocab": str(tmp_path / "vocab"), **settings}
-    with pytest.raises(evaluate.EvaluateError, match=r"lacks \['min_data_agreement'\]"):
-        evaluate.parse_spec(spec)
-
-
-def test_train_settings_carry_every_drafter_setting() -> None:
-    names = {f.name for f in dataclasses.fields(TrainSettings)}
-    assert names == set(DrafterConfig.model_fields) - NOT_SETTINGS
-
-
 @pytest.mark.parametrize("profile", ["local.yaml", "kimi-k25.yaml"])
-def test_each_shipped_profile_trains_and_gates_as_its_file_says(profile: str) -> None:
+def test_each_shipped_profile_gates_as_its_file_says(profile: str) -> None:
     config = load_config(PROFILES / profile, runtime_checks=False)
-    settings = TrainSettings(**train_spec(config)["settings"])
-    assert (settings.epochs, settings.lr, settings.ttt_steps) == (
-        config.drafter.epochs,
-        config.drafter.lr,
-        config.drafter.ttt_steps,
-    )
     thresholds = thresholds_for(config.health, config.artifacts_root)
     assert (thresholds.expected_gpus, thresholds.min_disk_free_gb, thresholds.min_mem_free_gb) == (
         config.health.expected_gpus,
@@ -110,21 +83,10 @@ def test_each_shipped_profile_trains_and_gates_as_its_file_says(profile: str) ->
     )
 
 
-def test_a_file_without_the_sections_gets_the_files_defaults() -> None:
-    """No `drafter:` or `health:` keys: the values are the file's documented defaults (docs/settings.md)."""
-    settings = TrainSettings.from_config(DrafterConfig(), pipeline_seed=3, target_max_seq_len=512)
-    assert (settings.epochs, settings.seed, settings.max_seq_len) == (DrafterConfig().epochs, 3, 512)
+def test_a_file_without_a_health_section_gets_the_files_defaults() -> None:
+    """No `health:` keys: the values are the file's documented defaults (docs/settings.md)."""
     thresholds = thresholds_for(HealthConfig(), Path("/artifacts"))
     assert (thresholds.expected_gpus, thresholds.min_disk_free_gb) == (
         HealthConfig().expected_gpus,
         HealthConfig().min_disk_free_gb,
     )
-
-
-def test_a_train_spec_lacking_a_setting_is_refused_by_name() -> None:
-    """Without defaults of its own, a setting the spec leaves out is an error, not a silent value."""
-    settings = dataclasses.asdict(TrainSettings.from_config(DrafterConfig(), 0, 2048))
-    del settings["epochs"]
-    paths = {k: f"/p/{k}" for k in ("store", "draft_vocab", "target_weights", "run_dir", "export_dir")}
-    with pytest.raises(TrainError, match=r"settings lacks \['epochs'\]"):
-        parse_spec({**paths, "settings": settings})

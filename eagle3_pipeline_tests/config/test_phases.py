@@ -8,6 +8,7 @@ from typing import Any, get_args
 
 import pytest
 
+from eagle3_pipeline.cli.schedule import server_before, serving_schedule
 from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import ComputeConfig, ConfigError, HealthConfig, HostConfig
@@ -16,7 +17,6 @@ from eagle3_pipeline.generation.planning import build_plan
 from eagle3_pipeline.managed.phases import phase_host
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline.orchestration.step_tags import K8S_CONFIG_TAG, step_tags
-from eagle3_pipeline.overview.schedule import server_before, serving_schedule
 from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
 # A managed vLLM that is also the extraction server, the benchmark and the served drafter: every row in play.

@@ -14,7 +14,7 @@ import pytest
 
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import ResponseCheckpoint
-from eagle3_pipeline.serving import InferenceProvider
+from eagle3_pipeline.inference.provider import InferenceProvider
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.dagster_runs import materialize_generation

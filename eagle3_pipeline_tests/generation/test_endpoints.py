@@ -161,32 +161,3 @@ def test_a_truncated_earlier_turn_marks_the_record_truncated(tmp_path: Path, fak
     summary = run(tmp_path, [conversation()], fake_openai, settings(regenerate_turns="all"))
     assert lines(tmp_path / "ck.jsonl")[0]["finish_reason"] == "length" and summary.truncated == 1
     assert json.loads(json.dumps(summary.as_metadata()))["truncated_now"] == 1
-
-
-def test_every_configured_endpoint_is_probed_before_use(
-    tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
-) -> None:
-    from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.serving import InferenceProvider
-    from eagle3_pipeline.watch.monitor import UnhealthyError
-
-    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
-
-    def provider(urls: list[str]) -> InferenceProvider:
-        entries = "".join(
-            f"    - {{base_url: '{url}', price: {{prompt_per_mtok: 1, completion_per_mtok: 3}}}}\n" for url in urls
-        )
-        (tmp_path / "pipeline.yaml").write_text(
-            "name: two\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
-            f"inference:\n  kind: endpoints\n  endpoints:\n{entries}datasets:\n  - {{id: B1, source: p.jsonl}}\n"
-        )
-        return InferenceProvider(load_config(tmp_path / "pipeline.yaml"))
-
-    endpoints = provider([fake_openai.base_url, second_server.base_url]).endpoints()
-    assert [e.base_url for e in endpoints] == [fake_openai.base_url, second_server.base_url]
-    assert endpoints[0].price == Price(1.0, 3.0) and endpoints[0].model == "m"
-    assert len(fake_openai.requests) == len(second_server.requests) == 1, "one 1-token probe each"
-    second_server.script = lambda body, n: Reply(status=503)
-    with pytest.raises(UnhealthyError, match=second_server.base_url) as caught:
-        provider([fake_openai.base_url, second_server.base_url]).endpoints()
-    assert fake_openai.base_url not in str(caught.value)

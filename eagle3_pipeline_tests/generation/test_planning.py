@@ -23,6 +23,7 @@ from eagle3_pipeline.config import ConfigError, PipelineConfig, load_config
 from eagle3_pipeline.generation import DatasetResult, Endpoint, Price, ResponseCheckpoint, generate_dataset
 from eagle3_pipeline.generation.estimate import cost_of, estimate_left
 from eagle3_pipeline.generation.failover import FailoverSettings
+from eagle3_pipeline.inference.provider import endpoints_from_config
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import (
     PROMPT_SCHEMA,
@@ -30,7 +31,6 @@ from eagle3_pipeline.records import (
     prompt_rows,
     write_parquet,
 )
-from eagle3_pipeline.serving import endpoints_from_config
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts
 from eagle3_pipeline_tests.cli_runs import plan_cli

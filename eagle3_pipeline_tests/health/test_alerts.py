@@ -20,9 +20,9 @@ import pytest
 from eagle3_pipeline.components.eagle3.drafter_eval import DRAFTER_EVAL
 from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import load_config
+from eagle3_pipeline.health.alerts import Alert, Alerter, health_changed
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.webhook import Receiver
-from eagle3_pipeline.watch.alerts import Alert, Alerter, health_changed
 from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation, write_pipeline
 
 URL_VAR, KEY_VAR, PASS_VAR = "EAGLE3_TEST_ALERT_URL", "EAGLE3_TEST_API_KEY", "EAGLE3_TEST_KEY_PASSPHRASE"
@@ -132,7 +132,7 @@ def test_unset_webhook_variable_turns_alerts_off_with_one_warning(
     monkeypatch.delenv(URL_VAR, raising=False)
     config = load_config(pipeline(tmp_path, fake_openai, disk_floor_gb=1e9), runtime_checks=False)
     warnings: list[str] = []
-    from eagle3_pipeline.watch.monitor import HealthMonitor
+    from eagle3_pipeline.health.gate import HealthMonitor
 
     report, _ = HealthMonitor(config).tick()
     assert not health_changed(Alerter.for_pipeline(config, warnings.append), report)

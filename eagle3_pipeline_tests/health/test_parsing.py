@@ -30,10 +30,10 @@ from eagle3_pipeline.health.checks.throughput import (
     evaluate_throughput,
     parse_metrics,
 )
+from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.health.script import SectionOutput, build_probe_script, parse_probe_output
 from eagle3_pipeline.health.settings import GenerationTarget
 from eagle3_pipeline.hosts import LocalHost
-from eagle3_pipeline.watch.monitor import thresholds_for
 
 
 def _report(*statuses: Status, required: bool = True) -> HealthReport:

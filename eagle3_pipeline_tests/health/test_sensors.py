@@ -13,9 +13,9 @@ import pytest
 
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
+from eagle3_pipeline.health.gate import HealthMonitor, UnhealthyError
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, TcpProxy, healthy_gpu_rows
-from eagle3_pipeline.watch.monitor import HealthMonitor, UnhealthyError
 from eagle3_pipeline_tests.dagster_runs import evaluate_sensor, start_stalled_generation
 from eagle3_pipeline_tests.health.pipeline_files import write_config
 

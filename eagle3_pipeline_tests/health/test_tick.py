@@ -32,6 +32,7 @@ from eagle3_pipeline.health import (
     run_health_tick,
 )
 from eagle3_pipeline.health.checks.gpus import GPU_QUERY_FIELDS
+from eagle3_pipeline.health.gate import thresholds_for as file_thresholds
 from eagle3_pipeline.hosts import LocalHost, SshHost
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.fake_sglang import FakeSglang, spec_for
@@ -48,7 +49,6 @@ from eagle3_pipeline.testing.sshd_fixture import (
     remap_row,
     thresholds_for,
 )
-from eagle3_pipeline.watch.monitor import thresholds_for as file_thresholds
 
 SHELL_CHECKS = ("server_process", "port", "gpus", "disk", "host_memory", "progress")
 

@@ -329,7 +329,7 @@ def test_against_the_embedded_transformers_serve_the_same_way(
 ) -> None:
     """The real embedded server (``transformers serve``, no logprobs, text prompts only): one greedy
     1-token completion per checked prefix; correct states pass, a teacher without the final norm fails."""
-    from eagle3_pipeline.serving import EmbeddedServer
+    from eagle3_pipeline.inference.embedded import EmbeddedServer
 
     data = training_data(tmp_path / "training_data", tokenizer)
     settings = SETTINGS.model_copy(update={"text_positions": 6})

@@ -94,7 +94,9 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
         assert len(records) == 2, "one materialization per run of the main job"
         assert all(r.asset_materialization and r.asset_materialization.metadata["rows"].value == 3 for r in records)
     assert instance.get_latest_materialization_event(dg.AssetKey("training_data")) is not None
-    servers = subprocess.run(["pgrep", "-f", "eagle3_pipeline.serving"], capture_output=True, text=True).stdout.split()
+    servers = subprocess.run(
+        ["pgrep", "-f", "eagle3_pipeline.inference.embedded"], capture_output=True, text=True
+    ).stdout.split()
     ours = [pid for pid in servers if Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()]
     assert not ours, "the embedded server stops with the run (servers of other work on this machine aside)"
 

@@ -42,11 +42,11 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.drafter.serve.client import Acceptance, Measured, RequestRecord
 from eagle3_pipeline.drafter.serve.report import ArmResult, BenchmarkResult
 from eagle3_pipeline.drafter.serve.sweep import SpeculativeConfig
+from eagle3_pipeline.health.gate import HealthMonitor
 from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.process_tools import free_port
-from eagle3_pipeline.watch.monitor import HealthMonitor
 from eagle3_pipeline_tests.locations import location_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.local_model]

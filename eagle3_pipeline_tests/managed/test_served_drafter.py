@@ -26,11 +26,11 @@ from eagle3_pipeline.drafter.serve.served_drafter import (
     serve_drafter,
 )
 from eagle3_pipeline.drafter.serve.servers import ManagedServers
+from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ServerEvent, ServerPurpose, open_supervisor
 from eagle3_pipeline.testing.process_tools import write_atomic
-from eagle3_pipeline.watch.monitor import thresholds_for
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 STEPS = 3

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import serving
+from eagle3_pipeline.target import local_model
 
 
 def test_concurrent_callers_convert_the_model_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,11 +26,11 @@ def test_concurrent_callers_convert_the_model_once(tmp_path: Path, monkeypatch: 
         (model_dir / "config.json").write_text("{}")
         (model_dir / "model.safetensors").write_bytes(b"weights")
 
-    monkeypatch.setattr(serving, "_convert_gguf", slow_conversion)
+    monkeypatch.setattr(local_model, "_convert_gguf", slow_conversion)
     model_dir = tmp_path / "models" / "SmolLM2-135M-Instruct"
     results: list[tuple[Path, bool]] = []
     callers = [
-        threading.Thread(target=lambda: results.append(serving.prepare_local_model(model_dir))) for _ in range(3)
+        threading.Thread(target=lambda: results.append(local_model.prepare_local_model(model_dir))) for _ in range(3)
     ]
     for caller in callers:
         caller.start()
@@ -39,5 +39,5 @@ def test_concurrent_callers_convert_the_model_once(tmp_path: Path, monkeypatch: 
 
     assert len(conversions) == 1, "converted once"
     assert sorted(converted for _, converted in results) == [False, False, True]
-    assert {folder for folder, _ in results} == {model_dir} and serving.is_prepared(model_dir)
-    assert serving.prepare_local_model(model_dir) == (model_dir, False)
+    assert {folder for folder, _ in results} == {model_dir} and local_model.is_prepared(model_dir)
+    assert local_model.prepare_local_model(model_dir) == (model_dir, False)

@@ -26,12 +26,12 @@ from eagle3_pipeline.drafter.serve.prompt_sets import PromptSetError
 from eagle3_pipeline.drafter.serve.record import no_servers, run_or_reuse
 from eagle3_pipeline.drafter.serve.servers import ArmServers, ManagedServers
 from eagle3_pipeline.drafter.serve.set_tau import prompt_set_run
+from eagle3_pipeline.health.gate import UnhealthyError, thresholds_for
 from eagle3_pipeline.hosts import TUNNELS, build_host
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.tunnels import declare_route
 from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
-from eagle3_pipeline.watch.monitor import UnhealthyError, thresholds_for
 
 UPSTREAM = ("eagle3_drafter", "training_data")
 

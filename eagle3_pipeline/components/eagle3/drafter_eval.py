@@ -17,16 +17,16 @@ from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.evaluate.phase import held_out_spec
+from eagle3_pipeline.drafter.evaluate.phase import held_out_spec, spec_settings
 from eagle3_pipeline.drafter.evaluate.results import WARNING, tau_regressions
 from eagle3_pipeline.drafter.evaluate.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
+from eagle3_pipeline.health.alerts import Alerter, tau_checked
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import DrafterEvalResult
-from eagle3_pipeline.watch.alerts import Alerter, tau_checked
 
 # The key of drafter_eval in the pipeline without a key_prefix.
 DRAFTER_EVAL = DEFAULT_NAMES.key("drafter_eval")
@@ -43,19 +43,12 @@ def evaluate_spec(config: PipelineConfig, root: Path | None = None) -> dict[str,
     """JSON-able spec for ``evaluate:run``; ``root`` is the artifacts root where the phase runs. The
     held-out ids come from the local training_data manifest (they travel in the spec)."""
     paths = drafter_paths(root or config.artifacts_root)
-    settings = config.drafter_eval
     return {
         "store": str(paths["store"]),
         "draft_vocab": str(paths["draft_vocab"]),
         "drafter": str(paths["export_dir"]),
         "target_weights": target_weights(config.drafter, config.compute),
-        "embedding_key": config.drafter.embedding_key,
-        "lm_head_key": config.drafter.lm_head_key,
-        "steps": list(settings.steps),
-        "max_samples_per_dataset": settings.max_samples_per_dataset,
-        "device": settings.device,
-        "draft_cost_ratio": settings.draft_cost_ratio,
-        "min_data_agreement": settings.min_data_agreement,
+        **spec_settings(config.drafter_eval, config.drafter),
         **held_out_spec(ArtifactLayout(config.artifacts_root).training_data),
         "training_data": str(ArtifactLayout(root or config.artifacts_root).training_data),
     }

@@ -27,13 +27,13 @@ from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_chec
 from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference
 from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
 from eagle3_pipeline.hosts import HostError
+from eagle3_pipeline.inference.provider import tokenizer_name
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerPlan
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import HiddenStatesResult
-from eagle3_pipeline.serving import tokenizer_name
 from eagle3_pipeline.target.folder import TargetError
 
 BYTES_PER_TOKEN_TOLERANCE = 0.05

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dagster_pipes import open_dagster_pipes
 
-from eagle3_pipeline.serving import prepare_local_model
+from eagle3_pipeline.target.local_model import prepare_local_model
 
 
 def main() -> None:

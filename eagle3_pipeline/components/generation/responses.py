@@ -31,13 +31,13 @@ from eagle3_pipeline.generation.capabilities import CapabilityMissing
 from eagle3_pipeline.generation.fingerprint import FingerprintMismatch, configured_fingerprint
 from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
 from eagle3_pipeline.generation.planning import dataset_plan
+from eagle3_pipeline.health.alerts import Alerter, budget_reached, server_lost
+from eagle3_pipeline.health.gate import UnhealthyError
+from eagle3_pipeline.inference.provider import ManagedGeneration
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ManagedServerError, ServerEvent
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.records import read_prompts
-from eagle3_pipeline.serving import ManagedGeneration
-from eagle3_pipeline.watch.alerts import Alerter, budget_reached, server_lost
-from eagle3_pipeline.watch.monitor import UnhealthyError
 
 HEARTBEAT_EVERY_S = 5.0
 

@@ -1,5 +1,5 @@
 """`target_model`: the embedded default's model folder, converted once in its own process through Pipes
-(:mod:`.prepare_model_step` → eagle3_pipeline.serving.prepare_local_model); the embedded profile only."""
+(:mod:`.prepare_model_step` → eagle3_pipeline.target.local_model.prepare_local_model); the embedded profile only."""
 
 import os
 import sys

@@ -13,10 +13,10 @@ from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import ConfigError, PipelineConfig
 from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
 from eagle3_pipeline.dataprep.phase import make_training_data
+from eagle3_pipeline.inference.provider import tokenizer_name
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.names import PipelineNames
-from eagle3_pipeline.serving import tokenizer_name
 
 
 def _per_dataset_table(per_dataset: dict[str, dict[str, Any]]) -> dg.MetadataValue:

@@ -10,9 +10,9 @@ import dagster as dg
 
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health import HealthReport
+from eagle3_pipeline.health.report import report_markdown, tokens_per_second
 from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
-from eagle3_pipeline.watch.monitor import report_markdown, tokens_per_second
 
 INFERENCE_SERVER = "inference_server"
 

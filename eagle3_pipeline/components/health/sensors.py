@@ -15,13 +15,13 @@ import dagster as dg
 from eagle3_pipeline.components.health.inference_server import health_observation
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
+from eagle3_pipeline.health.alerts import Alerter, stall_detected
 from eagle3_pipeline.hidden_states.sharding import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.generation_decision import decide_generation
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.orchestration.partition_runs import partitions_in_flight
 from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
-from eagle3_pipeline.watch.alerts import Alerter, stall_detected
 
 
 def inference_health(context: dg.SensorEvaluationContext, names: PipelineNames) -> dg.SensorResult:

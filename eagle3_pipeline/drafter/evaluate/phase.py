@@ -15,12 +15,14 @@ import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError, field_validator
+
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterConfig, DrafterEvalConfig
+from eagle3_pipeline.config.loader import validation_problems
 from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.drafter.evaluate.acceptance import (
     AcceptanceStats,
@@ -56,94 +58,43 @@ class EvaluateError(ValueError):
     """A spec, store, vocabulary or drafter that cannot be evaluated; the message names which."""
 
 
-# The spec's settings from the pipeline file (``drafter_eval:``, and ``drafter:``'s tensor names):
-# required, with no default here, so the file's is the only one.
-SETTINGS = (
-    "steps",
-    "max_samples_per_dataset",
-    "device",
-    "draft_cost_ratio",
-    "min_data_agreement",
-    "embedding_key",
-    "lm_head_key",
-)
+class EvalSpec(DrafterEvalConfig):
+    """The ``evaluate`` spec (JSON): the ``drafter_eval:`` section it reads (its fields, bounds and
+    defaults), ``drafter:``'s tensor names, the held-out ids, and where things are on the machine where
+    the phase runs. ``steps`` is sorted, each depth once."""
 
-
-@dataclass(frozen=True)
-class EvalSpec:
     store: Path
     draft_vocab: Path
-    drafter: Path | None
-    target_weights: Path | None
-    steps: tuple[int, ...]
-    max_samples_per_dataset: int | None
-    device: str
-    draft_cost_ratio: float
-    min_data_agreement: float
-    embedding_key: str | None
-    lm_head_key: str | None
-    held_out: dict[str, list[str]] | None
-    held_out_version: str | None
-    training_data: Path | None  # the bigram's counts for a rolling store, which keeps no train shard
+    drafter: Path | None = None  # None: the bigram baseline alone
+    target_weights: Path | None = None  # None: τ against the target's argmax is not computed
+    # drafter.embedding_key / lm_head_key: the target's tensor names, with that section's default.
+    embedding_key: str | None = DrafterConfig.model_fields["embedding_key"].default
+    lm_head_key: str | None = DrafterConfig.model_fields["lm_head_key"].default
+    held_out: dict[str, list[str]] | None = None  # dataset → ids (held_out_spec); None: a manifest from before
+    held_out_version: str | None = None
+    training_data: Path | None = None  # the bigram's counts for a rolling store, which keeps no train shard
+
+    @field_validator("steps")
+    @classmethod
+    def _each_depth_once(cls, steps: list[int]) -> list[int]:
+        return sorted(set(steps))
 
 
 def spec_settings(section: DrafterEvalConfig, drafter: DrafterConfig) -> dict[str, Any]:
-    """The spec's :data:`SETTINGS` from the pipeline file's ``drafter_eval:`` and ``drafter:`` sections."""
+    """The spec's settings from the pipeline file's ``drafter_eval:`` and ``drafter:`` sections."""
     return {
-        "steps": list(section.steps),
-        "max_samples_per_dataset": section.max_samples_per_dataset,
-        "device": section.device,
-        "draft_cost_ratio": section.draft_cost_ratio,
-        "min_data_agreement": section.min_data_agreement,
+        **section.model_dump(mode="json"),
         "embedding_key": drafter.embedding_key,
         "lm_head_key": drafter.lm_head_key,
     }
 
 
 def parse_spec(spec: Mapping[str, Any]) -> EvalSpec:
-    missing = [key for key in ("store", "draft_vocab") if not spec.get(key)]
-    if missing:
-        raise EvaluateError(f"evaluate spec: missing {', '.join(missing)} (expected folder paths)")
-    lacking = [key for key in SETTINGS if key not in spec]
-    if lacking:
-        raise EvaluateError(f"evaluate spec: lacks {lacking} (the pipeline file's drafter_eval settings)")
-    steps: tuple[Any, ...] = tuple(spec["steps"] or [])
-    if not steps or not all(isinstance(k, int) and 1 <= k <= 16 for k in steps):
-        raise EvaluateError(f"evaluate spec: steps must be integers in 1..16, got {list(steps)}")
-    cap = spec["max_samples_per_dataset"]
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
-        raise EvaluateError(f"evaluate spec: max_samples_per_dataset must be a positive integer or null, got {cap!r}")
-    device = spec["device"]
-    if device not in ("auto", "cpu", "cuda"):
-        raise EvaluateError(f"evaluate spec: device must be auto, cpu or cuda, got {device!r}")
-    ratio = float(spec["draft_cost_ratio"])
-    if not 0 <= ratio < 1:
-        raise EvaluateError(f"evaluate spec: draft_cost_ratio must be in [0, 1), got {ratio}")
-    floor = float(spec["min_data_agreement"])
-    if not 0 <= floor <= 1:
-        raise EvaluateError(f"evaluate spec: min_data_agreement must be in [0, 1], got {floor}")
-    held_out = spec.get("held_out")
-    if held_out is not None and not (
-        isinstance(held_out, Mapping)
-        and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in held_out.values())
-    ):
-        raise EvaluateError(f"evaluate spec: held_out must map each dataset to a list of sample ids, got {held_out!r}")
-    return EvalSpec(
-        store=Path(spec["store"]),
-        draft_vocab=Path(spec["draft_vocab"]),
-        drafter=Path(spec["drafter"]) if spec.get("drafter") else None,
-        target_weights=Path(spec["target_weights"]) if spec.get("target_weights") else None,
-        steps=tuple(sorted(set(steps))),
-        max_samples_per_dataset=cap,
-        device=device,
-        draft_cost_ratio=ratio,
-        min_data_agreement=floor,
-        embedding_key=spec["embedding_key"],
-        lm_head_key=spec["lm_head_key"],
-        held_out={dataset: list(ids) for dataset, ids in held_out.items()} if held_out is not None else None,
-        held_out_version=spec.get("held_out_version"),
-        training_data=Path(spec["training_data"]) if spec.get("training_data") else None,
-    )
+    """The spec validated once; a missing, unknown or out-of-bounds key is refused by name."""
+    try:
+        return EvalSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise EvaluateError(f"evaluate spec: {validation_problems(exc, spec)}") from None
 
 
 def held_out_spec(training_data: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The draft model's configuration (:class:`DrafterConfig`, what its config.json says): validated, with a
-RoPE scaling every server reads alike, and derived from a target's config (:func:`drafter_config`).
+RoPE scaling every server reads alike, and derived from a target's config (:func:`drafter_config`). Why
+the defaults and the YaRN form are what they are: drafter/DESIGN.md, "The draft configuration".
 
 No torch here: the numerics are in :mod:`eagle3_pipeline.drafter.model.eagle3`.
 """
@@ -20,6 +21,8 @@ class DrafterConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DrafterConfig:
+    """The draft model's fields, checked on construction: a config no server would build is refused here."""
+
     hidden_size: int
     target_hidden_size: int
     intermediate_size: int
@@ -118,24 +121,17 @@ class DrafterConfig:
         return cls(**{**raw, "aux_layer_ids": list(raw["aux_layer_ids"])})
 
 
-# The drafter variants, each a top-level config.json key both servers read (vLLM 0.32 and SGLang 0.5.23
-# ``models/llama_eagle3.py``): ``fc_norm`` (EAGLE-3.1: an RMSNorm per captured layer before ``fc``, weights
-# ``fc_norm.{i}.weight``), ``norm_output`` (EAGLE-3.1: the next step consumes the final norm's output instead
-# of the pre-norm hidden state; no weights), ``norm_before_fc`` (one RMSNorm over the concatenation,
-# ``input_norm.weight``).
+# The drafter variants: top-level config.json keys vLLM 0.32 and SGLang 0.5.23 read (docs/eagle3.md, "Variants,
+# losses and the exported checkpoint").
 VARIANT_KEYS = ("fc_norm", "norm_output", "norm_before_fc")
 ATTENTION_KINDS = ("gqa", "mla")
 # The MLA head's dims (DeepSeek-V2/V3 config keys), copied from the target (mla_draft_config).
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 SUPPORTED_ROPE = {"default", "linear", "llama3", "yarn"}
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # the servers' defaults (SGLang, vLLM, transformers)
-# The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1:
-# SGLang 0.5.14 ignores both; SGLang 0.5.23 takes yarn_get_mscale(f, 1) / yarn_get_mscale(f, 0); vLLM
-# 0.34 and transformers 5 need both truthy for the ratio (0 is not) and fall back to yarn_get_mscale(f);
-# SpecForge 0.2.0 always takes the ratio and fails when either is missing.
+# The (mscale, mscale_all_dim) pair every reader of a Llama config turns into YaRN's 0.1·ln(factor) + 1.
 PORTABLE_MSCALE = {"mscale": 1.0, "mscale_all_dim": 0.0}
-# Keys some server reads and another ignores (SGLang: attn_factor, extrapolation_factor; vLLM and
-# transformers: attention_factor): no value of them is served alike, so a drafter never carries them.
+# Keys some server reads and another ignores: no value of them is served alike, so a drafter never carries them.
 UNPORTABLE_YARN_KEYS = ("attn_factor", "attention_factor", "extrapolation_factor")
 YARN_KEYS = {
     "rope_type",
@@ -156,6 +152,7 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
 
 
 def check_portable_yarn(scaling: dict[str, Any], where: str = "rope_scaling") -> None:
+    """Refuse a Llama YaRN dict some server would read otherwise than it was trained (``where`` names it)."""
     unportable = sorted(set(scaling) & set(UNPORTABLE_YARN_KEYS))
     if unportable:
         raise DrafterConfigError(
@@ -200,10 +197,9 @@ def attention_parameters(config: DrafterConfig) -> int:
 
 
 def check_deepseek_rope(scaling: dict[str, Any] | None, where: str) -> None:
-    """An MLA head's RoPE as vLLM 0.32 and SGLang 0.5.23 read a DeepSeek config: none, or YaRN
-    (``deepseek_yarn``: the correction range always truncated, cos/sin times
-    ``yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)``, the softmax scale
-    times ``yarn_get_mscale(factor, mscale_all_dim)²``), kept in the target's form."""
+    """Refuse an MLA head's RoPE that vLLM 0.32 and SGLang 0.5.23 would not read as trained: none or the
+    DeepSeek YaRN (always truncated), kept in the target's form (the numerics:
+    :mod:`~eagle3_pipeline.drafter.model.mla`)."""
     kind = rope_kind(scaling)
     if kind == "default":
         return
@@ -221,34 +217,10 @@ def check_deepseek_rope(scaling: dict[str, Any] | None, where: str) -> None:
 
 
 def yarn_for_servers(scaling: dict[str, Any], where: str) -> dict[str, Any]:
-    """The drafter's YaRN ``rope_scaling`` built from a target's (or an override's): what the drafter
-    trains with and what its config.json says, interpreted alike by SGLang 0.5.14 and 0.5.23, vLLM 0.34,
-    transformers 5 and SpecForge 0.2.0.
-
-    What a server does with a Llama drafter's ``rope_scaling: yarn`` (SGLang ``get_rope`` →
-    ``YaRNScalingRotaryEmbedding``; vLLM ``get_rope`` → ``YaRNScalingRotaryEmbedding``): the inverse
-    frequencies are the YaRN blend (:func:`rope_inverse_frequencies`) over ``head_dim`` with ``factor``,
-    ``original_max_position_embeddings`` (both required by vLLM), ``beta_fast``/``beta_slow`` (default
-    32/1) and ``truncate`` (default true); cos and sin are multiplied by an attention factor ``m``, so q·k
-    is multiplied by ``m²``. ``m`` is where the readers differ: SGLang 0.5.14 reads only ``attn_factor``
-    (``m = (0.1·ln f + 1)·attn_factor``; it also reads ``extrapolation_factor``, vLLM does not); SGLang
-    0.5.23 uses ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` when both are given;
-    vLLM 0.34 and transformers use ``attention_factor`` if given, else that ratio when both are truthy,
-    else ``0.1·ln f + 1``; SpecForge always takes the ratio and fails without both keys. The one setting
-    they agree on is ``mscale: 1, mscale_all_dim: 0`` (:data:`PORTABLE_MSCALE`) and no
-    attn_factor/attention_factor: every one of them then applies ``m = 0.1·ln(factor) + 1``.
-
-    Why that keeps a DeepSeek-V3/Kimi target's attention temperature: transformers' DeepSeek-V3 multiplies
-    cos/sin by ``yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim)`` and its softmax scale by
-    ``yarn_get_mscale(f, mscale_all_dim)²`` (MLA scales the non-rotary dims too), so its q·k carries
-    ``yarn_get_mscale(f, mscale)²`` whatever ``mscale_all_dim`` is; the drafter's ``m²`` equals it exactly
-    when ``mscale`` is 1 (Kimi-K2.5 and DeepSeek-V3: factor 64, m² = 2.0047;
-    eagle3_pipeline_tests/drafter/model/test_yarn.py). So ``mscale_all_dim`` is dropped, and an ``mscale`` other
-    than 1, which no portable key can express, is refused. The frequencies are computed over the drafter's
-    ``head_dim`` (128 for an MLA target's draft, :func:`drafter_config`)
-    where the target rotates ``qk_rope_head_dim`` (64) dims: the same YaRN settings over another dimension,
-    as the servers do.
-    """
+    """The drafter's YaRN ``rope_scaling`` from a target's (or an override's): what the drafter trains with
+    and its config.json says, read alike by SGLang 0.5.14 and 0.5.23, vLLM 0.34, transformers 5 and SpecForge
+    0.2.0 (the portable mscale pair, no attention factor); an ``mscale`` other than 1 is refused, since no
+    portable key expresses it. Why: drafter/DESIGN.md, "The draft configuration"."""
     raw = dict(scaling)
     if float(raw.pop("mscale", 1.0)) != 1.0:
         raise DrafterConfigError(
@@ -288,25 +260,17 @@ MODEL_KEYS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "rope_theta", "rope_scaling", "max_position_embeddings", *VARIANT_KEYS, "attention",
 )  # fmt: skip
-# The draft attention for an MLA target (see mla_draft_shape): the published DeepSeek-V3 drafter's.
+# The Llama-style draft attention for an MLA target (mla_draft_shape): the published DeepSeek-V3 drafter's.
 MLA_DRAFT_HEAD_DIM = 128
 MLA_DRAFT_KV_HEADS = 8
 MLA_DRAFT_INTERMEDIATE, MLA_DRAFT_HIDDEN = 40960, 7168  # intermediate at hidden 7168, scaled with the hidden size
 
 
 def mla_draft_shape(hidden: int, overrides: Mapping[str, Any]) -> dict[str, int]:
-    """Draft attention and MLP for an MLA target, whose own attention shape (64 query heads over a
-    compressed latent KV, head_dim 112 when read as hidden/heads) is no model for a Llama layer.
-
-    Defaults follow the published DeepSeek-V3 drafter, SpecForge ``configs/deepseek-v3-671b-eagle3.json``
-    (sgl-project/SpecForge @ c02a09a): Llama GQA with head_dim 128, 56 heads (hidden 7168 / 128), 8 KV
-    heads, intermediate 40960 (scaled here as 40960/7168 of the draft hidden size, rounded up to a
-    multiple of 128), draft vocabulary 32000 (``draft_vocab.size``). Others published differ:
-    SpecForge's ``kimi-k2-eagle3.json``/``kimi-k25-eagle3.json`` use 64 heads × 64 KV heads × 128,
-    intermediate 18432, no RoPE scaling; TorchSpec's ``kimi_k25_eagle3.json`` 64 × 64 × 128,
-    intermediate 12288, the full 163840 vocabulary. The 8 KV heads keep the draft KV cache at 1/8 of
-    theirs. Fewer heads than 8 (a small hidden size) get the largest KV-head count dividing them.
-    """
+    """The Llama-style head's attention and MLP for an MLA target, whose own attention is no model for a
+    Llama layer: the published DeepSeek-V3 drafter's (SpecForge ``deepseek-v3-671b-eagle3.json``: head_dim
+    128, hidden/128 heads, 8 KV heads, the MLP scaled with the hidden size). Sources and the alternatives
+    published: drafter/DESIGN.md, "The draft configuration"."""
     head_dim = int(overrides.get("head_dim") or MLA_DRAFT_HEAD_DIM)
     heads = int(overrides.get("num_attention_heads") or max(1, hidden // head_dim))
     kv_heads = overrides.get("num_key_value_heads") or max(

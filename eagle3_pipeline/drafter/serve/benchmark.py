@@ -43,10 +43,10 @@ from eagle3_pipeline.drafter.serve.set_tau import PromptSetRun, SetSettings, mea
 from eagle3_pipeline.drafter.serve.sweep import SpeculativeConfig, configurations
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
+from eagle3_pipeline.health.gate import UnhealthyError
 from eagle3_pipeline.hosts import Host
 from eagle3_pipeline.managed import ManagedServerPlan
 from eagle3_pipeline.managed.phases import gpu_phase_server
-from eagle3_pipeline.watch.monitor import UnhealthyError
 
 Gate = Callable[[ServerSpec | None], HealthReport]
 

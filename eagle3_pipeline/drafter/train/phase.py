@@ -164,7 +164,7 @@ def open_inputs(paths: dict[str, Path], settings: TrainSettings) -> Inputs:
         raise TrainError(
             f"{paths['draft_vocab']}: t2d covers {t2d.shape[0]} tokens, the target vocabulary has {target.vocab_size}"
         )
-    config = drafter_config(target.config, int(d2t.shape[0]), list(manifest.aux_layer_ids), settings.model)
+    config = drafter_config(target.config, int(d2t.shape[0]), list(manifest.aux_layer_ids), settings.model_overrides())
     return Inputs(store, d2t, t2d, target, config)
 
 

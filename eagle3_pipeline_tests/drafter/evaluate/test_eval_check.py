@@ -24,7 +24,6 @@ from eagle3_pipeline.drafter.evaluate.results import (
     tau_regressions,
     totals,
 )
-from eagle3_pipeline.testing.eval_settings import eval_settings
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.stores import noisy_sample, periodic_sample, write_store, write_vocab
 from eagle3_pipeline.testing.tiny_store import random_target
@@ -43,7 +42,7 @@ def store_and_vocab(tmp_path: Path) -> tuple[Path, Path]:
 def test_bigram_baseline_on_a_store_has_the_worked_out_tau(store_and_vocab: tuple[Path, Path]) -> None:
     store, vocab = store_and_vocab
     recorder = Recorder()
-    result = run({"store": str(store), "draft_vocab": str(vocab), "drafter": None, **eval_settings()}, recorder)
+    result = run({"store": str(store), "draft_vocab": str(vocab), "drafter": None}, recorder)
     # B1: 9 periodic response tokens drafted perfectly. K=3: steps of 4 and 4 tokens -> 4.0;
     # K=5: 6 then the last 2 -> 4.0; K=7: one step of all 8 -> 8.0
     assert result["bigram_tau@3/B1"] == 4.0
@@ -58,15 +57,13 @@ def test_bigram_baseline_on_a_store_has_the_worked_out_tau(store_and_vocab: tupl
     assert not any(key.startswith(("data_agreement", "tau_vs_target", "bigram_tau_vs_target")) for key in result)
     assert "τ vs target and agreement: not computed: the evaluate spec names no target_weights" in result["table"]
     assert recorder.points[-1] == {"eval_samples_done": 3, "eval_samples": 3}
-    capped = run(
-        {"store": str(store), "draft_vocab": str(vocab), **eval_settings(max_samples_per_dataset=1)}, Recorder()
-    )
+    capped = run({"store": str(store), "draft_vocab": str(vocab), "max_samples_per_dataset": 1}, Recorder())
     assert capped["eval_samples/B1"] == 1
 
 
 def test_held_out_ids_are_evaluated_apart_and_besides_the_cap(store_and_vocab: tuple[Path, Path]) -> None:
     store, vocab = store_and_vocab
-    spec = {"store": str(store), "draft_vocab": str(vocab), **eval_settings(max_samples_per_dataset=1)}
+    spec = {"store": str(store), "draft_vocab": str(vocab), "max_samples_per_dataset": 1}
     spec["held_out_version"] = "test"
     result = run({**spec, "held_out": {"B1": ["eval-1"], "B2": []}}, Recorder())
     assert result["eval_samples/B1"] == 2  # eval-0 under the cap, eval-1 held out
@@ -107,19 +104,23 @@ def test_a_target_of_another_size_than_the_store_is_refused_by_name(
         EvaluateError, match="the target has hidden 16, vocab 32; .* made from one with hidden 8, vocab 32"
     ):
         run(
-            {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target), **eval_settings()},
+            {"store": str(store), "draft_vocab": str(vocab), "target_weights": str(target)},
             Recorder(),
         )
 
 
 def test_bad_specs_and_missing_inputs_name_what_is_wrong(store_and_vocab: tuple[Path, Path], tmp_path: Path) -> None:
     store, vocab = store_and_vocab
-    with pytest.raises(EvaluateError, match="missing draft_vocab"):
+    with pytest.raises(EvaluateError, match="evaluate spec: draft_vocab: required field is missing"):
         run({"store": str(store)}, Recorder())
-    with pytest.raises(EvaluateError, match="steps must be integers in 1..16"):
-        run({"store": str(store), "draft_vocab": str(vocab), **eval_settings(), "steps": [0]}, Recorder())
+    with pytest.raises(EvaluateError, match=r"evaluate spec: steps\[0\]: .*greater than or equal to 1 \(got 0\)"):
+        run({"store": str(store), "draft_vocab": str(vocab), "steps": [0]}, Recorder())
+    with pytest.raises(EvaluateError, match=r"draft_cost_ratio: .*less than 1 \(got 1.5\); stepz: unknown key"):
+        run({"store": str(store), "draft_vocab": str(vocab), "draft_cost_ratio": 1.5, "stepz": [3]}, Recorder())
+    with pytest.raises(EvaluateError, match=r"held_out\.B1\[0\]: Input should be a valid string \(got 7\)"):
+        run({"store": str(store), "draft_vocab": str(vocab), "held_out": {"B1": [7]}}, Recorder())
     with pytest.raises(ValueError, match="no draft vocabulary; materialize draft_vocab first"):
-        run({"store": str(store), "draft_vocab": str(tmp_path / "nowhere"), **eval_settings()}, Recorder())
+        run({"store": str(store), "draft_vocab": str(tmp_path / "nowhere")}, Recorder())
     other = write_vocab(tmp_path / "too_small", [5, 6])
     # a vocabulary for another target (t2d of another size) is refused by name
     import torch
@@ -130,7 +131,7 @@ def test_bad_specs_and_missing_inputs_name_what_is_wrong(store_and_vocab: tuple[
         str(other / "vocab.safetensors"),
     )
     with pytest.raises(EvaluateError, match="t2d covers 3 target tokens"):
-        run({"store": str(store), "draft_vocab": str(other), **eval_settings()}, Recorder())
+        run({"store": str(store), "draft_vocab": str(other)}, Recorder())
 
 
 def hand_results() -> dict[str, Any]:

@@ -24,12 +24,12 @@ from eagle3_pipeline.drafter.serve.prompt_sets import BenchPrompt
 from eagle3_pipeline.drafter.serve.servers import RemoteServer, launch_command
 from eagle3_pipeline.drafter.serve.set_tau import PromptSetRun, SetSettings
 from eagle3_pipeline.drafter.serve.sweep import SpeculativeConfig
+from eagle3_pipeline.health.gate import UnhealthyError, thresholds_for
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.hosts.identity import ProcessIdentity
-from eagle3_pipeline.serving import free_port
+from eagle3_pipeline.inference.embedded import free_port
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.reporter import Recorder
-from eagle3_pipeline.watch.monitor import UnhealthyError, thresholds_for
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
 # Its scripted servers run as `python -m sglang.launch_server …`: the health tests would see them.

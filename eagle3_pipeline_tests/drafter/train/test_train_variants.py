@@ -90,8 +90,9 @@ def test_a_plain_drafters_spec_and_identity_are_those_before_the_variants() -> N
     """Switches left off and the default loss stay out of the spec's model and the checkpoint identity,
     so a run checkpointed before they existed resumes; a variant or another loss is a new identity."""
     settings = TrainSettings(**train_settings())
-    assert settings.model == {} and "loss" not in settings.identity() and "lk_eta" not in settings.identity()
+    assert settings.model_overrides() == {}
+    assert "loss" not in settings.identity() and "lk_eta" not in settings.identity()
     assert tiny_drafter_config().to_dict().keys().isdisjoint({"fc_norm", "norm_output", "norm_before_fc"})
     lk = TrainSettings(**train_settings(loss="lk_lambda", model={"norm_output": True}))
     assert lk.identity()["loss"] == "lk_lambda" and lk.identity()["lk_eta"] == 3.0
-    assert lk.model == {"norm_output": True}
+    assert lk.model_overrides() == {"norm_output": True}

@@ -5,11 +5,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.cli.schedule import UNKNOWN, serving_schedule
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation.planning import Throughput, build_plan
 from eagle3_pipeline.generation.prompts import write_prompts
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.overview.schedule import UNKNOWN, serving_schedule
 from eagle3_pipeline_tests.managed.pipelines import write_pipeline
 
 SERVING = {"managed": True, "engine": "vllm", "model": "/models/t", "port": 8123}

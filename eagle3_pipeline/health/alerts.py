@@ -30,7 +30,7 @@ import httpx
 
 from eagle3_pipeline.config import AlertsConfig, PipelineConfig
 from eagle3_pipeline.health import HealthReport
-from eagle3_pipeline.watch.monitor import report_markdown
+from eagle3_pipeline.health.report import report_markdown
 
 MASK = "[redacted]"
 MAX_REPORT_CHARS = 3500  # Slack cuts a section at 3000 characters of text; keep messages readable everywhere

@@ -1,7 +1,8 @@
 """A pipeline's health gate: its config → the host to probe, the server to check, the thresholds.
 
 Used by the health sensor (every tick), by the GPU-bound assets as a preflight (a run started from
-the UI on a sick server fails fast), and by `eagle3-pipeline status`.
+the UI on a sick server fails fast), and by `eagle3-pipeline status`. The endpoints it is given are read
+through :class:`Served` (generation's ``Endpoint`` is one), so the probes know nothing of the phases.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from eagle3_pipeline.config import HealthConfig, InferenceConfig, PipelineConfig
-from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import (
     GenerationTarget,
     HealthReport,
@@ -28,6 +29,19 @@ EMBEDDED_NOT_RUNNING = (
     "no embedded server to ask: each run starts its own and probes it (this gate, as the run's "
     "preflight) before sending work"
 )
+
+
+class Served(Protocol):
+    """An endpoint work is sent to, as the gate reads it."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def api_key(self) -> str | None: ...
 
 
 class UnhealthyError(RuntimeError):
@@ -65,7 +79,7 @@ def _key(variable: str | None) -> str | None:
 
 
 def generation_targets(
-    inference: InferenceConfig, target_model: str, sending_to: Sequence[Endpoint] | None = None
+    inference: InferenceConfig, target_model: str, sending_to: Sequence[Served] | None = None
 ) -> list[GenerationTarget]:
     """Every server work is sent to: `sending_to` when the caller knows (the endpoints a run has
     resolved: the embedded server once up, or an override), else each configured endpoint (whose
@@ -90,7 +104,7 @@ def server_spec_for(
     inference: InferenceConfig,
     target_model: str,
     source_file: Path,
-    running: Endpoint | None = None,
+    running: Served | None = None,
 ) -> ServerSpec | None:
     """The server whose process, port and throughput are checked on the host: the configured one;
     the embedded one once started; else none."""
@@ -122,7 +136,7 @@ def server_spec_for(
             base_url=server_root(running.base_url),
             model=running.model,
             tp_size=1,
-            process_pattern=r"eagle3_pipeline\.serving .*\"serve\"",
+            process_pattern=r"eagle3_pipeline\.inference\.embedded .*\"serve\"",
         )
     return None
 
@@ -144,8 +158,8 @@ class HealthMonitor:
     def tick(
         self,
         state: TickState | None = None,
-        running: Endpoint | None = None,
-        sending_to: Sequence[Endpoint] | None = None,
+        running: Served | None = None,
+        sending_to: Sequence[Served] | None = None,
     ) -> tuple[HealthReport, TickState]:
         """One tick. `running` is the embedded server once started (its process, port and
         generation are checked); `sending_to` the endpoints work is about to go to, when a run has
@@ -157,7 +171,7 @@ class HealthMonitor:
         spec = server_spec_for(config.health, config.inference, config.target.model, config.source_file, running)
         return run_health_tick(self.host, spec, self.thresholds, state, targets=targets, deferred=deferred)
 
-    def preflight(self, running: Endpoint | None = None, sending_to: Sequence[Endpoint] | None = None) -> HealthReport:
+    def preflight(self, running: Served | None = None, sending_to: Sequence[Served] | None = None) -> HealthReport:
         """One tick; raises :class:`UnhealthyError` unless every required check passes."""
         report, _ = self.tick(running=running, sending_to=sending_to)
         if not report.healthy:
@@ -168,33 +182,3 @@ class HealthMonitor:
         if self._host is not None:
             self._host.close()
             self._host = None
-
-
-def report_markdown(report: HealthReport) -> str:
-    """The checks as a table, and the GPUs as a second one when there are any."""
-    lines = ["| check | status | detail | host |", "|---|---|---|---|"]
-    lines += [
-        f"| {c.name} | {c.status.value.upper()} | {c.detail.replace('|', '/')} | {c.host} |" for c in report.checks
-    ]
-    gpus = next((c.data.get("gpus") for c in report.checks if c.name == "gpus" and c.data.get("gpus")), None)
-    if gpus:
-        lines += [
-            "",
-            "| gpu | name | memory MiB | util % | temp °C | ECC uncorr. | pages pending | remap pending "
-            "| remap failed |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {g['index']} | {g['name']} | {g['memory_used_mib']}/{g['memory_total_mib']} | "
-            f"{g['utilization_pct']} | {g['temperature_c']} | {g['ecc_uncorrected']} | "
-            f"{g['retired_pages_pending']} | {g['remap_pending']} | {g['remap_failure']} |"
-            for g in gpus
-        ]
-    return "\n".join(lines)
-
-
-def tokens_per_second(report: HealthReport) -> float | None:
-    for check in report.checks:
-        if check.name == "throughput" and check.data.get("elapsed_s"):
-            return float(check.data["delta_tokens"]) / float(check.data["elapsed_s"])
-    return None
