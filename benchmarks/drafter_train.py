@@ -3,7 +3,7 @@
 Both train the same model (same seed, same config) on the same batches for the same number of
 steps in this process, alternately (``--rounds``: bare, ours, bare, ours, ...; the best rate of
 each is compared, as load from other processes on a shared machine slows whichever runs then).
-Ours is ``eagle3_pipeline.drafter.train.run``: it reads each batch from the hidden-state store,
+Ours is ``eagle3_pipeline.drafter.train.phase.run``: it reads each batch from the hidden-state store,
 logs metrics, and checkpoints at the end (checkpoint time excluded; it is printed apart). The
 bare loop has every batch in memory already and does only teacher + TTT forward + loss + backward
 + clip + AdamW step. Prints tokens/s of both and the ratio (goal: >= 0.8).
@@ -53,13 +53,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from eagle3_pipeline.drafter.attention import ATTENTION_BLOCK
-from eagle3_pipeline.drafter.backend import ADAM_BETAS
-from eagle3_pipeline.drafter.data import TEACHER_CHUNK_TOKENS, Batch, BatchReader, epoch_plan, store_rows, teacher
-from eagle3_pipeline.drafter.draft_config import DrafterConfig, drafter_config
-from eagle3_pipeline.drafter.loss import ttt_loss
-from eagle3_pipeline.drafter.model import Eagle3Drafter
-from eagle3_pipeline.drafter.train import build_model, run
+from eagle3_pipeline.drafter.model.attention import ATTENTION_BLOCK
+from eagle3_pipeline.drafter.model.draft_config import DrafterConfig, drafter_config
+from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
+from eagle3_pipeline.drafter.train.backend import ADAM_BETAS
+from eagle3_pipeline.drafter.train.data import TEACHER_CHUNK_TOKENS, Batch, BatchReader, epoch_plan, store_rows, teacher
+from eagle3_pipeline.drafter.train.loss import ttt_loss
+from eagle3_pipeline.drafter.train.phase import build_model, run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, default_aux_layer_ids, load_draft_vocab
 from eagle3_pipeline.target.local_model import local_model_dir
 from eagle3_pipeline.target.weights import load_target_weights

@@ -32,9 +32,9 @@ from typing import Any
 
 from benchmarks.tau_scaling import Log  # the same quiet reporter as the τ-scaling benchmark
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.drafter.draft_config import VARIANT_KEYS
+from eagle3_pipeline.drafter.model.draft_config import VARIANT_KEYS
 from eagle3_pipeline.drafter.spec import train_spec
-from eagle3_pipeline.drafter.train import run
+from eagle3_pipeline.drafter.train.phase import run
 
 PLAIN = "eagle3"
 

@@ -27,7 +27,7 @@ from typing import Any
 from benchmarks.tau_scaling import Log, half_store
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.drafter.spec import train_spec
-from eagle3_pipeline.drafter.train import run
+from eagle3_pipeline.drafter.train.phase import run
 
 
 def one_run(base: dict[str, Any], work: Path, name: str, store: Path, settings: dict[str, Any]) -> dict[str, Any]:

@@ -178,8 +178,8 @@ def draft_overrides(sizes: Sizes) -> dict[str, Any]:
 def chain_section(sizes: Sizes, device: str) -> dict[str, Any]:
     import torch
 
-    from eagle3_pipeline.drafter.draft_config import drafter_config
-    from eagle3_pipeline.drafter.model import Eagle3Drafter
+    from eagle3_pipeline.drafter.model.draft_config import drafter_config
+    from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
     from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
     from eagle3_pipeline.testing.drafter_reference import chain_draft
 
@@ -340,7 +340,7 @@ def train_inputs(sizes: Sizes, work: Path) -> tuple[Path, Path, Path]:
 def train_section(
     sizes: Sizes, device: str, inputs: tuple[Path, Path, Path], batch_tokens: int, work: Path
 ) -> dict[str, Any]:
-    from eagle3_pipeline.drafter.train import run
+    from eagle3_pipeline.drafter.train.phase import run
     from eagle3_pipeline.testing.train_settings import train_settings
 
     target_dir, store, vocab = inputs

@@ -1,5 +1,5 @@
 """A trained MLA draft head (``drafter.model.attention: mla``) served by the real vLLM CPU build: served τ
-against the export's offline τ@K, within :func:`~eagle3_pipeline.drafter.acceptance.served_tau_bound`.
+against the export's offline τ@K, within :func:`~eagle3_pipeline.drafter.evaluate.acceptance.served_tau_bound`.
 
 The target is :func:`~eagle3_pipeline.testing.mla_target.deepseek_mla_target`, a tiny random DeepSeek-V3
 with Kimi's latent width (vLLM's CPU MLA backend refuses the Kimi stand-in's own). vLLM 0.32's CPU build
@@ -19,8 +19,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from eagle3_pipeline.drafter.acceptance import served_tau_bound
-from eagle3_pipeline.drafter.bench_client import measure
+from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
+from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.testing.mla_target import SERVER_ARGS, train_mla_drafter
 from eagle3_pipeline.testing.real_vllm import vllm_server

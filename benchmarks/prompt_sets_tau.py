@@ -1,6 +1,6 @@
 """τ per prompt set and category against a real vLLM (CPU build): the embedded target with a pipeline-trained
 drafter, on the held-out prompts per dataset, MT-Bench per category (both turns) and HumanEval, loop-flagged
-requests apart (:mod:`eagle3_pipeline.drafter.set_tau`).
+requests apart (:mod:`eagle3_pipeline.drafter.serve.set_tau`).
 
 The drafter and the training data are the embedded default's main job's (``eagle3-pipeline run``;
 ``--artifacts`` names another root). One speculative server serves every set; the table prints τ without and
@@ -17,9 +17,9 @@ import json
 import time
 from pathlib import Path
 
-from eagle3_pipeline.drafter.online import measure_prompt_sets
-from eagle3_pipeline.drafter.prompt_sets import BenchPrompt, load_sets
-from eagle3_pipeline.drafter.set_tau import SetSettings
+from eagle3_pipeline.drafter.serve.benchmark import measure_prompt_sets
+from eagle3_pipeline.drafter.serve.prompt_sets import BenchPrompt, load_sets
+from eagle3_pipeline.drafter.serve.set_tau import SetSettings
 from eagle3_pipeline.target.folder import load_tokenizer
 from eagle3_pipeline.target.local_model import local_model_dir
 from eagle3_pipeline.testing.real_vllm import vllm_server

@@ -1,5 +1,5 @@
 """The rolling-window trade-off (``hidden_states.rolling_window_shards``) for a target at scale:
-disk held against extraction repeated, from ``eagle3_pipeline.drafter.rolling.tradeoff``.
+disk held against extraction repeated, from ``eagle3_pipeline.drafter.train.rolling.tradeoff``.
 
 Defaults are Kimi-K2.5's planner figures: 88K prompts × ~1.25K tokens, 57,349 B/token in bf16
 (3 aux layers + teacher at hidden 7168, + 5), ``training_data.eval_fraction`` 0.05, shards of
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from eagle3_pipeline.drafter.rolling import tradeoff
+from eagle3_pipeline.drafter.train.rolling import tradeoff
 
 TB, GB, HOUR = 1e12, 1e9, 3600.0
 

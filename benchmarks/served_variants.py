@@ -1,6 +1,6 @@
 """Train/serve agreement of each drafter variant: the export of a ``benchmarks.drafter_variants`` run served
 by the real vLLM (CPU build) with the embedded default as the target, τ measured as ``drafter_benchmark``
-measures it (:func:`eagle3_pipeline.drafter.online.measure`: vLLM's ``/metrics`` counters around the eval
+measures it (:func:`eagle3_pipeline.drafter.serve.benchmark.measure`: vLLM's ``/metrics`` counters around the eval
 prompts), against the run's offline τ@K of the exported checkpoint on the same eval rows, within
 :func:`served_tau_bound` (the bound of ``real_vllm/test_main_job.py``'s τ check).
 
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.drafter.acceptance import served_tau_bound
-from eagle3_pipeline.drafter.bench_client import measure
-from eagle3_pipeline.drafter.online import eval_prompts
+from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
+from eagle3_pipeline.drafter.serve.benchmark import eval_prompts
+from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.target.local_model import prepare_local_model
 from eagle3_pipeline.testing.real_vllm import vllm_server

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config import DrafterBenchmarkConfig, load_config, local_profile_path
-from eagle3_pipeline.drafter.online import eval_prompts, make_gate, run_benchmark
+from eagle3_pipeline.drafter.serve.benchmark import eval_prompts, make_gate, run_benchmark
 from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.inference.embedded import free_port

@@ -9,7 +9,7 @@ Both stores share one draft vocabulary. The drafter is then trained on each with
 same steps and the same settings (the local profile's drafter: lr, batch_tokens, max_seq_len,
 ttt_steps, seed; ``--epochs`` replaces its 12, default 6: with the default 120 prompts of at most
 128 tokens the two runs and the store fit in about half an hour on a two-core machine shared with
-other jobs), and ``drafter_eval``'s function (``eagle3_pipeline.drafter.evaluate:run``,
+other jobs), and ``drafter_eval``'s function (``eagle3_pipeline.drafter.evaluate.phase:run``,
 K = 3, 5, 7) measures τ per dataset on each store's eval split, i.e. each drafter reads its states
 from the store of its own dtype, as a deployment with that storage dtype would.
 
@@ -35,8 +35,9 @@ import torch
 
 from benchmarks.tau_scaling import Log  # the same quiet reporter as the τ-scaling benchmark
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.drafter import evaluate, train
+from eagle3_pipeline.drafter.evaluate import phase as evaluate
 from eagle3_pipeline.drafter.spec import train_spec
+from eagle3_pipeline.drafter.train import phase as train
 from eagle3_pipeline.hidden_states.store import BF16, FP8, HiddenStateStore, ShardWriter, bytes_per_token
 from eagle3_pipeline.target.local_model import prepare_local_model
 from eagle3_pipeline.target.weights import load_target_weights

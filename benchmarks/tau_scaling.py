@@ -1,4 +1,4 @@
-"""Checks the τ-scaling fit (``drafter/scaling.py``) against a real run on the embedded default:
+"""Checks the τ-scaling fit (``drafter/evaluate/scaling.py``) against a real run on the embedded default:
 train on half of the distinct training rows, predict τ at the full data from that run's checkpoint
 curve, train on the full data, and print predicted against measured τ per dataset.
 
@@ -33,10 +33,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.config import load_config, local_profile_path
-from eagle3_pipeline.drafter.acceptance import ALL
-from eagle3_pipeline.drafter.scaling import NoFit, fit_curve
+from eagle3_pipeline.drafter.evaluate.acceptance import ALL
+from eagle3_pipeline.drafter.evaluate.scaling import NoFit, fit_curve
 from eagle3_pipeline.drafter.spec import train_spec
-from eagle3_pipeline.drafter.train import run
+from eagle3_pipeline.drafter.train.phase import run
 
 
 class Log:

@@ -12,6 +12,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from eagle3_pipeline.components.ops.deploy import with_executor
+from eagle3_pipeline.components.execution.deploy import with_executor
 
 defs = with_executor(dg.load_from_defs_folder(path_within_project=Path(__file__).parent))

@@ -147,6 +147,6 @@ class DrafterResult(MetadataResult):
 
 class DrafterEvalResult(MetadataResult):
     """`table` is the τ table in markdown; the τ figures (`tau@K/<dataset>`…) are in `extra`,
-    keyed as `eagle3_pipeline.drafter.evaluate.summary_table` reads them."""
+    keyed as `eagle3_pipeline.drafter.evaluate.phase.summary_table` reads them."""
 
     table: str

@@ -246,7 +246,7 @@ def test_the_citation_check_reports_what_does_not_exist(tmp_path: Path) -> None:
         "Measured by `eagle3_pipeline_tests/test_docs.py::test_the_citation_check_reports_what_does_not_exist`\n"
         "and `eagle3_pipeline_tests/drafter/test_invented.py`, `benchmarks/invented.py`,\n"
         "eagle3_pipeline_tests/test_docs.py::test_invented in prose, `tools/vllm-cpu/build.sh`,\n"
-        "`drafter/test_ttt_memory.py` and `drafter/test_invented_memory.py` in eagle3_pipeline_tests/.\n\n"
+        "`drafter/train/test_ttt_memory.py` and `drafter/test_invented_memory.py` in eagle3_pipeline_tests/.\n\n"
         "```bash\n"
         ".venv/bin/python -m benchmarks.drafter_train --memory\n"
         ".venv/bin/python -m benchmarks.invented\n"

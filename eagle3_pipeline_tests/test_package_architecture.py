@@ -12,7 +12,8 @@ is not counted as an edge.
 :data:`FORBIDDEN` says, per rule, which top-level packages must not import which (docs/design.md
 "Layers"); :data:`EXCEPTIONS` lists the edges allowed anyway, with the reason, and is compared for equality
 with what the rules find, so an exception that no longer exists fails too. Only :data:`DAGSTER_PACKAGES`
-import Dagster. ``python eagle3_pipeline_tests/test_package_architecture.py`` prints the rules, the cycles
+import Dagster. Inside ``drafter/``, :data:`DRAFTER_ORDER` says which part may import which.
+``python eagle3_pipeline_tests/test_package_architecture.py`` prints the rules, the cycles
 and the forbidden edges it finds.
 """
 
@@ -297,6 +298,33 @@ def test_only_the_dagster_layer_imports_dagster() -> None:
     outside = outside_imports()
     assert any("dagster" in names for names in outside.values()), "found no dagster import at all"
     assert dagster_outside_its_layer(outside) == [], rules()
+
+
+# The drafter's parts in the order they may import one another (drafter/DESIGN.md): each imports only those
+# before it; serve/ (the benchmark and the served drafter) imports spec.py alone.
+DRAFTER_ORDER = ("spec", "model", "export", "evaluate", "train")
+
+
+def drafter_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """``(part, part)`` for every import between two parts (subpackages, ``spec``) of ``drafter/``."""
+    prefix = f"{TOP}.drafter."
+    return {
+        (module.split(".")[2], target.split(".")[2])
+        for module, imported in graph.items()
+        if module.startswith(prefix)
+        for target in imported
+        if target.startswith(prefix) and module.split(".")[2] != target.split(".")[2]
+    }
+
+
+def test_the_drafter_parts_import_only_the_parts_before_them() -> None:
+    edges = drafter_edges(import_graph())
+    assert ("train", "model") in edges, "found no import between the drafter's parts"
+    order = {part: i for i, part in enumerate(DRAFTER_ORDER)}
+    backward = sorted(
+        (a, b) for a, b in edges if b != "spec" and (a not in order or order.get(b, len(order)) >= order[a])
+    )
+    assert not backward, f"drafter parts importing a later part or serve/ (order {DRAFTER_ORDER}): {backward}"
 
 
 MAX_MODULE_LINES = 600

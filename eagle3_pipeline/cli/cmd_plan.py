@@ -45,7 +45,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if config is None:
         return ExitCode.BAD_INPUT
     from eagle3_pipeline.cli.schedule import serving_schedule
-    from eagle3_pipeline.drafter.scaling import data_scaling
+    from eagle3_pipeline.drafter.evaluate.scaling import data_scaling
     from eagle3_pipeline.generation.planning import build_plan, calibrate, checkpoint_records, throughput_evidence
     from eagle3_pipeline.hidden_states.disk import config_disk_plan
 

@@ -350,7 +350,7 @@ class MainJob:
 
     def drafter_summary(self) -> list[str]:
         """The drafter's training figures, then the closing table: τ per dataset against the bigram."""
-        from eagle3_pipeline.drafter.eval_results import summary_table
+        from eagle3_pipeline.drafter.evaluate.results import summary_table
 
         d = self.listener.get("eagle3_drafter", DrafterResult)
         e = self.listener.get("drafter_eval", DrafterEvalResult)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from eagle3_pipeline.config import ConfigError, DatasetConfig, PipelineConfig, check_sources
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.health import HealthReport
-from eagle3_pipeline.hidden_states.plan import ExtractionProgress, extraction_progress
+from eagle3_pipeline.hidden_states.sharding import ExtractionProgress, extraction_progress
 from eagle3_pipeline.layout import ArtifactLayout
 
 

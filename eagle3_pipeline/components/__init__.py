@@ -5,7 +5,7 @@ and `eagle3_pipeline.orchestration`:
 - `generation/`: target_model, prompts, responses (+ checks), training_data, the scheduled backfill;
 - `eagle3/`: draft_vocab, hidden_states, eagle3_drafter, drafter_eval, drafter_benchmark, served_drafter;
 - `health/`: the inference servers as observed assets, the health and stall sensors;
-- `ops/`: the automation sensor, the executor;
+- `execution/`: the automation sensor, the executor;
 - `resources.py`: the pipeline's settings and the inference endpoint;
 - `pipeline.py`: :func:`build_definitions` (one pipeline file → Definitions) and the `Eagle3Pipeline`
   component.

@@ -25,7 +25,7 @@ from typing import Any
 
 import dagster as dg
 
-from eagle3_pipeline.components.health.observations import server_event_observation
+from eagle3_pipeline.components.health.inference_server import server_event_observation
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.config.phases import GpuPhase, phase_row
 from eagle3_pipeline.hosts import HostError

@@ -13,20 +13,25 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
 from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
 from eagle3_pipeline.components.eagle3.drafter_eval import build_drafter_eval
+from eagle3_pipeline.components.eagle3.eagle3_drafter import build_drafter_assets
 from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.components.eagle3.served_drafter import build_served_drafter
-from eagle3_pipeline.components.generation.assets import build_assets
-from eagle3_pipeline.components.health.observations import inference_server_specs
+from eagle3_pipeline.components.execution.automation import build_automation_sensor
+from eagle3_pipeline.components.execution.deploy import with_executor
+from eagle3_pipeline.components.generation.automation import scheduled_backfill
+from eagle3_pipeline.components.generation.checks import build_response_checks, build_training_data_checks
+from eagle3_pipeline.components.generation.prompts import build_prompts
+from eagle3_pipeline.components.generation.responses import build_responses
+from eagle3_pipeline.components.generation.target_model import build_target_model
+from eagle3_pipeline.components.generation.training_data import build_training_data
+from eagle3_pipeline.components.health.inference_server import inference_server_specs
 from eagle3_pipeline.components.health.sensors import build_health_sensors
-from eagle3_pipeline.components.ops.automation import build_automation_sensor
-from eagle3_pipeline.components.ops.deploy import with_executor
 from eagle3_pipeline.components.resources import ApiKeys, InferenceResource, PipelineResource, api_key_vars
 from eagle3_pipeline.config import PipelineConfig, load_config
-from eagle3_pipeline.orchestration.launch_plan import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.orchestration.partition_runs import GENERATION_JOB, PER_DATASET
 from eagle3_pipeline.results import NO_LISTENER
 
 SETUP_JOB = DEFAULT_NAMES.name("setup_job")
@@ -77,6 +82,27 @@ def with_code_references(assets: Sequence[dg.AssetsDefinition]) -> list[dg.Asset
     return [a for a in referenced if isinstance(a, dg.AssetsDefinition)] + checks
 
 
+def generation_assets(loaded: PipelineConfig, pipeline: PipelineResource) -> list[dg.AssetsDefinition]:
+    """The generation assets, each from its module's factory, and their checks: `target_model` (the embedded
+    profile only) and `prompts` before `responses`, then `training_data`. Their shape follows `loaded`
+    (partitions, code version, descriptions), their names `pipeline`'s key_prefix."""
+    names = pipeline.names()
+    partitions = dg.StaticPartitionsDefinition(loaded.dataset_ids)
+    backfill = scheduled_backfill(loaded, pipeline)
+    target = [build_target_model(names)] if loaded.inference.kind == "embedded" else []
+    prompts = build_prompts(names, partitions, backfill)
+    responses = build_responses(loaded, names, partitions=partitions, backfill=backfill, deps=[prompts, *target])
+    training_data = build_training_data(names, responses)
+    return [
+        *target,
+        prompts,
+        responses,
+        training_data,
+        *build_response_checks(loaded, responses, names),
+        *build_training_data_checks(loaded, training_data, names),
+    ]
+
+
 def build_definitions(loaded: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
     """A code location of one pipeline: :func:`pipeline_definitions` with the executor its file asks for."""
     return with_executor(pipeline_definitions(loaded, pipeline), [loaded])
@@ -84,7 +110,7 @@ def build_definitions(loaded: PipelineConfig, pipeline: PipelineResource | None 
 
 def pipeline_definitions(loaded: PipelineConfig, pipeline: PipelineResource | None = None) -> dg.Definitions:
     """One pipeline's definitions, without an executor (the code location sets one for all its
-    pipelines: :func:`~eagle3_pipeline.components.ops.deploy.with_executor`). Their shape (assets, partitions
+    pipelines: :func:`~eagle3_pipeline.components.execution.deploy.with_executor`). Their shape (assets, partitions
     = the file's dataset ids) follows `loaded`, the file as loaded; every body reads its settings at run
     or tick time from `pipeline` (default: that file, no overrides). API keys reach the runs through
     `inference`, each set with `dg.EnvVar` of the variable the file names, so an unset variable fails
@@ -94,7 +120,7 @@ def pipeline_definitions(loaded: PipelineConfig, pipeline: PipelineResource | No
     pipeline = pipeline or PipelineResource(config_path=str(loaded.source_file))
     names = pipeline.names()
     assets = [
-        *build_assets(loaded, pipeline),
+        *generation_assets(loaded, pipeline),
         *build_eagle3_assets(loaded, names),
         *build_drafter_assets(loaded, names),
         *build_drafter_eval(loaded, names),

@@ -23,8 +23,8 @@ from eagle3_pipeline.hosts import TUNNELS
 from eagle3_pipeline.inference.provider import InferenceProvider, ManagedGeneration
 from eagle3_pipeline.managed.tunnels import declare_tunnels
 from eagle3_pipeline.orchestration.hosts import claim_host
-from eagle3_pipeline.orchestration.launch_plan import HOST_TAG
 from eagle3_pipeline.orchestration.names import PipelineNames
+from eagle3_pipeline.orchestration.partition_runs import HOST_TAG
 from eagle3_pipeline.results import PhaseListener
 
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from typing import Any, Literal, Protocol
 PHASES: Mapping[str, str] = {
     "extract": "eagle3_pipeline.hidden_states.extract:run",
     "import-specforge": "eagle3_pipeline.hidden_states.importer:run",
-    "train": "eagle3_pipeline.drafter.train:run",
-    "evaluate": "eagle3_pipeline.drafter.evaluate:run",
+    "train": "eagle3_pipeline.drafter.train.phase:run",
+    "evaluate": "eagle3_pipeline.drafter.evaluate.phase:run",
 }
 
 

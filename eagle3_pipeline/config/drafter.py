@@ -13,7 +13,7 @@ from eagle3_pipeline.config.base import ConfigModel, HttpUrl
 class DrafterModelConfig(ConfigModel):
     """Draft model dimensions and RoPE; each left out takes its default: the target's value, except the
     attention/MLP shape for an MLA target (Kimi, DeepSeek-V3), which follows the published DeepSeek-V3
-    drafter (`eagle3_pipeline.drafter.draft_config.drafter_config`)."""
+    drafter (`eagle3_pipeline.drafter.model.draft_config.drafter_config`)."""
 
     hidden_size: Annotated[int, Field(gt=0)] | None = Field(
         default=None, description="Draft hidden size; default the target's."
@@ -322,7 +322,7 @@ BENCHMARK_PLACEHOLDERS = frozenset(
 
 class BenchmarkPromptSetsConfig(ConfigModel):
     """`drafter_benchmark.prompt_sets`: τ per public benchmark set and category beside the user's held-out prompts,
-    measured on the speculative arm's server after its timed run (eagle3_pipeline.drafter.set_tau)."""
+    measured on the speculative arm's server after its timed run (eagle3_pipeline.drafter.serve.set_tau)."""
 
     sets: list[Literal["held_out", "mt_bench", "humaneval"]] = Field(
         default_factory=list,

@@ -1,1 +1,2 @@
-"""The EAGLE-3 drafter: model (model.py), training phase (train.py), checkpoints, export for servers."""
+"""The EAGLE-3 drafter: the draft network (model/), the ``train`` phase (train/), the ``evaluate`` phase
+(evaluate/), the formats servers load (export/) and the drafter served and benchmarked (serve/)."""

@@ -133,7 +133,7 @@ def target_weights(drafter: DrafterConfig, compute: ComputeConfig) -> str:
 
 
 def train_spec(config: PipelineConfig, root: Path | None = None) -> dict[str, Any]:
-    """JSON-able spec for ``eagle3_pipeline.drafter.train:run`` from a fitted ``config`` (no ``auto``
+    """JSON-able spec for ``eagle3_pipeline.drafter.train.phase:run`` from a fitted ``config`` (no ``auto``
     left). Paths are under ``root``, the pipeline's own artifacts root by default: ``run_heavy_phase``
     maps them onto the host's."""
     settings = TrainSettings.from_config(config.drafter, config.seed, config.target.max_seq_len)

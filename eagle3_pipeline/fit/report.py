@@ -36,7 +36,7 @@ from eagle3_pipeline.hidden_states.disk import specforge_bytes_per_token, vllm_f
 from eagle3_pipeline.target.folder import text_config
 
 if TYPE_CHECKING:
-    from eagle3_pipeline.drafter.draft_config import DrafterConfig
+    from eagle3_pipeline.drafter.model.draft_config import DrafterConfig
 
 # Utilisation of the datasheet figures for the time estimates (stated on every figure).
 DECODE_BANDWIDTH_UTIL = 0.6
@@ -62,7 +62,7 @@ AUTO_BATCH_TOKENS = (16384, 8192, 4096, 2048)
 
 def _draft(config: PipelineConfig, raw: Mapping[str, Any]) -> DrafterConfig:
     """The draft the trainer builds for this target (aux layer ids do not change its shape: any three do)."""
-    from eagle3_pipeline.drafter.draft_config import drafter_config
+    from eagle3_pipeline.drafter.model.draft_config import drafter_config
 
     text = text_config(raw)
     layer_ids = config.hidden_states.aux_layer_ids or [1, 2, 3]
@@ -72,7 +72,7 @@ def _draft(config: PipelineConfig, raw: Mapping[str, Any]) -> DrafterConfig:
 
 def draft_shape(config: PipelineConfig, raw: Mapping[str, Any]) -> tuple[int, int, int, int]:
     """(trained parameters, frozen bytes, KV bytes per token, served weight bytes) of the EAGLE-3 draft."""
-    from eagle3_pipeline.drafter.draft_config import attention_parameters, kv_cache_elements_per_token
+    from eagle3_pipeline.drafter.model.draft_config import attention_parameters, kv_cache_elements_per_token
 
     text = text_config(raw)
     draft = _draft(config, raw)

@@ -16,8 +16,8 @@ from eagle3_pipeline.fit.machine import Machine, combined, declared, live
 from eagle3_pipeline.fit.records import FitReport, Workload, workload_from_budgets
 from eagle3_pipeline.fit.report import fit_report as build_report
 from eagle3_pipeline.hidden_states.disk import local_target_folder
-from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.resume import RESULT_FILE, recorded_rate
+from eagle3_pipeline.hidden_states.sharding import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.layout import ArtifactLayout
 
 # What an ``auto`` setting becomes when the model could not choose (the GPU's memory unknown).

@@ -20,7 +20,6 @@ from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetCon
 from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids, parse_spec
-from eagle3_pipeline.hidden_states.plan import PLAN_FILE, ROLLING_LAYOUT_FILE, PlannedShard, plan_shards
 from eagle3_pipeline.hidden_states.resume import (
     GB,
     delete_shards,
@@ -31,6 +30,7 @@ from eagle3_pipeline.hidden_states.resume import (
     record_result,
     selected_shards,
 )
+from eagle3_pipeline.hidden_states.sharding import PLAN_FILE, ROLLING_LAYOUT_FILE, PlannedShard, plan_shards
 from eagle3_pipeline.hidden_states.sources import StateSource, decided, open_source
 from eagle3_pipeline.hidden_states.spot_check import SPOT_CHECK_TOLERANCE, spot_check
 from eagle3_pipeline.hidden_states.store import (

@@ -16,7 +16,7 @@ from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.hidden_states.capture import target_identity
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids
-from eagle3_pipeline.hidden_states.plan import (
+from eagle3_pipeline.hidden_states.sharding import (
     ROLLING_LAYOUT_FILE,
     PlannedShard,
     rolling_layout,

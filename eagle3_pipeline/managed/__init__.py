@@ -47,7 +47,8 @@ from eagle3_pipeline.managed.lifecycle import (
     StopResult,
     StopVerification,
 )
-from eagle3_pipeline.managed.plan import (
+from eagle3_pipeline.managed.recovery import GenerationRecovery
+from eagle3_pipeline.managed.servers import (
     GENERATION_ACCEPTS,
     ManagedServerPlan,
     generation_purpose,
@@ -57,7 +58,6 @@ from eagle3_pipeline.managed.plan import (
     prompts_need_tools,
     target_model_types,
 )
-from eagle3_pipeline.managed.recovery import GenerationRecovery
 from eagle3_pipeline.managed.supervisor import EventSink, ServerEvent, Supervisor, open_supervisor
 
 __all__ = [

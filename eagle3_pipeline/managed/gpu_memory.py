@@ -24,7 +24,7 @@ from eagle3_pipeline.health.script import Section, SectionOutput, section_failur
 from eagle3_pipeline.managed.processes import NVIDIA_SMI, PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from eagle3_pipeline.managed.plan import ManagedServerPlan
+    from eagle3_pipeline.managed.servers import ManagedServerPlan
 
 # The probe sections of one reading (run_shell_probes); GPU_SECTION alone is the stop's memory figure.
 GPU_SECTION: Section = ("gpus", nvidia_smi_argv())

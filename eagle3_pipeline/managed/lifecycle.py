@@ -67,7 +67,6 @@ from eagle3_pipeline.managed.errors import (
 )
 from eagle3_pipeline.managed.launch import LaunchLine
 from eagle3_pipeline.managed.outcomes import ServerStatus, StartResult, StopResult, StopVerification
-from eagle3_pipeline.managed.plan import ManagedServerPlan
 from eagle3_pipeline.managed.processes import (
     GROUP_KILL_SCRIPT,
     GROUP_SCRIPT,
@@ -86,6 +85,7 @@ from eagle3_pipeline.managed.processes import (
     port_holders,
     rebooted,
 )
+from eagle3_pipeline.managed.servers import ManagedServerPlan
 
 READY_CHECKS = ("server_process", "port", "generation")
 LOG_TAIL_LINES = 40

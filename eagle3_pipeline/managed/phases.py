@@ -11,7 +11,7 @@
   stored fingerprint is the configured one (other generation settings mean a regeneration). A stat and
   a small JSON file per dataset.
 - **What the server serves afterwards**: the generation server when such work remains
-  (:func:`~eagle3_pipeline.managed.plan.generation_purpose`), else nothing (it stays stopped).
+  (:func:`~eagle3_pipeline.managed.servers.generation_purpose`), else nothing (it stays stopped).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from eagle3_pipeline.generation.fingerprint import (
 )
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.managed.plan import ManagedServerPlan, generation_purpose, managed_servers
+from eagle3_pipeline.managed.servers import ManagedServerPlan, generation_purpose, managed_servers
 
 
 def same_machine(a: HostConfig, b: HostConfig) -> bool:

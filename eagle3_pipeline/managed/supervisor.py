@@ -29,8 +29,8 @@ from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed.errors import ManagedServerError, StartupFailedError
 from eagle3_pipeline.managed.launch import LaunchLine, ServerPurpose, serves
 from eagle3_pipeline.managed.lifecycle import ManagedServer, StopResult
-from eagle3_pipeline.managed.plan import launch_for, managed_server
 from eagle3_pipeline.managed.processes import ServerRecord
+from eagle3_pipeline.managed.servers import launch_for, managed_server
 
 # kept: a running server serves the purpose (or is left running by a recovery that did not restart it); failed:
 # it was found dead or hung, or a start (a restart) failed; probed: one probe of a recovery's hang check

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from eagle3_pipeline.config import HostConfig, PipelineConfig
 from eagle3_pipeline.config.serving import is_loopback
 from eagle3_pipeline.hosts import TUNNELS, SshHost, build_host
-from eagle3_pipeline.managed.plan import managed_servers
+from eagle3_pipeline.managed.servers import managed_servers
 
 
 def declare_route(url: str, host: HostConfig, port: int) -> bool:

@@ -6,7 +6,7 @@ sensor (it turns the plan's run requests into runs) and the scheduled backfill's
 One decision is: every host's health tick → an alert on each change of a host's verdict → the
 gate (at least one open host: healthy, or with its managed server merely stopped — the run starts
 it; a running but sick one blocks) → the partitions to generate (missing or stale,
-:mod:`.staleness`) → :func:`.launch_plan.plan_launches` (in flight, backoff, given up, free hosts).
+:mod:`.staleness`) → :func:`.partition_runs.plan_launches` (in flight, backoff, given up, free hosts).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import dagster as dg
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health.alerts import Alerter, health_changed
 from eagle3_pipeline.orchestration.hosts import HostVerdict, InferenceHosts, gate_summary, sick_hosts_line
-from eagle3_pipeline.orchestration.launch_plan import LaunchPlan, plan_launches
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.orchestration.partition_runs import LaunchPlan, plan_launches
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 
 ALL_CURRENT = "every responses partition is materialized and current"

@@ -28,8 +28,8 @@ from eagle3_pipeline.config import InferenceConfig, LaunchConfig, PipelineConfig
 from eagle3_pipeline.health import HealthReport, TickState
 from eagle3_pipeline.health.gate import HealthMonitor
 from eagle3_pipeline.managed import ManagedServer, managed_server, stopped_server
-from eagle3_pipeline.orchestration.launch_plan import HostChoice, LaunchHost, claim, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.orchestration.partition_runs import HostChoice, LaunchHost, claim, hosts_in_flight
 
 
 class NoHostFree(Exception):
@@ -139,7 +139,7 @@ def claim_host(
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """The host of run `run_id`, which has none yet: the first healthy host (file order) that no
-    other unfinished run holds (host or pool), claimed with :func:`~eagle3_pipeline.orchestration.launch_plan.claim`
+    other unfinished run holds (host or pool), claimed with :func:`~eagle3_pipeline.orchestration.partition_runs.claim`
     — yielding to a run created first that claimed it too. With none free, it checks again every
     `launch.host_poll_s` (saying once per change what it waits for) and, after `launch.host_wait_s`,
     raises :class:`NoHostFree` with the reason."""

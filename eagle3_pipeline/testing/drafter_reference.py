@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from eagle3_pipeline.drafter.data import Batch
-    from eagle3_pipeline.drafter.draft_config import DrafterConfig
-    from eagle3_pipeline.drafter.model import Eagle3Drafter
+    from eagle3_pipeline.drafter.model.draft_config import DrafterConfig
+    from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
+    from eagle3_pipeline.drafter.train.data import Batch
 
 KIMI_POSITIONS = 262144  # Kimi-K2.5's max_position_embeddings = original 4096 × factor 64
 KIMI_ROPE = {
@@ -68,7 +68,7 @@ def tiny_kimi_text_config(**overrides: Any) -> dict[str, Any]:
 
 def tiny_drafter_config(**overrides: object) -> DrafterConfig:
     """A small draft config (hidden 48, 6 heads of 8, vocabulary 80 drafting in 24, aux layers 1, 3, 4)."""
-    from eagle3_pipeline.drafter.draft_config import DrafterConfig
+    from eagle3_pipeline.drafter.model.draft_config import DrafterConfig
 
     base: dict[str, Any] = dict(
         hidden_size=48, target_hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
@@ -83,7 +83,7 @@ def tiny_drafter(config: DrafterConfig) -> Eagle3Drafter:
     """The drafter of ``config`` with random weights (std 0.3, seed 0) and a random draft vocabulary."""
     import torch
 
-    from eagle3_pipeline.drafter.model import Eagle3Drafter
+    from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
 
     torch.manual_seed(0)
     model = Eagle3Drafter(config)
@@ -182,8 +182,8 @@ def reference_ttt_loss(model: Eagle3Drafter, batch: Batch, lm_head: torch.Tensor
     import torch
     import torch.nn.functional as F
 
-    from eagle3_pipeline.drafter.data import teacher
-    from eagle3_pipeline.drafter.loss import STEP_DECAY
+    from eagle3_pipeline.drafter.train.data import teacher
+    from eagle3_pipeline.drafter.train.loss import STEP_DECAY
 
     target = teacher(batch.hidden, lm_head, model.t2d, F.pad(batch.loss_mask[:, 1:], (0, 1)))
     argmaxes = [F.pad(target.argmax[:, j + 1 :], (0, j + 1)) for j in range(steps)]

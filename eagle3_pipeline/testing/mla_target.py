@@ -67,7 +67,7 @@ def train_mla_drafter(
     """The target in ``work``, a store of its greedy continuations of :data:`PROMPTS` (each row in both
     splits), and an MLA drafter (``attention: mla`` plus ``switches``) trained on it by the train phase,
     exported with its last checkpoint; ``result`` is the phase's (its last eval is the export's τ@``steps``)."""
-    from eagle3_pipeline.drafter.train import run
+    from eagle3_pipeline.drafter.train.phase import run
     from eagle3_pipeline.testing.reporter import Recorder
     from eagle3_pipeline.testing.tiny_store import greedy_store
     from eagle3_pipeline.testing.train_settings import train_settings

@@ -17,7 +17,7 @@ the CPU's weight post-processing, as vLLM's loader does.
 Writes ``OUT_DIR/result.json``: per export the class, the parameters still NaN (not loaded), every parameter
 name and shape, and the flags the class read (``norm_before_fc``, ``fc_norm``, ``norm_output``); for the MLA
 head also the attention's softmax scale and its RoPE cos/sin cache rows 0..``ROPE_ROWS``-1 (what the
-trainer's :mod:`eagle3_pipeline.drafter.mla` must equal); and
+trainer's :mod:`eagle3_pipeline.drafter.model.mla` must equal); and
 ``OUT_DIR/combined-{i}.safetensors``: ``combine_hidden_states`` of the aux states in
 ``OUT_DIR/aux.safetensors`` (key ``aux-{i}``, else ``aux``), so a test compares vLLM's step-0 input with the trainer's.
 """

@@ -59,7 +59,8 @@ def test_smoke_runs_every_section_and_prints_its_figures() -> None:
         -4000:
     ]
     chain = found["chain"]
-    # float32: the chain drafting equals the unrolled pass (as in drafter/test_model.py); bf16 is reported, not judged
+    # float32: the chain drafting equals the unrolled pass (as in drafter/model/test_eagle3.py);
+    # bf16 is reported, not judged
     assert max(chain["float32"]["max_rel_error_per_depth"]) < 1e-4
     assert chain["float32"]["same_draft_token_share_per_depth"] == [1.0] * chain["steps"]
     assert len(chain["bf16"]["max_rel_error_per_depth"]) == chain["steps"]

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.eagle3_drafter import build_drafter_assets
 from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.hidden_states.store import StoreManifest

@@ -34,7 +34,7 @@ PROFILES = Path(local_profile_path()).parent
 # (domain settings object, the file's section it mirrors, the section's fields it does not carry)
 MIRRORS: list[tuple[type[Any], type[ConfigModel], frozenset[str]]] = [
     (HealthThresholds, HealthConfig, frozenset()),
-    # generation_probe: the benchmark's server (drafter/online.py) has no such setting and asks by chat.
+    # generation_probe: the benchmark's server (drafter/serve/benchmark.py) has no such setting and asks by chat.
     (ServerSpec, MonitoredServerConfig, frozenset({"generation_probe"})),
 ]
 # (a function or class taking settings as parameters, the file's section they come from): a parameter

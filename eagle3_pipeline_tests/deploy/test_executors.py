@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 from dagster._core.execution.api import create_execution_plan
 
-from eagle3_pipeline.components.ops.deploy import CELERY_BACKEND_ENV, CELERY_BROKER_ENV
+from eagle3_pipeline.components.execution.deploy import CELERY_BACKEND_ENV, CELERY_BROKER_ENV
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.orchestration.step_tags import CELERY_QUEUE_TAG, K8S_CONFIG_TAG, gpu_phases

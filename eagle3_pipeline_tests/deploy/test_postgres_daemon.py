@@ -29,7 +29,7 @@ import pytest
 
 from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.orchestration.launch_plan import IN_FLIGHT
+from eagle3_pipeline.orchestration.partition_runs import IN_FLIGHT
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline_tests.dagster_runs import materialized, write_pipeline

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 import dagster as dg
 
-from eagle3_pipeline.components.eagle3.drafter import (
+from eagle3_pipeline.components.eagle3.eagle3_drafter import (
     build_drafter_assets,
     checkpoint_chart,
     selection_metadata,

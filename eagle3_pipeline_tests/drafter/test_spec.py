@@ -12,7 +12,7 @@ import pytest
 
 from eagle3_pipeline.components.eagle3.drafter_eval import evaluate_spec
 from eagle3_pipeline.config import DrafterConfig, load_config, local_profile_path
-from eagle3_pipeline.drafter import evaluate
+from eagle3_pipeline.drafter.evaluate import phase as evaluate
 from eagle3_pipeline.drafter.spec import NOT_SETTINGS, TrainError, TrainSettings, parse_spec, train_spec
 from eagle3_pipeline.fit.runtime import resolved
 from eagle3_pipeline.layout import ArtifactLayout

@@ -14,8 +14,8 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.fit.checkpoint import CheckpointError, quantization_of, read_weights
 from eagle3_pipeline.fit.report import train_memory
 from eagle3_pipeline.fit.runtime import resolved
-from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.resume import RESULT_FILE
+from eagle3_pipeline.hidden_states.sharding import ROLLING_LAYOUT_FILE
 
 TINY = {
     "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,

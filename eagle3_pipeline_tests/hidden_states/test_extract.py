@@ -21,8 +21,8 @@ from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_layers, load_target, reference_states
 from eagle3_pipeline.hidden_states.extract import extract_shard, nothing_to_do, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
-from eagle3_pipeline.hidden_states.plan import extraction_progress, plan_shards
 from eagle3_pipeline.hidden_states.resume import RESULT_FILE
+from eagle3_pipeline.hidden_states.sharding import extraction_progress, plan_shards
 from eagle3_pipeline.hidden_states.spot_check import spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError

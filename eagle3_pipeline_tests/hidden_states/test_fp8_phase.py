@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import dagster as dg
 
-from eagle3_pipeline.components.eagle3.drafter import build_drafter_assets
+from eagle3_pipeline.components.eagle3.eagle3_drafter import build_drafter_assets
 from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.capture import load_target

@@ -25,8 +25,8 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.extract import batches, run
-from eagle3_pipeline.hidden_states.plan import plan_shards
 from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
+from eagle3_pipeline.hidden_states.sharding import plan_shards
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.target.layer_ids import LayerIdError
 from eagle3_pipeline.testing.extract_specs import extract_spec, transformers_spec

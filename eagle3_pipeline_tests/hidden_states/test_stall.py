@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from eagle3_pipeline.hidden_states.plan import (
+from eagle3_pipeline.hidden_states.sharding import (
     PlannedShard,
     extraction_quiet_seconds,
     write_plan,

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 import torch
 
-from eagle3_pipeline.drafter.data import BatchReader, Row
-from eagle3_pipeline.drafter.evaluate import read_rows
+from eagle3_pipeline.drafter.evaluate.phase import read_rows
+from eagle3_pipeline.drafter.train.data import BatchReader, Row
 from eagle3_pipeline.hidden_states.spot_check import stored_slice
 from eagle3_pipeline.hidden_states.store import (
     AUX_KEY,

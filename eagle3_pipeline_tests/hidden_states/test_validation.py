@@ -28,7 +28,7 @@ from eagle3_pipeline.dataprep.serving_reference import record_from_first, record
 from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target
 from eagle3_pipeline.hidden_states.extract import _extract, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
-from eagle3_pipeline.hidden_states.plan import plan_shards
+from eagle3_pipeline.hidden_states.sharding import plan_shards
 from eagle3_pipeline.target.folder import decoder, language_model, load_tokenizer
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder

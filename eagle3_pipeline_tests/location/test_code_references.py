@@ -1,6 +1,7 @@
 """From an asset page to the code in one step: every asset carries a code reference to the function that
-computes it (the module function named after it), ahead of the component's defs.yaml; an observed server
-asset points at the function that makes its observations. Real definitions, nothing stubbed."""
+computes it (the module function named after it, in the module of components/ named after it), ahead of
+the component's defs.yaml; an observed server asset points at the function that makes its observations,
+in `inference_server.py`. Real definitions, nothing stubbed."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def _assert_each_points_at_its_function(defs: dg.Definitions) -> None:
         first = references[0]
         assert Path(first.file_path).is_relative_to(PACKAGE / "components") and first.file_path.endswith(".py"), first
         expected = key.path[-1] if materializable else "health_observation"
+        module = key.path[-1] if materializable else "inference_server"
+        assert Path(first.file_path).stem == module, (key.to_user_string(), first.file_path)
         assert first.line_number is not None
         assert _function_at(first.file_path, first.line_number) == expected, (key.to_user_string(), first)
 

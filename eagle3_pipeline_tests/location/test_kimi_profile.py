@@ -13,7 +13,7 @@ import pytest
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.config.phases import GPU_PHASES
-from eagle3_pipeline.drafter.online import benchmark_settings
+from eagle3_pipeline.drafter.serve.benchmark import benchmark_settings
 from eagle3_pipeline.managed import EagleDrafter, ServerPurpose, launch_for, managed_server
 from eagle3_pipeline.managed.phases import gpu_phase_server
 from eagle3_pipeline_tests.locations import location_file

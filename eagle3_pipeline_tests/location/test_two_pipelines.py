@@ -12,10 +12,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.components.ops.deploy import with_executor
+from eagle3_pipeline.components.execution.deploy import with_executor
 from eagle3_pipeline.config import ConfigError, load_config
-from eagle3_pipeline.orchestration.launch_plan import partitions_in_flight
 from eagle3_pipeline.orchestration.names import PipelineNames
+from eagle3_pipeline.orchestration.partition_runs import partitions_in_flight
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI

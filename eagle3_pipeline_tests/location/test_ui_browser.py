@@ -41,11 +41,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 from eagle3_pipeline.cli.cmd_run import MainJob
 from eagle3_pipeline.components import build_definitions
 from eagle3_pipeline.components.eagle3.drafter_benchmark import shown
-from eagle3_pipeline.components.health.observations import health_observation, server_event_observation
+from eagle3_pipeline.components.health.inference_server import health_observation, server_event_observation
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.drafter.bench_client import Acceptance, Measured, RequestRecord
-from eagle3_pipeline.drafter.bench_report import ArmResult, BenchmarkResult
-from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig
+from eagle3_pipeline.drafter.serve.client import Acceptance, Measured, RequestRecord
+from eagle3_pipeline.drafter.serve.report import ArmResult, BenchmarkResult
+from eagle3_pipeline.drafter.serve.sweep import SpeculativeConfig
 from eagle3_pipeline.health.gate import HealthMonitor
 from eagle3_pipeline.managed import ServerEvent
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl

@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.components.health.observations import server_event_observation
+from eagle3_pipeline.components.health.inference_server import server_event_observation
 from eagle3_pipeline.components.managed import hand_over, supervised
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import HostConfig
@@ -28,8 +28,8 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ServerEvent, ServerPurpose, managed_server, open_supervisor
 from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server, incomplete_partitions, same_machine
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
-from eagle3_pipeline.orchestration.launch_plan import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
+from eagle3_pipeline.orchestration.partition_runs import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
 from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)

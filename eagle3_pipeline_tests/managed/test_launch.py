@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.drafter.bench_servers import launch_command
-from eagle3_pipeline.drafter.bench_sweep import SpeculativeConfig
+from eagle3_pipeline.drafter.serve.servers import launch_command
+from eagle3_pipeline.drafter.serve.sweep import SpeculativeConfig
 from eagle3_pipeline.managed import (
     EagleDrafter,
     LaunchError,

@@ -15,11 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.bench_client import BenchmarkError
-from eagle3_pipeline.drafter.bench_servers import ManagedServers
-from eagle3_pipeline.drafter.benchmark_record import drafter_digest, record_result
-from eagle3_pipeline.drafter.online import benchmark_settings, eval_prompts, make_gate, run_benchmark
-from eagle3_pipeline.drafter.served import ServedDrafter, ServedDrafterError, ServedRecord, decide, serve_drafter
+from eagle3_pipeline.drafter.serve.benchmark import benchmark_settings, eval_prompts, make_gate, run_benchmark
+from eagle3_pipeline.drafter.serve.client import BenchmarkError
+from eagle3_pipeline.drafter.serve.record import drafter_digest, record_result
+from eagle3_pipeline.drafter.serve.served_drafter import (
+    ServedDrafter,
+    ServedDrafterError,
+    ServedRecord,
+    decide,
+    serve_drafter,
+)
+from eagle3_pipeline.drafter.serve.servers import ManagedServers
 from eagle3_pipeline.health.gate import thresholds_for
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagle3_pipeline.drafter.bench_client import measure
+from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.health import run_health_tick, server_root
 from eagle3_pipeline.hosts import TUNNELS

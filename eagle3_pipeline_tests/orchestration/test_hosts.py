@@ -34,7 +34,7 @@ from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.hosts import claim_host
-from eagle3_pipeline.orchestration.launch_plan import LaunchHost, claim, failure_reason
+from eagle3_pipeline.orchestration.partition_runs import LaunchHost, claim, failure_reason
 from eagle3_pipeline.records import PROMPT_SCHEMA, prompt_rows, read_prompts, write_parquet
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script

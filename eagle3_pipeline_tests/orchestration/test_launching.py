@@ -18,8 +18,8 @@ import pytest
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.orchestration.generation_decision import decide_generation
-from eagle3_pipeline.orchestration.launch_plan import backoff_s, plan_launches
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
+from eagle3_pipeline.orchestration.partition_runs import backoff_s, plan_launches
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources, write_pipeline

@@ -21,9 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.drafter.draft_config import drafter_config  # noqa: E402
-from eagle3_pipeline.drafter.export import export_for_servers, load_export  # noqa: E402
-from eagle3_pipeline.drafter.model import Eagle3Drafter  # noqa: E402
+from eagle3_pipeline.drafter.export.specforge import export_for_servers, load_export  # noqa: E402
+from eagle3_pipeline.drafter.model.draft_config import drafter_config  # noqa: E402
+from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter  # noqa: E402
 from eagle3_pipeline.testing import vllm_eagle3_load  # noqa: E402
 from eagle3_pipeline.testing.kimi.fixture import build_kimi_text_checkpoint  # noqa: E402
 

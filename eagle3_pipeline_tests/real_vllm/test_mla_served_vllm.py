@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.drafter.acceptance import served_tau_bound
-from eagle3_pipeline.drafter.bench_client import measure
-from eagle3_pipeline.drafter.formats import MLA_ARCHITECTURE
+from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
+from eagle3_pipeline.drafter.export.formats import MLA_ARCHITECTURE
+from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.testing.mla_target import SERVER_ARGS, train_mla_drafter
 from eagle3_pipeline.testing.real_vllm import vllm_server

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.drafter.online import measure_prompt_sets
-from eagle3_pipeline.drafter.prompt_sets import BenchPrompt
-from eagle3_pipeline.drafter.set_tau import SetSettings
+from eagle3_pipeline.drafter.serve.benchmark import measure_prompt_sets
+from eagle3_pipeline.drafter.serve.prompt_sets import BenchPrompt
+from eagle3_pipeline.drafter.serve.set_tau import SetSettings
 from eagle3_pipeline.target.folder import load_tokenizer
 from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
 

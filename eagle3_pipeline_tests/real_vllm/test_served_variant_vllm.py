@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.drafter.acceptance import served_tau_bound
-from eagle3_pipeline.drafter.bench_client import measure
+from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
+from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.testing.real_vllm import vllm_server
 from eagle3_pipeline.testing.reporter import Recorder
@@ -49,7 +49,7 @@ EPOCHS = 60
 
 
 def test_an_eagle31_export_serves_at_its_offline_tau(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
-    from eagle3_pipeline.drafter.train import run
+    from eagle3_pipeline.drafter.train.phase import run
 
     prompts = greedy_store(tmp_path / "store", tmp_path / "vocab", local_model, PROMPTS, NEW_TOKENS, 256)
     settings = train_settings(

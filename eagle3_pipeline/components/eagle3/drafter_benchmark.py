@@ -1,11 +1,11 @@
 """The optional `drafter_benchmark` asset: defined only when the pipeline file has `drafter_benchmark:`.
 
-Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.benchmark_record.run_or_reuse (which runs
-eagle3_pipeline.drafter.online.run_benchmark on the host of `health.host`, behind the same health gate as
+Asset → domain function: drafter_benchmark → eagle3_pipeline.drafter.serve.record.run_or_reuse (which runs
+eagle3_pipeline.drafter.serve.benchmark.run_benchmark on the host of `health.host`, behind the same health gate as
 generation, unless the result for the same drafter, prompts and settings is recorded). Its metadata: a Markdown
-table and bar chart of tokens/s per arm and concurrency (eagle3_pipeline.drafter.bench_report). With a managed
+table and bar chart of tokens/s per arm and concurrency (eagle3_pipeline.drafter.serve.report). With a managed
 server on that host its arms are the managed server's launch lines, with its GPUs handed over around them
-(eagle3_pipeline.components.managed:hand_over; eagle3_pipeline.drafter.online:benchmark_settings).
+(eagle3_pipeline.components.managed:hand_over; eagle3_pipeline.drafter.serve.benchmark:benchmark_settings).
 """
 
 from collections.abc import Iterator
@@ -15,17 +15,17 @@ from typing import Any
 import dagster as dg
 
 from eagle3_pipeline.components.fit import fitted
-from eagle3_pipeline.components.health.observations import health_observation, report_metadata
+from eagle3_pipeline.components.health.inference_server import health_observation, report_metadata
 from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.bench_client import BenchmarkError
-from eagle3_pipeline.drafter.bench_servers import ArmServers, ManagedServers
-from eagle3_pipeline.drafter.benchmark_record import no_servers, run_or_reuse
-from eagle3_pipeline.drafter.online import benchmark_settings, eval_prompts, make_gate
-from eagle3_pipeline.drafter.prompt_sets import PromptSetError
-from eagle3_pipeline.drafter.set_tau import prompt_set_run
+from eagle3_pipeline.drafter.serve.benchmark import benchmark_settings, eval_prompts, make_gate
+from eagle3_pipeline.drafter.serve.client import BenchmarkError
+from eagle3_pipeline.drafter.serve.prompt_sets import PromptSetError
+from eagle3_pipeline.drafter.serve.record import no_servers, run_or_reuse
+from eagle3_pipeline.drafter.serve.servers import ArmServers, ManagedServers
+from eagle3_pipeline.drafter.serve.set_tau import prompt_set_run
 from eagle3_pipeline.health.gate import UnhealthyError, thresholds_for
 from eagle3_pipeline.hosts import TUNNELS, build_host
 from eagle3_pipeline.layout import ArtifactLayout

@@ -1,8 +1,8 @@
 """The `drafter_eval` asset and its blocking check.
 
-Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate:run (the ``evaluate`` phase), with
+Asset → domain function: drafter_eval → eagle3_pipeline.drafter.evaluate.phase:run (the ``evaluate`` phase), with
 the GPUs of a managed server on its machine handed over (eagle3_pipeline.components.managed:hand_over).
-Check `tau_regression` → eagle3_pipeline.drafter.evaluate.tau_regressions, over this and the previous
+Check `tau_regression` → eagle3_pipeline.drafter.evaluate.phase.tau_regressions, over this and the previous
 materialization as the instance recorded them.
 """
 
@@ -17,9 +17,9 @@ from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.eval_results import WARNING, tau_regressions
-from eagle3_pipeline.drafter.evaluate import held_out_spec, spec_settings
-from eagle3_pipeline.drafter.scaling import data_scaling_markdown
+from eagle3_pipeline.drafter.evaluate.phase import held_out_spec, spec_settings
+from eagle3_pipeline.drafter.evaluate.results import WARNING, tau_regressions
+from eagle3_pipeline.drafter.evaluate.scaling import data_scaling_markdown
 from eagle3_pipeline.drafter.spec import drafter_paths, target_weights
 from eagle3_pipeline.health.alerts import Alerter, tau_checked
 from eagle3_pipeline.layout import ArtifactLayout

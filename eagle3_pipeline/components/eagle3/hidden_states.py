@@ -1,21 +1,19 @@
-"""EAGLE-3 phase A as assets (group ``eagle3``): the draft vocabulary and the hidden states.
-
-  draft_vocab   → eagle3_pipeline.hidden_states.draft_vocab.build_draft_vocab (check: coverage floor)
-  hidden_states → the heavy phase ``extract`` (eagle3_pipeline.hidden_states.extract:run) through
-                  ``run_heavy_phase``, wherever ``compute:`` says; with ``compute: command`` the user's
-                  command then ``import-specforge``. Checks from the phase's metadata: spot_check,
-                  serving_agreement, bytes_per_token.
+"""`hidden_states` (group ``eagle3``): EAGLE-3 phase A, the heavy phase ``extract``
+(eagle3_pipeline.hidden_states.extract:run) through ``run_heavy_phase``, wherever ``compute:`` says; with
+``compute: command`` the user's command then ``import-specforge``. Checks from the phase's metadata:
+spot_check, serving_agreement, bytes_per_token. :func:`build_eagle3_assets` returns it with `draft_vocab`
+(:mod:`.draft_vocab`), the other asset the phase's group holds.
 
 What is shipped to a GPU host and what comes back: docs/scaling.md, "Where heavy phases run"; who holds
 the GPUs during the phase (the extraction server, or none): docs/operations.md, "Managed servers in a run".
 """
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from eagle3_pipeline.components.eagle3.draft_vocab import GROUP, build_draft_vocab_assets, training_data_checks
 from eagle3_pipeline.components.fit import fitted
 from eagle3_pipeline.components.managed import OwnLaunch, hand_over
 from eagle3_pipeline.components.policy import step_policy
@@ -23,9 +21,8 @@ from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.dataprep.reader import TrainingDataError
-from eagle3_pipeline.hidden_states.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
-from eagle3_pipeline.hidden_states.plan import ROLLING_LAYOUT_FILE
+from eagle3_pipeline.hidden_states.sharding import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
 from eagle3_pipeline.hidden_states.validation import ServingReferenceError, preflight_reference
 from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, managed_extraction_server
@@ -37,9 +34,8 @@ from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import HiddenStatesResult
-from eagle3_pipeline.target.folder import TargetError, dimensions, read_config
+from eagle3_pipeline.target.folder import TargetError
 
-GROUP = "eagle3"
 BYTES_PER_TOKEN_TOLERANCE = 0.05
 PHASE_ERRORS = (
     ExtractionError,
@@ -135,70 +131,12 @@ def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> OwnLaunc
     )
 
 
-def _training_data_checks(names: PipelineNames) -> list[dg.AssetCheckKey]:
-    """The blocking checks of training_data, honoured across runs (orchestration/gating.py)."""
-    return [names.check("training_data", "template_mismatch_rate")]
-
-
-def _local_target_vocab_size(config: PipelineConfig) -> int | None:
-    """The language model's vocab_size from the target's config.json when it is on this machine
-    (a Kimi-K2.5 checkpoint's lm_head may have more rows than its tokenizer has tokens); None when
-    the target folder is only on the GPU host (training_data's tokenizer length is then used)."""
-    try:
-        model = target_weights(config)
-    except ExtractionError:
-        return None
-    if not Path(model, "config.json").is_file():
-        return None
-    return dimensions(read_config(model), str(Path(model, "config.json"))).vocab_size
-
-
-def draft_vocab(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-    resources = StepResources.of_asset(context)
-    names = resources.names
-    config = resources.config()
-    layout = ArtifactLayout(config.artifacts_root)
-    require_passing_checks(context.instance, _training_data_checks(names))
-    settings = config.draft_vocab
-    try:
-        target_vocab = settings.target_vocab_size or _local_target_vocab_size(config)
-        result = build_draft_vocab(layout.training_data, layout.draft_vocab, settings.size, target_vocab)
-    except (TrainingDataError, ValueError) as exc:
-        raise dg.Failure(description=str(exc)) from None
-    context.log.info(
-        f"draft_vocab: {result.draft_vocab_size} of {result.target_vocab_size} ids cover {result.coverage:.2%} of "
-        f"{result.train_masked_tokens} masked train tokens ({result.eval_coverage:.2%} of eval)"
-    )
-    resources.listener.result("draft_vocab", None, result)
-    return dg.MaterializeResult(
-        metadata={**result.as_metadata(), "path": dg.MetadataValue.path(str(layout.draft_vocab))}
-    )
-
-
-def draft_vocab_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-    from eagle3_pipeline.hidden_states.store import load_draft_vocab
-
-    resources = StepResources.of_asset(context)
-    config = resources.config()
-    layout = ArtifactLayout(config.artifacts_root)
-    try:
-        _, _, manifest = load_draft_vocab(layout.draft_vocab)
-    except StoreError as exc:
-        return dg.AssetCheckResult(passed=False, description=str(exc))
-    floor = config.draft_vocab.min_coverage
-    return dg.AssetCheckResult(
-        passed=manifest["coverage"] >= floor,
-        description=f"coverage {manifest['coverage']:.2%} of masked train tokens (floor {floor:.0%})",
-        metadata={"coverage": manifest["coverage"], "eval_coverage": manifest["eval_coverage"], "floor": floor},
-    )
-
-
 def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     resources = StepResources.of_asset(context)
     names = resources.names
     config = fitted(context, resources.config(), "hidden_states")
     layout = ArtifactLayout(config.artifacts_root)
-    require_passing_checks(context.instance, _training_data_checks(names))
+    require_passing_checks(context.instance, training_data_checks(names))
     rolling = [ROLLING_LAYOUT_FILE] if config.hidden_states.rolling_window_shards is not None else []
     fetch = [f"{layout.hidden_states.name}/{name}" for name in (*STORE_FILES, *rolling)]
     try:
@@ -275,29 +213,9 @@ def hidden_states(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 def build_eagle3_assets(
     loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES
 ) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    """`loaded` (the file at load) words the descriptions; bodies read the pipeline's settings
-    resource (key `names.pipeline`)."""
+    """`draft_vocab` with its check, then `hidden_states`; `loaded` (the file at load) words the descriptions;
+    bodies read the pipeline's settings resource (key `names.pipeline`)."""
     training_data = names.key("training_data")
-
-    draft_vocab_asset = dg.asset(
-        key_prefix=names.key_prefix,
-        group_name=names.name(GROUP),
-        kinds={"safetensors"},
-        deps=[training_data],
-        required_resource_keys={names.pipeline, names.phase_listener},
-        description="The draft vocabulary: the draft_vocab.size most frequent target ids among the masked tokens "
-        "of the train split, sorted, as d2t (draft id → offset to target id) and t2d (bool over the target vocab).",
-    )(draft_vocab)
-
-    draft_vocab_coverage_check = dg.asset_check(
-        asset=draft_vocab_asset,
-        name="coverage",
-        blocking=True,
-        required_resource_keys={names.pipeline},
-        description="The draft vocabulary covers at least draft_vocab.min_coverage "
-        f"({loaded.draft_vocab.min_coverage:.0%}) "
-        "of the masked train tokens.",
-    )(draft_vocab_coverage)
 
     hidden_states_asset = dg.asset(
         key_prefix=names.key_prefix,
@@ -340,4 +258,4 @@ def build_eagle3_assets(
         **step_policy(loaded, "hidden_states"),
     )(hidden_states)
 
-    return [draft_vocab_asset, draft_vocab_coverage_check, hidden_states_asset]
+    return [*build_draft_vocab_assets(loaded, names), hidden_states_asset]

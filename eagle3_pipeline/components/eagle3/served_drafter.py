@@ -2,8 +2,8 @@
 `serving.serve_drafter`); without a managed server there is nothing to relaunch, and the pipeline ends at
 `drafter_eval` (and `drafter_benchmark`).
 
-Asset → domain function: served_drafter → eagle3_pipeline.drafter.served.serve_drafter, on the managed server of
-the health host (eagle3_pipeline.components.managed:hand_over), with drafter_eval's latest figures.
+Asset → domain function: served_drafter → eagle3_pipeline.drafter.serve.served_drafter.serve_drafter, on the
+managed server of the health host (eagle3_pipeline.components.managed:hand_over), with drafter_eval's latest figures.
 """
 
 from typing import Any
@@ -16,8 +16,8 @@ from eagle3_pipeline.components.managed import hand_over
 from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.drafter.online import BenchmarkError
-from eagle3_pipeline.drafter.served import ServedDrafterError, serve_drafter
+from eagle3_pipeline.drafter.serve.benchmark import BenchmarkError
+from eagle3_pipeline.drafter.serve.served_drafter import ServedDrafterError, serve_drafter
 from eagle3_pipeline.managed import managed_servers
 from eagle3_pipeline.orchestration.heavy_phase import DagsterReporter
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames

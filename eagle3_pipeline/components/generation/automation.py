@@ -1,6 +1,6 @@
 """The scheduled backfill of `responses` (only when the pipeline file sets `schedule.cron`; setting
 the cron is the opt-in): an automation condition that `responses` and `prompts` declare, evaluated
-by the `pipeline_automation` sensor (:mod:`eagle3_pipeline.components.ops.automation`).
+by the `pipeline_automation` sensor (:mod:`eagle3_pipeline.components.execution.automation`).
 
 At the first evaluation after each cron tick, the partitions that are not in a run or backfill
 already and that the launch decision takes (:func:`eagle3_pipeline.orchestration.generation_decision.decide_generation`,

@@ -1,5 +1,5 @@
 """Health in the UI: the health sensor that gates generation runs on the inference servers (observed
-on them, :mod:`.observations`), and the stall sensor that watches running generations.
+on them, :mod:`.inference_server`), and the stall sensor that watches running generations.
 
 Default states: `inference_health` starts stopped (it launches work continuously; the scheduled
 backfill is the default way to launch, turn the sensor on instead of or beside it); `generation_stall`
@@ -12,15 +12,15 @@ from functools import partial
 
 import dagster as dg
 
-from eagle3_pipeline.components.health.observations import health_observation
+from eagle3_pipeline.components.health.inference_server import health_observation
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health.alerts import Alerter, stall_detected
-from eagle3_pipeline.hidden_states.plan import extraction_quiet_seconds
+from eagle3_pipeline.hidden_states.sharding import extraction_quiet_seconds
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.generation_decision import decide_generation
-from eagle3_pipeline.orchestration.launch_plan import partitions_in_flight
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.orchestration.partition_runs import partitions_in_flight
 from eagle3_pipeline.orchestration.stall import extracting_runs, quiet_seconds
 
 

@@ -1,0 +1,1 @@
+"""The ``evaluate`` phase (the `drafter_eval` asset): τ, the bigram baseline, what more data would buy."""

@@ -1,0 +1,1 @@
+"""The drafter on a real server: the online benchmark (`drafter_benchmark`) and the relaunch (`served_drafter`)."""
