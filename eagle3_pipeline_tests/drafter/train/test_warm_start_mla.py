@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("torch")
 import torch
 
-from eagle3_pipeline.drafter.model.draft_config import DrafterConfig, drafter_config
 from eagle3_pipeline.drafter.export.specforge import export_for_servers, load_export
+from eagle3_pipeline.drafter.model.draft_config import DrafterConfig, drafter_config
 from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
 from eagle3_pipeline.drafter.train.phase import run
 from eagle3_pipeline.drafter.train.warm_start import WarmStartError, read_start
