@@ -166,21 +166,21 @@ def test_a_truncated_earlier_turn_marks_the_record_truncated(tmp_path: Path, fak
 def test_every_configured_endpoint_is_probed_before_use(
     tmp_path: Path, fake_openai: FakeOpenAI, second_server: FakeOpenAI
 ) -> None:
-    from eagle3_pipeline.config import load_config
     from eagle3_pipeline.serving import InferenceProvider
     from eagle3_pipeline.watch.monitor import UnhealthyError
+    from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
     (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
 
     def provider(urls: list[str]) -> InferenceProvider:
-        entries = "".join(
-            f"    - {{base_url: '{url}', price: {{prompt_per_mtok: 1, completion_per_mtok: 3}}}}\n" for url in urls
-        )
-        (tmp_path / "pipeline.yaml").write_text(
-            "name: two\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
-            f"inference:\n  kind: endpoints\n  endpoints:\n{entries}datasets:\n  - {{id: B1, source: p.jsonl}}\n"
-        )
-        return InferenceProvider(load_config(tmp_path / "pipeline.yaml"))
+        price = {"prompt_per_mtok": 1, "completion_per_mtok": 3}
+        sections = {
+            "name": "two",
+            "target": {"model": "m", "tokenizer": "t"},
+            "inference": {"kind": "endpoints", "endpoints": [{"base_url": url, "price": price} for url in urls]},
+            "datasets": [{"id": "B1", "source": "p.jsonl"}],
+        }
+        return InferenceProvider(load_pipeline(tmp_path, sections, runtime_checks=True))
 
     endpoints = provider([fake_openai.base_url, second_server.base_url]).endpoints()
     assert [e.base_url for e in endpoints] == [fake_openai.base_url, second_server.base_url]
