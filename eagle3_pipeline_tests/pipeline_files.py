@@ -14,6 +14,8 @@ from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 
 # Floors every test machine meets: the health checks' defaults (5 GB of disk, 1 GB of RAM) fail on a full CI runner.
 PERMISSIVE_HEALTH: dict[str, Any] = {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01}
+# The tiny real target, found by name where the `local_model` fixture installs it; its own tokenizer.
+TINY_TARGET: dict[str, Any] = {"name": "t", "target": {"model": "SmolLM2-135M-Instruct", "tokenizer": None}}
 
 
 def merged(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.cli import main
-from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.disk import (
     config_disk_plan,
     disk_plan,
@@ -141,14 +140,9 @@ def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path
         remote.configured == ("command", "bfloat16") and remote.free_bytes is None and "GPU host" in remote.free_where
     )
     missing = tmp_path / "missing"
-    missing.mkdir()
-    (missing / "a.jsonl").write_text("")
-    (missing / "p.yaml").write_text(f"name: t\nartifacts_root: {missing / 'out'}\n"
-                                    f"target: {{model: kimi, tokenizer: {missing / 'nowhere'}}}\n"
-                                    "inference: {kind: endpoints, endpoints: [{name: a, "
-                                    "base_url: 'http://127.0.0.1:1/v1'}]}\n"
-                                    "datasets:\n  - {id: B1, source: a.jsonl}\n")  # fmt: skip
-    unknown = config_disk_plan(load_config(missing / "p.yaml"), {}, {})
+    inference = {"kind": "endpoints", "endpoints": [{"name": "a", "base_url": "http://127.0.0.1:1/v1"}]}
+    target = {"name": "t", "target": {"model": "kimi", "tokenizer": str(missing / "nowhere")}, "inference": inference}
+    unknown = config_disk_plan(load_pipeline(missing, target, runtime_checks=True), {}, {})
     assert isinstance(unknown, str) and unknown.startswith(
         "hidden-state disk: unknown: no target config.json on this machine"
     )
