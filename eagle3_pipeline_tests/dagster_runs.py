@@ -6,7 +6,6 @@ generation run; and the pipeline file those tests orchestrate (:func:`write_pipe
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import time
 from pathlib import Path
@@ -17,8 +16,8 @@ import dagster as dg
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation.heartbeat import HeartbeatWriter, heartbeat_path
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline_tests.pipeline_files import write_sources
 
 
 def pipeline_resources(config_path: Path) -> dict[str, object]:
@@ -145,31 +144,17 @@ def materialized(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogReco
     return list(instance.fetch_materializations(dg.AssetKey(key), limit=100).records)
 
 
-def write_pipeline(
-    folder: Path,
-    server: FakeOpenAI,
-    datasets: tuple[str, ...] = ("B1", "B2"),
-    without_source: tuple[str, ...] = (),
-    **extra: Any,
-) -> Path:
-    for name in datasets:
-        if name not in without_source:
-            write_jsonl(folder / f"{name}.jsonl", [sharegpt(f"{name} question {i}") for i in range(3)])
-    document = {
+def fake_server_sections(
+    folder: Path, server: FakeOpenAI, datasets: tuple[str, ...] = ("B1", "B2"), without_source: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Pipeline sections for generation against the fake OpenAI server, and three-prompt sources for
+    ``datasets`` (but ``without_source``), for :func:`~eagle3_pipeline_tests.pipeline_files.write_pipeline`."""
+    write_sources(folder, *(name for name in datasets if name not in without_source))
+    return {
         "name": "orchestrated",
-        "artifacts_root": str(folder / "out"),
-        "target": {"model": "fake", "tokenizer": str(extra.pop("tokenizer", "unused"))},
+        "target": {"model": "fake", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
         "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},  # the fake has no tokenizer
-        "health": {
-            "host": {"kind": "local"},
-            "min_disk_free_gb": 0.01,
-            "min_mem_free_gb": 0.01,
-            "max_truncation_rate": 0.5,
-        },
+        "health": {"host": {"kind": "local"}},
         "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
-        **extra,
     }
-    path = folder / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return path

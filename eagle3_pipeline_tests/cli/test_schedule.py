@@ -10,7 +10,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation.planning import Throughput, build_plan
 from eagle3_pipeline.generation.prompts import write_prompts
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline_tests.managed.pipelines import write_pipeline
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 SERVING = {"managed": True, "engine": "vllm", "model": "/models/t", "port": 8123}
 BENCHMARK = {"server": "vllm", "steps": 3}
@@ -23,7 +23,7 @@ def schedule_of(config: PipelineConfig, throughput: dict[str, Throughput | None]
 
 def test_the_schedule_follows_the_server_from_generation_to_the_served_drafter(tmp_path: Path) -> None:
     sections = {"serving": SERVING, "hidden_states": {"backend": "vllm"}, "drafter_benchmark": BENCHMARK}
-    config = write_pipeline(tmp_path, sections)
+    config = load_pipeline(tmp_path, sections)
     steps = schedule_of(config, {"managed": None})
     assert list(steps) == [
         "responses ×1",
@@ -47,7 +47,7 @@ def test_the_schedule_follows_the_server_from_generation_to_the_served_drafter(t
 
 
 def test_gpu_time_from_what_earlier_runs_recorded(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {"serving": SERVING, "drafter_benchmark": BENCHMARK})
+    config = load_pipeline(tmp_path, {"serving": SERVING, "drafter_benchmark": BENCHMARK})
     layout = ArtifactLayout(config.artifacts_root)
     write_prompts(config.datasets[0], config.prompts, config.seed, layout.prompts("B1"))
     layout.training_data.mkdir(parents=True)
@@ -66,7 +66,7 @@ def test_gpu_time_from_what_earlier_runs_recorded(tmp_path: Path) -> None:
 
 
 def test_an_unmanaged_server_has_no_transitions(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {})
+    config = load_pipeline(tmp_path, {})
     plan = build_plan(config, {}, {})
     schedule = serving_schedule(config, plan, {})
     assert "the inference server is the user's" in schedule.heading

@@ -1,17 +1,15 @@
-"""Pipeline files whose ``compute:`` section sends heavy phases to the loopback sshd, for the compute tests (a
+"""Pipeline sections whose ``compute:`` section sends heavy phases to the loopback sshd, for the compute tests (a
 helper module, not a test): the "GPU host" is this machine reached over SSH, its python this worktree's venv
 python, so ``python -m eagle3_pipeline.worker`` is importable there."""
 
 from __future__ import annotations
 
 import getpass
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.sshd_fixture import Sshd, bus_id
 
@@ -28,16 +26,11 @@ class Layout:
     workdir: Path
 
 
-def write_pipeline(
-    folder: Path,
-    sshd: Sshd,
-    layout: Layout,
-    port: int | None = None,
-    known_hosts: Path | None = None,
-    sections: dict[str, Any] | None = None,
-    **compute: Any,
-) -> PipelineConfig:
-    """``sections``: more top-level sections of the pipeline file (e.g. ``hidden_states``)."""
+def ssh_compute(
+    folder: Path, sshd: Sshd, layout: Layout, port: int | None = None, known_hosts: Path | None = None, **compute: Any
+) -> dict[str, Any]:
+    """Pipeline sections sending the heavy phases to the loopback sshd (``compute``: more of its settings), and
+    the one-prompt source of dataset B1, for :func:`~eagle3_pipeline_tests.pipeline_files.write_pipeline`."""
     write_jsonl(folder / "B1.jsonl", [sharegpt("question")])
     settings = {
         "kind": "ssh",
@@ -57,14 +50,9 @@ def write_pipeline(
         "reconnect_timeout_s": 40,
         **compute,
     }
-    document = {
+    return {
         "name": "remote",
         "artifacts_root": str(layout.local),
-        "target": {"model": "tiny-target"},
+        "target": {"model": "tiny-target", "tokenizer": None},
         "compute": settings,
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
-        **(sections or {}),
     }
-    path = folder / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return load_config(path)

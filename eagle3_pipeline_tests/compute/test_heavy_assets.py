@@ -23,8 +23,9 @@ from eagle3_pipeline.hidden_states.store import StoreManifest
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
 from eagle3_pipeline.testing.training_data import tokenized_training_data
-from eagle3_pipeline_tests.compute.pipelines import Layout, idle_gpu_rows, write_pipeline
+from eagle3_pipeline_tests.compute.pipelines import Layout, idle_gpu_rows, ssh_compute
 from eagle3_pipeline_tests.dagster_runs import checks, materialize, run_log
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +36,11 @@ HIDDEN_STATES = {"shard_tokens": 24, "spot_check_samples": 1, "device": "cpu"}
 
 def states_config(folder: Path, sshd: Sshd, layout: Layout, model: Path, **compute: Any) -> Any:
     folder.mkdir(parents=True, exist_ok=True)
-    config = write_pipeline(
-        folder, sshd, layout, sections={"hidden_states": {**HIDDEN_STATES, "model": str(model)}}, **compute
+    config = load_pipeline(
+        folder,
+        ssh_compute(folder, sshd, layout, **compute),
+        {"hidden_states": {**HIDDEN_STATES, "model": str(model)}},
+        runtime_checks=True,
     )
     tokenized_training_data(layout.local / "training_data", model)
     return config
@@ -143,7 +147,7 @@ def test_drafter_trains_on_the_host_and_leaves_its_export_there(
         "checkpoint_every": 2,
         "nproc_per_node": 1,
     }
-    config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter})
+    config = load_pipeline(tmp_path, ssh_compute(tmp_path, sshd, layout), {"drafter": drafter}, runtime_checks=True)
     remote = drafter_paths(layout.remote)
     random_store(
         remote["store"], drafter_paths(layout.local)["draft_vocab"], target_dir=target, samples=8, draft_vocab_size=40
@@ -191,7 +195,9 @@ def test_drafter_on_a_host_with_two_gpus_trains_under_torchrun(
         "log_every": 1,
         "checkpoint_every": 2,
     }
-    config = write_pipeline(tmp_path, sshd, layout, sections={"drafter": drafter}, python=str(python))
+    config = load_pipeline(
+        tmp_path, ssh_compute(tmp_path, sshd, layout, python=str(python)), {"drafter": drafter}, runtime_checks=True
+    )
     assert config.drafter.nproc_per_node == "auto"
     random_store(
         drafter_paths(layout.remote)["store"],

@@ -11,11 +11,11 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.compute.remote import RemoteRun
-from eagle3_pipeline.config import ConfigError, HostConfig, load_config
+from eagle3_pipeline.config import ConfigError, HostConfig
 from eagle3_pipeline.hosts import SshHost, build_host
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline_tests.hidden_states.specforge_files import import_spec, make_samples, write_specforge
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 torch = pytest.importorskip("torch")
 
@@ -27,22 +27,8 @@ def ssh_host(settings: HostConfig) -> SshHost:
     return host
 
 
-def pipeline_file(folder: Path, compute: dict[str, Any]) -> Path:
-    write_jsonl(folder / "B1.jsonl", [sharegpt("question")])
-    document = {
-        "name": "p",
-        "artifacts_root": str(folder / "artifacts"),
-        "target": {"model": "m"},
-        "compute": compute,
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
-    }
-    path = folder / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return path
-
-
 def test_local_kind_runs_in_process_with_logs_and_observations(tmp_path: Path) -> None:
-    config = load_config(pipeline_file(tmp_path, {}))
+    config = load_pipeline(tmp_path, runtime_checks=True)
     sf = write_specforge(config.artifacts_root / "specforge_in", make_samples(6))
     spec = import_spec(sf, config.artifacts_root / "hidden_states", None, per_shard=4)
 
@@ -126,7 +112,7 @@ def test_worker_by_hand_prints_metadata_and_refuses_a_bad_spec(tmp_path: Path) -
 )
 def test_bad_compute_settings_name_the_field(tmp_path: Path, compute: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as error:
-        load_config(pipeline_file(tmp_path, compute))
+        load_pipeline(tmp_path, {"compute": compute}, runtime_checks=True)
     assert message in str(error.value)
 
 
@@ -139,7 +125,7 @@ def test_paths_map_onto_the_host_and_command_values_are_quoted(tmp_path: Path) -
         "command": "prep --out {output_dir} --python {python}",
         "python": "/opt/py 3/bin/python",
     }
-    config = load_config(pipeline_file(tmp_path, compute))
+    config = load_pipeline(tmp_path, {"compute": compute}, runtime_checks=True)
     assert config.compute.host.kind == "ssh"
     remote = RemoteRun(ssh_host(config.compute.host), config.compute, config.artifacts_root, "run1", "extract")
     root = str(config.artifacts_root)
@@ -205,7 +191,7 @@ def test_a_gpu_host_needs_the_targets_folder_there(tmp_path: Path) -> None:
         "workdir": "/data/work",
         "artifacts_root": "/data/eagle3",
     }
-    config = load_config(pipeline_file(tmp_path, compute))
+    config = load_pipeline(tmp_path, {"compute": compute}, runtime_checks=True)
     with pytest.raises(ExtractionError, match="hidden_states.model: required with compute.kind 'ssh'"):
         target_weights(config)
     with pytest.raises(DrafterSpecError, match="drafter.target_weights: required with compute.kind 'ssh'"):

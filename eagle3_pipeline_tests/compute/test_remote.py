@@ -31,7 +31,7 @@ from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase
 from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy
 from eagle3_pipeline.testing.stores import shard_contents
-from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
+from eagle3_pipeline_tests.compute.pipelines import Layout, ssh_compute
 from eagle3_pipeline_tests.hidden_states.specforge_files import (
     LAYERS,
     TARGET,
@@ -40,6 +40,7 @@ from eagle3_pipeline_tests.hidden_states.specforge_files import (
     write_specforge,
     write_training_data,
 )
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 INDEX_AND_MANIFEST = ["hidden_states/index.parquet", "hidden_states/manifest.json"]
@@ -110,7 +111,7 @@ def run_dir_messages(layout: Layout) -> str:
 def test_phase_over_ssh_reports_into_the_run_and_leaves_outputs_on_the_host(
     tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout
 ) -> None:
-    config = write_pipeline(tmp_path, sshd, layout)
+    config = load_pipeline(tmp_path, ssh_compute(tmp_path, sshd, layout), runtime_checks=True)
     samples = make_samples(10)
     spec, ship = stage(layout, samples)
     instance = dg.DagsterInstance.ephemeral()
@@ -158,7 +159,7 @@ def test_phase_over_ssh_reports_into_the_run_and_leaves_outputs_on_the_host(
 
 def test_busy_gpus_refuse_before_anything_starts(tmp_path: Path, sshd: Sshd, fakebin: Any, layout: Layout) -> None:
     fakebin.reset()  # the scripted nvidia-smi: 8 GPUs with 130000 MiB in use (a server holds them)
-    config = write_pipeline(tmp_path, sshd, layout)
+    config = load_pipeline(tmp_path, ssh_compute(tmp_path, sshd, layout), runtime_checks=True)
     spec, ship = stage(layout, make_samples(2))
     result = dg.materialize(
         [heavy_asset(config.source_file, "import-specforge", spec, ship, INDEX_AND_MANIFEST)], raise_on_error=False
@@ -191,7 +192,7 @@ def test_terminated_run_leaves_no_remote_process(
     home = tmp_path / "dagster_home"
     home.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    config = write_pipeline(tmp_path, sshd, layout)
+    config = load_pipeline(tmp_path, ssh_compute(tmp_path, sshd, layout), runtime_checks=True)
     spec, ship = stage(layout, make_samples(10), training=False)
     block_on_fifo(layout)
     staged = tmp_path / "staged.json"
@@ -256,7 +257,11 @@ def test_dropped_connection_reports_the_workers_fate_and_follows_it_to_the_end(
     known_hosts = tmp_path / "known_hosts_proxy"
     key = sshd.known_hosts.read_text().split(maxsplit=1)[1]
     known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {key}")
-    config = write_pipeline(tmp_path, sshd, layout, port=proxy.port, known_hosts=known_hosts, heartbeat_timeout_s=5)
+    config = load_pipeline(
+        tmp_path,
+        ssh_compute(tmp_path, sshd, layout, port=proxy.port, known_hosts=known_hosts, heartbeat_timeout_s=5),
+        runtime_checks=True,
+    )
     spec, ship = stage(layout, make_samples(10), training=False)
     fifo = block_on_fifo(layout)
 
@@ -335,7 +340,9 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(
         f"&& cp -R {prepared}/. {{output_dir}}/ "
         "&& echo wrote $(ls {output_dir}/rows_0-2000 | wc -l) files"
     )
-    config = write_pipeline(tmp_path, sshd, layout, kind="command", command=command)
+    config = load_pipeline(
+        tmp_path, ssh_compute(tmp_path, sshd, layout, kind="command", command=command), runtime_checks=True
+    )
     spec = {  # what extract.spec_from_config gives: the phase's settings and where things are
         "training_data": str(layout.local / "training_data"),
         "output": str(layout.local / "hidden_states"),
@@ -387,7 +394,11 @@ def test_command_kind_runs_the_users_extractor_then_imports_its_output(
 def test_command_kind_replaces_only_extraction(tmp_path: Path, sshd: Sshd, idle_gpus: Any, layout: Layout) -> None:
     """Any other phase on a `compute: command` host runs our worker there, as with `ssh`; the
     command (which would fail the step) never runs."""
-    config = write_pipeline(tmp_path, sshd, layout, kind="command", command="echo the user command ran; exit 3")
+    config = load_pipeline(
+        tmp_path,
+        ssh_compute(tmp_path, sshd, layout, kind="command", command="echo the user command ran; exit 3"),
+        runtime_checks=True,
+    )
     spec, ship = stage(layout, make_samples(4))
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(

@@ -16,13 +16,14 @@ from eagle3_pipeline.compute.remote import Fate, RemoteRun
 from eagle3_pipeline.hosts import SshHost
 from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline.testing.sshd_fixture import Sshd
-from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
+from eagle3_pipeline_tests.compute.pipelines import Layout, ssh_compute
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 
 @pytest.fixture
 def remote(tmp_path: Path, sshd: Sshd) -> Iterator[tuple[RemoteRun, list[str]]]:
     layout = Layout(tmp_path / "local", tmp_path / "remote", tmp_path / "work")
-    config = write_pipeline(tmp_path, sshd, layout)
+    config = load_pipeline(tmp_path, ssh_compute(tmp_path, sshd, layout), runtime_checks=True)
     host: SshHost = sshd.host()
     warnings: list[str] = []
     run = RemoteRun(host, config.compute, layout.local, "run1", "import-specforge", warn=warnings.append)

@@ -10,7 +10,6 @@ the real one: 0.5.23 (the current line) for the two torchrun ranks, 0.5.14 for t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -30,9 +29,10 @@ from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.sshd_fixture import Sshd
 from eagle3_pipeline.testing.stores import assert_same_store
 from eagle3_pipeline.testing.training_data import tokenized_training_data
-from eagle3_pipeline_tests.compute.pipelines import Layout, write_pipeline
+from eagle3_pipeline_tests.compute.pipelines import Layout, ssh_compute
 from eagle3_pipeline_tests.dagster_runs import checks, materialize, pipeline_resources, run_log
 from eagle3_pipeline_tests.hidden_states.sglang_standins import standin_pythonpath
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 # These tests start worker processes (torchrun ranks, a wrapper shell): the modules that read the
 # process table take turns with them (root conftest `process_table`).
@@ -78,7 +78,9 @@ def test_extraction_runs_under_torchrun_with_the_sglang_python_and_writes_the_ex
 ) -> None:
     python = sglang_venv_python(tmp_path, "0.5.23")
     settings = {**SGLANG, "model": str(local_model), "sglang_python": str(python), "tp_size": 2}
-    config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
+    config = load_pipeline(
+        tmp_path, ssh_compute(tmp_path, sshd, layout), {"hidden_states": settings}, runtime_checks=True
+    )
     tokenized_training_data(layout.local / "training_data", local_model)
     instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
@@ -131,7 +133,9 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(
     process's own venv has no SGLang), even with one rank."""
     python = sglang_venv_python(tmp_path, "0.5.14")
     settings = {**SGLANG, "model": str(local_model), "sglang_python": str(python), "tp_size": 1}
-    config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings}, kind="local")
+    config = load_pipeline(
+        tmp_path, ssh_compute(tmp_path, sshd, layout, kind="local"), {"hidden_states": settings}, runtime_checks=True
+    )
     tokenized_training_data(layout.local / "training_data", local_model)
     instance, result = materialize(build_eagle3_assets(config), ["hidden_states"], config)
     assert result.success
@@ -153,7 +157,9 @@ def test_local_compute_starts_the_worker_with_the_sglang_python(
 def test_busy_gpus_refuse_naming_tp_size(tmp_path: Path, sshd: Sshd, fakebin: Any, layout: Layout) -> None:
     fakebin.reset()  # the scripted nvidia-smi: 8 GPUs with 130000 MiB in use (the SGLang server still holds them)
     settings = {**SGLANG, "model": "/models/kimi", "sglang_python": "/opt/sglang/bin/python", "tp_size": 8}
-    config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
+    config = load_pipeline(
+        tmp_path, ssh_compute(tmp_path, sshd, layout), {"hidden_states": settings}, runtime_checks=True
+    )
     text = refusal(config)
     print("\n-- the refusal:", text)
     assert re.search(
@@ -174,7 +180,9 @@ def test_a_missing_sglang_python_on_the_host_is_named(
         "sglang_python": str(tmp_path / "no-venv" / "bin" / "python"),
         "tp_size": 2,
     }
-    config = write_pipeline(tmp_path, sshd, layout, sections={"hidden_states": settings})
+    config = load_pipeline(
+        tmp_path, ssh_compute(tmp_path, sshd, layout), {"hidden_states": settings}, runtime_checks=True
+    )
     text = refusal(config)
     print("\n-- the refusal:", text)
     assert (
@@ -186,15 +194,10 @@ def test_a_missing_sglang_python_on_the_host_is_named(
 
 def test_backend_sglang_without_its_python_is_a_config_error(tmp_path: Path) -> None:
     def pipeline(hidden_states: dict[str, Any]) -> Path:
-        path = tmp_path / "pipeline.yaml"
-        document = {
-            "name": "p",
-            "artifacts_root": str(tmp_path),
-            "target": {"model": "m"},
-            "datasets": [{"id": "B1", "source": "B1.jsonl"}],
-        }
-        path.write_text(json.dumps({**document, "hidden_states": hidden_states}))
-        return path
+        target = {"model": "m", "tokenizer": None}
+        return write_pipeline(
+            tmp_path, {"artifacts_root": str(tmp_path), "target": target, "hidden_states": hidden_states}
+        )
 
     with pytest.raises(ConfigError, match=r"hidden_states: .*backend 'sglang' needs hidden_states.sglang_python"):
         load_config(pipeline({"backend": "sglang"}))

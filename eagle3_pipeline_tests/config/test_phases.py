@@ -17,7 +17,7 @@ from eagle3_pipeline.generation.planning import build_plan
 from eagle3_pipeline.managed.phases import phase_host
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline.orchestration.step_tags import K8S_CONFIG_TAG, step_tags
-from eagle3_pipeline_tests.managed.pipelines import write_pipeline
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 # A managed vLLM that is also the extraction server, the benchmark and the served drafter: every row in play.
 EVERY_PHASE = {
@@ -43,22 +43,22 @@ def test_the_table_lists_each_phase_once_in_the_main_jobs_order() -> None:
 
 
 def test_the_gpu_pool_holds_the_steps_of_the_tables_phases_and_no_other(tmp_path: Path) -> None:
-    graph = build_definitions(write_pipeline(tmp_path, EVERY_PHASE)).resolve_asset_graph()
+    graph = build_definitions(load_pipeline(tmp_path, EVERY_PHASE)).resolve_asset_graph()
     pooled = {key.to_user_string() for key in graph.get_all_asset_keys() if graph.get(key).pools == {"gpu"}}
     assert pooled == set(GPU_PHASES)
 
 
 def test_the_executors_step_tags_go_to_the_heavy_rows_here_and_to_embedded_generation(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {"inference": {"kind": "embedded"}, "deploy": {"executor": "k8s"}})
+    config = load_pipeline(tmp_path, {"inference": {"kind": "embedded"}, "deploy": {"executor": "k8s"}})
     tagged = [p for p in GPU_PHASES if K8S_CONFIG_TAG in step_tags(config.deploy, config.inference, config.compute, p)]
     assert tagged == ["responses", *HEAVY_PHASES]
 
 
 def test_phase_pools_takes_every_gpu_phase_and_refuses_another_name(tmp_path: Path) -> None:
     pools = {phase: "gpu" for phase in GPU_PHASES}
-    assert write_pipeline(tmp_path, {"deploy": {"phase_pools": pools}}).deploy.phase_pools == pools
+    assert load_pipeline(tmp_path, {"deploy": {"phase_pools": pools}}).deploy.phase_pools == pools
     with pytest.raises(ConfigError, match=r"deploy\.phase_pools\.training_data.*'responses'.*'served_drafter'"):
-        write_pipeline(tmp_path, {"deploy": {"phase_pools": {"training_data": "gpu"}}})
+        load_pipeline(tmp_path, {"deploy": {"phase_pools": {"training_data": "gpu"}}})
 
 
 def test_a_phase_uses_the_gpus_of_its_rows_machine() -> None:
@@ -73,7 +73,7 @@ def test_a_phase_uses_the_gpus_of_its_rows_machine() -> None:
 
 
 def test_the_schedule_walks_the_tables_rows_in_order(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, EVERY_PHASE)
+    config = load_pipeline(tmp_path, EVERY_PHASE)
     steps = serving_schedule(config, build_plan(config, {"managed": None}, {}), {}).steps
     assert [step.phase for step in steps if step.gpu] == [f"responses ×{len(config.dataset_ids)}", *GPU_PHASES[1:]]
 
@@ -101,7 +101,7 @@ def test_each_hand_over_has_its_own_words_in_plan() -> None:
 
 
 def test_the_run_hands_nothing_over_for_the_phase_the_server_serves(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, EVERY_PHASE)
+    config = load_pipeline(tmp_path, EVERY_PHASE)
     with pytest.raises(ValueError, match="responses: the server serves it"):
         with hand_over(None, config, DEFAULT_NAMES, "responses"):
             pass

@@ -10,22 +10,24 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.pipeline import build_definitions
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = pytest.mark.local_model
 
 
 def pipeline(folder: Path, model: Path, ceiling: float) -> PipelineConfig:
     (folder / "p.jsonl").write_text("")
-    (folder / "pipeline.yaml").write_text(
-        f"name: td\nartifacts_root: out\ntarget: {{model: m, tokenizer: '{model}'}}\n"
-        "inference:\n  kind: endpoints\n  endpoints:\n    - {base_url: 'http://127.0.0.1:9/v1'}\n"
-        f"training_data: {{eval_fraction: 0.0, max_template_mismatch_rate: {ceiling}}}\n"
-        "datasets:\n  - {id: B1, source: p.jsonl}\n"
-    )
-    config = load_config(folder / "pipeline.yaml")
+    sections = {
+        "name": "td",
+        "target": {"model": "m", "tokenizer": str(model)},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}]},
+        "training_data": {"eval_fraction": 0.0, "max_template_mismatch_rate": ceiling},
+        "datasets": [{"id": "B1", "source": "p.jsonl"}],
+    }
+    config = load_pipeline(folder, sections, runtime_checks=True)
     call = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
     rows = [
         response_row(f"q{i}", "B1", [message("user", f"Question {i}?"), generated(f"Answer {i}.")]) for i in range(3)

@@ -9,7 +9,6 @@ its host's queue. No pod is scheduled and no Celery worker runs here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,9 @@ from dagster._core.execution.api import create_execution_plan
 
 from eagle3_pipeline.components.execution.deploy import CELERY_BACKEND_ENV, CELERY_BROKER_ENV
 from eagle3_pipeline.components.pipeline import build_definitions
-from eagle3_pipeline.config import ConfigError, load_config
+from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.orchestration.step_tags import CELERY_QUEUE_TAG, K8S_CONFIG_TAG, gpu_phases
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 kubernetes = pytest.importorskip("kubernetes")
 dagster_k8s_job = pytest.importorskip("dagster_k8s.job")
@@ -29,34 +29,6 @@ dagster_k8s_models = pytest.importorskip("dagster_k8s.models")
 GPU_ASSETS = ("hidden_states", "eagle3_drafter", "drafter_eval")
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
-
-
-def write_pipeline(
-    folder: Path, deploy: dict[str, Any], compute: str = "local", inference: dict[str, Any] | None = None
-) -> Path:
-    document = {
-        "name": "deployed",
-        "artifacts_root": str(folder / "out"),
-        "target": {"model": "target", "tokenizer": "unused"},
-        "inference": inference or {"kind": "embedded"},
-        "compute": {
-            "kind": compute,
-            **(
-                {
-                    "host": {"kind": "ssh", "hostname": "gpu-a", "username": "u"},
-                    "workdir": "/w",
-                    "artifacts_root": "/data",
-                }
-                if compute == "ssh"
-                else {}
-            ),
-        },
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
-        "deploy": deploy,
-    }
-    path = folder / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return path
 
 
 def op_tags(defs: dg.Definitions, asset: str) -> dict[str, str]:
@@ -88,7 +60,7 @@ def test_k8s_step_jobs_request_gpus_on_each_pools_nodes(tmp_path: Path) -> None:
         "gpu_pools": {"h200": {"node_selector": H200, "gpus": 8}, "a100": {"node_selector": A100, "gpus": 2}},
         "phase_pools": {"drafter_eval": "a100"},
     }
-    config = load_config(write_pipeline(tmp_path, deploy), runtime_checks=False)
+    config = load_pipeline(tmp_path, {"deploy": deploy})
     assert gpu_phases(config.inference, config.compute) == [
         "responses",
         "hidden_states",
@@ -120,10 +92,9 @@ def test_k8s_step_jobs_request_gpus_on_each_pools_nodes(tmp_path: Path) -> None:
 def test_remote_compute_and_endpoints_keep_gpu_requests_off_the_step_pods(tmp_path: Path) -> None:
     """With `compute: ssh` and a remote endpoint the step only drives a GPU host: no GPU for its pod."""
     endpoints = {"kind": "endpoints", "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}]}
-    config = load_config(
-        write_pipeline(tmp_path, {"executor": "k8s", "gpu_pools": {"h200": {"node_selector": H200}}}, "ssh", endpoints),
-        runtime_checks=False,
-    )
+    ssh = {"kind": "ssh", "host": {"hostname": "gpu-a", "username": "u"}, "workdir": "/w", "artifacts_root": "/data"}
+    deploy = {"executor": "k8s", "gpu_pools": {"h200": {"node_selector": H200}}}
+    config = load_pipeline(tmp_path, {"deploy": deploy, "compute": ssh, "inference": endpoints})
     assert gpu_phases(config.inference, config.compute) == []
     defs = build_definitions(config)
     for asset in ("responses", *GPU_ASSETS):
@@ -139,7 +110,7 @@ def test_celery_executor_loads_and_routes_each_gpu_phase_to_its_hosts_queue(
         "gpu_pools": {"gpu-a": {}, "gpu-b": {"queue": "gpu-b-h200"}},
         "phase_pools": {"eagle3_drafter": "gpu-b"},
     }
-    defs = build_definitions(load_config(write_pipeline(tmp_path, deploy), runtime_checks=False))
+    defs = build_definitions(load_pipeline(tmp_path, {"deploy": deploy}))
     for job in ("generation_job", "downstream_job"):
         assert defs.resolve_job_def(job).executor_def.name == "celery_executor"
     queues = {
@@ -164,7 +135,7 @@ def test_celery_executor_loads_and_routes_each_gpu_phase_to_its_hosts_queue(
 
 
 def test_default_executor_adds_no_tags_and_unknown_pool_is_a_clear_error(tmp_path: Path) -> None:
-    defs = build_definitions(load_config(write_pipeline(tmp_path, {}), runtime_checks=False))
+    defs = build_definitions(load_pipeline(tmp_path))
     assert all(
         K8S_CONFIG_TAG not in op_tags(defs, a) and CELERY_QUEUE_TAG not in op_tags(defs, a)
         for a in ("responses", *GPU_ASSETS)
@@ -172,7 +143,7 @@ def test_default_executor_adds_no_tags_and_unknown_pool_is_a_clear_error(tmp_pat
     with pytest.raises(
         ConfigError, match=r"deploy: .*phase_pools names pools not in gpu_pools.*'hidden_states': 'nope'"
     ):
-        load_config(write_pipeline(tmp_path, {"phase_pools": {"hidden_states": "nope"}}), runtime_checks=False)
+        load_pipeline(tmp_path, {"deploy": {"phase_pools": {"hidden_states": "nope"}}})
 
 
 def test_k8s_instance_file_is_deploy_dagster_yaml_plus_a_valid_k8s_run_launcher() -> None:

@@ -32,9 +32,10 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.orchestration.partition_runs import IN_FLIGHT
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.process_tools import free_port
-from eagle3_pipeline_tests.dagster_runs import materialized, write_pipeline
+from eagle3_pipeline_tests.dagster_runs import fake_server_sections, materialized
 from eagle3_pipeline_tests.deploy.postgres_server import Postgres
 from eagle3_pipeline_tests.locations import location_file
+from eagle3_pipeline_tests.pipeline_files import write_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.daemon, pytest.mark.postgres]
 
@@ -90,10 +91,8 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
 ) -> None:
     config_path = write_pipeline(
         tmp_path,
-        fake_openai,
-        datasets=("B1", "B2", "B3", "B4", "B5"),
-        tokenizer=local_model,
-        schedule={"cron": "* * * * *"},
+        fake_server_sections(tmp_path, fake_openai, datasets=("B1", "B2", "B3", "B4", "B5")),
+        {"target": {"tokenizer": str(local_model)}, "schedule": {"cron": "* * * * *"}},
     )
     home = tmp_path / "home"
     home.mkdir()

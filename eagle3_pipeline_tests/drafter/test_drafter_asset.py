@@ -23,20 +23,35 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.testing.tiny_store import random_store, random_target
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
+# A target the tests never load (the drafter trains on a store of random tensors) and the shipped chat samples.
+CHAT_SAMPLES = {
+    "name": "t",
+    "target": {"model": "m", "tokenizer": None},
+    "datasets": [{"id": "B1", "source": str(SAMPLES / "chat.jsonl")}],
+}
 
 
 @pytest.mark.parametrize("processes", [1, 2])
 @pytest.mark.slow
 def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, processes: int) -> None:
     target = random_target(tmp_path / "target")
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(
-        f"name: t\nartifacts_root: {tmp_path / 'artifacts'}\ntarget: {{model: m}}\n"
-        f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
-        f"drafter: {{target_weights: {target}, ttt_steps: 2, epochs: 1, batch_tokens: 96, max_seq_len: 32, "
-        f"log_every: 2, checkpoint_every: 4, lr: 0.003, nproc_per_node: {processes}, select: best}}\n"
+    drafter = {
+        "target_weights": str(target),
+        "ttt_steps": 2,
+        "epochs": 1,
+        "batch_tokens": 96,
+        "max_seq_len": 32,
+        "log_every": 2,
+        "checkpoint_every": 4,
+        "lr": 0.003,
+        "nproc_per_node": processes,
+        "select": "best",
+    }
+    pipeline = write_pipeline(
+        tmp_path, CHAT_SAMPLES, {"artifacts_root": str(tmp_path / "artifacts"), "drafter": drafter}
     )
     config = load_config(pipeline)
     paths = drafter_paths(config.artifacts_root)
@@ -77,12 +92,8 @@ def test_materializing_the_drafter_records_curves_and_exports(tmp_path: Path, pr
 
 
 def test_the_drafter_depends_on_the_vocab_and_the_hidden_states(tmp_path: Path) -> None:
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(
-        f"name: t\nartifacts_root: {tmp_path}\ntarget: {{model: m}}\n"
-        f"datasets: [{{id: B1, source: {SAMPLES / 'chat.jsonl'}}}]\n"
-    )
-    (drafter,) = build_drafter_assets(load_config(pipeline))
+    config = load_pipeline(tmp_path, CHAT_SAMPLES, {"artifacts_root": str(tmp_path)}, runtime_checks=True)
+    (drafter,) = build_drafter_assets(config)
     assert {k.to_user_string() for k in drafter.dependency_keys} == {"draft_vocab", "hidden_states"}
     assert drafter.group_names_by_key[dg.AssetKey("eagle3_drafter")] == "eagle3"
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.dagster_runs import failure_description, materialize_generation
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 LLAMA_70B = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "num_hidden_layers": 80,
@@ -26,15 +27,16 @@ def pipeline(folder: Path, server: FakeOpenAI, check: str) -> PipelineConfig:
     target.mkdir(exist_ok=True)
     (target / "config.json").write_text(json.dumps(LLAMA_70B))
     write_jsonl(folder / "p.jsonl", [sharegpt(f"question {i}") for i in range(4)])
-    (folder / "pipeline.yaml").write_text(
-        "name: toobig\nartifacts_root: out\ntarget: {model: vendor/model, tokenizer: unused}\n"
-        f"inference:\n  kind: endpoints\n  endpoints:\n    - {{base_url: '{server.base_url}'}}\n"
-        "generation: {max_tokens: 8, fsync: never, length_estimator: chars, progress_interval_s: 0.05}\n"
-        f"hidden_states: {{model: {target}}}\n"
-        f"machine: {{gpu: RTX 4090, gpus: 1, check: {check}}}\n"
-        "datasets:\n  - {id: B1, source: p.jsonl, token_budget: 1000}\n"
-    )
-    return load_config(folder / "pipeline.yaml")
+    sections = {
+        "name": "toobig",
+        "target": {"model": "vendor/model", "tokenizer": "unused"},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+        "generation": {"max_tokens": 8, "fsync": "never", "length_estimator": "chars", "progress_interval_s": 0.05},
+        "hidden_states": {"model": str(target)},
+        "machine": {"gpu": "RTX 4090", "gpus": 1, "check": check},
+        "datasets": [{"id": "B1", "source": "p.jsonl", "token_budget": 1000}],
+    }
+    return load_pipeline(folder, sections, runtime_checks=True)
 
 
 def test_a_target_too_big_for_the_gpus_is_refused_before_generation(tmp_path: Path, fake_openai: FakeOpenAI) -> None:

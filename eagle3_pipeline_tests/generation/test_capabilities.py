@@ -11,19 +11,18 @@ server info) and for a hosted API; the real vLLM case is in real_vllm/test_capab
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.generation import Endpoint
 from eagle3_pipeline.generation.capabilities import PROBE_PREFIX, CapabilityReport, ServerNeeds, probe_capabilities
 from eagle3_pipeline.testing.datasets import write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.dagster_runs import failure_description, materialize_generation
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 VLLM_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
@@ -136,24 +135,6 @@ def test_a_hosted_api_is_asked_only_what_the_dataset_needs(fake_openai: FakeOpen
     assert not fake_openai.probe_requests
 
 
-def pipeline(folder: Path, server: FakeOpenAI, records: list[dict[str, Any]], **generation: Any) -> PipelineConfig:
-    write_jsonl(folder / "p.jsonl", records)
-    (folder / "pipeline.yaml").write_text(
-        json.dumps(
-            {
-                "name": "capabilities",
-                "artifacts_root": "out",
-                "target": {"model": "target", "tokenizer": "unused", "max_seq_len": 4096},
-                "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
-                "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars", **generation},
-                "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-                "datasets": [{"id": "T1", "source": "p.jsonl"}],
-            }
-        )
-    )
-    return load_config(folder / "pipeline.yaml")
-
-
 def tool_prompts(count: int) -> list[dict[str, Any]]:
     return [{"messages": [{"role": "user", "content": f"look up item {i}"}], "tools": TOOLS} for i in range(count)]
 
@@ -163,7 +144,18 @@ def test_the_partition_fails_before_any_request_then_runs_once_the_server_has_th
 ) -> None:
     fake_openai.script = refuses_tools
     fake_openai.max_model_len = 4096
-    config = pipeline(tmp_path, fake_openai, tool_prompts(24))
+    write_jsonl(tmp_path / "p.jsonl", tool_prompts(24))
+    config = load_pipeline(
+        tmp_path,
+        {
+            "name": "capabilities",
+            "target": {"tokenizer": "unused", "max_seq_len": 4096},
+            "inference": {"kind": "endpoints", "endpoints": [{"base_url": fake_openai.base_url}]},
+            "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},
+            "datasets": [{"id": "T1", "source": "p.jsonl"}],
+        },
+        runtime_checks=True,
+    )
     with dg.DagsterInstance.ephemeral() as instance:
         failed = materialize_generation(config, instance, "T1")
         assert not failed.success

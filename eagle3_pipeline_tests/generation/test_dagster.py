@@ -12,37 +12,42 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.inference.provider import InferenceProvider
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.dagster_runs import materialize_generation
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 SECRET = "sk-or-v1-test-0123456789abcdef-SECRET"
 KEY_VAR = "EAGLE3_TEST_ROUTER_KEY"
 
 
-def pipeline(folder: Path, server: FakeOpenAI, budget: int, **generation: Any) -> PipelineConfig:
+def pipeline(folder: Path, server: FakeOpenAI, budget: int) -> PipelineConfig:
+    """A keyed, priced endpoint (the loopback server) and dataset B1 of ten prompts under ``budget`` tokens."""
     write_jsonl(folder / "p.jsonl", [sharegpt(f"question {i}") for i in range(10)])
-    settings = {
+    endpoint = {
+        "base_url": server.base_url,
+        "api_key_env": KEY_VAR,
+        "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0},
+    }
+    generation = {
         "max_tokens": 8,
-        "concurrency": "{short: 2, long: 1}",
+        "concurrency": {"short": 2, "long": 1},
         "progress_interval_s": 0.05,
         "fsync": "never",
-        "retry": "{max_attempts: 2, backoff_initial_s: 0.01}",
+        "retry": {"max_attempts": 2, "backoff_initial_s": 0.01},
         "length_estimator": "chars",  # the loopback server has no tokenizer
-        **generation,
     }
-    lines = "".join(f"  {key}: {value}\n" for key, value in settings.items())
-    (folder / "pipeline.yaml").write_text(
-        "name: hosted\nartifacts_root: out\ntarget: {model: vendor/model, tokenizer: unused}\n"
-        f"inference:\n  kind: endpoints\n  endpoints:\n    - {{base_url: '{server.base_url}', api_key_env: {KEY_VAR}, "
-        "price: {prompt_per_mtok: 1.0, completion_per_mtok: 2.0}}\n"
-        f"generation:\n{lines}"
-        f"datasets:\n  - {{id: B1, source: p.jsonl, token_budget: {budget}}}\n"
-    )
-    return load_config(folder / "pipeline.yaml")
+    sections = {
+        "name": "hosted",
+        "target": {"model": "vendor/model", "tokenizer": "unused"},
+        "inference": {"kind": "endpoints", "endpoints": [endpoint]},
+        "generation": generation,
+        "datasets": [{"id": "B1", "source": "p.jsonl", "token_budget": budget}],
+    }
+    return load_pipeline(folder, sections, runtime_checks=True)
 
 
 def check_result(result: dg.ExecuteInJobResult) -> dg.AssetCheckEvaluation:

@@ -12,12 +12,13 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import ResponseCheckpoint, configured_fingerprint, partition_is_stale
 from eagle3_pipeline.generation.fingerprint import GenerationFingerprint, endpoint_identity
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.dagster_runs import materialize_generation
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 
 def pipeline(
@@ -25,13 +26,14 @@ def pipeline(
 ) -> PipelineConfig:
     write_jsonl(folder / "p.jsonl", [sharegpt(f"question {i}") for i in range(6)])
     settings = {"max_tokens": max_tokens, "concurrency": 2, "fsync": "never", "length_estimator": "chars", **generation}
-    lines = "".join(f"  {key}: {value}\n" for key, value in settings.items())
-    (folder / "pipeline.yaml").write_text(
-        f"name: fp\nartifacts_root: out\ntarget: {{model: {model}, tokenizer: unused}}\n"
-        f"inference:\n  kind: endpoints\n  endpoints:\n    - {{base_url: '{server.base_url}'}}\n"
-        f"generation:\n{lines}datasets:\n  - {{id: B1, source: p.jsonl}}\n"
-    )
-    return load_config(folder / "pipeline.yaml")
+    sections = {
+        "name": "fp",
+        "target": {"model": model, "tokenizer": "unused"},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+        "generation": settings,
+        "datasets": [{"id": "B1", "source": "p.jsonl"}],
+    }
+    return load_pipeline(folder, sections, runtime_checks=True)
 
 
 def fingerprint(config: PipelineConfig) -> GenerationFingerprint:
@@ -143,14 +145,15 @@ def test_several_endpoints_of_one_model_share_a_table_and_credentials_are_not_re
     servers = [FakeOpenAI().start(), FakeOpenAI().start()]
     try:
         write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"question {i}") for i in range(8)])
-        endpoints = "".join(f"    - {{base_url: '{s.base_url}'}}\n" for s in servers)
-        (tmp_path / "pipeline.yaml").write_text(
-            "name: two\nartifacts_root: out\ntarget: {model: org/target-a, tokenizer: unused}\n"
-            f"inference:\n  kind: endpoints\n  endpoints:\n{endpoints}"
-            "generation: {max_tokens: 8, concurrency: 4, length_estimator: chars}\ndatasets:\n"
-            "  - {id: B1, source: p.jsonl}\n"
-        )
-        result = materialize_generation(load_config(tmp_path / "pipeline.yaml"), dg.DagsterInstance.ephemeral())
+        sections = {
+            "name": "two",
+            "target": {"model": "org/target-a", "tokenizer": "unused"},
+            "inference": {"kind": "endpoints", "endpoints": [{"base_url": s.base_url} for s in servers]},
+            "generation": {"max_tokens": 8, "concurrency": 4, "length_estimator": "chars"},
+            "datasets": [{"id": "B1", "source": "p.jsonl"}],
+        }
+        config = load_pipeline(tmp_path, sections, runtime_checks=True)
+        result = materialize_generation(config, dg.DagsterInstance.ephemeral())
         assert result.success
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
         assert checks["single_model"] and all(checks.values()), checks

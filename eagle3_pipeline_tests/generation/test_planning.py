@@ -35,6 +35,7 @@ from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts
 from eagle3_pipeline_tests.cli_runs import plan_cli
 from eagle3_pipeline_tests.dagster_runs import materialize_generation
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 SECRET = "sk-fast-0123456789abcdef-PLANNER-SECRET"
 KEY_VAR = "EAGLE3_TEST_FAST_KEY"
@@ -50,14 +51,9 @@ def servers(monkeypatch: pytest.MonkeyPatch) -> Any:
     fast.stop()
 
 
-def write_pipeline(
-    folder: Path,
-    slow: FakeOpenAI,
-    fast: FakeOpenAI,
-    failover: dict[str, Any] | None = None,
-    unpriced: str | None = None,
-    **generation: Any,
-) -> Path:
+def two_backends(folder: Path, slow: FakeOpenAI, fast: FakeOpenAI, unpriced: str | None = None) -> dict[str, Any]:
+    """Pipeline sections for two priced endpoints (the fast one keyed), an unpriced third where given, quick
+    generation settings, and dataset B1 of one prompt (``p.jsonl``)."""
     endpoints: list[dict[str, Any]] = [
         {"name": "slow-box", "base_url": slow.base_url, "price": {"prompt_per_mtok": 0.1, "completion_per_mtok": 0.2}},
         {
@@ -69,7 +65,7 @@ def write_pipeline(
     ]
     if unpriced:
         endpoints.append({"name": "no-price", "base_url": unpriced})
-    settings: dict[str, Any] = {
+    generation: dict[str, Any] = {
         "max_tokens": 8,
         "concurrency": {"short": 2, "long": 1},
         "connect_timeout_s": 2,
@@ -78,22 +74,15 @@ def write_pipeline(
         "fsync": "never",
         "progress_interval_s": 0.05,
         "length_estimator": "chars",
-        **generation,
     }
-    if failover:
-        settings["failover"] = failover
     (folder / "p.jsonl").write_text('{"conversations": [{"from": "human", "value": "hello"}]}\n')
-    document = {
+    return {
         "name": "planner",
-        "artifacts_root": "out",
         "target": {"model": "vendor/model", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": endpoints},
-        "generation": settings,
-        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
+        "generation": generation,
         "datasets": [{"id": "B1", "source": "p.jsonl"}],
     }
-    (folder / "pipeline.yaml").write_text(json.dumps(document))
-    return folder / "pipeline.yaml"
 
 
 def materialize_prompts(config: PipelineConfig, n: int) -> list[PromptRecord]:
@@ -112,7 +101,7 @@ def test_plan_ranks_the_backends_from_calibration_and_evidence(tmp_path: Path, s
     slow, fast = servers
     unpriced = FakeOpenAI(token_delay_s=0.001).start()
     try:
-        path = write_pipeline(tmp_path, slow, fast, unpriced=unpriced.base_url)
+        path = write_pipeline(tmp_path, two_backends(tmp_path, slow, fast, unpriced.base_url))
         config = load_config(path)
         prompts = materialize_prompts(config, 40)
 
@@ -180,7 +169,12 @@ def run_dataset(
 def failover_run(
     tmp_path: Path, slow: FakeOpenAI, fast: FakeOpenAI, failover: dict[str, Any], n: int = 60, **generation: Any
 ) -> tuple[PipelineConfig, Any]:
-    config = load_config(write_pipeline(tmp_path, slow, fast, failover, **generation))
+    config = load_pipeline(
+        tmp_path,
+        two_backends(tmp_path, slow, fast),
+        {"generation": {"failover": failover, **generation}},
+        runtime_checks=True,
+    )
     prompts = materialize_prompts(config, n)
     result = run_dataset(config, prompts, lambda: endpoints_from_config(config))
     return config, result
@@ -278,7 +272,11 @@ def test_failover_when_the_primary_hangs_mid_run(tmp_path: Path, servers: Any) -
 
 def test_failover_refuses_backends_of_different_models(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
-    path = write_pipeline(tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"]})
+    path = write_pipeline(
+        tmp_path,
+        two_backends(tmp_path, slow, fast),
+        {"generation": {"failover": {"backends": ["slow-box", "fast-api"]}}},
+    )
     document = json.loads(path.read_text())
     document["inference"]["endpoints"][1]["model"] = "other/model"
     path.write_text(json.dumps(document))
@@ -303,9 +301,8 @@ def test_failover_refuses_backends_of_different_models(tmp_path: Path, servers: 
 
 def test_responses_materialization_carries_the_plan_and_the_decision(tmp_path: Path, servers: Any) -> None:
     slow, fast = servers
-    path = write_pipeline(
-        tmp_path, slow, fast, {"backends": ["slow-box", "fast-api"], "deadline_s": 1.5, "check_every_s": 0.3}
-    )
+    failover = {"backends": ["slow-box", "fast-api"], "deadline_s": 1.5, "check_every_s": 0.3}
+    path = write_pipeline(tmp_path, two_backends(tmp_path, slow, fast), {"generation": {"failover": failover}})
     (tmp_path / "p.jsonl").write_text(
         "".join(json.dumps({"conversations": [{"from": "human", "value": f"q {i}"}]}) + "\n" for i in range(40))
     )

@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.pipeline import build_definitions
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation.length import check_lengths
 from eagle3_pipeline.generation.quality import account_for_prompts
 from eagle3_pipeline.layout import ArtifactLayout
@@ -20,6 +20,7 @@ from eagle3_pipeline.records import PromptRecord, content_id, message
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts, run, settings
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 
 def test_an_empty_answer_is_retried_then_failed_never_stored(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
@@ -59,16 +60,17 @@ def pipeline(folder: Path, server: FakeOpenAI, questions: int = 10, **generation
         "concurrency": 2,
         "fsync": "never",
         "length_estimator": "chars",
-        "retry": "{max_attempts: 2, backoff_initial_s: 0.01}",
+        "retry": {"max_attempts": 2, "backoff_initial_s": 0.01},
         **generation,
     }
-    lines_ = "".join(f"  {key}: {value}\n" for key, value in settings_.items())
-    (folder / "pipeline.yaml").write_text(
-        "name: q\nartifacts_root: out\ntarget: {model: m, tokenizer: unused, max_seq_len: 64}\n"
-        f"inference:\n  kind: endpoints\n  endpoints:\n    - {{base_url: '{server.base_url}'}}\n"
-        f"generation:\n{lines_}datasets:\n  - {{id: B1, source: p.jsonl}}\n"
-    )
-    return load_config(folder / "pipeline.yaml")
+    sections = {
+        "name": "q",
+        "target": {"model": "m", "tokenizer": "unused", "max_seq_len": 64},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+        "generation": settings_,
+        "datasets": [{"id": "B1", "source": "p.jsonl"}],
+    }
+    return load_pipeline(folder, sections, runtime_checks=True)
 
 
 def materialize(config: PipelineConfig, selection: list[str] | None = None) -> dg.ExecuteInJobResult:

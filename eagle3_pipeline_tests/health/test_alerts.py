@@ -23,7 +23,8 @@ from eagle3_pipeline.config import load_config
 from eagle3_pipeline.health.alerts import Alert, Alerter, health_changed
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.webhook import Receiver
-from eagle3_pipeline_tests.dagster_runs import sensor_resources, start_stalled_generation, write_pipeline
+from eagle3_pipeline_tests.dagster_runs import fake_server_sections, sensor_resources, start_stalled_generation
+from eagle3_pipeline_tests.pipeline_files import write_pipeline
 
 URL_VAR, KEY_VAR, PASS_VAR = "EAGLE3_TEST_ALERT_URL", "EAGLE3_TEST_API_KEY", "EAGLE3_TEST_KEY_PASSPHRASE"
 API_KEY = "sk-test-4f1d9c0b7e2a4c55a9d1"
@@ -54,16 +55,16 @@ def pipeline(
 ) -> Path:
     return write_pipeline(
         tmp_path,
-        server,
-        datasets=("B1",),
-        inference={"kind": "endpoints", "endpoints": [{"base_url": server.base_url, "api_key_env": KEY_VAR}]},
-        health={
-            "host": {"kind": "local", "key_file": "~/.ssh/unused_key", "key_passphrase_env": PASS_VAR},
-            "min_disk_free_gb": disk_floor_gb,
-            "min_mem_free_gb": 0.01,
-            "stall_window_s": stall_window_s,
+        fake_server_sections(tmp_path, server, datasets=("B1",)),
+        {
+            "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url, "api_key_env": KEY_VAR}]},
+            "health": {
+                "host": {"key_file": "~/.ssh/unused_key", "key_passphrase_env": PASS_VAR},
+                "min_disk_free_gb": disk_floor_gb,
+                "stall_window_s": stall_window_s,
+            },
+            "alerts": {"webhook_url_env": URL_VAR, "format": alert_format},
         },
-        alerts={"webhook_url_env": URL_VAR, "format": alert_format},
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -30,6 +29,7 @@ from eagle3_pipeline.hosts import (
 )
 from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline.testing.sshd_fixture import Sshd, TcpProxy
+from eagle3_pipeline_tests.pipeline_files import write_pipeline
 
 HOSTILE = [
     "'; touch {pwned} #",
@@ -163,19 +163,8 @@ def test_encrypted_key_with_its_passphrase_from_the_environment(
 
 
 def test_a_passphrase_variable_needs_a_key_file(tmp_path: Path) -> None:
-    path = tmp_path / "p.yaml"
-    (tmp_path / "a.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
     host = {"kind": "ssh", "hostname": "gpu-box", "key_passphrase_env": "GPU_BOX_KEY_PASSPHRASE"}
-    path.write_text(
-        json.dumps(
-            {
-                "name": "p",
-                "target": {"model": "m"},
-                "health": {"host": host},
-                "datasets": [{"id": "B1", "source": "a.jsonl"}],
-            }
-        )
-    )
+    path = write_pipeline(tmp_path, {"health": {"host": host}}, file_name="p.yaml")
     with pytest.raises(ConfigError, match=r"p\.yaml: health\.host: .*key_passphrase_env needs health\.host\.key_file"):
         load_config(path)
 

@@ -17,7 +17,8 @@ from eagle3_pipeline.health.gate import HealthMonitor, UnhealthyError
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, TcpProxy, healthy_gpu_rows
 from eagle3_pipeline_tests.dagster_runs import evaluate_sensor, start_stalled_generation
-from eagle3_pipeline_tests.health.pipeline_files import write_config
+from eagle3_pipeline_tests.health.pipeline_files import sensed_sections
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 
 def observations(instance: dg.DagsterInstance, key: str) -> list[dict]:
@@ -36,7 +37,7 @@ def test_sensor_launches_nothing_while_a_check_is_critical(
 ) -> None:
     sglang.start()
     gpus.set_gpus(healthy_gpu_rows(7))
-    defs = build_definitions(write_config(tmp_path, sshd, sglang))
+    defs = build_definitions(load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True))
     result = evaluate_sensor(defs, "inference_health", instance)
     assert not result.run_requests
     skipped = result.skip_message or ""
@@ -50,7 +51,14 @@ def test_sensor_launches_nothing_while_a_check_is_unknown(
 ) -> None:
     sglang.start()
     gpus.set_mode("hang")
-    defs = build_definitions(write_config(tmp_path, sshd, sglang, shell_section_timeout_s=1))
+    defs = build_definitions(
+        load_pipeline(
+            tmp_path,
+            sensed_sections(tmp_path, sshd, sglang),
+            {"health": {"shell_section_timeout_s": 1}},
+            runtime_checks=True,
+        )
+    )
     result = evaluate_sensor(defs, "inference_health", instance)
     assert not result.run_requests and "gpus unknown" in (result.skip_message or "")
 
@@ -60,7 +68,7 @@ def test_sensor_launches_missing_partitions_once_healthy(
     tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin, instance: dg.DagsterInstance
 ) -> None:
     sglang.start()
-    config = write_config(tmp_path, sshd, sglang)
+    config = load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True)
     defs = build_definitions(config)
     result = evaluate_sensor(defs, "inference_health", instance)
     assert sorted(str(r.partition_key) for r in result.run_requests or []) == ["B1", "B2"]
@@ -77,7 +85,14 @@ def test_blocking_checks_fail_a_run_with_too_many_truncated_responses(
 ) -> None:
     """The fake server answers every request with finish_reason 'length'."""
     sglang.start()
-    defs = build_definitions(write_config(tmp_path, sshd, sglang, max_truncation_rate=0.5))
+    defs = build_definitions(
+        load_pipeline(
+            tmp_path,
+            sensed_sections(tmp_path, sshd, sglang),
+            {"health": {"max_truncation_rate": 0.5}},
+            runtime_checks=True,
+        )
+    )
     result = defs.resolve_job_def("generation_job").execute_in_process(
         partition_key="B1", instance=instance, raise_on_error=False
     )
@@ -98,7 +113,7 @@ def test_preflight_fails_fast_on_a_sick_server(
     """A run started from the UI bypasses the sensor: the asset's own gate refuses it."""
     sglang.start()
     sglang.set(generate="error")
-    defs = build_definitions(write_config(tmp_path, sshd, sglang))
+    defs = build_definitions(load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True))
     started = time.monotonic()
     result = defs.resolve_job_def("generation_job").execute_in_process(
         partition_key="B1", instance=instance, raise_on_error=False
@@ -121,7 +136,9 @@ def test_sensor_tick_against_a_hung_host_returns_within_20_s(
         known = tmp_path / "known_hosts_proxy"
         known.write_text(sshd.known_hosts.read_text().replace(f"]:{sshd.port} ", f"]:{proxy.port} "))
         sglang.start()
-        config = write_config(tmp_path, sshd, sglang, port=proxy.port, known_hosts=known)
+        config = load_pipeline(
+            tmp_path, sensed_sections(tmp_path, sshd, sglang, port=proxy.port, known_hosts=known), runtime_checks=True
+        )
         defs = build_definitions(config)
         assert HealthMonitor(config).preflight()
         proxy.freeze()
@@ -137,7 +154,9 @@ def test_sensor_tick_against_a_hung_host_returns_within_20_s(
 def test_stall_sensor_flags_a_generation_that_stopped_writing(
     tmp_path: Path, sshd: Sshd, sglang: FakeSglang, instance: dg.DagsterInstance
 ) -> None:
-    config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
+    config = load_pipeline(
+        tmp_path, sensed_sections(tmp_path, sshd, sglang), {"health": {"stall_window_s": 1}}, runtime_checks=True
+    )
     defs = build_definitions(config)
     run = start_stalled_generation(defs, instance, config.artifacts_root)
     result = evaluate_sensor(defs, "generation_stall", instance)
@@ -156,7 +175,9 @@ def test_stall_sensor_ignores_runs_that_have_not_started_generating(
 ) -> None:
     """A run waiting for the `gpu` pool or for its server to start has no heartbeat of its own yet:
     however long it waits, it is not stalled (here: an hour-old heartbeat of an earlier run)."""
-    config = write_config(tmp_path, sshd, sglang, stall_window_s=1)
+    config = load_pipeline(
+        tmp_path, sensed_sections(tmp_path, sshd, sglang), {"health": {"stall_window_s": 1}}, runtime_checks=True
+    )
     defs = build_definitions(config)
     instance.create_run_for_job(
         defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=dg.DagsterRunStatus.STARTED
@@ -170,7 +191,7 @@ def test_stall_sensor_ignores_runs_that_have_not_started_generating(
 
 
 def test_unhealthy_error_carries_the_report(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin) -> None:
-    config = write_config(tmp_path, sshd, sglang)
+    config = load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True)
     with pytest.raises(UnhealthyError) as refused:
         HealthMonitor(config).preflight()
     assert refused.value.report.check("server_process").status.value == "critical"

@@ -8,19 +8,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
 from eagle3_pipeline_tests.dagster_runs import sensor_resources
-from eagle3_pipeline_tests.health.pipeline_files import write_config
+from eagle3_pipeline_tests.health.pipeline_files import sensed_sections
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 
 def status(config_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +39,7 @@ def test_json_shape_progress_and_exit_code_when_healthy(
     tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin
 ) -> None:
     sglang.start()
-    config = write_config(tmp_path, sshd, sglang)
+    config = load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True)
     checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_text(
@@ -78,7 +79,7 @@ def test_json_shape_progress_and_exit_code_when_healthy(
 def test_table_and_exit_code_1_when_critical(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin) -> None:
     sglang.start(ranks=7)
     gpus.set_gpus(healthy_gpu_rows(8))
-    result = status(write_config(tmp_path, sshd, sglang).source_file)
+    result = status(load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True).source_file)
     assert result.returncode == 1
     assert result.stdout.startswith("health: CRITICAL")
     assert "7 of 8" in result.stdout and "runs in progress: none" in result.stdout
@@ -87,7 +88,9 @@ def test_table_and_exit_code_1_when_critical(tmp_path: Path, sshd: Sshd, sglang:
 def test_unknown_is_exit_code_1(tmp_path: Path, sshd: Sshd, sglang: FakeSglang, gpus: FakeBin) -> None:
     sglang.start()
     gpus.set_fields(["index", "name", "memory.used"])
-    result = status(write_config(tmp_path, sshd, sglang).source_file, "--json")
+    result = status(
+        load_pipeline(tmp_path, sensed_sections(tmp_path, sshd, sglang), runtime_checks=True).source_file, "--json"
+    )
     assert result.returncode == 1
     assert json.loads(result.stdout)["overall"] in ("unknown", "critical")
     assert {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}["gpus"] == "unknown"
@@ -100,32 +103,19 @@ def test_bad_config_is_exit_code_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "p.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
-def endpoint_pipeline(tmp_path: Path, base_url: str, **health: object) -> Path:
+def endpoint_sections(base_url: str) -> dict[str, Any]:
     """`inference.kind: endpoints`, this machine as the host, and no `health.server` section."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    write_jsonl(tmp_path / "B1.jsonl", [sharegpt("question")])
-    document = {
+    return {
         "name": "remote",
-        "artifacts_root": str(tmp_path / "out"),
         "target": {"model": "fake", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": base_url}]},
-        "health": {
-            "expected_gpus": 0,
-            "min_disk_free_gb": 0,
-            "min_mem_free_gb": 0,
-            "generation_timeout_s": 3,
-            **health,
-        },
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+        "health": {"expected_gpus": 0, "min_disk_free_gb": 0, "min_mem_free_gb": 0, "generation_timeout_s": 3},
     }
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return path
 
 
 def test_dead_endpoint_without_a_server_section_is_critical(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"  # a closed port
-    result = status(endpoint_pipeline(tmp_path, dead), "--json")
+    result = status(write_pipeline(tmp_path, endpoint_sections(dead)), "--json")
     print(result.stdout)
     assert result.returncode == 1, result.stdout + result.stderr
     document = json.loads(result.stdout)
@@ -136,7 +126,7 @@ def test_dead_endpoint_without_a_server_section_is_critical(tmp_path: Path) -> N
 
 
 def test_live_endpoint_without_a_server_section_is_ok(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    result = status(endpoint_pipeline(tmp_path, fake_openai.base_url), "--json")
+    result = status(write_pipeline(tmp_path, endpoint_sections(fake_openai.base_url)), "--json")
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     document = json.loads(result.stdout)
@@ -150,9 +140,11 @@ def test_status_exit_code_and_sensor_agree(tmp_path: Path, fake_openai: FakeOpen
     """One rule decides both; an optional check that fails gates neither."""
     dead = f"http://127.0.0.1:{free_port()}/v1"
     cases = {
-        "dead": endpoint_pipeline(tmp_path / "dead", dead),
-        "dead_but_optional": endpoint_pipeline(tmp_path / "optional", dead, optional_checks=["generation"]),
-        "live": endpoint_pipeline(tmp_path / "live", fake_openai.base_url),
+        "dead": write_pipeline(tmp_path / "dead", endpoint_sections(dead)),
+        "dead_but_optional": write_pipeline(
+            tmp_path / "optional", endpoint_sections(dead), {"health": {"optional_checks": ["generation"]}}
+        ),
+        "live": write_pipeline(tmp_path / "live", endpoint_sections(fake_openai.base_url)),
     }
     for name, path in cases.items():
         exit_code = status(path).returncode

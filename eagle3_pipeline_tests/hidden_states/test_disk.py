@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eagle3_pipeline.cli import main
-from eagle3_pipeline.config import load_config
 from eagle3_pipeline.hidden_states.disk import (
     config_disk_plan,
     disk_plan,
@@ -18,6 +18,7 @@ from eagle3_pipeline.hidden_states.disk import (
     training_tokens,
     vllm_file_bytes_per_token,
 )
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 KIMI_HIDDEN = 7168
 KIMI_TOKENS = 88_000 * 1_250  # 88K prompts × 1.25K tokens each
@@ -72,31 +73,27 @@ def test_kimi_88k_prompts_per_backend_and_dtype() -> None:
     }
 
 
-def _pipeline(tmp_path: Path, training_tokens: int | None, extra: str = "") -> Path:
+def kimi_target(tmp_path: Path, training_tokens: int | None) -> dict[str, Any]:
+    """Pipeline sections whose target's config.json is Kimi's shape (as a folder under ``tmp_path``), and a
+    training_data manifest of ``training_tokens`` where given."""
     target = tmp_path / "kimi"
     target.mkdir(parents=True)
     (target / "config.json").write_text(json.dumps({"text_config": {
         "num_hidden_layers": 61, "hidden_size": KIMI_HIDDEN, "vocab_size": 163840, "num_attention_heads": 64,
         "intermediate_size": 18432}}))  # fmt: skip
-    (tmp_path / "a.jsonl").write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"}]}) + "\n")
     if training_tokens is not None:
         (tmp_path / "out" / "training_data").mkdir(parents=True)
         (tmp_path / "out" / "training_data" / "manifest.json").write_text(json.dumps({"tokens": training_tokens}))
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        f"name: t\nartifacts_root: {tmp_path / 'out'}\ntarget: {{model: kimi, tokenizer: {target}}}\n"
-        "datasets:\n  - {id: B1, source: a.jsonl}\n" + extra
-    )
-    return path
+    return {"name": "t", "target": {"model": "kimi", "tokenizer": str(target)}}
 
 
 def test_tokens_come_from_training_data_else_the_planners_estimate(tmp_path: Path) -> None:
-    config = load_config(_pipeline(tmp_path / "with", KIMI_TOKENS))
+    config = load_pipeline(tmp_path / "with", kimi_target(tmp_path / "with", KIMI_TOKENS), runtime_checks=True)
     assert training_tokens(config.artifacts_root / "training_data", {}, {"B1": (None, None)}) == (
         KIMI_TOKENS,
         str(config.artifacts_root / "training_data" / "manifest.json"),
     )
-    config = load_config(_pipeline(tmp_path / "without", None))
+    config = load_pipeline(tmp_path / "without", kimi_target(tmp_path / "without", None), runtime_checks=True)
     records = {"B1": {"p1": {"prompt_tokens": 100, "completion_tokens": 400}}}
     tokens, basis = training_tokens(config.artifacts_root / "training_data", records, {"B1": (1_000, 3_000)})  # type: ignore[misc]
     assert tokens == 4_500 and basis.startswith("estimate")
@@ -108,7 +105,14 @@ def test_tokens_come_from_training_data_else_the_planners_estimate(tmp_path: Pat
 
 def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path: Path) -> None:
     local = config_disk_plan(
-        load_config(_pipeline(tmp_path / "local", KIMI_TOKENS, "hidden_states: {storage_dtype: float8_e4m3}\n")), {}, {}
+        load_pipeline(
+            tmp_path / "local",
+            kimi_target(tmp_path / "local", KIMI_TOKENS),
+            {"hidden_states": {"storage_dtype": "float8_e4m3"}},
+            runtime_checks=True,
+        ),
+        {},
+        {},
     )
     assert not isinstance(local, str)
     assert (
@@ -117,32 +121,35 @@ def test_config_disk_plan_reads_the_targets_config_and_the_compute_kind(tmp_path
         and local.configured == ("transformers", "float8_e4m3")
     )
     assert local.free_bytes is not None and "on this machine" in local.free_where
-    extra = (
-        "compute: {kind: command, command: 'echo {output_dir}', host: {hostname: gpu, username: u}, workdir: /w, "
-        "artifacts_root: /a}\n"
-        "hidden_states: {model: /models/Kimi-K2.5}\n"
+    extra = {
+        "compute": {
+            "kind": "command",
+            "command": "echo {output_dir}",
+            "host": {"hostname": "gpu", "username": "u"},
+            "workdir": "/w",
+            "artifacts_root": "/a",
+        },
+        "hidden_states": {"model": "/models/Kimi-K2.5"},
+    }
+    remote_folder = tmp_path / "remote"
+    remote = config_disk_plan(
+        load_pipeline(remote_folder, kimi_target(remote_folder, KIMI_TOKENS), extra, runtime_checks=True), {}, {}
     )
-    remote = config_disk_plan(load_config(_pipeline(tmp_path / "remote", KIMI_TOKENS, extra)), {}, {})
     assert not isinstance(remote, str)
     assert (
         remote.configured == ("command", "bfloat16") and remote.free_bytes is None and "GPU host" in remote.free_where
     )
     missing = tmp_path / "missing"
-    missing.mkdir()
-    (missing / "a.jsonl").write_text("")
-    (missing / "p.yaml").write_text(f"name: t\nartifacts_root: {missing / 'out'}\n"
-                                    f"target: {{model: kimi, tokenizer: {missing / 'nowhere'}}}\n"
-                                    "inference: {kind: endpoints, endpoints: [{name: a, "
-                                    "base_url: 'http://127.0.0.1:1/v1'}]}\n"
-                                    "datasets:\n  - {id: B1, source: a.jsonl}\n")  # fmt: skip
-    unknown = config_disk_plan(load_config(missing / "p.yaml"), {}, {})
+    inference = {"kind": "endpoints", "endpoints": [{"name": "a", "base_url": "http://127.0.0.1:1/v1"}]}
+    target = {"name": "t", "target": {"model": "kimi", "tokenizer": str(missing / "nowhere")}, "inference": inference}
+    unknown = config_disk_plan(load_pipeline(missing, target, runtime_checks=True), {}, {})
     assert isinstance(unknown, str) and unknown.startswith(
         "hidden-state disk: unknown: no target config.json on this machine"
     )
 
 
 def test_plan_prints_the_disk_section_in_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _pipeline(tmp_path, KIMI_TOKENS)
+    path = write_pipeline(tmp_path, kimi_target(tmp_path, KIMI_TOKENS))
     assert main(["plan", "--config", str(path), "--json"]) == 0
     disk = json.loads(capsys.readouterr().out)["hidden_state_disk"]
     assert disk["tokens"] == KIMI_TOKENS and disk["bytes_per_token"] == {"bfloat16": 57_349, "float8_e4m3": 28_693}

@@ -4,27 +4,21 @@ real tiny target; their checks pass on good data and block when they fail."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
-from eagle3_pipeline.config import load_config
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
+from eagle3_pipeline_tests.pipeline_files import TINY_TARGET, load_pipeline
 
 pytestmark = pytest.mark.local_model
 
 
-def pipeline(tmp_path: Path, extra: str) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
-    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\n"
-        "datasets:\n  - {id: B1, source: a.jsonl}\n" + extra
-    )
-    config = load_config(path)
+def pipeline(tmp_path: Path, sections: dict[str, Any]) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+    config = load_pipeline(tmp_path, TINY_TARGET, sections, runtime_checks=True)
     train, evals = [sample_rows("a", 3, seed=1, max_len=12)], [sample_rows("e", 1, seed=2, max_len=12)]
     write_training_data(config.artifacts_root / "training_data", {"train": train, "eval": evals})
     return build_eagle3_assets(config)
@@ -38,9 +32,8 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_model: Path) -> None:
     # Random ids: no serving server could be compared with (test_validation.py does that), so the
     # validation is off and its check says so, as a failing WARN that does not stop the run.
-    assets = pipeline(
-        tmp_path, "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, validation: {samples: 0}}\n"
-    )
+    hidden_states = {"shard_tokens": 20, "spot_check_samples": 1, "device": "cpu", "validation": {"samples": 0}}
+    assets = pipeline(tmp_path, {"hidden_states": hidden_states})
     result = dg.materialize(
         assets, instance=dg.DagsterInstance.ephemeral(), resources=pipeline_resources(tmp_path / "pipeline.yaml")
     )
@@ -65,11 +58,14 @@ def test_both_assets_materialize_and_their_checks_pass(tmp_path: Path, local_mod
 
 
 def test_failed_checks_block_the_run(tmp_path: Path, local_model: Path) -> None:
-    extra = (
-        "draft_vocab: {size: 2}\n"
-        "hidden_states: {shard_tokens: 100, spot_check_samples: 1, spot_check_tolerance: 1.0e-12, device: cpu, "
-        "validation: {samples: 0}}\n"
-    )
+    hidden_states = {
+        "shard_tokens": 100,
+        "spot_check_samples": 1,
+        "spot_check_tolerance": 1.0e-12,
+        "device": "cpu",
+        "validation": {"samples": 0},
+    }
+    extra = {"draft_vocab": {"size": 2}, "hidden_states": hidden_states}
     assets = pipeline(tmp_path, extra)
     resources = pipeline_resources(tmp_path / "pipeline.yaml")
     vocab = dg.materialize(

@@ -23,11 +23,11 @@ from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError
 from eagle3_pipeline.hidden_states.spot_check import spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, FP8, HiddenStateStore, ShardFile
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.extract_specs import extract_spec
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
+from eagle3_pipeline_tests.pipeline_files import TINY_TARGET, write_pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
@@ -79,17 +79,25 @@ def _evaluations(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 
 
 def test_hidden_states_then_the_drafter_from_an_fp8_store(tmp_path: Path, local_model: Path) -> None:
-    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
-        "  - {id: B1, source: a.jsonl}\n"
-        "draft_vocab: {size: 64}\n"
-        "hidden_states: {shard_tokens: 20, spot_check_samples: 1, device: cpu, storage_dtype: float8_e4m3, "
-        "validation: {samples: 0}}\n"
-        "drafter: {ttt_steps: 2, epochs: 2, batch_tokens: 64, max_seq_len: 16, log_every: 1, checkpoint_every: 100, "
-        "lr: 0.003, nproc_per_node: 1}\n"
-    )
+    hidden_states = {
+        "shard_tokens": 20,
+        "spot_check_samples": 1,
+        "device": "cpu",
+        "storage_dtype": "float8_e4m3",
+        "validation": {"samples": 0},
+    }
+    drafter = {
+        "ttt_steps": 2,
+        "epochs": 2,
+        "batch_tokens": 64,
+        "max_seq_len": 16,
+        "log_every": 1,
+        "checkpoint_every": 100,
+        "lr": 0.003,
+        "nproc_per_node": 1,
+    }
+    sections = {"draft_vocab": {"size": 64}, "hidden_states": hidden_states, "drafter": drafter}
+    path = write_pipeline(tmp_path, TINY_TARGET, sections)
     config = load_config(path)
     train, evals = [sample_rows("a", 4, seed=1, max_len=12)], [sample_rows("e", 1, seed=2, max_len=12)]
     write_training_data(config.artifacts_root / "training_data", {"train": train, "eval": evals})

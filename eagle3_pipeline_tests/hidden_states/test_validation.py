@@ -376,16 +376,11 @@ def test_the_hidden_states_asset_reports_the_agreement_as_its_check(
 
     from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
     from eagle3_pipeline_tests.dagster_runs import pipeline_resources
+    from eagle3_pipeline_tests.pipeline_files import TINY_TARGET, write_pipeline
 
-    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
-        "  - {id: B1, source: a.jsonl}\n"
-        "hidden_states: {shard_tokens: 200, spot_check_samples: 1, device: cpu, validation: {samples: 2}}\n"
-    )
+    hidden_states = {"shard_tokens": 200, "spot_check_samples": 1, "device": "cpu", "validation": {"samples": 2}}
+    path = write_pipeline(tmp_path, TINY_TARGET, {"hidden_states": hidden_states})
     config = load_config(path)
     data = training_data(config.artifacts_root / "training_data", tokenizer)
     with LogprobServer(target.model, tokenizer, "sglang") as server:

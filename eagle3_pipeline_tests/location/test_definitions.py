@@ -14,8 +14,18 @@ import pytest
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline_tests.locations import location_file
+from eagle3_pipeline_tests.pipeline_files import write_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
+# A deployed pipeline whose endpoint needs a key the code location's environment does not set.
+DEPLOYED = {
+    "name": "deployed",
+    "target": {"model": "m", "tokenizer": "t"},
+    "inference": {
+        "kind": "endpoints",
+        "endpoints": [{"base_url": "http://127.0.0.1:9/v1", "api_key_env": "EAGLE3_UNSET_KEY"}],
+    },
+}
 
 
 def test_loading_definitions_imports_no_heavy_library() -> None:
@@ -111,13 +121,7 @@ def test_jobs_schedule_and_automation(tmp_path: Path, monkeypatch) -> None:
 def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path) -> None:
     """Missing source files and unset API-key variables do not stop the webserver or daemon from
     loading the definitions; the run that needs them reports them (see orchestration/test_launching.py)."""
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(
-        "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
-        "inference: {kind: endpoints, endpoints: "
-        "[{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
-        "datasets:\n  - {id: B1, source: /nonexistent/prompts.jsonl}\n"
-    )
+    pipeline = write_pipeline(tmp_path, DEPLOYED, {"datasets": [{"id": "B1", "source": "/nonexistent/prompts.jsonl"}]})
     dagster = Path(sys.executable).parent / "dagster"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     out = subprocess.run(
@@ -134,13 +138,7 @@ def test_the_code_location_loads_without_its_runtime_environment(tmp_path: Path)
 def test_runtime_checks_report_the_same_error_at_run_time(tmp_path: Path, monkeypatch) -> None:
     from eagle3_pipeline.config import ConfigError
 
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(
-        "name: deployed\nartifacts_root: out\ntarget: {model: m, tokenizer: t}\n"
-        "inference: {kind: endpoints, endpoints: "
-        "[{base_url: 'http://127.0.0.1:9/v1', api_key_env: EAGLE3_UNSET_KEY}]}\n"
-        "datasets:\n  - {id: B1, source: prompts.jsonl}\n"
-    )
+    pipeline = write_pipeline(tmp_path, DEPLOYED, {"datasets": [{"id": "B1", "source": "prompts.jsonl"}]})
     monkeypatch.delenv("EAGLE3_UNSET_KEY", raising=False)
     config = load_config(pipeline, runtime_checks=False)
     with pytest.raises(ConfigError) as at_load:
@@ -176,12 +174,9 @@ def dg_project(root: Path, instances: dict[str, str]) -> Path:
     (root / "pipelines" / "__init__.py").write_text("")
     (defs / "__init__.py").write_text("")
     for name, attributes in instances.items():
-        (defs / name).mkdir()
-        (defs / name / "pipeline.yaml").write_text(
-            f"name: {name}\nartifacts_root: out\ntarget: {{model: m, tokenizer: t}}\n"
-            "inference: {kind: endpoints, endpoints: [{base_url: 'http://127.0.0.1:9/v1'}]}\n"
-            f"datasets:\n  - {{id: D{name}, source: prompts.jsonl}}\n"
-        )
+        inference = {"kind": "endpoints", "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}]}
+        sections = {"name": name, "target": {"model": "m", "tokenizer": "t"}, "inference": inference}
+        write_pipeline(defs / name, sections, {"datasets": [{"id": f"D{name}", "source": "prompts.jsonl"}]})
         (defs / name / "defs.yaml").write_text(
             f"type: eagle3_pipeline.components.pipeline.Eagle3Pipeline\nattributes:\n{attributes}"
         )

@@ -16,14 +16,15 @@ from eagle3_pipeline.components.resources import PipelineResource
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.results import NO_LISTENER
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.dagster_runs import write_pipeline
+from eagle3_pipeline_tests.dagster_runs import fake_server_sections
+from eagle3_pipeline_tests.pipeline_files import write_pipeline
 
 KEY_VAR = "EAGLE3_TEST_SETTINGS_KEY"
 SECRET = "sk-test-settings-0123456789-SECRET"
 
 
 def test_an_artifacts_root_set_on_the_resource_moves_the_outputs(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    path = write_pipeline(tmp_path, fake_openai, datasets=("B1",))
+    path = write_pipeline(tmp_path, fake_server_sections(tmp_path, fake_openai, datasets=("B1",)))
     config = load_config(path, runtime_checks=False)
     deployed = tmp_path / "deployed"
     defs = build_definitions(config, PipelineResource(config_path=str(path), artifacts_root=str(deployed)))
@@ -49,7 +50,7 @@ def test_the_key_comes_from_an_env_var_resolved_at_run_time(
 ) -> None:
     """The definitions are built while the variable is unset; it is set only before the run."""
     monkeypatch.delenv(KEY_VAR, raising=False)
-    path = write_pipeline(tmp_path, fake_openai, datasets=("B1",))
+    path = write_pipeline(tmp_path, fake_server_sections(tmp_path, fake_openai, datasets=("B1",)))
     document = path.read_text().replace(
         f'"base_url": "{fake_openai.base_url}"', f'"base_url": "{fake_openai.base_url}", "api_key_env": "{KEY_VAR}"'
     )
@@ -74,7 +75,11 @@ def test_an_unset_key_fails_only_the_runs_that_send_requests(
 ) -> None:
     """training_data needs the target's tokenizer (the tiny real model's here), not the key."""
     monkeypatch.setenv(KEY_VAR, SECRET)
-    path = write_pipeline(tmp_path, fake_openai, datasets=("B1",), tokenizer=local_model)
+    path = write_pipeline(
+        tmp_path,
+        fake_server_sections(tmp_path, fake_openai, datasets=("B1",)),
+        {"target": {"tokenizer": str(local_model)}},
+    )
     keyed = path.read_text().replace(
         f'"base_url": "{fake_openai.base_url}"', f'"base_url": "{fake_openai.base_url}", "api_key_env": "{KEY_VAR}"'
     )

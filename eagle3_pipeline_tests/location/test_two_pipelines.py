@@ -4,7 +4,6 @@ stand-in is the inference server, a loopback fake of the OpenAI API (`eagle3_pip
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,9 @@ from eagle3_pipeline.config import ConfigError, load_config
 from eagle3_pipeline.orchestration.names import PipelineNames
 from eagle3_pipeline.orchestration.partition_runs import partitions_in_flight
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 from eagle3_pipeline_tests.dagster_runs import Daemonless, sensor_resources
+from eagle3_pipeline_tests.pipeline_files import write_pipeline, write_sources
 
 OTHER = PipelineNames("other")
 
@@ -31,20 +30,16 @@ def write_instance(
     the folder, its `deploy:` section) and the defs.yaml that instances it."""
     folder = defs / name
     folder.mkdir(parents=True)
-    datasets = [f"{name}1", f"{name}2"]
-    for dataset in datasets:
-        write_jsonl(folder / f"{dataset}.jsonl", [sharegpt(f"{dataset} question {i}") for i in range(3)])
-    document = {
+    sections = {
         "name": name,
-        "artifacts_root": str(folder / "out"),
         "target": {"model": "fake", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
         "generation": {"max_tokens": 8, "concurrency": 2, "length_estimator": "chars"},
-        "health": {"host": {"kind": "local"}, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-        "datasets": [{"id": d, "source": f"{d}.jsonl"} for d in datasets],
+        "health": {"host": {"kind": "local"}},
+        "datasets": write_sources(folder, f"{name}1", f"{name}2"),
         "deploy": deploy or {},
     }
-    (folder / "pipeline.yaml").write_text(json.dumps(document))
+    write_pipeline(folder, sections)
     (folder / "defs.yaml").write_text(
         "type: eagle3_pipeline.components.pipeline.Eagle3Pipeline\n"
         f"attributes:\n  config_file: pipeline.yaml\n{attributes}"

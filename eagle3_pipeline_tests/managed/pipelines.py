@@ -1,4 +1,4 @@
-"""Pipeline files with a managed server for the managed-server tests (a helper module, not a test): the engine
+"""Managed-server sections of pipeline files for the managed-server tests (a helper module, not a test): the engine
 is the stand-in for SGLang (`fake_sglang.FakeSglang`'s `python -m sglang.launch_server`), started by the
 pipeline's own launch line with the module on PYTHONPATH; the GPU host, where one is named, is the loopback sshd."""
 
@@ -8,9 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.testing.fake_sglang import FakeSglang
 from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.testing.sshd_fixture import Sshd
@@ -22,22 +19,6 @@ time.sleep(0.5)
 print("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 95.00 GiB total)", file=sys.stderr)
 sys.exit(1)
 """
-
-
-def write_pipeline(folder: Path, sections: dict[str, Any]) -> PipelineConfig:
-    """A pipeline file with ``sections`` over a minimal base (a target, a dataset, floors any machine meets)."""
-    (folder / "B1.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
-    data: dict[str, Any] = {
-        "name": "managed",
-        "artifacts_root": str(folder / "artifacts"),
-        "target": {"model": "target", "tokenizer": str(folder)},
-        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
-        **sections,
-    }
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_config(path, runtime_checks=False)
 
 
 def fake_sglang_serving(folder: Path, tp_size: int = 2, **overrides: Any) -> dict[str, Any]:
@@ -72,7 +53,7 @@ def dying_sglang_serving(folder: Path) -> dict[str, Any]:
 
 
 def ssh_health(sshd: Sshd, **overrides: Any) -> dict[str, Any]:
-    """The health section of a pipeline whose GPU host is the loopback sshd."""
+    """The health section of a pipeline whose GPU host is the loopback sshd (the floors: the builder's)."""
     return {
         "host": {
             "kind": "ssh",
@@ -82,7 +63,5 @@ def ssh_health(sshd: Sshd, **overrides: Any) -> dict[str, Any]:
             "known_hosts": str(sshd.known_hosts),
             "allow_agent": False,
         },
-        "min_disk_free_gb": 0.01,
-        "min_mem_free_gb": 0.01,
         **overrides,
     }

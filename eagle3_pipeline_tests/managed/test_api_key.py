@@ -23,7 +23,8 @@ from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.hosts import build_host
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, launch_for, managed_server
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 KEY_VAR = "EAGLE3_TEST_SERVER_KEY"
 KEY = "sk-managed-7f3a9c1e55d2b8"
@@ -47,12 +48,12 @@ def test_a_keyed_server_refuses_keyless_requests_and_the_key_shows_nowhere(
     serving = fake_sglang_serving(tmp_path, bind_host="0.0.0.0", api_key_env=KEY_VAR)
     Path(serving["env"]["FAKE_SGLANG_SCENARIO"]).write_text("{}")
     write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"question {i}") for i in range(4)])
-    config = write_pipeline(
+    config = load_pipeline(
         tmp_path,
         {
             "serving": serving,
             "generation": {"length_estimator": "chars", "max_tokens": 8, "concurrency": {"short": 2, "long": 1}},
-            "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 1.0},
+            "health": {"max_truncation_rate": 1.0},
             "datasets": [{"id": "B1", "source": "p.jsonl"}],
         },
     )
@@ -109,11 +110,11 @@ def test_a_keyed_server_refuses_keyless_requests_and_the_key_shows_nowhere(
 
 def test_a_bind_beyond_loopback_needs_a_key_from_the_environment(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"serving.bind_host: '0.0.0.0' opens the server .* set serving.api_key_env"):
-        write_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, bind_host="0.0.0.0")})
+        load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, bind_host="0.0.0.0")})
     typed = fake_sglang_serving(tmp_path, extra_args=["--api-key", KEY])
     with pytest.raises(ConfigError, match=r"serving.extra_args: --api-key would put the key on the server's command"):
-        write_pipeline(tmp_path, {"serving": typed})
-    config = write_pipeline(
+        load_pipeline(tmp_path, {"serving": typed})
+    config = load_pipeline(
         tmp_path, {"serving": fake_sglang_serving(tmp_path, bind_host="10.0.0.5", api_key_env=KEY_VAR)}
     )
     plan = managed_server(config)
@@ -127,4 +128,4 @@ def test_a_keyed_vllm_extraction_server_is_refused(tmp_path: Path) -> None:
     serving = fake_sglang_serving(tmp_path, engine="vllm", bind_host="0.0.0.0", api_key_env=KEY_VAR)
     hidden = {"backend": "vllm", "model": "/models/target", "vllm_output_dir": str(tmp_path / "states")}
     with pytest.raises(ConfigError, match=r"serving.api_key_env: the managed vLLM server is also the extraction"):
-        write_pipeline(tmp_path, {"serving": serving, "hidden_states": hidden})
+        load_pipeline(tmp_path, {"serving": serving, "hidden_states": hidden})

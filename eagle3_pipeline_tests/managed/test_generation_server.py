@@ -28,7 +28,8 @@ from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, healthy_gpu_rows
 from eagle3_pipeline.testing.webhook import Receiver
 from eagle3_pipeline_tests.dagster_runs import evaluate_sensor
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 PROMPTS = 12
 URL_VAR = "EAGLE3_TEST_ALERT_URL"
@@ -52,7 +53,7 @@ def pipeline(
     serving = fake_sglang_serving(tmp_path, **sections.pop("serving", {}))
     Path(serving["env"]["FAKE_SGLANG_SCENARIO"]).write_text(json.dumps(scenario or {}))
     write_jsonl(tmp_path / "p.jsonl", [sharegpt(f"question {i}") for i in range(PROMPTS)])
-    return write_pipeline(
+    return load_pipeline(
         tmp_path,
         {
             "serving": serving,
@@ -64,7 +65,7 @@ def pipeline(
                 "retry": {"max_attempts": 1},
                 "concurrency": {"short": 2, "long": 1},
             },
-            "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 1.0, **(health or {})},
+            "health": {"max_truncation_rate": 1.0, **(health or {})},
             "datasets": [{"id": "B1", "source": "p.jsonl"}],
             **sections,
         },

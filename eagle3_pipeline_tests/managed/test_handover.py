@@ -30,7 +30,8 @@ from eagle3_pipeline.managed.phases import after_gpu_phase, gpu_phase_server, in
 from eagle3_pipeline.orchestration.hosts import NoHostFree, hold_host
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline.orchestration.partition_runs import GENERATION_JOB, HOST_TAG, POOL_TAG, hosts_in_flight
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 SSH: dict[str, Any] = {"kind": "ssh", "hostname": "gpu-box.internal", "username": "eagle3"}
@@ -52,15 +53,15 @@ def test_a_phase_hands_over_the_managed_server_of_its_own_machine(tmp_path: Path
     assert not same_machine(HostConfig(), box)
 
     serving = {"managed": True, "model": "/models/t", "port": 30000}
-    on_box = write_pipeline(tmp_path, {"serving": serving, "health": {"host": SSH}})
+    on_box = load_pipeline(tmp_path, {"serving": serving, "health": {"host": SSH}})
     # compute local: training runs here, not on the server's box; the benchmark runs on the box
     assert gpu_phase_server(on_box, "eagle3_drafter") is None
     assert gpu_phase_server(on_box, "drafter_benchmark") == managed_server(on_box)
     remote = {"kind": "ssh", "host": SSH, "workdir": "/w", "artifacts_root": "/a"}
-    both = write_pipeline(tmp_path, {"serving": serving, "health": {"host": SSH}, "compute": remote})
+    both = load_pipeline(tmp_path, {"serving": serving, "health": {"host": SSH}, "compute": remote})
     for phase in GPU_PHASES:
         assert gpu_phase_server(both, phase) == managed_server(both), phase
-    assert gpu_phase_server(write_pipeline(tmp_path, {}), "eagle3_drafter") is None  # nothing managed
+    assert gpu_phase_server(load_pipeline(tmp_path, {}), "eagle3_drafter") is None  # nothing managed
 
 
 def _touch(path: Path, at: float, text: str = "") -> None:
@@ -70,7 +71,7 @@ def _touch(path: Path, at: float, text: str = "") -> None:
 
 
 def test_generation_work_remains_until_every_partition_is_complete(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path)})
+    config = load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path)})
     layout = ArtifactLayout(config.artifacts_root)
     assert incomplete_partitions(config) == ["B1"] and after_gpu_phase(config) == GENERATION
     now = time.time()
@@ -90,7 +91,7 @@ def test_generation_work_remains_until_every_partition_is_complete(tmp_path: Pat
 def test_a_phases_own_server_for_a_block_then_generation_or_nothing(tmp_path: Path) -> None:
     # a reasoning parser: the generation line differs from the benchmark's (which has no parser) by it alone,
     # so the generation server serves the baseline arm as it is (token-id requests use no parser)
-    config = write_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, reasoning_parser="kimi_k2")})
+    config = load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, reasoning_parser="kimi_k2")})
     events: list[ServerEvent] = []
     benchmark = ServerPurpose.benchmark(None)
     with open_supervisor(config, on_event=events.append) as supervisor:
@@ -117,7 +118,7 @@ def test_dagster_records_every_start_and_stop_as_an_observation(tmp_path: Path) 
     """A run that starts the generation server for a partition, then hands the GPUs to training: the run's
     log has each line, and `inference_server` an observation per start and stop with its reason, duration
     and who holds the GPUs after."""
-    config = write_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path)})
+    config = load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path)})
 
     @dg.asset
     def training(context: dg.AssetExecutionContext) -> None:
@@ -174,7 +175,7 @@ def test_a_managed_vllm_server_is_the_extraction_server_with_the_stores_ids(tmp_
         )
     )
     serving = {"managed": True, "engine": "vllm", "model": str(model), "port": 8123}
-    config = write_pipeline(tmp_path, {"serving": serving, "hidden_states": {"backend": "vllm"}})
+    config = load_pipeline(tmp_path, {"serving": serving, "hidden_states": {"backend": "vllm"}})
     plan = managed_extraction_server(config)
     assert plan is not None and config.hidden_states.vllm_base_url == "http://127.0.0.1:8123/v1"
     folder = Path(str(config.hidden_states.vllm_output_dir))
@@ -186,7 +187,7 @@ def test_a_managed_vllm_server_is_the_extraction_server_with_the_stores_ids(tmp_
     with pytest.raises(ExtractionServerError, match=r"serving\.model: .*config\.json on localhost: not readable"):
         extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
     # a URL of the user's own extraction server: not the managed one's
-    own = write_pipeline(
+    own = load_pipeline(
         tmp_path,
         {
             "serving": serving,
@@ -201,7 +202,7 @@ def test_a_gpu_phase_holds_its_inference_host_once_no_run_does(tmp_path: Path) -
     eagle3/host and eagle3/pool): it waits while another run holds the host, then holds it, so that no
     generation run is placed there meanwhile; past launch.host_wait_s it gives up, naming the holder."""
     hosts = [{"name": n, "endpoints": [{"base_url": f"http://127.0.0.1:{p}/v1"}]} for n, p in (("a", 9), ("b", 8))]
-    config = write_pipeline(
+    config = load_pipeline(
         tmp_path, {"inference": {"kind": "endpoints", "hosts": hosts}, "launch": {"host_poll_s": 0.01}}
     )
     defs = build_definitions(config)

@@ -24,7 +24,7 @@ from eagle3_pipeline.managed import (
 )
 from eagle3_pipeline.managed.launch import serves
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids
-from eagle3_pipeline_tests.managed.pipelines import write_pipeline
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 KIMI_PROFILE = Path(__file__).parents[2] / "eagle3_pipeline" / "profiles" / "kimi-k25.yaml"
 KIMI_SERVING = {
@@ -111,7 +111,7 @@ def vllm_smol(tmp_path: Path, **serving: Any) -> Any:
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 30}))
     section = {"managed": True, "engine": "vllm", "python": "/v/bin/python", "model": str(folder), "port": 8000}
-    config = write_pipeline(
+    config = load_pipeline(
         tmp_path, {"target": {"model": "smol", "tokenizer": str(folder)}, "serving": {**section, **serving}}
     )
     plan = managed_server(config)

@@ -39,8 +39,8 @@ from eagle3_pipeline_tests.managed.pipelines import (
     dying_sglang_serving,
     fake_sglang_serving,
     ssh_health,
-    write_pipeline,
 )
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,7 +58,7 @@ def managed(
     sections: dict[str, Any] = {"serving": serving}
     if health is not None:
         sections["health"] = health
-    config = write_pipeline(tmp_path, sections)
+    config = load_pipeline(tmp_path, sections)
     plan = managed_server(config)
     assert plan is not None
     return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)
@@ -107,7 +107,7 @@ def test_the_same_lifecycle_over_ssh(tmp_path: Path, sshd: Sshd, fakebin: FakeBi
     fakebin.reset()
     fakebin.set_gpus(idle_gpu_rows())
     serving = fake_sglang_serving(tmp_path, bind_host="127.0.0.1")
-    config = write_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd, expected_gpus=8)})
+    config = load_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd, expected_gpus=8)})
     plan = managed_server(config)
     assert plan is not None and plan.base_url == f"http://127.0.0.1:{serving['port']}/v1"
     host = sshd.host()

@@ -21,7 +21,8 @@ from eagle3_pipeline.managed.gpu_memory import GpuMemory, busy, not_released
 from eagle3_pipeline.managed.launch import ServerPurpose
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, gpu_row, idle_gpu_rows
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 pytestmark = pytest.mark.usefixtures("stop_servers")
@@ -47,7 +48,7 @@ def server_on(
     """The managed stand-in on ``host`` with ``gpus`` GPUs declared, and its launch line for generation."""
     section = fake_sglang_serving(tmp_path, **serving)
     section["env"].update(env or {})
-    config = write_pipeline(tmp_path, {"serving": section, "health": {"expected_gpus": gpus}})
+    config = load_pipeline(tmp_path, {"serving": section, "health": {"expected_gpus": gpus}})
     plan = managed_server(config)
     assert plan is not None
     return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)

@@ -35,7 +35,8 @@ from eagle3_pipeline.managed.lifecycle import parse_stat
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.process_tools import wait_until, write_atomic
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd, TcpProxy
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 pytestmark = pytest.mark.usefixtures("stop_servers")
@@ -47,7 +48,7 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 
 
 def managed(tmp_path: Path, host: Host, **serving: Any) -> tuple[ManagedServer, LaunchLine]:
-    config = write_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, **serving)})
+    config = load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, **serving)})
     plan = managed_server(config)
     assert plan is not None
     server = ManagedServer(host, plan)

@@ -22,7 +22,8 @@ from eagle3_pipeline.managed import (
 )
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 SECRET = "s3cret-value-7f1c"
 GENERATION = ServerPurpose.generation(needs_tools=False)
@@ -34,7 +35,7 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 
 
 def managed(tmp_path: Path, host: Host, sections: dict[str, Any]) -> tuple[ManagedServer, LaunchLine]:
-    config = write_pipeline(tmp_path, sections)
+    config = load_pipeline(tmp_path, sections)
     plan = managed_server(config)
     assert plan is not None
     return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)

@@ -34,7 +34,8 @@ from eagle3_pipeline.managed import GenerationRecovery, ServerEvent, ServerPurpo
 from eagle3_pipeline.testing.generation_runs import lines, make_prompts, settings
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.process_tools import free_port, wait_until
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 PROMPTS = 80
@@ -48,9 +49,7 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 def pipeline(tmp_path: Path, scenario: dict[str, Any], **serving: Any) -> PipelineConfig:
     section = fake_sglang_serving(tmp_path, **{"restart_backoff_s": 0, **serving})
     Path(section["env"]["FAKE_SGLANG_SCENARIO"]).write_text(json.dumps(scenario))
-    return write_pipeline(
-        tmp_path, {"serving": section, "health": {"generation_timeout_s": 2, "min_disk_free_gb": 0.01}}
-    )
+    return load_pipeline(tmp_path, {"serving": section, "health": {"generation_timeout_s": 2}})
 
 
 @contextmanager
@@ -197,7 +196,7 @@ def test_a_host_that_cannot_be_reached_fails_the_recovery_with_one_message(tmp_p
     and the SSH error, not a raw SSH exception out of the generation engine's hook."""
     host = {"kind": "ssh", "hostname": "127.0.0.1", "port": free_port(), "username": "eagle3", "allow_agent": False}
     section = fake_sglang_serving(tmp_path)
-    config = write_pipeline(tmp_path, {"serving": section, "health": {"host": host, "min_disk_free_gb": 0.01}})
+    config = load_pipeline(tmp_path, {"serving": section, "health": {"host": host}})
     with open_supervisor(config) as supervisor:
         assert supervisor is not None
         recovery = GenerationRecovery(supervisor, GENERATION, "responses B1", sleep=lambda _: None)

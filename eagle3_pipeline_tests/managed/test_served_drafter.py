@@ -31,7 +31,8 @@ from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed import ServerEvent, ServerPurpose, open_supervisor
 from eagle3_pipeline.testing.process_tools import write_atomic
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 STEPS = 3
 GENERATION = ServerPurpose.generation(needs_tools=False)
@@ -62,7 +63,7 @@ def pipeline(tmp_path: Path, **benchmark: Any) -> PipelineConfig:
     serving = fake_sglang_serving(tmp_path, reasoning_parser="kimi_k2", served_drafter_prompts=3)
     sections = {
         "serving": serving,
-        "health": {"expected_gpus": 0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
+        "health": {"expected_gpus": 0},
         "drafter_benchmark": {
             "server": "sglang",
             "steps": STEPS,
@@ -74,7 +75,7 @@ def pipeline(tmp_path: Path, **benchmark: Any) -> PipelineConfig:
             **benchmark,
         },
     }
-    config = write_pipeline(tmp_path, sections)
+    config = load_pipeline(tmp_path, sections)
     folder = ArtifactLayout(config.artifacts_root).training_data
     folder.mkdir(parents=True, exist_ok=True)
     rows = {"input_ids": [[1, 2, 3, 4, 5, 6]] * 4, "loss_mask": [[0, 0, 0, 1, 1, 1]] * 4}

@@ -8,7 +8,8 @@ import pytest
 from eagle3_pipeline.cli import main
 from eagle3_pipeline.managed import ServerPurpose, open_supervisor
 from eagle3_pipeline.testing.process_groups import processes_of
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = pytest.mark.usefixtures("stop_servers")
 
@@ -20,7 +21,7 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 
 def test_status_then_stop_verified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     serving = fake_sglang_serving(tmp_path)
-    config = write_pipeline(tmp_path, {"serving": serving})
+    config = load_pipeline(tmp_path, {"serving": serving})
     args = ["--config", str(config.source_file)]
     assert main(["server", "status", *args]) == 3
     assert f"on port {serving['port']}: absent" in capsys.readouterr().out
@@ -45,6 +46,6 @@ def test_status_then_stop_verified(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_a_pipeline_without_a_managed_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = write_pipeline(tmp_path, {})
+    config = load_pipeline(tmp_path, {})
     assert main(["server", "stop", "--config", str(config.source_file)]) == 2
     assert "no managed server (serving.managed)" in capsys.readouterr().err

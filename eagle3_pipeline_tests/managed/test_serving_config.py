@@ -11,7 +11,7 @@ import yaml
 
 from eagle3_pipeline.config import ConfigError, PipelineConfig, ServingConfig, load_config
 from eagle3_pipeline.managed import managed_server, managed_servers
-from eagle3_pipeline_tests.managed.pipelines import write_pipeline
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 PROFILES = sorted((Path(__file__).parents[2] / "eagle3_pipeline" / "profiles").glob("*.yaml"))
 # The profiles whose server is the user's (the Kimi profile's is managed: location/test_kimi_profile.py).
@@ -44,7 +44,7 @@ def test_shipped_profiles_load_unchanged(profile: Path) -> None:
 
 
 def test_a_managed_server_provides_its_endpoint_and_health_server(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX})
+    config = load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX})
     assert config.inference.kind == "endpoints"
     assert [(e.name, e.base_url, e.model) for e in config.inference.endpoints] == [
         ("managed", "http://gpu-box.internal:30000/v1", None)
@@ -70,7 +70,7 @@ def test_a_managed_server_provides_its_endpoint_and_health_server(tmp_path: Path
 
 
 def test_the_filled_in_file_dumps_and_reloads_to_the_same_config(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX})
+    config = load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX})
     again = PipelineConfig.model_validate(config.model_dump())
     assert (again.serving, again.inference, again.health) == (config.serving, config.inference, config.health)
 
@@ -78,7 +78,7 @@ def test_the_filled_in_file_dumps_and_reloads_to_the_same_config(tmp_path: Path)
 def test_the_process_pattern_finds_only_this_server(tmp_path: Path) -> None:
     import re
 
-    config = write_pipeline(tmp_path, {"serving": {**KIMI_SERVING, "engine": "vllm", "port": 8001}})
+    config = load_pipeline(tmp_path, {"serving": {**KIMI_SERVING, "engine": "vllm", "port": 8001}})
     assert config.health.server is not None
     pattern = re.compile(config.health.server.process_pattern)
     ours = "/venv/bin/python -m vllm.entrypoints.openai.api_server --model /m --host 0.0.0.0 --port 8001 --x"
@@ -95,7 +95,7 @@ def test_listed_endpoints_must_reach_the_managed_server(tmp_path: Path) -> None:
             {"name": "hosted", "base_url": "https://router.example.com/api/v1", "api_key_env": "KEY"},
         ],
     }
-    config = write_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": endpoints})
+    config = load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": endpoints})
     assert [e.name for e in config.inference.endpoints] == ["gpu_box", "hosted"]
     assert config.health.server is not None and config.health.server.base_url == "http://gpu-box.internal:30000/v1"
 
@@ -105,7 +105,7 @@ def test_listed_endpoints_must_reach_the_managed_server(tmp_path: Path) -> None:
         match=r"serving: no entry of inference.endpoints reaches the managed server at "
         r"http://gpu-box.internal:30000/v1; add one, set serving.base_url",
     ):
-        write_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": elsewhere})
+        load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": elsewhere})
 
 
 @pytest.mark.parametrize(
@@ -144,12 +144,12 @@ def test_contradictions_are_refused_with_the_settings_named(
 ) -> None:
     sections = {"serving": KIMI_SERVING, "health": GPU_BOX, **change}
     with pytest.raises(ConfigError, match=message):
-        write_pipeline(tmp_path, sections)
+        load_pipeline(tmp_path, sections)
 
 
 def test_a_matching_health_server_is_kept(tmp_path: Path) -> None:
     server = {"kind": "sglang", "port": 30000, "tp_size": 8, "log_path": "/var/log/sglang/managed-30000.log"}
-    config = write_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": {**GPU_BOX, "server": server}})
+    config = load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": {**GPU_BOX, "server": server}})
     assert config.health.server is not None and config.health.server.process_pattern == ""
 
 
@@ -161,7 +161,7 @@ def test_each_inference_host_gets_its_managed_server(tmp_path: Path) -> None:
         return {**entry, "serving": serving} if serving else entry
 
     inference = {"kind": "endpoints", "hosts": [host("a"), host("b", port=30001, tp_size=4)]}
-    config = write_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": inference})
+    config = load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": inference})
     plans = managed_servers(config)
     assert [(p.name, p.base_url, p.serving.tp_size, p.setting) for p in plans] == [
         ("a", "http://a.internal:30000/v1", 8, "inference.hosts[0] (name 'a').serving"),
@@ -180,7 +180,7 @@ def test_one_host_managed_among_unmanaged_ones(tmp_path: Path) -> None:
             {"name": "theirs", "endpoints": [{"base_url": "http://theirs:30000/v1"}]},
         ],
     }
-    config = write_pipeline(tmp_path, {"inference": inference})
+    config = load_pipeline(tmp_path, {"inference": inference})
     assert [p.name for p in managed_servers(config)] == ["mine"]
     assert managed_server(config, "theirs") is None
     mine = config.for_host("mine")
@@ -193,24 +193,24 @@ def test_the_state_folder_defaults_to_the_artifacts_root_or_the_ssh_users_home(t
     """No `/tmp`: a local server's state is under the artifacts root, an SSH host's under its user's home (each
     inference host its own), and the health checks watch that log."""
     serving = {key: value for key, value in KIMI_SERVING.items() if key != "log_dir"}
-    local = write_pipeline(tmp_path, {"serving": serving})
-    assert local.serving.log_dir == f"{tmp_path / 'artifacts'}/serving"
+    local = load_pipeline(tmp_path, {"serving": serving})
+    assert local.serving.log_dir == f"{tmp_path / 'out'}/serving"
     assert (
         local.health.server is not None
-        and local.health.server.log_path == f"{tmp_path / 'artifacts'}/serving/managed-30000.log"
+        and local.health.server.log_path == f"{tmp_path / 'out'}/serving/managed-30000.log"
     )
-    remote = write_pipeline(tmp_path, {"serving": serving, "health": GPU_BOX})
+    remote = load_pipeline(tmp_path, {"serving": serving, "health": GPU_BOX})
     assert remote.serving.pid_path == "/home/eagle3/.local/state/eagle3_pipeline/serving/managed-30000.json"
     root = {**GPU_BOX, "host": {**GPU_BOX["host"], "username": "root"}}
-    assert write_pipeline(tmp_path, {"serving": serving, "health": root}).serving.log_dir == (
+    assert load_pipeline(tmp_path, {"serving": serving, "health": root}).serving.log_dir == (
         "/root/.local/state/eagle3_pipeline/serving"
     )
     hosts = [
         {"name": "a", "health": {"host": {"kind": "ssh", "hostname": "a.internal", "username": "ann"}}},
         {"name": "b", "health": {"host": {"kind": "local"}}},
     ]
-    config = write_pipeline(tmp_path, {"serving": serving, "inference": {"kind": "endpoints", "hosts": hosts}})
+    config = load_pipeline(tmp_path, {"serving": serving, "inference": {"kind": "endpoints", "hosts": hosts}})
     assert [plan.serving.log_dir for plan in managed_servers(config)] == [
         "/home/ann/.local/state/eagle3_pipeline/serving",
-        f"{tmp_path / 'artifacts'}/serving",
+        f"{tmp_path / 'out'}/serving",
     ]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.managed import EagleDrafter, ServerEvent, ServerPurpose, open_supervisor
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 GENERATION = ServerPurpose.generation(needs_tools=False)
 
@@ -20,7 +21,7 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 
 
 def test_ensure_keeps_replaces_and_hands_over(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path)})
+    config = load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path)})
     events: list[ServerEvent] = []
     with open_supervisor(config, on_event=events.append) as supervisor:
         assert supervisor is not None
@@ -52,6 +53,6 @@ def test_ensure_keeps_replaces_and_hands_over(tmp_path: Path) -> None:
 
 
 def test_an_unmanaged_server_has_no_supervisor(tmp_path: Path) -> None:
-    config = write_pipeline(tmp_path, {})
+    config = load_pipeline(tmp_path, {})
     with open_supervisor(config) as supervisor:
         assert supervisor is None

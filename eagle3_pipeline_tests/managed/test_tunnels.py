@@ -21,7 +21,8 @@ from eagle3_pipeline.managed.tunnels import declare_tunnels
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.process_tools import free_port
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
-from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health, write_pipeline
+from eagle3_pipeline_tests.managed.pipelines import fake_sglang_serving, ssh_health
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,7 +43,7 @@ def test_a_server_on_the_gpu_hosts_loopback_is_reached_through_the_tunnel(
     port = free_port()
     url = f"http://gpu-box.test:{port}/v1"
     serving = fake_sglang_serving(tmp_path, port=port, base_url=url)
-    config = write_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd)})
+    config = load_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd)})
     plan = managed_server(config)
     assert plan is not None and plan.bind_host == "127.0.0.1" and plan.tunnelled
     assert declare_tunnels(config) == [url]
@@ -97,7 +98,7 @@ def test_a_generation_run_reaches_the_server_on_the_gpu_hosts_loopback(
     health = {**ssh_health(sshd), "max_truncation_rate": 1.0}
     generation = {"length_estimator": "chars", "max_tokens": 8, "concurrency": {"short": 2, "long": 1}}
     sections = {"serving": serving, "health": health, "generation": generation}
-    config = write_pipeline(tmp_path, {**sections, "datasets": [{"id": "B1", "source": "p.jsonl"}]})
+    config = load_pipeline(tmp_path, {**sections, "datasets": [{"id": "B1", "source": "p.jsonl"}]})
     plan = managed_server(config)
     assert plan is not None and plan.tunnelled
     host = sshd.host()

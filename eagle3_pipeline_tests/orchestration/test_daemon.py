@@ -22,8 +22,9 @@ import pytest
 from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI
-from eagle3_pipeline_tests.dagster_runs import materialized, write_pipeline
+from eagle3_pipeline_tests.dagster_runs import fake_server_sections, materialized
 from eagle3_pipeline_tests.locations import workspace_file
+from eagle3_pipeline_tests.pipeline_files import write_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.daemon]
 
@@ -34,7 +35,9 @@ def test_the_daemon_backfills_exactly_the_missing_partitions_then_automation_fol
     tmp_path: Path, fake_openai: FakeOpenAI, local_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config_path = write_pipeline(
-        tmp_path, fake_openai, datasets=("B1", "B2", "B3"), tokenizer=local_model, schedule={"cron": "* * * * *"}
+        tmp_path,
+        fake_server_sections(tmp_path, fake_openai, datasets=("B1", "B2", "B3")),
+        {"target": {"tokenizer": str(local_model)}, "schedule": {"cron": "* * * * *"}},
     )
     home = tmp_path / "home"
     home.mkdir()

@@ -41,6 +41,7 @@ from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, Script
 from eagle3_pipeline.testing.generation_runs import make_prompts
 from eagle3_pipeline_tests.cli_runs import plan_cli
 from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 HOST = "eagle3/host"
 
@@ -72,12 +73,12 @@ def servers() -> Any:
     b.stop()
 
 
-def two_host_file(folder: Path, a: FakeOpenAI, b: FakeOpenAI, datasets: dict[str, int], **extra: Any) -> Path:
+def two_hosts(folder: Path, a: FakeOpenAI, b: FakeOpenAI, datasets: dict[str, int]) -> dict[str, Any]:
+    """Pipeline sections for inference hosts a (watched on this machine) and b, and ``datasets`` (id: prompts)."""
     for name, count in datasets.items():
         write_jsonl(folder / f"{name}.jsonl", [sharegpt(f"{name} question {i}") for i in range(count)])
-    document = {
+    return {
         "name": "two_hosts",
-        "artifacts_root": str(folder / "out"),
         "target": {"model": "fake", "tokenizer": "unused"},
         "inference": {
             "kind": "endpoints",
@@ -97,19 +98,10 @@ def two_host_file(folder: Path, a: FakeOpenAI, b: FakeOpenAI, datasets: dict[str
             "max_consecutive_errors": 2,
             "retry": {"max_attempts": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.1},
         },
-        "health": {
-            "host": {"kind": "local"},
-            "min_disk_free_gb": 0.01,
-            "min_mem_free_gb": 0.01,
-            "max_truncation_rate": 0.5,
-        },
+        "health": {"host": {"kind": "local"}},
         "launch": {"backoff_initial_s": 600},
         "datasets": [{"id": name, "source": f"{name}.jsonl"} for name in datasets],
-        **extra,
     }
-    path = folder / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return path
 
 
 def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path: Path, servers: Any) -> None:
@@ -119,7 +111,7 @@ def test_a_host_that_turns_sick_mid_run_hands_its_partition_to_another(tmp_path:
     a.script = sick_after(7, sick)
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 12, "D2": 3}), runtime_checks=False)
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 12, "D2": 3}))
     layout = ArtifactLayout(config.artifacts_root)
     with dg.instance_for_test() as instance:
         loop = Daemonless(build_definitions(config), instance)
@@ -194,7 +186,7 @@ def test_one_run_per_host_and_the_others_wait_for_a_free_one(tmp_path: Path, ser
     a, b = servers
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1, "D3": 1}), runtime_checks=False)
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1, "D2": 1, "D3": 1}))
     defs = build_definitions(config)
     sensor = defs.resolve_sensor_def("inference_health")
     job = defs.resolve_job_def(GENERATION_JOB)
@@ -229,22 +221,23 @@ def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
     a, b = servers
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1}), runtime_checks=False)
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1}))
     on_b = config.for_host("b")
     assert [e.base_url for e in on_b.inference.endpoints] == [b.base_url] and not on_b.inference.hosts
     assert on_b.health.min_disk_free_gb == 0.01, "what a host does not set comes from the top-level health section"
     assert config.for_host(None).inference.endpoints == config.for_host("a").inference.endpoints, "None: the first host"
     assert [h.pool_name for h in config.inference.hosts] == ["gpu-a", "gpu-b"]
-    single = load_config(
-        two_host_file(
-            tmp_path, a, b, {"D1": 1}, inference={"kind": "endpoints", "endpoints": [{"base_url": a.base_url}]}
-        )
+    single = load_pipeline(
+        tmp_path,
+        two_hosts(tmp_path, a, b, {"D1": 1}),
+        {"inference": {"kind": "endpoints", "endpoints": [{"base_url": a.base_url}], "hosts": []}},
+        runtime_checks=True,
     )
     assert single.for_host(None) is single, "a file without hosts is one implicit host, as before"
 
     def refused(inference: dict[str, Any]) -> str:
         with pytest.raises(ConfigError) as caught:
-            load_config(two_host_file(tmp_path, a, b, {"D1": 1}, inference=inference))
+            load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1}), {"inference": inference}, runtime_checks=True)
         return str(caught.value)
 
     host = {"name": "a", "endpoints": [{"base_url": a.base_url}]}
@@ -264,7 +257,12 @@ def test_a_pipeline_file_lists_hosts(tmp_path: Path, servers: Any) -> None:
         ConfigError,
         match="with inference.hosts, a partition whose host turns sick moves to another healthy host instead",
     ):
-        load_config(two_host_file(tmp_path, a, b, {"D1": 1}, generation={"failover": {"backends": [0, 1]}}))
+        load_pipeline(
+            tmp_path,
+            two_hosts(tmp_path, a, b, {"D1": 1}),
+            {"generation": {"failover": {"backends": [0, 1]}}},
+            runtime_checks=True,
+        )
 
 
 def test_status_checks_the_host_it_is_asked_about(
@@ -274,7 +272,7 @@ def test_status_checks_the_host_it_is_asked_about(
     a.script = sick_after(0, threading.Event())
     a.start()
     b.start()
-    path = str(two_host_file(tmp_path, a, b, {"D1": 1}))
+    path = str(write_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1})))
     assert main(["status", "--config", path, "--json"]) == 1, "the first host by default: A is sick"
     assert json.loads(capsys.readouterr().out)["overall"] == "critical"
     assert main(["status", "--config", path, "--json", "--host", "b"]) == 0
@@ -290,7 +288,7 @@ def test_a_run_placed_on_a_host_that_just_turned_sick_is_refused_by_its_prefligh
     a.script = sick_after(1, threading.Event())  # healthy for the sensor's probe, sick by the run's preflight
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 2}), runtime_checks=False)
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 2}))
     with dg.instance_for_test() as instance:
         loop = Daemonless(build_definitions(config), instance)
         assert [r.tags[HOST] for r in loop.tick().run_requests] == ["a"]
@@ -360,7 +358,7 @@ def test_runs_of_one_backfill_claim_different_hosts_when_they_start(tmp_path: Pa
     a.script = b.script = held_until(both, a, b)
     a.start()
     b.start()
-    path = two_host_file(tmp_path, a, b, {"D1": 3, "D2": 3})
+    path = write_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 3, "D2": 3}))
     (tmp_path / "dagster_home").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
         assert start_side_by_side(path, instance, ["D1", "D2"], {"dagster/backfill": "bf1"}) == [0, 0]
@@ -382,7 +380,7 @@ def test_an_untagged_run_never_lands_on_a_sick_host_and_waits_for_a_healthy_one_
     a.script = sick_after(0, threading.Event())
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 2}, launch={"host_wait_s": 0}), runtime_checks=False)
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 2}), {"launch": {"host_wait_s": 0}})
     defs = build_definitions(config)
     job = defs.resolve_job_def(GENERATION_JOB)
     with dg.instance_for_test() as instance:
@@ -408,9 +406,7 @@ def test_a_run_without_a_host_tag_waits_while_the_only_healthy_host_is_busy(tmp_
     b.script = sick_after(0, threading.Event())
     a.start()
     b.start()
-    config = load_config(
-        two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, launch={"host_poll_s": 0.01}), runtime_checks=False
-    )
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1, "D2": 1}), {"launch": {"host_poll_s": 0.01}})
     defs = build_definitions(config)
     job = defs.resolve_job_def(GENERATION_JOB)
     with dg.instance_for_test() as instance:
@@ -440,7 +436,7 @@ def test_a_later_run_yields_a_host_claimed_by_an_earlier_one(tmp_path: Path, ser
     a, b = servers
     a.start()
     b.start()
-    config = load_config(two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}), runtime_checks=False)
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1, "D2": 1}))
     job = build_definitions(config).resolve_job_def(GENERATION_JOB)
     with dg.instance_for_test() as instance:
         first = instance.create_run_for_job(job, tags={"dagster/partition": "D1"}, status=dg.DagsterRunStatus.STARTED)
@@ -462,8 +458,8 @@ def test_the_scheduled_backfill_requests_no_more_partitions_than_free_healthy_ho
     a, b = servers
     a.start()
     b.start()
-    config = load_config(
-        two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1, "D3": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False
+    config = load_pipeline(
+        tmp_path, two_hosts(tmp_path, a, b, {"D1": 1, "D2": 1, "D3": 1}), {"schedule": {"cron": "* * * * *"}}
     )
     defs = build_definitions(config)
     start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
@@ -499,9 +495,7 @@ def test_the_scheduled_backfill_retries_at_once_a_partition_that_failed_on_a_hos
     a.script = sick_after(0, threading.Event())
     a.start()
     b.start()
-    config = load_config(
-        two_host_file(tmp_path, a, b, {"D1": 1, "D2": 1}, schedule={"cron": "* * * * *"}), runtime_checks=False
-    )
+    config = load_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 1, "D2": 1}), {"schedule": {"cron": "* * * * *"}})
     defs = build_definitions(config)
     job = defs.resolve_job_def(GENERATION_JOB)
     start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
@@ -520,7 +514,7 @@ def test_the_plan_lists_the_endpoints_of_every_host(tmp_path: Path, servers: Any
     a, b = servers
     a.start()
     b.start()
-    path = two_host_file(tmp_path, a, b, {"D1": 4})
+    path = write_pipeline(tmp_path, two_hosts(tmp_path, a, b, {"D1": 4}))
     write_parquet(
         prompt_rows(make_prompts(4)), PROMPT_SCHEMA, ArtifactLayout(load_config(path).artifacts_root).prompts("D1")
     )

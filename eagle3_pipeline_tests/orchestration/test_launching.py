@@ -16,17 +16,20 @@ import dagster as dg
 import pytest
 
 from eagle3_pipeline.components.pipeline import build_definitions
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import load_config
 from eagle3_pipeline.orchestration.generation_decision import decide_generation
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
 from eagle3_pipeline.orchestration.partition_runs import backoff_s, plan_launches
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
-from eagle3_pipeline_tests.dagster_runs import Daemonless, evaluate_at, requested, sensor_resources, write_pipeline
-
-
-def pipeline(folder: Path, server: FakeOpenAI, **kwargs: Any) -> PipelineConfig:
-    return load_config(write_pipeline(folder, server, **kwargs), runtime_checks=False)
+from eagle3_pipeline_tests.dagster_runs import (
+    Daemonless,
+    evaluate_at,
+    fake_server_sections,
+    requested,
+    sensor_resources,
+)
+from eagle3_pipeline_tests.pipeline_files import load_pipeline, write_pipeline
 
 
 @pytest.fixture
@@ -39,7 +42,11 @@ def test_a_failed_partition_waits_for_its_backoff(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
 ) -> None:
     """B2's source file is missing: its run fails at run time (the code location still loads)."""
-    config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"backoff_initial_s": 600})
+    config = load_pipeline(
+        tmp_path,
+        fake_server_sections(tmp_path, fake_openai, without_source=("B2",)),
+        {"launch": {"backoff_initial_s": 600}},
+    )
     loop = Daemonless(build_definitions(config), instance)
     first = loop.tick()
     assert sorted(str(r.partition_key) for r in first.run_requests or []) == ["B1", "B2"]
@@ -61,7 +68,11 @@ def test_a_failed_partition_waits_for_its_backoff(
 def test_a_partition_that_always_fails_is_launched_at_most_n_times_then_left_alone(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
 ) -> None:
-    config = pipeline(tmp_path, fake_openai, without_source=("B2",), launch={"max_attempts": 3, "backoff_initial_s": 0})
+    config = load_pipeline(
+        tmp_path,
+        fake_server_sections(tmp_path, fake_openai, without_source=("B2",)),
+        {"launch": {"max_attempts": 3, "backoff_initial_s": 0}},
+    )
     loop = Daemonless(build_definitions(config), instance)
     ticks = [loop.tick() for _ in range(6)]
     assert [k for k in loop.launched if k.startswith("B2")] == [
@@ -82,7 +93,11 @@ def test_a_partition_that_always_fails_is_launched_at_most_n_times_then_left_alo
 def test_a_success_starts_a_new_epoch_of_attempts(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
 ) -> None:
-    config = pipeline(tmp_path, fake_openai, datasets=("B1",), launch={"max_attempts": 1, "backoff_initial_s": 0})
+    config = load_pipeline(
+        tmp_path,
+        fake_server_sections(tmp_path, fake_openai, datasets=("B1",)),
+        {"launch": {"max_attempts": 1, "backoff_initial_s": 0}},
+    )
     defs = build_definitions(config)
     job = defs.resolve_job_def("generation_job")
     assert job.execute_in_process(partition_key="B1", instance=instance).success
@@ -104,7 +119,7 @@ def test_queued_started_and_canceling_runs_are_in_flight(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance, status: dg.DagsterRunStatus
 ) -> None:
     """A canceling run still holds the checkpoint lock: no second run may start beside it."""
-    defs = build_definitions(pipeline(tmp_path, fake_openai))
+    defs = build_definitions(load_pipeline(tmp_path, fake_server_sections(tmp_path, fake_openai)))
     run = instance.create_run_for_job(
         defs.resolve_job_def("generation_job"), tags={"dagster/partition": "B1"}, status=status
     )
@@ -117,7 +132,7 @@ def test_queued_started_and_canceling_runs_are_in_flight(
 def test_a_rematerialized_prompts_partition_makes_its_responses_stale(
     tmp_path: Path, fake_openai: FakeOpenAI, instance: dg.DagsterInstance
 ) -> None:
-    defs = build_definitions(pipeline(tmp_path, fake_openai))
+    defs = build_definitions(load_pipeline(tmp_path, fake_server_sections(tmp_path, fake_openai)))
     loop = Daemonless(defs, instance)
     loop.tick()
     assert "every responses partition is materialized and current" in loop.tick().skip_message
@@ -126,7 +141,7 @@ def test_a_rematerialized_prompts_partition_makes_its_responses_stale(
 
 
 def test_a_dataset_added_to_the_file_is_a_new_partition(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    write_pipeline(tmp_path, fake_openai, datasets=("B1", "B2", "B9"))
+    write_pipeline(tmp_path, fake_server_sections(tmp_path, fake_openai, datasets=("B1", "B2", "B9")))
     config = load_config(tmp_path / "pipeline.yaml", runtime_checks=False)
     graph = build_definitions(config).resolve_asset_graph()
     partitions = graph.get(dg.AssetKey("responses")).partitions_def
@@ -148,7 +163,9 @@ def test_training_data_refuses_a_partition_whose_latest_blocking_check_failed(
 
     server = FakeOpenAI(script=script).start()
     try:
-        defs = build_definitions(pipeline(tmp_path, server, tokenizer=local_model))
+        defs = build_definitions(
+            load_pipeline(tmp_path, fake_server_sections(tmp_path, server), {"target": {"tokenizer": str(local_model)}})
+        )
         generation = defs.resolve_job_def("generation_job")
         assert generation.execute_in_process(partition_key="B1", instance=instance).success
         assert not generation.execute_in_process(partition_key="B2", instance=instance, raise_on_error=False).success
@@ -183,12 +200,10 @@ def test_the_scheduled_backfill_requests_what_is_due_at_each_cron_tick_and_leave
     """Cron every minute; B2's source file is missing, so each of its runs fails. Ticks are
     evaluation times; the runs a tick requests are executed as the backfill would."""
     caplog.set_level(logging.INFO)
-    config = pipeline(
+    config = load_pipeline(
         tmp_path,
-        fake_openai,
-        without_source=("B2",),
-        schedule={"cron": "* * * * *"},
-        launch={"max_attempts": 2, "backoff_initial_s": 0},
+        fake_server_sections(tmp_path, fake_openai, without_source=("B2",)),
+        {"schedule": {"cron": "* * * * *"}, "launch": {"max_attempts": 2, "backoff_initial_s": 0}},
     )
     defs = build_definitions(config)
     job = defs.resolve_job_def("generation_job")
@@ -219,7 +234,9 @@ def test_the_scheduled_backfill_waits_for_the_health_gate(
     """The endpoint answers every request with HTTP 503: the gate is closed, the tick's log says why."""
     caplog.set_level(logging.INFO)
     fake_openai.script = lambda body, n: Reply(status=503, payload={"error": {"message": "overloaded"}})
-    defs = build_definitions(pipeline(tmp_path, fake_openai, schedule={"cron": "* * * * *"}))
+    defs = build_definitions(
+        load_pipeline(tmp_path, fake_server_sections(tmp_path, fake_openai), {"schedule": {"cron": "* * * * *"}})
+    )
     start = datetime.datetime(2026, 1, 1, 2, 0, 10, tzinfo=datetime.UTC)
     result = evaluate_at(defs, instance, start)
     result = evaluate_at(defs, instance, start + datetime.timedelta(minutes=1), result.cursor)
@@ -232,13 +249,10 @@ def test_the_sensor_and_the_scheduled_backfill_take_the_one_launch_decision(
 ) -> None:
     """B1 is materialized, B2 failed (its source file is missing) and backs off, B3 is missing: the
     decision, the sensor's run requests and the scheduled backfill's requests all name B3 alone."""
-    config = pipeline(
+    config = load_pipeline(
         tmp_path,
-        fake_openai,
-        datasets=("B1", "B2", "B3"),
-        without_source=("B2",),
-        schedule={"cron": "* * * * *"},
-        launch={"backoff_initial_s": 600},
+        fake_server_sections(tmp_path, fake_openai, datasets=("B1", "B2", "B3"), without_source=("B2",)),
+        {"schedule": {"cron": "* * * * *"}, "launch": {"backoff_initial_s": 600}},
     )
     defs = build_definitions(config)
     job = defs.resolve_job_def("generation_job")

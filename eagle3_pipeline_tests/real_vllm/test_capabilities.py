@@ -5,17 +5,17 @@ generate in the main job (test_main_job.py, whose tools partition records every 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
 from eagle3_pipeline_tests.dagster_runs import failure_description, materialize_generation
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = pytest.mark.local_model
 
@@ -25,20 +25,15 @@ VLLM_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool
 
 
 def pipeline(folder: Path, server: RunningVllm, model: Path) -> PipelineConfig:
-    (folder / "pipeline.yaml").write_text(
-        json.dumps(
-            {
-                "name": "capabilities",
-                "artifacts_root": "out",
-                "target": {"model": server.served_name, "tokenizer": str(model)},
-                "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
-                "generation": {"max_tokens": 8, "concurrency": 4},
-                "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "max_truncation_rate": 1.0},
-                "datasets": [{"id": "tools", "source": str(SAMPLES), "sample_size": PROMPTS}],
-            }
-        )
-    )
-    return load_config(folder / "pipeline.yaml")
+    sections = {
+        "name": "capabilities",
+        "target": {"model": server.served_name, "tokenizer": str(model)},
+        "inference": {"kind": "endpoints", "endpoints": [{"base_url": server.base_url}]},
+        "generation": {"max_tokens": 8, "concurrency": 4},
+        "health": {"max_truncation_rate": 1.0},
+        "datasets": [{"id": "tools", "source": str(SAMPLES), "sample_size": PROMPTS}],
+    }
+    return load_pipeline(folder, sections, runtime_checks=True)
 
 
 def chat_requests(server: RunningVllm) -> list[str]:

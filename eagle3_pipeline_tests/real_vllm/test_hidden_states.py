@@ -11,7 +11,6 @@ test stops ``extraction``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +36,12 @@ from eagle3_pipeline.hidden_states.validation import validate_first
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, open_vllm_target, reply_file_taker
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import extraction_args
-from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.real_vllm import RunningVllm, stop_group, vllm_server
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
+from eagle3_pipeline_tests.pipeline_files import TINY_TARGET, write_pipeline
 
 pytestmark = pytest.mark.local_model
 
@@ -177,7 +176,6 @@ def pipeline(extraction: Extraction, local_model: Path, tmp_path_factory: pytest
     from transformers import AutoTokenizer
 
     root = tmp_path_factory.mktemp("pipeline")
-    write_jsonl(root / "a.jsonl", [sharegpt("hi")])
     hidden_states = {
         "backend": "vllm",
         "model": str(local_model),
@@ -188,11 +186,7 @@ def pipeline(extraction: Extraction, local_model: Path, tmp_path_factory: pytest
         "max_batch_size": 4,
         "validation": SETTINGS.model_dump(include={"samples", "min_agreement", "near_tie_logprob_margin"}),
     }
-    path = root / "pipeline.yaml"
-    path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
-        f"  - {{id: B1, source: a.jsonl}}\nhidden_states: {json.dumps(hidden_states)}\n"
-    )
+    path = write_pipeline(root, TINY_TARGET, {"hidden_states": hidden_states})
     rows_data(
         ArtifactLayout(load_config(path).artifacts_root).training_data, AutoTokenizer.from_pretrained(local_model)
     )

@@ -16,9 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import TUNNELS, Host, LocalHost, reach
 from eagle3_pipeline.managed import ManagedServer, ServerPurpose, StartResult, StopResult, launch_for, managed_server
@@ -27,6 +26,7 @@ from eagle3_pipeline.target.layer_ids import extraction_layer_ids
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import free_port, managed_serving
 from eagle3_pipeline.testing.sshd_fixture import FakeBin, Sshd
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = pytest.mark.local_model
 KEY_VAR = "EAGLE3_TEST_VLLM_KEY"
@@ -39,18 +39,13 @@ def pipeline(
     """A pipeline whose managed server is the real vLLM with the CPU settings (eager, bf16, 1 GiB KV cache);
     ``serving``: more of its settings."""
     port = serving.pop("port", None) or free_port()
-    (folder / "B1.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
-    data = {
+    sections = {
         "name": "managed_vllm",
-        "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model)},
         "serving": managed_serving(python, model, port, folder / "logs", bind_host="127.0.0.1", **serving),
-        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 30, **(health or {})},
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+        "health": {"generation_timeout_s": 30, **(health or {})},
     }
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path, runtime_checks=False)
+    return load_pipeline(folder, sections)
 
 
 def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, StopResult]:

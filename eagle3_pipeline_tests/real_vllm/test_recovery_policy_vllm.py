@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import Endpoint, GenerationSummary, ResponseCheckpoint, generate
 from eagle3_pipeline.managed import GenerationRecovery, ServerEvent, ServerPurpose, Supervisor, open_supervisor
 from eagle3_pipeline.records import PromptRecord, content_id
@@ -34,6 +33,7 @@ from eagle3_pipeline.testing.generation_runs import lines, make_prompts, setting
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.process_tools import wait_until
 from eagle3_pipeline.testing.real_vllm import DEFAULT_ENV, free_port, managed_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.timeout(1200)]
 
@@ -44,9 +44,8 @@ MARKER = "EAGLE3-POISON-PINEAPPLE"
 def pipeline(
     folder: Path, python: Path, model: Path, env: dict[str, str] | None = None, **serving: Any
 ) -> PipelineConfig:
-    data = {
+    sections = {
         "name": "recovery_policy_vllm",
-        "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model), "max_seq_len": 2048},
         "serving": managed_serving(
             python,
@@ -59,13 +58,9 @@ def pipeline(
             env={**DEFAULT_ENV, **(env or {})},
             **serving,
         ),
-        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01, "generation_timeout_s": 30},
-        "datasets": [{"id": "B1", "source": str(folder / "B1.jsonl")}],
+        "health": {"generation_timeout_s": 30},
     }
-    (folder / "B1.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path, runtime_checks=False)
+    return load_pipeline(folder, sections)
 
 
 @contextmanager

@@ -20,16 +20,16 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 
 from eagle3_pipeline.components.pipeline import GENERATION_JOB, build_definitions
-from eagle3_pipeline.config import PipelineConfig, load_config
+from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.hosts import LocalHost
 from eagle3_pipeline.managed import ManagedServer, managed_server
 from eagle3_pipeline.records import read_prompts
 from eagle3_pipeline.testing.process_groups import processes_of
 from eagle3_pipeline.testing.real_vllm import free_port, managed_serving
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
 
@@ -39,9 +39,8 @@ KILL_AT = 8  # answers written before the kill
 
 
 def pipeline(folder: Path, python: Path, model: Path) -> PipelineConfig:
-    data = {
+    sections = {
         "name": "recovery_vllm",
-        "artifacts_root": str(folder / "artifacts"),
         "target": {"model": "smol", "tokenizer": str(model), "max_seq_len": 2048},
         "serving": managed_serving(
             python, model, free_port(), folder / "logs", bind_host="127.0.0.1", max_restarts=2, restart_backoff_s=1
@@ -53,17 +52,10 @@ def pipeline(folder: Path, python: Path, model: Path) -> PipelineConfig:
             "length_estimator": "chars",
             "retry": {"max_attempts": 2},
         },
-        "health": {
-            "min_disk_free_gb": 0.01,
-            "min_mem_free_gb": 0.01,
-            "generation_timeout_s": 30,
-            "max_truncation_rate": 1.0,
-        },
+        "health": {"generation_timeout_s": 30, "max_truncation_rate": 1.0},
         "datasets": [{"id": "B1", "source": str(SAMPLES / "chat.jsonl"), "sample_size": PROMPTS}],
     }
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path, runtime_checks=False)
+    return load_pipeline(folder, sections)
 
 
 def answered(checkpoint: Path) -> list[str]:
@@ -80,7 +72,7 @@ def test_kill_9_of_the_managed_vllm_mid_generation(real_vllm_python: Path, local
     assert plan is not None
     server = ManagedServer(LocalHost(), plan)
     assert server.status().state == "absent", "no server before the run"
-    checkpoint = tmp_path / "artifacts" / "responses" / "B1.checkpoint.jsonl"
+    checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
     killed: dict[str, Any] = {}
 
     def kill_mid_generation() -> None:
@@ -114,7 +106,7 @@ def test_kill_9_of_the_managed_vllm_mid_generation(real_vllm_python: Path, local
     metadata: dict[str, Any] = {key: value.value for key, value in materialization.metadata.items()}
     events = [o for o in seen if "event" in o]
     ids = answered(checkpoint)
-    prompt_ids = {p.id for p in read_prompts(tmp_path / "artifacts" / "prompts" / "B1.parquet")}
+    prompt_ids = {p.id for p in read_prompts(tmp_path / "out" / "prompts" / "B1.parquet")}
     figures = {
         "restarts": metadata["server_restarts"],
         "restart": metadata["restarts"],

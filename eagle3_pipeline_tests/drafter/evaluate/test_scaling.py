@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from eagle3_pipeline.config import load_config
 from eagle3_pipeline.drafter.evaluate.scaling import (
     NoFit,
     PowerFit,
@@ -34,6 +33,7 @@ from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.generation.checkpoint import ResponseCheckpoint
 from eagle3_pipeline.generation.planning import checkpoint_records, configured_backends, throughput_evidence
 from eagle3_pipeline.layout import ArtifactLayout
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 REPO = Path(__file__).resolve().parents[3]
 TRUE = {"tau_inf": 3.2, "a": 1.4, "b": 0.6}
@@ -126,11 +126,11 @@ def curve(data_tokens: dict[str, int], epochs: int = 4, points: int = 8) -> dict
     return {"k": k, "epochs": epochs, "data_tokens": data_tokens, "points": entries}
 
 
-def two_backend_pipeline(folder: Path) -> Path:
+def two_backends(folder: Path) -> dict[str, Any]:
+    """Pipeline sections for two priced endpoints nobody answers on and datasets B1 and B2 of one prompt."""
     (folder / "p.jsonl").write_text('{"conversations": [{"from": "human", "value": "hello"}]}\n')
-    document = {
+    return {
         "name": "scaling",
-        "artifacts_root": "out",
         "target": {"model": "vendor/model", "tokenizer": "unused"},
         "inference": {"kind": "endpoints", "endpoints": [
             {"name": "box", "base_url": "http://127.0.0.1:9/v1",
@@ -138,11 +138,8 @@ def two_backend_pipeline(folder: Path) -> Path:
             {"name": "api", "base_url": "http://127.0.0.2:9/v1",
              "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0}},
         ]},
-        "health": {"min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
         "datasets": [{"id": "B1", "source": "p.jsonl"}, {"id": "B2", "source": "p.jsonl"}],
     }  # fmt: skip
-    (folder / "pipeline.yaml").write_text(json.dumps(document))
-    return folder / "pipeline.yaml"
 
 
 def write_answers(config: Any, dataset: str, endpoint: str, times: list[float], completion: int, prompt: int) -> None:
@@ -153,7 +150,7 @@ def write_answers(config: Any, dataset: str, endpoint: str, times: list[float], 
 
 
 def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_prices(tmp_path: Path) -> None:
-    config = load_config(two_backend_pipeline(tmp_path))
+    config = load_pipeline(tmp_path, two_backends(tmp_path), runtime_checks=True)
     none = data_scaling(config.artifacts_root, config.inference, config.target.model, config.dataset_ids)
     assert isinstance(none, str) and none.startswith("τ against training data: no curve under")
     # box: 3 answers of 50 tokens over 2 s -> 50 tok/s; api: 3 of 100 over 1 s -> 200 tok/s
@@ -216,7 +213,7 @@ def test_the_cost_and_time_table_uses_the_planners_backends_throughput_and_price
 
 
 def test_a_dataset_without_generation_records_or_eval_rows_gets_unknown_or_no_figure(tmp_path: Path) -> None:
-    config = load_config(two_backend_pipeline(tmp_path))
+    config = load_pipeline(tmp_path, two_backends(tmp_path), runtime_checks=True)
     recorded = curve({"B1": 100, "B2": 300})
     recorded["data_tokens"]["B3"] = 50  # trained on, never evaluated
     run_dir = drafter_paths(config.artifacts_root)["run_dir"]

@@ -3,7 +3,6 @@ the local host (the real hosts layer, the real health gate). Not run against a r
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_pipeline.components.eagle3.drafter_benchmark import build_drafter_benchmark
-from eagle3_pipeline.config import PipelineConfig, load_config
 from eagle3_pipeline.drafter.serve.benchmark import benchmark_settings, eval_prompts, make_gate, run_benchmark
 from eagle3_pipeline.drafter.serve.client import BenchmarkError
 from eagle3_pipeline.drafter.serve.prompt_sets import BenchPrompt
@@ -31,6 +29,7 @@ from eagle3_pipeline.inference.embedded import free_port
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
+from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
 # Its scripted servers run as `python -m sglang.launch_server …`: the health tests would see them.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_table")]
@@ -39,16 +38,15 @@ REPO = Path(__file__).resolve().parents[3]
 FAKE = f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m eagle3_pipeline_tests.drafter.fake_spec_server"
 
 
-def write_config(tmp_path: Path, server: str, **benchmark: Any) -> PipelineConfig:
+def bench_sections(tmp_path: Path, server: str) -> dict[str, Any]:
+    """A `drafter_benchmark` of the scripted `server`, on this machine, and the one-prompt source of B1."""
     write_jsonl(tmp_path / "B1.jsonl", [sharegpt("question")])
     port = free_port()
-    document = {
+    return {
         "name": "bench",
-        "artifacts_root": str(tmp_path / "out"),
-        "target": {"model": "fake-target"},
-        # this machine stands in for the GPU host: no GPU expected, low floors
-        "health": {"host": {"kind": "local"}, "expected_gpus": 0, "min_disk_free_gb": 0.01, "min_mem_free_gb": 0.01},
-        "datasets": [{"id": "B1", "source": "B1.jsonl"}],
+        "target": {"model": "fake-target", "tokenizer": None},
+        # this machine stands in for the GPU host: no GPU expected (the builder's floors are low)
+        "health": {"host": {"kind": "local"}, "expected_gpus": 0},
         "drafter_benchmark": {
             "server": server,
             "target_model_path": "/models/target with space",
@@ -65,12 +63,8 @@ def write_config(tmp_path: Path, server: str, **benchmark: Any) -> PipelineConfi
             "sweep_steps": [],
             "max_server_starts": 2,
             "startup_timeout_s": 60,
-            **benchmark,
         },
     }
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(json.dumps(document))
-    return load_config(path)
 
 
 def write_eval_shard(folder: Path) -> Path:
@@ -91,7 +85,12 @@ def write_eval_shard(folder: Path) -> Path:
 
 
 def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "sglang", launch_command=None, speculative_args=None)
+    config = load_pipeline(
+        tmp_path,
+        bench_sections(tmp_path, "sglang"),
+        {"drafter_benchmark": {"launch_command": None, "speculative_args": None}},
+        runtime_checks=True,
+    )
     settings = config.drafter_benchmark
     assert settings is not None
     assert launch_command(settings, None) == (
@@ -113,7 +112,12 @@ def test_default_launch_commands_quote_every_value(tmp_path: Path) -> None:
 
 def test_an_unknown_placeholder_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"drafter_benchmark.launch_command: .*unknown placeholder\(s\) \['model'\]"):
-        write_config(tmp_path, "sglang", launch_command="serve {model}")
+        load_pipeline(
+            tmp_path,
+            bench_sections(tmp_path, "sglang"),
+            {"drafter_benchmark": {"launch_command": "serve {model}"}},
+            runtime_checks=True,
+        )
 
 
 def test_eval_prompts_are_cut_at_the_first_generated_token(tmp_path: Path) -> None:
@@ -126,7 +130,7 @@ def test_eval_prompts_are_cut_at_the_first_generated_token(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("server", ["sglang", "vllm"])
 def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: str) -> None:
-    config = write_config(tmp_path, server)
+    config = load_pipeline(tmp_path, bench_sections(tmp_path, server), runtime_checks=True)
     settings = config.drafter_benchmark
     assert settings is not None
     host = LocalHost()
@@ -190,7 +194,7 @@ def test_benchmark_reads_tau_as_each_server_reports_it(tmp_path: Path, server: s
 def test_prompt_sets_are_measured_per_category_on_the_speculative_arm(tmp_path: Path, server: str) -> None:
     """The benchmark's wiring of the prompt sets (eagle3_pipeline.drafter.serve.set_tau): measured on the speculative
     arm's server after its timed run, per category, into the arm's result and the metadata's ``tau_sets``."""
-    config = write_config(tmp_path, server)
+    config = load_pipeline(tmp_path, bench_sections(tmp_path, server), runtime_checks=True)
     settings = config.drafter_benchmark
     assert settings is not None
     host = LocalHost()
@@ -218,7 +222,7 @@ def test_prompt_sets_are_measured_per_category_on_the_speculative_arm(tmp_path: 
 
 
 def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "sglang")
+    config = load_pipeline(tmp_path, bench_sections(tmp_path, "sglang"), runtime_checks=True)
     sick = config.model_copy(update={"health": config.health.model_copy(update={"min_disk_free_gb": 1e9})})
     settings = config.drafter_benchmark
     assert settings is not None
@@ -236,7 +240,12 @@ def test_the_health_gate_refuses_before_any_server_starts(tmp_path: Path) -> Non
 
 
 def test_a_server_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "sglang", launch_command="echo model weights not found; exit 3")
+    config = load_pipeline(
+        tmp_path,
+        bench_sections(tmp_path, "sglang"),
+        {"drafter_benchmark": {"launch_command": "echo model weights not found; exit 3"}},
+        runtime_checks=True,
+    )
     settings = config.drafter_benchmark
     assert settings is not None
     host = LocalHost()
@@ -252,7 +261,7 @@ def test_a_server_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
 
 
 def test_drafter_benchmark_asset_materializes_against_the_fake(tmp_path: Path, dagster_home: Path) -> None:
-    config = write_config(tmp_path, "sglang")
+    config = load_pipeline(tmp_path, bench_sections(tmp_path, "sglang"), runtime_checks=True)
     write_eval_shard(tmp_path / "out" / "training_data")
     assets = build_drafter_benchmark(config)
     with dg.DagsterInstance.get() as instance:
@@ -278,7 +287,12 @@ def test_a_recorded_benchmark_of_the_same_drafter_starts_no_server(tmp_path: Pat
     drafter.mkdir()
     (drafter / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     (drafter / "model.safetensors").write_bytes(b"weights v1")
-    config = write_config(tmp_path, "vllm", draft_model_path=str(drafter))
+    config = load_pipeline(
+        tmp_path,
+        bench_sections(tmp_path, "vllm"),
+        {"drafter_benchmark": {"draft_model_path": str(drafter)}},
+        runtime_checks=True,
+    )
     write_eval_shard(tmp_path / "out" / "training_data")
     assets = build_drafter_benchmark(config)
 
@@ -307,7 +321,9 @@ def test_a_recorded_benchmark_of_the_same_drafter_starts_no_server(tmp_path: Pat
 
 
 def test_the_servers_logs_default_to_a_private_folder_under_the_artifacts_root(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "vllm", log_dir=None)
+    config = load_pipeline(
+        tmp_path, bench_sections(tmp_path, "vllm"), {"drafter_benchmark": {"log_dir": None}}, runtime_checks=True
+    )
     settings, _ = benchmark_settings(config)
     assert settings.log_dir == f"{tmp_path / 'out'}/benchmark"
     server = RemoteServer(LocalHost(), "sleep 300", f"{settings.log_dir}/baseline.log")

@@ -40,6 +40,7 @@ from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.tiny_store import make_vocab
 from eagle3_pipeline.testing.train_settings import train_settings
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
+from eagle3_pipeline_tests.pipeline_files import TINY_TARGET, write_pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
@@ -322,19 +323,24 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(
     from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
     from eagle3_pipeline.config import load_config
     from eagle3_pipeline.drafter.spec import drafter_paths
-    from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
     from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 
-    write_jsonl(tmp_path / "a.jsonl", [sharegpt("hi")])
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: SmolLM2-135M-Instruct}\ndatasets:\n"
-        "  - {id: B1, source: a.jsonl}\n"
-        "hidden_states: {shard_tokens: 200, spot_check_samples: 1, device: cpu, rolling_window_shards: 1}\n"
-        "draft_vocab: {size: 256}\n"
-        "drafter: {ttt_steps: 2, epochs: 1, batch_tokens: 30, max_seq_len: 32, checkpoint_every: 50, log_every: 1, "
-        "eval_samples: 1, model: {num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 128}}\n"
-    )
+    drafter = {
+        "ttt_steps": 2,
+        "epochs": 1,
+        "batch_tokens": 30,
+        "max_seq_len": 32,
+        "checkpoint_every": 50,
+        "log_every": 1,
+        "eval_samples": 1,
+        "model": {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128},
+    }
+    sections = {
+        "hidden_states": {"shard_tokens": 200, "spot_check_samples": 1, "device": "cpu", "rolling_window_shards": 1},
+        "draft_vocab": {"size": 256},
+        "drafter": drafter,
+    }
+    path = write_pipeline(tmp_path, TINY_TARGET, sections)
     config = load_config(path)
     train = [sample_rows("a", 3, seed=1, max_len=12), sample_rows("b", 3, seed=2, max_len=12)]
     write_training_data(
@@ -368,12 +374,14 @@ def test_the_assets_in_rolling_mode_extract_train_and_delete_window_by_window(
 def test_rolling_with_the_users_extraction_command_is_refused_by_name(tmp_path: Path) -> None:
     from eagle3_pipeline.config import ConfigError, load_config
 
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        "name: t\nartifacts_root: out\ntarget: {model: m}\ndatasets: [{id: B1, source: a.jsonl}]\n"
-        "hidden_states: {rolling_window_shards: 4}\n"
-        "compute: {kind: command, host: {hostname: h}, workdir: /w, artifacts_root: /a, command: 'extract {spec}'}\n"
-    )
+    command = {
+        "kind": "command",
+        "host": {"hostname": "h"},
+        "workdir": "/w",
+        "artifacts_root": "/a",
+        "command": "extract {spec}",
+    }
+    path = write_pipeline(tmp_path, {"hidden_states": {"rolling_window_shards": 4}, "compute": command})
     with pytest.raises(
         ConfigError, match="hidden_states.rolling_window_shards: not supported with compute.kind 'command'"
     ):
