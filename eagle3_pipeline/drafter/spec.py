@@ -112,7 +112,7 @@ class TrainSpec(ConfigModel):
     run_dir: Path
     export_dir: Path
     settings: TrainSettings
-    # The rolling segment to train ({epoch, window}), checked against the store's layout (drafter.plans).
+    # The rolling segment to train ({epoch, window}), checked against the store's layout (drafter.train.epochs).
     rolling: dict[str, Any] | None = None
 
 
