@@ -9,7 +9,9 @@ port, a generation, each probe's client timeout longer than the engine's own hea
 - a probe that **answers** ends the check: the server serves, nothing is restarted;
 - a probe that **failed** (a check CRITICAL: no generation in time, the port closed, …) counts; the server
   is **hung** once ``probes`` probes in a row failed and the last ended at least ``window`` seconds after
-  the first;
+  the first was sent (the server has not answered for that long: measured from the first probe's end, the
+  ``probes``-th probe on its ``window / (probes - 1)`` schedule would land on the bound itself and a few
+  milliseconds of jitter would cost one more probe);
 - a probe that **cannot tell** (UNKNOWN: the host did not answer the shell probes, the tick ran out)
   never counts, and never restarts: past :attr:`HangPolicy.give_up_s` without a verdict, the check
   reports that it cannot tell, and the failed requests are ordinary failures (retried and counted).
@@ -81,7 +83,7 @@ class HangWatch:
     the check's start."""
 
     policy: HangPolicy
-    failed_at: list[float] = field(default_factory=list)  # the ends of the failed probes since the check began
+    failed: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each failed probe so far
     probes: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, outcome: ProbeOutcome, started: float, ended: float, detail: str) -> Verdict | None:
@@ -93,9 +95,9 @@ class HangWatch:
         if outcome == "answered":
             return "serving"
         if outcome == "failed":
-            self.failed_at.append(ended)
+            self.failed.append((started, ended))
         policy = self.policy
-        if len(self.failed_at) >= policy.probes and ended - self.failed_at[0] >= policy.window_s:
+        if len(self.failed) >= policy.probes and ended - self.failed[0][0] >= policy.window_s:
             return "hung"
         if ended >= policy.give_up_s:
             return "unknown"
@@ -106,9 +108,9 @@ class HangWatch:
         return len(self.probes) * self.policy.spacing_s
 
     def summary(self) -> str:
-        failed = len(self.failed_at)
+        failed = len(self.failed)
         unknown = sum(p["outcome"] == "unknown" for p in self.probes)
-        span = self.failed_at[-1] - self.failed_at[0] if self.failed_at else 0.0
+        span = self.failed[-1][1] - self.failed[0][0] if self.failed else 0.0
         return (
             f"{len(self.probes)} probe(s): {failed} failed in a row over {span:.1f} s, {unknown} could not tell "
             f"(hung takes {self.policy.describe()})"

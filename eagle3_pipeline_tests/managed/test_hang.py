@@ -31,7 +31,16 @@ def test_three_failed_probes_over_the_window_make_the_server_hung() -> None:
     assert watch.add("failed", 30, 60, "no answer within 30 s") is None
     assert watch.add("failed", 60, 90, "no answer within 30 s") == "hung"
     assert [p["outcome"] for p in watch.probes] == ["failed"] * 3
-    assert watch.summary().startswith("3 probe(s): 3 failed in a row over 60.0 s, 0 could not tell")
+    assert watch.summary().startswith("3 probe(s): 3 failed in a row over 90.0 s, 0 could not tell")
+
+
+def test_the_third_probe_on_schedule_decides_whatever_its_jitter() -> None:
+    """Measured from the first failed probe's end, the third probe of a 24 s window ended 24 s later give or
+    take milliseconds, and a tick 0.1 s slower than the others cost a fourth probe (12 s more stall)."""
+    watch = HangWatch(HangPolicy(probes=3, window_s=24.0, probe_timeout_s=4.0))
+    assert watch.add("failed", 0.002, 4.1, "no answer within 4 s") is None
+    assert watch.add("failed", 12.0, 16.0, "no answer within 4 s") is None
+    assert watch.add("failed", 24.0, 28.0, "no answer within 4 s") == "hung"
 
 
 def test_failed_probes_faster_than_the_window_are_not_enough() -> None:
@@ -55,7 +64,7 @@ def test_unknown_never_counts_and_at_the_bound_the_check_cannot_tell() -> None:
     while not verdicts or verdicts[-1] is None:
         verdicts.append(watch.add("unknown", at, at + 30, "the shell probes did not answer"))
         at += POLICY.spacing_s
-    assert verdicts[-1] == "unknown" and watch.failed_at == [] and len(watch.probes) == 5
+    assert verdicts[-1] == "unknown" and watch.failed == [] and len(watch.probes) == 5
 
 
 def test_unknown_between_failed_probes_neither_counts_nor_breaks_the_run_of_failures() -> None:
