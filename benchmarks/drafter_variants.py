@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tau_scaling import Log  # the same quiet reporter as the τ-scaling benchmark
+from benchmarks.seeded_runs import mean_sd, trained_run
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.drafter.model.draft_config import VARIANT_KEYS
 from eagle3_pipeline.drafter.spec import train_spec
-from eagle3_pipeline.drafter.train.phase import run
 
 PLAIN = "eagle3"
 
@@ -50,8 +47,6 @@ def switches(variant: str) -> dict[str, bool]:
 
 def one_run(base: dict[str, Any], work: Path, variant: str, loss: str, seed: int, args: argparse.Namespace) -> dict:
     name = f"{variant}-{loss}-s{seed}"
-    if (work / f"{name}.json").is_file():
-        return json.loads((work / f"{name}.json").read_text())
     settings = {
         **base["settings"],
         "model": {**base["settings"]["model"], **switches(variant)},
@@ -68,15 +63,7 @@ def one_run(base: dict[str, Any], work: Path, variant: str, loss: str, seed: int
         "export_dir": str(work / name / "export"),
         "settings": settings,
     }
-    started = time.monotonic()
-    result = run(spec, Log(name))
-    key = f"tau@{args.select_steps}"
-    evals = [e for e in result["evals"] if key in e]
-    best = max(reversed(evals), key=lambda e: e[key])
-    row = {"variant": variant, "loss": loss, "seed": seed, "wall_s": round(time.monotonic() - started),
-           "last": evals[-1], "best": best, "steps": result["steps"]}  # fmt: skip
-    (work / f"{name}.json").write_text(json.dumps(row, indent=1))
-    return row
+    return trained_run(work, name, spec, args.select_steps, variant=variant, loss=loss, seed=seed)
 
 
 def runs(variants: list[str], losses: list[str], cross: bool) -> list[tuple[str, str]]:
@@ -87,16 +74,10 @@ def runs(variants: list[str], losses: list[str], cross: bool) -> list[tuple[str,
     return [(v, losses[0]) for v in variants] + [(variants[0], loss) for loss in losses[1:]]
 
 
-def _cell(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
-
-
 def _ratio(group: list[dict[str, Any]], baseline: dict[int, dict[str, Any]], key: str, which: str) -> str:
     """The group's τ over the baseline's on the same seed (the baseline is ``last``), mean ± sd over seeds."""
     ratios = [r[which][key] / baseline[r["seed"]]["last"][key] for r in group if r["seed"] in baseline]
-    return _cell(ratios) if ratios else "—"
+    return mean_sd(ratios) if ratios else "—"
 
 
 def table(rows: list[dict[str, Any]], k: int) -> str:
@@ -117,10 +98,10 @@ def table(rows: list[dict[str, Any]], k: int) -> str:
     for (variant, loss), group in groups.items():
         best_steps = ",".join(str(int(r["best"]["step"])) for r in group)
         lines.append(
-            f"| {variant} | {loss} | {len(group)} | {_cell([r['last'][key] for r in group])} | "
-            f"{_ratio(group, baseline, key, 'last')} | {_cell([r['best'][key] for r in group])} ({best_steps}) | "
+            f"| {variant} | {loss} | {len(group)} | {mean_sd([r['last'][key] for r in group])} | "
+            f"{_ratio(group, baseline, key, 'last')} | {mean_sd([r['best'][key] for r in group])} ({best_steps}) | "
             f"{_ratio(group, baseline, key, 'best')} | "
-            + " | ".join(_cell([r["last"].get(a, 0.0) for r in group]) for a in accepts)
+            + " | ".join(mean_sd([r["last"].get(a, 0.0) for r in group]) for a in accepts)
             + " |"
         )
     return "\n".join(lines)

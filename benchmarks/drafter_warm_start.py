@@ -17,43 +17,21 @@ trains nothing again (finished runs are read back from their ``.json``).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tau_scaling import Log, half_store
+from benchmarks.seeded_runs import mean_sd, trained_run
+from benchmarks.tau_scaling import half_store
 from eagle3_pipeline.config import load_config, local_profile_path
 from eagle3_pipeline.drafter.spec import train_spec
-from eagle3_pipeline.drafter.train.phase import run
 
 
 def one_run(base: dict[str, Any], work: Path, name: str, store: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    """Train (or read back) one run; its last and best eval and the start's eval when it had one."""
-    saved = work / f"{name}.json"
-    if saved.is_file():
-        return json.loads(saved.read_text())
+    """Train (or read back) one run on ``store``; its last and best eval and the start's eval when it had one."""
     spec = {**base, "store": str(store), "run_dir": str(work / name / "run"),
             "export_dir": str(work / name / "export"), "settings": settings}  # fmt: skip
-    started = time.monotonic()
-    result = run(spec, Log(name))
-    key = f"tau@{settings['select_steps']}"
-    evals = [e for e in result["evals"] if key in e]
-    best = max(reversed(evals), key=lambda e: e[key])
-    row = {"name": name, "steps": result["steps"], "wall_s": round(time.monotonic() - started),
-           "start": result.get("start"), "last": evals[-1], "best": best}  # fmt: skip
-    saved.write_text(json.dumps(row, indent=1))
-    return row
-
-
-def _cell(values: list[float]) -> str:
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+    return trained_run(work, name, spec, settings["select_steps"], name=name)
 
 
 def table(runs: dict[str, list[dict[str, Any]]], k: int) -> str:
@@ -66,9 +44,9 @@ def table(runs: dict[str, list[dict[str, Any]]], k: int) -> str:
     for arm, rows in runs.items():
         starts = [r["start"][key] for r in rows if r.get("start")]
         lines.append(
-            f"| {arm} | {len(rows)} | {rows[0]['steps']} | {_cell(starts)} | {_cell([r['last'][key] for r in rows])} | "
-            f"{_cell([r['best'][key] for r in rows])} | "
-            + " | ".join(_cell([r["last"].get(a, 0.0) for r in rows]) for a in accepts)
+            f"| {arm} | {len(rows)} | {rows[0]['steps']} | {mean_sd(starts)} | "
+            f"{mean_sd([r['last'][key] for r in rows])} | {mean_sd([r['best'][key] for r in rows])} | "
+            + " | ".join(mean_sd([r["last"].get(a, 0.0) for r in rows]) for a in accepts)
             + " |"
         )
     return "\n".join(lines)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.testing.kimi.fixture import build_kimi_text_checkpoint, text_config
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.testing.train_settings import GreedyTrained
 
 TOKENIZER_FILES = ("tiktoken.model", "tokenization_kimi.py", "tool_declaration_ts.py", "tokenizer_config.json")
 LATENT = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
@@ -53,38 +55,15 @@ PROMPTS = [
 SERVER_ARGS = ["--trust-remote-code", "--max-model-len", "512"]
 
 
-@dataclass
-class TrainedMLA:
-    target: Path
-    export: Path
-    prompt_ids: list[list[int]]
-    result: dict[str, Any]
-
-
 def train_mla_drafter(
     work: Path, *, new_tokens: int, epochs: int, steps: int, switches: dict[str, Any], draft_vocab: int = 256
-) -> TrainedMLA:
-    """The target in ``work``, a store of its greedy continuations of :data:`PROMPTS` (each row in both
-    splits), and an MLA drafter (``attention: mla`` plus ``switches``) trained on it by the train phase,
-    exported with its last checkpoint; ``result`` is the phase's (its last eval is the export's τ@``steps``)."""
-    from eagle3_pipeline.drafter.train.phase import run
-    from eagle3_pipeline.testing.reporter import Recorder
-    from eagle3_pipeline.testing.tiny_store import greedy_store
-    from eagle3_pipeline.testing.train_settings import train_settings
+) -> GreedyTrained:
+    """The target in ``work`` and an MLA drafter (``attention: mla`` plus ``switches``) trained on its greedy
+    continuations of :data:`PROMPTS` (:func:`~eagle3_pipeline.testing.train_settings.train_on_greedy_store`)."""
+    from eagle3_pipeline.testing.train_settings import train_on_greedy_store
 
     deepseek_mla_target(work)
-    target = work / "target"
-    prompt_ids = greedy_store(work / "store", work / "vocab", target, PROMPTS, new_tokens, draft_vocab)
-    settings = train_settings(
-        ttt_steps=steps, lr=1e-2, epochs=epochs, batch_tokens=1024, max_seq_len=128, checkpoint_every=epochs,
-        eval_samples=len(PROMPTS), seed=0, model={"attention": "mla", **switches},
+    return train_on_greedy_store(
+        work, work / "target", PROMPTS, new_tokens=new_tokens, epochs=epochs, steps=steps,
+        model={"attention": "mla", **switches}, draft_vocab=draft_vocab,
     )  # fmt: skip
-    spec = {
-        "store": str(work / "store"),
-        "draft_vocab": str(work / "vocab"),
-        "target_weights": str(target),
-        "run_dir": str(work / "run"),
-        "export_dir": str(work / "export"),
-        "settings": settings,
-    }
-    return TrainedMLA(target, work / "export", prompt_ids, run(spec, Recorder()))

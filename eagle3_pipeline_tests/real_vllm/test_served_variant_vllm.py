@@ -3,7 +3,7 @@ accepted offline: the check that catches a drafter trained one way and served an
 with the raw layer output while exporting ``norm_output: true`` until its PR #879).
 
 The drafter is trained here, as the train phase trains it, on a store of the embedded model's own greedy
-continuations of a few predictable prompts (:func:`greedy_store`; the same rows are its eval split), so it
+continuations of a few predictable prompts (:func:`train_on_greedy_store`; the same rows are its eval split), so it
 accepts often at every depth and ``norm_output``, which only changes depths ≥ 1, shows in τ. The server
 runs its export with the embedded model as the target; τ comes from vLLM's ``/metrics`` counters as
 ``drafter_benchmark`` reads them (:func:`measure`), on the same prompts and continuation length, and must
@@ -27,9 +27,7 @@ from eagle3_pipeline.drafter.evaluate.acceptance import served_tau_bound
 from eagle3_pipeline.drafter.serve.client import measure
 from eagle3_pipeline.managed.launch import EagleDrafter, drafter_args
 from eagle3_pipeline.testing.real_vllm import vllm_server
-from eagle3_pipeline.testing.reporter import Recorder
-from eagle3_pipeline.testing.tiny_store import greedy_store
-from eagle3_pipeline.testing.train_settings import train_settings
+from eagle3_pipeline.testing.train_settings import train_on_greedy_store
 
 pytest.importorskip("torch")
 
@@ -49,22 +47,11 @@ EPOCHS = 60
 
 
 def test_an_eagle31_export_serves_at_its_offline_tau(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
-    from eagle3_pipeline.drafter.train.phase import run
-
-    prompts = greedy_store(tmp_path / "store", tmp_path / "vocab", local_model, PROMPTS, NEW_TOKENS, 256)
-    settings = train_settings(
-        ttt_steps=STEPS, lr=1e-2, epochs=EPOCHS, batch_tokens=1024, max_seq_len=128, checkpoint_every=EPOCHS,
-        eval_samples=len(PROMPTS), seed=0, model={"fc_norm": True, "norm_output": True},
+    trained = train_on_greedy_store(
+        tmp_path, local_model, PROMPTS, new_tokens=NEW_TOKENS, epochs=EPOCHS, steps=STEPS,
+        model={"fc_norm": True, "norm_output": True},
     )  # fmt: skip
-    spec = {
-        "store": str(tmp_path / "store"),
-        "draft_vocab": str(tmp_path / "vocab"),
-        "target_weights": str(local_model),
-        "run_dir": str(tmp_path / "run"),
-        "export_dir": str(tmp_path / "export"),
-        "settings": settings,
-    }
-    result = run(spec, Recorder())
+    prompts, result = trained.prompt_ids, trained.result
     offline = result["evals"][-1][f"tau@{STEPS}"]
     exported = json.loads((tmp_path / "export" / "config.json").read_text())
     assert exported["fc_norm"] is True and exported["norm_output"] is True
