@@ -201,9 +201,9 @@ class ServingConfig(ConfigModel):
     hang_window_s: Annotated[float, Field(gt=0)] | None = Field(
         default=None,
         description=(
-            "The least time from the first of those failed probes being sent to the last one's end, in seconds; default: a quarter "
-            "of the server's measured start time (of startup_timeout_s before one was measured), at least "
-            "hang_probes x hang_probe_timeout_s, so a long prefill does not cost a reload."
+            "The least time from the first of those failed probes being sent to the last one's end, in seconds; "
+            "default: a quarter of the server's measured start time (of startup_timeout_s before one was measured), "
+            "at least hang_probes x hang_probe_timeout_s, so a long prefill does not cost a reload."
         ),
     )
     hang_probe_timeout_s: Annotated[float, Field(gt=0)] = Field(
