@@ -24,24 +24,11 @@ pytest_plugins = ["eagle3_pipeline_tests.ci_skips"]
 SLOW_KINDS = ("browser", "daemon", "postgres", "real_vllm")
 
 
-@pytest.hookimpl(trylast=True)  # after real_vllm/conftest.py marks its tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the tests of :data:`SLOW_KINDS` ``slow``, so the fast tier (``-m "not slow"``) leaves them out.
-
-    Then orders the files: real-engine ones first, then the other slow and end-to-end ones, then the rest, each
-    group in collection order. xdist (``--dist loadfile --no-loadscope-reorder``) hands whole files out in this
-    order, so the few long files start early and the short ones fill the workers' tails; its default order (most
-    tests first) handed the one- and two-test real-vLLM files, minutes each, out last."""
-    ranks: dict[Path, int] = {}
+    """Marks the tests of :data:`SLOW_KINDS` ``slow``, so the fast tier (``-m "not slow"``) leaves them out."""
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
-        rank = 0 if item.get_closest_marker("real_vllm") else 1 if item.get_closest_marker("slow") else 2
-        if item.get_closest_marker("e2e"):
-            rank = min(rank, 1)
-        path = Path(str(item.path))
-        ranks[path] = min(ranks.get(path, rank), rank)
-    items.sort(key=lambda item: ranks[Path(str(item.path))])
 
 
 @pytest.fixture
