@@ -53,9 +53,9 @@ def test_an_eagle31_export_serves_at_its_offline_tau(real_vllm_python: Path, loc
     )  # fmt: skip
     prompts, result = trained.prompt_ids, trained.result
     offline = result["evals"][-1][f"tau@{STEPS}"]
-    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    exported = json.loads((trained.export / "config.json").read_text())
     assert exported["fc_norm"] is True and exported["norm_output"] is True
-    extra = drafter_args("vllm", EagleDrafter(str(tmp_path / "export"), STEPS))
+    extra = drafter_args("vllm", EagleDrafter(str(trained.export), STEPS))
     with vllm_server(local_model, tmp_path / "vllm.log", extra_args=extra) as server:
         measured = measure(
             "vllm",
