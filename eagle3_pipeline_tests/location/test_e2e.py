@@ -128,7 +128,8 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     # τ at the first eval depth of a two-step drafter (K = 2); one checkpoint is too few points for a fit.
     assert scaling.startswith("τ@2 against the training tokens seen") and "too few points" in scaling, scaling
 
-    # As the UI would: the job rebuilt from a code location of the same pipeline file, re-executing the recorded run.
+    # As the UI would: the job rebuilt from a code location of the same pipeline file, re-executing a step of the
+    # recorded run (its inputs read back from that run; each step is a subprocess here, so one step, not all).
     monkeypatch.chdir(tmp_path)
     location_file(tmp_path, config).write_text(
         location_file(tmp_path, config).read_text()
@@ -140,9 +141,10 @@ def test_main_job_on_the_embedded_server(tmp_path: Path, local_model: Path, monk
     again = dg.execute_job(
         dg.reconstructable(location.downstream_job),
         instance=instance,
-        reexecution_options=dg.ReexecutionOptions(parent_run_id=downstream.run_id),
+        reexecution_options=dg.ReexecutionOptions(parent_run_id=downstream.run_id, step_selection=["drafter_eval"]),
     )
     assert again.success, "re-executable as the UI would, from the recorded run"
+    assert [event.step_key for event in again.get_step_success_events()] == ["drafter_eval"]
 
 
 @pytest.mark.slow
