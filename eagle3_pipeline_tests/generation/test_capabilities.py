@@ -6,7 +6,7 @@ is UNKNOWN and goes on.
 
 Against the scripted OpenAI-compatible server on loopback, standing in for vLLM (its 400 answer to
 tools without a parser is vLLM's own text, see `vllm/renderers/online_renderer.py`), for SGLang (its
-server info) and for a hosted API; the real vLLM case is in real_vllm/test_capabilities.py.
+server info) and for a hosted API; the real vLLM case is in real_vllm/test_target_alone.py.
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def test_main_job_through_a_managed_real_vllm(run: PipelineRun) -> None:
     assert evaluation["data_agreement/all"] >= 0.9
 
     # the tools partition's probes passed on the managed server's hermes parser (the refusal without one:
-    # test_capabilities.py)
+    # test_target_alone.py)
     probes = {c["capability"]: c["status"] for c in run.metadata["responses/B2_tools"]["server_capabilities"]}
     assert probes == {"tool_call_parser": "ok", "reasoning_parser": "unknown", "context_length": "ok", "tokenize": "ok"}
 
