@@ -2,12 +2,13 @@
 in its own `dagster code-server` (deploy/workspace.yaml, unchanged; started by the command line it documents,
 on a location file of the test's pipeline file: it listens on 127.0.0.1 only), and the real `dagster-daemon`.
 
-The scenario of orchestration/test_daemon.py on five datasets: B1 is materialized before the daemon
-starts; B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued
-run coordinator) on the same inference host (`eagle3/host: gpu-a`); the scheduled backfill must then
-be one Dagster backfill of B4 and B5, the partitions neither materialized nor in flight. Then every
-`responses` partition is materialized, B1 once, and the two gpu-a runs never were in flight together although
-`max_concurrent_runs` would allow it: the tag limit held. The server is the scripted
+The suite's one run of the real daemon, on five datasets: B1 is materialized before the daemon starts;
+B2 and B3 are submitted with `dagster job launch` (as an operator would, through the queued run
+coordinator) on the same inference host (`eagle3/host: gpu-a`); at the first cron tick (every minute) the
+`pipeline_automation` sensor must emit exactly one Dagster backfill of B4 and B5, the partitions neither
+materialized nor in flight. Then every `responses` partition is materialized, B1 once, the two gpu-a runs
+never were in flight together although `max_concurrent_runs` would allow it (the tag limit held), and
+`training_data` follows by declarative automation, once, over all five. The server is the scripted
 OpenAI-compatible server on loopback; the tokenizer is the tiny real model's.
 """
 
@@ -139,9 +140,12 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
             submitted[partition] = run.run_id
 
         def done() -> bool:
+            """Every partition generated and the automated training_data run over them finished."""
             partitions = {r.partition_key for r in materialized(instance, "responses")}
-            return partitions == {"B1", "B2", "B3", "B4", "B5"} and not instance.get_runs(
-                dg.RunsFilter(statuses=IN_FLIGHT)
+            return (
+                partitions == {"B1", "B2", "B3", "B4", "B5"}
+                and bool(materialized(instance, "training_data"))
+                and not instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
             )
 
         with process([str(BIN / "dagster-daemon"), "run", "-w", workspace], logs[1], tmp_path) as daemon:
@@ -177,6 +181,13 @@ def test_postgres_instance_daemon_queues_backfills_and_holds_the_host_limit(
             record.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED
         ).records
         assert enqueued, "every run went through the queue"
+    # training_data followed by declarative automation, once, after the last partition.
+    [training] = materialized(instance, "training_data")
+    automated = instance.get_run_by_id(training.run_id)
+    assert automated is not None and training.asset_materialization is not None
+    assert automated.tags.get("dagster/sensor_name") == "pipeline_automation"
+    assert automated.status == dg.DagsterRunStatus.SUCCESS, "training_data and its blocking check passed"
+    assert training.asset_materialization.metadata["rows"].value == 15
     print(
         f"gpu-a runs: {first.dagster_run.tags['dagster/partition']} ended {second.start_time - first.end_time:.1f} s "
         f"before {second.dagster_run.tags['dagster/partition']} started; B4 and B5 by backfill {backfill.backfill_id}"
