@@ -49,7 +49,7 @@ from eagle3_pipeline.fit.checkpoint import read_weights
 from eagle3_pipeline.fit.engines import kv_per_token
 from eagle3_pipeline.generation import ResponseCheckpoint
 from eagle3_pipeline.target.folder import load_tokenizer
-from eagle3_pipeline.testing.real_vllm import RunningVllm, vllm_server
+from eagle3_pipeline.testing.real_vllm import DEFAULT_ENV, RunningVllm, vllm_server
 from eagle3_pipeline_tests.dagster_runs import failure_description, materialize_generation
 from eagle3_pipeline_tests.pipeline_files import load_pipeline
 
@@ -95,7 +95,7 @@ def pipeline(folder: Path, server: RunningVllm, model: Path) -> PipelineConfig:
     return load_pipeline(folder, sections, runtime_checks=True)
 
 
-def chat_requests(server: RunningVllm, since: int = 0) -> list[str]:
+def chat_requests(server: RunningVllm, since: int) -> list[str]:
     """The statuses of the chat completions the server's access log shows from byte ``since`` on."""
     text = server.log.read_bytes()[since:].decode(errors="replace")
     return re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d+)', text)
@@ -145,10 +145,10 @@ def test_a_loop_prone_prompt_is_flagged_and_a_plain_one_is_not(target: RunningVl
 def started(
     request: pytest.FixtureRequest, local_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Started]:
-    """The start log of a server with ``VLLM_CPU_KVCACHE_SPACE`` = the param: the module's server for 1 GiB (its
-    default), one started here for 2 GiB."""
+    """The start log of a server with ``VLLM_CPU_KVCACHE_SPACE`` = the param: the module's server where that is its
+    setting (the default, 1 GiB), else one started here (2 GiB)."""
     space = int(request.param)
-    if space == 1:
+    if str(space) == DEFAULT_ENV["VLLM_CPU_KVCACHE_SPACE"]:
         target: RunningVllm = request.getfixturevalue("target")
         yield Started(space, target.log.read_text(errors="replace"))
         return
