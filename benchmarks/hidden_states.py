@@ -39,7 +39,7 @@ def write_training_data(folder: Path, samples: int, min_len: int, max_len: int) 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from eagle3_pipeline.dataprep import SHARD_SCHEMA
+    from eagle3_pipeline.training_data import SHARD_SCHEMA
 
     rng = random.Random(7)
     rows = []

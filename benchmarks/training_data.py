@@ -29,13 +29,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, stored_conversation
 from eagle3_pipeline.generation.prompts import parse_record
 from eagle3_pipeline.records import content_id
 from eagle3_pipeline.target.local_model import prepare_local_model
 
 # The tables are written with the tests' copy of contract C1.
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
+from eagle3_pipeline.training_data import build_training_data, load_tokenizer, stored_conversation
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ DAGSTER_PACKAGES = frozenset({"components", "orchestration", "cli", "definitions
 # Modules outside them may use Pipes' own small library, not Dagster.
 DAGSTER_ALLOWED_BELOW = frozenset({"dagster_pipes"})
 # The phases in pipeline order: a phase never imports a later one.
-PHASES = ("generation", "dataprep", "hidden_states", "drafter")
+PHASES = ("generation", "training_data", "hidden_states", "drafter")
 
 
 @dataclass(frozen=True)
@@ -401,15 +401,15 @@ def test_the_check_finds_a_deferred_import_cycle(tmp_path: Path) -> None:
 
 
 def test_the_checks_find_a_package_cycle_forbidden_edges_and_dagster_in_the_domain(tmp_path: Path) -> None:
-    """dataprep → hidden_states → dataprep through different modules (no module cycle) is a package
+    """training_data → hidden_states → training_data through different modules (no module cycle) is a package
     cycle; config importing the domain, an earlier phase importing a later one, the domain importing
     dagster or the Dagster layer are forbidden; dagster_pipes in the worker is not."""
     package = _tree(
         tmp_path,
         {
-            "dataprep/phase.py": "def f():\n    from eagle3_pipeline.hidden_states import validation\n",
-            "dataprep/agreement.py": "X = 1\n",
-            "hidden_states/validation.py": "from eagle3_pipeline.dataprep.agreement import X\n",
+            "training_data/phase.py": "def f():\n    from eagle3_pipeline.hidden_states import validation\n",
+            "training_data/agreement.py": "X = 1\n",
+            "hidden_states/validation.py": "from eagle3_pipeline.training_data.agreement import X\n",
             "config/loader.py": "from eagle3_pipeline.drafter import train\n",
             "drafter/train.py": "import dagster as dg\nfrom eagle3_pipeline.components import pipeline\n",
             "components/pipeline.py": "import dagster\n",
@@ -418,11 +418,11 @@ def test_the_checks_find_a_package_cycle_forbidden_edges_and_dagster_in_the_doma
     )
     graph = import_graph(package)
     assert cycles(graph) == []
-    assert package_cycles(graph) == [["eagle3_pipeline.dataprep", "eagle3_pipeline.hidden_states"]]
+    assert package_cycles(graph) == [["eagle3_pipeline.hidden_states", "eagle3_pipeline.training_data"]]
     assert forbidden_edges(graph) == {
         ("eagle3_pipeline.config.loader", "eagle3_pipeline.drafter.train"): FORBIDDEN[0][0],
-        ("eagle3_pipeline.dataprep.phase", "eagle3_pipeline.hidden_states.validation"): "a phase never imports a "
-        "later one (dataprep)",
+        ("eagle3_pipeline.training_data.phase", "eagle3_pipeline.hidden_states.validation"): "a phase never imports a "
+        "later one (training_data)",
         ("eagle3_pipeline.drafter.train", "eagle3_pipeline.components.pipeline"): "the domain knows nothing of the "
         "Dagster layer, the entry points or the views over it",
     }

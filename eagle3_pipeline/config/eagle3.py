@@ -10,7 +10,7 @@ from eagle3_pipeline.config.base import ConfigModel, HttpUrl
 
 
 class TrainingDataConfig(ConfigModel):
-    """How responses become training shards (see eagle3_pipeline.dataprep).
+    """How responses become training shards (see eagle3_pipeline.training_data).
 
     ``reasoning``: see its field description. ``max_template_mismatch_rate``: the share
     of conversations whose generated turns the template cannot render faithfully (the blocking check

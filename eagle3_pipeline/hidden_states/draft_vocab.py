@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.dataprep.reader import READ_BATCH_ROWS, TrainingData, TrainingDataError
 from eagle3_pipeline.hidden_states.store import save_draft_vocab
+from eagle3_pipeline.training_data.reader import READ_BATCH_ROWS, TrainingData, TrainingDataError
 
 MIN_DEFAULT_SIZE = 1024
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, TargetConfig
-from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, check_layer_ids
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids, parse_spec
 from eagle3_pipeline.hidden_states.resume import (
@@ -41,6 +40,7 @@ from eagle3_pipeline.hidden_states.store import (
     bytes_per_token,
 )
 from eagle3_pipeline.hidden_states.validation import validate_first
+from eagle3_pipeline.training_data.reader import TrainingData, TrainingDataError, iter_rows
 
 ROW_COLUMNS = ["id", "dataset", "input_ids", "loss_mask"]
 

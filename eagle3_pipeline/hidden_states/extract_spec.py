@@ -33,7 +33,7 @@ class ExtractSpec(HiddenStatesConfig):
     trust_remote_code: bool = False
     shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
     delete_shards: list[str] | None = None  # rolling: delete these shards' files (a trained window), nothing else
-    # The serving target's recorded answers (dataprep.serving_reference); None: not validated.
+    # The serving target's recorded answers (training_data.serving_reference); None: not validated.
     serving_reference: str | None = None
 
 

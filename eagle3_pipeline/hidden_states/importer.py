@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.dataprep.reader import SPLITS, TrainingData
 from eagle3_pipeline.hidden_states.store import (
     BF16,
     STORAGE_DTYPES,
@@ -33,6 +32,7 @@ from eagle3_pipeline.hidden_states.store import (
     identity_mismatch,
     shard_name,
 )
+from eagle3_pipeline.training_data.reader import SPLITS, TrainingData
 
 DEFAULT_SAMPLES_PER_SHARD = 256
 _FILE = re.compile(r"^data_(\d+)\.ckpt(\.gz)?$")

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_pipeline.compute import Reporter
-from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.hidden_states.capture import target_identity
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids
 from eagle3_pipeline.hidden_states.sharding import (
@@ -30,6 +29,7 @@ from eagle3_pipeline.hidden_states.store import (
     identity_mismatch,
 )
 from eagle3_pipeline.target.folder import TargetError
+from eagle3_pipeline.training_data.reader import TrainingData
 
 # The metadata of the run that completed the store, with the settings its checks ran under
 # (:func:`finished_result`); removed before a run changes the store.

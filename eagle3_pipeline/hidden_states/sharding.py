@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.dataprep.reader import SPLITS, TrainingData, TrainingDataError, iter_rows, read_column
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, StoreError, shard_name
+from eagle3_pipeline.training_data.reader import SPLITS, TrainingData, TrainingDataError, iter_rows, read_column
 
 PLAN_FILE = "plan.json"
 ROLLING_LAYOUT_FILE = "rolling_layout.json"

@@ -1,7 +1,7 @@
 """The extracted states checked against the serving target before a large extraction.
 
 :func:`validate_states`' parts (the extract phase, before the first shard): the reference samples
-(recorded by :mod:`eagle3_pipeline.dataprep.serving_reference`) through the state source; every state
+(recorded by :mod:`eagle3_pipeline.training_data.serving_reference`) through the state source; every state
 finite and of the manifest's shape; ``argmax(teacher @ lm_head.T)`` (the teacher rounded to bf16, as
 stored) against the server's token at every recorded position, near-ties and unknown positions
 apart. It catches a teacher from the wrong layer, shifted by a position or without the final norm
@@ -19,9 +19,13 @@ from typing import Any
 
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig, ServingValidationConfig, TargetConfig
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint
-from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError
-from eagle3_pipeline.dataprep.serving_reference import (
+from eagle3_pipeline.hidden_states.capture import SampleError
+from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec
+from eagle3_pipeline.hidden_states.sources import StateSource, decided
+from eagle3_pipeline.target.folder import TargetError
+from eagle3_pipeline.training_data.agreement import ServerEndpoint
+from eagle3_pipeline.training_data.reader import TrainingData, TrainingDataError
+from eagle3_pipeline.training_data.serving_reference import (
     ReferenceSample,
     ServingReference,
     ServingReferenceError,
@@ -29,10 +33,6 @@ from eagle3_pipeline.dataprep.serving_reference import (
     record_from_first,
     tokenization_problems,
 )
-from eagle3_pipeline.hidden_states.capture import SampleError
-from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec
-from eagle3_pipeline.hidden_states.sources import StateSource, decided
-from eagle3_pipeline.target.folder import TargetError
 
 # Disagreeing positions named in a failure.
 SHOWN = 8

@@ -240,7 +240,7 @@ def reply_file_taker(folder: Path) -> Callable[[Any], None]:
     """For a client that reads only the server's replies (the serving-reference recording): each
     reply's hidden-state file (in ``folder``, as seen here) taken once written, so none is left behind;
     :class:`ServingReferenceError` when it does not appear."""
-    from eagle3_pipeline.dataprep.serving_reference import ServingReferenceError
+    from eagle3_pipeline.training_data.serving_reference import ServingReferenceError
 
     def take(payload: Any) -> None:
         written = payload.get("kv_transfer_params") if isinstance(payload, dict) else None

@@ -161,7 +161,7 @@ def _guarded(
 def _output_name(spec: Mapping[str, Any]) -> str:
     """The command's output folder: named by the training data's version, so that a retry rewrites the same
     folder (emptied first) instead of writing a whole SpecForge output beside the last."""
-    from eagle3_pipeline.dataprep.reader import TrainingData
+    from eagle3_pipeline.training_data.reader import TrainingData
 
     version = TrainingData.open(Path(spec["training_data"])).version()
     return re.sub(r"[^A-Za-z0-9._-]+", "-", version).strip(".-")[:80] or "training-data"

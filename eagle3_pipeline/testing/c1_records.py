@@ -1,5 +1,5 @@
 """Responses tables as generation writes them (``records.MESSAGE_TYPE``), built by hand for the
-dataprep tests and benchmark."""
+training_data tests and benchmark."""
 
 from __future__ import annotations
 

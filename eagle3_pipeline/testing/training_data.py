@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.dataprep import SHARD_SCHEMA
+from eagle3_pipeline.training_data import SHARD_SCHEMA
 
 # Short texts of a few kinds, for rows tokenized by a real tokenizer.
 TEXTS = [

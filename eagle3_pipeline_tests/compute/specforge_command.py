@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3_pipeline.dataprep.reader import SPLITS, TrainingData, read_column
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
+from eagle3_pipeline.training_data.reader import SPLITS, TrainingData, read_column
 from eagle3_pipeline_tests.hidden_states.specforge_files import Sample, write_specforge
 
 

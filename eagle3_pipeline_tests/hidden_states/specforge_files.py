@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.dataprep import SHARD_SCHEMA
+from eagle3_pipeline.training_data import SHARD_SCHEMA
 
 HIDDEN = 8
 LAYERS = [1, 3, 4]

@@ -8,10 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.dataprep.reader import TrainingData, TrainingDataError
 from eagle3_pipeline.hidden_states.draft_vocab import build_draft_vocab, default_draft_vocab_size
 from eagle3_pipeline.hidden_states.store import load_draft_vocab
 from eagle3_pipeline.testing.training_data import write_training_data
+from eagle3_pipeline.training_data.reader import TrainingData, TrainingDataError
 
 
 def row(sample_id: str, ids: list[int], mask: list[int]) -> dict:

@@ -17,7 +17,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.dataprep.reader import TrainingData
 from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_layers, load_target, reference_states
 from eagle3_pipeline.hidden_states.extract import extract_shard, nothing_to_do, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
@@ -29,6 +28,7 @@ from eagle3_pipeline.hidden_states.vllm_capture import VllmError
 from eagle3_pipeline.testing.extract_specs import extract_spec
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import sample_rows, write_training_data
+from eagle3_pipeline.training_data.reader import TrainingData
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 
@@ -143,7 +143,7 @@ def test_a_store_made_under_other_settings_is_refused_or_replaced(
 
 def test_nan_states_name_the_shard_and_sample(data: Path, tmp_path: Path, target: Target) -> None:
     shard = plan_shards(TrainingData.open(data), 30)[0]
-    from eagle3_pipeline.dataprep.reader import iter_rows
+    from eagle3_pipeline.training_data.reader import iter_rows
 
     rows = list(iter_rows(data / shard.source, ["id", "dataset", "input_ids", "loss_mask"]))[: len(shard.sample_ids)]
     weight = decoder_layers(target.model)[3].mlp.down_proj.weight

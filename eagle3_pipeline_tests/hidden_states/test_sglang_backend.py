@@ -23,7 +23,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.extract import batches, run
 from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
 from eagle3_pipeline.hidden_states.sharding import plan_shards
@@ -34,6 +33,7 @@ from eagle3_pipeline.testing.kimi.fixture import VOCAB_SIZE as KIMI_VOCAB
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.stores import assert_same_store
 from eagle3_pipeline.testing.training_data import two_dataset_training_data
+from eagle3_pipeline.training_data.reader import TrainingData, iter_rows
 from eagle3_pipeline_tests.hidden_states.sglang_source import SourceTree, check_release
 from eagle3_pipeline_tests.hidden_states.sglang_standins import active_standin, standin_path
 

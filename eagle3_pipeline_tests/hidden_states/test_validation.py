@@ -22,9 +22,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import ServingValidationConfig
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint
-from eagle3_pipeline.dataprep.reader import TrainingData
-from eagle3_pipeline.dataprep.serving_reference import record_from_first, record_reference
 from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target
 from eagle3_pipeline.hidden_states.extract import _extract, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
@@ -33,6 +30,9 @@ from eagle3_pipeline.target.folder import decoder, language_model, load_tokenize
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
+from eagle3_pipeline.training_data.agreement import ServerEndpoint
+from eagle3_pipeline.training_data.reader import TrainingData
+from eagle3_pipeline.training_data.serving_reference import record_from_first, record_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_model]
 

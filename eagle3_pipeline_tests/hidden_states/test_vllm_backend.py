@@ -22,7 +22,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.config import HiddenStatesConfig
-from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.hidden_states.capture import SampleError, load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError, first_difference, open_vllm_target, take_file
@@ -31,6 +30,7 @@ from eagle3_pipeline.managed.launch import extraction_args, extraction_speculati
 from eagle3_pipeline.testing.extract_specs import extract_spec
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import two_dataset_training_data
+from eagle3_pipeline.training_data.reader import TrainingData, iter_rows
 from eagle3_pipeline_tests.hidden_states.vllm_standin import VllmStandin
 
 NAME = "SmolLM2-135M-Instruct"

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.dataprep.agreement import (
+from eagle3_pipeline.target.folder import load_tokenizer
+from eagle3_pipeline.testing.fake_openai import FakeOpenAI
+from eagle3_pipeline.training_data.agreement import (
     AgreementResult,
     RemoteTokenizerError,
     TokenizerDisagreement,
@@ -17,8 +19,6 @@ from eagle3_pipeline.dataprep.agreement import (
     check_agreement,
     remote_tokenizer,
 )
-from eagle3_pipeline.target.folder import load_tokenizer
-from eagle3_pipeline.testing.fake_openai import FakeOpenAI
 
 KEY = "sk-agreement-secret"
 CONVERSATIONS = [

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.dataprep import ChatRenderer, TemplateMismatch, stored_conversation, tokenize_conversation
 from eagle3_pipeline.records import wire_message
 from eagle3_pipeline.target.folder import load_tokenizer
 from eagle3_pipeline.testing.c1_records import generated, message, response_row
+from eagle3_pipeline.training_data import ChatRenderer, TemplateMismatch, stored_conversation, tokenize_conversation
 
 WEATHER_TOOL = {
     "type": "function",

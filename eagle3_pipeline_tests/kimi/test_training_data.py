@@ -11,11 +11,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.dataprep import build_training_data, read_manifest
 from eagle3_pipeline.generation.length import check_lengths
 from eagle3_pipeline.records import PromptRecord, content_id, wire_message
 from eagle3_pipeline.target.folder import TargetError, load_tokenizer
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
+from eagle3_pipeline.training_data import build_training_data, read_manifest
 
 SETTINGS: dict[str, Any] = {"seed": 3, "eval_fraction": 0.0, "shard_rows": 64, "max_seq_len": 4096}
 

@@ -25,9 +25,6 @@ import httpx
 
 from eagle3_pipeline.components.eagle3.hidden_states import build_eagle3_assets
 from eagle3_pipeline.config import ServingValidationConfig, load_config
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint
-from eagle3_pipeline.dataprep.reader import TrainingData
-from eagle3_pipeline.dataprep.serving_reference import record_from_first
 from eagle3_pipeline.hidden_states.capture import load_target
 from eagle3_pipeline.hidden_states.extract import run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
@@ -40,6 +37,9 @@ from eagle3_pipeline.testing.real_vllm import RunningVllm, stop_group, vllm_serv
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder
 from eagle3_pipeline.testing.training_data import write_training_data
+from eagle3_pipeline.training_data.agreement import ServerEndpoint
+from eagle3_pipeline.training_data.reader import TrainingData
+from eagle3_pipeline.training_data.serving_reference import record_from_first
 from eagle3_pipeline_tests.dagster_runs import pipeline_resources
 from eagle3_pipeline_tests.pipeline_files import TINY_TARGET, write_pipeline
 

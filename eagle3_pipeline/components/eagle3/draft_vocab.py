@@ -8,7 +8,6 @@ import dagster as dg
 
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.dataprep.reader import TrainingDataError
 from eagle3_pipeline.hidden_states.draft_vocab import build_draft_vocab
 from eagle3_pipeline.hidden_states.extract import ExtractionError, target_weights
 from eagle3_pipeline.hidden_states.store import StoreError
@@ -16,6 +15,7 @@ from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.target.folder import dimensions, read_config
+from eagle3_pipeline.training_data.reader import TrainingDataError
 
 GROUP = "eagle3"
 

@@ -20,7 +20,6 @@ from eagle3_pipeline.components.policy import step_policy
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.compute.remote import RemoteError
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.dataprep.reader import TrainingDataError
 from eagle3_pipeline.hidden_states.extract import ExtractionError, nothing_to_do, spec_from_config, target_weights
 from eagle3_pipeline.hidden_states.sharding import ROLLING_LAYOUT_FILE
 from eagle3_pipeline.hidden_states.store import StoreError, bytes_per_token_check
@@ -35,6 +34,7 @@ from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_roo
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
 from eagle3_pipeline.results import HiddenStatesResult
 from eagle3_pipeline.target.folder import TargetError
+from eagle3_pipeline.training_data.reader import TrainingDataError
 
 BYTES_PER_TOKEN_TOLERANCE = 0.05
 PHASE_ERRORS = (

@@ -15,11 +15,11 @@ import dagster as dg
 
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import PipelineConfig
-from eagle3_pipeline.dataprep import read_manifest
 from eagle3_pipeline.generation import table_budget_state
 from eagle3_pipeline.generation.quality import account_for_prompts, examples, inspect_responses, model_consistency
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
+from eagle3_pipeline.training_data import read_manifest
 
 # The checks on `responses`, all blocking; training_data refuses to run unless each passes on every dataset.
 RESPONSE_CHECKS = ("empty_answers", "prompts_accounted", "single_model", "token_budget", "truncation_rate")

@@ -1,5 +1,5 @@
 """`training_data`: every dataset's answers chat-templated, loss-masked, shuffled and sharded, by
-eagle3_pipeline.dataprep.phase.make_training_data, once the blocking checks of `responses` pass."""
+eagle3_pipeline.training_data.phase.make_training_data, once the blocking checks of `responses` pass."""
 
 from typing import Any
 
@@ -11,12 +11,12 @@ from eagle3_pipeline.components.generation.checks import (
 )
 from eagle3_pipeline.components.resources import StepResources
 from eagle3_pipeline.config import ConfigError, PipelineConfig
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint, TokenizerDisagreement
-from eagle3_pipeline.dataprep.phase import make_training_data
 from eagle3_pipeline.inference.provider import tokenizer_name
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.names import PipelineNames
+from eagle3_pipeline.training_data.agreement import ServerEndpoint, TokenizerDisagreement
+from eagle3_pipeline.training_data.phase import make_training_data
 
 
 def _per_dataset_table(per_dataset: dict[str, dict[str, Any]]) -> dg.MetadataValue:

@@ -23,7 +23,6 @@ from pydantic import ValidationError, field_validator
 from eagle3_pipeline.compute import Reporter
 from eagle3_pipeline.config import DrafterConfig, DrafterEvalConfig
 from eagle3_pipeline.config.loader import validation_problems
-from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
 from eagle3_pipeline.drafter.evaluate.acceptance import (
     AcceptanceStats,
     target_reference,
@@ -49,6 +48,7 @@ from eagle3_pipeline.hidden_states.store import (
     StoreManifest,
     load_draft_vocab,
 )
+from eagle3_pipeline.training_data.reader import TrainingData, iter_rows
 
 ARGMAX_CHUNK_TOKENS = 1024
 PROGRESS_EVERY_S = 10.0

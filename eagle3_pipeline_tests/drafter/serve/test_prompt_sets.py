@@ -12,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.dataprep.build import SHARD_SCHEMA
 from eagle3_pipeline.drafter.serve.prompt_sets import (
     MT_BENCH_CATEGORIES,
     PromptSetError,
@@ -25,6 +24,7 @@ from eagle3_pipeline.drafter.serve.prompt_sets import (
     second_turn,
 )
 from eagle3_pipeline.target.folder import load_tokenizer
+from eagle3_pipeline.training_data.build import SHARD_SCHEMA
 
 
 def test_mt_bench_has_its_80_two_turn_questions_in_8_categories() -> None:

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_pipeline.config import ServingValidationConfig
-from eagle3_pipeline.dataprep.agreement import (
+from eagle3_pipeline.hosts.tunnel import reach
+from eagle3_pipeline.training_data.agreement import (
     CONTEXT_TOKENS,
     RemoteTokenizerError,
     ServerEndpoint,
     TokenizeRouteMissing,
     remote_tokenizer,
 )
-from eagle3_pipeline.dataprep.reader import TrainingData, iter_rows
-from eagle3_pipeline.hosts.tunnel import reach
+from eagle3_pipeline.training_data.reader import TrainingData, iter_rows
 
 REFERENCE_FORMAT = 1
 

@@ -6,7 +6,7 @@ conversation rendered once, each generated turn masked where it renders) or ``dr
 without the reasoning). :class:`ChatRenderer` locates each generated turn in a render;
 :func:`tokenize_row` tokenizes a row piece by piece and maps the masked spans to tokens. A conversation
 the template cannot render faithfully raises :class:`TemplateMismatch`; the caller counts it. How and
-why, in detail: dataprep/DESIGN.md, "Loss masks".
+why, in detail: training_data/DESIGN.md, "Loss masks".
 """
 
 from __future__ import annotations

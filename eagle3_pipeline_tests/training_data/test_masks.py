@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.dataprep import ChatRenderer, TemplateMismatch, stored_conversation, tokenize_conversation
-from eagle3_pipeline.dataprep.masks import Piece, slow_piece_tokens
 from eagle3_pipeline.target.folder import load_tokenizer
 from eagle3_pipeline.testing.c1_records import generated, message, response_row
+from eagle3_pipeline.training_data import ChatRenderer, TemplateMismatch, stored_conversation, tokenize_conversation
+from eagle3_pipeline.training_data.masks import Piece, slow_piece_tokens
 
 pytestmark = pytest.mark.local_model
 

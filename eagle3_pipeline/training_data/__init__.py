@@ -5,7 +5,7 @@ tokens, shuffle, split and shard in bounded memory.
 through tokenization, an on-disk bucket sort and the shard writers.
 """
 
-from eagle3_pipeline.dataprep.build import (
+from eagle3_pipeline.training_data.build import (
     FREQ_SCHEMA,
     SHARD_SCHEMA,
     DataprepStats,
@@ -17,7 +17,7 @@ from eagle3_pipeline.dataprep.build import (
     split_of,
     stored_conversation,
 )
-from eagle3_pipeline.dataprep.masks import (
+from eagle3_pipeline.training_data.masks import (
     FINISHED,
     ChatRenderer,
     Conversation,

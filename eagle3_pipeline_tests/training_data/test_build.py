@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_pipeline.dataprep import build_training_data, load_tokenizer, read_manifest, split_of
 from eagle3_pipeline.generation.prompts import parse_record
 from eagle3_pipeline.testing.c1_records import generated, message, response_row, write_responses
+from eagle3_pipeline.training_data import build_training_data, load_tokenizer, read_manifest, split_of
 
 SAMPLES = Path(__file__).resolve().parents[2] / "eagle3_pipeline" / "samples"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import hashlib
 
-from eagle3_pipeline.dataprep import split_of
 from eagle3_pipeline.generation.prompts import sample_key
+from eagle3_pipeline.training_data import split_of
 
 
 def test_a_small_sample_splits_at_the_eval_fraction() -> None:

@@ -4,7 +4,7 @@ The rows are tokenized by our tokenizer, the hidden states and τ come from the 
 tokenized the same prompts itself: if the two disagree every row is silently off.
 :func:`check_agreement` compares them on N rendered samples, :func:`remote_tokenizer` is the server's
 side (its tokenize route), :func:`tokenizer_agreement` runs the check for the ``training_data`` phase
-(dataprep/DESIGN.md, "Tokenizer agreement").
+(training_data/DESIGN.md, "Tokenizer agreement").
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ def rendered_samples(
     chat template (reasoning included, as ``training_data`` hands it over), in file order."""
     import pyarrow.parquet as pq
 
-    from eagle3_pipeline.dataprep.build import stored_conversation
-    from eagle3_pipeline.dataprep.masks import ChatRenderer, TemplateMismatch
+    from eagle3_pipeline.training_data.build import stored_conversation
+    from eagle3_pipeline.training_data.masks import ChatRenderer, TemplateMismatch
 
     renderer = ChatRenderer(tokenizer, "render", chat_template_kwargs)
     texts: list[str] = []

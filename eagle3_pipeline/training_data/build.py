@@ -2,7 +2,7 @@
 memory bounded by ``buffer_rows`` and ``shard_rows``, whatever the number of rows.
 
 Pass 1 reads the responses tables batch by batch (first occurrence of an id kept), renders and
-masks each conversation (see :mod:`eagle3_pipeline.dataprep.masks`), tokenizes ``buffer_rows``
+masks each conversation (see :mod:`eagle3_pipeline.training_data.masks`), tokenizes ``buffer_rows``
 conversations at a time (a fast tokenizer's batch encoder with offsets; a slow one, such as
 Kimi-K2.5's remote-code ``TikTokenTokenizer``, in segments at the span edges), and appends the
 rows to one of N bucket files on disk by their shuffle key ``sha256("shuffle:{seed}:{id}")`` — bucket *b* holds the
@@ -35,7 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pyarrow_compute
 import pyarrow.parquet as pq
 
-from eagle3_pipeline.dataprep.masks import (
+from eagle3_pipeline.records import atomic_directory
+from eagle3_pipeline.target.folder import load_tokenizer as load_target_tokenizer
+from eagle3_pipeline.training_data.masks import (
     FINISHED,
     ChatRenderer,
     Conversation,
@@ -46,8 +48,6 @@ from eagle3_pipeline.dataprep.masks import (
     template_message,
     tokenize_row,
 )
-from eagle3_pipeline.records import atomic_directory
-from eagle3_pipeline.target.folder import load_tokenizer as load_target_tokenizer
 
 # pyarrow.compute defines its kernels (list_flatten, is_in, ...) at import time, out of a type checker's sight.
 pc: Any = pyarrow_compute
@@ -506,7 +506,7 @@ def build_training_data(
     """The whole phase: merge → template + mask → drop over-length → shuffle → split → shards.
 
     ``reasoning``: ``emit`` (the target's prompt and output for its response, see
-    :mod:`eagle3_pipeline.dataprep.masks`), ``render`` or ``drop``. ``trust_remote_code`` is
+    :mod:`eagle3_pipeline.training_data.masks`), ``render`` or ``drop``. ``trust_remote_code`` is
     ``target.trust_remote_code`` (Kimi's tokenizer is remote code). ``chat_template_kwargs`` go to
     every render, as the server got them (Kimi-K2.5: ``{"thinking": False}`` turns thinking off).
     ``thinking_markup`` (open, close) overrides the ``<think>``/``</think>`` added tokens as the

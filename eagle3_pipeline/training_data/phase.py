@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.config import GenerationConfig, ServingValidationConfig, TargetConfig, TrainingDataConfig
-from eagle3_pipeline.dataprep.agreement import ServerEndpoint, tokenizer_agreement
-from eagle3_pipeline.dataprep.build import build_training_data, read_manifest
-from eagle3_pipeline.dataprep.serving_reference import ServingReferenceError, load_reference, record_from_first
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.records import atomic_path
 from eagle3_pipeline.results import TrainingDataResult
+from eagle3_pipeline.training_data.agreement import ServerEndpoint, tokenizer_agreement
+from eagle3_pipeline.training_data.build import build_training_data, read_manifest
+from eagle3_pipeline.training_data.serving_reference import ServingReferenceError, load_reference, record_from_first
 
 # A local tokenizer folder's files that make its tokenization and chat template (not the weights).
 TOKENIZER_SUFFIXES = (".json", ".jinja", ".model", ".txt", ".py", ".tiktoken")
@@ -123,7 +123,7 @@ def make_training_data(
     log: Callable[[str], None],
 ) -> TrainingDataPhase:
     """Check that ``servers`` tokenize as ``tokenizer`` does (``settings.tokenizer_check_samples``;
-    raises :class:`~eagle3_pipeline.dataprep.agreement.TokenizerDisagreement`), build the store
+    raises :class:`~eagle3_pipeline.training_data.agreement.TokenizerDisagreement`), build the store
     from ``response_files`` (:func:`build_training_data`), then record the serving reference from
     the first of ``servers`` that answers; ``log`` hears one line for each of the two checks. A
     finished run of the same identity is reused (:func:`finished_phase`): no build, no server asked."""

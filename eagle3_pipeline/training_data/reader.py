@@ -55,7 +55,7 @@ class TrainingData:
         return value
 
     def version(self) -> str:
-        """The ``training_data`` version (C2): the manifest's ``version`` when dataprep writes one,
+        """The ``training_data`` version (C2): the manifest's ``version`` when the training_data phase writes one,
         else a SHA-256 over the shard files' names and bytes, in manifest order."""
         declared = self.manifest.get("version")
         if isinstance(declared, str) and declared:
