@@ -1,12 +1,12 @@
 """The one launch decision for generation: which `responses` partitions start now, and on which host.
 
 Both ways generation launches by itself ask :func:`decide_generation`: the `inference_health`
-sensor (it turns the plan's run requests into runs) and the scheduled backfill's condition
+sensor (it turns the decision's run requests into runs) and the scheduled backfill's condition
 (:class:`eagle3_pipeline.components.generation.automation.GenerationDue`, which takes their partitions).
 One decision is: every host's health tick → an alert on each change of a host's verdict → the
 gate (at least one open host: healthy, or with its managed server merely stopped — the run starts
 it; a running but sick one blocks) → the partitions to generate (missing or stale,
-:mod:`.staleness`) → :func:`.partition_runs.plan_launches` (in flight, backoff, given up, free hosts).
+:mod:`.staleness`) → :func:`.partition_runs.decide_launches` (in flight, backoff, given up, free hosts).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from eagle3_pipeline.config import PipelineConfig
 from eagle3_pipeline.health.alerts import Alerter, health_changed
 from eagle3_pipeline.orchestration.hosts import HostVerdict, InferenceHosts, gate_summary, sick_hosts_line
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
-from eagle3_pipeline.orchestration.partition_runs import LaunchPlan, plan_launches
+from eagle3_pipeline.orchestration.partition_runs import TickLaunches, decide_launches
 from eagle3_pipeline.orchestration.staleness import partitions_to_generate
 
 ALL_CURRENT = "every responses partition is materialized and current"
@@ -29,16 +29,16 @@ ALL_CURRENT = "every responses partition is materialized and current"
 @dataclass(frozen=True)
 class GenerationDecision:
     """One tick's decision: the hosts' verdicts and the cursor for the next tick; with the gate
-    open, the partitions wanted (partition → why) and the launch plan for them."""
+    open, the partitions wanted (partition → why) and the launches decided for them."""
 
     verdicts: list[HostVerdict]
     cursor: str
     wanted: Mapping[str, str]
-    plan: LaunchPlan | None
+    launches: TickLaunches | None
 
     @property
     def gate_open(self) -> bool:
-        return self.plan is not None
+        return self.launches is not None
 
     @property
     def gate(self) -> str:
@@ -48,24 +48,24 @@ class GenerationDecision:
     @property
     def due(self) -> frozenset[str]:
         """The partitions to launch now."""
-        if self.plan is None:
+        if self.launches is None:
             return frozenset()
-        return frozenset(r.partition_key for r in self.plan.requests if r.partition_key)
+        return frozenset(r.partition_key for r in self.launches.requests if r.partition_key)
 
     @property
     def notes(self) -> str:
         """Whose managed server a run starts, why the sick hosts get nothing and why the other wanted
         partitions wait ("" if none)."""
-        reasons = self.plan.reasons() if self.plan is not None else ""
+        reasons = self.launches.reasons() if self.launches is not None else ""
         stopped = "; ".join(v.line for v in self.verdicts if v.stopped is not None)
         return "; ".join(line for line in (stopped, sick_hosts_line(self.verdicts), reasons) if line)
 
     @property
     def why_nothing(self) -> str:
         """Why no partition is launched (meaningful when :attr:`due` is empty)."""
-        if self.plan is None:
+        if self.launches is None:
             return f"the health gate is closed: {self.gate}"
-        return self.plan.reasons() or ALL_CURRENT
+        return self.launches.reasons() or ALL_CURRENT
 
 
 def decide_generation(
@@ -77,7 +77,7 @@ def decide_generation(
     names: PipelineNames = DEFAULT_NAMES,
 ) -> GenerationDecision:
     """Run every host's health tick from `cursor` (alerts on verdict changes go through `warn`),
-    then, if one host is healthy, plan the launches of the partitions to generate (their run
+    then, if one host is healthy, decide the launches of the partitions to generate (their run
     requests carry `tags`), from the records of the pipeline of `names`."""
     hosts = InferenceHosts(config)
     try:
@@ -90,7 +90,7 @@ def decide_generation(
     if not any(v.open for v in verdicts):
         return GenerationDecision(verdicts, next_cursor, {}, None)
     wanted = partitions_to_generate(instance, config, names)
-    plan = plan_launches(
+    launches = decide_launches(
         instance, names, wanted=list(wanted), settings=config.launch, tags=tags, hosts=hosts.choice(verdicts)
     )
-    return GenerationDecision(verdicts, next_cursor, wanted, plan)
+    return GenerationDecision(verdicts, next_cursor, wanted, launches)

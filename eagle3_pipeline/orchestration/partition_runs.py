@@ -51,7 +51,7 @@ FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 @dataclass
-class LaunchPlan:
+class TickLaunches:
     """The run requests of one tick, and why every other wanted partition was not launched."""
 
     requests: list[dg.RunRequest] = field(default_factory=list)
@@ -201,7 +201,7 @@ def _root_cause(error: Any) -> str:
     return error.message
 
 
-def plan_launches(
+def decide_launches(
     instance: dg.DagsterInstance,
     names: PipelineNames,
     *,
@@ -210,17 +210,17 @@ def plan_launches(
     tags: dict[str, str] | None = None,
     now: float | None = None,
     hosts: HostChoice | None = None,
-) -> LaunchPlan:
+) -> TickLaunches:
     """Run requests for the `wanted` partitions that are neither in flight, nor backing off, nor given
     up; with `hosts`, each on a free healthy host (the others wait for one). The runs looked at are
     those of the pipeline of `names`."""
     now = time.time() if now is None else now
-    plan = LaunchPlan()
+    launches = TickLaunches()
     busy = partitions_in_flight(instance, names)
     free = hosts_in_flight(instance, names).free(hosts) if hosts is not None else []
     for partition in wanted:
         if partition in busy:
-            plan.in_flight.append(f"{partition} (run {busy[partition][:8]})")
+            launches.in_flight.append(f"{partition} (run {busy[partition][:8]})")
             continue
         records = [
             r
@@ -238,7 +238,7 @@ def plan_launches(
             break
         if len(failures) >= settings.max_attempts:
             reason = failure_reason(instance, failures[0].dagster_run.run_id)
-            plan.given_up.append(
+            launches.given_up.append(
                 f"{partition} failed {len(failures)} times in a row (last: {reason}); re-execute it to try again"
             )
             continue
@@ -248,20 +248,20 @@ def plan_launches(
             due = ended + backoff_s(len(failures), settings)
             host_failed = hosts is not None and last.dagster_run.tags.get(HOST_TAG) in hosts.unhealthy
             if now < due and not host_failed:
-                plan.backing_off.append(f"{partition} attempt {len(failures) + 1} in {math.ceil(due - now)} s")
+                launches.backing_off.append(f"{partition} attempt {len(failures) + 1} in {math.ceil(due - now)} s")
                 continue
         placed: dict[str, str] = {}
         if hosts is not None:
             if not free:
-                plan.waiting_for_host.append(partition)
+                launches.waiting_for_host.append(partition)
                 continue
             host = free.pop(0)
             placed = {HOST_TAG: host.name, POOL_TAG: host.pool}
-        plan.requests.append(
+        launches.requests.append(
             dg.RunRequest(
                 run_key=f"{partition}:{epoch}:attempt-{len(failures) + 1}",
                 partition_key=partition,
                 tags={**(tags or {}), **placed, "eagle3/attempt": str(len(failures) + 1)},
             )
         )
-    return plan
+    return launches

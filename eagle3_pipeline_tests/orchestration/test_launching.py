@@ -19,7 +19,7 @@ from eagle3_pipeline.components.pipeline import build_definitions
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.orchestration.generation_decision import decide_generation
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES
-from eagle3_pipeline.orchestration.partition_runs import backoff_s, plan_launches
+from eagle3_pipeline.orchestration.partition_runs import backoff_s, decide_launches
 from eagle3_pipeline.testing.datasets import sharegpt, write_jsonl
 from eagle3_pipeline.testing.fake_openai import FakeOpenAI, Reply, echo_completion
 from eagle3_pipeline_tests.dagster_runs import (
@@ -55,10 +55,10 @@ def test_a_failed_partition_waits_for_its_backoff(
     assert "backing off: B2 attempt 2 in" in (second.skip_message or "") and not second.run_requests
     [failed] = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": "B2"}))
     assert failed.end_time is not None
-    assert not plan_launches(
+    assert not decide_launches(
         instance, DEFAULT_NAMES, wanted=["B2"], settings=config.launch, now=failed.end_time + 599
     ).requests
-    [request] = plan_launches(
+    [request] = decide_launches(
         instance, DEFAULT_NAMES, wanted=["B2"], settings=config.launch, now=failed.end_time + 600
     ).requests
     assert request.run_key == "B2:first:attempt-2"
@@ -103,10 +103,10 @@ def test_a_success_starts_a_new_epoch_of_attempts(
     assert job.execute_in_process(partition_key="B1", instance=instance).success
     (tmp_path / "B1.jsonl").unlink()
     assert not job.execute_in_process(partition_key="B1", instance=instance, raise_on_error=False).success
-    assert "left alone" in plan_launches(instance, DEFAULT_NAMES, wanted=["B1"], settings=config.launch).reasons()
+    assert "left alone" in decide_launches(instance, DEFAULT_NAMES, wanted=["B1"], settings=config.launch).reasons()
     write_jsonl(tmp_path / "B1.jsonl", [sharegpt("B1 question 0")])
     assert job.execute_in_process(partition_key="B1", instance=instance).success, "re-executed by hand"
-    [request] = plan_launches(instance, DEFAULT_NAMES, wanted=["B1"], settings=config.launch).requests
+    [request] = decide_launches(instance, DEFAULT_NAMES, wanted=["B1"], settings=config.launch).requests
     success = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]), limit=1)[0]
     assert request.run_key == f"B1:{success.run_id[:8]}:attempt-1"
 

@@ -71,8 +71,8 @@ class GenerationDue(dg.AutomationCondition):
                 context.log.info(
                     "backfilling responses: " + ", ".join(f"{p} ({decision.wanted[p]})" for p in sorted(due))
                 )
-            if decision.plan is not None and decision.plan.reasons():
-                context.log.warning(f"not backfilling: {decision.plan.reasons()}")
+            if decision.launches is not None and decision.launches.reasons():
+                context.log.warning(f"not backfilling: {decision.launches.reasons()}")
             elif not due:
                 context.log.info(ALL_CURRENT)
         self._decided = (context.evaluation_time, due)

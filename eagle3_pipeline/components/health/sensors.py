@@ -41,11 +41,11 @@ def inference_health(context: dg.SensorEvaluationContext, names: PipelineNames) 
         )
     if decision.notes:
         context.log.info(decision.notes)
-    if decision.plan is None or not decision.plan.requests:
+    if decision.launches is None or not decision.launches.requests:
         return dg.SensorResult(
             skip_reason=f"{decision.gate}; {decision.why_nothing}", cursor=decision.cursor, asset_events=events
         )
-    return dg.SensorResult(run_requests=decision.plan.requests, cursor=decision.cursor, asset_events=events)
+    return dg.SensorResult(run_requests=decision.launches.requests, cursor=decision.cursor, asset_events=events)
 
 
 def _flag_stall(
