@@ -20,8 +20,8 @@ SERVER_EXIT = {
 }
 
 
-def _server_status_lines(plan: Any, status: Any) -> list[str]:
-    lines = [f"managed server {plan.name} ({plan.engine}, {plan.setting}) on port {plan.port}: {status.state}"]
+def _server_status_lines(setup: Any, status: Any) -> list[str]:
+    lines = [f"managed server {setup.name} ({setup.engine}, {setup.setting}) on port {setup.port}: {status.state}"]
     record = status.record
     if record is not None:
         lines.append(
@@ -65,8 +65,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         managed_server,
     )
 
-    plan = managed_server(config, args.host)
-    if plan is None:
+    setup = managed_server(config, args.host)
+    if setup is None:
         where = f"inference host {args.host!r}" if args.host else "it"
         return fail(
             f"no managed server (serving.managed) for {where}: the pipeline starts and stops no server; "
@@ -74,12 +74,12 @@ def cmd_server(args: argparse.Namespace) -> int:
             ExitCode.BAD_INPUT,
             config.source_file,
         )
-    host = build_host(plan.host)
+    host = build_host(setup.host)
     try:
-        server = ManagedServer(host, plan)
+        server = ManagedServer(host, setup)
         if args.action == "status":
             status = server.status()
-            print("\n".join(_server_status_lines(plan, status)))
+            print("\n".join(_server_status_lines(setup, status)))
             return SERVER_EXIT[status.state]
         print("\n".join(_stop_lines(server.stop("eagle3-pipeline server stop"))))
         return 0

@@ -35,7 +35,7 @@ from eagle3_pipeline.hidden_states.disk import training_tokens
 from eagle3_pipeline.hidden_states.resume import RESULT_FILE, recorded_rate
 from eagle3_pipeline.hidden_states.vllm_server import managed_extraction_server
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.managed import ManagedServerPlan, managed_server
+from eagle3_pipeline.managed import ServerSetup, managed_server
 from eagle3_pipeline.managed.phases import gpu_phase_server, incomplete_partitions
 
 UNKNOWN = "UNKNOWN"
@@ -82,7 +82,7 @@ class Schedule:
         return "\n".join([*lines, "", *self.notes])
 
 
-def _generation_time(plan: Plan, server: ManagedServerPlan | None) -> tuple[float | None, str]:
+def _generation_time(plan: Plan, server: ServerSetup | None) -> tuple[float | None, str]:
     """The planner's ETA of every dataset on the managed server's endpoint (or, unmanaged, on the best backend)."""
     url = server.base_url.rstrip("/") if server is not None else None
     total = 0.0

@@ -32,9 +32,9 @@ from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.managed import (
     LaunchError,
     ManagedServerError,
-    ManagedServerPlan,
     ServerEvent,
     ServerPurpose,
+    ServerSetup,
     Supervisor,
     managed_server,
 )
@@ -52,18 +52,18 @@ def supervised(
 ) -> Iterator[Supervisor | None]:
     """The supervisor of the managed server of ``host_name`` (None: the pipeline's only or first one), its
     events recorded on the run (``context``: an asset's); None when that server is not managed."""
-    plan = managed_server(config, host_name)
-    if plan is None:
+    setup = managed_server(config, host_name)
+    if setup is None:
         yield None
         return
-    observed = plan.name if config.inference.hosts else None
+    observed = setup.name if config.inference.hosts else None
 
     def record(event: ServerEvent) -> None:
         context.log.info(event.line())
         context.log_event(server_event_observation(event, observed, names))
 
     try:
-        with open_supervisor(config, plan.name, record) as supervisor:
+        with open_supervisor(config, setup.name, record) as supervisor:
             yield supervisor
     except SERVER_ERRORS as exc:
         raise dg.Failure(description=str(exc)) from None
@@ -71,9 +71,9 @@ def supervised(
 
 @contextmanager
 def _phase_supervisor(
-    context: Any, config: PipelineConfig, names: PipelineNames, plan: ManagedServerPlan, phase: GpuPhase
+    context: Any, config: PipelineConfig, names: PipelineNames, setup: ServerSetup, phase: GpuPhase
 ) -> Iterator[Supervisor]:
-    """The supervisor of ``plan``'s server for a GPU phase; with `inference.hosts` its host held first."""
+    """The supervisor of ``setup``'s server for a GPU phase; with `inference.hosts` its host held first."""
     if config.inference.hosts:
         try:
             hold_host(
@@ -81,13 +81,13 @@ def _phase_supervisor(
                 context.run_id,
                 launch=config.launch,
                 inference=config.inference,
-                host_name=plan.name,
+                host_name=setup.name,
                 log=context.log.info,
                 names=names,
             )
         except NoHostFree as exc:
-            raise dg.Failure(description=f"{phase} needs the GPUs of {plan.setting}: {exc}") from None
-    with supervised(context, config, names, plan.name) as supervisor:
+            raise dg.Failure(description=f"{phase} needs the GPUs of {setup.setting}: {exc}") from None
+    with supervised(context, config, names, setup.name) as supervisor:
         assert supervisor is not None
         yield supervisor
 
@@ -97,7 +97,7 @@ class OwnLaunch:
     """What a ``purpose`` phase has the managed server serve: ``server`` (the extraction server of
     hidden_states, a managed vLLM) serving ``purpose(supervisor)``, built once its host is connected."""
 
-    server: ManagedServerPlan
+    server: ServerSetup
     purpose: Callable[[Supervisor], ServerPurpose]
 
 
@@ -112,11 +112,11 @@ def hand_over(
     if handover == "serves":
         raise ValueError(f"{phase}: the server serves it (eagle3_pipeline.inference.provider); nothing is handed over")
     serves_own = own if handover == "purpose" else None
-    plan = serves_own.server if serves_own is not None else gpu_phase_server(config, phase)
-    if plan is None:
+    setup = serves_own.server if serves_own is not None else gpu_phase_server(config, phase)
+    if setup is None:
         yield None
         return
-    with _phase_supervisor(context, config, names, plan, phase) as supervisor:
+    with _phase_supervisor(context, config, names, setup, phase) as supervisor:
         if handover == "keeps":
             yield supervisor
         elif serves_own is not None:

@@ -187,7 +187,7 @@ class InferenceResource(dg.ConfigurableResource):
     @property
     def managed(self) -> bool:
         """Whether the runs send to a managed server (``serving.managed``, no ``base_url`` here)."""
-        return self._require().plan is not None
+        return self._require().setup is not None
 
     def recovery(self, managed: ManagedGeneration | None) -> ServerRecovery | None:
         """The generation engine's hook that brings the managed server back mid-run (None without one)."""

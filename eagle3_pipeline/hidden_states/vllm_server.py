@@ -42,7 +42,7 @@ from eagle3_pipeline.config import HiddenStatesConfig, PipelineConfig
 from eagle3_pipeline.health import server_root
 from eagle3_pipeline.hidden_states.store import default_aux_layer_ids
 from eagle3_pipeline.hosts import Host, quote_args
-from eagle3_pipeline.managed import LaunchError, ManagedServerPlan, ServerPurpose, managed_servers
+from eagle3_pipeline.managed import LaunchError, ServerPurpose, ServerSetup, managed_servers
 from eagle3_pipeline.target.folder import TargetError, dimensions
 from eagle3_pipeline.target.layer_ids import extraction_layer_ids, target_family
 
@@ -177,7 +177,7 @@ class ExtractionServerError(LaunchError):
     """The managed extraction server's launch cannot be built: the message names the file and setting."""
 
 
-def managed_extraction_server(config: PipelineConfig) -> ManagedServerPlan | None:
+def managed_extraction_server(config: PipelineConfig) -> ServerSetup | None:
     """The managed vLLM server that serves ``hidden_states.vllm_base_url`` (backend vllm), or None: the
     extraction server is then the user's."""
     settings = config.hidden_states
@@ -188,15 +188,15 @@ def managed_extraction_server(config: PipelineConfig) -> ManagedServerPlan | Non
 
 
 def extraction_purpose(
-    hidden_states: HiddenStatesConfig, source_file: Path, plan: ManagedServerPlan, host: Host
+    hidden_states: HiddenStatesConfig, source_file: Path, setup: ServerSetup, host: Host
 ) -> ServerPurpose:
     """The managed server started for the store: ``extract_hidden_states`` with the ids of the store's aux
     layers (``hidden_states.aux_layer_ids``, else the default for the server's checkpoint) and of its last
     layer, read from ``serving.model``'s ``config.json`` on ``host``; the connector's folder
     (``hidden_states.vllm_output_dir``) is made there."""
-    assert plan.serving.model is not None and hidden_states.vllm_output_dir is not None
-    path = f"{plan.serving.model.rstrip('/')}/config.json"
-    where = f"{plan.setting}.model: {path} on {host.name}"
+    assert setup.serving.model is not None and hidden_states.vllm_output_dir is not None
+    path = f"{setup.serving.model.rstrip('/')}/config.json"
+    where = f"{setup.setting}.model: {path} on {host.name}"
     read = host.run(quote_args("cat", path), HOST_COMMAND_TIMEOUT_S)
     if not read.ok:
         raise ExtractionServerError(

@@ -86,7 +86,7 @@ class InferenceProvider:
         self.api_keys = dict(api_keys or {})
         self._endpoints: list[Endpoint] | None = None
         self._server: EmbeddedServer | None = None
-        self.plan = managed_server(config) if override is None else None
+        self.setup = managed_server(config) if override is None else None
         self._managed = contextlib.ExitStack()  # the managed server's supervisor, its host connected
         self._recovery: GenerationRecovery | None = None
         self.preflight_report: HealthReport | None = None
@@ -99,7 +99,7 @@ class InferenceProvider:
         """The endpoints, once the health gate passed on them (:class:`UnhealthyError` if not); with
         ``managed``, once the managed server serves generation (class doc)."""
         if self._endpoints is None:
-            if managed is not None and self.plan is not None:
+            if managed is not None and self.setup is not None:
                 self._serve(managed)
             endpoints = [self._start_embedded()] if self.embedded else self._configured()
             monitor = HealthMonitor(self.config)
@@ -113,13 +113,13 @@ class InferenceProvider:
     def recovery(self, managed: ManagedGeneration | None) -> ServerRecovery | None:
         """The generation engine's recovery hook for the managed server (None without one). It covers
         the endpoint that reaches the server, and runs only once :meth:`endpoints` made it serve."""
-        if managed is None or self.plan is None:
+        if managed is None or self.setup is None:
             return None
-        return ServerRecovery(frozenset({self.plan.base_url}), self._recover)
+        return ServerRecovery(frozenset({self.setup.base_url}), self._recover)
 
     def _serve(self, managed: ManagedGeneration) -> None:
         supervisor = self._managed.enter_context(open_supervisor(self.config, on_event=managed.on_event))
-        assert supervisor is not None  # self.plan is its server's
+        assert supervisor is not None  # self.setup is its server's
         purpose = generation_purpose(ArtifactLayout(self.config.artifacts_root), self.config.dataset_ids)
         self._recovery = GenerationRecovery(supervisor, purpose, managed.reason, GENERATION_ACCEPTS)
         supervisor.ensure(purpose, managed.reason, accept=GENERATION_ACCEPTS)

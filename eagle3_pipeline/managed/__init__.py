@@ -1,5 +1,5 @@
 """Inference servers the pipeline runs itself (`serving.managed`): launch lines built from what the phases
-need (:mod:`.launch`), the pipeline file's managed servers resolved (:mod:`.plan`), their life on the host
+need (:mod:`.launch`), the pipeline file's managed servers resolved (:mod:`.servers`), their life on the host
 — start, ready, stop verified (:mod:`.lifecycle`) — what the phases ask of them (:mod:`.supervisor`), and
 a generation server brought back when it dies or hangs mid-run (:mod:`.recovery`), and why a stopped one
 does not close the health gate (:mod:`.gate`). No Dagster here: the
@@ -50,7 +50,7 @@ from eagle3_pipeline.managed.lifecycle import (
 from eagle3_pipeline.managed.recovery import GenerationRecovery
 from eagle3_pipeline.managed.servers import (
     GENERATION_ACCEPTS,
-    ManagedServerPlan,
+    ServerSetup,
     generation_purpose,
     launch_for,
     managed_server,
@@ -77,7 +77,6 @@ __all__ = [
     "LaunchLine",
     "ManagedServer",
     "ManagedServerError",
-    "ManagedServerPlan",
     "NotOurProcessError",
     "ParserChoice",
     "PortInUseError",
@@ -85,6 +84,7 @@ __all__ = [
     "ServerPurpose",
     "ServerEvent",
     "ServerRecord",
+    "ServerSetup",
     "ServerStatus",
     "StartResult",
     "StartupFailedError",

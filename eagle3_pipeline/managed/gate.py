@@ -30,7 +30,7 @@ def stopped_server(report: HealthReport, server: ManagedServer) -> str | None:
     except ManagedServerError:
         return None
     if status.state == "absent":
-        return f"managed server {server.plan.name} not running ({status.detail})"
+        return f"managed server {server.setup.name} not running ({status.detail})"
     if status.state == "exited":
-        return f"managed server {server.plan.name} stopped: {status.detail}"
+        return f"managed server {server.setup.name} stopped: {status.detail}"
     return None

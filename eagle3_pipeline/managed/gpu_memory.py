@@ -24,7 +24,7 @@ from eagle3_pipeline.health.script import Section, SectionOutput, section_failur
 from eagle3_pipeline.managed.processes import NVIDIA_SMI, PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from eagle3_pipeline.managed.servers import ManagedServerPlan
+    from eagle3_pipeline.managed.servers import ServerSetup
 
 # The probe sections of one reading (run_shell_probes); GPU_SECTION alone is the stop's memory figure.
 GPU_SECTION: Section = ("gpus", nvidia_smi_argv())
@@ -114,22 +114,22 @@ def figures(held: Sequence[tuple[int, float, float]]) -> str:
     return ", ".join(f"GPU {index} {mib:.0f} MiB (baseline {base:.0f} MiB)" for index, mib, base in held)
 
 
-def busy_message(reading: GpuMemory, plan: ManagedServerPlan) -> str | None:
+def busy_message(reading: GpuMemory, setup: ServerSetup) -> str | None:
     """Why a start is refused on this reading (the busy GPUs' MiB and the holders), or None: they are free."""
-    free_mib = plan.serving.gpu_free_mib
+    free_mib = setup.serving.gpu_free_mib
     held = busy(reading, free_mib)
     if not held:
         return None
     shown = ", ".join(f"GPU {index} {mib:.0f} MiB used" for index, mib in held)
     return (
-        f"the GPUs are not free: {shown} (more than {plan.setting}.gpu_free_mib = {free_mib:g}); held by "
+        f"the GPUs are not free: {shown} (more than {setup.setting}.gpu_free_mib = {free_mib:g}); held by "
         f"{reading.holders_text()}. The pipeline did not start that and leaves it alone: stop it, or wait until "
         "it is done"
     )
 
 
 def pid_check(
-    section: SectionOutput | None, pids: Mapping[int, int], plan: ManagedServerPlan, missing: str
+    section: SectionOutput | None, pids: Mapping[int, int], setup: ServerSetup, missing: str
 ) -> tuple[tuple[tuple[int, int], ...], str]:
     """The server's pids that ``--query-compute-apps`` still lists (pid, MiB), and what was checked."""
     if not pids:
@@ -137,11 +137,11 @@ def pid_check(
     if section is None:
         return (), f"failed: cannot verify the GPUs ({missing})"
     if section.exit_code == 127:
-        if plan.expected_gpus == 0:
+        if setup.expected_gpus == 0:
             return (), "skipped: no nvidia-smi on the host and health.expected_gpus is 0"
         return (), (
             f"failed: cannot verify the GPUs: no nvidia-smi on the host, which should have "
-            f"{plan.expected_gpus} (health.expected_gpus)"
+            f"{setup.expected_gpus} (health.expected_gpus)"
         )
     failure = section_failure(section, "nvidia-smi --query-compute-apps", PROBE_TIMEOUT_S)
     if failure is not None:
@@ -159,24 +159,24 @@ def release_check(
     section: SectionOutput | None,
     ran: bool,
     baseline: Sequence[tuple[int, float]] | None,
-    plan: ManagedServerPlan,
+    setup: ServerSetup,
     missing: str,
 ) -> tuple[tuple[tuple[int, float, float], ...], str]:
     """Per-GPU memory.used back to the start's baseline (:mod:`.gpu_memory`); what could not be measured
     fails where GPUs are declared."""
     if not ran:
         return (), "skipped: no process of the server to release"
-    if plan.expected_gpus == 0:
+    if setup.expected_gpus == 0:
         return (), "skipped: health.expected_gpus is 0 (no GPUs declared)"
     used, why = parse_used(section, missing)
     if why is not None:
         return (), f"failed: cannot measure the GPUs' memory: {why}"
-    serving = plan.serving
+    serving = setup.serving
     held = not_released(used, baseline, serving.gpu_release_tolerance_mib, serving.gpu_free_mib)
     against = (
         f"baseline from the start, tolerance {serving.gpu_release_tolerance_mib:g} MiB"
         if baseline is not None
-        else f"no baseline recorded: under {plan.setting}.gpu_free_mib = {serving.gpu_free_mib:g}"
+        else f"no baseline recorded: under {setup.setting}.gpu_free_mib = {serving.gpu_free_mib:g}"
     )
     if held:
         return tuple(held), f"nvidia-smi --query-gpu=memory.used; {against}"

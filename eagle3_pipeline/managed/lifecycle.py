@@ -85,7 +85,7 @@ from eagle3_pipeline.managed.processes import (
     port_holders,
     rebooted,
 )
-from eagle3_pipeline.managed.servers import ManagedServerPlan
+from eagle3_pipeline.managed.servers import ServerSetup
 
 READY_CHECKS = ("server_process", "port", "generation")
 LOG_TAIL_LINES = 40
@@ -99,26 +99,26 @@ class ManagedServer:
 
     poll_s = 1.0
 
-    def __init__(self, host: Host, plan: ManagedServerPlan) -> None:
+    def __init__(self, host: Host, setup: ServerSetup) -> None:
         self.host = host
-        self.plan = plan
+        self.setup = setup
         self.reconnects = 0  # SSH drops reopened, over this object's life
         self.reached = False  # a command reached the host: from then on a failed connection is a drop
-        self._state_setting = f"{plan.setting}.log_dir"  # the setting a state folder's problem names
+        self._state_setting = f"{setup.setting}.log_dir"  # the setting a state folder's problem names
 
     # -- what is there ----------------------------------------------------------------------------
 
     @property
     def log_path(self) -> str:
-        return self.plan.serving.log_path
+        return self.setup.serving.log_path
 
     @property
     def pid_path(self) -> str:
-        return self.plan.serving.pid_path
+        return self.setup.serving.pid_path
 
     @property
     def _where(self) -> str:
-        return f"{self.plan.setting} on {self.host.name}"
+        return f"{self.setup.setting} on {self.host.name}"
 
     def _host_run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
         return self._reconnecting(lambda: self.host.run(command, timeout_s), retry)
@@ -139,11 +139,11 @@ class ManagedServer:
                 if not isinstance(exc, (HostConnectError, HostDisconnectedError)):
                     raise HostUnreachableError(f"{self._where}: cannot reach the host: {exc}", exc) from None
                 now = time.monotonic()
-                deadline = deadline if deadline is not None else now + self.plan.serving.reconnect_timeout_s
+                deadline = deadline if deadline is not None else now + self.setup.serving.reconnect_timeout_s
                 if not retry or now > deadline:
                     raise HostUnreachableError(
                         f"{self._where}: the connection to the host dropped and could not be reopened within "
-                        f"{self.plan.serving.reconnect_timeout_s:g} s (serving.reconnect_timeout_s): {exc}",
+                        f"{self.setup.serving.reconnect_timeout_s:g} s (serving.reconnect_timeout_s): {exc}",
                         exc,
                     ) from None
                 self.reconnects += 1
@@ -262,7 +262,7 @@ class ManagedServer:
         section = out.sections.get("ss")
         if section is None or section_failure(section, "ss", PROBE_TIMEOUT_S) is not None:
             return None
-        return port_holders(section.text, self.plan.port)
+        return port_holders(section.text, self.setup.port)
 
     def start(self, launch: LaunchLine, reason: str) -> StartResult:
         """Start the server for ``launch.purpose``, wait until the health tick calls it ready (module doc)."""
@@ -279,12 +279,12 @@ class ManagedServer:
         report = self.await_ready(record)
         record = self.read_record() or record
         return StartResult(
-            server=self.plan.name,
+            server=self.setup.name,
             host=self.host.name,
             role=launch.purpose.role,
             reason=reason,
             pid=record.pid,
-            port=self.plan.port,
+            port=self.setup.port,
             command=launch.display(),
             log_path=self.log_path,
             pid_path=self.pid_path,
@@ -310,8 +310,8 @@ class ManagedServer:
         if holders:
             shown = ", ".join(f"pid {pid} ({name})" if pid else name for pid, name in holders)
             raise PortInUseError(
-                f"{self._where}: port {self.plan.port} is already in use by {shown}; the pipeline did not start "
-                f"that process and leaves it alone: stop it, or give {self.plan.setting}.port another port"
+                f"{self._where}: port {self.setup.port} is already in use by {shown}; the pipeline did not start "
+                f"that process and leaves it alone: stop it, or give {self.setup.setting}.port another port"
             )
         return status.detail if status.state in ("exited", "foreign") else None
 
@@ -320,19 +320,19 @@ class ManagedServer:
         its command line and processes; one that exits or does not get ready is stopped and raised
         (:class:`StartupFailedError`). A dropped SSH connection is reopened meanwhile (module doc)."""
         seen = Seen({m.pid: m.start_ticks for m in record.members})
-        deadline = time.monotonic() + self.plan.serving.startup_timeout_s
-        spec = self.plan.server_spec()
+        deadline = time.monotonic() + self.setup.serving.startup_timeout_s
+        spec = self.setup.server_spec()
         while True:
             snap = self._snapshot(record.pid, record.pgid)
             seen.add(p for p in snap.live_group() if not rebooted(record, snap))
             if self._identify(record, snap) is not None:
                 self._fail_start(record, seen, "exited during start-up")
-            report, _ = run_health_tick(self.host, spec, self.plan.thresholds)
+            report, _ = run_health_tick(self.host, spec, self.setup.thresholds)
             if _ready(report):
                 self._remove_key()
                 break
             if time.monotonic() > deadline:
-                timeout = self.plan.serving.startup_timeout_s
+                timeout = self.setup.serving.startup_timeout_s
                 self._fail_start(record, seen, f"did not get ready within {timeout:g} s ({report.summary()})")
             time.sleep(self.poll_s)
         snap = self._snapshot(record.pid, record.pgid)
@@ -343,27 +343,27 @@ class ManagedServer:
 
     def _write_key(self) -> None:
         """The engine's key file (``serving.api_key_env``): a private file written through stdin (0600)."""
-        key = self.plan.api_key()
+        key = self.setup.api_key()
         if key is not None:
-            self._write_private(self.plan.serving.key_path, f"api-key: {json.dumps(key)}\n")
+            self._write_private(self.setup.serving.key_path, f"api-key: {json.dumps(key)}\n")
 
     def _remove_key(self) -> None:
         """The key file goes once the engine has read it (a start reads it again from a fresh one)."""
-        if self.plan.serving.api_key_env is not None:
-            self._host_run(quote_args("rm", "-f", self.plan.serving.key_path), COMMAND_TIMEOUT_S)
+        if self.setup.serving.api_key_env is not None:
+            self._host_run(quote_args("rm", "-f", self.setup.serving.key_path), COMMAND_TIMEOUT_S)
 
     def _gpus_free(self) -> tuple[tuple[tuple[int, float], ...] | None, str]:
         """The per-GPU baseline before a start, and what was found; refused while the GPUs are not free after
         ``gpu_release_timeout_s`` (a crashed server's memory goes a little after its processes)."""
-        if self.plan.expected_gpus == 0:
+        if self.setup.expected_gpus == 0:
             return None, "skipped: health.expected_gpus is 0 (no GPUs declared)"
-        deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
+        deadline = time.monotonic() + self.setup.serving.gpu_release_timeout_s
         while True:
             out = run_shell_probes(self.host, gpu_memory.READING_SECTIONS, PROBE_TIMEOUT_S)
             reading = gpu_memory.parse_reading(out.sections, out.failure)
             if reading.unknown is not None:
                 return None, f"unknown: could not measure the GPUs' memory: {reading.unknown}"
-            busy = gpu_memory.busy_message(reading, self.plan)
+            busy = gpu_memory.busy_message(reading, self.setup)
             if not busy:
                 break
             if time.monotonic() > deadline:
@@ -377,7 +377,7 @@ class ManagedServer:
         dropped connection the pid file says whether the launch ran; it is sent again only when it did not."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
         header = f"=== {now} eagle3-pipeline starts the {launch.purpose.role} server ({reason}): {launch.display()}"
-        serving = self.plan.serving
+        serving = self.setup.serving
         # The env's values reach the server through a 0600 file it sources, never its command line.
         self._write_private(serving.env_path, env_file(launch.env).decode())
         self._write_key()
@@ -389,8 +389,8 @@ class ManagedServer:
             boot_id="",
             argv=launch.argv,
             env_names=tuple(sorted(launch.env)),
-            engine=self.plan.engine,
-            port=self.plan.port,
+            engine=self.setup.engine,
+            port=self.setup.port,
             role=launch.purpose.role,
             reason=reason,
             started_at=now,
@@ -498,7 +498,7 @@ class ManagedServer:
         verification: StopVerification,
     ) -> StopResult:
         result = StopResult(
-            server=self.plan.name,
+            server=self.setup.name,
             host=self.host.name,
             reason=reason,
             was_running=bool(signals),
@@ -523,7 +523,7 @@ class ManagedServer:
     def _signal_group(self, record: ServerRecord) -> list[str]:
         """SIGTERM to the leader alone (the engine stops its workers), after ``LEADER_SHARE`` of the grace to the
         group, then SIGKILL; with the leader gone, to each process left (pid and start time checked)."""
-        grace, ticks = self.plan.serving.stop_grace_s, str(record.start_ticks)
+        grace, ticks = self.setup.serving.stop_grace_s, str(record.start_ticks)
         steps = (("TERM", grace * LEADER_SHARE), ("TERM group", grace * (1 - LEADER_SHARE)), ("KILL", 10.0))
         signals = []
         for name, wait_s in steps:
@@ -546,7 +546,7 @@ class ManagedServer:
         """The leader is gone: SIGTERM each recorded process still alive, SIGKILL what is left."""
         signals: list[str] = []
         pending = list(processes)
-        for signal, wait_s in (("TERM", self.plan.serving.stop_grace_s), ("KILL", 10.0)):
+        for signal, wait_s in (("TERM", self.setup.serving.stop_grace_s), ("KILL", 10.0)):
             if not pending:
                 break
             signals.append(signal)
@@ -573,17 +573,17 @@ class ManagedServer:
         self, processes: Sequence[ProcessRef], pids: Mapping[int, int], baseline: Sequence[tuple[int, float]] | None
     ) -> StopVerification:
         """Processes, port and GPUs after the signals; GPU memory is given ``gpu_release_timeout_s`` to go."""
-        deadline = time.monotonic() + self.plan.serving.gpu_release_timeout_s
+        deadline = time.monotonic() + self.setup.serving.gpu_release_timeout_s
         while True:
             left = tuple(self._still_alive(processes)) if processes else ()
             sections: list[Section] = [("ss", ("ss", "-Htlnp")), ("gpu", NVIDIA_SMI), gpu_memory.GPU_SECTION]
             out = run_shell_probes(self.host, sections, PROBE_TIMEOUT_S)
-            port = port_check(out.sections.get("ss"), self.plan.port, out.failure)
-            gpu_holders, gpu_check = gpu_memory.pid_check(out.sections.get("gpu"), pids, self.plan, out.failure)
+            port = port_check(out.sections.get("ss"), self.setup.port, out.failure)
+            gpu_holders, gpu_check = gpu_memory.pid_check(out.sections.get("gpu"), pids, self.setup, out.failure)
             memory, memory_check = gpu_memory.release_check(
-                out.sections.get("gpus"), bool(pids), baseline, self.plan, out.failure
+                out.sections.get("gpus"), bool(pids), baseline, self.setup, out.failure
             )
-            verification = StopVerification(left, self.plan.port, port, gpu_holders, gpu_check, memory, memory_check)
+            verification = StopVerification(left, self.setup.port, port, gpu_holders, gpu_check, memory, memory_check)
             if verification.ok or time.monotonic() > deadline:
                 return verification
             time.sleep(self.poll_s)

@@ -26,7 +26,7 @@ from eagle3_pipeline.generation.fingerprint import (
 )
 from eagle3_pipeline.layout import ArtifactLayout
 from eagle3_pipeline.managed.launch import ServerPurpose
-from eagle3_pipeline.managed.servers import ManagedServerPlan, generation_purpose, managed_servers
+from eagle3_pipeline.managed.servers import ServerSetup, generation_purpose, managed_servers
 
 
 def same_machine(a: HostConfig, b: HostConfig) -> bool:
@@ -45,10 +45,10 @@ def phase_host(compute: ComputeConfig, health: HealthConfig, phase: GpuPhase) ->
     return HostConfig() if compute.kind == "local" else compute.host
 
 
-def gpu_phase_server(config: PipelineConfig, phase: GpuPhase) -> ManagedServerPlan | None:
+def gpu_phase_server(config: PipelineConfig, phase: GpuPhase) -> ServerSetup | None:
     """The managed server on the machine ``phase`` uses, or None (no managed server there)."""
     where = phase_host(config.compute, config.health, phase)
-    return next((plan for plan in managed_servers(config) if same_machine(plan.host, where)), None)
+    return next((setup for setup in managed_servers(config) if same_machine(setup.host, where)), None)
 
 
 def partition_complete(layout: ArtifactLayout, configured: str, dataset_id: str) -> bool:

@@ -82,11 +82,11 @@ class GenerationRecovery:
 
     @property
     def serving(self) -> ServingConfig:
-        return self.supervisor.server.plan.serving
+        return self.supervisor.server.setup.serving
 
     def hook(self) -> ServerRecovery:
         """The engine's hook: this server's endpoint (its base URL) and :meth:`__call__`."""
-        return ServerRecovery(frozenset({self.supervisor.server.plan.base_url}), self)
+        return ServerRecovery(frozenset({self.supervisor.server.setup.base_url}), self)
 
     def inspect(self) -> Finding:
         """Whether the server serves, is hung, died or left processes, or the probes cannot tell (module
@@ -97,7 +97,7 @@ class GenerationRecovery:
             return Finding("orphaned" if status.state == "orphaned" else "died", status.detail)
         record = status.record
         policy = HangPolicy.of(self.serving, record.ready_s if record is not None else None)
-        thresholds = server.plan.thresholds
+        thresholds = server.setup.thresholds
         thresholds = replace(
             thresholds,
             generation_timeout_s=policy.probe_timeout_s,
@@ -111,7 +111,7 @@ class GenerationRecovery:
                 if died is not None:
                     return died
             started = time.monotonic() - began
-            report, _ = run_health_tick(server.host, server.plan.server_spec(), thresholds)
+            report, _ = run_health_tick(server.host, server.setup.server_spec(), thresholds)
             outcome, detail = probe_outcome(report)
             verdict = watch.add(outcome, started, time.monotonic() - began, detail)
             self._probed(watch.probes[-1])

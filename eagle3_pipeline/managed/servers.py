@@ -25,7 +25,7 @@ from eagle3_pipeline.managed.launch import (
 
 
 @dataclass(frozen=True)
-class ManagedServerPlan:
+class ServerSetup:
     """One managed server: its effective `serving` section, the host it runs on and how it is checked.
 
     ``name`` is the inference host's name (``serving`` without `inference.hosts`); ``setting`` where
@@ -110,11 +110,11 @@ class ManagedServerPlan:
         )
 
 
-def _plan(
+def _setup(
     serving: ServingConfig, health: HealthConfig, target: TargetConfig, artifacts_root: Path, name: str, setting: str
-) -> ManagedServerPlan:
+) -> ServerSetup:
     """One managed server from the sections as its host sees them (:meth:`PipelineConfig.for_host`)."""
-    return ManagedServerPlan(
+    return ServerSetup(
         name=name,
         setting=setting,
         serving=serving,
@@ -126,38 +126,38 @@ def _plan(
     )
 
 
-def managed_servers(config: PipelineConfig) -> list[ManagedServerPlan]:
+def managed_servers(config: PipelineConfig) -> list[ServerSetup]:
     """Every managed server of the pipeline: the top-level one, or one per managed inference host."""
     if not config.inference.hosts:
         if not config.serving.managed:
             return []
-        return [_plan(config.serving, config.health, config.target, config.artifacts_root, "serving", "serving")]
-    plans = []
+        return [_setup(config.serving, config.health, config.target, config.artifacts_root, "serving", "serving")]
+    setups = []
     for index, host in enumerate(config.inference.hosts):
         seen = config.for_host(host.name)
         if seen.serving.managed:
             setting = f"inference.hosts[{index}] (name {host.name!r}).serving"
-            plans.append(_plan(seen.serving, seen.health, seen.target, seen.artifacts_root, host.name, setting))
-    return plans
+            setups.append(_setup(seen.serving, seen.health, seen.target, seen.artifacts_root, host.name, setting))
+    return setups
 
 
-def managed_server(config: PipelineConfig, host_name: str | None = None) -> ManagedServerPlan | None:
+def managed_server(config: PipelineConfig, host_name: str | None = None) -> ServerSetup | None:
     """The managed server of one inference host (None: the only one, or the first); None if unmanaged."""
-    plans = managed_servers(config)
+    setups = managed_servers(config)
     if host_name is None:
-        return plans[0] if plans else None
-    return next((plan for plan in plans if plan.name == host_name), None)
+        return setups[0] if setups else None
+    return next((setup for setup in setups if setup.name == host_name), None)
 
 
-def target_model_types(target: TargetConfig, plan: ManagedServerPlan | None = None) -> list[str | None]:
+def target_model_types(target: TargetConfig, setup: ServerSetup | None = None) -> list[str | None]:
     """The target's model_type and its nested language model's, from a config.json readable here: the
     target.tokenizer folder, else the managed server's model folder when it runs on this machine.
     Empty when neither is a local folder (the parsers' auto then finds no family)."""
     from eagle3_pipeline.target.folder import NESTED_CONFIG_KEYS, TargetError, read_config
 
     folders = [target.tokenizer]
-    if plan is not None and plan.host.kind == "local":
-        folders.append(plan.serving.model)
+    if setup is not None and setup.host.kind == "local":
+        folders.append(setup.serving.model)
     for folder in folders:
         if folder is None or not (Path(folder) / "config.json").is_file():
             continue
@@ -193,7 +193,7 @@ def generation_purpose(layout: ArtifactLayout, dataset_ids: Iterable[str]) -> Se
     return ServerPurpose.generation(needs_tools=prompts_need_tools(written))
 
 
-def launch_for(target: TargetConfig, plan: ManagedServerPlan, purpose: ServerPurpose) -> LaunchLine:
-    """The server's launch line for ``purpose``, from the pipeline's target and the plan's serving section."""
-    settings = plan.engine_settings(target.trust_remote_code, target_model_types(target, plan))
+def launch_for(target: TargetConfig, setup: ServerSetup, purpose: ServerPurpose) -> LaunchLine:
+    """The server's launch line for ``purpose``, from the pipeline's target and the setup's serving section."""
+    settings = setup.engine_settings(target.trust_remote_code, target_model_types(target, setup))
     return build_launch(settings, purpose)

@@ -76,7 +76,7 @@ class Supervisor:
 
     @property
     def name(self) -> str:
-        return self.server.plan.name
+        return self.server.setup.name
 
     def ensure(self, purpose: ServerPurpose, reason: str, accept: Collection[str] = ()) -> LaunchLine:
         """The server serving ``purpose``: kept when it runs that launch line (or a role in ``accept``),
@@ -102,7 +102,7 @@ class Supervisor:
                 return wanted if tuple(record.argv) == tuple(wanted.argv) else replace(wanted, argv=tuple(record.argv))
             self._stop(f"{reason}: it runs as {record.role}, {wanted.purpose.role} is needed")
         elif status.state in ("orphaned", "foreign"):
-            raise ManagedServerError(f"{self.server.plan.setting}: cannot start for {reason}: {status.detail}")
+            raise ManagedServerError(f"{self.server.setup.setting}: cannot start for {reason}: {status.detail}")
         try:
             result = self.server.start(wanted, reason)
         except StartupFailedError as exc:
@@ -189,12 +189,14 @@ def open_supervisor(
 ) -> Iterator[Supervisor | None]:
     """The supervisor of the managed server of ``host_name`` (None: the pipeline's only or first one), its
     host connected for the ``with`` block; None when that server is not managed."""
-    plan = managed_server(config, host_name)
-    if plan is None:
+    setup = managed_server(config, host_name)
+    if setup is None:
         yield None
         return
-    host = build_host(plan.host)
+    host = build_host(setup.host)
     try:
-        yield Supervisor(ManagedServer(host, plan), lambda purpose: launch_for(config.target, plan, purpose), on_event)
+        yield Supervisor(
+            ManagedServer(host, setup), lambda purpose: launch_for(config.target, setup, purpose), on_event
+        )
     finally:
         host.close()

@@ -30,7 +30,7 @@ def declare_route(url: str, host: HostConfig, port: int) -> bool:
 def declare_tunnels(config: PipelineConfig) -> list[str]:
     """Routes for the pipeline's managed servers that listen on an SSH host's loopback; their URLs."""
     return [
-        plan.base_url
-        for plan in managed_servers(config)
-        if plan.tunnelled and declare_route(plan.base_url, plan.host, plan.port)
+        setup.base_url
+        for setup in managed_servers(config)
+        if setup.tunnelled and declare_route(setup.base_url, setup.host, setup.port)
     ]

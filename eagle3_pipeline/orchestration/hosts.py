@@ -91,10 +91,10 @@ class InferenceHosts:
         is merely stopped (its status read over the monitor's connection)."""
         monitor = self.monitors[name]
         report, state = monitor.tick(state)
-        plan = managed_server(monitor.config)
-        if report.healthy or plan is None:
+        setup = managed_server(monitor.config)
+        if report.healthy or setup is None:
             return HostVerdict(name, report), state
-        return HostVerdict(name, report, stopped_server(report, ManagedServer(monitor.host, plan))), state
+        return HostVerdict(name, report, stopped_server(report, ManagedServer(monitor.host, setup))), state
 
     def choice(self, verdicts: list[HostVerdict]) -> HostChoice | None:
         """The healthy hosts to place partitions on (None with the single implicit host)."""

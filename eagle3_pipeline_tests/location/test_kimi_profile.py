@@ -53,19 +53,19 @@ def test_the_profile_runs_its_sglang_server_with_no_edit() -> None:
     capture (transformers refuses the INT4 target), and the benchmark's arms and the served drafter on the
     managed server's launch lines, every GPU phase on the server's machine."""
     config = load_config(PROFILE, runtime_checks=False)
-    plan = managed_server(config)
-    assert plan is not None and plan.engine == "sglang" and plan.serving.tp_size == 8
-    assert plan.base_url == "http://gpu-box.internal:30000/v1" == config.inference.endpoints[0].base_url
-    assert config.health.server is not None and config.health.server.log_path == plan.serving.log_path
+    setup = managed_server(config)
+    assert setup is not None and setup.engine == "sglang" and setup.serving.tp_size == 8
+    assert setup.base_url == "http://gpu-box.internal:30000/v1" == config.inference.endpoints[0].base_url
+    assert config.health.server is not None and config.health.server.log_path == setup.serving.log_path
     assert config.hidden_states.backend == "sglang" and config.hidden_states.tp_size == 8
     for phase in GPU_PHASES:
-        assert gpu_phase_server(config, phase) == plan, phase
+        assert gpu_phase_server(config, phase) == setup, phase
     tools = "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2"
-    assert tools in launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True)).shell()
+    assert tools in launch_for(config.target, setup, ServerPurpose.generation(needs_tools=True)).shell()
     settings, managed = benchmark_settings(config)
-    assert managed == plan and settings.target_model_path == "/models/Kimi-K2.5"
+    assert managed == setup and settings.target_model_path == "/models/Kimi-K2.5"
     assert settings.draft_model_path == "/data/eagle3/kimi_k25/drafter/export"  # compute.artifacts_root
-    speculative = launch_for(config.target, plan, ServerPurpose.benchmark(EagleDrafter(settings.draft_model_path, 3)))
+    speculative = launch_for(config.target, setup, ServerPurpose.benchmark(EagleDrafter(settings.draft_model_path, 3)))
     assert "--speculative-num-draft-tokens 4" in speculative.shell() and "--reasoning-parser" not in speculative.argv
 
 

@@ -60,9 +60,9 @@ def test_a_keyed_server_refuses_keyless_requests_and_the_key_shows_nowhere(
     assert [(e.base_url, e.api_key_env) for e in config.inference.endpoints] == [
         (f"http://127.0.0.1:{serving['port']}/v1", KEY_VAR)
     ]
-    plan = managed_server(config)
-    assert plan is not None
-    server = ManagedServer(build_host(plan.host), plan)
+    setup = managed_server(config)
+    assert setup is not None
+    server = ManagedServer(build_host(setup.host), setup)
     shown: list[str] = []
     try:
         result = (
@@ -82,10 +82,10 @@ def test_a_keyed_server_refuses_keyless_requests_and_the_key_shows_nowhere(
 
         status = server.status()
         assert status.state == "running" and status.record is not None
-        assert "--config" in status.record.argv and not Path(plan.serving.key_path).exists()
+        assert "--config" in status.record.argv and not Path(setup.serving.key_path).exists()
         assert cli_main(["server", "status", "--config", str(config.source_file)]) == 0
         shown.append(capsys.readouterr().out)
-        shown.append(launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).display())
+        shown.append(launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False)).display())
         shown += [repr(entry) for entry in instance.all_logs(result.run_id)]
         records = instance.fetch_observations(dg.AssetKey("inference_server"), limit=50).records
         observations = [repr(r.asset_observation.metadata) for r in records if r.asset_observation is not None]
@@ -117,10 +117,10 @@ def test_a_bind_beyond_loopback_needs_a_key_from_the_environment(tmp_path: Path)
     config = load_pipeline(
         tmp_path, {"serving": fake_sglang_serving(tmp_path, bind_host="10.0.0.5", api_key_env=KEY_VAR)}
     )
-    plan = managed_server(config)
-    assert plan is not None and plan.bind_host == "10.0.0.5"
-    argv = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).argv
-    assert argv[argv.index("--config") + 1] == plan.serving.key_path and KEY not in json.dumps(argv)
+    setup = managed_server(config)
+    assert setup is not None and setup.bind_host == "10.0.0.5"
+    argv = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False)).argv
+    assert argv[argv.index("--config") + 1] == setup.serving.key_path and KEY not in json.dumps(argv)
 
 
 def test_a_keyed_vllm_extraction_server_is_refused(tmp_path: Path) -> None:

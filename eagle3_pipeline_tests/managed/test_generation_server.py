@@ -73,9 +73,9 @@ def pipeline(
 
 
 def server(config: PipelineConfig) -> ManagedServer:
-    plan = managed_server(config)
-    assert plan is not None
-    return ManagedServer(build_host(plan.host), plan)
+    setup = managed_server(config)
+    assert setup is not None
+    return ManagedServer(build_host(setup.host), setup)
 
 
 def generate(config: PipelineConfig, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:

@@ -176,16 +176,16 @@ def test_a_managed_vllm_server_is_the_extraction_server_with_the_stores_ids(tmp_
     )
     serving = {"managed": True, "engine": "vllm", "model": str(model), "port": 8123}
     config = load_pipeline(tmp_path, {"serving": serving, "hidden_states": {"backend": "vllm"}})
-    plan = managed_extraction_server(config)
-    assert plan is not None and config.hidden_states.vllm_base_url == "http://127.0.0.1:8123/v1"
+    setup = managed_extraction_server(config)
+    assert setup is not None and config.hidden_states.vllm_base_url == "http://127.0.0.1:8123/v1"
     folder = Path(str(config.hidden_states.vllm_output_dir))
     assert folder == config.artifacts_root / "vllm_connector" and not folder.exists()
-    purpose = extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
+    purpose = extraction_purpose(config.hidden_states, config.source_file, setup, LocalHost())
     assert purpose.extraction is not None and purpose.extraction.layer_ids == (2, 15, 27, 30)  # [1, 14, 26] + 1, N
     assert folder.is_dir()
     (model / "config.json").unlink()
     with pytest.raises(ExtractionServerError, match=r"serving\.model: .*config\.json on localhost: not readable"):
-        extraction_purpose(config.hidden_states, config.source_file, plan, LocalHost())
+        extraction_purpose(config.hidden_states, config.source_file, setup, LocalHost())
     # a URL of the user's own extraction server: not the managed one's
     own = load_pipeline(
         tmp_path,

@@ -64,24 +64,24 @@ def kimi_profile(tmp_path: Path, **serving: Any) -> Any:
 def test_the_kimi_profile_generation_server(tmp_path: Path) -> None:
     """SGLang TP 8, remote code, Kimi's parsers (tools: B3/B8 carry them), the user's extra args last."""
     config = kimi_profile(tmp_path)
-    plan = managed_server(config)
-    assert plan is not None
-    assert target_model_types(config.target, plan) == ["kimi_k25", "deepseek_v3"]
-    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
+    setup = managed_server(config)
+    assert setup is not None
+    assert target_model_types(config.target, setup) == ["kimi_k25", "deepseek_v3"]
+    launch = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=True))
     assert launch.shell() == (
         "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5 --host 127.0.0.1 "
         "--port 30000 --tp-size 8 --served-model-name kimi-k2.5 --trust-remote-code --reasoning-parser kimi_k2 "
         "--tool-call-parser kimi_k2 --mem-fraction-static 0.88 --enable-hierarchical-cache"
     )
-    without_tools = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False))
+    without_tools = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False))
     assert "--tool-call-parser" not in without_tools.argv and "--reasoning-parser" in without_tools.argv
 
 
 def test_the_kimi_profile_on_vllm_takes_vllms_flags(tmp_path: Path) -> None:
     config = kimi_profile(tmp_path, engine="vllm", python="/opt/vllm/bin/python", extra_args=[])
-    plan = managed_server(config)
-    assert plan is not None
-    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
+    setup = managed_server(config)
+    assert setup is not None
+    launch = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=True))
     assert launch.argv == (
         "/opt/vllm/bin/python",
         "-m",
@@ -114,16 +114,16 @@ def vllm_smol(tmp_path: Path, **serving: Any) -> Any:
     config = load_pipeline(
         tmp_path, {"target": {"model": "smol", "tokenizer": str(folder)}, "serving": {**section, **serving}}
     )
-    plan = managed_server(config)
-    assert plan is not None
-    return config, plan
+    setup = managed_server(config)
+    assert setup is not None
+    return config, setup
 
 
 def test_a_vllm_extraction_server_captures_the_stores_layers(tmp_path: Path) -> None:
-    config, plan = vllm_smol(tmp_path, extra_args=["--enforce-eager"])
+    config, setup = vllm_smol(tmp_path, extra_args=["--enforce-eager"])
     layers = extraction_layer_ids("llama", [1, 14, 26], 30)
     assert layers == [2, 15, 27, 30]
-    launch = launch_for(config.target, plan, ServerPurpose.extraction_of(layers, "/data/states"))
+    launch = launch_for(config.target, setup, ServerPurpose.extraction_of(layers, "/data/states"))
     argv = list(launch.argv)
     speculative = json.loads(argv[argv.index("--speculative-config") + 1])
     connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
@@ -150,28 +150,28 @@ def test_kimis_extraction_layers_follow_the_deepseek_rule() -> None:
 
 def test_sglang_serves_no_extraction(tmp_path: Path) -> None:
     config = kimi_profile(tmp_path)
-    plan = managed_server(config)
-    assert plan is not None
+    setup = managed_server(config)
+    assert setup is not None
     with pytest.raises(LaunchError, match=r"serving.engine: hidden states from a server are vLLM's"):
-        launch_for(config.target, plan, ServerPurpose.extraction_of([2, 30, 58, 61], "/data/states"))
+        launch_for(config.target, setup, ServerPurpose.extraction_of([2, 30, 58, 61], "/data/states"))
 
 
 def test_the_drafter_flags_for_the_benchmark_and_the_served_drafter(tmp_path: Path) -> None:
     config = kimi_profile(tmp_path, extra_args=[])
-    plan = managed_server(config)
-    assert plan is not None
+    setup = managed_server(config)
+    assert setup is not None
     drafter = EagleDrafter("/data/drafter", 3)
-    served = launch_for(config.target, plan, ServerPurpose.served_drafter(drafter, needs_tools=True))
+    served = launch_for(config.target, setup, ServerPurpose.served_drafter(drafter, needs_tools=True))
     assert served.purpose.role == "served-drafter"
     assert served.shell().endswith(
         "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --speculative-algorithm EAGLE3 "
         "--speculative-draft-model-path /data/drafter --speculative-num-steps 3 --speculative-eagle-topk 1 "
         "--speculative-num-draft-tokens 4"
     )
-    arm = launch_for(config.target, plan, ServerPurpose.benchmark(drafter))
+    arm = launch_for(config.target, setup, ServerPurpose.benchmark(drafter))
     assert arm.purpose.role == "benchmark-speculative" and "--reasoning-parser" not in arm.argv
-    vllm_config, vllm_plan = vllm_smol(tmp_path)
-    vllm_arm = launch_for(vllm_config.target, vllm_plan, ServerPurpose.benchmark(drafter))
+    vllm_config, vllm_setup = vllm_smol(tmp_path)
+    vllm_arm = launch_for(vllm_config.target, vllm_setup, ServerPurpose.benchmark(drafter))
     assert vllm_arm.argv[-2:] == (
         "--speculative-config",
         '{"method": "eagle3", "model": "/data/drafter", "num_speculative_tokens": 3}',
@@ -182,14 +182,14 @@ def test_the_generation_server_serves_the_benchmarks_baseline_arm(tmp_path: Path
     """Token-id requests use no chat parser: Kimi's generation line (reasoning and tool-call parsers) serves the
     baseline arm as it is; not the speculative arm, not another memory setting, and not chat without its parsers."""
     config = kimi_profile(tmp_path)
-    plan = managed_server(config)
-    assert plan is not None
-    generation = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
-    baseline = launch_for(config.target, plan, ServerPurpose.benchmark(None))
+    setup = managed_server(config)
+    assert setup is not None
+    generation = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=True))
+    baseline = launch_for(config.target, setup, ServerPurpose.benchmark(None))
     assert "--tool-call-parser" in generation.argv and "--reasoning-parser" not in baseline.argv
     assert serves(generation.argv, baseline) and serves(baseline.argv, baseline)
     assert serves([*baseline.argv, "--reasoning-parser=kimi_k2", "--enable-auto-tool-choice"], baseline)
-    speculative = launch_for(config.target, plan, ServerPurpose.benchmark(EagleDrafter("/data/drafter", 3)))
+    speculative = launch_for(config.target, setup, ServerPurpose.benchmark(EagleDrafter("/data/drafter", 3)))
     assert not serves(generation.argv, speculative)
     assert not serves(baseline.argv, generation), "chat needs its parsers"
     other = managed_server(kimi_profile(tmp_path, extra_args=["--mem-fraction-static", "0.80"]))
@@ -201,8 +201,8 @@ def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
     """drafter_benchmark's default lines are the builder's (bench_servers.py keeps its templates for the user's),
     a tree configuration's flags too."""
     config = kimi_profile(tmp_path)
-    plan = managed_server(config)
-    assert plan is not None
+    setup = managed_server(config)
+    assert setup is not None
     from eagle3_pipeline.config import DrafterBenchmarkConfig
     from eagle3_pipeline.managed import EngineSettings
 
@@ -227,25 +227,27 @@ def test_the_benchmark_uses_the_same_builder(tmp_path: Path) -> None:
     ],
 )
 def test_tools_without_a_parser_are_refused(tmp_path: Path, parser: str | None, message: str) -> None:
-    config, plan = vllm_smol(tmp_path, tool_call_parser=parser)
+    config, setup = vllm_smol(tmp_path, tool_call_parser=parser)
     with pytest.raises(LaunchError, match=message):
-        launch_for(config.target, plan, ServerPurpose.generation(needs_tools=True))
-    assert "--tool-call-parser" not in launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).argv
+        launch_for(config.target, setup, ServerPurpose.generation(needs_tools=True))
+    assert (
+        "--tool-call-parser" not in launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False)).argv
+    )
 
 
 def test_the_users_parsers_win(tmp_path: Path) -> None:
-    config, plan = vllm_smol(tmp_path, tool_call_parser="hermes", reasoning_parser="qwen3")
-    argv = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)).argv
+    config, setup = vllm_smol(tmp_path, tool_call_parser="hermes", reasoning_parser="qwen3")
+    argv = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False)).argv
     assert argv[-5:] == ("--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     kimi = kimi_profile(tmp_path, reasoning_parser=None)
-    plan = managed_server(kimi)
-    assert plan is not None
-    assert "--reasoning-parser" not in launch_for(kimi.target, plan, ServerPurpose.generation(needs_tools=False)).argv
+    setup = managed_server(kimi)
+    assert setup is not None
+    assert "--reasoning-parser" not in launch_for(kimi.target, setup, ServerPurpose.generation(needs_tools=False)).argv
 
 
 def test_values_are_quoted_and_secrets_stay_out_of_the_display(tmp_path: Path) -> None:
-    config, plan = vllm_smol(tmp_path, env={"HF_TOKEN": "hf_secret value"}, extra_args=["--chat-template", "a b;c"])
-    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False))
+    config, setup = vllm_smol(tmp_path, env={"HF_TOKEN": "hf_secret value"}, extra_args=["--chat-template", "a b;c"])
+    launch = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False))
     assert shlex.split(launch.shell()) == ["env", "HF_TOKEN=hf_secret value", *launch.argv]
     assert "hf_secret" not in launch.display() and launch.display().startswith("HF_TOKEN=… /v/bin/python -m vllm")
     assert launch.shell().endswith("--chat-template 'a b;c'")
@@ -273,8 +275,8 @@ def test_every_kimi_launch_line_is_bound_to_loopback_or_keyed(
     monkeypatch.setenv("EAGLE3_KIMI_SERVER_KEY", "sk-kimi-secret-0042")
     exposure = {"bind_host": "0.0.0.0", "api_key_env": "EAGLE3_KIMI_SERVER_KEY"} if keyed else {}
     config = kimi_profile(tmp_path, **exposure)
-    plan = managed_server(config)
-    assert plan is not None and plan.tunnelled is not keyed
+    setup = managed_server(config)
+    assert setup is not None and setup.tunnelled is not keyed
     drafter = EagleDrafter("/data/eagle3/kimi_k25/drafter/export", 3)
     purposes = [
         ServerPurpose.generation(needs_tools=True),
@@ -284,10 +286,10 @@ def test_every_kimi_launch_line_is_bound_to_loopback_or_keyed(
         ServerPurpose.served_drafter(drafter, needs_tools=True),
     ]
     for purpose in purposes:
-        launch = launch_for(config.target, plan, purpose)
+        launch = launch_for(config.target, setup, purpose)
         host = launch.argv[launch.argv.index("--host") + 1]
         if keyed:
-            assert host == "0.0.0.0" and launch.argv[launch.argv.index("--config") + 1] == plan.serving.key_path
+            assert host == "0.0.0.0" and launch.argv[launch.argv.index("--config") + 1] == setup.serving.key_path
         else:
             assert host == "127.0.0.1" and "--config" not in launch.argv
         for shown in (launch.display(), launch.shell(), " ".join(launch.argv)):

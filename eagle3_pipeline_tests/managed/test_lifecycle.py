@@ -59,9 +59,9 @@ def managed(
     if health is not None:
         sections["health"] = health
     config = load_pipeline(tmp_path, sections)
-    plan = managed_server(config)
-    assert plan is not None
-    return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)
+    setup = managed_server(config)
+    assert setup is not None
+    return ManagedServer(host, setup), launch_for(config.target, setup, GENERATION)
 
 
 @pytest.fixture
@@ -81,11 +81,11 @@ def test_start_ready_stop_verified_on_this_machine(tmp_path: Path) -> None:
     assert (started.role, started.reason, started.port) == (
         "generation",
         "generation needs the server",
-        server.plan.port,
+        server.setup.port,
     )
     assert started.report.healthy and len(started.members) == 3  # the server and its two TP scheduler ranks
     assert "PYTHONPATH=…" in started.command and str(tmp_path) not in started.command.split(" -m ")[0]
-    reply = httpx.post(f"{server.plan.base_url}/chat/completions", json={"model": "target", "messages": []})
+    reply = httpx.post(f"{server.setup.base_url}/chat/completions", json={"model": "target", "messages": []})
     assert reply.status_code == 200
     status = server.status()
     assert status.state == "running" and status.record is not None
@@ -108,12 +108,12 @@ def test_the_same_lifecycle_over_ssh(tmp_path: Path, sshd: Sshd, fakebin: FakeBi
     fakebin.set_gpus(idle_gpu_rows())
     serving = fake_sglang_serving(tmp_path, bind_host="127.0.0.1")
     config = load_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd, expected_gpus=8)})
-    plan = managed_server(config)
-    assert plan is not None and plan.base_url == f"http://127.0.0.1:{serving['port']}/v1"
+    setup = managed_server(config)
+    assert setup is not None and setup.base_url == f"http://127.0.0.1:{serving['port']}/v1"
     host = sshd.host()
     try:
-        server = ManagedServer(host, plan)
-        started = server.start(launch_for(config.target, plan, GENERATION), "generation")
+        server = ManagedServer(host, setup)
+        started = server.start(launch_for(config.target, setup, GENERATION), "generation")
         assert started.host == f"127.0.0.1:{sshd.port}" and started.report.healthy
         assert {c.name: c.status.value for c in started.report.checks}["gpus"] == "ok"
         assert started.gpu_check == "ok: 8 GPU(s) free, MiB used: 5, 5, 5, 5, 5, 5, 5, 5 (the baseline)"
@@ -137,7 +137,7 @@ def test_a_stop_that_cannot_free_the_gpus_names_what_is_held(
     message = str(caught.value)
     print(message)
     assert (
-        f"the stop of the sglang server (pid {started.pid}, port {server.plan.port}) is not verified after" in message
+        f"the stop of the sglang server (pid {started.pid}, port {server.setup.port}) is not verified after" in message
     )
     assert f"GPU memory still held by pid {started.pid} (70000 MiB) (nvidia-smi --query-compute-apps)" in message
     assert "4000000" not in message
@@ -177,7 +177,7 @@ def foreign_record(process: subprocess.Popen[bytes], server: ManagedServer, **ch
         "argv": ("/venv/bin/python", "-m", "sglang.launch_server"),
         "env_names": (),
         "engine": "sglang",
-        "port": server.plan.port,
+        "port": server.setup.port,
         "role": "generation",
         "reason": "an earlier run",
         "started_at": "2026-12-01T00:00:00+00:00",

@@ -49,9 +49,9 @@ def server_on(
     section = fake_sglang_serving(tmp_path, **serving)
     section["env"].update(env or {})
     config = load_pipeline(tmp_path, {"serving": section, "health": {"expected_gpus": gpus}})
-    plan = managed_server(config)
-    assert plan is not None
-    return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)
+    setup = managed_server(config)
+    assert setup is not None
+    return ManagedServer(host, setup), launch_for(config.target, setup, GENERATION)
 
 
 def test_a_start_on_busy_gpus_is_refused_naming_the_holders(

@@ -49,11 +49,11 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 
 def managed(tmp_path: Path, host: Host, **serving: Any) -> tuple[ManagedServer, LaunchLine]:
     config = load_pipeline(tmp_path, {"serving": fake_sglang_serving(tmp_path, **serving)})
-    plan = managed_server(config)
-    assert plan is not None
-    server = ManagedServer(host, plan)
+    setup = managed_server(config)
+    assert setup is not None
+    server = ManagedServer(host, setup)
     server.poll_s = 0.2
-    return server, launch_for(config.target, plan, GENERATION)
+    return server, launch_for(config.target, setup, GENERATION)
 
 
 def scenario(tmp_path: Path, **values: Any) -> None:
@@ -84,7 +84,7 @@ def test_a_pid_file_from_before_a_reboot_means_exited_and_the_run_starts_a_new_s
         argv=launch.argv,
         env_names=(),
         engine="sglang",
-        port=server.plan.port,
+        port=server.setup.port,
         role="generation",
         reason="a run before the reboot",
         started_at="2026-12-01T00:00:00+00:00",

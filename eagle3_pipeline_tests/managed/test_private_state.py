@@ -36,9 +36,9 @@ def _one_process_table_module_at_a_time(process_table: None) -> None:
 
 def managed(tmp_path: Path, host: Host, sections: dict[str, Any]) -> tuple[ManagedServer, LaunchLine]:
     config = load_pipeline(tmp_path, sections)
-    plan = managed_server(config)
-    assert plan is not None
-    return ManagedServer(host, plan), launch_for(config.target, plan, GENERATION)
+    setup = managed_server(config)
+    assert setup is not None
+    return ManagedServer(host, setup), launch_for(config.target, setup, GENERATION)
 
 
 def test_a_planted_log_link_is_refused_and_nothing_starts(tmp_path: Path, stop_servers: None) -> None:
@@ -91,7 +91,7 @@ def test_env_values_reach_the_server_over_ssh_but_no_command_line(
         holders = [path.parent.name for path in Path("/proc").glob("[0-9]*/cmdline") if SECRET.encode() in _read(path)]
         assert holders == []
         assert host.commands and not [c for c in host.commands if SECRET in c]  # each is a `sh -c` argv there
-        env_file = Path(server.plan.serving.env_path)
+        env_file = Path(server.setup.serving.env_path)
         assert oct(env_file.stat().st_mode & 0o777) == "0o600" and SECRET in env_file.read_text()
         for shown in (Path(server.pid_path).read_text(), Path(server.log_path).read_text(), started.command):
             assert SECRET not in shown

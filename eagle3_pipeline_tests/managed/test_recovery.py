@@ -69,7 +69,7 @@ def generation_server(
 
 
 def run(tmp_path: Path, supervisor: Supervisor, recovery: GenerationRecovery, **overrides: Any) -> GenerationSummary:
-    endpoint = Endpoint(supervisor.server.plan.base_url, "target")
+    endpoint = Endpoint(supervisor.server.setup.base_url, "target")
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
     config = settings(**{"retry": {"max_attempts": 1}, "max_consecutive_errors": 1, **overrides})
     return generate(

@@ -97,9 +97,9 @@ def export(config: PipelineConfig, content: str, loadable: bool = True) -> Path:
 def test_the_benchmarks_arms_are_the_managed_servers_launch_lines(tmp_path: Path) -> None:
     config = pipeline(tmp_path)
     drafter = export(config, "v1")
-    settings, plan = benchmark_settings(config)
-    assert plan is not None and settings.draft_model_path == str(drafter)
-    assert settings.target_model_path == "/models/target" and settings.base_url == f"http://127.0.0.1:{plan.port}"
+    settings, setup = benchmark_settings(config)
+    assert setup is not None and settings.draft_model_path == str(drafter)
+    assert settings.target_model_path == "/models/target" and settings.base_url == f"http://127.0.0.1:{setup.port}"
     prompts = eval_prompts(ArtifactLayout(config.artifacts_root).training_data, settings.prompts)
     host = LocalHost()
     gate = make_gate(host, thresholds_for(config.health, config.artifacts_root))

@@ -58,15 +58,15 @@ def test_a_managed_server_provides_its_endpoint_and_health_server(tmp_path: Path
         "health_generate",
         "/var/log/sglang/managed-30000.log",
     )
-    plan = managed_server(config)
-    assert plan is not None
-    assert (plan.base_url, plan.bind_host, plan.served_name, plan.expected_gpus) == (
+    setup = managed_server(config)
+    assert setup is not None
+    assert (setup.base_url, setup.bind_host, setup.served_name, setup.expected_gpus) == (
         "http://gpu-box.internal:30000/v1",
         "127.0.0.1",
         "target",
         8,
     )
-    assert plan.serving.pid_path == "/var/log/sglang/managed-30000.json"
+    assert setup.serving.pid_path == "/var/log/sglang/managed-30000.json"
 
 
 def test_the_filled_in_file_dumps_and_reloads_to_the_same_config(tmp_path: Path) -> None:
@@ -162,8 +162,8 @@ def test_each_inference_host_gets_its_managed_server(tmp_path: Path) -> None:
 
     inference = {"kind": "endpoints", "hosts": [host("a"), host("b", port=30001, tp_size=4)]}
     config = load_pipeline(tmp_path, {"serving": KIMI_SERVING, "health": GPU_BOX, "inference": inference})
-    plans = managed_servers(config)
-    assert [(p.name, p.base_url, p.serving.tp_size, p.setting) for p in plans] == [
+    setups = managed_servers(config)
+    assert [(p.name, p.base_url, p.serving.tp_size, p.setting) for p in setups] == [
         ("a", "http://a.internal:30000/v1", 8, "inference.hosts[0] (name 'a').serving"),
         ("b", "http://b.internal:30001/v1", 4, "inference.hosts[1] (name 'b').serving"),
     ]
@@ -210,7 +210,7 @@ def test_the_state_folder_defaults_to_the_artifacts_root_or_the_ssh_users_home(t
         {"name": "b", "health": {"host": {"kind": "local"}}},
     ]
     config = load_pipeline(tmp_path, {"serving": serving, "inference": {"kind": "endpoints", "hosts": hosts}})
-    assert [plan.serving.log_dir for plan in managed_servers(config)] == [
+    assert [setup.serving.log_dir for setup in managed_servers(config)] == [
         "/home/ann/.local/state/eagle3_pipeline/serving",
         f"{tmp_path / 'out'}/serving",
     ]

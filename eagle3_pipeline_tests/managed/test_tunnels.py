@@ -44,27 +44,27 @@ def test_a_server_on_the_gpu_hosts_loopback_is_reached_through_the_tunnel(
     url = f"http://gpu-box.test:{port}/v1"
     serving = fake_sglang_serving(tmp_path, port=port, base_url=url)
     config = load_pipeline(tmp_path, {"serving": serving, "health": ssh_health(sshd)})
-    plan = managed_server(config)
-    assert plan is not None and plan.bind_host == "127.0.0.1" and plan.tunnelled
+    setup = managed_server(config)
+    assert setup is not None and setup.bind_host == "127.0.0.1" and setup.tunnelled
     assert declare_tunnels(config) == [url]
-    launch = launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False))
+    launch = launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False))
     assert launch.argv[launch.argv.index("--host") + 1] == "127.0.0.1"
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/models", timeout=5)
     host = sshd.host()
-    server = ManagedServer(host, plan)
+    server = ManagedServer(host, setup)
     try:
         started = server.start(launch, "generation")  # ready: the health tick's probes went through the tunnel
         assert started.report is not None and started.report.healthy
-        report, _ = run_health_tick(host, plan.server_spec(), plan.thresholds)
+        report, _ = run_health_tick(host, setup.server_spec(), setup.thresholds)
         assert {c.name: c.status.value for c in report.checks}["generation"] == "ok", report.summary()
-        endpoint = Endpoint(plan.base_url, plan.served_name)
+        endpoint = Endpoint(setup.base_url, setup.served_name)
         body = {"model": endpoint.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         reply = httpx.post(endpoint.chat_url, json=body, timeout=10)
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "OK"
         measured = measure(
             "sglang",
-            server_root(plan.base_url),
+            server_root(setup.base_url),
             prompts=[[1, 2, 3]] * 4,
             max_tokens=8,
             concurrency=2,
@@ -99,8 +99,8 @@ def test_a_generation_run_reaches_the_server_on_the_gpu_hosts_loopback(
     generation = {"length_estimator": "chars", "max_tokens": 8, "concurrency": {"short": 2, "long": 1}}
     sections = {"serving": serving, "health": health, "generation": generation}
     config = load_pipeline(tmp_path, {**sections, "datasets": [{"id": "B1", "source": "p.jsonl"}]})
-    plan = managed_server(config)
-    assert plan is not None and plan.tunnelled
+    setup = managed_server(config)
+    assert setup is not None and setup.tunnelled
     host = sshd.host()
     try:
         with dg.instance_for_test() as instance:
@@ -109,7 +109,7 @@ def test_a_generation_run_reaches_the_server_on_the_gpu_hosts_loopback(
             assert result.success
             [materialization] = result.asset_materializations_for_node("responses")
             assert materialization.metadata["rows"].value == 4
-        assert TUNNELS.forward(plan.base_url) is None, "the run's end closed its tunnel"
+        assert TUNNELS.forward(setup.base_url) is None, "the run's end closed its tunnel"
     finally:
-        ManagedServer(host, plan).stop("test over")
+        ManagedServer(host, setup).stop("test over")
         host.close()

@@ -50,15 +50,15 @@ def pipeline(
 
 def lifecycle(config: PipelineConfig, host: Host) -> tuple[StartResult, str, StopResult]:
     """Start for generation, ask one chat completion, stop; returns the two results and the answer."""
-    plan = managed_server(config)
-    assert plan is not None
-    server = ManagedServer(host, plan)
+    setup = managed_server(config)
+    assert setup is not None
+    server = ManagedServer(host, setup)
     assert server.status().state == "absent"
-    started = server.start(launch_for(config.target, plan, ServerPurpose.generation(needs_tools=False)), "generation")
+    started = server.start(launch_for(config.target, setup, ServerPurpose.generation(needs_tools=False)), "generation")
     try:
-        url = reach(f"{plan.base_url}/chat/completions")
+        url = reach(f"{setup.base_url}/chat/completions")
         body = {"model": "smol", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
-        key = plan.api_key()
+        key = setup.api_key()
         if key is not None:
             refused = httpx.post(url, json=body, timeout=120)
             assert refused.status_code == 401, f"vLLM answered a request without the key: {refused.text}"
@@ -120,19 +120,19 @@ def test_the_builders_extraction_line_serves_the_stores_layers(
     real_vllm_python: Path, local_model: Path, tmp_path: Path
 ) -> None:
     config = pipeline(tmp_path, real_vllm_python, local_model)
-    plan = managed_server(config)
-    assert plan is not None
+    setup = managed_server(config)
+    assert setup is not None
     folder = tmp_path / "states"
     folder.mkdir()
     layers = extraction_layer_ids("llama", default_aux_layer_ids(30), 30)
-    server = ManagedServer(LocalHost(), plan)
+    server = ManagedServer(LocalHost(), setup)
     started = server.start(
-        launch_for(config.target, plan, ServerPurpose.extraction_of(layers, str(folder))), "extraction"
+        launch_for(config.target, setup, ServerPurpose.extraction_of(layers, str(folder))), "extraction"
     )
     try:
         ids = [1, 2, 3, 4, 5, 6, 7]
         reply = httpx.post(
-            f"{plan.base_url}/completions",
+            f"{setup.base_url}/completions",
             json={"model": "smol", "prompt": ids, "max_tokens": 1, "return_token_ids": True},
             timeout=120,
         )

@@ -79,7 +79,7 @@ def generation_server(config: PipelineConfig) -> Iterator[tuple[Supervisor, list
 
 def run(tmp_path: Path, supervisor: Supervisor, prompts: list[PromptRecord], **overrides: Any) -> GenerationSummary:
     recovery = GenerationRecovery(supervisor, GENERATION, "responses B1")
-    endpoint = Endpoint(supervisor.server.plan.base_url, "smol")
+    endpoint = Endpoint(supervisor.server.setup.base_url, "smol")
     checkpoint = ResponseCheckpoint(tmp_path / "ck.jsonl", fsync="never")
     config = settings(**{"max_tokens": 16, "retry": {"max_attempts": 3, "backoff_initial_s": 0.5}, **overrides})
     return generate(

@@ -68,9 +68,9 @@ def answered(checkpoint: Path) -> list[str]:
 
 def test_kill_9_of_the_managed_vllm_mid_generation(real_vllm_python: Path, local_model: Path, tmp_path: Path) -> None:
     config = pipeline(tmp_path, real_vllm_python, local_model)
-    plan = managed_server(config)
-    assert plan is not None
-    server = ManagedServer(LocalHost(), plan)
+    setup = managed_server(config)
+    assert setup is not None
+    server = ManagedServer(LocalHost(), setup)
     assert server.status().state == "absent", "no server before the run"
     checkpoint = tmp_path / "out" / "responses" / "B1.checkpoint.jsonl"
     killed: dict[str, Any] = {}
@@ -78,7 +78,7 @@ def test_kill_9_of_the_managed_vllm_mid_generation(real_vllm_python: Path, local
     def kill_mid_generation() -> None:
         while len(answered(checkpoint)) < KILL_AT:
             time.sleep(0.05)
-        record = json.loads(Path(plan.serving.pid_path).read_text())
+        record = json.loads(Path(setup.serving.pid_path).read_text())
         killed.update(pgid=record["pgid"], rows_before=len(answered(checkpoint)), at=time.monotonic())
         os.killpg(record["pgid"], signal.SIGKILL)
 

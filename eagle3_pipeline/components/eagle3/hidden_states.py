@@ -28,7 +28,7 @@ from eagle3_pipeline.hidden_states.vllm_server import extraction_purpose, manage
 from eagle3_pipeline.hosts import HostError
 from eagle3_pipeline.inference.provider import tokenizer_name
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.managed import ManagedServerPlan
+from eagle3_pipeline.managed import ServerSetup
 from eagle3_pipeline.orchestration.gating import require_passing_checks
 from eagle3_pipeline.orchestration.heavy_phase import run_heavy_phase, under_root
 from eagle3_pipeline.orchestration.names import DEFAULT_NAMES, PipelineNames
@@ -123,7 +123,7 @@ def extract_launch(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def extraction_of(config: PipelineConfig, server: ManagedServerPlan) -> OwnLaunch:
+def extraction_of(config: PipelineConfig, server: ServerSetup) -> OwnLaunch:
     """The managed extraction server serving the store, its purpose built on its host once the host is connected."""
     return OwnLaunch(
         server,

@@ -51,15 +51,15 @@ def served_drafter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 
 
 def build_served_drafter(loaded: PipelineConfig, names: PipelineNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
-    plans = managed_servers(loaded)
-    if not plans or not plans[0].serving.serve_drafter:
+    setups = managed_servers(loaded)
+    if not setups or not setups[0].serving.serve_drafter:
         return []
     upstream = ["drafter_eval", *(["drafter_benchmark"] if loaded.drafter_benchmark is not None else [])]
 
     served_drafter_asset = dg.asset(
         key_prefix=names.key_prefix,
         group_name=names.name("eagle3"),
-        kinds={plans[0].engine},
+        kinds={setups[0].engine},
         deps=[names.key(asset) for asset in upstream],
         required_resource_keys={names.pipeline},
         description="The managed server relaunched with the trained drafter when its τ (drafter_eval's, and the "

@@ -45,7 +45,7 @@ from eagle3_pipeline.drafter.spec import drafter_paths
 from eagle3_pipeline.health import HealthReport, HealthThresholds, ServerSpec, run_health_tick, server_root
 from eagle3_pipeline.health.gate import UnhealthyError
 from eagle3_pipeline.hosts import Host
-from eagle3_pipeline.managed import ManagedServerPlan
+from eagle3_pipeline.managed import ServerSetup
 from eagle3_pipeline.managed.phases import gpu_phase_server
 
 Gate = Callable[[ServerSpec | None], HealthReport]
@@ -65,7 +65,7 @@ def make_gate(host: Host, thresholds: HealthThresholds) -> Gate:
     return gate
 
 
-def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, ManagedServerPlan | None]:
+def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, ServerSetup | None]:
     """``drafter_benchmark`` with its paths filled in — the drafter's export under the artifacts root where
     it is trained, the target the managed server serves, the private folder of the servers' logs — and the
     managed server on the benchmark's host (None: the arms come from ``launch_command``). With a managed server
@@ -78,8 +78,8 @@ def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, 
     drafter = settings.draft_model_path or str(
         drafter_paths(Path(root) if root else config.artifacts_root)["export_dir"]
     )
-    plan = gpu_phase_server(config, "drafter_benchmark")
-    if plan is None:
+    setup = gpu_phase_server(config, "drafter_benchmark")
+    if setup is None:
         if settings.target_model_path is None:
             raise BenchmarkError(
                 f"{where}.target_model_path: required, since no managed server runs on the benchmark's host "
@@ -88,26 +88,26 @@ def benchmark_settings(config: PipelineConfig) -> tuple[DrafterBenchmarkConfig, 
         log_dir = settings.log_dir or config.health.host.state_dir(str(config.artifacts_root), "benchmark")
         return settings.model_copy(update={"draft_model_path": drafter, "log_dir": log_dir}), None
     problems = [f"{name} is set" for name in ("launch_command", "speculative_args") if getattr(settings, name)]
-    if settings.server != plan.engine:
-        problems.append(f"server is {settings.server}, the managed server's engine is {plan.engine}")
-    if settings.target_model_path not in (None, plan.serving.model):
+    if settings.server != setup.engine:
+        problems.append(f"server is {settings.server}, the managed server's engine is {setup.engine}")
+    if settings.target_model_path not in (None, setup.serving.model):
         problems.append(
-            f"target_model_path is {settings.target_model_path}, the managed server's model {plan.serving.model}"
+            f"target_model_path is {settings.target_model_path}, the managed server's model {setup.serving.model}"
         )
     if problems:
         raise BenchmarkError(
-            f"{where}: {'; '.join(problems)}; the arms run on the managed server ({plan.setting}) with its own "
+            f"{where}: {'; '.join(problems)}; the arms run on the managed server ({setup.setting}) with its own "
             "launch lines: leave launch_command, speculative_args and target_model_path out, and set server to its "
             "engine"
         )
     update = {
         "draft_model_path": drafter,
-        "target_model_path": plan.serving.model,
-        "port": plan.port,
-        "tp_size": plan.serving.tp_size,
-        "base_url": server_root(plan.base_url),
+        "target_model_path": setup.serving.model,
+        "port": setup.port,
+        "tp_size": setup.serving.tp_size,
+        "base_url": server_root(setup.base_url),
     }
-    return settings.model_copy(update=update), plan
+    return settings.model_copy(update=update), setup
 
 
 def eval_prompts(training_data: Path, count: int) -> list[list[int]]:

@@ -222,13 +222,13 @@ def candidate(
 ) -> tuple[ServedDrafter, BenchmarkChoice | None]:
     """The drafter just trained, as exported on the server's host, in its configuration, with its τ and the
     benchmark's choice for it (module doc, step 1)."""
-    plan = supervisor.server.plan
+    setup = supervisor.server.setup
     trained_on = phase_host(config.compute, config.health, "eagle3_drafter")
-    if not same_machine(trained_on, plan.host):
+    if not same_machine(trained_on, setup.host):
         raise ServedDrafterError(
             f"{config.source_file}: the drafter is trained and exported on "
-            f"{trained_on.hostname or 'this machine'} (compute), but the managed server ({plan.setting}) runs on "
-            f"{plan.host.hostname or 'this machine'}: it cannot load the export from there"
+            f"{trained_on.hostname or 'this machine'} (compute), but the managed server ({setup.setting}) runs on "
+            f"{setup.host.hostname or 'this machine'}: it cannot load the export from there"
         )
     export = str(drafter_paths(Path(host_root(config.compute, config.artifacts_root)))["export_dir"])
     host = supervisor.server.host
@@ -389,16 +389,16 @@ def _serve_baseline(
 def measure_served(layout: ArtifactLayout, supervisor: Supervisor, speculative: bool) -> Measured:
     """The running server over a few eval prompts: tokens/s, and τ from its counters when it speculates
     (module doc, step 4)."""
-    plan = supervisor.server.plan
-    count = plan.serving.served_drafter_prompts
+    setup = supervisor.server.setup
+    count = setup.serving.served_drafter_prompts
     prompts = eval_prompts(layout.training_data, count)
     return measure(
-        plan.engine,
-        server_root(plan.base_url),
+        setup.engine,
+        server_root(setup.base_url),
         prompts=prompts,
-        max_tokens=plan.serving.served_drafter_max_tokens,
+        max_tokens=setup.serving.served_drafter_max_tokens,
         concurrency=len(prompts),
         timeout_s=REQUEST_TIMEOUT_S,
         speculative=speculative,
-        api_key=plan.api_key(),
+        api_key=setup.api_key(),
     )

@@ -213,7 +213,7 @@ class ManagedServers:
     def start(self, config: SpeculativeConfig | None) -> ServerSpec:
         purpose = ServerPurpose.benchmark(config.drafter(self.drafter) if config is not None else None)
         self.supervisor.ensure(purpose, f"drafter_benchmark: the {arm_name(config)} arm")
-        return self.supervisor.server.plan.server_spec()
+        return self.supervisor.server.setup.server_spec()
 
     def stop(self) -> None:
         return None
