@@ -57,7 +57,14 @@ from eagle3_pipeline.drafter.model.attention import ATTENTION_BLOCK
 from eagle3_pipeline.drafter.model.draft_config import DrafterConfig, drafter_config
 from eagle3_pipeline.drafter.model.eagle3 import Eagle3Drafter
 from eagle3_pipeline.drafter.train.backend import ADAM_BETAS
-from eagle3_pipeline.drafter.train.data import TEACHER_CHUNK_TOKENS, Batch, BatchReader, epoch_plan, store_rows, teacher
+from eagle3_pipeline.drafter.train.data import (
+    TEACHER_CHUNK_TOKENS,
+    Batch,
+    BatchReader,
+    epoch_batches,
+    store_rows,
+    teacher,
+)
 from eagle3_pipeline.drafter.train.loss import ttt_loss
 from eagle3_pipeline.drafter.train.phase import build_model, run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, default_aux_layer_ids, load_draft_vocab
@@ -83,7 +90,7 @@ def bare_loop(store: Path, vocab: Path, target_dir: Path, settings: dict[str, An
     model = build_model(
         drafter_config(target.config, int(d2t.shape[0]), manifest.aux_layer_ids, {}), target, d2t, t2d, settings["seed"]
     )
-    plan = epoch_plan(
+    order = epoch_batches(
         store_rows(HiddenStateStore(store), "train"),
         settings["seed"],
         0,
@@ -91,7 +98,7 @@ def bare_loop(store: Path, vocab: Path, target_dir: Path, settings: dict[str, An
         settings["max_seq_len"],
     )
     reader = BatchReader(store, settings["max_seq_len"])
-    batches = [reader.read(rows) for rows in plan[:steps]]
+    batches = [reader.read(rows) for rows in order[:steps]]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings["lr"], betas=ADAM_BETAS)
     lm_head = target.lm_head.float()

@@ -46,7 +46,7 @@ _RowKey = TypeVar("_RowKey", bound=Hashable)
 
 
 def tokens_seen(
-    plans: Sequence[Sequence[Sequence[_RowKey]]],
+    batches: Sequence[Sequence[Sequence[_RowKey]]],
     epoch: int,
     batch_index: int,
     tokens_of: Mapping[_RowKey, tuple[str, int]],
@@ -55,7 +55,7 @@ def tokens_seen(
     next batch to train): every batch of the earlier epochs and the first ``batch_index`` of this
     one. ``tokens_of`` maps a row to (dataset, loss-masked tokens)."""
     seen: dict[str, int] = {}
-    for batch in [*(b for plan in plans[:epoch] for b in plan), *plans[epoch][:batch_index]]:
+    for batch in [*(b for earlier in batches[:epoch] for b in earlier), *batches[epoch][:batch_index]]:
         for row in batch:
             dataset, tokens = tokens_of[row]
             seen[dataset] = seen.get(dataset, 0) + tokens

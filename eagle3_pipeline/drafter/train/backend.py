@@ -2,7 +2,7 @@
 the device and precision, the optimizer and its schedule, and the RNG state a checkpoint keeps.
 
 Several processes (``torchrun``, one per GPU; :func:`join_ranks` reads its environment): every optimizer
-step is one planned batch whatever the number of processes, each rank reading a disjoint share of its
+step is one scheduled batch whatever the number of processes, each rank reading a disjoint share of its
 samples (:func:`rank_rows`), and the ranks' gradients are all-reduced, so N processes follow the
 trajectory of one (up to floating-point summation order).
 """
@@ -63,7 +63,7 @@ def join_ranks() -> Ranks:
 
 
 def rank_rows(rows: Sequence[Row], ranks: Ranks) -> tuple[list[Row], bool]:
-    """This rank's share of a planned batch (every ``world``-th sample from ``rank``) and whether it
+    """This rank's share of a scheduled batch (every ``world``-th sample from ``rank``) and whether it
     is real. A rank left without a sample (a batch of fewer samples than ranks) reads the batch's
     first sample as a stand-in that counts for nothing, so every rank still joins the step."""
     mine = list(rows[ranks.rank :: ranks.world])

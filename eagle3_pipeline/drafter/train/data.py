@@ -1,10 +1,10 @@
 """Training batches from the hidden-state store, with bounded memory and a resumable position.
 
-An epoch's plan (which samples go into which batch, in which order) is a pure function of the
+An epoch's batches (which samples go into which batch, in which order) are a pure function of the
 store's index, the seed and the epoch number: shard order shuffled, samples shuffled within each
 shard, then packed greedily into batches of at most ``batch_tokens`` padded tokens. Only the index is
-read to plan; tensors are read batch by batch with at most one shard file open, so a resumed run
-recomputes the plan and continues at ``(epoch, batch)`` without touching the data it skips.
+read to batch; tensors are read batch by batch with at most one shard file open, so a resumed run
+recomputes the batch order and continues at ``(epoch, batch)`` without touching the data it skips.
 
 Teacher signal (as in SpecForge's training): the target's logits at index t are ``lm_head(hidden_states[t])``
 (final hidden after the final norm); :func:`teacher` turns them into the target's distribution over
@@ -61,7 +61,7 @@ def store_rows(store: HiddenStateStore, split: str) -> list[Row]:
     return [Row(r["shard"], r["offset"], r["length"]) for r in table if r["split"] == split and r["length"] >= 3]
 
 
-def epoch_plan(
+def epoch_batches(
     rows: Sequence[Row], seed: int, epoch: int | str, batch_tokens: int, max_seq_len: int
 ) -> list[list[Row]]:
     """The batches of one epoch (deterministic in seed and epoch; a rolling window's ``epoch/window``)."""
@@ -127,9 +127,9 @@ class BatchReader:
             aux[i, :n], hidden[i, :n], ids[i, :n], mask[i, :n], attn[i, :n] = a, h, x.long(), m.bool(), True
         return Batch(aux, hidden, ids, mask, attn)
 
-    def batches(self, plan: Sequence[Sequence[Row]], start: int = 0) -> Iterator[tuple[int, Batch]]:
-        for index in range(start, len(plan)):
-            yield index, self.read(plan[index])
+    def batches(self, batches: Sequence[Sequence[Row]], start: int = 0) -> Iterator[tuple[int, Batch]]:
+        for index in range(start, len(batches)):
+            yield index, self.read(batches[index])
 
 
 @dataclass

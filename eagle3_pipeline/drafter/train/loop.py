@@ -1,4 +1,4 @@
-"""The training loop (SpecForge's ``TrainerController`` over its ``TrainerCore``): the planned batches in
+"""The training loop (SpecForge's ``TrainerController`` over its ``TrainerCore``): the scheduled batches in
 order, one optimizer step each (:meth:`Trainer.train_step`), a curve point every ``log_every`` steps
 and a checkpoint every ``checkpoint_every`` (evaluated, with its τ-curve point) and at the end. With
 ``select: best`` the weights of the checkpoint with the best τ so far are kept apart (:data:`BEST_FILE`).
@@ -28,14 +28,14 @@ from eagle3_pipeline.drafter.spec import TrainSettings
 from eagle3_pipeline.drafter.train.backend import Optimization, Ranks, rank_rows, rng_state
 from eagle3_pipeline.drafter.train.checkpoint import save_checkpoint
 from eagle3_pipeline.drafter.train.data import Batch, BatchReader
-from eagle3_pipeline.drafter.train.epochs import RunPlan
+from eagle3_pipeline.drafter.train.epochs import TrainingSchedule
 from eagle3_pipeline.drafter.train.loss import StepMetrics, evaluate, ttt_loss
 from eagle3_pipeline.drafter.train.warm_start import l2sp_penalty
 
 
 @dataclass
 class RunState:
-    """Where a run is in its plan and what it has measured: what a checkpoint holds besides the
+    """Where a run is in its batch order and what it has measured: what a checkpoint holds besides the
     weights, the optimizer and the RNG."""
 
     step: int
@@ -146,7 +146,7 @@ class Checkpointer:
     then the checkpoint (weights without the frozen target embedding, optimizer, RNG, run state)."""
 
     trainer: Trainer
-    plan: RunPlan
+    schedule: TrainingSchedule
     store: Path
     run_dir: Path
     identity: dict[str, Any]
@@ -159,7 +159,7 @@ class Checkpointer:
         metrics, acceptance = evaluate(
             trainer.model,
             reader,
-            plans=self.plan.eval_batches,
+            eval_batches=self.schedule.eval_batches,
             lm_head=trainer.lm_head,
             settings=settings,
             device=trainer.device,
@@ -167,7 +167,7 @@ class Checkpointer:
         )
         state.evals.append({"step": state.step, **metrics})
         if acceptance:
-            seen = tokens_seen(self.plan.plans, state.epoch, state.batch_index, self.plan.tokens_of)
+            seen = tokens_seen(self.schedule.batches, state.epoch, state.batch_index, self.schedule.tokens_of)
             state.tau_curve["points"].append(curve_point(state.step, seen, acceptance, self.tau_k))
         write_curve(
             self.run_dir, state.tau_curve
@@ -207,20 +207,25 @@ class LoopTimes:
 
 
 def train_loop(
-    trainer: Trainer, plan: RunPlan, state: RunState, reader: BatchReader, checkpointer: Checkpointer, report: Reporter
+    trainer: Trainer,
+    schedule: TrainingSchedule,
+    state: RunState,
+    reader: BatchReader,
+    checkpointer: Checkpointer,
+    report: Reporter,
 ) -> LoopTimes:
-    """Train from ``state``'s position to the plan's end (or ``max_steps``, or the rolling segment's end),
+    """Train from ``state``'s position to the schedule's end (or ``max_steps``, or the rolling segment's end),
     advancing ``state`` in place."""
     settings, ranks = trainer.settings, trainer.ranks
     window = Window(settings.ttt_steps, trainer.device)
     trained_tokens, checkpoint_s = 0, 0.0
     loop_started = time.monotonic()
     trainer.model.train()
-    while state.step < plan.total_steps and state.epoch < plan.limit:
-        if state.batch_index >= len(plan.plans[state.epoch]):
+    while state.step < schedule.total_steps and state.epoch < schedule.limit:
+        if state.batch_index >= len(schedule.batches[state.epoch]):
             state.epoch, state.batch_index = state.epoch + 1, 0
             continue
-        rows, real = rank_rows(plan.plans[state.epoch][state.batch_index], ranks)
+        rows, real = rank_rows(schedule.batches[state.epoch][state.batch_index], ranks)
         batch = reader.read(rows)
         if not real:
             batch.loss_mask.zero_()
@@ -228,14 +233,14 @@ def train_loop(
         window.add(trainer.train_step(batch), tokens)
         state.step += 1
         state.batch_index += 1
-        if state.step % settings.log_every == 0 or state.step == plan.total_steps:
+        if state.step % settings.log_every == 0 or state.step == schedule.total_steps:
             row, window_tokens = window.row(state.step, trainer.optimization.lr, ranks)
             trained_tokens += window_tokens
             state.curve.append(row)
-            report.progress({**row, "total_steps": plan.total_steps, "epoch": state.epoch})
+            report.progress({**row, "total_steps": schedule.total_steps, "epoch": state.epoch})
             window = Window(settings.ttt_steps, trainer.device)
-        segment_end = plan.layout is not None and state.batch_index == len(plan.plans[state.epoch])
-        every = state.step % settings.checkpoint_every == 0 or state.step == plan.total_steps
+        segment_end = schedule.layout is not None and state.batch_index == len(schedule.batches[state.epoch])
+        every = state.step % settings.checkpoint_every == 0 or state.step == schedule.total_steps
         if ranks.leader and (every or segment_end):
             started = time.monotonic()
             checkpointer.save(state, report)

@@ -194,7 +194,7 @@ def evaluate(
     model: Eagle3Drafter,
     reader: BatchReader,
     *,
-    plans: Mapping[str, list[list[Row]]],
+    eval_batches: Mapping[str, list[list[Row]]],
     lm_head: torch.Tensor,
     settings: TrainSettings,
     device: torch.device,
@@ -203,16 +203,16 @@ def evaluate(
     """Per-step loss (the training loss) and accuracy on the eval split, weighted by tokens, the
     acceptance length τ a greedy chain-drafting server would see (``tau@K``: accuracy can look fine
     while τ collapses) and the acceptance at each depth given the drafts before it (``accept_j``).
-    Also the acceptance per eval dataset (``plans``' keys) and ``all``, for the τ curve."""
+    Also the acceptance per eval dataset (``eval_batches``' keys) and ``all``, for the τ curve."""
     model.eval()
     depths = eval_depths(settings.ttt_steps, settings.select_steps)
-    per_dataset = {dataset: AcceptanceStats(ks=tuple(depths)) for dataset in plans}
+    per_dataset = {dataset: AcceptanceStats(ks=tuple(depths)) for dataset in eval_batches}
     losses = torch.zeros(settings.ttt_steps, device=device)
     hits = torch.zeros(settings.ttt_steps, device=device)
     trained = torch.zeros(settings.ttt_steps, device=device)
     weight = 0
-    for dataset, plan in plans.items():
-        for _, batch in reader.batches(plan):
+    for dataset, dataset_batches in eval_batches.items():
+        for _, batch in reader.batches(dataset_batches):
             tokens = int(batch.loss_mask.sum())
             batch = batch.to(device)
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):

@@ -35,7 +35,7 @@ from eagle3_pipeline.drafter.train.backend import (
 )
 from eagle3_pipeline.drafter.train.checkpoint import latest_checkpoint, load_checkpoint
 from eagle3_pipeline.drafter.train.data import BatchReader
-from eagle3_pipeline.drafter.train.epochs import RunPlan, plan_run
+from eagle3_pipeline.drafter.train.epochs import TrainingSchedule, schedule_run
 from eagle3_pipeline.drafter.train.loop import (
     BEST_FILE,
     Checkpointer,
@@ -80,8 +80,8 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
     paths, settings = parse_spec(spec)
     inputs = open_inputs(paths, settings)
     layout = read_rolling_layout(paths["store"]) if spec.get("rolling") is not None else None
-    plan = plan_run(inputs.store, layout, spec.get("rolling"), settings)
-    trainer, start = start_trainer(inputs, settings, plan, ranks)
+    schedule = schedule_run(inputs.store, layout, spec.get("rolling"), settings)
+    trainer, start = start_trainer(inputs, settings, schedule, ranks)
     identity = {
         "settings": settings.identity(),
         "drafter": inputs.config.to_dict(),
@@ -91,18 +91,24 @@ def _train(spec: dict[str, Any], report: Reporter, ranks: Ranks, started: float)
         "init_from_sha256": None if start is None else start.digest,  # None: as a run from before the setting
     }
     tau_k = eval_depths(settings.ttt_steps)[0]
-    fresh = RunState(0, 0, 0, [], [], new_curve(tau_k, settings.epochs, plan.data_tokens))
-    state = resume(paths, trainer, inputs=inputs, identity=identity, fresh=fresh, plan=plan, report=report)
+    fresh = RunState(0, 0, 0, [], [], new_curve(tau_k, settings.epochs, schedule.data_tokens))
+    state = resume(paths, trainer, inputs=inputs, identity=identity, fresh=fresh, schedule=schedule, report=report)
     resumed_from = None if state is fresh else state.step
-    enter_segment(state, plan, paths, report)
+    enter_segment(state, schedule, paths, report)
     reader = BatchReader(paths["store"], settings.max_seq_len)
     if start is not None and state is fresh and ranks.leader:
-        state.start = evaluate_start(trainer, start, reader, plan, report)
+        state.start = evaluate_start(trainer, start, reader, schedule, report)
     vocab = (inputs.d2t, inputs.t2d)
-    checkpointer = Checkpointer(trainer, plan, paths["store"], paths["run_dir"], identity, vocab, tau_k)
-    times = train_loop(trainer, plan, state, reader, checkpointer, report)
+    checkpointer = Checkpointer(trainer, schedule, paths["store"], paths["run_dir"], identity, vocab, tau_k)
+    times = train_loop(trainer, schedule, state, reader, checkpointer, report)
     result = run_metadata(
-        state, resumed_from, plan=plan, times=times, trainer=trainer, inputs=inputs, export_dir=paths["export_dir"]
+        state,
+        resumed_from,
+        schedule=schedule,
+        times=times,
+        trainer=trainer,
+        inputs=inputs,
+        export_dir=paths["export_dir"],
     )
     if not ranks.leader:
         return result
@@ -181,7 +187,7 @@ def build_model(
 
 
 def start_trainer(
-    inputs: Inputs, settings: TrainSettings, plan: RunPlan, ranks: Ranks
+    inputs: Inputs, settings: TrainSettings, schedule: TrainingSchedule, ranks: Ranks
 ) -> tuple[Trainer, WarmStart | None]:
     """A fresh drafter on this rank's device (from ``init_from``'s weights when set: a resume loads its
     checkpoint over them), its optimizer over the run's total steps, the target's lm_head; and the start."""
@@ -193,20 +199,20 @@ def start_trainer(
     model = model.to(device)
     anchor = start.anchor(model) if start is not None and settings.init_l2sp else None
     lm_head = inputs.target.lm_head.to(device, autocast or torch.float32)
-    optimization = Optimization(model, settings, plan.total_steps, ranks)
+    optimization = Optimization(model, settings, schedule.total_steps, ranks)
     forward = distributed(model, ranks, device)
     return Trainer(model, forward, optimization, lm_head, device, autocast, ranks, settings, anchor), start
 
 
 def evaluate_start(
-    trainer: Trainer, start: WarmStart, reader: BatchReader, plan: RunPlan, report: Reporter
+    trainer: Trainer, start: WarmStart, reader: BatchReader, schedule: TrainingSchedule, report: Reporter
 ) -> dict[str, Any]:
     """The start's eval before the first step, as each checkpoint's is computed (τ at the eval depths,
     per-depth acceptance): the gain of the run is measured against it."""
     metrics, _ = evaluate(
         trainer.model,
         reader,
-        plans=plan.eval_batches,
+        eval_batches=schedule.eval_batches,
         lm_head=trainer.lm_head,
         settings=trainer.settings,
         device=trainer.device,
@@ -224,7 +230,7 @@ def resume(
     inputs: Inputs,
     identity: dict[str, Any],
     fresh: RunState,
-    plan: RunPlan,
+    schedule: TrainingSchedule,
     report: Reporter,
 ) -> RunState:
     """The run's state: from the latest complete checkpoint (weights, optimizer, RNG restored into
@@ -233,7 +239,7 @@ def resume(
     found = latest_checkpoint(paths["run_dir"])
     if found is None:
         report.log(
-            f"training a new drafter: {plan.total_steps} steps over {len(plan.train_rows)} samples, "
+            f"training a new drafter: {schedule.total_steps} steps over {len(schedule.train_rows)} samples, "
             f"{trainer.settings.epochs} epoch(s), device {trainer.device}, {processes}"
         )
         return fresh
@@ -265,39 +271,40 @@ def resume(
         else f" (the checkpoint was written by a run of {_processes(written_by)})"
     )
     report.log(
-        f"resuming from {found.name}: step {resumed.step}/{plan.total_steps}, epoch {resumed.epoch}, "
+        f"resuming from {found.name}: step {resumed.step}/{schedule.total_steps}, epoch {resumed.epoch}, "
         f"batch {resumed.batch_index}, {processes}{other}"
     )
     return resumed
 
 
-def enter_segment(state: RunState, plan: RunPlan, paths: dict[str, Path], report: Reporter) -> None:
+def enter_segment(state: RunState, schedule: TrainingSchedule, paths: dict[str, Path], report: Reporter) -> None:
     """A rolling run trains the segment it is asked for: its data position must lie within it, else a
     window would be trained twice or skipped."""
-    if plan.layout is None or state.step >= plan.total_steps:
+    if schedule.layout is None or state.step >= schedule.total_steps:
         return
-    windows, segment = len(plan.layout.windows), plan.limit - 1
-    here = plan.advance(state.epoch, state.batch_index)
-    if not plan.advance(segment, 0) <= here <= plan.advance(plan.limit, 0):
+    windows, segment = len(schedule.layout.windows), schedule.limit - 1
+    here = schedule.advance(state.epoch, state.batch_index)
+    if not schedule.advance(segment, 0) <= here <= schedule.advance(schedule.limit, 0):
         raise TrainError(
             f"{latest_checkpoint(paths['run_dir']) or paths['run_dir']}: the drafter's data position is segment "
-            f"{here[0]} batch {here[1]} of the rolling plan ({windows} windows per epoch); asked to train segment "
+            f"{here[0]} batch {here[1]} of the rolling schedule ({windows} windows per epoch); asked to train segment "
             f"{segment} (epoch × {windows} + window): that would train a window twice or skip one. The rolling "
             f"state and the checkpoints disagree; remove {paths['run_dir']} (with its rolling.json) to train anew"
         )
-    report.log(f"rolling: segment {segment} (epoch × {windows} + window), {len(plan.plans[segment])} batches")
+    report.log(f"rolling: segment {segment} (epoch × {windows} + window), {len(schedule.batches[segment])} batches")
 
 
 def run_metadata(
-    state: RunState, resumed_from: int | None, *, plan: RunPlan, times: LoopTimes, trainer: Trainer, inputs: Inputs,
-    export_dir: Path,
+    state: RunState, resumed_from: int | None, *, schedule: TrainingSchedule, times: LoopTimes, trainer: Trainer,
+    inputs: Inputs, export_dir: Path,
 ) -> dict[str, Any]:  # fmt: skip
     """The phase's metadata on every rank (rank 0 adds the export's wall time and latest checkpoint)."""
     curve, trained = state.curve, times.trained_tokens
-    finished = state.step >= plan.total_steps or plan.advance(state.epoch, state.batch_index)[0] >= len(plan.plans)
+    next_epoch, _ = schedule.advance(state.epoch, state.batch_index)
+    finished = state.step >= schedule.total_steps or next_epoch >= len(schedule.batches)
     return {
         "steps": state.step,
-        "total_steps": plan.total_steps,
+        "total_steps": schedule.total_steps,
         "resumed_from_step": resumed_from,
         "trained_tokens_this_run": trained,
         "processes": trainer.ranks.world,

@@ -4,7 +4,7 @@ from the planner's numbers, and the curve the trainer records at its checkpoints
 The fit tests use synthetic points from a known curve; the table test a pipeline file with two
 priced backends whose throughput the planner measures from response checkpoints written here; the
 curve test trains a tiny drafter (random states, two datasets) for real and recomputes the tokens
-seen at each checkpoint from the epoch plans independently of the trainer's bookkeeping.
+seen at each checkpoint from each epoch's batches independently of the trainer's bookkeeping.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def test_a_dataset_without_generation_records_or_eval_rows_gets_unknown_or_no_fi
 torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.drafter.train.checkpoint import checkpoint_dir
-from eagle3_pipeline.drafter.train.data import epoch_plan, store_rows
+from eagle3_pipeline.drafter.train.data import epoch_batches, store_rows
 from eagle3_pipeline.drafter.train.phase import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.testing.reporter import Recorder
@@ -263,12 +263,12 @@ def two_dataset_store(root: Path) -> tuple[HiddenStateStore, dict[str, tuple[str
 
 
 def expected_tokens(store: HiddenStateStore, masked: dict[str, tuple[str, int]], steps: int) -> dict[str, int]:
-    """Masked tokens per dataset of the first ``steps`` batches of the epoch plans, from the samples as written."""
+    """Masked tokens per dataset of the first ``steps`` batches in the epochs' order, from the samples as written."""
     by_row = {(r["shard"], r["offset"]): r["sample_id"] for r in store.index().to_pylist()}
     batches = [
         b
         for e in range(SETTINGS["epochs"])
-        for b in epoch_plan(store_rows(store, "train"), SETTINGS["seed"], e, SETTINGS["batch_tokens"], MAX_SEQ_LEN)
+        for b in epoch_batches(store_rows(store, "train"), SETTINGS["seed"], e, SETTINGS["batch_tokens"], MAX_SEQ_LEN)
     ]
     seen: dict[str, int] = {}
     for batch in batches[:steps]:

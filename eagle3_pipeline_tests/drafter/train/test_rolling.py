@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.drafter.spec import TrainError, TrainSettings
 from eagle3_pipeline.drafter.train.checkpoint import latest_checkpoint, load_checkpoint
-from eagle3_pipeline.drafter.train.epochs import rolling_plans
+from eagle3_pipeline.drafter.train.epochs import rolling_batches
 from eagle3_pipeline.drafter.train.phase import run as train_run
 from eagle3_pipeline.drafter.train.rolling import STATE_FILE, RollingError, read_state, run_rolling, tradeoff
 from eagle3_pipeline.hidden_states.capture import Target, load_target
@@ -185,9 +185,9 @@ def test_an_uninterrupted_rolling_run_trains_every_window_of_every_epoch_once_wi
 ) -> None:
     phases, _, result = unbroken
     layout = read_rolling_layout(phases.store)
-    plans, _ = rolling_plans(layout, TrainSettings(**TRAIN))
+    segments, _ = rolling_batches(layout, TrainSettings(**TRAIN))
     windows = len(layout.windows)
-    assert result["steps"] == result["total_steps"] == sum(len(p) for p in plans) and result["finished"]
+    assert result["steps"] == result["total_steps"] == sum(len(segment) for segment in segments) and result["finished"]
     assert result["rolling_windows_trained"] == EPOCHS * windows
     assert [c for c in phases.calls if c[0] == "train"] == [
         ("train", (e, w)) for e in range(EPOCHS) for w in range(windows)

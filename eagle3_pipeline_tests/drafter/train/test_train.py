@@ -134,7 +134,7 @@ def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
     the batch, loss, per-step losses and hits are those of the teacher computed everywhere."""
     import eagle3_pipeline.drafter.train.loss as loss
     from eagle3_pipeline.drafter.model.draft_config import drafter_config
-    from eagle3_pipeline.drafter.train.data import BatchReader, epoch_plan, store_rows, teacher
+    from eagle3_pipeline.drafter.train.data import BatchReader, epoch_batches, store_rows, teacher
     from eagle3_pipeline.drafter.train.phase import build_model
     from eagle3_pipeline.hidden_states.store import HiddenStateStore, load_draft_vocab
     from eagle3_pipeline.target.weights import load_target_weights
@@ -145,7 +145,7 @@ def test_the_teacher_on_trained_indices_only_gives_the_loss_of_the_full_teacher(
     target = load_target_weights(Path(spec["target_weights"]))
     config = drafter_config(target.config, int(d2t.shape[0]), list(store.manifest().aux_layer_ids), {})
     model = build_model(config, target, d2t, t2d, seed=0)
-    [rows, *_] = epoch_plan(store_rows(store, "train"), 0, 0, 96, 32)
+    [rows, *_] = epoch_batches(store_rows(store, "train"), 0, 0, 96, 32)
     batch = BatchReader(store.root, 32).read(rows)
     assert len(rows) > 1 and not batch.attention_mask.all(), "the batch has padding"
     batch.loss_mask[:, : batch.loss_mask.shape[1] // 2] = False  # a prompt: its tokens are not trained

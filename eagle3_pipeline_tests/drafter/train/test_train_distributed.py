@@ -29,7 +29,7 @@ import torch
 from eagle3_pipeline.compute import worker_argv
 from eagle3_pipeline.drafter.export.specforge import load_export
 from eagle3_pipeline.drafter.train.checkpoint import latest_checkpoint, load_checkpoint
-from eagle3_pipeline.drafter.train.data import epoch_plan, store_rows
+from eagle3_pipeline.drafter.train.data import epoch_batches, store_rows
 from eagle3_pipeline.drafter.train.phase import run
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.testing.reporter import Recorder
@@ -96,8 +96,8 @@ def _metadata(log: Path) -> dict[str, Any]:
 
 def test_two_torchrun_processes_end_with_the_weights_of_one_process(tmp_path: Path) -> None:
     spec = random_store_train_spec(tmp_path, **SETTINGS)
-    plan = epoch_plan(store_rows(HiddenStateStore(Path(spec["store"])), "train"), 7, 0, 40, 32)
-    assert {len(rows) for rows in plan} == {1, 2}  # both a split batch and a stand-in rank occur
+    batches = epoch_batches(store_rows(HiddenStateStore(Path(spec["store"])), "train"), 7, 0, 40, 32)
+    assert {len(rows) for rows in batches} == {1, 2}  # both a split batch and a stand-in rank occur
     one = run(spec, Recorder())
 
     log = tmp_path / "torchrun.log"
@@ -110,7 +110,7 @@ def test_two_torchrun_processes_end_with_the_weights_of_one_process(tmp_path: Pa
         f"2 processes: {two['first_loss']:.5f} -> {two['last_loss']:.5f}"
     )
     assert two["processes"] == 2 and one["processes"] == 1
-    assert two["steps"] == one["steps"] == len(plan)
+    assert two["steps"] == one["steps"] == len(batches)
     assert two["trained_tokens_this_run"] == one["trained_tokens_this_run"]
     assert [r["step"] for r in two["curve"]] == [r["step"] for r in one["curve"]]
     for a, b in zip(one["curve"], two["curve"], strict=True):
