@@ -29,7 +29,7 @@ from eagle3_pipeline.hidden_states.resume import (
     record_result,
     selected_shards,
 )
-from eagle3_pipeline.hidden_states.sharding import PLAN_FILE, ROLLING_LAYOUT_FILE, PlannedShard, plan_shards
+from eagle3_pipeline.hidden_states.sharding import ASSIGNMENT_FILE, ROLLING_LAYOUT_FILE, ShardAssignment, assign_shards
 from eagle3_pipeline.hidden_states.sources import StateSource, decided, open_source
 from eagle3_pipeline.hidden_states.spot_check import SPOT_CHECK_TOLERANCE, spot_check
 from eagle3_pipeline.hidden_states.store import (
@@ -87,7 +87,7 @@ def spec_from_config(
 
 
 class _Rows:
-    """Reads planned rows in plan order, keeping one training_data shard's reader open."""
+    """Reads the rows assigned to shards in assignment order, keeping one training_data shard's reader open."""
 
     def __init__(self, data: TrainingData) -> None:
         self.data = data
@@ -95,7 +95,7 @@ class _Rows:
         self.position = 0
         self.rows: Any = iter(())
 
-    def take(self, shard: PlannedShard) -> list[dict[str, Any]]:
+    def take(self, shard: ShardAssignment) -> list[dict[str, Any]]:
         if shard.source != self.source or shard.start != self.position:
             self.rows = iter_rows(self.data.folder / shard.source, ROW_COLUMNS, shard.start)
             self.source, self.position = shard.source, shard.start
@@ -130,10 +130,10 @@ def extract_shard(
     source: StateSource,
     spec: ExtractSpec,
     aux_ids: Sequence[int],
-    shard: PlannedShard,
+    shard: ShardAssignment,
     rows: list[dict[str, Any]],
 ) -> int:
-    """Extract one planned shard and write it (the writer only); returns its tensor file's size (0 elsewhere)."""
+    """Extract one assigned shard and write it (the writer only); returns its tensor file's size (0 elsewhere)."""
     import torch
 
     states: dict[int, tuple[Any, Any]] = {}
@@ -173,7 +173,7 @@ def nothing_to_do(spec: dict[str, Any]) -> bool:
         data = TrainingData.open(Path(settings.training_data))
     except TrainingDataError:
         return False
-    return finished_result(settings, data, plan_shards(data, settings.shard_tokens)) is not None
+    return finished_result(settings, data, assign_shards(data, settings.shard_tokens)) is not None
 
 
 def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = None) -> dict[str, Any]:
@@ -184,18 +184,18 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
     if settings.delete_shards is not None:
         return delete_shards(HiddenStateStore(Path(settings.output)), settings.delete_shards, report)
     data = TrainingData.open(Path(settings.training_data))
-    planned = plan_shards(data, settings.shard_tokens)
-    if not planned:
+    assigned = assign_shards(data, settings.shard_tokens)
+    if not assigned:
         raise ExtractionError(f"{data.folder}: training_data has no sample")
-    unknown = sorted(set(settings.shards or []) - {s.name for s in planned})
+    unknown = sorted(set(settings.shards or []) - {s.name for s in assigned})
     if unknown:
         raise ExtractionError(
-            f"extract spec: shards {unknown} are not in the plan of {data.folder} "
+            f"extract spec: shards {unknown} are not in the shard assignment of {data.folder} "
             f"at shard_tokens {settings.shard_tokens}"
         )
     if source is not None:
-        return _extract(settings, data, planned, source, report)
-    done = finished_result(settings, data, planned)
+        return _extract(settings, data, assigned, source, report)
+    done = finished_result(settings, data, assigned)
     if done is not None:
         report.log(
             f"extract: {settings.output} is complete for these settings ({done['shards']} shards, {done['samples']} "
@@ -209,14 +209,14 @@ def run(spec: dict[str, Any], report: Reporter, source: StateSource | None = Non
             "disk_estimate_bytes": 0,
         }
     with open_source(settings) as opened:
-        return _extract(settings, data, planned, opened, report)
+        return _extract(settings, data, assigned, opened, report)
 
 
 def _extract(
-    settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard], source: StateSource, report: Reporter
+    settings: ExtractSpec, data: TrainingData, assigned: list[ShardAssignment], source: StateSource, report: Reporter
 ) -> dict[str, Any]:
     store = HiddenStateStore(Path(settings.output))
-    selected = selected_shards(settings, planned)
+    selected = selected_shards(settings, assigned)
     identity = source.identity
     aux_ids = aux_layer_ids(settings, identity)
     check_layer_ids(aux_ids, identity.num_layers)
@@ -233,13 +233,13 @@ def _extract(
     reused_names, todo_names, disk = decided(
         source,
         lambda: prepare_store(
-            store, wanted, planned=planned, selected=selected, data=data, settings=settings, per_token=per_token
+            store, wanted, assigned=assigned, selected=selected, data=data, settings=settings, per_token=per_token
         ),
     )
-    reused = [s for s in planned if s.name in reused_names]
-    todo = [s for s in planned if s.name in todo_names]
+    reused = [s for s in assigned if s.name in reused_names]
+    todo = [s for s in assigned if s.name in todo_names]
     report.log(
-        f"extract: {len(planned)} shards planned, {len(selected)} to hold, {len(reused)} complete, {len(todo)} to do "
+        f"extract: {len(assigned)} shards assigned, {len(selected)} to hold, {len(reused)} complete, {len(todo)} to do "
         f"({sum(s.tokens for s in todo)} tokens, ~{disk['disk_estimate_bytes'] / GB:.2f} GB in "
         f"{settings.storage_dtype}, {per_token} bytes/token); "
         f"target {identity.name} ({identity.num_layers} layers, H={identity.hidden_size}) with {source.describe()}, "
@@ -256,7 +256,7 @@ def _extract(
         data=data,
         todo=todo,
         done_before=len(reused),
-        planned=len(selected),
+        total=len(selected),
         report=report,
     )
     this_run = _run_figures(len(todo), len(reused), tokens_now, time.monotonic() - started)
@@ -283,7 +283,7 @@ def _extract(
     )
     meta = {
         **_store_figures(
-            store, settings, manifest=wanted, index=index, planned=planned, shards=len(selected), per_token=per_token
+            store, settings, manifest=wanted, index=index, assigned=assigned, shards=len(selected), per_token=per_token
         ),
         **this_run,
         **disk,
@@ -301,12 +301,12 @@ def _write_shards(
     settings: ExtractSpec,
     aux_ids: Sequence[int],
     data: TrainingData,
-    todo: Sequence[PlannedShard],
+    todo: Sequence[ShardAssignment],
     done_before: int,
-    planned: int,
+    total: int,
     report: Reporter,
 ) -> int:
-    """Extract and write ``todo`` in plan order, a progress point after each shard; the tokens written."""
+    """Extract and write ``todo`` in assignment order, a progress point after each shard; the tokens written."""
     rows = _Rows(data)
     started, tokens_now = time.monotonic(), 0
     for number, shard in enumerate(todo, start=1):
@@ -320,7 +320,7 @@ def _write_shards(
         report.progress(
             {
                 "shards_done": done_before + number,
-                "shards_planned": planned,
+                "shards_total": total,
                 "tokens_done": tokens_now,
                 "tokens_per_s": round(tokens_now / elapsed, 1) if elapsed else 0.0,
                 "bytes_per_token": round(size / shard.tokens, 1),
@@ -346,7 +346,7 @@ def _store_figures(
     *,
     manifest: StoreManifest,
     index: Any,
-    planned: Sequence[PlannedShard],
+    assigned: Sequence[ShardAssignment],
     shards: int,
     per_token: int,
 ) -> dict[str, Any]:
@@ -356,7 +356,7 @@ def _store_figures(
     identity = manifest.target
     rolling: dict[str, Any] = {}
     if settings.rolling_window_shards is not None:
-        train = [s for s in planned if s.split == "train"]
+        train = [s for s in assigned if s.split == "train"]
         rolling = {
             "rolling_window_shards": settings.rolling_window_shards,
             "rolling_train_shards": len(train),
@@ -374,7 +374,7 @@ def _store_figures(
         "bytes_per_token_formula": per_token,
         "bytes_per_token_ratio": round(manifest.bytes_per_token / per_token, 4),
         "storage_dtype": settings.storage_dtype,
-        "disk_training_data_bytes": sum(s.tokens for s in planned) * per_token,
+        "disk_training_data_bytes": sum(s.tokens for s in assigned) * per_token,
         "shards": shards,
         "aux_layer_ids": list(manifest.aux_layer_ids),
         "layer_convention": manifest.layer_convention,
@@ -388,6 +388,6 @@ def _store_figures(
         "backend": settings.backend,
         "device": manifest.capture.get("device", ""),
         "dtype": manifest.capture.get("dtype", ""),
-        "plan": str(store.root / PLAN_FILE),
+        "shard_assignment": str(store.root / ASSIGNMENT_FILE),
         **rolling,
     }

@@ -31,7 +31,7 @@ class ExtractSpec(HiddenStatesConfig):
     rolling_window_shards: Annotated[int, Field(gt=0)] | None = None  # pyright: ignore[reportIncompatibleVariableOverride]
     target_name: str
     trust_remote_code: bool = False
-    shards: list[str] | None = None  # rolling: extract only these planned shards (a window) into the existing store
+    shards: list[str] | None = None  # rolling: extract only these assigned shards (a window) into the existing store
     delete_shards: list[str] | None = None  # rolling: delete these shards' files (a trained window), nothing else
     # The serving target's recorded answers (training_data.serving_reference); None: not validated.
     serving_reference: str | None = None

@@ -17,9 +17,9 @@ from eagle3_pipeline.hidden_states.capture import target_identity
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, ExtractSpec, aux_layer_ids
 from eagle3_pipeline.hidden_states.sharding import (
     ROLLING_LAYOUT_FILE,
-    PlannedShard,
+    ShardAssignment,
     rolling_layout,
-    write_plan,
+    write_assignment,
     write_rolling_layout,
 )
 from eagle3_pipeline.hidden_states.store import (
@@ -84,7 +84,7 @@ def _store_state(store: HiddenStateStore, wanted: StoreManifest, overwrite: bool
     return "replace" if problems else "same"
 
 
-def _shard_reusable(store: HiddenStateStore, shard: PlannedShard) -> bool:
+def _shard_reusable(store: HiddenStateStore, shard: ShardAssignment) -> bool:
     import pyarrow.parquet as pq
 
     if not store.shard_complete(shard.name):
@@ -100,9 +100,9 @@ def _remove_torn(store: HiddenStateStore) -> None:
         path.unlink()
 
 
-def _remove_leftovers(store: HiddenStateStore, planned: Sequence[PlannedShard]) -> None:
-    """Delete torn temporaries, shards outside the plan and the index of an earlier plan."""
-    names = {s.name for s in planned}
+def _remove_leftovers(store: HiddenStateStore, assigned: Sequence[ShardAssignment]) -> None:
+    """Delete torn temporaries, shards outside the assignment and the index of an earlier one."""
+    names = {s.name for s in assigned}
     _remove_torn(store)
     for path in store.root.glob("shard-*"):
         if path.name.split(".")[0] not in names:
@@ -117,10 +117,12 @@ def _checked_with(settings: ExtractSpec) -> dict[str, Any]:
     )
 
 
-def finished_result(settings: ExtractSpec, data: TrainingData, planned: list[PlannedShard]) -> dict[str, Any] | None:
+def finished_result(
+    settings: ExtractSpec, data: TrainingData, assigned: list[ShardAssignment]
+) -> dict[str, Any] | None:
     """The recorded metadata of the run that completed the store, when this run has nothing left to do:
     the store's identity is the one these settings and rows give (the target's from its config.json
-    alone), it holds exactly the planned shards, each complete with the planned samples, and its
+    alone), it holds exactly the assigned shards, each complete with its assigned samples, and its
     result was recorded under the same check settings. None otherwise, and when it cannot be told here
     (the target's config or the shards not on this machine). No state source is opened for it."""
     store = HiddenStateStore(Path(settings.output))
@@ -134,7 +136,7 @@ def finished_result(settings: ExtractSpec, data: TrainingData, planned: list[Pla
     except (TargetError, StoreError, OSError, ValueError):
         return None
     wanted = StoreManifest(identity, aux_layer_ids(settings, identity), data.version(), dtype=settings.storage_dtype)
-    selected = selected_shards(settings, planned)
+    selected = selected_shards(settings, assigned)
     same = (
         not identity_mismatch(found, wanted)
         and found.shards == [s.name for s in selected]
@@ -183,14 +185,14 @@ def prepare_store(
     store: HiddenStateStore,
     wanted: StoreManifest,
     *,
-    planned: list[PlannedShard],
-    selected: list[PlannedShard],
+    assigned: list[ShardAssignment],
+    selected: list[ShardAssignment],
     data: TrainingData,
     settings: ExtractSpec,
     per_token: int,
 ) -> tuple[list[str], list[str], dict[str, int]]:
     """The writer's part before extracting ``selected``: identity, reusable shards, disk, manifest,
-    leftovers, plan (rolling: the layout, and the disk for one window too; a window: disk only)."""
+    leftovers, the shard assignment (rolling: the layout, and the disk for one window too; a window: disk only)."""
     state = _store_state(store, wanted, settings.overwrite)
     window = settings.shards is not None
     if not window:
@@ -205,16 +207,16 @@ def prepare_store(
     tokens = sum(s.tokens for s in todo)
     layout = None
     if settings.rolling_window_shards is not None and not window:
-        layout = rolling_layout(data, planned, settings.rolling_window_shards)
-        by_name = {s.name: s.tokens for s in planned}
+        layout = rolling_layout(data, assigned, settings.rolling_window_shards)
+        by_name = {s.name: s.tokens for s in assigned}
         tokens += max((sum(by_name[n] for n in w) for w in layout.windows), default=0)
     disk = check_disk(store.root, tokens, per_token, settings.disk_margin)
     if window:
         _remove_torn(store)
     else:
         store.write_manifest(wanted)
-        _remove_leftovers(store, planned if state == "same" else [])
-        write_plan(store.root, settings.shard_tokens, planned, None if layout is None else layout.eval_shards)
+        _remove_leftovers(store, assigned if state == "same" else [])
+        write_assignment(store.root, settings.shard_tokens, assigned, None if layout is None else layout.eval_shards)
     if layout is not None:
         write_rolling_layout(store.root, layout)
     elif not window:
@@ -222,10 +224,10 @@ def prepare_store(
     return [s.name for s in reused], [s.name for s in todo], disk
 
 
-def selected_shards(settings: ExtractSpec, planned: list[PlannedShard]) -> list[PlannedShard]:
+def selected_shards(settings: ExtractSpec, assigned: list[ShardAssignment]) -> list[ShardAssignment]:
     """The shards this run extracts: a window's, rolling mode's eval shards, or all."""
     if settings.shards is not None:
-        return [s for s in planned if s.name in settings.shards]
+        return [s for s in assigned if s.name in settings.shards]
     if settings.rolling_window_shards is not None:
-        return [s for s in planned if s.split == "eval"]
-    return planned
+        return [s for s in assigned if s.split == "eval"]
+    return assigned

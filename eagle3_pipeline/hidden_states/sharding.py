@@ -1,18 +1,20 @@
 """Which samples go into which store shard, and how far an extraction has got.
 
-The plan is a pure function of the ``training_data`` shards (their order and the ``num_tokens``
-column) and ``shard_tokens``: splits in order (train, eval), each split's shards in manifest order,
-rows in order, cut into store shards of about ``shard_tokens`` tokens that never span two
-``training_data`` shards. So a rerun after a kill computes the same plan and redoes only the shards
-that are not complete. The plan is also written to the store (``plan.json``) so that
-:func:`extraction_progress` can tell how far a running extraction has got without the model.
+The assignment of rows to store shards is a pure function of the ``training_data`` shards (their
+order and the ``num_tokens`` column) and ``shard_tokens``: splits in order (train, eval), each split's
+shards in manifest order, rows in order, cut into store shards of about ``shard_tokens`` tokens that
+never span two ``training_data`` shards. So a rerun after a kill computes the same assignment and
+redoes only the shards that are not complete. The assignment is also written to the store
+(``shards.json``) so that :func:`extraction_progress` and :func:`extraction_quiet_seconds` can tell
+how far a running extraction has got without the model; a rerun recomputes the assignment and never
+reads the file.
 
 In rolling mode (``hidden_states.rolling_window_shards``) the store keeps only its eval shards; the
 train shards come and go a window at a time (:mod:`eagle3_pipeline.drafter.train.rolling`).
-:func:`rolling_layout` records beforehand where every train row will lie (shards are written in plan
-order, so a row's offset is the sum of the lengths before it), its dataset and its loss-masked
-tokens, and the windows: so the trainer plans every epoch and window, and its total steps, before
-a single train shard exists.
+:func:`rolling_layout` records beforehand where every train row will lie (shards are written in
+assignment order, so a row's offset is the sum of the lengths before it), its dataset and its
+loss-masked tokens, and the windows: so the trainer knows every epoch and window, and its total steps,
+before a single train shard exists.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from typing import Any
 from eagle3_pipeline.hidden_states.store import HiddenStateStore, StoreError, shard_name
 from eagle3_pipeline.training_data.reader import SPLITS, TrainingData, TrainingDataError, iter_rows, read_column
 
-PLAN_FILE = "plan.json"
+ASSIGNMENT_FILE = "shards.json"
 ROLLING_LAYOUT_FILE = "rolling_layout.json"
 
 
 @dataclass(frozen=True)
-class PlannedShard:
+class ShardAssignment:
+    """One store shard and the ``training_data`` rows assigned to it: ``sample_ids`` from row ``start``
+    of ``source`` (a ``split`` file), ``tokens`` in all."""
+
     name: str
     split: str
     source: str
@@ -41,8 +46,8 @@ class PlannedShard:
     tokens: int
 
 
-def plan_shards(data: TrainingData, shard_tokens: int) -> list[PlannedShard]:
-    planned: list[PlannedShard] = []
+def assign_shards(data: TrainingData, shard_tokens: int) -> list[ShardAssignment]:
+    assigned: list[ShardAssignment] = []
     for split in SPLITS:
         for path in data.shard_files(split):
             ids = read_column(path, "id")
@@ -51,13 +56,13 @@ def plan_shards(data: TrainingData, shard_tokens: int) -> list[PlannedShard]:
             for row, length in enumerate(lengths):
                 tokens += int(length)
                 if tokens >= shard_tokens or row == len(lengths) - 1:
-                    planned.append(
-                        PlannedShard(
-                            shard_name(len(planned)), split, path.name, start, tuple(ids[start : row + 1]), tokens
+                    assigned.append(
+                        ShardAssignment(
+                            shard_name(len(assigned)), split, path.name, start, tuple(ids[start : row + 1]), tokens
                         )
                     )
                     start, tokens = row + 1, 0
-    return planned
+    return assigned
 
 
 def _write_json(root: Path, name: str, document: dict[str, Any], indent: int | None = 1) -> None:
@@ -67,17 +72,19 @@ def _write_json(root: Path, name: str, document: dict[str, Any], indent: int | N
     os.replace(tmp, root / name)
 
 
-def write_plan(root: Path, shard_tokens: int, planned: list[PlannedShard], kept: list[str] | None = None) -> None:
+def write_assignment(
+    root: Path, shard_tokens: int, assigned: list[ShardAssignment], kept: list[str] | None = None
+) -> None:
     """``kept``: in rolling mode, the shards the finished store holds (its eval shards)."""
     document: dict[str, Any] = {
         "shard_tokens": shard_tokens,
         "shards": [
-            {k: v for k, v in asdict(s).items() if k != "sample_ids"} | {"samples": len(s.sample_ids)} for s in planned
+            {k: v for k, v in asdict(s).items() if k != "sample_ids"} | {"samples": len(s.sample_ids)} for s in assigned
         ],
     }
     if kept is not None:
         document["kept"] = kept
-    _write_json(root, PLAN_FILE, document)
+    _write_json(root, ASSIGNMENT_FILE, document)
 
 
 @dataclass(frozen=True)
@@ -107,10 +114,10 @@ class RollingLayout:
         return [r for r in self.rows if r.shard in names]
 
 
-def rolling_layout(data: TrainingData, planned: list[PlannedShard], window_shards: int) -> RollingLayout:
+def rolling_layout(data: TrainingData, assigned: list[ShardAssignment], window_shards: int) -> RollingLayout:
     """The train rows' future places (read from ``training_data``: lengths, datasets, loss masks) and
-    the windows: the train shards in plan order, ``window_shards`` at a time."""
-    train = [s for s in planned if s.split == "train"]
+    the windows: the train shards in assignment order, ``window_shards`` at a time."""
+    train = [s for s in assigned if s.split == "train"]
     rows: list[LayoutRow] = []
     reader: Any = iter(())
     source: tuple[str, int] | None = None
@@ -122,7 +129,7 @@ def rolling_layout(data: TrainingData, planned: list[PlannedShard], window_shard
             row = next(reader, None)
             if row is None or row["id"] != sample_id:
                 raise TrainingDataError(
-                    f"{data.folder / shard.source}: rows changed while planning {shard.name}; rerun"
+                    f"{data.folder / shard.source}: rows changed while laying out {shard.name}; rerun"
                 )
             length = len(row["loss_mask"])
             rows.append(LayoutRow(shard.name, offset, length, row["dataset"], int(sum(row["loss_mask"]))))
@@ -130,7 +137,7 @@ def rolling_layout(data: TrainingData, planned: list[PlannedShard], window_shard
         source = (shard.source, shard.start + len(shard.sample_ids))
     names = [s.name for s in train]
     windows = [names[i : i + window_shards] for i in range(0, len(names), window_shards)]
-    return RollingLayout(window_shards, windows, [s.name for s in planned if s.split == "eval"], rows)
+    return RollingLayout(window_shards, windows, [s.name for s in assigned if s.split == "eval"], rows)
 
 
 def write_rolling_layout(root: Path, layout: RollingLayout) -> None:
@@ -164,9 +171,9 @@ class ExtractionProgress:
     """How far the extraction into one store has got (for `status` and the stall sensor)."""
 
     store: str
-    shards_planned: int
+    shards_total: int
     shards_done: int
-    tokens_planned: int
+    tokens_total: int
     tokens_done: int
     bytes: int
     last_write_age_s: float | None
@@ -179,19 +186,20 @@ class ExtractionProgress:
     def line(self) -> str:
         state = "finished" if self.finished else "in progress"
         return (
-            f"hidden_states: {self.shards_done}/{self.shards_planned} shards, {self.tokens_done}/{self.tokens_planned} "
+            f"hidden_states: {self.shards_done}/{self.shards_total} shards, {self.tokens_done}/{self.tokens_total} "
             f"tokens, {self.bytes_per_token:,.0f} B/token, {state}"
         )
 
 
 def extraction_progress(root: Path, now: float | None = None) -> ExtractionProgress | None:
-    """Shards done against the plan, bytes/token so far and the age of the last shard written;
-    ``None`` when no extraction has started in ``root``. Reads files only (no model, no torch)."""
+    """Shards done against the assignment (``shards.json``), bytes/token so far and the age of the last
+    shard written; ``None`` when no extraction has written its assignment to ``root``. Reads files only
+    (no model, no torch)."""
     root = Path(root)
-    plan_path = root / PLAN_FILE
-    if not plan_path.is_file():
+    assignment_path = root / ASSIGNMENT_FILE
+    if not assignment_path.is_file():
         return None
-    document = json.loads(plan_path.read_text())
+    document = json.loads(assignment_path.read_text())
     shards = document["shards"]
     done = [s for s in shards if (root / f"{s['name']}.index.parquet").is_file()]
     tensor_files = [root / f"{s['name']}.safetensors" for s in done]
@@ -202,9 +210,9 @@ def extraction_progress(root: Path, now: float | None = None) -> ExtractionProgr
     now = time.time() if now is None else now
     return ExtractionProgress(
         store=str(root),
-        shards_planned=len(shards),
+        shards_total=len(shards),
         shards_done=len(done),
-        tokens_planned=sum(s["tokens"] for s in shards),
+        tokens_total=sum(s["tokens"] for s in shards),
         tokens_done=sum(s["tokens"] for s in done),
         bytes=sum(p.stat().st_size for p in tensor_files if p.is_file()),
         last_write_age_s=None if last is None else now - last,
@@ -213,17 +221,17 @@ def extraction_progress(root: Path, now: float | None = None) -> ExtractionProgr
 
 
 def extraction_quiet_seconds(root: Path, started_after: float, now: float | None = None) -> float | None:
-    """Seconds since the extraction into ``root`` last showed progress (its plan written, or a shard
-    finished); ``None`` when no unfinished extraction was started at or after ``started_after`` (a
-    run still waiting for the `gpu` pool or loading the target has not written its plan yet)."""
-    plan_path = Path(root) / PLAN_FILE
+    """Seconds since the extraction into ``root`` last showed progress (its assignment written, or a
+    shard finished); ``None`` when no unfinished extraction was started at or after ``started_after`` (a
+    run still waiting for the `gpu` pool or loading the target has not written its assignment yet)."""
+    assignment_path = Path(root) / ASSIGNMENT_FILE
     try:
-        planned_at = plan_path.stat().st_mtime
+        assigned_at = assignment_path.stat().st_mtime
     except FileNotFoundError:
         return None
     progress = extraction_progress(root, now)
-    if planned_at < started_after or progress is None or progress.finished:
+    if assigned_at < started_after or progress is None or progress.finished:
         return None
     now = time.time() if now is None else now
-    quiet = now - planned_at
+    quiet = now - assigned_at
     return quiet if progress.last_write_age_s is None else min(quiet, progress.last_write_age_s)

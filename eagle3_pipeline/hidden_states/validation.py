@@ -243,7 +243,7 @@ def _record_from_extraction_server(
     )
 
 
-def _validation_plan(settings: ExtractSpec, data: TrainingData) -> dict[str, Any]:
+def _validation_reference(settings: ExtractSpec, data: TrainingData) -> dict[str, Any]:
     """The writer's part: the recorded reference's samples, or why there is nothing to validate against."""
     if not settings.validation.samples:
         return {"skip": "hidden_states.validation.samples is 0"}
@@ -281,11 +281,11 @@ def validate_first(
     argmax under lm_head against the serving target's greedy tokens (the writer, which shares its
     verdict). Raises :class:`ExtractionError` below ``validation.min_agreement``; without a
     reference, says so."""
-    plan = decided(source, lambda: _validation_plan(settings, data))
-    if "skip" in plan:
-        report.log(f"extract: NOT validated against the serving target: {plan['skip']}")
-        return {"serving_validation": "not validated", "serving_validation_detail": plan["skip"]}
-    reference = plan["reference"]
+    found = decided(source, lambda: _validation_reference(settings, data))
+    if "skip" in found:
+        report.log(f"extract: NOT validated against the serving target: {found['skip']}")
+        return {"serving_validation": "not validated", "serving_validation_detail": found["skip"]}
+    reference = found["reference"]
     identity = source.identity
     loaded: dict[str, Any] = {}
 

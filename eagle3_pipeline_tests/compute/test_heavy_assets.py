@@ -86,13 +86,13 @@ def test_hidden_states_over_ssh_extract_on_the_host_and_fetch_only_the_index(
         for e in result.all_events
         if e.event_type_value == "ASSET_OBSERVATION"
     ]
-    assert observed and observed[-1]["shards_done"].value == observed[-1]["shards_planned"].value
+    assert observed and observed[-1]["shards_done"].value == observed[-1]["shards_total"].value
 
     local_files = sorted(p.name for p in (layout.local / "hidden_states").iterdir())
     remote_files = sorted(p.name for p in (layout.remote / "hidden_states").iterdir())
     print("-- local:", local_files, "\n-- host:", remote_files)
     assert local_files == STORE_FILES
-    assert "shard-00000.safetensors" in remote_files and "plan.json" in remote_files
+    assert "shard-00000.safetensors" in remote_files and "shards.json" in remote_files
     assert (layout.local / "hidden_states" / "index.parquet").read_bytes() == (
         layout.remote / "hidden_states" / "index.parquet"
     ).read_bytes()

@@ -21,7 +21,7 @@ from eagle3_pipeline.hidden_states.capture import Target, batch_states, decoder_
 from eagle3_pipeline.hidden_states.extract import extract_shard, nothing_to_do, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
 from eagle3_pipeline.hidden_states.resume import RESULT_FILE
-from eagle3_pipeline.hidden_states.sharding import extraction_progress, plan_shards
+from eagle3_pipeline.hidden_states.sharding import assign_shards, extraction_progress
 from eagle3_pipeline.hidden_states.spot_check import spot_check
 from eagle3_pipeline.hidden_states.store import AUX_KEY, HiddenStateStore
 from eagle3_pipeline.hidden_states.vllm_capture import VllmError
@@ -142,7 +142,7 @@ def test_a_store_made_under_other_settings_is_refused_or_replaced(
 
 
 def test_nan_states_name_the_shard_and_sample(data: Path, tmp_path: Path, target: Target) -> None:
-    shard = plan_shards(TrainingData.open(data), 30)[0]
+    shard = assign_shards(TrainingData.open(data), 30)[0]
     from eagle3_pipeline.training_data.reader import iter_rows
 
     rows = list(iter_rows(data / shard.source, ["id", "dataset", "input_ids", "loss_mask"]))[: len(shard.sample_ids)]
@@ -193,16 +193,16 @@ def test_kill_9_then_rerun_redoes_only_unfinished_shards(data: Path, tmp_path: P
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     progress = extraction_progress(out)
-    assert progress is not None and not progress.finished and progress.shards_done == 2 < progress.shards_planned
+    assert progress is not None and not progress.finished and progress.shards_done == 2 < progress.shards_total
     # A torn shard: tensors written, index missing (the kill landed between the two renames).
     (out / "shard-00001.index.parquet").unlink()
     report = Recorder()
     meta = run(settings, report)
-    planned = meta["shards"]
-    assert meta["shards_reused"] == 1 and meta["shards_written"] == planned - 1
+    total = meta["shards"]
+    assert meta["shards_reused"] == 1 and meta["shards_written"] == total - 1
     assert "extract: reusing shard-00000" in report.lines
     written = [line.split()[2] for line in report.lines if line.startswith("extract: wrote")]
-    assert written == [f"shard-{n:05d}" for n in range(1, planned)]
+    assert written == [f"shard-{n:05d}" for n in range(1, total)]
     progress = extraction_progress(out)
     assert meta["samples"] == 8 and progress is not None and progress.finished
 
@@ -213,7 +213,7 @@ def test_progress_reports_shards_tokens_and_bytes(data: Path, tmp_path: Path, lo
     meta = run(spec(data, tmp_path / "store", local_model, spot_check_samples=0), report)
     progress = extraction_progress(tmp_path / "store", now=time.time())
     assert progress is not None and progress.finished
-    assert progress.shards_done == progress.shards_planned == meta["shards"] and progress.tokens_done == meta["tokens"]
+    assert progress.shards_done == progress.shards_total == meta["shards"] and progress.tokens_done == meta["tokens"]
     assert abs(progress.bytes_per_token / 4613 - 1) < 0.05 and progress.last_write_age_s is not None
     assert [p["shards_done"] for p in report.points] == list(range(1, meta["shards"] + 1))
 

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from eagle3_pipeline.hidden_states.extract import batches, run
 from eagle3_pipeline.hidden_states.sglang_api import RELEASES, SUPPORTED_VERSIONS, SGLangApi, SGLangError
-from eagle3_pipeline.hidden_states.sharding import plan_shards
+from eagle3_pipeline.hidden_states.sharding import assign_shards
 from eagle3_pipeline.hidden_states.store import HiddenStateStore
 from eagle3_pipeline.target.layer_ids import LayerIdError
 from eagle3_pipeline.testing.extract_specs import extract_spec, transformers_spec
@@ -92,7 +92,7 @@ def test_both_releases_write_the_transformers_extractors_bytes(tmp_path: Path, l
     results = extract_both_releases(data, tmp_path / "sglang", local_model, name)
     packed = [
         len(group)
-        for shard in plan_shards(TrainingData.open(data), 40)
+        for shard in assign_shards(TrainingData.open(data), 40)
         for group in batches(list(lengths(data, shard)), 64, 4)
     ]
     print(f"\n-- requests per SGLang forward: {packed}")

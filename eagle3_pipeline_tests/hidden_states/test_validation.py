@@ -25,7 +25,7 @@ from eagle3_pipeline.config import ServingValidationConfig
 from eagle3_pipeline.hidden_states.capture import Target, decoder_layers, load_target
 from eagle3_pipeline.hidden_states.extract import _extract, run
 from eagle3_pipeline.hidden_states.extract_spec import ExtractionError, parse_spec
-from eagle3_pipeline.hidden_states.sharding import plan_shards
+from eagle3_pipeline.hidden_states.sharding import assign_shards
 from eagle3_pipeline.target.folder import decoder, language_model, load_tokenizer
 from eagle3_pipeline.testing.reference_texts import TEXTS, other_tokenizer, reference_of
 from eagle3_pipeline.testing.reporter import Recorder
@@ -244,7 +244,7 @@ def test_a_wrong_teacher_stops_the_phase_before_any_shard(
     settings = parse_spec(spec(recorded, tmp_path / "store", local_model))
     data = TrainingData.open(recorded)
     with pytest.raises(ExtractionError) as caught:
-        _extract(settings, data, plan_shards(data, settings.shard_tokens), BrokenTeacher(target, how), Recorder())
+        _extract(settings, data, assign_shards(data, settings.shard_tokens), BrokenTeacher(target, how), Recorder())
     message = str(caught.value)
     print(f"{how}: {message}")
     assert "validation against the serving target, before extraction" in message
@@ -363,7 +363,11 @@ def test_against_the_embedded_transformers_serve_the_same_way(
         match=r"validation against the serving target, before extraction: .*\(http://127\.0\.0\.1:\d+/v1, text\)",
     ):
         _extract(
-            parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(target, "no_final_norm"), Recorder()
+            parsed,
+            opened,
+            assign_shards(opened, parsed.shard_tokens),
+            BrokenTeacher(target, "no_final_norm"),
+            Recorder(),
         )
 
 
@@ -449,4 +453,4 @@ def test_a_kimi_shaped_target_validates_with_its_lm_head_read_by_name(tmp_path: 
         ExtractionError,
         match=r"before extraction: argmax\(lm_head\(teacher\)\) agrees .* below hidden_states.validation.min_agreement",
     ):
-        _extract(parsed, opened, plan_shards(opened, parsed.shard_tokens), BrokenTeacher(kimi, "shifted"), Recorder())
+        _extract(parsed, opened, assign_shards(opened, parsed.shard_tokens), BrokenTeacher(kimi, "shifted"), Recorder())

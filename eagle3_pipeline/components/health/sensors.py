@@ -134,8 +134,8 @@ def build_health_sensors(loaded: PipelineConfig, names: PipelineNames = DEFAULT_
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Flags a running generation whose checkpoint has not grown within the stall "
         "window since it started generating (an observation on `responses`), and a running hidden-state "
-        "extraction (compute: local) that wrote no shard within the window since it planned its shards "
-        "(an observation on `hidden_states`); terminates them if configured. Runs waiting for the `gpu` "
+        "extraction (compute: local) that wrote no shard within the window since it assigned its rows to "
+        "shards (an observation on `hidden_states`); terminates them if configured. Runs waiting for the `gpu` "
         "pool, a server start or the target's weights are not working yet.",
     )(partial(generation_stall, names=names))
 
