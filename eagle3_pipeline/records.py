@@ -175,3 +175,12 @@ def write_parquet(rows: Sequence[dict[str, Any]], schema: pa.Schema, final: Path
     table = pa.Table.from_pylist(list(rows), schema=schema)
     with atomic_path(final) as tmp:
         pq.write_table(table, tmp)
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -23,7 +23,6 @@ start time and boot id), ``NAME.log``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -45,12 +44,12 @@ from eagle3_pipeline.hosts import (
     quote_args,
 )
 from eagle3_pipeline.hosts.identity import RECORD_IDENTITY, ProcessIdentity, kill_recorded_group
+from eagle3_pipeline.records import sha256_file
 
 WORKER = "worker"
 COMMAND = "command"
 MESSAGES = "messages.jsonl"
 SPEC = "spec.json"
-_CHUNK = 1 << 20
 _FOLLOW_POLL_S = 0.2
 _HEARTBEAT_EVERY = 5  # polls: the follower writes a line to stderr about every second
 # A process just started may not have made its own group yet (setsid runs after the fork): until
@@ -83,14 +82,6 @@ class Fate:
         if self.exit_code is not None:
             return f"exited with status {self.exit_code} (pid {self.pid})"
         return f"gone without an exit status (pid {self.pid}: killed by a signal, or the host restarted)"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _files_under(paths: Sequence[Path]) -> Iterator[Path]:

@@ -10,7 +10,6 @@ them without building or asking any server; anything else runs the phase as befo
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 from eagle3_pipeline.config import GenerationConfig, ServingValidationConfig, TargetConfig, TrainingDataConfig
 from eagle3_pipeline.generation.fingerprint import endpoint_identity
 from eagle3_pipeline.layout import ArtifactLayout
-from eagle3_pipeline.records import atomic_path
+from eagle3_pipeline.records import atomic_path, sha256_file
 from eagle3_pipeline.results import TrainingDataResult
 from eagle3_pipeline.training_data.agreement import ServerEndpoint, tokenizer_agreement
 from eagle3_pipeline.training_data.build import build_training_data, read_manifest
@@ -28,7 +27,6 @@ from eagle3_pipeline.training_data.serving_reference import ServingReferenceErro
 
 # A local tokenizer folder's files that make its tokenization and chat template (not the weights).
 TOKENIZER_SUFFIXES = (".json", ".jinja", ".model", ".txt", ".py", ".tiktoken")
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -38,14 +36,6 @@ class TrainingDataPhase:
     version: str
     result: TrainingDataResult
     reused: bool = False
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def phase_identity(
@@ -62,12 +52,12 @@ def phase_identity(
     """What the phase's outputs depend on; a local tokenizer folder by its tokenizer and template files."""
     folder = Path(tokenizer)
     files = (
-        {p.name: _file_digest(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in TOKENIZER_SUFFIXES}
+        {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in TOKENIZER_SUFFIXES}
         if folder.is_dir()
         else None
     )
     return {
-        "responses": {str(path): _file_digest(path) for path in response_files},
+        "responses": {str(path): sha256_file(path) for path in response_files},
         "tokenizer": tokenizer,
         "tokenizer_files": files,
         "seed": seed,
